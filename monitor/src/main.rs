@@ -1,0 +1,3 @@
+//! `gpuslice`: the node monitor daemon and the operator's command line.
+
+fn main() {}

@@ -1,0 +1,3 @@
+//! `gpuslice-burn`: a driver-API load generator.
+
+fn main() {}
