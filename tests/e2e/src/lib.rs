@@ -1,2 +1,149 @@
 //! Helpers for gpuslice's system tests: where the built artifacts are, and how to start
-//! wrapped processes on the fake GPU with a private ledger and fake-GPU state.
+//! processes on the fake GPU, with or without the shim, each test with its own private fake-GPU
+//! state and ledger so tests never see each other.
+//!
+//! The artifacts (`libfakegpu.so`, `libgpuslice.so`, `gpuslice-burn`, `gpuslice`) are found
+//! beside the test executable's profile directory, so `cargo build --workspace && cargo test
+//! --workspace` (what `scripts/test.sh` runs) uses the ones just built, whatever
+//! `CARGO_TARGET_DIR` is.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// `target/<profile>` of this build: the test executable lives in `target/<profile>/deps`.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("test executable has a directory");
+    deps.parent().expect("deps has a parent").to_path_buf()
+}
+
+/// A built artifact of the workspace; panics with what to run when it is missing.
+pub fn artifact(name: &str) -> PathBuf {
+    let p = profile_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` before the tests (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// A directory holding `libcuda.so.1`, `libcuda.so`, `libnvidia-ml.so.1` and `libnvidia-ml.so`,
+/// all links to this build's `libfakegpu.so`: what goes on `LD_LIBRARY_PATH`.
+pub fn fake_lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let lib = artifact("libfakegpu.so");
+        let dir = profile_dir().join("fakegpu-libs");
+        std::fs::create_dir_all(&dir).expect("create fakegpu-libs");
+        for name in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"] {
+            let link = dir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&lib, &link).expect("symlink fake library");
+        }
+        dir
+    })
+}
+
+/// A private world for one test: its own fake-GPU state directory and ledger directory,
+/// removed when dropped.
+pub struct World {
+    root: PathBuf,
+    /// Extra environment applied to every command this world builds.
+    pub env: Vec<(String, String)>,
+}
+
+impl World {
+    /// A new world with `devices` fake devices of `memory` each (fake-GPU size syntax, e.g. `16Gi`).
+    pub fn new(devices: u32, memory: &str) -> World {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let root = std::env::temp_dir().join(format!("gpuslice-test-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("fakegpu")).unwrap();
+        std::fs::create_dir_all(root.join("ledger")).unwrap();
+        World {
+            env: vec![
+                ("FAKEGPU_DEVICES".into(), devices.to_string()),
+                ("FAKEGPU_MEMORY".into(), memory.into()),
+            ],
+            root,
+        }
+    }
+
+    /// The fake GPU's shared state directory (`FAKEGPU_STATE_DIR`).
+    pub fn fake_state_dir(&self) -> PathBuf {
+        self.root.join("fakegpu")
+    }
+
+    /// The ledger directory (`GPUSLICE_RUNTIME_DIR`).
+    pub fn runtime_dir(&self) -> PathBuf {
+        self.root.join("ledger")
+    }
+
+    /// A command that runs `program` against the fake GPU, without the shim.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        c.env("LD_LIBRARY_PATH", fake_lib_dir())
+            .env("FAKEGPU_STATE_DIR", self.fake_state_dir())
+            .env("GPUSLICE_RUNTIME_DIR", self.runtime_dir())
+            .env_remove("LD_PRELOAD");
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        for (k, _) in std::env::vars() {
+            // A developer's own gpuslice settings must not leak into a test.
+            if (k.starts_with("GPUSLICE_") && k != "GPUSLICE_RUNTIME_DIR" && k != "GPUSLICE_LOG")
+                || k.starts_with("CUDA_DEVICE_")
+            {
+                c.env_remove(k);
+            }
+        }
+        c
+    }
+
+    /// A command that runs `program` on the fake GPU with `libgpuslice.so` preloaded.
+    pub fn wrapped(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = self.command(program);
+        c.env("LD_PRELOAD", artifact("libgpuslice.so"));
+        c
+    }
+
+    /// `gpuslice-burn` on the fake GPU, without the shim.
+    pub fn burn(&self) -> Command {
+        self.command(artifact("gpuslice-burn"))
+    }
+
+    /// `gpuslice-burn` on the fake GPU under the shim.
+    pub fn wrapped_burn(&self) -> Command {
+        self.wrapped(artifact("gpuslice-burn"))
+    }
+
+    /// The `gpuslice` CLI pointed at this world's ledger and fake GPU.
+    pub fn gpuslice(&self) -> Command {
+        self.command(artifact("gpuslice"))
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Run a command to completion and parse the last line of its stdout as JSON, panicking with the
+/// command's stderr when it fails or prints no JSON.
+pub fn run_json(cmd: &mut Command) -> serde_json::Value {
+    let out = cmd.output().expect("spawn");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{'));
+    match line.map(serde_json::from_str) {
+        Some(Ok(v)) => v,
+        _ => panic!(
+            "{cmd:?} printed no JSON (status {:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
+            out.status
+        ),
+    }
+}
