@@ -16,9 +16,22 @@ macro_rules! opaque_handles {
     )* };
 }
 opaque_handles!(
-    CUcontext, CUmodule, CUfunction, CUlibrary, CUkernel, CUstream, CUevent, CUarray,
-    CUmipmappedArray, CUgraph, CUgraphExec, CUgraphNode, CUmemoryPool, CUlinkState,
-    CUhostFn_userData, nvmlDevice_t
+    CUcontext,
+    CUmodule,
+    CUfunction,
+    CUlibrary,
+    CUkernel,
+    CUstream,
+    CUevent,
+    CUarray,
+    CUmipmappedArray,
+    CUgraph,
+    CUgraphExec,
+    CUgraphNode,
+    CUmemoryPool,
+    CUlinkState,
+    CUhostFn_userData,
+    nvmlDevice_t
 );
 
 /// `CUmemGenericAllocationHandle`: a 64-bit VMM allocation handle.
@@ -79,6 +92,11 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR {
     pub NumChannels: c_uint,
     pub Flags: c_uint,
 }
+
+/// `CUDA_ARRAY3D_DESCRIPTOR::Flags`: `Depth` counts layers, not a third dimension.
+pub const CUDA_ARRAY3D_LAYERED: c_uint = 0x01;
+/// `CUDA_ARRAY3D_DESCRIPTOR::Flags`: six faces (times the layers, if layered) in `Depth`.
+pub const CUDA_ARRAY3D_CUBEMAP: c_uint = 0x04;
 
 /// `CUmemorytype`.
 pub type CUmemorytype = c_uint;
@@ -240,6 +258,43 @@ pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
     pub dptr: CUdeviceptr,
 }
 
+/// `CUgraphNodeType` (the values gpuslice reads).
+pub type CUgraphNodeType = c_uint;
+pub const CU_GRAPH_NODE_TYPE_GRAPH: CUgraphNodeType = 4;
+pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType = 10;
+
+/// `CUgraphChildGraphNodeOwnership`.
+pub type CUgraphChildGraphNodeOwnership = c_uint;
+pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE: CUgraphChildGraphNodeOwnership = 0;
+pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: CUgraphChildGraphNodeOwnership = 1;
+
+/// `CUDA_CHILD_GRAPH_NODE_PARAMS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_CHILD_GRAPH_NODE_PARAMS {
+    pub graph: CUgraph,
+    pub ownership: CUgraphChildGraphNodeOwnership,
+}
+
+/// The parameter union of `CUgraphNodeParams`; only the members gpuslice reads are named.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union CUgraphNodeParamsUnion {
+    pub reserved1: [i64; 29],
+    pub graph: CUDA_CHILD_GRAPH_NODE_PARAMS,
+    pub alloc: CUDA_MEM_ALLOC_NODE_PARAMS,
+}
+
+/// `CUgraphNodeParams`, for `cuGraphAddNode(_v2)` (the anonymous union is `u`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUgraphNodeParams {
+    pub type_: CUgraphNodeType,
+    pub reserved0: [c_int; 3],
+    pub u: CUgraphNodeParamsUnion,
+    pub reserved2: i64,
+}
+
 /// `CUmemAttach_flags` for `cuMemAllocManaged`.
 pub const CU_MEM_ATTACH_GLOBAL: c_uint = 0x1;
 pub const CU_MEM_ATTACH_HOST: c_uint = 0x2;
@@ -368,6 +423,71 @@ pub const NVML_DEVICE_NAME_V2_BUFFER_SIZE: usize = 96;
 pub const NVML_DEVICE_UUID_V2_BUFFER_SIZE: usize = 96;
 pub const NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE: usize = 80;
 
+// --- pointer and function attributes, launch parameters, JIT ------------------------------
+
+/// `CUpointer_attribute`.
+pub type CUpointer_attribute = c_uint;
+pub const CU_POINTER_ATTRIBUTE_CONTEXT: CUpointer_attribute = 1;
+pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CUpointer_attribute = 2;
+pub const CU_POINTER_ATTRIBUTE_DEVICE_POINTER: CUpointer_attribute = 3;
+pub const CU_POINTER_ATTRIBUTE_HOST_POINTER: CUpointer_attribute = 4;
+pub const CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: CUpointer_attribute = 6;
+pub const CU_POINTER_ATTRIBUTE_BUFFER_ID: CUpointer_attribute = 7;
+pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: CUpointer_attribute = 8;
+pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: CUpointer_attribute = 9;
+pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: CUpointer_attribute = 11;
+pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: CUpointer_attribute = 12;
+pub const CU_POINTER_ATTRIBUTE_MAPPED: CUpointer_attribute = 13;
+pub const CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: CUpointer_attribute = 17;
+
+/// `CUfunction_attribute`.
+pub type CUfunction_attribute = c_uint;
+pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUfunction_attribute = 0;
+pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: CUfunction_attribute = 1;
+pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: CUfunction_attribute = 2;
+pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: CUfunction_attribute = 3;
+pub const CU_FUNC_ATTRIBUTE_NUM_REGS: CUfunction_attribute = 4;
+pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: CUfunction_attribute = 5;
+pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: CUfunction_attribute = 6;
+pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: CUfunction_attribute = 8;
+pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: CUfunction_attribute = 9;
+
+/// `extra` array markers of `cuLaunchKernel`.
+pub const CU_LAUNCH_PARAM_END: usize = 0x00;
+pub const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 0x01;
+pub const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 0x02;
+
+/// `CUjitInputType`.
+pub type CUjitInputType = c_uint;
+pub const CU_JIT_INPUT_CUBIN: CUjitInputType = 0;
+pub const CU_JIT_INPUT_PTX: CUjitInputType = 1;
+pub const CU_JIT_INPUT_FATBINARY: CUjitInputType = 2;
+pub const CU_JIT_INPUT_OBJECT: CUjitInputType = 3;
+pub const CU_JIT_INPUT_LIBRARY: CUjitInputType = 4;
+
+/// `CUstreamCallback`, for `cuStreamAddCallback`.
+pub type CUstreamCallback = Option<unsafe extern "C" fn(CUstream, u32, *mut c_void)>;
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUipcMemHandle {
+    pub reserved: [c_char; 64],
+}
+
+/// `nvmlPciInfo_t` (v3).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct nvmlPciInfo_t {
+    pub busIdLegacy: [c_char; 16],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pciDeviceId: c_uint,
+    pub pciSubSystemId: c_uint,
+    pub busId: [c_char; 32],
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,10 +503,13 @@ mod tests {
         assert_eq!(size_of::<CUmemPoolProps>(), 88);
         assert_eq!(offset_of!(CUmemPoolProps, maxSize), 24);
         assert_eq!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>(), 120);
+        assert_eq!(size_of::<CUgraphNodeParams>(), 256);
+        assert_eq!(offset_of!(CUgraphNodeParams, u), 16);
         assert_eq!(size_of::<CUlaunchAttribute>(), 72);
         assert_eq!(size_of::<CUlaunchConfig>(), 56);
         assert_eq!(size_of::<nvmlMemory_v2_t>(), 40);
         assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
         assert_eq!(size_of::<nvmlProcessInfo_t>(), 24);
+        assert_eq!(size_of::<nvmlPciInfo_t>(), 68);
     }
 }

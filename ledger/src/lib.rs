@@ -2,4 +2,67 @@
 //! gpuslice process on a node agrees on devices, slices, processes, quotas and compute leases.
 //!
 //! Both the shim (inside each wrapped program) and the monitor (`gpuslice`) map the same file;
-//! this crate is the only definition of its layout and the only code that mutates it.
+//! this crate is the only definition of its layout and the only code that mutates it. It also
+//! holds the one parser of the size and fraction syntax ([`quantity`]), shared by the shim's
+//! variables, the CLI's flags and `gpuslice-burn`, and the rules across settings that the
+//! shim and the CLI must agree on (slice names, a cap never below its share).
+//!
+//! How the parts meet:
+//! - [`layout`]: the records (`Header`, `Device`, `Slice`, `Proc`) and their offsets, pinned by
+//!   tests; [`sched`] holds the compute scheduler's part of each record.
+//! - `file`: creation without races (build under a temporary name, `link()` into place), the
+//!   size/version checks, the robust cold-path mutex, and liveness through OFD locks (a process
+//!   holds a lock on byte `LIVENESS_LOCK_BASE + slot` of the file; the kernel drops it when the
+//!   process dies, whatever its PID namespace).
+//! - [`Ledger`]: cold paths under the mutex: [`Ledger::ensure_device`], [`Ledger::attach`],
+//!   [`Ledger::join`] (admission: "requested X, available Y"), operator slices
+//!   ([`Ledger::create_operator_slice`], [`Ledger::remove_slice`]), [`Ledger::reap_dead`],
+//!   [`Ledger::snapshot`].
+//! - [`Account`]: the hot path, lock-free: [`Account::try_charge`] (one CAS against the
+//!   limit, never above it) and [`Account::uncharge`]; `account.rs` explains why the reaper
+//!   returns exactly what a SIGKILLed process held.
+//!
+//! ```
+//! use gpuslice_ledger::{Ledger, SliceRequest, PPM};
+//! let dir = std::env::temp_dir().join(format!("gpuslice-doctest-{}", std::process::id()));
+//! let ledger = Ledger::open_or_create(&dir).unwrap();
+//! let dev = ledger.ensure_device("GPU-00000000-0000-0000-0000-000000000001", "Fake", 8 << 30).unwrap();
+//! let me = ledger.attach("").unwrap();
+//! let req = SliceRequest {
+//!     name: None, memory: Some(1 << 30), compute_share_ppm: 0, compute_cap_ppm: PPM,
+//!     memory_setting: "GPUSLICE_MEMORY".into(), compute_setting: "GPUSLICE_COMPUTE".into(),
+//! };
+//! ledger.join(me, dev, &req).unwrap();
+//! let acct = ledger.account(me, dev).unwrap();
+//! assert!(acct.try_charge(1 << 30));
+//! assert!(!acct.try_charge(1));          // over the quota: refused, nothing changed
+//! acct.uncharge(1 << 30);
+//! assert_eq!(ledger.snapshot().slices[0].memory_used, 0);
+//! ledger.detach(me).unwrap();
+//! # std::fs::remove_dir_all(&dir).unwrap();
+//! ```
+
+#![deny(missing_docs)]
+
+mod account;
+mod error;
+mod file;
+pub mod layout;
+mod ledger;
+pub mod quantity;
+pub mod sched;
+mod snapshot;
+
+pub use account::Account;
+pub use error::{human_bytes, AdmissionError, LedgerError};
+pub use file::{own_start_time, start_time_of, LOCK_TIMEOUT};
+pub use layout::{MAX_DEVICES, MAX_PROCS, MAX_SLICES, PPM};
+pub use ledger::{
+    runtime_dir_from_env, Joined, Ledger, LockGuard, OperatorSlice, ProcHandle, SliceRequest,
+    DEFAULT_RUNTIME_DIR,
+};
+pub use quantity::{
+    check_cap_not_below_share, check_slice_name, parse_cap, parse_cap_per_device, parse_fraction,
+    parse_size, valid_slice_name, ComputeSetting, PerDevice, QuantityError, Size,
+};
+pub use snapshot::{DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, SliceInfo, Snapshot};

@@ -1,0 +1,144 @@
+//! Errors of the ledger, worded for the person who has to act on them.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Why the ledger could not be opened or changed.
+#[derive(Debug)]
+pub enum LedgerError {
+    /// A system call on the ledger file or directory failed.
+    Io {
+        /// What was being done.
+        what: String,
+        /// The path involved.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// `Ledger::open` found no ledger in the directory.
+    NotFound(PathBuf),
+    /// The file is not a gpuslice ledger, or one of another layout version.
+    Incompatible {
+        /// The file.
+        path: PathBuf,
+        /// What did not match.
+        detail: String,
+    },
+    /// The creator never finished initialising the file.
+    NotReady(PathBuf),
+    /// The cold-path lock could not be taken in time.
+    LockTimeout {
+        /// The file.
+        path: PathBuf,
+        /// How long we waited, in milliseconds.
+        waited_ms: u64,
+    },
+    /// A fixed-size table is full.
+    Full(&'static str),
+    /// A slice or device named by the caller does not exist.
+    NoSuchSlice(String),
+    /// A slice of that name already exists on the device.
+    Exists(String),
+    /// A device named by index or UUID is not in the ledger.
+    NoSuchDevice(String),
+    /// A slice name that cannot be stored.
+    BadName(String),
+    /// Admission refused: the request does not fit what the device has left.
+    Admission(AdmissionError),
+}
+
+/// A slice that does not fit on its device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmissionError {
+    /// The setting that asked for it (a variable like `GPUSLICE_MEMORY`, or a flag).
+    pub setting: String,
+    /// Device UUID.
+    pub device: String,
+    /// What was requested, rendered for a person (`2.0 GiB`, `0.60`).
+    pub requested: String,
+    /// What is left, rendered the same way.
+    pub available: String,
+}
+
+impl fmt::Display for AdmissionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: requested {}, available {} on {}",
+            self.setting, self.requested, self.available, self.device
+        )
+    }
+}
+
+impl fmt::Display for LedgerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LedgerError::Io { what, path, source } => {
+                write!(f, "cannot {what} {}: {source}", path.display())
+            }
+            LedgerError::NotFound(p) => write!(
+                f,
+                "no ledger at {} (no gpuslice process has started there; is GPUSLICE_RUNTIME_DIR right?)",
+                p.display()
+            ),
+            LedgerError::Incompatible { path, detail } => write!(
+                f,
+                "{} is not a ledger this gpuslice can use ({detail}); stop the processes using it, \
+                 remove it, or use the same gpuslice version everywhere",
+                path.display()
+            ),
+            LedgerError::NotReady(p) => {
+                write!(f, "ledger {} was never completely initialised; remove it", p.display())
+            }
+            LedgerError::LockTimeout { path, waited_ms } => write!(
+                f,
+                "ledger {} stayed locked for {waited_ms} ms (a process holding it is stuck)",
+                path.display()
+            ),
+            LedgerError::Full(what) => write!(f, "the ledger's {what} table is full"),
+            LedgerError::NoSuchSlice(n) => write!(f, "no slice named {n:?}"),
+            LedgerError::Exists(n) => write!(f, "a slice named {n:?} already exists on that device"),
+            LedgerError::NoSuchDevice(d) => write!(f, "no device {d:?} in the ledger"),
+            LedgerError::BadName(n) => write!(
+                f,
+                "slice name {n:?} is not accepted: 1 to 63 bytes of letters, digits, '-', '_', '.', ':' or '/'"
+            ),
+            LedgerError::Admission(a) => a.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for LedgerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LedgerError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl From<AdmissionError> for LedgerError {
+    fn from(a: AdmissionError) -> Self {
+        LedgerError::Admission(a)
+    }
+}
+
+/// Render a byte count for a person: `1 GiB`, `1.50 GiB`, `512 MiB`, `1000 B`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (name, unit) in UNITS {
+        if b >= unit {
+            return if b.is_multiple_of(unit) {
+                format!("{} {name}", b / unit)
+            } else {
+                format!("{:.2} {name}", b as f64 / unit as f64)
+            };
+        }
+    }
+    format!("{b} B")
+}

@@ -1,0 +1,308 @@
+//! The ledger file's `#[repr(C)]` layout, defined once.
+//!
+//! The file is `Header`, then `[Device; MAX_DEVICES]`, `[Slice; MAX_SLICES]`,
+//! `[Proc; MAX_PROCS]`, each array starting on a 4 KiB boundary. A freshly created file is all
+//! zeroes except the header, so every all-zero record is a valid *free* record. Everything that
+//! changes after creation is an atomic; cold-path fields change only under the header's robust
+//! mutex, hot-path counters (`Slice::memory_used`, `Device::best_effort_used`, `ProcDevice`)
+//! only through `account.rs`.
+//!
+//! Any change to these structs (or to `sched.rs`) must bump [`LAYOUT_VERSION`]: processes of
+//! different versions then refuse each other's file with a clear error instead of misreading it.
+
+use crate::sched::{SchedDevice, SchedProc, SchedSlice};
+use core::cell::UnsafeCell;
+use core::mem::size_of;
+use core::sync::atomic::{AtomicU32, AtomicU64};
+
+/// The first 8 bytes of every ledger file.
+pub const MAGIC: [u8; 8] = *b"GPUSLICE";
+/// Bumped on every layout change (including `sched.rs`).
+pub const LAYOUT_VERSION: u32 = 1;
+/// Devices per node.
+pub const MAX_DEVICES: usize = 16;
+/// Slices per node (a slice is per device: `(name, device)`).
+pub const MAX_SLICES: usize = 256;
+/// Attached processes per node.
+pub const MAX_PROCS: usize = 512;
+/// Longest slice name, in bytes (names are NUL-padded, not NUL-terminated when full).
+pub const NAME_LEN: usize = 64;
+/// Room for a device UUID as text (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` is 40 bytes).
+pub const UUID_LEN: usize = 48;
+/// Room for a device's marketing name.
+pub const DEVICE_NAME_LEN: usize = 96;
+
+/// `ProcDevice::account` when the process has not joined anything on that device.
+pub const ACCOUNT_NONE: u32 = u32::MAX;
+/// `ProcDevice::account` when the process is charged to the device's best-effort pool.
+pub const ACCOUNT_BEST_EFFORT: u32 = u32::MAX - 1;
+/// `Slice::memory_limit` of a slice without a quota (its processes are best effort).
+pub const NO_LIMIT: u64 = u64::MAX;
+/// Compute fractions are stored in parts per million.
+pub const PPM: u32 = 1_000_000;
+
+/// Record states (`Device::state`, `Slice::state`, `Proc::state`).
+pub const STATE_FREE: u32 = 0;
+/// In use.
+pub const STATE_ACTIVE: u32 = 1;
+/// A process found dead whose memory could not be reclaimed yet (a neighbour was mid-update);
+/// the next reap finishes it.
+pub const STATE_DYING: u32 = 2;
+
+/// Set in `Header::ready` once the creator has initialised everything.
+pub const READY: u32 = 0x5245_4459; // "READ"
+
+/// Byte offset, in the ledger file, of the OFD lock that proves process slot 0 alive; slot `i`
+/// locks byte `LIVENESS_LOCK_BASE + i` (far past the end of the file: locks need no data there).
+pub const LIVENESS_LOCK_BASE: i64 = 1 << 40;
+
+/// A process-shared robust pthread mutex, living in the mapped file.
+#[repr(C, align(64))]
+pub struct SharedMutex(pub UnsafeCell<libc::pthread_mutex_t>);
+
+/// The file header: identification, size checks, the cold-path lock.
+#[repr(C)]
+pub struct Header {
+    /// [`MAGIC`].
+    pub magic: [u8; 8],
+    /// [`LAYOUT_VERSION`].
+    pub layout_version: u32,
+    /// `size_of::<Header>()` of the creator.
+    pub header_size: u32,
+    /// `size_of::<Device>()` of the creator.
+    pub device_size: u32,
+    /// `size_of::<Slice>()` of the creator.
+    pub slice_size: u32,
+    /// `size_of::<Proc>()` of the creator.
+    pub proc_size: u32,
+    /// [`MAX_DEVICES`] of the creator.
+    pub max_devices: u32,
+    /// [`MAX_SLICES`] of the creator.
+    pub max_slices: u32,
+    /// [`MAX_PROCS`] of the creator.
+    pub max_procs: u32,
+    /// Total file size.
+    pub total_size: u64,
+    /// [`READY`] once initialised (files appear under their final name only when ready; this
+    /// is a second guard).
+    pub ready: AtomicU32,
+    /// Number of times the cold-path mutex was found abandoned by a dead holder and repaired.
+    pub mutex_recoveries: AtomicU32,
+    /// Bumped on every cold-path change (attach, slice create/remove, reap): lets a reader
+    /// notice that something moved.
+    pub generation: AtomicU64,
+    /// The one lock of the cold paths.
+    pub mutex: SharedMutex,
+}
+
+/// One GPU, keyed by its UUID so processes with different `CUDA_VISIBLE_DEVICES` agree.
+#[repr(C, align(64))]
+pub struct Device {
+    /// [`STATE_FREE`] or [`STATE_ACTIVE`].
+    pub state: AtomicU32,
+    /// Non-zero while a reaper settles this device's best-effort pool: hot-path updates pause
+    /// (briefly, bounded) so it can find a quiet moment. Correctness never depends on it.
+    pub reaping: AtomicU32,
+    /// UUID as text, `GPU-...`, NUL-padded.
+    pub uuid: Text<UUID_LEN>,
+    /// Marketing name, NUL-padded.
+    pub name: Text<DEVICE_NAME_LEN>,
+    /// Physical memory of the device in bytes.
+    pub memory_total: AtomicU64,
+    /// Sum of `memory_limit` of the slices with a quota on this device.
+    pub memory_reserved: AtomicU64,
+    /// Sum of what best-effort processes (no quota) hold on this device. Hot-path counter,
+    /// capped at `memory_total - memory_reserved`.
+    pub best_effort_used: AtomicU64,
+    /// Sum of compute guarantees of slices on this device, in ppm (≤ [`PPM`]).
+    pub compute_reserved: AtomicU64,
+    /// Allocations refused on this device's best-effort pool.
+    pub best_effort_denied_total: AtomicU64,
+    /// Scheduler state (compute).
+    pub sched: SchedDevice,
+}
+
+/// A slice on one device: a quota shared by the processes that joined it.
+#[repr(C, align(64))]
+pub struct Slice {
+    /// [`STATE_FREE`] or [`STATE_ACTIVE`].
+    pub state: AtomicU32,
+    /// Index of the device record.
+    pub device: AtomicU32,
+    /// 1 when created by an operator (`gpuslice slice create`): persists when empty, and
+    /// processes cannot change its values.
+    pub operator_defined: AtomicU32,
+    /// Number of live processes attached.
+    pub attached: AtomicU32,
+    /// 1 for a process's private slice (`GPUSLICE_SLICE` unset): never joined by name.
+    pub private: AtomicU32,
+    /// Non-zero while a reaper settles this slice's counter (see `Device::reaping`).
+    pub reaping: AtomicU32,
+    /// Name, NUL-padded.
+    pub name: Text<NAME_LEN>,
+    /// Quota in bytes, [`NO_LIMIT`] for a best-effort slice (charged to the device pool).
+    pub memory_limit: AtomicU64,
+    /// Guaranteed compute share, ppm (0: best effort).
+    pub compute_share_ppm: AtomicU32,
+    /// Compute ceiling, ppm ([`PPM`]: no cap).
+    pub compute_cap_ppm: AtomicU32,
+    /// Allocations refused for the quota.
+    pub alloc_denied_total: AtomicU64,
+    /// Allocations charged (count).
+    pub alloc_total: AtomicU64,
+    /// Bytes held by the slice's processes: the hot-path word, alone on its cache line.
+    /// Never above `memory_limit`. Unused (0) for best-effort slices.
+    pub memory_used: CacheLine<AtomicU64>,
+    /// Scheduler state (compute).
+    pub sched: SchedSlice,
+}
+
+/// Keeps a hot atomic alone on its cache line so neighbours do not false-share it.
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct CacheLine<T>(pub T);
+
+impl<T> core::ops::Deref for CacheLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// What one process holds on one device.
+#[repr(C)]
+pub struct ProcDevice {
+    /// Slice index the process joined on this device, [`ACCOUNT_NONE`] if none.
+    pub slice: AtomicU32,
+    /// Which counter its allocations are charged to: the slice index (quota), or
+    /// [`ACCOUNT_BEST_EFFORT`] (the device's best-effort pool), or [`ACCOUNT_NONE`].
+    pub account: AtomicU32,
+    /// Bytes this process holds on this device (its part of the account's counter).
+    pub charged: AtomicU64,
+}
+
+/// An attached process.
+#[repr(C, align(64))]
+pub struct Proc {
+    /// [`STATE_FREE`], [`STATE_ACTIVE`] or [`STATE_DYING`].
+    pub state: AtomicU32,
+    /// pid in the attaching process's own PID namespace (display only).
+    pub pid: AtomicU32,
+    /// Start time of that pid (`/proc/<pid>/stat` field 22), against pid reuse.
+    pub start_time: AtomicU64,
+    /// Hot-path updates begun by this process's threads. With `ops_ended`, lets the reaper
+    /// take an exact snapshot of an account (see `account.rs`).
+    pub ops_begun: AtomicU64,
+    /// Hot-path updates finished.
+    pub ops_ended: AtomicU64,
+    /// Slice name requested by the process (display), NUL-padded.
+    pub slice_name: Text<NAME_LEN>,
+    /// Per ledger device index.
+    pub devices: [ProcDevice; MAX_DEVICES],
+    /// Scheduler state (compute).
+    pub sched: SchedProc,
+}
+
+const fn align_up(x: usize, a: usize) -> usize {
+    x.div_ceil(a) * a
+}
+
+/// Offset of the device array in the file.
+pub const DEVICES_OFFSET: usize = align_up(size_of::<Header>(), 4096);
+/// Offset of the slice array.
+pub const SLICES_OFFSET: usize = align_up(DEVICES_OFFSET + MAX_DEVICES * size_of::<Device>(), 4096);
+/// Offset of the process array.
+pub const PROCS_OFFSET: usize = align_up(SLICES_OFFSET + MAX_SLICES * size_of::<Slice>(), 4096);
+/// Total size of the file.
+pub const FILE_SIZE: usize = align_up(PROCS_OFFSET + MAX_PROCS * size_of::<Proc>(), 4096);
+
+/// A NUL-padded fixed text field, written only under the cold-path lock before its record is
+/// published (or by the record's owner), read by anyone.
+#[repr(transparent)]
+pub struct Text<const N: usize>(UnsafeCell<[u8; N]>);
+
+// SAFETY: writes happen under the ledger lock while the record is unpublished; readers copy
+// bytes and tolerate a torn read (display only), so sharing across threads is sound.
+unsafe impl<const N: usize> Sync for Text<N> {}
+
+impl<const N: usize> Text<N> {
+    /// The text (lossy UTF-8).
+    pub fn get(&self) -> String {
+        // SAFETY: plain bytes; see the Sync impl for why a concurrent write is harmless here.
+        let bytes = unsafe { core::ptr::read_volatile(self.0.get()) };
+        get_str(&bytes)
+    }
+
+    /// Replace the text.
+    ///
+    /// # Safety
+    /// Only under the ledger lock, on a record nobody else writes.
+    pub unsafe fn set(&self, s: &str) {
+        let mut bytes = [0u8; N];
+        put_str(&mut bytes, s);
+        core::ptr::write_volatile(self.0.get(), bytes);
+    }
+}
+
+// The whole ledger stays small: mapped by every CUDA process on the node.
+const _: () = assert!(FILE_SIZE < 2 << 20, "ledger file grew past 2 MiB");
+
+/// Copy `s` into a NUL-padded fixed field (truncated on a char boundary when too long).
+pub fn put_str(field: &mut [u8], s: &str) {
+    field.fill(0);
+    let mut n = s.len().min(field.len());
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    field[..n].copy_from_slice(&s.as_bytes()[..n]);
+}
+
+/// The text of a NUL-padded fixed field.
+pub fn get_str(field: &[u8]) -> String {
+    let n = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    String::from_utf8_lossy(&field[..n]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{align_of, offset_of};
+
+    #[test]
+    fn layout_is_pinned() {
+        // A failure here means the layout changed: bump LAYOUT_VERSION and update these.
+        assert_eq!(offset_of!(Header, magic), 0);
+        assert_eq!(offset_of!(Header, layout_version), 8);
+        assert_eq!(offset_of!(Header, total_size), 40);
+        assert_eq!(offset_of!(Header, mutex), 64);
+        assert_eq!(offset_of!(Device, uuid), 8);
+        assert_eq!(offset_of!(Device, memory_total), 152);
+        assert_eq!(offset_of!(Slice, name), 24);
+        assert_eq!(offset_of!(Slice, memory_limit), 88);
+        assert_eq!(offset_of!(Slice, memory_used) % 64, 0);
+        assert_eq!(size_of::<ProcDevice>(), 16);
+        assert_eq!(offset_of!(Proc, devices), 96);
+        assert_eq!(align_of::<Proc>(), 64);
+        for s in [
+            size_of::<Header>(),
+            size_of::<Device>(),
+            size_of::<Slice>(),
+            size_of::<Proc>(),
+        ] {
+            assert_eq!(s % 64, 0);
+        }
+        assert_eq!(DEVICES_OFFSET % 4096, 0);
+        assert_eq!(FILE_SIZE % 4096, 0);
+    }
+
+    #[test]
+    fn fixed_strings_round_trip() {
+        let mut f = [0u8; 8];
+        put_str(&mut f, "abc");
+        assert_eq!(get_str(&f), "abc");
+        put_str(&mut f, "0123456789");
+        assert_eq!(get_str(&f), "01234567");
+        put_str(&mut f, "ééééé"); // 10 bytes: cut on a char boundary
+        assert_eq!(get_str(&f), "éééé");
+    }
+}

@@ -1,0 +1,755 @@
+//! The one parser for sizes and fractions, used by the shim (variables), the `gpuslice` CLI
+//! (flags) and `gpuslice-burn`.
+//!
+//! Forms accepted:
+//! - sizes (`GPUSLICE_MEMORY`, `--memory`): plain bytes `4294967296`; Kubernetes quantities
+//!   `4Gi` `4096Mi` (binary: Ki Mi Gi Ti Pi Ei) and `4G` `500M` `1k` (decimal: k K M G T P E);
+//!   byte suffixes `4GiB`, `4GB`, `512B`; decimals when they come to whole bytes (`1.5Gi`);
+//!   a percentage of the device `25%`; per device `0=4Gi,1=8Gi` (see [`parse_per_device`]).
+//! - fractions (`GPUSLICE_COMPUTE`, `GPUSLICE_COMPUTE_CAP`): `0.25` or `25%`, between 0 and 1.
+//! - the HAMi compatibility variables ([`parse_hami_size`], [`parse_hami_sm_limit`]) with the
+//!   meaning HAMi-core gives them: `1g`, `512m`, `64k` in binary units (either case), a plain
+//!   number in bytes; and, unlike HAMi, everything it would silently misread is an error.
+//!
+//! - the rules across settings, so the shim, `gpuslice run`/`cdi` and `slice create` agree:
+//!   [`check_slice_name`], [`parse_cap_per_device`] (never 0) and
+//!   [`check_cap_not_below_share`].
+//!
+//! Nothing here ever turns a bad value into "unlimited": every function returns an error that
+//! names the variable, the value and the accepted forms.
+
+use std::fmt;
+
+/// A parsed size: bytes, or a share of the device's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Size {
+    /// An exact byte count.
+    Bytes(u64),
+    /// Parts per million of the device's total memory (`25%` = 250_000).
+    Percent(u32),
+}
+
+impl Size {
+    /// Bytes on a device of `total` bytes.
+    pub fn resolve(self, total: u64) -> u64 {
+        match self {
+            Size::Bytes(b) => b,
+            Size::Percent(ppm) => ((total as u128 * ppm as u128) / 1_000_000) as u64,
+        }
+    }
+}
+
+/// A value that applies to every device, or one value per device index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PerDevice<T> {
+    /// The same value on every device.
+    All(T),
+    /// `index=value` pairs; devices not listed get nothing.
+    Each(Vec<(u32, T)>),
+}
+
+impl<T: Copy> PerDevice<T> {
+    /// The value for device `index` (as the process sees it).
+    pub fn get(&self, index: u32) -> Option<T> {
+        match self {
+            PerDevice::All(v) => Some(*v),
+            PerDevice::Each(list) => list.iter().find(|(i, _)| *i == index).map(|(_, v)| *v),
+        }
+    }
+}
+
+/// A value that could not be parsed; its message names the variable, the value and what is
+/// accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuantityError {
+    /// The variable or flag the value came from.
+    pub variable: String,
+    /// The value as given.
+    pub value: String,
+    /// What is wrong with it.
+    pub reason: String,
+    /// The accepted forms.
+    pub accepted: &'static str,
+}
+
+impl fmt::Display for QuantityError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}={:?} is not valid: {}; accepted: {}",
+            self.variable, self.value, self.reason, self.accepted
+        )
+    }
+}
+
+impl std::error::Error for QuantityError {}
+
+/// Accepted size forms, for error messages.
+pub const SIZE_FORMS: &str = "bytes (4294967296), 4Gi, 4096Mi, 4G, 4GiB, or 25% of the device; \
+                               per device: 0=4Gi,1=8Gi";
+/// Accepted fraction forms.
+pub const FRACTION_FORMS: &str =
+    "a fraction from 0 to 1 (0.25) or a percentage (25%); per device: 0=0.5,1=25%";
+/// Accepted forms of `CUDA_DEVICE_MEMORY_LIMIT(_<i>)`.
+pub const HAMI_SIZE_FORMS: &str =
+    "a whole number with an optional binary unit k, m or g (1g, 512m, 1048576)";
+/// Accepted forms of `CUDA_DEVICE_SM_LIMIT`.
+pub const HAMI_SM_FORMS: &str = "a whole percentage from 0 (no limit) to 100";
+
+fn err(
+    variable: &str,
+    value: &str,
+    reason: impl Into<String>,
+    accepted: &'static str,
+) -> QuantityError {
+    QuantityError {
+        variable: variable.into(),
+        value: value.into(),
+        reason: reason.into(),
+        accepted,
+    }
+}
+
+/// A decimal number split into `mantissa / 10^scale`, exactly.
+struct Decimal {
+    mantissa: u128,
+    scale: u32,
+}
+
+/// Parse `123`, `1.5`, `.5`: ASCII digits with at most one dot; no sign, no exponent.
+fn parse_decimal(s: &str) -> Result<Decimal, String> {
+    if s.is_empty() {
+        return Err("no number".into());
+    }
+    let (int, frac) = match s.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (s, None),
+    };
+    let frac = frac.unwrap_or("");
+    if int.is_empty() && frac.is_empty() {
+        return Err("no number".into());
+    }
+    if !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(if s.starts_with('-') {
+            "negative values are not sizes".into()
+        } else {
+            format!("{s:?} is not a number")
+        });
+    }
+    if int.len() + frac.len() > 36 {
+        return Err("number too large".into());
+    }
+    let mut mantissa: u128 = 0;
+    for b in int.bytes().chain(frac.bytes()) {
+        mantissa = mantissa * 10 + (b - b'0') as u128; // ≤ 36 digits: fits in u128
+    }
+    Ok(Decimal {
+        mantissa,
+        scale: frac.len() as u32,
+    })
+}
+
+/// `d * unit` as whole bytes, or why not.
+fn whole_bytes(d: &Decimal, unit: u128) -> Result<u64, String> {
+    let num = d
+        .mantissa
+        .checked_mul(unit)
+        .ok_or("too large (more than 2^64 bytes)")?;
+    let den = 10u128.pow(d.scale);
+    if num % den != 0 {
+        return Err("not a whole number of bytes".into());
+    }
+    u64::try_from(num / den).map_err(|_| "too large (more than 2^64 bytes)".into())
+}
+
+fn unit_of(suffix: &str) -> Option<u128> {
+    const K: u128 = 1000;
+    const KI: u128 = 1024;
+    Some(match suffix {
+        "" | "B" => 1,
+        "k" | "K" | "kB" | "KB" => K,
+        "M" | "MB" => K.pow(2),
+        "G" | "GB" => K.pow(3),
+        "T" | "TB" => K.pow(4),
+        "P" | "PB" => K.pow(5),
+        "E" | "EB" => K.pow(6),
+        "Ki" | "KiB" => KI,
+        "Mi" | "MiB" => KI.pow(2),
+        "Gi" | "GiB" => KI.pow(3),
+        "Ti" | "TiB" => KI.pow(4),
+        "Pi" | "PiB" => KI.pow(5),
+        "Ei" | "EiB" => KI.pow(6),
+        _ => return None,
+    })
+}
+
+/// Parse a percentage body (`25`, `12.5`) into ppm, 0 < p ≤ 100 (or 0 when `allow_zero`).
+fn percent_ppm(body: &str, allow_zero: bool) -> Result<u32, String> {
+    let d = parse_decimal(body)?;
+    // ppm = body * 10_000, exactly
+    let num = d.mantissa.checked_mul(10_000).ok_or("too large")?;
+    let den = 10u128.pow(d.scale);
+    if num % den != 0 {
+        return Err("more precise than 0.0001%".into());
+    }
+    let ppm = num / den;
+    if ppm > 1_000_000 {
+        return Err("more than 100%".into());
+    }
+    if ppm == 0 && !allow_zero {
+        return Err("0% of the device".into());
+    }
+    Ok(ppm as u32)
+}
+
+/// Parse one size (not the per-device form). `variable` names the source for errors.
+pub fn parse_size(variable: &str, value: &str) -> Result<Size, QuantityError> {
+    let e = |r: String| err(variable, value, r, SIZE_FORMS);
+    let s = value.trim();
+    if s.is_empty() {
+        return Err(e("empty".into()));
+    }
+    if let Some(body) = s.strip_suffix('%') {
+        return percent_ppm(body, false).map(Size::Percent).map_err(e);
+    }
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    if num.is_empty() {
+        return Err(e(if s.starts_with('-') {
+            "negative values are not sizes".into()
+        } else {
+            "no number".into()
+        }));
+    }
+    let Some(unit) = unit_of(suffix) else {
+        let hint = match suffix {
+            "m" => " (in Kubernetes syntax `m` means thousandths; did you mean Mi?)",
+            "g" | "gi" | "gb" => " (did you mean Gi?)",
+            "mi" | "mb" => " (did you mean Mi?)",
+            _ => "",
+        };
+        return Err(e(format!("unknown unit {suffix:?}{hint}")));
+    };
+    let d = parse_decimal(num).map_err(e)?;
+    whole_bytes(&d, unit).map(Size::Bytes).map_err(e)
+}
+
+/// Parse a compute fraction (`0.25`, `25%`, `1`) into ppm, 0..=1_000_000.
+pub fn parse_fraction(variable: &str, value: &str) -> Result<u32, QuantityError> {
+    let e = |r: String| err(variable, value, r, FRACTION_FORMS);
+    let s = value.trim();
+    if s.is_empty() {
+        return Err(e("empty".into()));
+    }
+    if let Some(body) = s.strip_suffix('%') {
+        return percent_ppm(body, true).map_err(e);
+    }
+    if s.starts_with('-') {
+        return Err(e("negative".into()));
+    }
+    let d = parse_decimal(s).map_err(e)?;
+    let num = d
+        .mantissa
+        .checked_mul(1_000_000)
+        .ok_or_else(|| e("more than 1".into()))?;
+    let den = 10u128.pow(d.scale);
+    if num % den != 0 {
+        return Err(e("more precise than 0.000001".into()));
+    }
+    let ppm = num / den;
+    if ppm > 1_000_000 {
+        return Err(e(
+            "more than 1 (use a fraction of the device, 0.25 or 25%)".into()
+        ));
+    }
+    Ok(ppm as u32)
+}
+
+/// Parse a value that may be per device (`0=4Gi,1=8Gi`) or one value for all devices, with
+/// `one` parsing each value. Indices are as the process sees devices; listing one twice is an
+/// error.
+pub fn parse_per_device<T>(
+    variable: &str,
+    value: &str,
+    accepted: &'static str,
+    one: impl Fn(&str, &str) -> Result<T, QuantityError>,
+) -> Result<PerDevice<T>, QuantityError> {
+    let s = value.trim();
+    if !s.contains('=') {
+        return one(variable, s).map(PerDevice::All);
+    }
+    let mut out: Vec<(u32, T)> = Vec::new();
+    for part in s.split(',') {
+        let Some((idx, v)) = part.split_once('=') else {
+            return Err(err(
+                variable,
+                value,
+                format!("{part:?} has no device index (write i=VALUE for every device)"),
+                accepted,
+            ));
+        };
+        let idx = idx.trim();
+        let i: u32 = match idx.parse() {
+            Ok(i) if idx.bytes().all(|b| b.is_ascii_digit()) && i < 64 => i,
+            _ => {
+                return Err(err(
+                    variable,
+                    value,
+                    format!("{idx:?} is not a device index (0..63)"),
+                    accepted,
+                ))
+            }
+        };
+        if out.iter().any(|(j, _)| *j == i) {
+            return Err(err(
+                variable,
+                value,
+                format!("device {i} is listed twice"),
+                accepted,
+            ));
+        }
+        // Report errors against the whole value so the user sees what they wrote.
+        let parsed = one(variable, v).map_err(|mut e| {
+            e.value = value.into();
+            e.reason = format!("device {i}: {}", e.reason);
+            e
+        })?;
+        out.push((i, parsed));
+    }
+    Ok(PerDevice::Each(out))
+}
+
+/// `GPUSLICE_MEMORY`-style value, per device or for all.
+pub fn parse_size_per_device(
+    variable: &str,
+    value: &str,
+) -> Result<PerDevice<Size>, QuantityError> {
+    parse_per_device(variable, value, SIZE_FORMS, parse_size)
+}
+
+/// `GPUSLICE_COMPUTE`-style value, per device or for all (ppm).
+pub fn parse_fraction_per_device(
+    variable: &str,
+    value: &str,
+) -> Result<PerDevice<u32>, QuantityError> {
+    parse_per_device(variable, value, FRACTION_FORMS, parse_fraction)
+}
+
+/// `CUDA_DEVICE_MEMORY_LIMIT(_<i>)` as HAMi-core reads it: a whole number with an optional
+/// final `k`/`m`/`g` (either case) in binary units; no suffix = bytes. HAMi treats 0, garbage,
+/// negative numbers and overflow as "no limit"; here they are errors, as are hex/octal
+/// spellings (`0x10`, `010`) that HAMi's `strtoul(.., 0)` would read in another base.
+pub fn parse_hami_size(variable: &str, value: &str) -> Result<u64, QuantityError> {
+    let e = |r: &str| err(variable, value, r, HAMI_SIZE_FORMS);
+    let s = value.trim();
+    if s.is_empty() {
+        return Err(e("empty"));
+    }
+    let (num, unit) = match s.as_bytes()[s.len() - 1] {
+        b'g' | b'G' => (&s[..s.len() - 1], 1u64 << 30),
+        b'm' | b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'k' | b'K' => (&s[..s.len() - 1], 1 << 10),
+        _ => (s, 1),
+    };
+    if num.starts_with('-') {
+        return Err(e("negative"));
+    }
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(e("not a whole number with a k, m or g unit"));
+    }
+    if num.len() > 1 && num.starts_with('0') {
+        return Err(e("leading zero (HAMi would read it as octal)"));
+    }
+    let n: u64 = num.parse().map_err(|_| e("too large"))?;
+    let bytes = n
+        .checked_mul(unit)
+        .ok_or_else(|| e("too large (more than 2^64 bytes)"))?;
+    if bytes == 0 {
+        return Err(e(
+            "0 (HAMi reads it as no limit; unset the variable instead)",
+        ));
+    }
+    Ok(bytes)
+}
+
+/// `CUDA_DEVICE_SM_LIMIT` as HAMi reads it: a whole percentage, 0 meaning no limit. Returns a
+/// cap in ppm ([`crate::PPM`] for 0 / no limit).
+pub fn parse_hami_sm_limit(variable: &str, value: &str) -> Result<u32, QuantityError> {
+    let e = |r: &str| err(variable, value, r, HAMI_SM_FORMS);
+    let s = value.trim();
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(e(if s.starts_with('-') {
+            "negative"
+        } else {
+            "not a whole number"
+        }));
+    }
+    if s.len() > 1 && s.starts_with('0') {
+        return Err(e("leading zero (HAMi would read it as octal)"));
+    }
+    match s.parse::<u32>() {
+        Ok(0) => Ok(1_000_000),
+        Ok(p) if p <= 100 => Ok(p * 10_000),
+        _ => Err(e("more than 100")),
+    }
+}
+
+/// Accepted slice names (`GPUSLICE_SLICE`, `--slice`, `slice create NAME`).
+pub const SLICE_NAME_FORMS: &str =
+    "1 to 63 letters, digits, '-', '_', '.', ':' or '/', not starting with \"pid-\"";
+/// Accepted compute caps.
+pub const CAP_FORMS: &str =
+    "a fraction above 0 and at most 1 (0.3) or a percentage (30%); per device: 0=0.5,1=25%";
+/// What a cap must be relative to the share it caps.
+pub const CAP_VS_SHARE: &str = "a cap at or above the guaranteed compute share (or no cap)";
+
+/// Prefix of processes' private slices (`pid-<pid>`), which no user-given name may take.
+pub const PRIVATE_SLICE_PREFIX: &str = "pid-";
+
+/// Whether `name` fits a ledger name record: 1 to `NAME_LEN - 1` bytes of letters, digits,
+/// `-`, `_`, `.`, `:`, `/`. Private slices (`pid-N`) pass this; [`check_slice_name`] adds the
+/// rule for names users give.
+pub fn storable_name(name: &str) -> bool {
+    slice_name_problem(name).is_none()
+}
+
+fn slice_name_problem(name: &str) -> Option<String> {
+    const MAX: usize = crate::layout::NAME_LEN - 1;
+    if name.is_empty() {
+        return Some("a slice name cannot be empty".into());
+    }
+    if name.len() > MAX {
+        return Some(format!(
+            "a slice name is at most {MAX} bytes, this one has {}",
+            name.len()
+        ));
+    }
+    name.chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "-_.:/".contains(*c)))
+        .map(|c| format!("a slice name cannot contain {c:?}"))
+}
+
+/// The one rule for a slice name a user gives (`GPUSLICE_SLICE`, `gpuslice run --slice`,
+/// `gpuslice slice create NAME`, `gpuslice cdi`): [`storable_name`], and not starting with
+/// `pid-` (processes' private slices). `setting` names where the value came from.
+pub fn check_slice_name(setting: &str, name: &str) -> Result<(), QuantityError> {
+    let reason = slice_name_problem(name).or_else(|| {
+        name.starts_with(PRIVATE_SLICE_PREFIX)
+            .then(|| "names starting with pid- are processes' private slices".into())
+    });
+    match reason {
+        Some(r) => Err(err(setting, name, r, SLICE_NAME_FORMS)),
+        None => Ok(()),
+    }
+}
+
+/// [`check_slice_name`] as a predicate.
+pub fn valid_slice_name(name: &str) -> bool {
+    check_slice_name("", name).is_ok()
+}
+
+/// One compute cap (`GPUSLICE_COMPUTE_CAP`, `--compute-cap`): a fraction like
+/// [`parse_fraction`], but never 0 (a ceiling of 0 would never let a kernel run).
+pub fn parse_cap(variable: &str, value: &str) -> Result<u32, QuantityError> {
+    let ppm = parse_fraction(variable, value).map_err(|mut e| {
+        e.accepted = CAP_FORMS;
+        e
+    })?;
+    if ppm == 0 {
+        return Err(err(
+            variable,
+            value,
+            "a cap of 0 would never let a kernel run",
+            CAP_FORMS,
+        ));
+    }
+    Ok(ppm)
+}
+
+/// [`parse_cap`], per device or for all (ppm).
+pub fn parse_cap_per_device(variable: &str, value: &str) -> Result<PerDevice<u32>, QuantityError> {
+    parse_per_device(variable, value, CAP_FORMS, parse_cap)
+}
+
+/// A compute setting as given, for [`check_cap_not_below_share`]: the variable or flag, its
+/// value as written, and the parsed parts per million.
+#[derive(Debug, Clone, Copy)]
+pub struct ComputeSetting<'a> {
+    /// `GPUSLICE_COMPUTE`, `--compute-cap`, `CUDA_DEVICE_SM_LIMIT`...
+    pub setting: &'a str,
+    /// The value as given.
+    pub value: &'a str,
+    /// Parsed, ppm.
+    pub ppm: &'a PerDevice<u32>,
+}
+
+/// The one rule relating a cap to the share it caps: on every device where both apply, the cap
+/// is at or above the guaranteed share (a guarantee above its own ceiling is contradictory).
+/// The error names both settings and their values.
+pub fn check_cap_not_below_share(
+    share: ComputeSetting<'_>,
+    cap: ComputeSetting<'_>,
+) -> Result<(), QuantityError> {
+    let listed = |p: &PerDevice<u32>| match p {
+        PerDevice::All(_) => vec![],
+        PerDevice::Each(l) => l.iter().map(|(i, _)| *i).collect(),
+    };
+    let mut devices = listed(share.ppm);
+    devices.extend(listed(cap.ppm));
+    if devices.is_empty() {
+        devices.push(0); // both apply to every device alike
+    }
+    for i in devices {
+        if let (Some(s), Some(c)) = (share.ppm.get(i), cap.ppm.get(i)) {
+            if c < s {
+                let what = match (share.ppm, cap.ppm) {
+                    (PerDevice::All(_), PerDevice::All(_)) => format!(
+                        "the cap {} is below {}={:?}",
+                        ppm_fraction(c),
+                        share.setting,
+                        share.value
+                    ),
+                    _ => format!(
+                        "on device {i} the cap {} is below the share {} that {}={:?} gives",
+                        ppm_fraction(c),
+                        ppm_fraction(s),
+                        share.setting,
+                        share.value
+                    ),
+                };
+                return Err(err(
+                    cap.setting,
+                    cap.value,
+                    format!("{what}: a slice cannot be guaranteed more than its ceiling"),
+                    CAP_VS_SHARE,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn ppm_fraction(ppm: u32) -> String {
+    let s = format!("{:.6}", ppm as f64 / 1e6);
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_names() {
+        for ok in ["team-a.job_1", "ns/team:a", &"x".repeat(63), "a"] {
+            assert!(check_slice_name("GPUSLICE_SLICE", ok).is_ok(), "{ok}");
+            assert!(valid_slice_name(ok) && storable_name(ok));
+        }
+        for bad in ["", "a b", "a,b", "é", "pid-42", &"x".repeat(64)] {
+            let e = check_slice_name("--slice", bad).unwrap_err();
+            let m = e.to_string();
+            assert!(m.starts_with("--slice=") && m.contains("accepted"), "{m}");
+            assert!(!valid_slice_name(bad));
+        }
+        assert!(storable_name("pid-42"));
+    }
+
+    #[test]
+    fn caps() {
+        assert!(parse_cap_per_device("GPUSLICE_COMPUTE_CAP", "0").is_err());
+        assert!(parse_cap_per_device("GPUSLICE_COMPUTE_CAP", "0=0.5,1=0").is_err());
+        assert_eq!(
+            parse_cap_per_device("GPUSLICE_COMPUTE_CAP", "30%").unwrap(),
+            PerDevice::All(300_000)
+        );
+        let check = |s: &str, c: &str| {
+            let (sp, cp) = (
+                parse_fraction_per_device("GPUSLICE_COMPUTE", s).unwrap(),
+                parse_cap_per_device("GPUSLICE_COMPUTE_CAP", c).unwrap(),
+            );
+            check_cap_not_below_share(
+                ComputeSetting {
+                    setting: "GPUSLICE_COMPUTE",
+                    value: s,
+                    ppm: &sp,
+                },
+                ComputeSetting {
+                    setting: "GPUSLICE_COMPUTE_CAP",
+                    value: c,
+                    ppm: &cp,
+                },
+            )
+        };
+        assert!(check("0.25", "0.5").is_ok());
+        assert!(check("0.5", "0.5").is_ok());
+        assert!(check("0=0.5", "1=0.2").is_ok()); // different devices
+        assert!(check("0.5", "1=0.6").is_ok());
+        let m = check("0.5", "0.2").unwrap_err().to_string();
+        assert!(
+            m.contains("GPUSLICE_COMPUTE_CAP=\"0.2\"") && m.contains("GPUSLICE_COMPUTE=\"0.5\""),
+            "{m}"
+        );
+        assert!(check("0.5", "0=0.6,1=0.4")
+            .unwrap_err()
+            .to_string()
+            .contains("device 1"));
+        assert!(check("1=0.5", "0.4").is_err());
+    }
+
+    fn bytes(v: &str) -> u64 {
+        match parse_size("GPUSLICE_MEMORY", v).unwrap() {
+            Size::Bytes(b) => b,
+            p => panic!("{v} gave {p:?}"),
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(bytes("4Gi"), 4 << 30);
+        assert_eq!(bytes("4096Mi"), 4 << 30);
+        assert_eq!(bytes("4G"), 4_000_000_000);
+        assert_eq!(bytes("4GiB"), 4 << 30);
+        assert_eq!(bytes("4GB"), 4_000_000_000);
+        assert_eq!(bytes("4294967296"), 4 << 30);
+        assert_eq!(bytes("1.5Gi"), 3 << 29);
+        assert_eq!(bytes("0"), 0);
+        assert_eq!(bytes(" 1Ki "), 1024);
+        assert_eq!(bytes("15Ei"), 15 << 60);
+        assert_eq!(parse_size("V", "25%").unwrap(), Size::Percent(250_000));
+        assert_eq!(parse_size("V", "12.5%").unwrap(), Size::Percent(125_000));
+        assert_eq!(Size::Percent(250_000).resolve(16 << 30), 4 << 30);
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        for v in [
+            "12XB",
+            "-1",
+            "1.5",
+            "",
+            "  ",
+            "4 Gi",
+            "4gi",
+            "4g",
+            "4m",
+            "1e9",
+            "0x10",
+            "Gi",
+            "%",
+            "0%",
+            "101%",
+            "18446744073709551616",
+            "16Ei",
+            "99999999999999999999999999999999999999999",
+            "1..5Gi",
+            "4Gi,",
+            "--1",
+        ] {
+            let r = parse_size("GPUSLICE_MEMORY", v);
+            assert!(r.is_err(), "{v:?} gave {r:?}");
+            let msg = r.unwrap_err().to_string();
+            assert!(
+                msg.contains("GPUSLICE_MEMORY") && msg.contains("accepted"),
+                "{msg}"
+            );
+        }
+        let msg = parse_size("GPUSLICE_MEMORY", "12XB")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("12XB") && msg.contains("unknown unit"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn per_device() {
+        let p = parse_size_per_device("GPUSLICE_MEMORY", "0=4Gi,1=8Gi").unwrap();
+        assert_eq!(p.get(0), Some(Size::Bytes(4 << 30)));
+        assert_eq!(p.get(1), Some(Size::Bytes(8 << 30)));
+        assert_eq!(p.get(2), None);
+        assert_eq!(
+            parse_size_per_device("V", "2Gi").unwrap().get(7),
+            Some(Size::Bytes(2 << 30))
+        );
+        for v in [
+            "0=4Gi,0=8Gi",
+            "0=4Gi,8Gi",
+            "x=1Gi",
+            "0=12XB",
+            "-1=1Gi",
+            "0=",
+            "0=4Gi,,1=1Gi",
+        ] {
+            assert!(parse_size_per_device("V", v).is_err(), "{v}");
+        }
+    }
+
+    #[test]
+    fn fractions() {
+        assert_eq!(parse_fraction("C", "0.25").unwrap(), 250_000);
+        assert_eq!(parse_fraction("C", "25%").unwrap(), 250_000);
+        assert_eq!(parse_fraction("C", "1").unwrap(), 1_000_000);
+        assert_eq!(parse_fraction("C", "0").unwrap(), 0);
+        assert_eq!(parse_fraction("C", ".5").unwrap(), 500_000);
+        for v in [
+            "1.5",
+            "-0.1",
+            "",
+            "abc",
+            "150%",
+            "0.25x",
+            "1e-1",
+            "0.0000001",
+            "NaN",
+        ] {
+            assert!(parse_fraction("GPUSLICE_COMPUTE", v).is_err(), "{v}");
+        }
+        assert_eq!(
+            parse_fraction_per_device("C", "0=0.5,1=25%")
+                .unwrap()
+                .get(1),
+            Some(250_000)
+        );
+    }
+
+    #[test]
+    fn hami_forms() {
+        assert_eq!(
+            parse_hami_size("CUDA_DEVICE_MEMORY_LIMIT", "1g").unwrap(),
+            1 << 30
+        );
+        assert_eq!(parse_hami_size("X", "1G").unwrap(), 1 << 30);
+        assert_eq!(parse_hami_size("X", "512m").unwrap(), 512 << 20);
+        assert_eq!(parse_hami_size("X", "64k").unwrap(), 64 << 10);
+        assert_eq!(parse_hami_size("X", "1048576").unwrap(), 1 << 20);
+        for v in [
+            "12XB",
+            "-1",
+            "0",
+            "0g",
+            "",
+            "1.5g",
+            "0x10",
+            "010",
+            "1gb",
+            "1Gi",
+            "99999999999999999999g",
+            "17179869184g",
+        ] {
+            assert!(
+                parse_hami_size("CUDA_DEVICE_MEMORY_LIMIT", v).is_err(),
+                "{v}"
+            );
+        }
+        assert_eq!(parse_hami_sm_limit("S", "30").unwrap(), 300_000);
+        assert_eq!(parse_hami_sm_limit("S", "0").unwrap(), 1_000_000);
+        for v in ["101", "-5", "0.5", "", "50%"] {
+            assert!(
+                parse_hami_sm_limit("CUDA_DEVICE_SM_LIMIT", v).is_err(),
+                "{v}"
+            );
+        }
+    }
+}

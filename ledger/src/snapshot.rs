@@ -1,0 +1,117 @@
+//! Plain owned copies of the ledger's state, for the monitor, the CLI and tests.
+
+/// Everything in the ledger at one moment (read without the lock: each number is exact, the
+/// set as a whole may straddle a concurrent change).
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Registered devices.
+    pub devices: Vec<DeviceInfo>,
+    /// Active slices.
+    pub slices: Vec<SliceInfo>,
+    /// Process records in use (alive or awaiting the reaper).
+    pub processes: Vec<ProcInfo>,
+}
+
+/// A device.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    /// Ledger index (not the CUDA ordinal, which differs between processes).
+    pub index: usize,
+    /// `GPU-...`.
+    pub uuid: String,
+    /// Marketing name.
+    pub name: String,
+    /// Bytes on the device.
+    pub memory_total: u64,
+    /// Σ quotas of its slices.
+    pub memory_reserved: u64,
+    /// Σ usage of its quota slices + best-effort usage.
+    pub memory_used: u64,
+    /// What processes without a quota hold.
+    pub best_effort_used: u64,
+    /// Σ compute guarantees, ppm.
+    pub compute_reserved_ppm: u32,
+}
+
+/// A slice on one device.
+#[derive(Debug, Clone)]
+pub struct SliceInfo {
+    /// Slice record index.
+    pub index: usize,
+    /// Name.
+    pub name: String,
+    /// Ledger device index.
+    pub device: usize,
+    /// Device UUID.
+    pub device_uuid: String,
+    /// Created by an operator.
+    pub operator_defined: bool,
+    /// A process's private slice.
+    pub private: bool,
+    /// Quota (`None`: best effort).
+    pub memory_limit: Option<u64>,
+    /// Bytes held by its processes.
+    pub memory_used: u64,
+    /// Guarantee, ppm.
+    pub compute_share_ppm: u32,
+    /// Cap, ppm.
+    pub compute_cap_ppm: u32,
+    /// Attached processes.
+    pub attached: u32,
+    /// Their pids (as each saw itself).
+    pub pids: Vec<u32>,
+    /// Allocations charged.
+    pub alloc_total: u64,
+    /// Allocations refused for the quota.
+    pub alloc_denied_total: u64,
+}
+
+/// A process.
+#[derive(Debug, Clone)]
+pub struct ProcInfo {
+    /// Record index.
+    pub slot: usize,
+    /// pid in its own PID namespace.
+    pub pid: u32,
+    /// Start time (clock ticks since boot) of that pid.
+    pub start_time: u64,
+    /// Slice name it asked for (empty: private).
+    pub slice: String,
+    /// Whether it still runs (its liveness lock is held).
+    pub alive: bool,
+    /// Bytes it holds on all devices.
+    pub memory_used: u64,
+    /// Per device.
+    pub devices: Vec<ProcDeviceInfo>,
+}
+
+/// What a process holds on one device.
+#[derive(Debug, Clone)]
+pub struct ProcDeviceInfo {
+    /// Ledger device index.
+    pub device: usize,
+    /// Slice record index.
+    pub slice: usize,
+    /// Bytes.
+    pub charged: u64,
+}
+
+/// What `reap_dead` reclaimed.
+#[derive(Debug, Clone, Default)]
+pub struct Reaped {
+    /// The dead processes whose records were freed.
+    pub processes: Vec<ReapedProc>,
+    /// Bytes returned to slices and best-effort pools.
+    pub bytes_returned: u64,
+    /// Slices removed because they became empty.
+    pub slices_removed: Vec<String>,
+}
+
+/// One reaped process.
+#[derive(Debug, Clone)]
+pub struct ReapedProc {
+    /// Its pid.
+    pub pid: u32,
+    /// Bytes it held (as its own record said).
+    pub bytes: u64,
+}
