@@ -1,0 +1,685 @@
+//! Compute shares: the gate every kernel and graph launch passes through.
+//!
+//! The launch hooks call [`before_launch`] / [`before_graph_launch`], make the real launch, then
+//! call [`after_launch`]. The scheduling itself (leases, virtual time, caps, takeover of dead
+//! holders) is `gpuslice_ledger::sched`; this module is the process's side of it:
+//!
+//! - one [`DevGate`] per device ordinal: the ledger's lease word for that device, the solo word
+//!   of this process's slice, and (behind a process-local mutex, off the fast path) the
+//!   scheduler [`Client`] and the [`Events`] that track this process's queued work;
+//! - **fast path**: when the slice holds a solo lease (alone and uncapped on the device) a launch
+//!   costs one load of the ledger's lease word, plus process-local loads and a countdown that,
+//!   every few ms of GPU work ([`SAMPLE_GPU_NS`]), takes the slow path once to keep
+//!   `compute_used` current and to notice a launch on another device;
+//! - **slow path**: skip streams that are capturing (capture is never throttled: the replay
+//!   is), ask the client for admission (it may sleep on the ledger's futex), and after the launch
+//!   record an event pair around it, so the time the queued work takes is known (estimates that
+//!   keep a lease on time) and the lease's holder can drain its queue before handing over (so a
+//!   deep asynchronous queue is paid for by whoever queued it).
+//!
+//! Events are created in the launching context and recycled; an event whose context was
+//! destroyed answers an error, which counts as completed, so nothing waits on it.
+
+use core::ffi::c_void;
+use core::ptr::null_mut;
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::Mutex;
+
+use gpuslice_abi::*;
+use gpuslice_ledger::sched::{self, Client, LedgerTenants, Work};
+
+use crate::hooks::real;
+
+/// Device ordinals this process can gate (the ledger's device count).
+const MAX_ORDINALS: usize = gpuslice_ledger::MAX_DEVICES;
+/// Launches tracked per device; one more waits for the oldest to complete.
+const RING: usize = 128;
+/// GPU time between two samples of the slow path while solo: the sampling period in launches is
+/// this over the launch's measured time, so tiny kernels are sampled rarely (their launch rate
+/// is high) and long ones often enough that `compute_used` stays current.
+const SAMPLE_GPU_NS: u64 = 2_000_000;
+/// Bounds of that period, in launches.
+const SAMPLE_MIN: u32 = 4;
+const SAMPLE_MAX: u32 = 4096;
+/// Estimate of a launch never measured yet.
+const DEFAULT_EST_NS: u64 = 100_000;
+/// What pending work counts for once its estimated end has passed.
+const MIN_PENDING_NS: u64 = 10_000;
+/// Graph executables whose replay time is remembered.
+const GRAPHS: usize = 16;
+/// Longest a holder waits for its own queued work before handing over anyway (a hung kernel
+/// must not hang the process's other threads on our lock).
+const DRAIN_LIMIT_NS: u64 = 1_000_000_000;
+
+/// What `before_*` hands to [`after_launch`].
+pub struct Gate {
+    gate: Option<&'static DevGate>,
+    kind: Kind,
+    /// Event recorded before the launch (null: none).
+    start: CUevent,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// Not gated (capturing, unknown device, gpuslice not attached).
+    Pass,
+    /// Launched under a solo lease.
+    Solo,
+    /// Admitted by the scheduler: track the work.
+    Kernel,
+    /// A graph replay admitted by the scheduler.
+    Graph(CUgraphExec),
+    /// A solo launch sampled for the statistics (of the kind inside).
+    Probe(Unit),
+}
+
+/// What a probed solo launch was.
+#[derive(Clone, Copy, PartialEq)]
+enum Unit {
+    Kernel,
+    Graph(CUgraphExec),
+}
+
+impl Kind {
+    fn unit(self) -> Unit {
+        match self {
+            Kind::Graph(x) => Unit::Graph(x),
+            _ => Unit::Kernel,
+        }
+    }
+}
+
+impl Unit {
+    fn kind(self) -> Kind {
+        match self {
+            Unit::Graph(x) => Kind::Graph(x),
+            Unit::Kernel => Kind::Kernel,
+        }
+    }
+}
+
+const PASS: Gate = Gate {
+    gate: None,
+    kind: Kind::Pass,
+    start: null_mut(),
+};
+
+/// This process's gate for one device ordinal.
+struct DevGate {
+    /// The ledger's lease word of the device (null: not bound yet, or not gated).
+    lease: AtomicPtr<AtomicU64>,
+    /// The lease word meaning "our slice is alone here".
+    solo_word: AtomicU64,
+    /// Solo launches since the last sample.
+    solo_left: AtomicU32,
+    /// The sampling period `solo_left` was last set to.
+    solo_period: AtomicU32,
+    /// 0 unbound, 1 bound, 2 never gated (no ledger, or not joined).
+    state: AtomicU32,
+    inner: Mutex<Option<Inner>>,
+}
+
+struct Inner {
+    client: Client<'static>,
+    events: Events,
+    /// Solo statistics: the start event of the last probe charged up to, the probe in flight
+    /// (start, end, what, launches before it), and the launches since.
+    anchor: CUevent,
+    probe: Option<(CUevent, CUevent, Unit, u64)>,
+    sampled: u64,
+}
+
+// SAFETY: the raw CUDA handles inside are process-wide driver handles, usable from any thread;
+// access is serialised by the mutex.
+unsafe impl Send for Inner {}
+
+static GATES: [DevGate; MAX_ORDINALS] = [const {
+    DevGate {
+        lease: AtomicPtr::new(null_mut()),
+        solo_word: AtomicU64::new(0),
+        solo_left: AtomicU32::new(0),
+        solo_period: AtomicU32::new(0),
+        state: AtomicU32::new(0),
+        inner: Mutex::new(None),
+    }
+}; MAX_ORDINALS];
+
+/// The gate when the process has bound exactly one device (the common case): the fast path
+/// then needs no driver call to find the device.
+static SINGLE: AtomicPtr<DevGate> = AtomicPtr::new(null_mut());
+/// Devices bound so far.
+static BOUND: AtomicU32 = AtomicU32::new(0);
+
+/// Called before a kernel launch on `stream`.
+pub fn before_launch(stream: CUstream) -> Gate {
+    before(stream, Kind::Kernel)
+}
+
+/// Called before a graph launch.
+pub fn before_graph_launch(exec: CUgraphExec, stream: CUstream) -> Gate {
+    before(stream, Kind::Graph(exec))
+}
+
+#[inline]
+fn before(stream: CUstream, kind: Kind) -> Gate {
+    let single = SINGLE.load(Relaxed);
+    if !single.is_null() {
+        // SAFETY: SINGLE only ever points into the static GATES.
+        let g = unsafe { &*single };
+        // SAFETY: a bound lease pointer points into the ledger mapping, mapped for the life of
+        // the process.
+        if let Some(lease) = unsafe { g.lease.load(Relaxed).as_ref() } {
+            // A plain load and store, not a locked add: threads racing here only lose a count
+            // of a statistic, and the fast path stays free of read-modify-writes.
+            let left = g.solo_left.load(Relaxed);
+            if lease.load(Relaxed) == g.solo_word.load(Relaxed) && left > 0 {
+                g.solo_left.store(left - 1, Relaxed);
+                return Gate {
+                    gate: Some(g),
+                    kind: Kind::Solo,
+                    start: null_mut(),
+                };
+            }
+        }
+    }
+    slow_before(stream, kind)
+}
+
+#[cold]
+fn slow_before(stream: CUstream, kind: Kind) -> Gate {
+    let Some(g) = current_gate() else { return PASS };
+    // Solo on a device other than the single one: same countdown as the fast path.
+    // SAFETY: a bound gate's lease pointer points into the ledger mapping (process lifetime).
+    if let Some(lease) = unsafe { g.lease.load(Relaxed).as_ref() } {
+        let left = g.solo_left.load(Relaxed);
+        if lease.load(Relaxed) == g.solo_word.load(Relaxed) && left > 0 {
+            g.solo_left.store(left - 1, Relaxed);
+            return Gate {
+                gate: Some(g),
+                kind: Kind::Solo,
+                start: null_mut(),
+            };
+        }
+    }
+    if capturing(stream) {
+        return PASS;
+    }
+    let mut guard = match g.inner.lock() {
+        Ok(i) => i,
+        Err(p) => p.into_inner(), // a panic elsewhere left it: the state is still usable
+    };
+    let Some(inner) = guard.as_mut() else {
+        return PASS;
+    };
+    if inner.client.solo() {
+        let start = inner.sample_solo(g, stream);
+        return Gate {
+            gate: Some(g),
+            kind: if start.is_null() {
+                Kind::Solo
+            } else {
+                Kind::Probe(kind.unit())
+            },
+            start,
+        };
+    }
+    inner.events.next = inner.events.estimate(kind);
+    inner.client.acquire(&mut inner.events);
+    if inner.client.solo() {
+        return Gate {
+            gate: Some(g),
+            kind: Kind::Solo,
+            start: null_mut(),
+        };
+    }
+    let start = inner.events.record(stream);
+    Gate {
+        gate: Some(g),
+        kind,
+        start,
+    }
+}
+
+/// Called after the launch returned `result`.
+pub fn after_launch(gate: Gate, stream: CUstream, result: CUresult) {
+    let Some(g) = gate.gate else { return };
+    if matches!(gate.kind, Kind::Pass | Kind::Solo) {
+        return;
+    }
+    let mut guard = match g.inner.lock() {
+        Ok(i) => i,
+        Err(p) => p.into_inner(),
+    };
+    let Some(inner) = guard.as_mut() else { return };
+    if result != CUDA_SUCCESS {
+        inner.events.recycle(gate.start);
+        return;
+    }
+    if let Kind::Probe(unit) = gate.kind {
+        let end = inner.events.record(stream);
+        if end.is_null() {
+            inner.events.recycle(gate.start);
+        } else {
+            let new = (gate.start, end, unit, inner.sampled);
+            if let Some((s, e, _, _)) = inner.probe.replace(new) {
+                // Two threads probed at once: keep the later probe.
+                inner.events.recycle(s);
+                inner.events.recycle(e);
+            }
+            inner.sampled = 0;
+        }
+        return;
+    }
+    inner.events.push(gate.start, stream, gate.kind);
+}
+
+/// Whether `stream` is capturing a graph (then nothing may wait on it, and it runs nothing).
+fn capturing(stream: CUstream) -> bool {
+    let Some(f) = real::cuStreamIsCapturing() else {
+        return false;
+    };
+    let mut st = CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: real driver function, valid out-pointer.
+    let r = unsafe { f(stream, &mut st) };
+    // Any error (e.g. the legacy stream during another stream's global capture): do not touch.
+    r != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// The gate of the calling thread's current device, bound on first use; None when this
+/// process's launches there are not gated.
+fn current_gate() -> Option<&'static DevGate> {
+    let f = real::cuCtxGetDevice()?;
+    let mut dev: CUdevice = 0;
+    // SAFETY: real driver function, valid out-pointer.
+    if unsafe { f(&mut dev) } != CUDA_SUCCESS {
+        return None;
+    }
+    let g = GATES.get(usize::try_from(dev).ok()?)?;
+    match g.state.load(Acquire) {
+        1 => Some(g),
+        2 => None,
+        _ => bind(g, dev),
+    }
+}
+
+#[cold]
+fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
+    let mut guard = match g.inner.lock() {
+        Ok(i) => i,
+        Err(p) => p.into_inner(),
+    };
+    if g.state.load(Acquire) != 0 {
+        return (g.state.load(Acquire) == 1).then_some(g);
+    }
+    // Not started up yet: look again at the next launch.
+    crate::init::state_if_ready()?;
+    let Some(b) = binding(dev) else {
+        g.state.store(2, Release); // no slice joined on this device: never gated
+        return None;
+    };
+    let tenants: &'static LedgerTenants<'static> = Box::leak(Box::new(LedgerTenants {
+        slices: b.slices,
+        device: b.device as u32,
+    }));
+    let Some(client) = Client::new(b.sched, b.device, tenants, b.slice as u32 + 1, b.proc_sched)
+    else {
+        g.state.store(2, Release);
+        return None;
+    };
+    g.solo_word.store(client.solo_word(), Relaxed);
+    g.lease.store(
+        &b.sched.lease as *const AtomicU64 as *mut AtomicU64,
+        Release,
+    );
+    *guard = Some(Inner {
+        client,
+        events: Events::new(),
+        anchor: null_mut(),
+        probe: None,
+        sampled: 0,
+    });
+    g.state.store(1, Release);
+    if BOUND.fetch_add(1, AcqRel) == 0 {
+        SINGLE.store(g as *const DevGate as *mut DevGate, Release);
+    } else {
+        SINGLE.store(null_mut(), Release); // several devices: find the device per launch
+    }
+    Some(g)
+}
+
+/// Where this process's compute state lives in the ledger for device ordinal `dev`; None before
+/// start-up or when the process joined no slice there.
+fn binding(dev: CUdevice) -> Option<Binding> {
+    let st = crate::init::state_if_ready()?;
+    let d = st.device(dev)?;
+    let ledger = st.ledger;
+    let proc_ = ledger.procs().get(st.me.slot)?;
+    let slice = proc_.devices.get(d.ledger_dev)?.slice.load(Acquire) as usize;
+    let dev_rec = ledger.devices().get(d.ledger_dev)?;
+    (slice < ledger.slices().len()).then(|| Binding {
+        sched: &dev_rec.sched,
+        device: d.ledger_dev,
+        slices: &ledger.slices()[..],
+        slice,
+        proc_sched: &proc_.sched,
+    })
+}
+
+/// Where a process's compute state lives in the ledger for one device.
+pub struct Binding {
+    /// The device record's scheduler state.
+    pub sched: &'static sched::SchedDevice,
+    /// Ledger index of the device.
+    pub device: usize,
+    /// The ledger's slice array.
+    pub slices: &'static [gpuslice_ledger::layout::Slice],
+    /// Ledger index of the slice this process joined on the device.
+    pub slice: usize,
+    /// This process's record's scheduler state.
+    pub proc_sched: &'static sched::SchedProc,
+}
+
+impl Inner {
+    /// Keep `compute_used` current while solo, every few ms of GPU work: once the
+    /// previous probe (events around one launch) completed, learn that launch's GPU time, and
+    /// charge the GPU time between the two latest probes: the span between their start events,
+    /// but at most the launches made in between times their estimate (a launcher that leaves the
+    /// engine idle is not charged for the idle time). Returns the start event of a new probe
+    /// (null: none now).
+    fn sample_solo(&mut self, g: &DevGate, stream: CUstream) -> CUevent {
+        let period = g.solo_period.load(Relaxed);
+        self.sampled += period.saturating_sub(g.solo_left.load(Relaxed)) as u64 + 1;
+        let est = self.events.estimate(Kind::Kernel).max(1);
+        let next = (SAMPLE_GPU_NS / est).clamp(SAMPLE_MIN as u64, SAMPLE_MAX as u64) as u32;
+        g.solo_period.store(next, Relaxed);
+        g.solo_left.store(next, Relaxed);
+        if let Some((start, end, unit, launches)) = self.probe {
+            if !Events::done(end) {
+                return null_mut();
+            }
+            if let Some(ms) = self.events.elapsed_when_done(start, end) {
+                self.events.learn(unit.kind(), (ms as f64 * 1e6) as u64);
+            }
+            if !self.anchor.is_null() {
+                if let Some(ms) = self.events.elapsed_when_done(self.anchor, start) {
+                    let span = (ms as f64 * 1e6) as u64;
+                    let work = launches.saturating_mul(self.events.estimate(unit.kind()));
+                    let (dev, slice) = self.client.parts();
+                    sched::charge_solo(dev, slice, sched::now_ns(), span.min(work), launches);
+                }
+            }
+            let old = core::mem::replace(&mut self.anchor, start);
+            self.events.recycle(old);
+            self.events.recycle(end);
+            self.probe = None;
+        }
+        self.events.record(stream)
+    }
+}
+
+/// One launch in flight: events before and after it, and its estimated GPU time.
+#[derive(Clone, Copy)]
+struct Entry {
+    start: CUevent,
+    end: CUevent,
+    est: u64,
+    kind: Kind,
+}
+
+/// This process's queued work on one device, seen through events (the scheduler's [`Work`]).
+struct Events {
+    ring: [Entry; RING],
+    head: usize,
+    len: usize,
+    /// Spare events (recycled, so the launch path does not create one each time).
+    spare: Vec<CUevent>,
+    /// Measured GPU time of a kernel launch (moving average).
+    kernel_ns: u64,
+    /// Measured GPU time of graph replays, per executable.
+    graphs: [(CUgraphExec, u64); GRAPHS],
+    graph_next: usize,
+    /// Estimate of the launch being admitted.
+    next: u64,
+    /// When the tracked work is expected to complete (ns; 0 when nothing is tracked).
+    tail_end: u64,
+}
+
+const NO_ENTRY: Entry = Entry {
+    start: null_mut(),
+    end: null_mut(),
+    est: 0,
+    kind: Kind::Pass,
+};
+
+impl Events {
+    fn new() -> Events {
+        Events {
+            ring: [NO_ENTRY; RING],
+            head: 0,
+            len: 0,
+            spare: Vec::with_capacity(2 * RING + 8),
+            kernel_ns: DEFAULT_EST_NS,
+            graphs: [(null_mut(), 0); GRAPHS],
+            graph_next: 0,
+            next: DEFAULT_EST_NS,
+            tail_end: 0,
+        }
+    }
+
+    fn estimate(&self, kind: Kind) -> u64 {
+        match kind {
+            Kind::Graph(x) => self
+                .graphs
+                .iter()
+                .find(|g| g.0 == x)
+                .map_or(DEFAULT_EST_NS, |g| g.1),
+            _ => self.kernel_ns,
+        }
+    }
+
+    fn learn(&mut self, kind: Kind, ns: u64) {
+        // In u128: a measurement (f32 ms, saturated into u64) may be huge; never overflow.
+        let avg = |old: u64| {
+            if old == 0 {
+                ns
+            } else {
+                ((3 * old as u128 + ns as u128) / 4) as u64
+            }
+        };
+        match kind {
+            Kind::Graph(x) => match self.graphs.iter_mut().find(|g| g.0 == x) {
+                Some(g) => g.1 = avg(g.1),
+                None => {
+                    self.graphs[self.graph_next] = (x, ns);
+                    self.graph_next = (self.graph_next + 1) % GRAPHS;
+                }
+            },
+            _ => self.kernel_ns = avg(self.kernel_ns),
+        }
+    }
+
+    /// A spare event, or a new one in the current context (null if that fails).
+    fn take(&mut self) -> CUevent {
+        if let Some(e) = self.spare.pop() {
+            return e;
+        }
+        let Some(f) = real::cuEventCreate() else {
+            return null_mut();
+        };
+        let mut e: CUevent = null_mut();
+        // SAFETY: real driver function, valid out-pointer.
+        if unsafe { f(&mut e, CU_EVENT_DEFAULT) } != CUDA_SUCCESS {
+            return null_mut();
+        }
+        e
+    }
+
+    fn recycle(&mut self, e: CUevent) {
+        if e.is_null() {
+            return;
+        }
+        if self.spare.len() < self.spare.capacity() {
+            self.spare.push(e);
+        } else if let Some(f) = real::cuEventDestroy_v2() {
+            // SAFETY: an event we created and no longer reference.
+            unsafe { f(e) };
+        }
+    }
+
+    fn record_into(&mut self, e: CUevent, stream: CUstream) -> bool {
+        let Some(f) = real::cuEventRecord() else {
+            return false;
+        };
+        // SAFETY: real driver function on our event and the caller's stream.
+        unsafe { f(e, stream) == CUDA_SUCCESS }
+    }
+
+    /// Record a fresh event on `stream` (null when that fails: the launch is then tracked by
+    /// its end event alone).
+    fn record(&mut self, stream: CUstream) -> CUevent {
+        let e = self.take();
+        if !e.is_null() && !self.record_into(e, stream) {
+            self.recycle(e);
+            return null_mut();
+        }
+        e
+    }
+
+    /// Track a launch made after `start` was recorded.
+    fn push(&mut self, start: CUevent, stream: CUstream, kind: Kind) {
+        if self.len == RING {
+            self.wait_oldest();
+        }
+        let end = self.record(stream);
+        if end.is_null() {
+            self.recycle(start);
+            return;
+        }
+        let est = self.estimate(kind);
+        self.tail_end = self.tail_end.max(sched::now_ns()).saturating_add(est);
+        self.ring[(self.head + self.len) % RING] = Entry {
+            start,
+            end,
+            est,
+            kind,
+        };
+        self.len += 1;
+    }
+
+    /// Whether `e` completed (an error, e.g. its context is gone, counts as completed).
+    fn done(e: CUevent) -> bool {
+        let Some(f) = real::cuEventQuery() else {
+            return true;
+        };
+        // SAFETY: real driver function on our event.
+        unsafe { f(e) != CUDA_ERROR_NOT_READY }
+    }
+
+    /// ms between two completed events; None while `end` is pending or on error.
+    fn elapsed_when_done(&self, start: CUevent, end: CUevent) -> Option<f32> {
+        let f = real::cuEventElapsedTime()?;
+        let mut ms = 0f32;
+        // SAFETY: real driver function on our events, valid out-pointer.
+        (unsafe { f(&mut ms, start, end) } == CUDA_SUCCESS && ms >= 0.0).then_some(ms)
+    }
+
+    /// Retire completed launches from the front (learning their GPU time); true if the oldest
+    /// is still pending.
+    fn poll(&mut self) -> bool {
+        while self.len > 0 {
+            let e = self.ring[self.head];
+            if !Self::done(e.end) {
+                return true;
+            }
+            if !e.start.is_null() {
+                if let Some(ms) = self.elapsed_when_done(e.start, e.end) {
+                    self.learn(e.kind, (ms as f64 * 1e6) as u64);
+                }
+            }
+            self.recycle(e.start);
+            self.recycle(e.end);
+            self.head = (self.head + 1) % RING;
+            self.len -= 1;
+        }
+        false
+    }
+
+    /// Sleep (never spin) until the oldest launch completes.
+    fn wait_oldest(&mut self) {
+        let t0 = sched::now_ns();
+        while self.poll() && self.len == RING {
+            if sched::now_ns().saturating_sub(t0) > DRAIN_LIMIT_NS {
+                // Give up on it: forget the oldest rather than block forever.
+                let e = self.ring[self.head];
+                self.head = (self.head + 1) % RING;
+                self.len -= 1;
+                self.recycle(e.start);
+                self.recycle(e.end);
+                return;
+            }
+            nap(self.ring[self.head].est);
+        }
+    }
+}
+
+/// Sleep a fraction of `est_ns` (bounded: short enough to notice completion promptly, long
+/// enough not to burn a CPU).
+fn nap(est_ns: u64) {
+    let ns = (est_ns / 4).clamp(20_000, 1_000_000);
+    std::thread::sleep(std::time::Duration::from_nanos(ns));
+}
+
+impl Work for Events {
+    fn outstanding_ns(&mut self) -> u64 {
+        if !self.poll() {
+            self.tail_end = 0;
+            return 0;
+        }
+        // Pending but overdue by the estimate: still something, so a holder keeps waiting.
+        self.tail_end
+            .saturating_sub(sched::now_ns())
+            .max(MIN_PENDING_NS)
+    }
+
+    fn wait_below(&mut self, ns: u64) -> u64 {
+        let t0 = sched::now_ns();
+        loop {
+            if !self.poll() {
+                self.tail_end = 0;
+                return 0;
+            }
+            let now = sched::now_ns();
+            let left = self.tail_end.saturating_sub(now);
+            // Past its estimated end the rest is unknown: wait for it to complete.
+            if (left > 0 && left <= ns) || now.saturating_sub(t0) > DRAIN_LIMIT_NS {
+                return left.max(MIN_PENDING_NS);
+            }
+            let nap_ns = if left > ns {
+                left - ns
+            } else {
+                MIN_PENDING_NS * 2
+            };
+            std::thread::sleep(std::time::Duration::from_nanos(nap_ns.min(1_000_000)));
+        }
+    }
+
+    fn next_ns(&mut self) -> u64 {
+        self.next
+    }
+
+    fn drain(&mut self) -> u64 {
+        let t0 = sched::now_ns();
+        while self.poll() {
+            if sched::now_ns().saturating_sub(t0) > DRAIN_LIMIT_NS {
+                break;
+            }
+            let left = self.outstanding_ns();
+            nap(left);
+        }
+        sched::now_ns()
+    }
+}
+
+/// Silence "unused" for the c_void import where no handle type needs it.
+#[allow(dead_code)]
+type _Unused = c_void;

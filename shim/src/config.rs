@@ -1,0 +1,347 @@
+//! The environment of a wrapped process, as typed configuration (read once, at `cuInit`).
+//!
+//! Variables (see docs/configuration.md): `GPUSLICE_MEMORY`, `GPUSLICE_COMPUTE`,
+//! `GPUSLICE_COMPUTE_CAP`, `GPUSLICE_SLICE`, `GPUSLICE_RUNTIME_DIR`, `GPUSLICE_LOG`,
+//! `GPUSLICE_DISABLE`, and HAMi's `CUDA_DEVICE_MEMORY_LIMIT`, `CUDA_DEVICE_MEMORY_LIMIT_<i>`,
+//! `CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`. gpuslice's own variables win
+//! over HAMi's; every variable that is set is validated, even one that is overridden, so a
+//! typo is never silently ignored. Sizes and fractions use the ledger crate's one parser.
+
+use crate::log::Level;
+use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use gpuslice_ledger::quantity::{self, ComputeSetting, PerDevice, QuantityError, Size};
+use gpuslice_ledger::PPM;
+use std::path::PathBuf;
+
+static DISABLED: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 enabled, 2 disabled
+
+/// `GPUSLICE_DISABLE=1`: pure pass-through. Read without allocating (it is asked inside
+/// `dlsym`), once.
+#[inline]
+pub fn disabled() -> bool {
+    match DISABLED.load(Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            // SAFETY: NUL-terminated name; getenv does not allocate.
+            let v = unsafe { libc::getenv(c"GPUSLICE_DISABLE".as_ptr()) };
+            // SAFETY: getenv returns null or a NUL-terminated string.
+            let off = !v.is_null() && unsafe { core::ffi::CStr::from_ptr(v) }.to_bytes() == b"1";
+            DISABLED.store(if off { 2 } else { 1 }, Relaxed);
+            off
+        }
+    }
+}
+
+/// Where a device's quota comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Memory {
+    /// Value for every device (`GPUSLICE_MEMORY=4Gi`, `CUDA_DEVICE_MEMORY_LIMIT`).
+    pub all: Option<(Size, &'static str)>,
+    /// Values per device index (`0=4Gi`, `CUDA_DEVICE_MEMORY_LIMIT_<i>`).
+    pub each: Vec<(u32, Size, String)>,
+}
+
+impl Memory {
+    /// The quota of device `i` (as this process numbers devices) and the variable it came from.
+    pub fn get(&self, i: u32) -> Option<(Size, String)> {
+        if let Some((_, s, v)) = self.each.iter().find(|(j, _, _)| *j == i) {
+            return Some((*s, v.clone()));
+        }
+        self.all.map(|(s, v)| (s, v.to_string()))
+    }
+}
+
+/// The typed configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Memory quotas; `None` = best effort everywhere.
+    pub memory: Option<Memory>,
+    /// Compute guarantees (ppm) and the variable.
+    pub compute: Option<(PerDevice<u32>, &'static str)>,
+    /// Compute caps (ppm) and the variable.
+    pub compute_cap: Option<(PerDevice<u32>, &'static str)>,
+    /// Slice name (`None`: private).
+    pub slice: Option<String>,
+    /// Ledger directory.
+    pub runtime_dir: PathBuf,
+    /// Log threshold.
+    pub log: Level,
+}
+
+/// A configuration error: one line for the user.
+#[derive(Debug, Clone)]
+pub struct ConfigError(pub String);
+
+impl From<QuantityError> for ConfigError {
+    fn from(e: QuantityError) -> Self {
+        ConfigError(e.to_string())
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// FNV-1a, for a stable slice name from a path.
+fn fnv1a(s: &[u8]) -> u64 {
+    s.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl Config {
+    /// Read the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        let vars: Vec<(String, String)> = std::env::vars_os()
+            .filter_map(|(k, v)| {
+                Some((
+                    k.into_string().ok()?,
+                    v.into_string()
+                        .unwrap_or_else(|v| v.to_string_lossy().into_owned()),
+                ))
+            })
+            .filter(|(k, _)| k.starts_with("GPUSLICE_") || k.starts_with("CUDA_DEVICE_"))
+            .collect();
+        Config::from_vars(&vars)
+    }
+
+    /// Parse from explicit `(name, value)` pairs (tests, and `from_env`).
+    pub fn from_vars(vars: &[(String, String)]) -> Result<Config, ConfigError> {
+        let get = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+
+        let log = match Level::parse(get("GPUSLICE_LOG")) {
+            Some(l) => l,
+            None => {
+                return Err(ConfigError(format!(
+                    "GPUSLICE_LOG={:?} is not valid; accepted: error, warn, info, debug",
+                    get("GPUSLICE_LOG").unwrap_or_default()
+                )))
+            }
+        };
+        match get("GPUSLICE_DISABLE") {
+            None | Some("") | Some("0") | Some("1") => {}
+            Some(v) => {
+                return Err(ConfigError(format!(
+                    "GPUSLICE_DISABLE={v:?} is not valid; accepted: 1 (pass-through) or 0"
+                )))
+            }
+        }
+
+        // HAMi's variables: validated whenever set.
+        let hami_all = match get("CUDA_DEVICE_MEMORY_LIMIT") {
+            Some(v) => Some(quantity::parse_hami_size("CUDA_DEVICE_MEMORY_LIMIT", v)?),
+            None => None,
+        };
+        let mut hami_each = vec![];
+        for (k, v) in vars {
+            let Some(idx) = k.strip_prefix("CUDA_DEVICE_MEMORY_LIMIT_") else {
+                continue;
+            };
+            let i: u32 = match idx.parse() {
+                Ok(i) if idx.bytes().all(|b| b.is_ascii_digit()) && i < 64 => i,
+                _ => return Err(ConfigError(format!("{k} is not a valid variable name; accepted: CUDA_DEVICE_MEMORY_LIMIT_<device index>, e.g. CUDA_DEVICE_MEMORY_LIMIT_0"))),
+            };
+            hami_each.push((i, Size::Bytes(quantity::parse_hami_size(k, v)?), k.clone()));
+        }
+        let hami_sm = match get("CUDA_DEVICE_SM_LIMIT") {
+            Some(v) => Some(quantity::parse_hami_sm_limit("CUDA_DEVICE_SM_LIMIT", v)?),
+            None => None,
+        };
+        let hami_cache = match get("CUDA_DEVICE_MEMORY_SHARED_CACHE") {
+            Some(v) if v.trim().is_empty() => {
+                return Err(ConfigError("CUDA_DEVICE_MEMORY_SHARED_CACHE=\"\" is not valid; accepted: a file path (processes naming the same path share one slice)".into()))
+            }
+            Some(v) => Some(format!("hami-{:016x}", fnv1a(v.trim().as_bytes()))),
+            None => None,
+        };
+
+        let memory = match get("GPUSLICE_MEMORY") {
+            Some(v) => Some(
+                match quantity::parse_size_per_device("GPUSLICE_MEMORY", v)? {
+                    PerDevice::All(s) => Memory {
+                        all: Some((s, "GPUSLICE_MEMORY")),
+                        each: vec![],
+                    },
+                    PerDevice::Each(list) => Memory {
+                        all: None,
+                        each: list
+                            .into_iter()
+                            .map(|(i, s)| (i, s, "GPUSLICE_MEMORY".to_string()))
+                            .collect(),
+                    },
+                },
+            ),
+            None if hami_all.is_some() || !hami_each.is_empty() => Some(Memory {
+                all: hami_all.map(|b| (Size::Bytes(b), "CUDA_DEVICE_MEMORY_LIMIT")),
+                each: hami_each,
+            }),
+            None => None,
+        };
+        let compute = match get("GPUSLICE_COMPUTE") {
+            Some(v) => Some((
+                quantity::parse_fraction_per_device("GPUSLICE_COMPUTE", v)?,
+                "GPUSLICE_COMPUTE",
+            )),
+            None => None,
+        };
+        let compute_cap = match get("GPUSLICE_COMPUTE_CAP") {
+            Some(v) => Some((
+                quantity::parse_cap_per_device("GPUSLICE_COMPUTE_CAP", v)?,
+                "GPUSLICE_COMPUTE_CAP",
+            )),
+            None => hami_sm.map(|c| (PerDevice::All(c), "CUDA_DEVICE_SM_LIMIT")),
+        };
+        if let (Some((share, share_var)), Some((cap, cap_var))) = (&compute, &compute_cap) {
+            let raw = |k: &str| get(k).unwrap_or_default();
+            quantity::check_cap_not_below_share(
+                ComputeSetting {
+                    setting: share_var,
+                    value: raw(share_var),
+                    ppm: share,
+                },
+                ComputeSetting {
+                    setting: cap_var,
+                    value: raw(cap_var),
+                    ppm: cap,
+                },
+            )?;
+        }
+        let slice = match get("GPUSLICE_SLICE") {
+            Some(v) => {
+                quantity::check_slice_name("GPUSLICE_SLICE", v)?;
+                Some(v.to_string())
+            }
+            None => hami_cache,
+        };
+        let runtime_dir = match get("GPUSLICE_RUNTIME_DIR") {
+            Some(v) if !v.starts_with('/') => {
+                return Err(ConfigError(format!(
+                    "GPUSLICE_RUNTIME_DIR={v:?} is not valid; accepted: an absolute directory path"
+                )))
+            }
+            Some(v) => PathBuf::from(v),
+            None => PathBuf::from(gpuslice_ledger::DEFAULT_RUNTIME_DIR),
+        };
+        Ok(Config {
+            memory,
+            compute,
+            compute_cap,
+            slice,
+            runtime_dir,
+            log,
+        })
+    }
+
+    /// Compute share of device `i` (ppm, 0 = none).
+    pub fn share(&self, i: u32) -> u32 {
+        self.compute
+            .as_ref()
+            .and_then(|(p, _)| p.get(i))
+            .unwrap_or(0)
+    }
+
+    /// Compute cap of device `i` (ppm, [`PPM`] = none).
+    pub fn cap(&self, i: u32) -> u32 {
+        self.compute_cap
+            .as_ref()
+            .and_then(|(p, _)| p.get(i))
+            .unwrap_or(PPM)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(v: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_vars(
+            &v.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn precedence_and_hami() {
+        let c = cfg(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "512m"),
+        ])
+        .unwrap();
+        let m = c.memory.unwrap();
+        assert_eq!(m.get(0).unwrap().0, Size::Bytes(1 << 30));
+        assert_eq!(
+            m.get(1).unwrap(),
+            (Size::Bytes(512 << 20), "CUDA_DEVICE_MEMORY_LIMIT_1".into())
+        );
+        let c = cfg(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("GPUSLICE_MEMORY", "2Gi"),
+        ])
+        .unwrap();
+        assert_eq!(c.memory.unwrap().get(3).unwrap().0, Size::Bytes(2 << 30));
+        let c = cfg(&[
+            ("CUDA_DEVICE_SM_LIMIT", "30"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/x"),
+        ])
+        .unwrap();
+        assert_eq!(c.cap(0), 300_000);
+        assert!(c.slice.unwrap().starts_with("hami-"));
+        let c = cfg(&[
+            ("GPUSLICE_COMPUTE", "0.25"),
+            ("GPUSLICE_COMPUTE_CAP", "50%"),
+        ])
+        .unwrap();
+        assert_eq!((c.share(0), c.cap(0)), (250_000, 500_000));
+    }
+
+    #[test]
+    fn every_variable_rejects_bad_values() {
+        for (k, v) in [
+            ("GPUSLICE_MEMORY", "12XB"),
+            ("GPUSLICE_MEMORY", "-1"),
+            ("GPUSLICE_MEMORY", "1.5"),
+            ("GPUSLICE_COMPUTE", "1.5"),
+            ("GPUSLICE_COMPUTE_CAP", "0"),
+            ("GPUSLICE_COMPUTE_CAP", "2"),
+            ("GPUSLICE_SLICE", "a b"),
+            ("GPUSLICE_SLICE", ""),
+            ("GPUSLICE_SLICE", "pid-7"),
+            ("GPUSLICE_RUNTIME_DIR", "relative"),
+            ("GPUSLICE_LOG", "loud"),
+            ("GPUSLICE_DISABLE", "yes"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "12XB"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "-1"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "99999999999999999999g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_x", "1g"),
+            ("CUDA_DEVICE_SM_LIMIT", "150"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", ""),
+        ] {
+            let e = cfg(&[(k, v)]).expect_err(&format!("{k}={v}"));
+            assert!(e.0.contains(k) && e.0.contains("accepted"), "{k}={v}: {e}");
+        }
+        // A cap below the share it caps: both settings named.
+        for (share, cap, var) in [
+            ("0.5", "GPUSLICE_COMPUTE_CAP", "0.25"),
+            ("0.5", "CUDA_DEVICE_SM_LIMIT", "25"),
+        ] {
+            let e = cfg(&[("GPUSLICE_COMPUTE", share), (cap, var)]).unwrap_err();
+            assert!(
+                e.0.contains("GPUSLICE_COMPUTE=\"0.5\"")
+                    && e.0.contains(cap)
+                    && e.0.contains("accepted"),
+                "{e}"
+            );
+        }
+        assert!(cfg(&[("GPUSLICE_COMPUTE", "0.5"), ("CUDA_DEVICE_SM_LIMIT", "0")]).is_ok());
+        // Overridden HAMi values are still checked.
+        assert!(cfg(&[
+            ("GPUSLICE_MEMORY", "1Gi"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1XB")
+        ])
+        .is_err());
+    }
+}

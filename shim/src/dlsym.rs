@@ -1,0 +1,129 @@
+//! Our `dlsym`: clients find driver functions with `dlsym(libcuda_handle, "cuMemAlloc_v2")`,
+//! so we answer with our wrapper whenever the real `dlsym` finds a hooked name.
+//!
+//! `dlsym(RTLD_NEXT, ..)` means "after the caller", and glibc finds the caller from the return
+//! address. So the exported entry is a tiny assembly stub: for `RTLD_NEXT` it *jumps* to the
+//! real `dlsym` with the caller's return address intact (other interposers, sanitizers and
+//! allocators keep working); for any other handle it jumps to [`dlsym_hooked`]. Nothing here
+//! allocates, locks, or initialises CUDA: it runs in every process of a node that preloads us.
+
+use crate::hooks::find_hooked;
+use crate::log::{self, log};
+use crate::real::{real_dlsym, real_dlsym_addr};
+use core::ffi::{c_char, c_void, CStr};
+
+/// The handle-other-than-`RTLD_NEXT` path of our `dlsym`.
+///
+/// # Safety
+/// `symbol` is null or NUL-terminated (the caller's `dlsym` contract).
+pub unsafe extern "C" fn dlsym_hooked(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    let Some(real) = real_dlsym() else {
+        return core::ptr::null_mut();
+    };
+    let p = real(handle, symbol);
+    if p.is_null() || symbol.is_null() || crate::config::disabled() {
+        return p;
+    }
+    // Cheap filter before comparing names: every hooked name starts with "cu" or "nvml".
+    let first = *symbol as u8;
+    if first != b'c' && first != b'n' {
+        return p;
+    }
+    // SAFETY: symbol is NUL-terminated (checked non-null above).
+    let name = CStr::from_ptr(symbol).to_bytes();
+    let answer = match find_hooked(name) {
+        Some(s) => s.wrapper.map(|w| w.0 as *mut c_void).unwrap_or(p),
+        None => p,
+    };
+    if log::enabled(log::Level::Debug) {
+        log_lookup("dlsym", name, None, answer_of(answer, answer != p));
+    }
+    answer
+}
+
+/// Who answered a lookup, for [`log_lookup`].
+pub(crate) fn answer_of(p: *mut c_void, ours: bool) -> &'static str {
+    match (p.is_null(), ours) {
+        (true, _) => "not found",
+        (false, true) => "gpuslice wrapper",
+        (false, false) => "driver (not hooked)",
+    }
+}
+
+/// One debug line per driver/NVML lookup: what was asked and who answers it (the record of
+/// which entry points real clients resolve, and how). Only reached at `GPUSLICE_LOG=debug`.
+pub(crate) fn log_lookup(how: &str, name: &[u8], version_flags: Option<(i32, u64)>, who: &str) {
+    let name = core::str::from_utf8(name).unwrap_or("<non-UTF-8 name>");
+    match version_flags {
+        Some((v, f)) => log!(Debug, "{how}({name}, version {v}, flags {f}) -> {who}"),
+        None => log!(Debug, "{how}({name}) -> {who}"),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+/// The exported `dlsym` (see the module comment).
+///
+/// # Safety
+/// As `dlsym(3)`.
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "cmp rdi, -1",
+        "jne {hooked}",
+        // RTLD_NEXT: find the real dlsym (keeping the arguments), then tail-jump to it.
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {resolve}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 2f",
+        "jmp rax",
+        "2:",
+        "xor eax, eax",
+        "ret",
+        hooked = sym dlsym_hooked,
+        resolve = sym real_dlsym_addr,
+    )
+}
+
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+#[no_mangle]
+/// The exported `dlsym` (see the module comment).
+///
+/// # Safety
+/// As `dlsym(3)`.
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "cmn x0, #1",
+        "b.ne {hooked}",
+        "stp x0, x1, [sp, #-32]!",
+        "str x30, [sp, #16]",
+        "bl {resolve}",
+        "mov x16, x0",
+        "ldr x30, [sp, #16]",
+        "ldp x0, x1, [sp], #32",
+        "cbz x16, 2f",
+        "br x16",
+        "2:",
+        "mov x0, #0",
+        "ret",
+        hooked = sym dlsym_hooked,
+        resolve = sym real_dlsym_addr,
+    )
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[no_mangle]
+/// The exported `dlsym`. On this architecture `RTLD_NEXT` is resolved relative to gpuslice,
+/// not to the caller.
+///
+/// # Safety
+/// As `dlsym(3)`.
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    dlsym_hooked(handle, symbol)
+}

@@ -1,0 +1,272 @@
+//! Start-up, on the first `cuInit` (or the first hooked call that needs it): read the
+//! configuration, enumerate the devices through the real driver, open the node ledger, attach
+//! this process and join its slice on every visible device (admission control). The result is
+//! one process-wide [`State`], published once and read lock-free afterwards.
+//!
+//! A process that never calls CUDA never gets here, so it never creates the ledger. A bad
+//! configuration or a refused admission prints one line and makes `cuInit` (and every later
+//! hooked call) fail with `CUDA_ERROR_INVALID_VALUE`.
+
+use crate::config::Config;
+use crate::hooks::{pfn, real};
+use crate::log::{self, log};
+use core::ffi::{c_char, c_int};
+use core::sync::atomic::{AtomicPtr, AtomicU32, Ordering::*};
+use gpuslice_abi::*;
+use gpuslice_ledger::{Account, Ledger, ProcHandle, SliceRequest};
+use std::sync::Mutex;
+
+/// One device as this process sees it.
+pub struct DevState {
+    /// CUDA ordinal in this process.
+    pub ordinal: i32,
+    /// Index in the ledger.
+    pub ledger_dev: usize,
+    /// `GPU-...`.
+    pub uuid: String,
+    /// Where allocations are charged.
+    pub account: Account<'static>,
+}
+
+/// Everything the hooks need after start-up.
+pub struct State {
+    /// The mapped ledger (lives as long as the process).
+    pub ledger: &'static Ledger,
+    /// Our process record.
+    pub me: ProcHandle,
+    /// By CUDA ordinal.
+    pub devices: Vec<DevState>,
+}
+
+impl State {
+    /// The device of the calling thread's current context.
+    #[inline]
+    pub fn current(&self) -> Option<&DevState> {
+        if self.devices.len() == 1 {
+            return self.devices.first();
+        }
+        let mut d: CUdevice = -1;
+        let f = real::cuCtxGetDevice()?;
+        // SAFETY: d is a valid out-parameter.
+        if unsafe { f(&mut d) } != CUDA_SUCCESS {
+            return None;
+        }
+        self.device(d)
+    }
+
+    /// The device of CUDA ordinal `d`.
+    #[inline]
+    pub fn device(&self, d: CUdevice) -> Option<&DevState> {
+        usize::try_from(d).ok().and_then(|i| self.devices.get(i))
+    }
+}
+
+static STATE: AtomicPtr<State> = AtomicPtr::new(core::ptr::null_mut());
+/// 0: not failed; otherwise the CUresult every hooked call returns.
+static FAILED: AtomicU32 = AtomicU32::new(0);
+static INIT: Mutex<()> = Mutex::new(());
+
+/// The state, starting up if needed. `Err` carries the status to return to the caller.
+#[inline]
+pub fn state() -> Result<&'static State, CUresult> {
+    let p = STATE.load(Acquire);
+    if !p.is_null() {
+        // SAFETY: published once, never freed.
+        return Ok(unsafe { &*p });
+    }
+    start(None)
+}
+
+/// The state if start-up already happened (no start-up: for NVML and reporting).
+#[inline]
+pub fn state_if_ready() -> Option<&'static State> {
+    let p = STATE.load(Acquire);
+    // SAFETY: published once, never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// The `cuInit` hook.
+pub unsafe fn cu_init(real: pfn::cuInit, flags: core::ffi::c_uint) -> CUresult {
+    let f = FAILED.load(Acquire);
+    if f != 0 {
+        return f;
+    }
+    if !STATE.load(Acquire).is_null() {
+        return real(flags);
+    }
+    match start(Some((real, flags))) {
+        Ok(_) => CUDA_SUCCESS,
+        Err(e) => e,
+    }
+}
+
+#[cold]
+fn start(cu_init: Option<(pfn::cuInit, core::ffi::c_uint)>) -> Result<&'static State, CUresult> {
+    let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
+    let f = FAILED.load(Acquire);
+    if f != 0 {
+        return Err(f);
+    }
+    if let Some(s) = state_if_ready() {
+        return Ok(s);
+    }
+    let config = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => return Err(fail(CUDA_ERROR_INVALID_VALUE, &e.to_string())),
+    };
+    log::set_level(config.log);
+    // The driver must be initialised before we can enumerate devices.
+    let (init, flags) = match cu_init {
+        Some(x) => x,
+        None => (real::cuInit().ok_or(CUDA_ERROR_NOT_INITIALIZED)?, 0),
+    };
+    // SAFETY: the real cuInit.
+    let r = unsafe { init(flags) };
+    if r != CUDA_SUCCESS {
+        return Err(r); // not cached: the caller may retry
+    }
+    match build(&config) {
+        Ok(s) => {
+            let p = Box::into_raw(Box::new(s));
+            STATE.store(p, Release);
+            // SAFETY: just published, never freed.
+            Ok(unsafe { &*p })
+        }
+        Err((code, msg)) => Err(fail(code, &msg)),
+    }
+}
+
+fn fail(code: CUresult, msg: &str) -> CUresult {
+    log!(Error, "{msg}");
+    FAILED.store(code, Release);
+    code
+}
+
+fn cu(call: &str, r: CUresult) -> Result<(), (CUresult, String)> {
+    if r == CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err((
+            r,
+            format!("{call} failed during start-up: {}", describe_cu(r)),
+        ))
+    }
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML and nvidia-smi write it.
+pub fn uuid_text(u: &CUuuid) -> String {
+    let b: Vec<u8> = u.bytes.iter().map(|&c| c as u8).collect();
+    let h =
+        |r: core::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h(0..4),
+        h(4..6),
+        h(6..8),
+        h(8..10),
+        h(10..16)
+    )
+}
+
+fn missing(name: &str) -> (CUresult, String) {
+    (
+        CUDA_ERROR_NOT_FOUND,
+        format!("the driver has no {name}, which gpuslice needs"),
+    )
+}
+
+fn build(config: &Config) -> Result<State, (CUresult, String)> {
+    let count_f = real::cuDeviceGetCount().ok_or_else(|| missing("cuDeviceGetCount"))?;
+    let get_f = real::cuDeviceGet().ok_or_else(|| missing("cuDeviceGet"))?;
+    let total_f = real::cuDeviceTotalMem_v2().ok_or_else(|| missing("cuDeviceTotalMem_v2"))?;
+    let mut n: c_int = 0;
+    // SAFETY: out-parameters are valid locals throughout.
+    cu("cuDeviceGetCount", unsafe { count_f(&mut n) })?;
+    let mut found = vec![];
+    for ord in 0..n {
+        let mut dev: CUdevice = 0;
+        cu("cuDeviceGet", unsafe { get_f(&mut dev, ord) })?;
+        let mut uuid = CUuuid::default();
+        let uf = real::cuDeviceGetUuid_v2()
+            .or_else(real::cuDeviceGetUuid)
+            .ok_or_else(|| missing("cuDeviceGetUuid"))?;
+        cu("cuDeviceGetUuid", unsafe { uf(&mut uuid, dev) })?;
+        let mut name = [0 as c_char; 96];
+        if let Some(nf) = real::cuDeviceGetName() {
+            unsafe { nf(name.as_mut_ptr(), name.len() as c_int - 1, dev) };
+        }
+        let name: String = name
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8 as char)
+            .collect();
+        let mut total: usize = 0;
+        cu("cuDeviceTotalMem_v2", unsafe { total_f(&mut total, dev) })?;
+        found.push((ord, uuid_text(&uuid), name, total as u64));
+    }
+    let io = |e: gpuslice_ledger::LedgerError| {
+        (
+            CUDA_ERROR_OPERATING_SYSTEM,
+            format!("cannot use the node ledger: {e}"),
+        )
+    };
+    let ledger: &'static Ledger = Box::leak(Box::new(
+        Ledger::open_or_create(&config.runtime_dir).map_err(io)?,
+    ));
+    let me = ledger
+        .attach(config.slice.as_deref().unwrap_or(""))
+        .map_err(io)?;
+    let mut devices = vec![];
+    for (ord, uuid, name, total) in found {
+        let ledger_dev = ledger.ensure_device(&uuid, &name, total).map_err(io)?;
+        let (memory, setting) = match config.memory.as_ref().and_then(|m| m.get(ord as u32)) {
+            Some((size, var)) => (Some(size.resolve(total)), var),
+            None => (None, "GPUSLICE_MEMORY".to_string()),
+        };
+        let req = SliceRequest {
+            name: config.slice.clone(),
+            memory,
+            compute_share_ppm: config.share(ord as u32),
+            compute_cap_ppm: config.cap(ord as u32),
+            memory_setting: setting,
+            compute_setting: config
+                .compute
+                .as_ref()
+                .map(|c| c.1)
+                .unwrap_or("GPUSLICE_COMPUTE")
+                .into(),
+        };
+        let joined = ledger.join(me, ledger_dev, &req).map_err(|e| match e {
+            gpuslice_ledger::LedgerError::Admission(a) => {
+                (CUDA_ERROR_INVALID_VALUE, format!("slice refused: {a}"))
+            }
+            e => io(e),
+        })?;
+        for w in &joined.warnings {
+            log!(Warn, "{w}");
+        }
+        log!(
+            Info,
+            "device {ord} ({uuid}): slice {:?}, memory {}",
+            config.slice.as_deref().unwrap_or("(private)"),
+            joined
+                .memory_limit
+                .map(gpuslice_ledger::human_bytes)
+                .unwrap_or_else(|| "best effort".into())
+        );
+        let account = ledger
+            .account(me, ledger_dev)
+            .ok_or_else(|| io(gpuslice_ledger::LedgerError::Full("account")))?;
+        devices.push(DevState {
+            ordinal: ord,
+            ledger_dev,
+            uuid,
+            account,
+        });
+    }
+    Ok(State {
+        ledger,
+        me,
+        devices,
+    })
+}

@@ -1,0 +1,87 @@
+//! Launch hooks: every kernel and graph launch passes the compute gate (`compute.rs`, owned by
+//! the compute engineer) and nothing else happens here: no syscalls, no locks.
+
+use crate::compute;
+use crate::hooks::pfn;
+use core::ffi::{c_uint, c_void};
+use gpuslice_abi::*;
+
+/// One kernel launch through the gate: `launch` is the real entry point with its arguments.
+#[inline(always)]
+fn gated(stream: CUstream, launch: impl FnOnce() -> CUresult) -> CUresult {
+    let gate = compute::before_launch(stream);
+    let r = launch();
+    compute::after_launch(gate, stream, r);
+    r
+}
+
+/// `cuLaunchKernel` and `cuLaunchKernel_ptsz`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub unsafe fn launch_kernel(
+    real: pfn::cuLaunchKernel,
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shmem: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    gated(stream, || {
+        real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
+    })
+}
+
+/// `cuLaunchKernelEx` and `_ptsz`: the stream is in the config.
+#[inline]
+pub unsafe fn launch_kernel_ex(
+    real: pfn::cuLaunchKernelEx,
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    if config.is_null() {
+        return real(config, f, params, extra); // the driver reports the error
+    }
+    gated((*config).hStream, || real(config, f, params, extra))
+}
+
+/// `cuLaunchCooperativeKernel` and `_ptsz`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub unsafe fn launch_cooperative(
+    real: pfn::cuLaunchCooperativeKernel,
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shmem: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    gated(stream, || {
+        real(f, gx, gy, gz, bx, by, bz, shmem, stream, params)
+    })
+}
+
+/// `cuGraphLaunch` and `_ptsz`.
+#[inline]
+pub unsafe fn graph_launch(
+    real: pfn::cuGraphLaunch,
+    exec: CUgraphExec,
+    stream: CUstream,
+) -> CUresult {
+    let gate = compute::before_graph_launch(exec, stream);
+    let r = real(exec, stream);
+    compute::after_launch(gate, stream, r);
+    r
+}

@@ -1,0 +1,59 @@
+//! What a process is told about memory: its quota as the total, what is left of it as free
+//! (never negative, never more than the device really has free). Without a quota (best
+//! effort) the device's size stays the total and free is capped by what is not reserved for
+//! slices. Shared by the driver hooks here and the NVML hooks in `nvml.rs`.
+
+use crate::hooks::pfn;
+use crate::init::{state_if_ready, DevState};
+use gpuslice_abi::*;
+
+/// `(total, free)` to report for `dev`, given the driver's own numbers.
+pub fn view(dev: &DevState, real_total: u64, real_free: u64) -> (u64, u64) {
+    let limit = dev.account.limit();
+    let left = limit.saturating_sub(dev.account.used());
+    if dev.account.is_quota() {
+        (limit, left.min(real_free))
+    } else {
+        (real_total, left.min(real_free))
+    }
+}
+
+/// `cuMemGetInfo_v2`.
+pub unsafe fn mem_get_info(
+    real: pfn::cuMemGetInfo_v2,
+    free: *mut usize,
+    total: *mut usize,
+) -> CUresult {
+    let r = real(free, total);
+    if r != CUDA_SUCCESS || free.is_null() || total.is_null() {
+        return r;
+    }
+    let Some(dev) = state_if_ready().and_then(|s| s.current()) else {
+        return r;
+    };
+    // Not a hot path: first return pool credit the driver has released since, so "free" is
+    // what an allocation could really get.
+    crate::memory::reclaim_pools(dev);
+    let (t, f) = view(dev, *total as u64, *free as u64);
+    *total = t as usize;
+    *free = f as usize;
+    r
+}
+
+/// `cuDeviceTotalMem_v2`: the quota, when the process has one on that device.
+pub unsafe fn device_total_mem(
+    real: pfn::cuDeviceTotalMem_v2,
+    bytes: *mut usize,
+    d: CUdevice,
+) -> CUresult {
+    let r = real(bytes, d);
+    if r != CUDA_SUCCESS || bytes.is_null() {
+        return r;
+    }
+    if let Some(dev) = state_if_ready().and_then(|s| s.device(d)) {
+        if dev.account.is_quota() {
+            *bytes = (*bytes as u64).min(dev.account.limit()) as usize;
+        }
+    }
+    r
+}
