@@ -1,0 +1,387 @@
+//! System tests of the fake GPU itself, through real processes: `fakegpu-client` (a small
+//! driver-API client in tests/fakegpu) `dlopen`s the fake as `libcuda.so.1` /
+//! `libnvidia-ml.so.1`, each test in a private world (its own FAKEGPU_STATE_DIR).
+
+use gpuslice_e2e::{artifact, run_json, run_json_within, World};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+fn client(w: &World) -> Command {
+    w.command(artifact("fakegpu-client"))
+}
+
+fn scenario(w: &World, args: &[&str]) -> Value {
+    run_json(client(w).args(args))
+}
+
+/// Start `fakegpu-client hold BYTES`; returns the child (holding until its stdin closes) and
+/// what it printed.
+fn hold(w: &World, bytes: u64) -> (std::process::Child, Value) {
+    let mut child = client(w)
+        .args(["hold", &bytes.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let v: Value =
+        serde_json::from_str(&line).unwrap_or_else(|_| panic!("holder printed {line:?}"));
+    (child, v)
+}
+
+const GI: u64 = 1 << 30;
+
+#[test]
+fn memory_is_accounted_across_processes_and_returned_when_the_holder_dies() {
+    let w = World::new(1, "8Gi");
+    let before = scenario(&w, &["meminfo"]);
+    assert_eq!(before["total"], 8 * GI);
+    assert_eq!(before["free"], 8 * GI);
+
+    let (mut holder, h) = hold(&w, 3 * GI);
+    assert!(h["ptr"].is_u64(), "{h}");
+    let pid = h["pid"].as_u64().unwrap();
+
+    let seen = scenario(&w, &["meminfo"]);
+    assert_eq!(seen["free"], 5 * GI, "{seen}");
+    assert_eq!(seen["nvml"]["used"], 3 * GI, "{seen}");
+    let procs = seen["nvml"]["processes"].as_array().unwrap();
+    assert!(
+        procs.iter().any(|p| p["pid"] == pid && p["used"] == 3 * GI),
+        "{seen}"
+    );
+
+    // Nobody can overcommit what the holder has.
+    let (mut second, s) = hold(&w, 6 * GI);
+    assert_eq!(
+        s["error"], 2,
+        "6Gi on an 8Gi device with 3Gi held must be OUT_OF_MEMORY: {s}"
+    );
+    drop(second.stdin.take());
+    second.wait().unwrap();
+
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let after = scenario(&w, &["meminfo"]);
+    assert_eq!(
+        after["free"],
+        8 * GI,
+        "memory of a killed process must come back: {after}"
+    );
+    assert_eq!(after["nvml"]["used"], 0, "{after}");
+    assert!(
+        after["nvml"]["processes"].as_array().unwrap().is_empty(),
+        "{after}"
+    );
+}
+
+#[test]
+fn events_measure_the_simulated_kernel_duration() {
+    let w = World::new(1, "16Gi");
+    for us in [1000.0, 5000.0] {
+        let v = scenario(&w, &["events", &format!("{us}")]);
+        let ms = v["elapsed_ms"].as_f64().unwrap();
+        let want = us / 1000.0;
+        assert!(
+            (ms - want).abs() <= want * 0.10,
+            "a {us} µs kernel measured {ms} ms"
+        );
+    }
+}
+
+#[test]
+fn two_unthrottled_processes_share_the_engine_about_equally() {
+    let w = World::new(1, "16Gi");
+    let spawn = || {
+        client(&w)
+            .args(["share", "1000", "3"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: Value =
+            serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("share printed {text:?}"));
+        let share = v["share"].as_f64().unwrap();
+        assert!(
+            (0.40..=0.60).contains(&share),
+            "a process got {share} of the engine: {v}"
+        );
+    }
+    // Alone, it gets (nearly) all of it.
+    let v = scenario(&w, &["share", "1000", "1"]);
+    assert!(v["share"].as_f64().unwrap() > 0.9, "{v}");
+}
+
+/// Kernels `zero STREAMS ROUNDS` launches: per round and stream 8 + 4, plus 4 per round.
+fn zero_kernels(streams: u64, rounds: u64) -> u64 {
+    rounds * (streams * 12 + 4)
+}
+
+#[test]
+fn zero_duration_kernels_complete_and_every_synchronize_returns() {
+    // A 0 ns `gpuslice_spin` (and, with FAKEGPU_KERNEL_US=0, any other kernel) once looked
+    // like an exhausted time slice to the executor, which then passed the engine to itself
+    // forever: the next synchronize hung. Each run gets a deadline, so a hang fails.
+    let w = World::new(1, "16Gi");
+    let limit = std::time::Duration::from_secs(60);
+    let zero = |streams: u64, rounds: u64| {
+        let v = run_json_within(
+            client(&w).env("FAKEGPU_KERNEL_US", "0").args([
+                "zero",
+                &streams.to_string(),
+                &rounds.to_string(),
+            ]),
+            limit,
+        );
+        assert_eq!(v["kernels"], zero_kernels(streams, rounds), "{v}");
+        let ms = v["max_elapsed_ms"].as_f64().unwrap();
+        assert!(
+            ms >= 0.0,
+            "events around 0 ns kernels measured {ms} ms: {v}"
+        );
+        v
+    };
+    // Alone, on one stream and on several.
+    for streams in [1, 4] {
+        let v = zero(streams, 40);
+        // Only zero kernels between the events: about nothing (a loose bound).
+        assert!(v["max_elapsed_ms"].as_f64().unwrap() < 250.0, "{v}");
+    }
+    // With another process contending for the engine: two zero-kernel clients at once while
+    // a third keeps launching 1 ms kernels.
+    let busy = client(&w)
+        .args(["share", "1000", "2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    std::thread::scope(|s| {
+        let a = s.spawn(|| zero(3, 30));
+        let b = s.spawn(|| zero(2, 30));
+        a.join().unwrap();
+        b.join().unwrap();
+    });
+    let out = busy.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value =
+        serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("share printed {text:?}"));
+    assert!(v["kernels"].as_u64().unwrap() > 0, "{v}");
+}
+
+#[test]
+fn proc_address_resolves_like_the_driver() {
+    let w = World::new(1, "16Gi");
+    let v = scenario(&w, &["procaddr"]);
+    let ok = |k: &str, ptr: &Value| {
+        assert_eq!(v[k]["result"], 0, "{k}: {v}");
+        assert_eq!(v[k]["status"], 0, "{k}: {v}");
+        assert_eq!(&v[k]["ptr"], ptr, "{k}: {v}");
+    };
+    ok("cuMemAlloc_3020", &v["dlsym_cuMemAlloc_v2"]);
+    ok("cuLaunchKernel_ptds", &v["dlsym_cuLaunchKernel_ptsz"]);
+    ok("cuLaunchKernel_default", &v["dlsym_cuLaunchKernel"]);
+    assert_eq!(
+        v["cuMemAlloc_null_status"]["ptr"], v["dlsym_cuMemAlloc_v2"],
+        "symbolStatus may be null: {v}"
+    );
+    for (k, status) in [("unknown", 1), ("versioned_name", 1), ("too_low", 2)] {
+        assert_eq!(v[k]["result"], 0, "{k}: {v}");
+        assert_eq!(v[k]["ptr"], 0, "{k}: {v}");
+        assert_eq!(v[k]["status"], status, "{k}: {v}");
+    }
+    assert_eq!(
+        v["bad_flags"]["result"], 1,
+        "flags 3 must be CUDA_ERROR_INVALID_VALUE: {v}"
+    );
+    assert_eq!(v["v1_unknown"]["result"], 500, "{v}");
+    assert_eq!(
+        v["v1_unknown"]["ptr"], 7,
+        "v1 leaves the pointer untouched: {v}"
+    );
+    assert_eq!(v["v1_found"]["ptr"], v["dlsym_cuMemAlloc_v2"], "{v}");
+}
+
+#[test]
+fn proc_address_matches_the_reference_driver_for_what_the_fake_implements() {
+    let tsv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/reference/driver-535-proc-address.tsv");
+    if !tsv.exists() {
+        eprintln!(
+            "note: {} is absent; skipping the proc-address fidelity test",
+            tsv.display()
+        );
+        return;
+    }
+    let w = World::new(1, "16Gi");
+    let v = scenario(&w, &["fidelity", tsv.to_str().unwrap()]);
+    assert!(v["bases"].as_u64().unwrap() > 100, "{v}");
+    assert_eq!(v["mismatches"].as_array().unwrap().len(), 0, "{v:#}");
+}
+
+#[test]
+fn errors_before_init_without_context_and_on_bad_values() {
+    let w = World::new(1, "16Gi");
+    let v = scenario(&w, &["init"]);
+    assert_eq!(v["before_init"], 3, "{v}");
+    assert_eq!(v["cuInit"], 0, "{v}");
+    assert_eq!(v["no_context"], 201, "{v}");
+
+    for (var, val) in [
+        ("FAKEGPU_MEMORY", "12XB"),
+        ("FAKEGPU_DEVICES", "-1"),
+        ("FAKEGPU_KERNEL_US", "1.5"),
+    ] {
+        let out = client(&w).arg("init").env(var, val).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(v["cuInit"], 1, "{var}={val}: {v}");
+        let line = format!("fakegpu: {var}={val}: ");
+        assert!(
+            stderr.contains(&line) && stderr.contains("accepted"),
+            "{var}={val}: {stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    }
+}
+
+#[test]
+fn copies_and_memsets_move_real_bytes() {
+    let w = World::new(1, "16Gi");
+    let v = scenario(&w, &["copies"]);
+    assert_eq!(v["roundtrip"], true, "{v}");
+    assert_eq!(v["memset"], true, "{v}");
+    assert_eq!(v["alloc_zero"], 1, "cuMemAlloc(0) is INVALID_VALUE: {v}");
+    assert_eq!(v["free_unknown"], 1, "{v}");
+}
+
+#[test]
+fn devices_have_stable_uuids_and_follow_cuda_visible_devices() {
+    let w = World::new(3, "80Gi");
+    let all = scenario(&w, &["devices"]);
+    assert_eq!(all["count"], 3);
+    assert_eq!(all["driver"], 12090);
+    assert_eq!(all["devices"][0]["cc"], "9.0");
+    assert!(
+        all["devices"][0]["name"].as_str().unwrap().contains("Fake"),
+        "{all}"
+    );
+    let again = scenario(&w, &["devices"]);
+    assert_eq!(all, again, "UUIDs are the same in every process");
+
+    let mut c = client(&w);
+    c.args(["devices"]).env("CUDA_VISIBLE_DEVICES", "2,0");
+    let some = run_json(&mut c);
+    assert_eq!(some["count"], 2);
+    assert_eq!(some["devices"][0], all["devices"][2]);
+    assert_eq!(some["devices"][1], all["devices"][0]);
+}
+
+#[test]
+fn graphs_capture_and_replay_with_memory_nodes() {
+    let w = World::new(1, "16Gi");
+    let v = scenario(&w, &["graph"]);
+    assert_eq!(v["capturing_status"], 1, "{v}");
+    assert_eq!(v["sync_while_capturing"], 900, "{v}");
+    assert_eq!(v["end_invalidated"], 901, "{v}");
+    let ms = v["elapsed_ms"].as_f64().unwrap();
+    assert!(
+        (9.0..=11.0).contains(&ms),
+        "ten 1 ms kernels replayed in {ms} ms"
+    );
+    assert_eq!(v["graph_mem_returned"], true, "{v}");
+}
+
+#[test]
+fn pools_keep_freed_memory_until_trimmed_or_below_threshold() {
+    let w = World::new(1, "16Gi");
+    let v = scenario(&w, &["pool"]);
+    let mib256 = 256u64 << 20;
+    assert_eq!(v["taken_by_alloc"], mib256, "{v}");
+    assert_eq!(
+        v["after_free_sync"], 0,
+        "threshold 0: released at sync: {v}"
+    );
+    assert_eq!(
+        v["kept_above_threshold"], mib256,
+        "high threshold: kept: {v}"
+    );
+    assert_eq!(v["reserved"], mib256, "{v}");
+    assert_eq!(v["after_trim"], 0, "{v}");
+}
+
+#[test]
+fn vmm_maps_real_bytes_and_counts_physical_memory() {
+    let w = World::new(1, "16Gi");
+    let v = scenario(&w, &["vmm"]);
+    assert_eq!(v["granularity"], 2u64 << 20, "{v}");
+    assert_eq!(v["created"], 4u64 << 20, "{v}");
+    assert_eq!(v["bytes"], true, "{v}");
+    assert_eq!(
+        v["held_while_mapped"],
+        4u64 << 20,
+        "released but still mapped: {v}"
+    );
+    assert_eq!(v["after_unmap"], 0, "{v}");
+    assert_eq!(v["unaligned_size"], 1, "{v}");
+}
+
+#[test]
+fn a_killed_engine_holder_never_hangs_the_others() {
+    let w = World::new(1, "16Gi");
+    let mut victim = client(&w)
+        .args(["share", "1000", "30"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let survivor = client(&w)
+        .args(["share", "1000", "3"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let out = survivor.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value =
+        serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("survivor printed {text:?}"));
+    // Shared for under a second, alone afterwards: well above half, and it finished on time.
+    assert!(v["share"].as_f64().unwrap() > 0.6, "{v}");
+    assert!(v["wall_seconds"].as_f64().unwrap() < 6.0, "{v}");
+}
+
+#[test]
+fn a_stopped_engine_holder_loses_the_engine() {
+    let w = World::new(1, "16Gi");
+    let mut stopped = client(&w)
+        .args(["share", "1000", "30"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let other = client(&w)
+        .args(["share", "1000", "3"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: signalling a child we own.
+    unsafe { libc::kill(stopped.id() as i32, libc::SIGSTOP) };
+    let out = other.wait_with_output().unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(stopped.id() as i32, libc::SIGCONT) };
+    stopped.kill().unwrap();
+    stopped.wait().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("printed {text:?}"));
+    assert!(v["share"].as_f64().unwrap() > 0.6, "{v}");
+    assert!(v["wall_seconds"].as_f64().unwrap() < 6.0, "{v}");
+}

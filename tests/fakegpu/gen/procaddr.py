@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Generate tests/fakegpu/src/procaddr.tsv: the fake GPU's cuGetProcAddress version table.
+
+Run once (by hand) when the reference data changes:
+    python3 tests/fakegpu/gen/procaddr.py ../shared/reference/driver-535-proc-address.tsv \
+        /path/to/cuda_runtime/include > tests/fakegpu/src/procaddr.tsv
+
+Rows are `base flags min_version symbol` (`-` = no symbol in that range), exactly the reference
+driver's answers (CUDA 12.2), extended with the entry points that CUDA 12.3 .. 12.9 added, taken
+from the `PFN_<name>_v<version>[_ptsz|_ptds]` typedefs of cudaTypedefs.h. A newer version's
+symbol is `<base>_v<n+1>` after the newest `_v<n>` the reference knows (checked against the
+prototypes of cuda.h), or the bare base name for an entry point the reference lacks.
+"""
+import re, sys, collections
+
+ref_path, inc = sys.argv[1], sys.argv[2]
+rows = collections.defaultdict(list)  # (base, flags) -> [(ver, sym)]
+for line in open(ref_path):
+    b, f, v, s = line.rstrip("\n").split("\t")
+    rows[(b, int(f))].append((int(v), s))
+REF_MAX = 12020
+cuda_h = open(inc + "/cuda.h").read()
+protos = set(re.findall(r"CUresult\s+CUDAAPI\s+(cu\w+)\s*\(", cuda_h))
+typedefs = open(inc + "/cudaTypedefs.h").read()
+newer = collections.defaultdict(dict)  # base -> ver -> ptsz suffix or None
+for m in re.finditer(r"PFN_(cu\w+?)_v(\d{4,5})(_ptsz|_ptds)?\b", typedefs):
+    base, ver, pt = m.group(1), int(m.group(2)), m.group(3)
+    if ver > REF_MAX:
+        newer[base].setdefault(ver, None)
+        if pt:
+            newer[base][ver] = pt
+
+def last_sym(base):
+    syms = [s for (v, s) in sorted(rows.get((base, 0), [])) if s != "-"]
+    return syms[-1] if syms else None
+
+for base in sorted(newer):
+    for ver in sorted(newer[base]):
+        prev = last_sym(base)
+        if prev is None:
+            sym = base
+        else:
+            m = re.match(r"^(cu\w+?)(?:_v(\d+))?$", prev)
+            n = int(m.group(2) or 1)
+            sym = f"{base}_v{n + 1}"
+            if sym not in protos:
+                sys.stderr.write(f"skip {base} {ver}: {sym} has no prototype\n")
+                continue
+        pt = newer[base][ver]
+        for flags in (0, 1, 2):
+            s = sym + pt if (flags == 2 and pt) else sym
+            if not rows[(base, flags)]:
+                rows[(base, flags)].append((2000, "-"))
+            rows[(base, flags)].append((ver, s))
+
+for (base, flags) in sorted(rows):
+    for ver, sym in sorted(rows[(base, flags)]):
+        print(f"{base}\t{flags}\t{ver}\t{sym}")

@@ -1,0 +1,252 @@
+//! The NVML exports: the node's devices as NVML sees them (every device, in node order:
+//! NVML ignores `CUDA_VISIBLE_DEVICES`), with memory, running processes and utilization read
+//! from the shared state, so they reflect every process on the node.
+
+#![allow(clippy::missing_safety_doc)]
+
+use crate::config::{device_uuid, uuid_string, MAX_DEVICES};
+use crate::runtime::{config, device_name};
+use crate::shared::{self, Node};
+use gpuslice_abi::*;
+use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::sync::atomic::{AtomicU32, Ordering::*};
+
+/// The driver version NVML reports (a 12.9 driver).
+pub const DRIVER_VERSION_STRING: &str = "575.57.08";
+
+type NResult<T> = Result<T, NvmlReturn>;
+
+static INITS: AtomicU32 = AtomicU32::new(0);
+
+#[repr(C)]
+struct Handle {
+    index: u32,
+}
+
+/// One handle per possible device: `nvmlDevice_t` is the address of entry `index`.
+static HANDLES: [Handle; MAX_DEVICES] = {
+    let mut h = [const { Handle { index: 0 } }; MAX_DEVICES];
+    let mut i = 0;
+    while i < MAX_DEVICES {
+        h[i].index = i as u32;
+        i += 1;
+    }
+    h
+};
+
+/// Run an export's body; a panic becomes `NVML_ERROR_UNKNOWN`, never unwinds into C.
+fn guard(f: impl FnOnce() -> NResult<()>) -> NvmlReturn {
+    crate::catch(NVML_SUCCESS, NVML_ERROR_UNKNOWN, f)
+}
+
+macro_rules! nvml_exports {
+    ($( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $body:block )*) => { $(
+        #[no_mangle]
+        #[allow(unused_unsafe)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> NvmlReturn {
+            // SAFETY: the caller follows NVML's contract: pointer arguments are valid for
+            // what the API documents.
+            guard(move || unsafe { $body })
+        }
+    )* };
+}
+
+fn init() -> NResult<()> {
+    let cfg = config().map_err(|_| NVML_ERROR_UNKNOWN)?;
+    shared::node(cfg).map_err(|e| {
+        eprintln!("{e}");
+        NVML_ERROR_UNKNOWN
+    })?;
+    INITS.fetch_add(1, AcqRel);
+    Ok(())
+}
+
+fn node() -> NResult<&'static Node> {
+    if INITS.load(Acquire) == 0 {
+        return Err(NVML_ERROR_UNINITIALIZED);
+    }
+    shared::attached().ok_or(NVML_ERROR_UNINITIALIZED)
+}
+
+fn ndev(n: &Node) -> usize {
+    n.state.ndev.load(Relaxed) as usize
+}
+
+fn dev(h: nvmlDevice_t) -> NResult<(&'static Node, usize)> {
+    let n = node()?;
+    let base = HANDLES.as_ptr() as usize;
+    let off = (h as usize).wrapping_sub(base);
+    let i = off / std::mem::size_of::<Handle>();
+    if h.is_null() || !off.is_multiple_of(std::mem::size_of::<Handle>()) || i >= ndev(n) {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok((n, i))
+}
+
+fn put<T>(p: *mut T, v: T) -> NResult<()> {
+    if p.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null and valid for one T by the API contract.
+    unsafe { p.write_unaligned(v) };
+    Ok(())
+}
+
+fn put_str(buf: *mut c_char, len: c_uint, s: &str) -> NResult<()> {
+    if buf.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    if (len as usize) < s.len() + 1 {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    // SAFETY: the buffer holds `len` >= s.len() + 1 bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), buf as *mut u8, s.len());
+        *buf.add(s.len()) = 0;
+    }
+    Ok(())
+}
+
+fn handle_of(i: usize) -> nvmlDevice_t {
+    &HANDLES[i] as *const Handle as nvmlDevice_t
+}
+
+fn memory(n: &Node, i: usize) -> (u64, u64) {
+    shared::reap(n.state);
+    let (free, total) = n.mem_info(i);
+    (total, total - free)
+}
+
+fn processes(h: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> NResult<()> {
+    let (n, i) = dev(h)?;
+    if count.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let procs = shared::processes(n.state, i);
+    // SAFETY: count is non-null; infos holds *count entries by the API contract.
+    unsafe {
+        let cap = *count as usize;
+        *count = procs.len() as c_uint;
+        if cap < procs.len() || (infos.is_null() && !procs.is_empty()) {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (k, (pid, used)) in procs.into_iter().enumerate() {
+            infos.add(k).write_unaligned(nvmlProcessInfo_t {
+                pid,
+                usedGpuMemory: used,
+                gpuInstanceId: u32::MAX,
+                computeInstanceId: u32::MAX,
+            });
+        }
+    }
+    Ok(())
+}
+
+nvml_exports! {
+    fn nvmlInit_v2() { init() }
+    fn nvmlInit() { init() }
+    fn nvmlInitWithFlags(_flags: c_uint) { init() }
+    fn nvmlShutdown() {
+        INITS.fetch_update(AcqRel, Acquire, |v| v.checked_sub(1)).map(|_| ()).map_err(|_| NVML_ERROR_UNINITIALIZED)
+    }
+    fn nvmlDeviceGetCount_v2(c: *mut c_uint) { let n = node()?; put(c, ndev(n) as c_uint) }
+    fn nvmlDeviceGetCount(c: *mut c_uint) { let n = node()?; put(c, ndev(n) as c_uint) }
+    fn nvmlDeviceGetHandleByIndex_v2(i: c_uint, h: *mut nvmlDevice_t) {
+        let n = node()?;
+        if i as usize >= ndev(n) { return Err(NVML_ERROR_INVALID_ARGUMENT); }
+        put(h, handle_of(i as usize))
+    }
+    fn nvmlDeviceGetHandleByIndex(i: c_uint, h: *mut nvmlDevice_t) {
+        let n = node()?;
+        if i as usize >= ndev(n) { return Err(NVML_ERROR_INVALID_ARGUMENT); }
+        put(h, handle_of(i as usize))
+    }
+    fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, h: *mut nvmlDevice_t) {
+        let n = node()?;
+        if uuid.is_null() { return Err(NVML_ERROR_INVALID_ARGUMENT); }
+        let want = CStr::from_ptr(uuid).to_str().map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
+        let i = (0..ndev(n)).find(|&i| uuid_string(&device_uuid(i)) == want).ok_or(NVML_ERROR_NOT_FOUND)?;
+        put(h, handle_of(i))
+    }
+    fn nvmlDeviceGetHandleByPciBusId_v2(bus: *const c_char, h: *mut nvmlDevice_t) {
+        let n = node()?;
+        if bus.is_null() { return Err(NVML_ERROR_INVALID_ARGUMENT); }
+        let s = CStr::from_ptr(bus).to_str().map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
+        let b = s.rsplit(':').nth(1).and_then(|b| usize::from_str_radix(b, 16).ok()).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        if b == 0 || b > ndev(n) { return Err(NVML_ERROR_NOT_FOUND); }
+        put(h, handle_of(b - 1))
+    }
+    fn nvmlDeviceGetName(h: nvmlDevice_t, buf: *mut c_char, len: c_uint) {
+        let (n, i) = dev(h)?;
+        put_str(buf, len, &device_name(n.state.dev[i].total.load(Relaxed)))
+    }
+    fn nvmlDeviceGetUUID(h: nvmlDevice_t, buf: *mut c_char, len: c_uint) {
+        let (_, i) = dev(h)?;
+        put_str(buf, len, &uuid_string(&device_uuid(i)))
+    }
+    fn nvmlDeviceGetSerial(h: nvmlDevice_t, buf: *mut c_char, len: c_uint) {
+        let (_, i) = dev(h)?;
+        put_str(buf, len, &format!("FAKE{:010}", i))
+    }
+    fn nvmlDeviceGetIndex(h: nvmlDevice_t, idx: *mut c_uint) { let (_, i) = dev(h)?; put(idx, i as c_uint) }
+    fn nvmlDeviceGetMinorNumber(h: nvmlDevice_t, m: *mut c_uint) { let (_, i) = dev(h)?; put(m, i as c_uint) }
+    fn nvmlDeviceGetMemoryInfo(h: nvmlDevice_t, m: *mut nvmlMemory_t) {
+        let (n, i) = dev(h)?;
+        let (total, used) = memory(n, i);
+        put(m, nvmlMemory_t { total, free: total - used, used })
+    }
+    fn nvmlDeviceGetMemoryInfo_v2(h: nvmlDevice_t, m: *mut nvmlMemory_v2_t) {
+        let (n, i) = dev(h)?;
+        if m.is_null() { return Err(NVML_ERROR_INVALID_ARGUMENT); }
+        if (*m).version != NVML_MEMORY_V2 { return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH); }
+        let (total, used) = memory(n, i);
+        put(m, nvmlMemory_v2_t { version: NVML_MEMORY_V2, total, reserved: 0, free: total - used, used })
+    }
+    fn nvmlDeviceGetComputeRunningProcesses_v3(h: nvmlDevice_t, c: *mut c_uint, p: *mut nvmlProcessInfo_t) { processes(h, c, p) }
+    fn nvmlDeviceGetComputeRunningProcesses_v2(h: nvmlDevice_t, c: *mut c_uint, p: *mut nvmlProcessInfo_t) { processes(h, c, p) }
+    fn nvmlDeviceGetGraphicsRunningProcesses_v3(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
+    fn nvmlDeviceGetUtilizationRates(h: nvmlDevice_t, u: *mut nvmlUtilization_t) {
+        let (n, i) = dev(h)?;
+        let gpu = shared::utilization(n.state, i, shared::now_ns());
+        put(u, nvmlUtilization_t { gpu, memory: gpu / 2 })
+    }
+    fn nvmlDeviceGetCudaComputeCapability(h: nvmlDevice_t, major: *mut c_int, minor: *mut c_int) {
+        dev(h)?;
+        put(major, 9)?;
+        put(minor, 0)
+    }
+    fn nvmlDeviceGetPciInfo_v3(h: nvmlDevice_t, p: *mut nvmlPciInfo_t) {
+        let (_, i) = dev(h)?;
+        let mut info = nvmlPciInfo_t { busIdLegacy: [0; 16], domain: 0, bus: i as c_uint + 1, device: 0, pciDeviceId: 0x2335_10de, pciSubSystemId: 0x18be_10de, busId: [0; 32] };
+        let id = format!("00000000:{:02X}:00.0", i + 1);
+        for (k, b) in id.bytes().enumerate() { info.busId[k] = b as c_char; }
+        for (k, b) in id[4..].bytes().enumerate() { info.busIdLegacy[k] = b as c_char; }
+        put(p, info)
+    }
+    fn nvmlDeviceGetTemperature(h: nvmlDevice_t, _sensor: c_uint, t: *mut c_uint) { dev(h)?; put(t, 40) }
+    fn nvmlDeviceGetPowerUsage(h: nvmlDevice_t, mw: *mut c_uint) { dev(h)?; put(mw, 100_000) }
+    fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uint) { node()?; put_str(buf, len, DRIVER_VERSION_STRING) }
+    fn nvmlSystemGetNVMLVersion(buf: *mut c_char, len: c_uint) { node()?; put_str(buf, len, "12.575.57.08") }
+    fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) { node()?; put(v, crate::api::DRIVER_VERSION) }
+    fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) { node()?; put(v, crate::api::DRIVER_VERSION) }
+}
+
+/// `nvmlErrorString`: the code's name, `Unknown Error` for a code NVML does not define.
+#[no_mangle]
+pub extern "C" fn nvmlErrorString(r: NvmlReturn) -> *const c_char {
+    static NAMES: std::sync::OnceLock<Vec<(NvmlReturn, std::ffi::CString)>> =
+        std::sync::OnceLock::new();
+    let name = || {
+        let v = NAMES.get_or_init(|| {
+            (0..1000)
+                .filter_map(|c| {
+                    let n = std::ffi::CString::new(nvml_return_name(c)?).ok()?;
+                    Some((c, n))
+                })
+                .collect()
+        });
+        v.iter().find(|(c, _)| *c == r).map(|(_, s)| s.as_ptr())
+    };
+    let unknown = c"Unknown Error".as_ptr();
+    std::panic::catch_unwind(name).map_or(unknown, |p| p.unwrap_or(unknown))
+}

@@ -1,0 +1,331 @@
+//! Process-wide state of the fake driver: initialisation, devices, contexts and the calling
+//! thread's context stack. Every entry point starts from [`rt`] or [`cur_ctx`], which give the
+//! driver's errors for "not initialised" and "no current context".
+
+use crate::config::{device_uuid, Config};
+use crate::exec::{Executor, Stream};
+use crate::shared::{self, Node};
+use gpuslice_abi::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
+use std::sync::{Mutex, OnceLock};
+
+/// Result of an internal driver function: the error is the `CUresult` the export returns.
+pub type CuResult<T> = Result<T, CUresult>;
+
+/// What this process's fake driver knows after `cuInit`.
+pub struct Runtime {
+    /// The configuration it was started with.
+    pub cfg: Config,
+    /// The node-wide shared state.
+    pub node: &'static Node,
+    /// Devices in CUDA's order (after `CUDA_VISIBLE_DEVICES`).
+    pub devices: Vec<Device>,
+}
+
+/// A device as this process sees it.
+pub struct Device {
+    /// Index on the node (NVML's index, the shared state's index).
+    pub phys: usize,
+    /// Its primary context.
+    pub primary: &'static Ctx,
+    /// Retain count of the primary context.
+    pub primary_refs: Mutex<u32>,
+    /// The execution engine client of this process for this device.
+    pub exec: &'static Executor,
+    /// The pool `cuMemAllocAsync` uses (`cuDeviceSetMemPool`), a `*const Pool`.
+    pub mempool: std::sync::atomic::AtomicUsize,
+    /// The device's default pool.
+    pub default_pool: &'static crate::mem::Pool,
+}
+
+const CTX_MAGIC: u64 = 0xC0_47E7_0000_FA4E;
+
+/// A context. Handles are pointers to leaked `Ctx`s; destroyed contexts keep their memory so
+/// a stale handle is an error, never a crash.
+#[repr(C)]
+pub struct Ctx {
+    magic: u64,
+    /// CUDA ordinal of its device.
+    pub dev: usize,
+    /// Whether this is the device's primary context.
+    pub primary: bool,
+    /// Context flags.
+    pub flags: AtomicU32,
+    /// Cleared by destroy (or primary release to zero); retained primaries become active again.
+    pub active: AtomicBool,
+    /// Its legacy default stream.
+    pub legacy: OnceLock<&'static Stream>,
+    /// Per-thread default streams, by thread.
+    pub ptds: Mutex<HashMap<std::thread::ThreadId, &'static Stream>>,
+}
+
+// SAFETY: #[repr(C)] with the magic first; values are only ever leaked.
+unsafe impl crate::handle::Handle for Ctx {
+    const MAGIC: u64 = CTX_MAGIC;
+}
+
+impl Ctx {
+    fn new(dev: usize, primary: bool, active: bool) -> &'static Ctx {
+        Box::leak(Box::new(Ctx {
+            magic: CTX_MAGIC,
+            dev,
+            primary,
+            flags: AtomicU32::new(0),
+            active: AtomicBool::new(active),
+            legacy: OnceLock::new(),
+            ptds: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The context behind a handle, if it is one of ours.
+    pub fn from_handle(h: CUcontext) -> Option<&'static Ctx> {
+        crate::handle::resolve(h as *const std::ffi::c_void)
+    }
+
+    /// The handle of this context.
+    pub fn handle(&'static self) -> CUcontext {
+        self as *const Ctx as CUcontext
+    }
+
+    /// The device this context is on.
+    pub fn device(&self) -> &'static Device {
+        &rt_unchecked().devices[self.dev]
+    }
+
+    /// Its legacy default stream.
+    pub fn legacy_stream(&'static self) -> &'static Stream {
+        self.legacy.get_or_init(|| Stream::new(self, 0, 0, true))
+    }
+
+    /// The calling thread's per-thread default stream.
+    pub fn thread_stream(&'static self) -> &'static Stream {
+        let mut m = self.ptds.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(std::thread::current().id())
+            .or_insert_with(|| Stream::new(self, CU_STREAM_DEFAULT, 0, false))
+    }
+}
+
+static RT: OnceLock<Result<Runtime, CUresult>> = OnceLock::new();
+static CONFIG: OnceLock<Result<Config, String>> = OnceLock::new();
+
+/// The configuration, read once; the error line is printed once, by the first caller, so
+/// callers only need to know that it failed.
+#[allow(clippy::result_unit_err)]
+pub fn config() -> Result<&'static Config, ()> {
+    let r = CONFIG.get_or_init(|| {
+        let r = Config::from_env(|k| std::env::var(k).ok());
+        if let Err(e) = &r {
+            eprintln!("{e}");
+        }
+        r
+    });
+    r.as_ref().map_err(|_| ())
+}
+
+/// `cuInit`.
+pub fn init(flags: u32) -> CuResult<()> {
+    if flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    match RT.get_or_init(build) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(*e),
+    }
+}
+
+fn build() -> Result<Runtime, CUresult> {
+    let cfg = config().map_err(|_| CUDA_ERROR_INVALID_VALUE)?.clone();
+    let node = shared::node(&cfg).map_err(|e| {
+        eprintln!("{e}");
+        CUDA_ERROR_OPERATING_SYSTEM
+    })?;
+    let ndev = node.state.ndev.load(Relaxed) as usize;
+    let visible: Vec<usize> = cfg.visible.iter().copied().filter(|&p| p < ndev).collect();
+    if visible.is_empty() {
+        return Err(CUDA_ERROR_NO_DEVICE);
+    }
+    let devices = visible
+        .iter()
+        .enumerate()
+        .map(|(ord, &phys)| {
+            let default_pool = crate::mem::Pool::new(ord, phys, false);
+            Device {
+                phys,
+                primary: Ctx::new(ord, true, false),
+                primary_refs: Mutex::new(0),
+                exec: Executor::new(phys, cfg.kernel_ns, cfg.timeslice_ns),
+                mempool: std::sync::atomic::AtomicUsize::new(default_pool as *const _ as usize),
+                default_pool,
+            }
+        })
+        .collect();
+    Ok(Runtime { cfg, node, devices })
+}
+
+/// Registered with `atexit` when the process attaches to the node (cuInit or nvmlInit).
+pub extern "C" fn at_exit() {
+    // A process that exits returns its device memory and engine token at once, as a real
+    // driver's teardown does; a killed one is reaped by whoever notices. Called from C (exit),
+    // so a panic must stop here: the slot is then reaped like a killed process's.
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(n) = shared::attached() {
+            crate::exec::shutdown();
+            if n.state.procs[n.slot]
+                .pid
+                .compare_exchange(std::process::id(), shared::RECLAIMING, AcqRel, Relaxed)
+                .is_ok()
+            {
+                shared::release_slot(n.state, n.slot);
+            }
+        }
+    });
+}
+
+/// The runtime, or `CUDA_ERROR_NOT_INITIALIZED`.
+pub fn rt() -> CuResult<&'static Runtime> {
+    match RT.get() {
+        Some(Ok(r)) => Ok(r),
+        _ => Err(CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+/// The runtime when the caller already holds something only an initialised runtime hands out.
+pub fn rt_unchecked() -> &'static Runtime {
+    match RT.get() {
+        Some(Ok(r)) => r,
+        _ => unreachable!("fakegpu object used before cuInit"),
+    }
+}
+
+/// The device at CUDA ordinal `d`.
+pub fn device(d: CUdevice) -> CuResult<&'static Device> {
+    let r = rt()?;
+    usize::try_from(d)
+        .ok()
+        .and_then(|i| r.devices.get(i))
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)
+}
+
+thread_local! {
+    static STACK: RefCell<Vec<&'static Ctx>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's current context, or the driver's error for its absence.
+pub fn cur_ctx() -> CuResult<&'static Ctx> {
+    rt()?;
+    let c = STACK
+        .with(|s| s.borrow().last().copied())
+        .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    if c.active.load(Acquire) {
+        Ok(c)
+    } else {
+        Err(CUDA_ERROR_INVALID_CONTEXT)
+    }
+}
+
+/// `cuCtxGetCurrent`: null when none.
+pub fn get_current() -> CuResult<Option<&'static Ctx>> {
+    rt()?;
+    Ok(STACK.with(|s| s.borrow().last().copied()))
+}
+
+/// `cuCtxSetCurrent`.
+pub fn set_current(c: Option<&'static Ctx>) {
+    STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        match c {
+            Some(c) => match s.last_mut() {
+                Some(top) => *top = c,
+                None => s.push(c),
+            },
+            None => {
+                s.pop();
+            }
+        }
+    })
+}
+
+/// `cuCtxPushCurrent`.
+pub fn push_current(c: &'static Ctx) {
+    STACK.with(|s| s.borrow_mut().push(c))
+}
+
+/// `cuCtxPopCurrent`.
+pub fn pop_current() -> CuResult<&'static Ctx> {
+    rt()?;
+    STACK
+        .with(|s| s.borrow_mut().pop())
+        .ok_or(CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// `cuCtxCreate`: a new context, made current (pushed).
+pub fn ctx_create(flags: u32, dev: CUdevice) -> CuResult<&'static Ctx> {
+    let d = device(dev)?;
+    let c = Ctx::new(dev as usize, false, true);
+    c.flags.store(flags, Relaxed);
+    let _ = d;
+    push_current(c);
+    Ok(c)
+}
+
+/// `cuCtxDestroy`: waits for its work, frees what it allocated, removes it from this thread's stack.
+pub fn ctx_destroy(c: &'static Ctx) -> CuResult<()> {
+    if c.primary || !c.active.load(Acquire) {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    teardown(c);
+    STACK.with(|s| s.borrow_mut().retain(|x| !std::ptr::eq(*x, c)));
+    Ok(())
+}
+
+fn teardown(c: &'static Ctx) {
+    let _ = crate::exec::ctx_synchronize(c);
+    c.active.store(false, Release);
+    crate::mem::free_all_of(c);
+}
+
+/// `cuDevicePrimaryCtxRetain`.
+pub fn primary_retain(dev: CUdevice) -> CuResult<&'static Ctx> {
+    let d = device(dev)?;
+    let mut refs = d.primary_refs.lock().unwrap_or_else(|e| e.into_inner());
+    *refs += 1;
+    d.primary.active.store(true, Release);
+    Ok(d.primary)
+}
+
+/// `cuDevicePrimaryCtxRelease`.
+pub fn primary_release(dev: CUdevice) -> CuResult<()> {
+    let d = device(dev)?;
+    let mut refs = d.primary_refs.lock().unwrap_or_else(|e| e.into_inner());
+    if *refs == 0 {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    *refs -= 1;
+    if *refs == 0 {
+        teardown(d.primary);
+    }
+    Ok(())
+}
+
+/// `cuDevicePrimaryCtxReset`.
+pub fn primary_reset(dev: CUdevice) -> CuResult<()> {
+    let d = device(dev)?;
+    let mut refs = d.primary_refs.lock().unwrap_or_else(|e| e.into_inner());
+    *refs = 0;
+    if d.primary.active.load(Acquire) {
+        teardown(d.primary);
+    }
+    Ok(())
+}
+
+/// The device's name, as `cuDeviceGetName` and NVML report it.
+pub fn device_name(mem: u64) -> String {
+    format!("Fake GPU H200-{}GB", mem.div_ceil(1 << 30))
+}
+
+/// The UUID of the device at CUDA ordinal `d`.
+pub fn uuid_of(d: &Device) -> [u8; 16] {
+    device_uuid(d.phys)
+}
