@@ -1,3 +1,81 @@
 //! `gpuslice`: the node monitor daemon and the operator's command line.
+//!
+//! `main` only dispatches: each subcommand lives in its own module and takes its arguments as
+//! `Vec<OsString>` (everything after the subcommand's name), returning an exit status.
+//!
+//! - [`daemon`]: `gpuslice monitor`, the node daemon (reaping, NVML audit, metrics server), and
+//!   the monitor lock other commands use to find or start it.
+//! - [`status`], [`top`], [`slice`], [`metrics`]: the operator's views and controls; all read
+//!   one [`view::Snapshot`] of the ledger, rendered by [`table`] (people), [`view`] (JSON) or
+//!   [`prom`] (Prometheus text, served by [`http`]).
+//! - [`node`]: the only module that talks to `gpuslice-ledger` (which owns all state and every
+//!   mutation); [`compute`] reads the scheduler's figures there; [`nvml`] loads NVML at run
+//!   time for device names, NVML indices and the memory audit.
+//! - [`run`] and [`cdi`]: `gpuslice run` and `gpuslice cdi` (wrapping a program, containers).
+//! - [`cli`]: what every subcommand shares: exit statuses, usage errors, the runtime directory.
+//!
+//! Exit status (contract): 0 on success, 2 on bad usage (with a usage line), 1 on other errors.
 
-fn main() {}
+mod cdi;
+mod cli;
+mod compute;
+mod daemon;
+mod http;
+mod metrics;
+mod node;
+mod nvml;
+mod prom;
+mod run;
+mod slice;
+mod status;
+mod table;
+mod top;
+mod view;
+
+use std::ffi::OsString;
+
+const USAGE: &str = "\
+usage: gpuslice <command> [options]
+
+commands:
+  run [--memory Q] [--compute F] [--compute-cap F] [--slice NAME] -- CMD ARGS...
+                      run a program under gpuslice
+  monitor [--metrics-listen ADDR] [--interval MS]
+                      run the node monitor in the foreground
+  status [--json]     devices, slices and processes on this node
+  top [--interval MS] the same, refreshed live (q quits)
+  slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID]
+  slice rm NAME
+  slice ls [--json]   operator-defined slices
+  metrics             Prometheus text, once, on stdout
+  cdi ...             a Container Device Interface spec
+  version             the version of this build
+
+The ledger lives in $GPUSLICE_RUNTIME_DIR (default /dev/shm/gpuslice).";
+
+fn main() {
+    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    if args.is_empty() {
+        eprintln!("gpuslice: missing command\n{USAGE}");
+        std::process::exit(cli::EXIT_USAGE);
+    }
+    let cmd = args.remove(0);
+    let code = match cmd.to_str() {
+        Some("run") => run::main(args),
+        Some("cdi") => cdi::main(args),
+        Some("monitor") => daemon::main(args),
+        Some("status") => status::main(args),
+        Some("top") => top::main(args),
+        Some("slice") => slice::main(args),
+        Some("metrics") => metrics::main(args),
+        Some("version" | "--version" | "-V") => {
+            cli::exit_status(cli::outln!("gpuslice {}", env!("CARGO_PKG_VERSION")))
+        }
+        Some("help" | "--help" | "-h") => cli::exit_status(cli::outln!("{USAGE}")),
+        _ => {
+            eprintln!("gpuslice: unknown command {:?}\n{USAGE}", cmd);
+            cli::EXIT_USAGE
+        }
+    };
+    std::process::exit(code);
+}

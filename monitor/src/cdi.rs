@@ -1,0 +1,317 @@
+//! `gpuslice cdi`: a Container Device Interface spec that puts one container in a slice.
+//!
+//! The spec describes one device, `<kind>=<slice>` (by default `gpuslice.dev/slice=NAME`), used
+//! beside the GPU's own CDI device (`--device nvidia.com/gpu=0 --device
+//! gpuslice.dev/slice=NAME`). Its container edits:
+//! - mount the host's `libgpuslice.so` read-only at [`CONTAINER_LIBRARY`] and the host's ledger
+//!   directory read-write at [`CONTAINER_RUNTIME_DIR`] (fixed paths, so the spec does not depend
+//!   on the image's layout);
+//! - set `LD_PRELOAD`, `GPUSLICE_RUNTIME_DIR`, `GPUSLICE_SLICE` and whichever of
+//!   `GPUSLICE_MEMORY`, `GPUSLICE_COMPUTE`, `GPUSLICE_COMPUTE_CAP` were given.
+//!
+//! Values are checked with the same rules as `gpuslice run` ([`crate::run::Limits`]), and names
+//! with the CDI parser's rules, so a spec this writes is one a runtime accepts. JSON is valid CDI
+//! (runtimes read `.json` and `.yaml` from `/etc/cdi` and `/var/run/cdi`).
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+
+use crate::cli::{self, Failure};
+use crate::run::{self, Limits};
+
+const USAGE: &str = "gpuslice cdi --slice NAME [--memory Q] [--compute F] [--compute-cap F] \
+                     [--kind VENDOR/CLASS] [--library PATH] [--output FILE]";
+
+/// The CDI version written: the lowest that has everything this spec uses (env and mounts need
+/// 0.3.0; 0.5.0 is understood by every CDI-enabled runtime release, newer ones too).
+pub const CDI_VERSION: &str = "0.5.0";
+/// The default kind (`vendor/class`) of the device.
+pub const DEFAULT_KIND: &str = "gpuslice.dev/slice";
+/// Where the library appears inside the container.
+pub const CONTAINER_LIBRARY: &str = "/usr/lib/gpuslice/libgpuslice.so";
+/// Where the ledger directory appears inside the container (`GPUSLICE_RUNTIME_DIR` there).
+pub const CONTAINER_RUNTIME_DIR: &str = "/run/gpuslice";
+
+const HELP: &str = "\
+Writes a Container Device Interface spec for one slice (stdout, or FILE; put it in /etc/cdi/).
+  --slice NAME          the slice, and the CDI device name (letters, digits, _ - . :)
+  --memory Q            VRAM quota (GPUSLICE_MEMORY), as for `gpuslice run`
+  --compute F           guaranteed compute share (GPUSLICE_COMPUTE)
+  --compute-cap F       compute ceiling (GPUSLICE_COMPUTE_CAP)
+  --kind VENDOR/CLASS   the CDI kind (default gpuslice.dev/slice)
+  --library PATH        the host's libgpuslice.so (default: found as `gpuslice run` finds it)
+  --output FILE         write FILE (atomically) instead of stdout
+The host's ledger directory ($GPUSLICE_RUNTIME_DIR, default /dev/shm/gpuslice) is mounted at
+/run/gpuslice. Use: --device nvidia.com/gpu=0 --device gpuslice.dev/slice=NAME";
+
+/// Entry point of `gpuslice cdi`; returns the exit status.
+pub fn main(args: Vec<OsString>) -> i32 {
+    match cdi(args) {
+        Ok(code) => code,
+        Err(f) => f.report(),
+    }
+}
+
+fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
+    let mut limits = Limits::default();
+    let mut kind = DEFAULT_KIND.to_string();
+    let mut library: Option<PathBuf> = None;
+    let mut output: Option<PathBuf> = None;
+    let mut parser = cli::parser(args);
+    while let Some(arg) = parser.next().map_err(cli::lex(USAGE))? {
+        if cli::is_help(&arg) {
+            cli::outln!("usage: {USAGE}\n\n{HELP}")?;
+            return Ok(0);
+        }
+        match arg {
+            lexopt::Arg::Long(name) if Limits::FLAGS.contains(&name) => {
+                let name = name.to_string();
+                let value = parser.value().map_err(cli::lex(USAGE))?;
+                limits.set(&name, value, USAGE)?;
+            }
+            lexopt::Arg::Long("kind") => {
+                let v = cli::utf8(parser.value().map_err(cli::lex(USAGE))?, "--kind", USAGE)?;
+                check_kind(&v).map_err(|e| Failure::usage(format!("--kind {v:?}: {e}"), USAGE))?;
+                kind = v;
+            }
+            lexopt::Arg::Long("library") => {
+                library = Some(parser.value().map_err(cli::lex(USAGE))?.into());
+            }
+            lexopt::Arg::Long("output") | lexopt::Arg::Short('o') => {
+                output = Some(parser.value().map_err(cli::lex(USAGE))?.into());
+            }
+            other => return Err(Failure::usage(other.unexpected().to_string(), USAGE)),
+        }
+    }
+    limits.check(USAGE)?;
+    let Some(slice) = limits.slice.clone() else {
+        return Err(Failure::usage("--slice NAME is required", USAGE));
+    };
+    check_device_name(&slice)
+        .map_err(|e| Failure::usage(format!("--slice {slice:?}: {e}"), USAGE))?;
+    let library = match library {
+        Some(p) if p.is_file() => p.canonicalize().unwrap_or(p),
+        Some(p) => {
+            return Err(Failure::usage(
+                format!("--library {}: no such file", p.display()),
+                USAGE,
+            ))
+        }
+        None => match run::find_library() {
+            Ok(p) => p,
+            Err(msg) => {
+                eprintln!("gpuslice: {msg}; or name it with --library PATH");
+                return Ok(cli::EXIT_USAGE);
+            }
+        },
+    };
+    // A mount's hostPath is absolute; the runtime does not run in our working directory.
+    let runtime_dir = std::path::absolute(cli::runtime_dir())
+        .map_err(|e| Failure::Other(format!("cdi: the ledger directory: {e}")))?;
+    if !runtime_dir.is_dir() {
+        eprintln!(
+            "gpuslice: note: the ledger directory {} does not exist yet; start the node monitor \
+             (`gpuslice monitor`) before containers use this spec, or their start fails on the \
+             mount",
+            runtime_dir.display()
+        );
+    }
+    let spec = spec(
+        &kind,
+        &slice,
+        &limits,
+        &library.to_string_lossy(),
+        &runtime_dir.to_string_lossy(),
+    );
+    let text = serde_json::to_string_pretty(&spec).expect("a JSON value serializes") + "\n";
+    match output {
+        None => std::io::stdout()
+            .write_all(text.as_bytes())
+            .map_err(|e| Failure::Other(format!("cdi: writing the spec to stdout: {e}")))?,
+        Some(path) => {
+            write_atomically(&path, text.as_bytes())
+                .map_err(|e| Failure::Other(format!("cdi: writing {}: {e}", path.display())))?;
+            eprintln!(
+                "gpuslice: wrote {}; run containers with --device nvidia.com/gpu=<N> --device \
+                 {kind}={slice}",
+                path.display()
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// The spec as JSON.
+pub fn spec(
+    kind: &str,
+    slice: &str,
+    limits: &Limits,
+    host_library: &str,
+    host_runtime_dir: &str,
+) -> serde_json::Value {
+    let mut env = vec![
+        format!("LD_PRELOAD={CONTAINER_LIBRARY}"),
+        format!("GPUSLICE_RUNTIME_DIR={CONTAINER_RUNTIME_DIR}"),
+    ];
+    // `limits.env()` includes GPUSLICE_SLICE: the slice name is required here.
+    env.extend(limits.env().into_iter().map(|(k, v)| format!("{k}={v}")));
+    serde_json::json!({
+        "cdiVersion": CDI_VERSION,
+        "kind": kind,
+        "devices": [{
+            "name": slice,
+            "containerEdits": {
+                "env": env,
+                "mounts": [
+                    {
+                        "hostPath": host_library,
+                        "containerPath": CONTAINER_LIBRARY,
+                        "options": ["ro", "nosuid", "nodev", "bind"],
+                    },
+                    {
+                        "hostPath": host_runtime_dir,
+                        "containerPath": CONTAINER_RUNTIME_DIR,
+                        "options": ["rw", "nosuid", "nodev", "noexec", "bind"],
+                    },
+                ],
+            },
+        }],
+    })
+}
+
+/// Write through a temporary file in the same directory and rename it, so a runtime watching
+/// `/etc/cdi` never reads half a spec.
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
+    let mut tmp_name = OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// CDI's rule for a vendor or class name: a letter first, a letter or digit last, letters,
+/// digits, `_`, `-`, `.` between.
+fn check_vendor_or_class(name: &str) -> Result<(), String> {
+    let b = name.as_bytes();
+    let (Some(first), Some(last)) = (b.first(), b.last()) else {
+        return Err("empty".into());
+    };
+    if !first.is_ascii_alphabetic() || !last.is_ascii_alphanumeric() {
+        return Err(format!(
+            "{name:?} must start with a letter and end with a letter or digit"
+        ));
+    }
+    if let Some(c) = b
+        .iter()
+        .find(|c| !(c.is_ascii_alphanumeric() || b"_-.".contains(c)))
+    {
+        return Err(format!(
+            "{name:?} has {:?}; allowed: letters, digits, _ - .",
+            *c as char
+        ));
+    }
+    Ok(())
+}
+
+/// A CDI kind: `vendor/class`.
+pub fn check_kind(kind: &str) -> Result<(), String> {
+    let Some((vendor, class)) = kind.split_once('/') else {
+        return Err("a kind is VENDOR/CLASS, for example gpuslice.dev/slice".into());
+    };
+    check_vendor_or_class(vendor).map_err(|e| format!("vendor {e}"))?;
+    check_vendor_or_class(class).map_err(|e| format!("class {e}"))
+}
+
+/// CDI's rule for a device name: a letter or digit first and last, letters, digits, `_`, `-`,
+/// `.`, `:` between.
+pub fn check_device_name(name: &str) -> Result<(), String> {
+    let b = name.as_bytes();
+    let (Some(first), Some(last)) = (b.first(), b.last()) else {
+        return Err("a CDI device name cannot be empty".into());
+    };
+    if !first.is_ascii_alphanumeric() || !last.is_ascii_alphanumeric() {
+        return Err("a CDI device name starts and ends with a letter or digit".into());
+    }
+    if let Some(c) = b
+        .iter()
+        .find(|c| !(c.is_ascii_alphanumeric() || b"_-.:".contains(c)))
+    {
+        return Err(format!(
+            "a CDI device name cannot contain {:?}; allowed: letters, digits, _ - . :",
+            *c as char
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_cdi_parser() {
+        assert!(check_kind("gpuslice.dev/slice").is_ok());
+        assert!(check_kind("nvidia.com/gpu").is_ok());
+        for bad in [
+            "gpuslice.dev",
+            "/slice",
+            "gpuslice.dev/",
+            "1vendor/x",
+            "v/x-",
+            "v/x y",
+        ] {
+            assert!(check_kind(bad).is_err(), "{bad}");
+        }
+        assert!(check_device_name("team-a").is_ok());
+        assert!(check_device_name("0").is_ok());
+        assert!(check_device_name("a:b.c_d").is_ok());
+        for bad in ["", "-a", "a-", "a/b", "a=b", "a b"] {
+            assert!(check_device_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn spec_sets_env_and_mounts() {
+        let limits = Limits {
+            memory: Some("4Gi".into()),
+            compute: Some("0.25".into()),
+            slice: Some("a".into()),
+            ..Limits::default()
+        };
+        let s = spec(
+            DEFAULT_KIND,
+            "a",
+            &limits,
+            "/usr/local/lib/libgpuslice.so",
+            "/dev/shm/gpuslice",
+        );
+        let dev = &s["devices"][0];
+        assert_eq!(dev["name"], "a");
+        let env: Vec<&str> = dev["containerEdits"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert!(env.contains(&"LD_PRELOAD=/usr/lib/gpuslice/libgpuslice.so"));
+        assert!(env.contains(&"GPUSLICE_RUNTIME_DIR=/run/gpuslice"));
+        assert!(env.contains(&"GPUSLICE_MEMORY=4Gi"));
+        assert!(env.contains(&"GPUSLICE_COMPUTE=0.25"));
+        assert!(env.contains(&"GPUSLICE_SLICE=a"));
+        assert_eq!(
+            dev["containerEdits"]["mounts"][0]["hostPath"],
+            "/usr/local/lib/libgpuslice.so"
+        );
+        assert_eq!(
+            dev["containerEdits"]["mounts"][1]["containerPath"],
+            "/run/gpuslice"
+        );
+    }
+}

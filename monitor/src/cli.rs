@@ -1,0 +1,139 @@
+//! What every subcommand shares: the exit statuses of the contract, the error type that carries
+//! them, and the runtime directory.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Bad usage: a wrong flag, a missing or malformed value.
+pub const EXIT_USAGE: i32 = 2;
+/// Any other failure (the ledger, the device, the system).
+pub const EXIT_FAILURE: i32 = 1;
+
+/// Why a subcommand failed; decides the exit status and how the message is shown.
+#[derive(Debug)]
+pub enum Failure {
+    /// Exit 2: the message, then the subcommand's usage line.
+    Usage {
+        /// What was wrong, naming the flag and the value.
+        msg: String,
+        /// The subcommand's `usage: ...` line.
+        usage: &'static str,
+    },
+    /// Exit 1: the message names what failed.
+    Other(String),
+}
+
+impl Failure {
+    /// A usage error for a subcommand.
+    pub fn usage(msg: impl Into<String>, usage: &'static str) -> Failure {
+        Failure::Usage {
+            msg: msg.into(),
+            usage,
+        }
+    }
+
+    /// Print the failure on stderr and return the exit status.
+    pub fn report(&self) -> i32 {
+        match self {
+            Failure::Usage { msg, usage } => {
+                eprintln!("gpuslice: {msg}\nusage: {usage}");
+                EXIT_USAGE
+            }
+            Failure::Other(msg) => {
+                eprintln!("gpuslice: {msg}");
+                EXIT_FAILURE
+            }
+        }
+    }
+}
+
+impl From<String> for Failure {
+    fn from(msg: String) -> Failure {
+        Failure::Other(msg)
+    }
+}
+
+/// Run a subcommand body and turn its outcome into an exit status.
+pub fn exit_status(result: Result<(), Failure>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(f) => f.report(),
+    }
+}
+
+/// Write one line to stdout. A reader that went away (`| head`) is not a failure: the rest of
+/// the output has nowhere to go, as for any Unix tool. Another write error (`> /dev/full`) is
+/// one, naming stdout, where `println!` would panic.
+pub fn write_line(args: std::fmt::Arguments<'_>) -> Result<(), Failure> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Failure::Other(format!("writing to stdout: {e}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `println!` through [`write_line`]: evaluates to `Result<(), Failure>`.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::write_line(format_args!($($arg)*))
+    };
+}
+pub(crate) use outln;
+
+/// A parser over a subcommand's arguments.
+pub fn parser(args: Vec<OsString>) -> lexopt::Parser {
+    lexopt::Parser::from_args(args)
+}
+
+/// Map a lexopt error (unknown flag, missing value, bad encoding) to a usage failure.
+pub fn lex(usage: &'static str) -> impl Fn(lexopt::Error) -> Failure {
+    move |e| Failure::usage(e.to_string(), usage)
+}
+
+/// A flag's value as UTF-8, or a usage failure naming the flag.
+pub fn utf8(v: OsString, flag: &str, usage: &'static str) -> Result<String, Failure> {
+    v.into_string()
+        .map_err(|v| Failure::usage(format!("{flag}: {v:?} is not valid UTF-8"), usage))
+}
+
+/// `$GPUSLICE_RUNTIME_DIR`, or the default `/dev/shm/gpuslice`.
+pub fn runtime_dir() -> PathBuf {
+    gpuslice_ledger::runtime_dir_from_env()
+}
+
+/// Whether `--help`/`-h` was asked; subcommands print their usage and exit 0.
+pub fn is_help(arg: &lexopt::Arg<'_>) -> bool {
+    matches!(arg, lexopt::Arg::Long("help") | lexopt::Arg::Short('h'))
+}
+
+/// Set by a signal [`stop_on_signals`] installed for: the long-running subcommands (`monitor`,
+/// `top`) leave their loop and clean up.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn request_stop(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Make `signals` request a stop ([`stop_requested`]) instead of killing the process. No
+/// `SA_RESTART`: a blocking `poll` returns at once with `EINTR`.
+pub fn stop_on_signals(signals: &[libc::c_int]) {
+    for &sig in signals {
+        // SAFETY: an all-zero sigaction is valid and is filled in before use; the handler only
+        // stores to an atomic, which is async-signal-safe.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = request_stop as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Whether a signal installed by [`stop_on_signals`] arrived.
+pub fn stop_requested() -> bool {
+    STOP.load(Ordering::SeqCst)
+}

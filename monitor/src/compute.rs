@@ -1,0 +1,29 @@
+//! Compute figures of a slice (used fraction, launches, throttled time), read from the
+//! scheduler's part of the ledger ([`gpuslice_ledger::sched::slice_stats`]).
+
+use gpuslice_ledger::sched::{now_ns, slice_stats};
+use gpuslice_ledger::Ledger;
+
+/// A slice's compute figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SliceCompute {
+    /// Fraction of the device's time used over the scheduler's last window (0..1).
+    pub used: f64,
+    /// Launches gated (counter).
+    pub launches: u64,
+    /// Seconds launches waited for their turn (counter).
+    pub throttled_seconds: f64,
+}
+
+/// The figures of slice record `slice`.
+pub fn slice_compute(ledger: &Ledger, slice: usize) -> SliceCompute {
+    let Some(s) = ledger.slices().get(slice) else {
+        return SliceCompute::default();
+    };
+    let st = slice_stats(&s.sched, now_ns());
+    SliceCompute {
+        used: st.used_fraction.clamp(0.0, 1.0),
+        launches: st.launches_total,
+        throttled_seconds: st.throttled_ns_total as f64 / 1e9,
+    }
+}

@@ -1,0 +1,575 @@
+//! `gpuslice monitor`: the node daemon, and the monitor lock by which everyone else finds it.
+//!
+//! The monitor keeps the ledger healthy; it never enforces anything (the shim does, in each
+//! process), so it may die and restart at any moment: all state lives in the ledger, and the
+//! monitor recomputes everything it shows from there.
+//!
+//! Each tick (a few times a second) it reaps processes that are gone, returning their memory
+//! and compute leases to their slices ([`crate::node::Node::reap`]); every second it audits
+//! real per-process device memory through NVML and flags slices whose processes hold more than
+//! their quota. `--metrics-listen` serves the Prometheus exposition from a second thread.
+//!
+//! While running it holds an exclusive `flock` on `$GPUSLICE_RUNTIME_DIR/monitor.lock`, which
+//! contains its pid: [`monitor_running`] tests that lock (no race with a monitor starting or
+//! dying), a second monitor refuses to start, and [`start_background`] is how `gpuslice run`
+//! starts one when none is there.
+
+use crate::cli::{self, Failure};
+use crate::node::Node;
+use crate::nvml::Nvml;
+use crate::prom::{AuditRow, MonitorFacts};
+use crate::view::Snapshot;
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "gpuslice monitor [--metrics-listen ADDR] [--interval MS]";
+
+/// The lock file's name inside the runtime directory.
+pub const LOCK_FILE: &str = "monitor.lock";
+/// Where a monitor started by [`start_background`] writes its log, inside the runtime directory.
+pub const LOG_FILE: &str = "monitor.log";
+
+/// The pid of the monitor serving the ledger in `dir`, if one is running.
+pub fn monitor_running(dir: &Path) -> Option<u32> {
+    let mut f = File::open(dir.join(LOCK_FILE)).ok()?;
+    // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+        // Nobody holds it exclusively: no monitor. Our shared lock goes with `f`.
+        return None;
+    }
+    // A monitor holds it; it writes its pid right after locking, so wait a moment for that.
+    for _ in 0..50 {
+        let mut s = String::new();
+        if f.read_to_string(&mut s).is_ok() {
+            if let Ok(pid) = s.trim().parse() {
+                return Some(pid);
+            }
+        }
+        let _ = std::io::Seek::rewind(&mut f);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Some(0)
+}
+
+/// The held monitor lock; released when the process exits (or this is dropped).
+pub struct MonitorLock {
+    _file: File,
+}
+
+impl MonitorLock {
+    /// Take the lock for `dir`, or say which monitor holds it.
+    pub fn acquire(dir: &Path) -> Result<MonitorLock, String> {
+        let path = dir.join(LOCK_FILE);
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        // A `monitor_running` probe holds a shared lock for microseconds: retry briefly so a
+        // probe never makes a starting monitor believe another one runs.
+        let mut tries = 0;
+        // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
+        while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let err = std::io::Error::last_os_error();
+            tries += 1;
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) && tries < 50 {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let who = monitor_running(dir)
+                    .map_or("another process".to_string(), |p| format!("pid {p}"));
+                return Err(format!(
+                    "a monitor is already running for {} ({who} holds {})",
+                    dir.display(),
+                    path.display()
+                ));
+            }
+            return Err(format!("cannot lock {}: {err}", path.display()));
+        }
+        f.set_len(0)
+            .and_then(|_| writeln!(f, "{}", std::process::id()))
+            .map_err(|e| format!("cannot write the monitor's pid to {}: {e}", path.display()))?;
+        Ok(MonitorLock { _file: f })
+    }
+}
+
+/// Make sure a monitor serves `dir`: return the pid of the running one, or start one in the
+/// background (detached, its log in `dir/monitor.log`) and return its pid once it holds the
+/// lock. `started` tells whether this call started it.
+pub fn start_background(dir: &Path) -> Result<(u32, bool), String> {
+    if let Some(pid) = monitor_running(dir) {
+        return Ok((pid, false));
+    }
+    // The ledger creates the directory as every user needs it (mode 1777); its errors are
+    // the monitor's to report, so only the directory matters here.
+    let _ = Node::open_or_create(dir);
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the gpuslice binary: {e}"))?;
+    let open_log = |p: &Path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+    };
+    let mut log_path = dir.join(LOG_FILE);
+    let log = match open_log(&log_path) {
+        Ok(f) => f,
+        // Another user's monitor wrote the shared log (the directory is sticky): use our own.
+        Err(_) => {
+            // SAFETY: getuid cannot fail.
+            log_path = dir.join(format!("monitor-{}.log", unsafe { libc::getuid() }));
+            open_log(&log_path)
+                .map_err(|e| format!("cannot open the monitor log {}: {e}", log_path.display()))?
+        }
+    };
+    let log2 = log
+        .try_clone()
+        .map_err(|e| format!("cannot open the monitor log: {e}"))?;
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.arg("monitor")
+        .env("GPUSLICE_RUNTIME_DIR", dir)
+        // The monitor must see the real driver, never a shim's view of it.
+        .env_remove("LD_PRELOAD")
+        .stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(log2);
+    // SAFETY: the closure runs in the forked child before exec and calls only async-signal-safe
+    // functions (setsid, fork, _exit). The double fork detaches the monitor: it is reparented to
+    // init, so it never becomes a zombie of the caller, and setsid keeps terminal signals away.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            match libc::fork() {
+                -1 => Err(std::io::Error::last_os_error()),
+                0 => Ok(()),
+                _ => libc::_exit(0),
+            }
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {} monitor: {e}", exe.display()))?;
+    let _ = child.wait();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Some(pid) = monitor_running(dir) {
+            return Ok((pid, true));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let tail: Vec<&str> = tail.lines().rev().take(3).collect();
+    Err(format!(
+        "started `{} monitor` but it did not come up within 5 s; last lines of {}: {}",
+        exe.display(),
+        log_path.display(),
+        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    ))
+}
+
+/// A monitor log line on stderr, with a UTC timestamp (journald and `monitor.log` both read it).
+/// A closed stderr loses the line but never stops the monitor (`eprintln!` would panic).
+macro_rules! log {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let s = now.as_secs();
+        let _ = writeln!(
+            std::io::stderr(),
+            "{:02}:{:02}:{:02}.{:03} gpuslice monitor: {}",
+            (s / 3600) % 24,
+            (s / 60) % 60,
+            s % 60,
+            now.subsec_millis(),
+            format!($($t)*)
+        );
+    }};
+}
+
+struct Options {
+    listen: Option<String>,
+    interval: Duration,
+}
+
+fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
+    use lexopt::Arg::*;
+    let mut p = cli::parser(args);
+    let mut o = Options {
+        listen: None,
+        interval: Duration::from_millis(250),
+    };
+    while let Some(arg) = p.next().map_err(cli::lex(USAGE))? {
+        if cli::is_help(&arg) {
+            cli::outln!("usage: {USAGE}")?;
+            return Ok(None);
+        }
+        match arg {
+            Long("metrics-listen") => {
+                let v = cli::utf8(
+                    p.value().map_err(cli::lex(USAGE))?,
+                    "--metrics-listen",
+                    USAGE,
+                )?;
+                if !v.contains(':') {
+                    return Err(Failure::usage(
+                        format!("--metrics-listen {v:?}: expected HOST:PORT, e.g. 127.0.0.1:9400 or [::]:9400"),
+                        USAGE,
+                    ));
+                }
+                o.listen = Some(v);
+            }
+            Long("interval") => {
+                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--interval", USAGE)?;
+                match v.parse::<u64>() {
+                    Ok(ms @ 10..=5000) => o.interval = Duration::from_millis(ms),
+                    _ => {
+                        return Err(Failure::usage(
+                            format!("--interval {v:?}: expected milliseconds between 10 and 5000"),
+                            USAGE,
+                        ))
+                    }
+                }
+            }
+            _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
+        }
+    }
+    Ok(Some(o))
+}
+
+/// Entry point of `gpuslice monitor`.
+pub fn main(args: Vec<OsString>) -> i32 {
+    cli::exit_status((|| {
+        let Some(opts) = parse(args)? else {
+            return Ok(());
+        };
+        run(opts)
+    })())
+}
+
+/// What the metrics thread reads: the monitor's own facts (the node's come from the ledger).
+type Shared = Arc<Mutex<MonitorFacts>>;
+
+fn run(opts: Options) -> Result<(), Failure> {
+    let dir = cli::runtime_dir();
+    // Creating the ledger first also creates its directory the way every user needs it; a
+    // ledger that cannot be used is reported (and retried) by the loop below.
+    let first = Node::open_or_create(&dir).ok();
+    let _lock = MonitorLock::acquire(&dir)?;
+    // SIGTERM/SIGINT/SIGHUP: finish the tick and exit (after at most one --interval sleep).
+    cli::stop_on_signals(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP]);
+    let facts: Shared = Arc::default();
+    if let Some(addr) = &opts.listen {
+        let listener = crate::http::bind(addr)?;
+        let (dir, facts) = (dir.clone(), facts.clone());
+        log!(
+            "serving metrics at http://{}/metrics",
+            listener
+                .local_addr()
+                .map_or(addr.clone(), |a| a.to_string())
+        );
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || crate::http::serve(listener, move || scrape(&dir, &facts)))
+            .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
+    }
+    log!(
+        "started (pid {}) for the ledger in {}",
+        std::process::id(),
+        dir.display()
+    );
+    let nvml = match Nvml::load() {
+        Ok(n) => Some(n),
+        Err(e) => {
+            log!("NVML unavailable ({e}): devices come from the ledger only, no memory audit");
+            None
+        }
+    };
+    let mut m = Monitor {
+        dir,
+        nvml,
+        node: None,
+        fresh: first,
+        last_error: None,
+        over: HashSet::new(),
+        facts,
+    };
+    let mut last_audit = Instant::now() - Duration::from_secs(10);
+    while !cli::stop_requested() {
+        m.tick();
+        if last_audit.elapsed() >= Duration::from_secs(1) {
+            last_audit = Instant::now();
+            m.audit();
+        }
+        std::thread::sleep(opts.interval);
+    }
+    log!("stopping on signal; the ledger stays, enforcement continues without the monitor");
+    Ok(())
+}
+
+/// A `/metrics` scrape: a fresh snapshot of the ledger plus the monitor's facts.
+fn scrape(dir: &Path, facts: &Shared) -> String {
+    let facts = facts.lock().map(|f| f.clone()).unwrap_or_default();
+    match Node::open(dir) {
+        Ok(node) => crate::prom::render(&node.snapshot(), Some(&facts)),
+        Err(e) => format!(
+            "# the ledger cannot be read: {}\n{}",
+            e.to_string().replace('\n', " "),
+            crate::prom::render(&Default::default(), Some(&facts))
+        ),
+    }
+}
+
+struct Monitor {
+    dir: PathBuf,
+    nvml: Option<Nvml>,
+    node: Option<Node>,
+    /// The ledger opened before the lock was taken, used by the first tick.
+    fresh: Option<Node>,
+    /// The last error opening the ledger, logged once until it changes.
+    last_error: Option<String>,
+    /// Slices currently flagged over quota, to log transitions only.
+    over: HashSet<(String, String)>,
+    facts: Shared,
+}
+
+impl Monitor {
+    fn tick(&mut self) {
+        if self.node.is_none() {
+            let opened = match self.fresh.take() {
+                Some(n) => Ok(n),
+                None => Node::open_or_create(&self.dir),
+            };
+            match opened {
+                Ok(node) => {
+                    if let Some(nvml) = &self.nvml {
+                        match nvml.devices() {
+                            Ok(devs) => {
+                                for d in &devs {
+                                    if let Err(e) = node.register_device(d) {
+                                        log!(
+                                            "cannot register device {} ({}): {e}",
+                                            d.index,
+                                            d.uuid
+                                        );
+                                    }
+                                }
+                            }
+                            Err(e) => log!("NVML cannot list devices: {e}"),
+                        }
+                    }
+                    // Said once the devices are registered: `status` then shows them.
+                    if self.last_error.take().is_some() {
+                        log!("the ledger in {} is usable again", self.dir.display());
+                    }
+                    self.node = Some(node);
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    if self.last_error.as_deref() != Some(e.as_str()) {
+                        log!("{e} (retrying; enforcement in wrapped processes is unaffected)");
+                        self.last_error = Some(e);
+                    }
+                    return;
+                }
+            }
+        }
+        let Some(node) = &self.node else { return };
+        if !node.is_current() {
+            log!("the ledger file was removed or replaced; attaching to the one there now");
+            self.node = None;
+            return self.tick();
+        }
+        match node.reap() {
+            Ok((reaped, lines)) => {
+                for l in &lines {
+                    log!("{l}");
+                }
+                if reaped > 0 {
+                    if let Ok(mut f) = self.facts.lock() {
+                        f.reaped_total += reaped;
+                    }
+                }
+            }
+            Err(e) => {
+                log!("{e}; reopening the ledger");
+                self.node = None;
+            }
+        }
+    }
+
+    /// Compare what NVML says the slices' processes hold with their quotas.
+    fn audit(&mut self) {
+        let (Some(nvml), Some(node)) = (&self.nvml, &self.node) else {
+            return;
+        };
+        let Ok(devs) = nvml.devices() else { return };
+        let held: Vec<(String, HashMap<ProcKey, u64>)> = devs
+            .iter()
+            .filter_map(|d| match nvml.processes(d.index) {
+                Ok(Some(p)) => Some((
+                    d.uuid.clone(),
+                    p.into_iter().map(|(pid, b)| (proc_key(pid), b)).collect(),
+                )),
+                _ => None,
+            })
+            .collect();
+        let rows = audit_rows(&node.snapshot(), &held);
+        for line in audit_transitions(&mut self.over, &rows) {
+            log!("{line}");
+        }
+        if let Ok(mut f) = self.facts.lock() {
+            f.audit = rows;
+            f.device_observed = devs
+                .iter()
+                .map(|d| (d.uuid.clone(), d.memory_used))
+                .collect();
+        }
+    }
+}
+
+/// How the audit recognises a process: its pid in its own (innermost) PID namespace, as it
+/// recorded itself in the ledger, and its start time; `0` when unknown.
+type ProcKey = (u32, u64);
+
+/// The [`ProcKey`] of a pid NVML reports (a pid of the monitor's namespace, normally the
+/// host's): the last `NSpid` of `/proc/<pid>/status` and field 22 of `/proc/<pid>/stat`.
+fn proc_key(pid: u32) -> ProcKey {
+    let inner = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|v| v.split_whitespace().last()?.parse().ok())
+        })
+        .unwrap_or(pid);
+    (inner, gpuslice_ledger::start_time_of(&pid.to_string()))
+}
+
+/// Per slice and device NVML reports on: what the slice's live processes hold there by NVML.
+/// `held` is, per device UUID, NVML's bytes by [`ProcKey`]. A process is matched by its pid
+/// and start time, or by pid alone where the start time could not be read.
+fn audit_rows(snap: &Snapshot, held: &[(String, HashMap<ProcKey, u64>)]) -> Vec<AuditRow> {
+    let start: HashMap<u32, u64> = snap
+        .processes
+        .iter()
+        .filter(|p| p.alive)
+        .map(|p| (p.pid, p.start_time))
+        .collect();
+    let mut rows = Vec::new();
+    for (uuid, by_key) in held {
+        let bytes = |pid: &u32| {
+            let st = start.get(pid).copied().unwrap_or(0);
+            by_key.get(&(*pid, st)).or_else(|| by_key.get(&(*pid, 0)))
+        };
+        for s in snap.slices.iter().filter(|s| &s.device_uuid == uuid) {
+            rows.push(AuditRow {
+                slice: s.name.clone(),
+                device_uuid: s.device_uuid.clone(),
+                observed: s.pids.iter().filter_map(bytes).sum(),
+                limit: s.memory_limit,
+            });
+        }
+    }
+    rows
+}
+
+/// Log lines for slices that went over their quota or came back, updating `over` (the slices
+/// flagged now), so a slice that stays over is reported once, not every second.
+fn audit_transitions(over: &mut HashSet<(String, String)>, rows: &[AuditRow]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for r in rows {
+        let key = (r.slice.clone(), r.device_uuid.clone());
+        if r.over_quota() && over.insert(key.clone()) {
+            lines.push(format!(
+                "audit: slice {:?} on {} holds {} by NVML, over its quota of {} \
+                 (memory taken outside gpuslice's accounting?)",
+                r.slice,
+                r.device_uuid,
+                crate::table::size(r.observed),
+                crate::table::size(r.limit.unwrap_or(0))
+            ));
+        } else if !r.over_quota() && over.remove(&key) {
+            lines.push(format!(
+                "audit: slice {:?} on {} is back within its quota",
+                r.slice, r.device_uuid
+            ));
+        }
+    }
+    // A slice that went away is no longer over anything.
+    over.retain(|k| rows.iter().any(|r| r.slice == k.0 && r.device_uuid == k.1));
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_keyed_as_it_recorded_itself() {
+        let me = std::process::id();
+        assert_eq!(proc_key(me), (me, gpuslice_ledger::own_start_time()));
+    }
+
+    #[test]
+    fn the_audit_flags_a_slice_over_its_quota_once_and_its_return() {
+        let mut snap = crate::view::tests::sample();
+        let uuid = snap.devices[0].uuid.clone();
+        snap.slices[1].pids = vec![102];
+        // train (4 GiB quota): pids 100 and 101; 102 is in a best-effort slice.
+        let held = |a: u64, b: u64| {
+            vec![(
+                uuid.clone(),
+                // 100 matches by pid and start time; 101's start time was unreadable; a process
+                // with 100's pid but another start time (another namespace) is not train's.
+                HashMap::from([
+                    ((100, 7), a),
+                    ((101, 0), b),
+                    ((100, 8), 1 << 40),
+                    ((102, 7), 9 << 30),
+                    ((999, 7), 1 << 40),
+                ]),
+            )]
+        };
+        let rows = audit_rows(&snap, &held(3 << 30, 2 << 30));
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].observed, rows[0].over_quota()), (5 << 30, true));
+        assert!(
+            !rows[1].over_quota(),
+            "a best-effort slice has no quota to exceed"
+        );
+        let mut over = HashSet::new();
+        let lines = audit_transitions(&mut over, &rows);
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].contains("\"train\"")
+                && lines[0].contains("5 GiB")
+                && lines[0].contains("4 GiB"),
+            "{lines:?}"
+        );
+        assert!(
+            audit_transitions(&mut over, &rows).is_empty(),
+            "reported once"
+        );
+        let back = audit_rows(&snap, &held(1 << 30, 1 << 30));
+        let lines = audit_transitions(&mut over, &back);
+        assert!(
+            lines.len() == 1 && lines[0].contains("back within"),
+            "{lines:?}"
+        );
+        assert!(over.is_empty());
+    }
+}

@@ -1,0 +1,361 @@
+//! The `gpuslice` binary's window on the ledger: opening it, turning the ledger's snapshot into
+//! the [`Snapshot`] every view renders, registering NVML's devices, reaping, and operator
+//! slices. All state and all mutation live in `gpuslice-ledger`; this module only translates
+//! (ledger indices to NVML's, ppm to fractions, errors to messages).
+
+use crate::cli::Failure;
+use crate::nvml::NvmlDevice;
+use crate::view::{Device, Process, Slice, Snapshot};
+use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, Size, PPM};
+use std::collections::HashMap;
+use std::path::Path;
+
+impl From<LedgerError> for Failure {
+    fn from(e: LedgerError) -> Failure {
+        Failure::Other(e.to_string())
+    }
+}
+
+/// What `slice create` asks for, parsed but not yet resolved against a device.
+#[derive(Debug, Clone)]
+pub struct SliceRequest {
+    pub name: String,
+    pub memory: Size,
+    /// Guarantee, ppm.
+    pub compute_ppm: u32,
+    /// Ceiling, ppm; `None` for none.
+    pub cap_ppm: Option<u32>,
+    /// `I` (NVML index where NVML is available, else ledger index) or a UUID.
+    pub device: String,
+}
+
+/// An open ledger.
+pub struct Node {
+    ledger: Ledger,
+    /// Device and inode of the file when opened, to notice it was replaced.
+    identity: Option<(u64, u64)>,
+}
+
+/// Device and inode of the file at `path` now.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+fn ratio(ppm: u32) -> f64 {
+    ppm as f64 / PPM as f64
+}
+
+impl Node {
+    /// Open the existing ledger in `dir`.
+    pub fn open(dir: &Path) -> Result<Node, LedgerError> {
+        Ok(Node::new(Ledger::open(dir)?))
+    }
+
+    /// Open the ledger in `dir`, creating it when there is none.
+    pub fn open_or_create(dir: &Path) -> Result<Node, LedgerError> {
+        Ok(Node::new(Ledger::open_or_create(dir)?))
+    }
+
+    fn new(ledger: Ledger) -> Node {
+        let identity = identity(ledger.path());
+        Node { ledger, identity }
+    }
+
+    /// Whether the file this maps is still the ledger in its directory (an operator may have
+    /// removed a broken one, and a process created a new one since).
+    pub fn is_current(&self) -> bool {
+        identity(self.ledger.path()) == self.identity
+    }
+
+    /// Whether `e` only says that no ledger exists yet.
+    pub fn is_missing(e: &LedgerError) -> bool {
+        matches!(e, LedgerError::NotFound(_))
+    }
+
+    /// Register (or refresh) a device NVML reports.
+    pub fn register_device(&self, d: &NvmlDevice) -> Result<(), LedgerError> {
+        self.ledger
+            .ensure_device(&d.uuid, &d.name, d.memory_total)
+            .map(|_| ())
+    }
+
+    /// Reap processes that are gone: how many, and log lines saying what came back.
+    pub fn reap(&self) -> Result<(u64, Vec<String>), LedgerError> {
+        let r = self.ledger.reap_dead()?;
+        let mut lines: Vec<String> = r
+            .processes
+            .iter()
+            .map(|p| {
+                format!(
+                    "reaped pid {}: returned {} to its slice",
+                    p.pid,
+                    crate::table::size(p.bytes)
+                )
+            })
+            .collect();
+        if !r.slices_removed.is_empty() {
+            lines.push(format!(
+                "removed emptied slices: {}",
+                r.slices_removed.join(", ")
+            ));
+        }
+        Ok((r.processes.len() as u64, lines))
+    }
+
+    /// The node as every view shows it. Device indices are NVML's where NVML is available
+    /// (what `nvidia-smi` shows), else the ledger's.
+    pub fn snapshot(&self) -> Snapshot {
+        let s = self.ledger.snapshot();
+        let nvml = crate::nvml::indices();
+        let index = |uuid: &str, ledger_index: usize| {
+            nvml.get(uuid).copied().unwrap_or(ledger_index as u32)
+        };
+        let devices = s
+            .devices
+            .iter()
+            .map(|d| Device {
+                uuid: d.uuid.clone(),
+                index: index(&d.uuid, d.index),
+                name: d.name.clone(),
+                memory_total: d.memory_total,
+                memory_reserved: d.memory_reserved,
+                memory_used: d.memory_used,
+                compute_reserved: ratio(d.compute_reserved_ppm),
+            })
+            .collect();
+        let slice_names: HashMap<usize, &str> = s
+            .slices
+            .iter()
+            .map(|sl| (sl.index, sl.name.as_str()))
+            .collect();
+        let alive: HashMap<u32, bool> = s.processes.iter().map(|p| (p.pid, p.alive)).collect();
+        let slices = s
+            .slices
+            .iter()
+            .map(|sl| {
+                let compute = crate::compute::slice_compute(&self.ledger, sl.index);
+                Slice {
+                    name: sl.name.clone(),
+                    device_uuid: sl.device_uuid.clone(),
+                    memory_limit: sl.memory_limit,
+                    memory_used: sl.memory_used,
+                    compute_share: ratio(sl.compute_share_ppm),
+                    compute_cap: ratio(sl.compute_cap_ppm),
+                    compute_used: compute.used,
+                    // Only the living: a dead process awaiting the reaper is in `processes`.
+                    pids: {
+                        let mut v: Vec<u32> = sl
+                            .pids
+                            .iter()
+                            .copied()
+                            .filter(|p| alive.get(p).copied().unwrap_or(false))
+                            .collect();
+                        v.sort_unstable();
+                        v
+                    },
+                    operator: sl.operator_defined,
+                    allocations_denied: sl.alloc_denied_total,
+                    launches: compute.launches,
+                    throttled_seconds: compute.throttled_seconds,
+                }
+            })
+            .collect();
+        let mut processes: Vec<Process> = s
+            .processes
+            .iter()
+            .map(|p| Process {
+                pid: p.pid,
+                start_time: p.start_time,
+                // The slice it joined (a private one is `pid-N`), else the name it asked for.
+                slice: p
+                    .devices
+                    .first()
+                    .and_then(|d| slice_names.get(&d.slice))
+                    .map_or_else(|| p.slice.clone(), |n| n.to_string()),
+                memory_used: p.memory_used,
+                alive: p.alive,
+            })
+            .collect();
+        processes.sort_by_key(|p| p.pid);
+        Snapshot {
+            devices,
+            slices,
+            processes,
+        }
+    }
+
+    /// Resolve `--device`: an NVML index (or, without NVML, a ledger index) or a UUID, to the
+    /// device's UUID and size, registering it from NVML when the ledger does not know it yet.
+    fn resolve_device(&self, key: &str) -> Result<(String, u64), Failure> {
+        let is_index = !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit());
+        let named = |index: usize, uuid: &str| {
+            if is_index {
+                index.to_string() == key
+            } else {
+                uuid == key
+            }
+        };
+        let nvml = crate::nvml::Nvml::load()
+            .and_then(|n| n.devices())
+            .unwrap_or_default();
+        if let Some(d) = nvml.iter().find(|d| named(d.index as usize, &d.uuid)) {
+            self.register_device(d)?;
+            return Ok((d.uuid.clone(), d.memory_total));
+        }
+        // Indices are NVML's where NVML answers; only without it do the ledger's own count.
+        let s = self.ledger.snapshot();
+        let known: Vec<String> = if nvml.is_empty() {
+            if let Some(d) = s.devices.iter().find(|d| named(d.index, &d.uuid)) {
+                return Ok((d.uuid.clone(), d.memory_total));
+            }
+            s.devices
+                .iter()
+                .map(|d| format!("{} ({})", d.index, d.uuid))
+                .collect()
+        } else {
+            nvml.iter()
+                .map(|d| format!("{} ({})", d.index, d.uuid))
+                .collect()
+        };
+        Err(Failure::Other(format!(
+            "--device {key}: no such device; known: {}",
+            if known.is_empty() {
+                "none (NVML is unavailable and no process has registered a device yet)".to_string()
+            } else {
+                known.join(", ")
+            }
+        )))
+    }
+
+    /// Create an operator slice; returns it as views show it.
+    pub fn create_operator_slice(&self, req: &SliceRequest) -> Result<Slice, Failure> {
+        let (uuid, total) = self.resolve_device(&req.device)?;
+        let memory = req.memory.resolve(total);
+        if memory == 0 {
+            return Err(Failure::Other(format!(
+                "--memory: resolves to 0 bytes on {uuid} ({} total)",
+                crate::table::size(total)
+            )));
+        }
+        self.ledger.create_operator_slice(&OperatorSlice {
+            name: req.name.clone(),
+            device: uuid.clone(),
+            memory,
+            compute_share_ppm: req.compute_ppm,
+            compute_cap_ppm: req.cap_ppm.unwrap_or(PPM),
+        })?;
+        self.snapshot()
+            .slices
+            .into_iter()
+            .find(|s| s.name == req.name && s.device_uuid == uuid)
+            .ok_or_else(|| {
+                Failure::Other(format!(
+                    "slice {:?} vanished right after its creation",
+                    req.name
+                ))
+            })
+    }
+
+    /// Remove an operator slice on every device; how many records went away at once (one with
+    /// processes attached goes with its last process).
+    pub fn remove_slice(&self, name: &str) -> Result<usize, Failure> {
+        Ok(self.ledger.remove_slice(name)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_ledger::SliceRequest as Join;
+
+    const GI: u64 = 1 << 30;
+
+    #[test]
+    fn snapshot_translates_the_ledger_for_every_view() {
+        let dir = std::env::temp_dir().join(format!("gpuslice-node-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let node = Node::open_or_create(&dir).unwrap();
+        let uuid = "GPU-11111111-2222-3333-4444-555555555555";
+        node.ledger
+            .ensure_device(uuid, "Test GPU", 16 * GI)
+            .unwrap();
+        let req = |memory: &str, compute_ppm, cap_ppm| SliceRequest {
+            name: "op".into(),
+            memory: gpuslice_ledger::parse_size("--memory", memory).unwrap(),
+            compute_ppm,
+            cap_ppm,
+            device: "0".into(),
+        };
+        let made = node
+            .create_operator_slice(&req("25%", 250_000, Some(500_000)))
+            .unwrap();
+        assert_eq!(
+            (made.memory_limit, made.compute_share, made.compute_cap),
+            (Some(4 * GI), 0.25, 0.5)
+        );
+        assert!(made.operator);
+
+        // This test process joins the slice asking for more; it gets the operator's quota.
+        let me = node.ledger.attach("op").unwrap();
+        let join = Join {
+            name: Some("op".into()),
+            memory: Some(8 * GI),
+            compute_share_ppm: 0,
+            compute_cap_ppm: PPM,
+            memory_setting: "GPUSLICE_MEMORY".into(),
+            compute_setting: "GPUSLICE_COMPUTE".into(),
+        };
+        let j = node.ledger.join(me, 0, &join).unwrap();
+        assert_eq!(j.memory_limit, Some(4 * GI));
+        assert!(node.ledger.account(me, 0).unwrap().try_charge(GI));
+
+        // Liveness is an OFD lock: only another open file description sees ours, as the
+        // monitor (another process) does.
+        let s = Node::open(&dir).unwrap().snapshot();
+        let d = &s.devices[0];
+        assert_eq!(
+            (d.uuid.as_str(), d.index, d.memory_total),
+            (uuid, 0, 16 * GI)
+        );
+        assert_eq!(
+            (d.memory_reserved, d.memory_used, d.compute_reserved),
+            (4 * GI, GI, 0.25)
+        );
+        let sl = &s.slices[0];
+        assert_eq!((sl.memory_limit, sl.memory_used), (Some(4 * GI), GI));
+        assert_eq!(sl.pids, vec![std::process::id()]);
+        let p = &s.processes[0];
+        assert_eq!(
+            (p.pid, p.slice.as_str(), p.memory_used, p.alive),
+            (std::process::id(), "op", GI, true)
+        );
+
+        // Admission names requested and available; a second slice too big is refused.
+        let big = node.create_operator_slice(&SliceRequest {
+            name: "big".into(),
+            ..req("13Gi", 0, None)
+        });
+        let Err(Failure::Other(msg)) = big else {
+            panic!("{big:?}")
+        };
+        assert!(
+            msg.contains("requested 13 GiB") && msg.contains("available 12 GiB"),
+            "{msg}"
+        );
+        let unknown = node.create_operator_slice(&SliceRequest {
+            device: "5".into(),
+            ..req("1Gi", 0, None)
+        });
+        let Err(Failure::Other(msg)) = unknown else {
+            panic!("{unknown:?}")
+        };
+        assert!(msg.contains("--device 5") && msg.contains(uuid), "{msg}");
+
+        node.ledger.account(me, 0).unwrap().uncharge(GI);
+        node.ledger.detach(me).unwrap();
+        assert_eq!(node.remove_slice("op").unwrap(), 1);
+        assert!(node.snapshot().slices.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,307 @@
+//! Prometheus text exposition (format 0.0.4) of a [`Snapshot`]: one `gpuslice_` prefix, base
+//! units (bytes, seconds), ratios 0..1, `_total` counters, `# HELP` and `# TYPE` for every
+//! family. `gpuslice metrics` prints it once; the monitor serves it at `/metrics`.
+
+use crate::view::Snapshot;
+use std::fmt::Write;
+
+/// Extra facts only the running monitor knows, appended to the node's families.
+#[derive(Debug, Default, Clone)]
+pub struct MonitorFacts {
+    /// Processes the monitor found dead and reaped since it started.
+    pub reaped_total: u64,
+    /// Per slice and device: device memory NVML reports for the slice's processes.
+    pub audit: Vec<AuditRow>,
+    /// Per device UUID: memory in use as NVML reports it, whoever holds it.
+    pub device_observed: Vec<(String, u64)>,
+}
+
+/// What NVML says a slice's processes really hold on a device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditRow {
+    pub slice: String,
+    pub device_uuid: String,
+    /// Bytes NVML reports for the slice's processes on that device.
+    pub observed: u64,
+    /// The slice's quota there (`None`: best effort, nothing to exceed).
+    pub limit: Option<u64>,
+}
+
+impl AuditRow {
+    /// Real usage beyond the quota: memory that did not go through gpuslice.
+    pub fn over_quota(&self) -> bool {
+        self.limit.is_some_and(|l| self.observed > l)
+    }
+}
+
+/// A metric family being written.
+struct Family<'a> {
+    out: &'a mut String,
+    name: &'static str,
+}
+
+impl Family<'_> {
+    /// One sample with its labels (name, value) in order.
+    fn sample(&mut self, labels: &[(&str, &str)], value: f64) {
+        self.out.push_str(self.name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
+            }
+            self.out.push('}');
+        }
+        self.out.push(' ');
+        self.out.push_str(&number(value));
+        self.out.push('\n');
+    }
+}
+
+/// Start a family: its HELP and TYPE lines.
+fn family<'a>(out: &'a mut String, name: &'static str, kind: &str, help: &str) -> Family<'a> {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    Family { out, name }
+}
+
+/// A label value with `\`, `"` and newlines escaped as the format requires.
+fn escape(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// A sample value: integers without a fraction, `NaN`, `+Inf`, `-Inf` spelled as Prometheus does.
+fn number(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// The exposition of the node, plus what the monitor knows when it is the one serving it.
+pub fn render(snap: &Snapshot, facts: Option<&MonitorFacts>) -> String {
+    let mut out = String::new();
+    family(
+        &mut out,
+        "gpuslice_build_info",
+        "gauge",
+        "Build of the gpuslice binary serving these metrics; always 1.",
+    )
+    .sample(&[("version", env!("CARGO_PKG_VERSION"))], 1.0);
+
+    let idx: Vec<String> = snap.devices.iter().map(|d| d.index.to_string()).collect();
+    let dev_labels = |i: usize| {
+        let d = &snap.devices[i];
+        [
+            ("uuid", d.uuid.as_str()),
+            ("index", idx[i].as_str()),
+            ("name", d.name.as_str()),
+        ]
+    };
+    type DevField = fn(&crate::view::Device) -> f64;
+    let dev_families: [(&'static str, &str, DevField); 4] = [
+        (
+            "gpuslice_device_memory_total_bytes",
+            "Device memory of the GPU.",
+            |d| d.memory_total as f64,
+        ),
+        (
+            "gpuslice_device_memory_reserved_bytes",
+            "Device memory promised to slices (sum of their limits).",
+            |d| d.memory_reserved as f64,
+        ),
+        (
+            "gpuslice_device_memory_used_bytes",
+            "Device memory held by slices, as the ledger accounts it.",
+            |d| d.memory_used as f64,
+        ),
+        (
+            "gpuslice_device_compute_reserved_ratio",
+            "Sum of the compute shares guaranteed to slices on the device (0..1).",
+            |d| d.compute_reserved,
+        ),
+    ];
+    for (name, help, get) in dev_families {
+        let mut f = family(&mut out, name, "gauge", help);
+        for (i, d) in snap.devices.iter().enumerate() {
+            f.sample(&dev_labels(i), get(d));
+        }
+    }
+
+    type SliceField = fn(&crate::view::Slice) -> Option<f64>;
+    let slice_families: [(&'static str, &str, &str, SliceField); 9] = [
+        (
+            "gpuslice_slice_memory_limit_bytes",
+            "gauge",
+            "Memory quota of the slice on the device (absent for a best-effort slice).",
+            |s| s.memory_limit.map(|l| l as f64),
+        ),
+        (
+            "gpuslice_slice_memory_used_bytes",
+            "gauge",
+            "Device memory the slice holds.",
+            |s| Some(s.memory_used as f64),
+        ),
+        (
+            "gpuslice_slice_compute_share_ratio",
+            "gauge",
+            "Guaranteed compute share of the slice (0..1; 0 is best effort).",
+            |s| Some(s.compute_share),
+        ),
+        (
+            "gpuslice_slice_compute_cap_ratio",
+            "gauge",
+            "Hard compute ceiling of the slice (0..1; 1 is no ceiling).",
+            |s| Some(s.compute_cap),
+        ),
+        (
+            "gpuslice_slice_compute_used_ratio",
+            "gauge",
+            "Fraction of the device's time the slice used over the scheduler's last window.",
+            |s| Some(s.compute_used),
+        ),
+        (
+            "gpuslice_slice_processes",
+            "gauge",
+            "Live processes attached to the slice.",
+            |s| Some(s.pids.len() as f64),
+        ),
+        (
+            "gpuslice_slice_allocations_denied_total",
+            "counter",
+            "Allocations refused because they would exceed the slice's memory quota.",
+            |s| Some(s.allocations_denied as f64),
+        ),
+        (
+            "gpuslice_slice_launches_total",
+            "counter",
+            "Kernel and graph launches of the slice.",
+            |s| Some(s.launches as f64),
+        ),
+        (
+            "gpuslice_slice_throttled_seconds_total",
+            "counter",
+            "Time launches of the slice waited for their compute turn.",
+            |s| Some(s.throttled_seconds),
+        ),
+    ];
+    for (name, kind, help, get) in slice_families {
+        let mut f = family(&mut out, name, kind, help);
+        for s in &snap.slices {
+            if let Some(v) = get(s) {
+                f.sample(&[("slice", &s.name), ("device_uuid", &s.device_uuid)], v);
+            }
+        }
+    }
+
+    if let Some(facts) = facts {
+        let mut f = family(
+            &mut out,
+            "gpuslice_slice_memory_observed_bytes",
+            "gauge",
+            "Device memory NVML reports for the slice's processes (the audit).",
+        );
+        for a in &facts.audit {
+            f.sample(
+                &[("slice", &a.slice), ("device_uuid", &a.device_uuid)],
+                a.observed as f64,
+            );
+        }
+        let mut f = family(
+            &mut out,
+            "gpuslice_slice_over_quota",
+            "gauge",
+            "1 when NVML reports more device memory for the slice's processes than its quota.",
+        );
+        for a in &facts.audit {
+            f.sample(
+                &[("slice", &a.slice), ("device_uuid", &a.device_uuid)],
+                a.over_quota() as u8 as f64,
+            );
+        }
+        let mut f = family(
+            &mut out,
+            "gpuslice_device_memory_observed_bytes",
+            "gauge",
+            "Device memory in use as NVML reports it, whoever holds it (also programs without gpuslice).",
+        );
+        for (uuid, used) in &facts.device_observed {
+            f.sample(&[("uuid", uuid)], *used as f64);
+        }
+        family(
+            &mut out,
+            "gpuslice_monitor_reaped_processes_total",
+            "counter",
+            "Dead processes whose memory and leases this monitor returned to their slices.",
+        )
+        .sample(&[], facts.reaped_total as f64);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_has_help_and_type_and_escapes_labels() {
+        let facts = MonitorFacts {
+            reaped_total: 2,
+            audit: vec![AuditRow {
+                slice: "train".into(),
+                device_uuid: "GPU-x".into(),
+                observed: 5,
+                limit: Some(4),
+            }],
+            device_observed: vec![("GPU-x".into(), 7)],
+        };
+        let text = render(&crate::view::tests::sample(), Some(&facts));
+        assert!(
+            text.contains("gpuslice_device_memory_observed_bytes{uuid=\"GPU-x\"} 7"),
+            "{text}"
+        );
+        let mut helps = 0;
+        let mut types = 0;
+        for line in text.lines() {
+            if line.starts_with("# HELP gpuslice_") {
+                helps += 1;
+            } else if line.starts_with("# TYPE gpuslice_") {
+                types += 1;
+            } else {
+                assert!(line.starts_with("gpuslice_"), "{line}");
+            }
+        }
+        assert_eq!(helps, types);
+        assert!(text.contains("slice=\"infer \\\"a\\\"\""), "{text}");
+        assert!(text.contains("gpuslice_slice_memory_limit_bytes{slice=\"train\",device_uuid=\"GPU-00000000-0000-0000-0000-000000000000\"} 4294967296"), "{text}");
+        assert!(
+            text.contains("gpuslice_slice_over_quota{slice=\"train\",device_uuid=\"GPU-x\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("gpuslice_slice_throttled_seconds_total{slice=\"train\",device_uuid=\"GPU-00000000-0000-0000-0000-000000000000\"} 1.5"), "{text}");
+    }
+
+    #[test]
+    fn numbers_are_spelled_as_prometheus_reads_them() {
+        assert_eq!(number(3.0), "3");
+        assert_eq!(number(0.25), "0.25");
+        assert_eq!(number(f64::NAN), "NaN");
+        assert_eq!(number(f64::INFINITY), "+Inf");
+    }
+}

@@ -1,0 +1,262 @@
+//! `gpuslice slice create|rm|ls`: slices an operator defines ahead of the processes that use
+//! them. A process naming such a slice (`GPUSLICE_SLICE`) gets the operator's quota and share;
+//! its own variables cannot raise them (the ledger enforces that at attach).
+//!
+//! Admission happens in the ledger, under its lock, against what the device has left: the
+//! memory of all slices on a device never exceeds it, nor do compute guarantees sum past 1.
+
+use crate::cli::{self, Failure};
+use crate::node::{Node, SliceRequest};
+use crate::view::Slice;
+use gpuslice_ledger::{
+    check_cap_not_below_share, check_slice_name, parse_cap, parse_fraction, parse_size,
+    ComputeSetting, PerDevice,
+};
+use std::ffi::OsString;
+
+const USAGE: &str =
+    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID] | slice rm NAME | slice ls [--json]";
+const CREATE: &str =
+    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID]";
+const RM: &str = "gpuslice slice rm NAME";
+const LS: &str = "gpuslice slice ls [--json]";
+
+/// Entry point of `gpuslice slice`.
+pub fn main(mut args: Vec<OsString>) -> i32 {
+    if args.is_empty() {
+        return Failure::usage("missing subcommand: create, rm or ls", USAGE).report();
+    }
+    let sub = args.remove(0);
+    cli::exit_status(match sub.to_str() {
+        Some("create") => create(args),
+        Some("rm" | "remove" | "delete") => rm(args),
+        Some("ls" | "list") => ls(args),
+        Some("--help" | "-h" | "help") => cli::outln!("usage: {USAGE}"),
+        _ => Err(Failure::usage(
+            format!("unknown subcommand {sub:?}: expected create, rm or ls"),
+            USAGE,
+        )),
+    })
+}
+
+/// Parse `slice create`'s arguments (no side effects), `None` for `--help`.
+fn parse_create(args: Vec<OsString>) -> Result<Option<SliceRequest>, Failure> {
+    use lexopt::Arg::*;
+    let mut p = cli::parser(args);
+    let (mut name, mut memory, mut compute, mut cap, mut device) = (None, None, None, None, None);
+    while let Some(arg) = p.next().map_err(cli::lex(CREATE))? {
+        if cli::is_help(&arg) {
+            cli::outln!("usage: {CREATE}")?;
+            return Ok(None);
+        }
+        match arg {
+            Long("memory") => {
+                let v = value(&mut p, "--memory")?;
+                memory = Some(
+                    parse_size("--memory", &v)
+                        .map_err(|e| Failure::usage(e.to_string(), CREATE))?,
+                );
+            }
+            Long("compute") => {
+                let v = value(&mut p, "--compute")?;
+                let ppm = parse_fraction("--compute", &v)
+                    .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
+                compute = Some((ppm, v));
+            }
+            Long("compute-cap") => {
+                let v = value(&mut p, "--compute-cap")?;
+                let ppm = parse_cap("--compute-cap", &v)
+                    .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
+                cap = Some((ppm, v));
+            }
+            Long("device") => device = Some(value(&mut p, "--device")?),
+            Value(v) if name.is_none() => name = Some(cli::utf8(v, "NAME", CREATE)?),
+            _ => return Err(Failure::usage(arg.unexpected().to_string(), CREATE)),
+        }
+    }
+    let name = name.ok_or_else(|| Failure::usage("missing the slice's NAME", CREATE))?;
+    check_slice_name("NAME", &name).map_err(|e| Failure::usage(e.to_string(), CREATE))?;
+    let memory = memory.ok_or_else(|| {
+        Failure::usage(
+            format!("missing --memory for slice {name:?} (e.g. --memory 4Gi or --memory 25%)"),
+            CREATE,
+        )
+    })?;
+    if let (Some((share, share_value)), Some((cap, cap_value))) = (&compute, &cap) {
+        check_cap_not_below_share(
+            ComputeSetting {
+                setting: "--compute",
+                value: share_value,
+                ppm: &PerDevice::All(*share),
+            },
+            ComputeSetting {
+                setting: "--compute-cap",
+                value: cap_value,
+                ppm: &PerDevice::All(*cap),
+            },
+        )
+        .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
+    }
+    let (compute, cap) = (compute.map(|c| c.0), cap.map(|c| c.0));
+    Ok(Some(SliceRequest {
+        name,
+        memory,
+        compute_ppm: compute.unwrap_or(0),
+        cap_ppm: cap,
+        device: device.unwrap_or_else(|| "0".into()),
+    }))
+}
+
+/// The value of `flag`, as UTF-8.
+fn value(p: &mut lexopt::Parser, flag: &str) -> Result<String, Failure> {
+    cli::utf8(p.value().map_err(cli::lex(CREATE))?, flag, CREATE)
+}
+
+fn create(args: Vec<OsString>) -> Result<(), Failure> {
+    let Some(req) = parse_create(args)? else {
+        return Ok(());
+    };
+    let node = Node::open_or_create(&cli::runtime_dir())?;
+    let s = node.create_operator_slice(&req)?;
+    cli::outln!(
+        "created slice {:?} on GPU {}: memory {}, compute share {}, cap {}",
+        s.name,
+        node.snapshot()
+            .device(&s.device_uuid)
+            .map_or(s.device_uuid.clone(), |d| format!(
+                "{} ({})",
+                d.index, d.uuid
+            )),
+        crate::table::size(s.memory_limit.unwrap_or(0)),
+        if s.compute_share > 0.0 {
+            crate::table::percent(s.compute_share)
+        } else {
+            "best effort".into()
+        },
+        if s.compute_cap < 1.0 {
+            crate::table::percent(s.compute_cap)
+        } else {
+            "none".into()
+        },
+    )
+}
+
+fn rm(args: Vec<OsString>) -> Result<(), Failure> {
+    use lexopt::Arg::*;
+    let mut p = cli::parser(args);
+    let mut name = None;
+    while let Some(arg) = p.next().map_err(cli::lex(RM))? {
+        if cli::is_help(&arg) {
+            return cli::outln!("usage: {RM}");
+        }
+        match arg {
+            Value(v) if name.is_none() => name = Some(cli::utf8(v, "NAME", RM)?),
+            _ => return Err(Failure::usage(arg.unexpected().to_string(), RM)),
+        }
+    }
+    let name = name.ok_or_else(|| Failure::usage("missing the slice's NAME", RM))?;
+    let node = Node::open(&cli::runtime_dir())?;
+    let removed = node.remove_slice(&name)?;
+    if removed == 0 {
+        cli::outln!(
+            "slice {name:?} is no longer operator-defined; it goes away with its last process"
+        )
+    } else {
+        cli::outln!("removed slice {name:?}")
+    }
+}
+
+fn ls(args: Vec<OsString>) -> Result<(), Failure> {
+    let mut json = false;
+    let mut p = cli::parser(args);
+    while let Some(arg) = p.next().map_err(cli::lex(LS))? {
+        if cli::is_help(&arg) {
+            return cli::outln!("usage: {LS}");
+        }
+        match arg {
+            lexopt::Arg::Long("json") => json = true,
+            _ => return Err(Failure::usage(arg.unexpected().to_string(), LS)),
+        }
+    }
+    let mut snap = crate::status::load(&cli::runtime_dir())?;
+    snap.slices.retain(|s: &Slice| s.operator);
+    snap.processes.clear();
+    if json {
+        return cli::outln!(
+            "{}",
+            serde_json::json!({ "slices": snap.to_json()["slices"] })
+        );
+    }
+    let lines = crate::table::render(&snap);
+    // The slice table only: it starts at its header and ends at the blank line.
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with("SLICE"))
+        .unwrap_or(0);
+    for l in lines[start..].iter().take_while(|l| !l.is_empty()) {
+        cli::outln!("{l}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<OsString> {
+        a.iter().map(OsString::from).collect()
+    }
+
+    fn usage_error(a: &[&str]) -> String {
+        match parse_create(args(a)) {
+            Err(Failure::Usage { msg, .. }) => msg,
+            other => panic!("{a:?} gave {other:?}"),
+        }
+    }
+
+    #[test]
+    fn create_parses_every_flag() {
+        let r = parse_create(args(&[
+            "train",
+            "--memory",
+            "2Gi",
+            "--compute",
+            "25%",
+            "--compute-cap=0.5",
+            "--device",
+            "1",
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.name, "train");
+        assert_eq!(r.compute_ppm, 250_000);
+        assert_eq!(r.cap_ppm, Some(500_000));
+        assert_eq!(r.device, "1");
+        assert_eq!(r.memory.resolve(16 << 30), 2 << 30);
+    }
+
+    #[test]
+    fn create_refuses_bad_usage_naming_the_flag() {
+        assert!(usage_error(&["--memory", "1Gi"]).contains("NAME"));
+        assert!(usage_error(&["a"]).contains("--memory"));
+        assert!(usage_error(&["a", "--memory", "12XB"]).contains("12XB"));
+        assert!(usage_error(&["a", "--memory", "1Gi", "--compute", "1.5"]).contains("--compute"));
+        assert!(
+            usage_error(&["a", "--memory", "1Gi", "--compute-cap", "0"]).contains("--compute-cap")
+        );
+        assert!(usage_error(&[
+            "a",
+            "--memory",
+            "1Gi",
+            "--compute",
+            "0.5",
+            "--compute-cap",
+            "0.2"
+        ])
+        .contains("below"));
+        assert!(usage_error(&["a", "--memory", "1Gi", "--bogus"]).contains("--bogus"));
+        assert!(usage_error(&["a", "b", "--memory", "1Gi"]).contains("b"));
+        assert!(usage_error(&["a b", "--memory", "1Gi"]).contains("NAME"));
+        assert!(usage_error(&["pid-7", "--memory", "1Gi"]).contains("pid-"));
+    }
+}

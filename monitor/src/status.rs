@@ -1,0 +1,60 @@
+//! `gpuslice status [--json]`: the node once — devices, slices, processes — as tables for
+//! people or as the contract's JSON object.
+
+use crate::cli::{self, Failure};
+use crate::node::Node;
+use crate::view::Snapshot;
+use std::ffi::OsString;
+use std::path::Path;
+
+const USAGE: &str = "gpuslice status [--json]";
+
+/// Entry point of `gpuslice status`.
+pub fn main(args: Vec<OsString>) -> i32 {
+    cli::exit_status((|| {
+        let mut json = false;
+        let mut p = cli::parser(args);
+        while let Some(arg) = p.next().map_err(cli::lex(USAGE))? {
+            if cli::is_help(&arg) {
+                return cli::outln!("usage: {USAGE}");
+            }
+            match arg {
+                lexopt::Arg::Long("json") => json = true,
+                _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
+            }
+        }
+        let dir = cli::runtime_dir();
+        let snap = load(&dir)?;
+        if json {
+            return cli::outln!("{}", snap.to_json());
+        }
+        cli::outln!("{}\n", header(&dir))?;
+        for line in crate::table::render(&snap) {
+            cli::outln!("{line}")?;
+        }
+        Ok(())
+    })())
+}
+
+/// The node's snapshot; an absent ledger is an empty node (nothing has run yet), a broken one
+/// is an error naming the file and what is wrong with it.
+pub fn load(dir: &Path) -> Result<Snapshot, Failure> {
+    match Node::open(dir) {
+        Ok(node) => Ok(node.snapshot()),
+        Err(e) if Node::is_missing(&e) => Ok(Snapshot::default()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `gpuslice 0.1.0 · ledger /dev/shm/gpuslice · monitor running (pid 42)`.
+pub fn header(dir: &Path) -> String {
+    let monitor = match crate::daemon::monitor_running(dir) {
+        Some(pid) => format!("monitor running (pid {pid})"),
+        None => "monitor not running (start it: gpuslice monitor)".to_string(),
+    };
+    format!(
+        "gpuslice {} · ledger {} · {monitor}",
+        env!("CARGO_PKG_VERSION"),
+        dir.display()
+    )
+}

@@ -1,0 +1,223 @@
+//! The human view of a [`Snapshot`]: aligned tables with sizes in GiB/MiB and fractions as
+//! percentages, as `nvidia-smi` and `nvtop` users read them. `status` prints these lines once;
+//! `top` redraws them in place.
+
+use crate::view::Snapshot;
+
+/// A size for people (`16 GiB`, `1.50 GiB`, `512 MiB`): the ledger's one rendering, so
+/// admission errors and tables read alike.
+pub fn size(bytes: u64) -> String {
+    gpuslice_ledger::human_bytes(bytes)
+}
+
+/// A fraction 0..1 as a percentage: `25%`, `12.5%`.
+pub fn percent(f: f64) -> String {
+    let p = f * 100.0;
+    if (p - p.round()).abs() < 0.05 {
+        format!("{:.0}%", p)
+    } else {
+        format!("{:.1}%", p)
+    }
+}
+
+/// `used / total (pct)`: one memory cell.
+fn usage(used: u64, total: u64) -> String {
+    let pct = if total == 0 {
+        0.0
+    } else {
+        used as f64 / total as f64
+    };
+    format!("{} / {} ({})", size(used), size(total), percent(pct))
+}
+
+/// Column alignment.
+#[derive(Clone, Copy)]
+enum Align {
+    Left,
+    Right,
+}
+
+/// Lay out rows under headers, columns separated by two spaces, trailing spaces trimmed.
+fn layout(headers: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<String> {
+    let mut width: Vec<usize> = headers.iter().map(|(h, _)| h.chars().count()).collect();
+    for r in rows {
+        for (w, cell) in width.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            let pad = width[i].saturating_sub(cell.chars().count());
+            if i > 0 {
+                out.push_str("  ");
+            }
+            match headers[i].1 {
+                Align::Left => {
+                    out.push_str(cell);
+                    out.extend(std::iter::repeat_n(' ', pad));
+                }
+                Align::Right => {
+                    out.extend(std::iter::repeat_n(' ', pad));
+                    out.push_str(cell);
+                }
+            }
+        }
+        out.trim_end().to_string()
+    };
+    let mut out = vec![line(headers.iter().map(|(h, _)| *h).collect())];
+    for r in rows {
+        out.push(line(r.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// The device index of a slice's device, or `?` when the device is unknown.
+fn device_index(snap: &Snapshot, uuid: &str) -> String {
+    snap.device(uuid)
+        .map_or("?".into(), |d| d.index.to_string())
+}
+
+/// The three tables (devices, slices, processes) as lines, without a trailing newline.
+pub fn render(snap: &Snapshot) -> Vec<String> {
+    use Align::*;
+    let mut out = Vec::new();
+    let devices: Vec<Vec<String>> = snap
+        .devices
+        .iter()
+        .map(|d| {
+            vec![
+                d.index.to_string(),
+                d.name.clone(),
+                d.uuid.clone(),
+                usage(d.memory_used, d.memory_total),
+                size(d.memory_reserved),
+                percent(d.compute_reserved),
+            ]
+        })
+        .collect();
+    out.extend(layout(
+        &[
+            ("GPU", Right),
+            ("NAME", Left),
+            ("UUID", Left),
+            ("MEMORY USED / TOTAL", Right),
+            ("RESERVED", Right),
+            ("COMPUTE RESERVED", Right),
+        ],
+        &devices,
+    ));
+    if snap.devices.is_empty() {
+        out.push(
+            "(no devices known yet: none found through NVML and no process has attached)".into(),
+        );
+    }
+    out.push(String::new());
+
+    let slices: Vec<Vec<String>> = snap
+        .slices
+        .iter()
+        .map(|s| {
+            let pids = if s.pids.is_empty() {
+                "-".to_string()
+            } else {
+                s.pids
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            vec![
+                s.name.clone(),
+                device_index(snap, &s.device_uuid),
+                match s.memory_limit {
+                    Some(l) => usage(s.memory_used, l),
+                    None => format!("{} / best effort", size(s.memory_used)),
+                },
+                if s.compute_share > 0.0 {
+                    percent(s.compute_share)
+                } else {
+                    "best effort".into()
+                },
+                if s.compute_cap < 1.0 {
+                    percent(s.compute_cap)
+                } else {
+                    "-".into()
+                },
+                percent(s.compute_used),
+                if s.operator { "operator" } else { "process" }.into(),
+                pids,
+            ]
+        })
+        .collect();
+    out.extend(layout(
+        &[
+            ("SLICE", Left),
+            ("GPU", Right),
+            ("MEMORY USED / LIMIT", Right),
+            ("SHARE", Right),
+            ("CAP", Right),
+            ("COMPUTE USED", Right),
+            ("DEFINED BY", Left),
+            ("PIDS", Left),
+        ],
+        &slices,
+    ));
+    if snap.slices.is_empty() {
+        out.push("(no slices)".into());
+    }
+    out.push(String::new());
+
+    let procs: Vec<Vec<String>> = snap
+        .processes
+        .iter()
+        .map(|p| {
+            vec![
+                p.pid.to_string(),
+                p.slice.clone(),
+                size(p.memory_used),
+                if p.alive { "running" } else { "dead (reaping)" }.into(),
+            ]
+        })
+        .collect();
+    out.extend(layout(
+        &[
+            ("PID", Right),
+            ("SLICE", Left),
+            ("MEMORY", Right),
+            ("STATE", Left),
+        ],
+        &procs,
+    ));
+    if snap.processes.is_empty() {
+        out.push("(no processes)".into());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_like_nvidia_smi() {
+        assert_eq!(size(512 << 20), "512 MiB");
+        assert_eq!(size(3 << 29), "1.50 GiB");
+        assert_eq!(percent(0.25), "25%");
+        assert_eq!(percent(0.125), "12.5%");
+    }
+
+    #[test]
+    fn tables_align_and_name_everything() {
+        let lines = render(&crate::view::tests::sample());
+        let text = lines.join("\n");
+        assert!(text.contains("Fake GPU"), "{text}");
+        assert!(text.contains("2 GiB / 4 GiB (50%)"), "{text}");
+        assert!(text.contains("dead (reaping)"), "{text}");
+        assert!(text.contains("100,101"), "{text}");
+        // The header and the rows of one table start their columns at the same place.
+        let hdr = lines.iter().position(|l| l.starts_with("SLICE")).unwrap();
+        let col = lines[hdr].find("GPU").unwrap();
+        assert_eq!(&lines[hdr + 1][col + 2..col + 3], "0", "{text}");
+    }
+}

@@ -1,0 +1,221 @@
+//! One consistent picture of the node, as every view shows it: devices, slices, processes.
+//!
+//! [`Snapshot`] is plain data, built from the ledger by [`Node::snapshot`](crate::node::Node::snapshot)
+//! and rendered by [`table`](crate::table) for people, [`Snapshot::to_json`] for `status --json`
+//! (the contract's field names, sizes in bytes, fractions 0..1) and [`prom`](crate::prom) for
+//! Prometheus.
+
+use serde_json::{json, Value};
+
+/// A device as the ledger knows it (keyed by UUID; `index` is NVML's where known).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Device {
+    pub uuid: String,
+    pub index: u32,
+    pub name: String,
+    pub memory_total: u64,
+    /// Sum of the memory limits of the slices on this device.
+    pub memory_reserved: u64,
+    /// Sum of what the slices on this device hold.
+    pub memory_used: u64,
+    /// Sum of the guaranteed compute shares on this device (0..1).
+    pub compute_reserved: f64,
+}
+
+/// A slice on one device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slice {
+    pub name: String,
+    pub device_uuid: String,
+    /// Quota in bytes; `None` for a best-effort slice (no quota: it takes from what the
+    /// device has left unreserved).
+    pub memory_limit: Option<u64>,
+    pub memory_used: u64,
+    /// Guaranteed share, 0..1; 0 means best effort.
+    pub compute_share: f64,
+    /// Hard ceiling, 0..1; 1 means none.
+    pub compute_cap: f64,
+    /// Fraction of the device's time this slice used over the scheduler's last window.
+    pub compute_used: f64,
+    /// Live processes attached to the slice.
+    pub pids: Vec<u32>,
+    /// Created by an operator (`gpuslice slice create`) rather than by a process.
+    pub operator: bool,
+    /// Allocations refused because the slice was full (counter).
+    pub allocations_denied: u64,
+    /// Kernel and graph launches (counter).
+    pub launches: u64,
+    /// Seconds launches of this slice waited for their turn (counter).
+    pub throttled_seconds: f64,
+}
+
+/// A process attached to the ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Process {
+    pub pid: u32,
+    pub slice: String,
+    /// Device memory it holds, over all devices.
+    pub memory_used: u64,
+    /// Whether the process still exists (a dead one is listed until the monitor reaps it).
+    pub alive: bool,
+    /// Start time of `pid` (clock ticks since boot), which tells a process apart from another
+    /// with the same pid in another PID namespace or after reuse. Not part of the JSON.
+    pub start_time: u64,
+}
+
+/// The node at one instant.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub devices: Vec<Device>,
+    pub slices: Vec<Slice>,
+    pub processes: Vec<Process>,
+}
+
+impl Snapshot {
+    /// The `status --json` object of the contract.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "devices": self.devices.iter().map(|d| json!({
+                "uuid": d.uuid,
+                "index": d.index,
+                "name": d.name,
+                "memory_total": d.memory_total,
+                "memory_reserved": d.memory_reserved,
+                "memory_used": d.memory_used,
+                "compute_reserved": d.compute_reserved,
+            })).collect::<Vec<_>>(),
+            "slices": self.slices.iter().map(|s| json!({
+                "name": s.name,
+                "device_uuid": s.device_uuid,
+                "memory_limit": s.memory_limit,
+                "memory_used": s.memory_used,
+                "compute_share": s.compute_share,
+                "compute_cap": s.compute_cap,
+                "compute_used": s.compute_used,
+                "pids": s.pids,
+            })).collect::<Vec<_>>(),
+            "processes": self.processes.iter().map(|p| json!({
+                "pid": p.pid,
+                "slice": p.slice,
+                "memory_used": p.memory_used,
+                "alive": p.alive,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    /// The device with this UUID.
+    pub fn device(&self, uuid: &str) -> Option<&Device> {
+        self.devices.iter().find(|d| d.uuid == uuid)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A small node: one 16 GiB device, two slices, three processes.
+    pub fn sample() -> Snapshot {
+        const GI: u64 = 1 << 30;
+        Snapshot {
+            devices: vec![Device {
+                uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+                index: 0,
+                name: "Fake GPU".into(),
+                memory_total: 16 * GI,
+                memory_reserved: 6 * GI,
+                memory_used: 3 * GI,
+                compute_reserved: 0.75,
+            }],
+            slices: vec![
+                Slice {
+                    name: "train".into(),
+                    device_uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+                    memory_limit: Some(4 * GI),
+                    memory_used: 2 * GI,
+                    compute_share: 0.5,
+                    compute_cap: 1.0,
+                    compute_used: 0.42,
+                    pids: vec![100, 101],
+                    operator: true,
+                    allocations_denied: 3,
+                    launches: 1000,
+                    throttled_seconds: 1.5,
+                },
+                Slice {
+                    name: "infer \"a\"".into(),
+                    device_uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+                    memory_limit: None,
+                    memory_used: GI,
+                    compute_share: 0.25,
+                    compute_cap: 0.5,
+                    compute_used: 0.0,
+                    pids: vec![102],
+                    operator: false,
+                    allocations_denied: 0,
+                    launches: 0,
+                    throttled_seconds: 0.0,
+                },
+            ],
+            processes: vec![
+                Process {
+                    pid: 100,
+                    slice: "train".into(),
+                    memory_used: GI,
+                    alive: true,
+                    start_time: 7,
+                },
+                Process {
+                    pid: 101,
+                    slice: "train".into(),
+                    memory_used: GI,
+                    alive: true,
+                    start_time: 7,
+                },
+                Process {
+                    pid: 102,
+                    slice: "infer \"a\"".into(),
+                    memory_used: GI,
+                    alive: false,
+                    start_time: 7,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn json_has_the_contract_fields() {
+        let v = sample().to_json();
+        let d = &v["devices"][0];
+        for k in [
+            "uuid",
+            "index",
+            "name",
+            "memory_total",
+            "memory_reserved",
+            "memory_used",
+            "compute_reserved",
+        ] {
+            assert!(!d[k].is_null(), "device field {k}");
+        }
+        let s = &v["slices"][0];
+        for k in [
+            "name",
+            "device_uuid",
+            "memory_limit",
+            "memory_used",
+            "compute_share",
+            "compute_cap",
+            "compute_used",
+            "pids",
+        ] {
+            assert!(!s[k].is_null(), "slice field {k}");
+        }
+        let p = &v["processes"][2];
+        for k in ["pid", "slice", "memory_used", "alive"] {
+            assert!(!p[k].is_null(), "process field {k}");
+        }
+        assert_eq!(d["memory_total"], 16u64 << 30);
+        assert_eq!(s["pids"], json!([100, 101]));
+        assert_eq!(p["alive"], false);
+    }
+}
