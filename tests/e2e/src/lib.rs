@@ -37,7 +37,12 @@ pub fn fake_lib_dir() -> &'static Path {
         let lib = artifact("libfakegpu.so");
         let dir = profile_dir().join("fakegpu-libs");
         std::fs::create_dir_all(&dir).expect("create fakegpu-libs");
-        for name in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"] {
+        for name in [
+            "libcuda.so.1",
+            "libcuda.so",
+            "libnvidia-ml.so.1",
+            "libnvidia-ml.so",
+        ] {
             let link = dir.join(name);
             let _ = std::fs::remove_file(&link);
             std::os::unix::fs::symlink(&lib, &link).expect("symlink fake library");
@@ -136,14 +141,72 @@ impl Drop for World {
 /// command's stderr when it fails or prints no JSON.
 pub fn run_json(cmd: &mut Command) -> serde_json::Value {
     let out = cmd.output().expect("spawn");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{'));
+    last_json(
+        cmd,
+        out.status,
+        &String::from_utf8_lossy(&out.stdout),
+        &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// The last line of `stdout` that parses as a JSON object; the test fails showing both streams
+/// when there is none.
+fn last_json(
+    cmd: &Command,
+    status: std::process::ExitStatus,
+    stdout: &str,
+    stderr: &str,
+) -> serde_json::Value {
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'));
     match line.map(serde_json::from_str) {
         Some(Ok(v)) => v,
         _ => panic!(
-            "{cmd:?} printed no JSON (status {:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
-            out.status
+            "{cmd:?} printed no JSON (status {status:?})\nstdout:\n{stdout}\nstderr:\n{stderr}"
         ),
     }
+}
+
+/// Like [`run_json`], but a command still running after `limit` is killed and the test fails
+/// saying so: for checks whose failure mode is a hang.
+pub fn run_json_within(cmd: &mut Command, limit: std::time::Duration) -> serde_json::Value {
+    use std::io::Read;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Drain the pipes on threads so a chatty child never blocks on a full pipe.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{cmd:?} still ran after {limit:?} (hung?)\nstdout:\n{}\nstderr:\n{}",
+                out.join().unwrap_or_default(),
+                err.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let (stdout, stderr) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
+    last_json(cmd, status, &stdout, &stderr)
 }

@@ -1,0 +1,586 @@
+//! `gpuslice-bench`: the compute-share benchmark behind `scripts/bench.sh` (a benchmark, not a
+//! test: it reports numbers, it asserts nothing).
+//!
+//! - `gpuslice-bench shares [--scenario A,B] [--kernel-us N,M] [--launch plain,ex,graph]
+//!   [--seconds S] [--all]`: runs `gpuslice-burn` tenants under the shim on the fake GPU (or on
+//!   whatever `libcuda.so.1` the environment provides) and prints, per scenario and tenant, the
+//!   assigned share, the achieved fraction over the measured window (S − 2 s, default 10 s) and
+//!   the worst 1 s interval. Achieved = burn's own count of completed kernels × kernel time,
+//!   never the scheduler's bookkeeping.
+//! - `gpuslice-bench overhead [--launches N]`: ns per `cuLaunchKernel` call, direct, under the
+//!   shim alone on the device, and under the shim while another slice contends (median of the
+//!   admitted calls, so time spent waiting for a turn is not counted as overhead).
+//! - `gpuslice-bench launch-loop N`: the client `overhead` runs (times N launch calls).
+//!
+//! Artifacts (`gpuslice-burn`, `libgpuslice.so`, `libfakegpu.so`) are looked up beside this
+//! executable; `FAKEGPU=0` in the environment uses the system's `libcuda.so.1` instead.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn bin_dir() -> PathBuf {
+    std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Environment of one benchmark run: a private fake-GPU state and ledger.
+struct Env {
+    root: PathBuf,
+    fake_libs: Option<PathBuf>,
+}
+
+impl Env {
+    fn new(tag: &str) -> Env {
+        let root =
+            std::env::temp_dir().join(format!("gpuslice-bench-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("fakegpu")).unwrap();
+        std::fs::create_dir_all(root.join("ledger")).unwrap();
+        let fake_libs = (std::env::var("FAKEGPU").as_deref() != Ok("0")).then(|| {
+            let lib = bin_dir().join("libfakegpu.so");
+            assert!(
+                lib.exists(),
+                "{} is missing: build with scripts/bench.sh",
+                lib.display()
+            );
+            let dir = root.join("libs");
+            std::fs::create_dir_all(&dir).unwrap();
+            for n in [
+                "libcuda.so.1",
+                "libcuda.so",
+                "libnvidia-ml.so.1",
+                "libnvidia-ml.so",
+            ] {
+                std::os::unix::fs::symlink(&lib, dir.join(n)).unwrap();
+            }
+            dir
+        });
+        Env { root, fake_libs }
+    }
+
+    fn command(&self, program: &Path, wrapped: bool) -> Command {
+        let mut c = Command::new(program);
+        if let Some(l) = &self.fake_libs {
+            c.env("LD_LIBRARY_PATH", l)
+                .env("FAKEGPU_DEVICES", "1")
+                .env("FAKEGPU_MEMORY", "16Gi");
+        }
+        c.env("FAKEGPU_STATE_DIR", self.root.join("fakegpu"))
+            .env("GPUSLICE_RUNTIME_DIR", self.root.join("ledger"))
+            .env_remove("LD_PRELOAD");
+        for (k, _) in std::env::vars() {
+            if k.starts_with("GPUSLICE_COMPUTE") || k == "GPUSLICE_SLICE" || k == "GPUSLICE_MEMORY"
+            {
+                c.env_remove(k);
+            }
+        }
+        if wrapped {
+            c.env("LD_PRELOAD", bin_dir().join("libgpuslice.so"));
+        }
+        c
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// One tenant of a scenario.
+#[derive(Clone)]
+struct Spec {
+    share: Option<f64>,
+    cap: Option<f64>,
+    /// Stop after this many seconds (work conservation); None: the whole run.
+    seconds: Option<f64>,
+    wrapped: bool,
+}
+
+impl Spec {
+    fn share(s: f64) -> Spec {
+        Spec {
+            share: Some(s),
+            cap: None,
+            seconds: None,
+            wrapped: true,
+        }
+    }
+}
+
+/// What a scenario expects each tenant to achieve over the window (and after the idle point).
+struct Scenario {
+    name: &'static str,
+    tenants: Vec<Spec>,
+    /// Expected fraction per tenant.
+    expect: Vec<f64>,
+    /// Run the tenants one after another (each alone on the device), not together.
+    sequential: bool,
+}
+
+fn scenarios() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "pair",
+            tenants: vec![Spec::share(0.25), Spec::share(0.75)],
+            expect: vec![0.25, 0.75],
+            sequential: false,
+        },
+        Scenario {
+            name: "article",
+            tenants: vec![Spec::share(0.2), Spec::share(0.5), Spec::share(0.3)],
+            expect: vec![0.2, 0.5, 0.3],
+            sequential: false,
+        },
+        Scenario {
+            name: "eight",
+            tenants: vec![Spec::share(0.125); 8],
+            expect: vec![0.125; 8],
+            sequential: false,
+        },
+        Scenario {
+            name: "cap",
+            tenants: vec![Spec {
+                share: None,
+                cap: Some(0.3),
+                seconds: None,
+                wrapped: true,
+            }],
+            expect: vec![0.3],
+            sequential: false,
+        },
+        // Work conservation: the second tenant stops halfway; the first should then have all of
+        // it. Reported over the second half for the first tenant.
+        Scenario {
+            name: "idle",
+            tenants: vec![
+                Spec::share(0.5),
+                Spec {
+                    seconds: Some(0.5),
+                    ..Spec::share(0.5)
+                },
+            ],
+            expect: vec![1.0, 0.5],
+            sequential: false,
+        },
+        // Alone with a share, against the same load unwrapped (the ratio is what counts).
+        Scenario {
+            name: "alone",
+            tenants: vec![
+                Spec::share(0.25),
+                Spec {
+                    wrapped: false,
+                    ..Spec::share(0.25)
+                },
+            ],
+            expect: vec![1.0, 1.0],
+            sequential: true,
+        },
+    ]
+}
+
+struct Ran {
+    intervals: Vec<(f64, f64)>, // (t at end, gpu_seconds in the interval)
+    report: Value,
+}
+
+fn spawn_burn(env: &Env, name: &str, spec: &Spec, args: &[String]) -> Child {
+    let mut c = env.command(&bin_dir().join("gpuslice-burn"), spec.wrapped);
+    c.args(args)
+        .args(["--json", "--report-interval", "1"])
+        .env("GPUSLICE_SLICE", name)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(s) = spec.share {
+        c.env("GPUSLICE_COMPUTE", s.to_string());
+    }
+    if let Some(s) = spec.cap {
+        c.env("GPUSLICE_COMPUTE_CAP", s.to_string());
+    }
+    c.spawn().expect("spawn gpuslice-burn")
+}
+
+fn collect(child: Child) -> Ran {
+    let out = child.wait_with_output().expect("wait gpuslice-burn");
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let report = lines.last().cloned().unwrap_or(Value::Null);
+    if !out.status.success() || !report["error"].is_null() {
+        eprintln!(
+            "gpuslice-bench: a tenant failed: {report}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let intervals = lines
+        .iter()
+        .filter(|v| v["event"] == "interval")
+        .map(|v| {
+            (
+                v["t"].as_f64().unwrap_or(0.0),
+                v["gpu_seconds"].as_f64().unwrap_or(0.0),
+            )
+        })
+        .collect();
+    Ran { intervals, report }
+}
+
+/// Fraction over the intervals ending in `(from, to]`, and the worst ~1 s window's deviation
+/// from `expect`. burn reports on a fixed schedule, so after a launch that blocked past a report
+/// time the next report comes early: short intervals are merged into the next one.
+fn window(r: &Ran, from: f64, to: f64, expect: f64) -> (f64, f64) {
+    let (mut gpu, mut span, mut worst) = (0.0, 0.0, 0.0f64);
+    let (mut prev, mut acc_g, mut acc_t) = (0.0, 0.0, 0.0);
+    for &(t, g) in &r.intervals {
+        if t > from && t <= to + 0.05 {
+            gpu += g;
+            span += t - prev;
+            acc_g += g;
+            acc_t += t - prev;
+            if acc_t >= 0.9 {
+                worst = worst.max((acc_g / acc_t - expect).abs());
+                (acc_g, acc_t) = (0.0, 0.0);
+            }
+        }
+        prev = t;
+    }
+    if span == 0.0 {
+        return (f64::NAN, f64::NAN);
+    }
+    (gpu / span, worst)
+}
+
+fn burn_args(kernel_us: u64, launch: &str, seconds: f64) -> Vec<String> {
+    let mut a = vec![
+        "--kernel-us".into(),
+        kernel_us.to_string(),
+        "--seconds".into(),
+        format!("{seconds}"),
+        "--depth".into(),
+        "8".into(),
+    ];
+    match launch {
+        "graph" => {
+            let n = (1000 / kernel_us).clamp(1, 50);
+            a.extend(["--graph".into(), n.to_string()]);
+        }
+        l => a.extend(["--launch".into(), l.into()]),
+    }
+    a
+}
+
+fn shares(opts: &Opts) {
+    println!(
+        "{:<8} {:>7} {:<6} {:>6} {:>9} {:>9} {:>9} {:>10}",
+        "scenario", "kernel", "launch", "tenant", "assigned", "expected", "achieved", "worst-1s"
+    );
+    for sc in scenarios()
+        .into_iter()
+        .filter(|s| opts.scenarios.iter().any(|n| n == s.name))
+    {
+        for &k in &opts.kernels {
+            for launch in &opts.launches {
+                let env = Env::new(sc.name);
+                let total = opts.seconds;
+                let start = |(i, spec): (usize, &Spec)| {
+                    let secs = spec.seconds.map_or(total, |f| total * f);
+                    let args = burn_args(k, launch, secs);
+                    spawn_burn(&env, &format!("{}{i}", sc.name), spec, &args)
+                };
+                let runs: Vec<Ran> = if sc.sequential {
+                    sc.tenants
+                        .iter()
+                        .enumerate()
+                        .map(|t| collect(start(t)))
+                        .collect()
+                } else {
+                    let children: Vec<Child> = sc.tenants.iter().enumerate().map(start).collect();
+                    children.into_iter().map(collect).collect()
+                };
+                for (i, (r, spec)) in runs.iter().zip(&sc.tenants).enumerate() {
+                    let expect = sc.expect[i];
+                    // The measured window: after a 1 s start, before the last second; for the
+                    // idle scenario's stayer, the part after its neighbour left.
+                    let (from, to) = match (sc.name, i) {
+                        ("idle", 0) => (total * 0.5 + 1.0, total - 1.0),
+                        ("idle", 1) => (1.0, total * 0.5 - 0.5),
+                        _ => (1.0, total - 1.0),
+                    };
+                    let (got, worst) = window(r, from, to, expect);
+                    let assigned = match (spec.share, spec.cap, spec.wrapped) {
+                        (_, _, false) => "direct".to_string(),
+                        (_, Some(c), _) => format!("cap {c}"),
+                        (Some(s), _, _) => format!("{s}"),
+                        _ => "-".into(),
+                    };
+                    println!(
+                        "{:<8} {:>5}us {:<6} {:>6} {:>9} {:>9.3} {:>9.3} {:>10.3}",
+                        sc.name, k, launch, i, assigned, expect, got, worst
+                    );
+                    let _ = &r.report;
+                }
+                if sc.name == "alone" {
+                    let w = window(&runs[0], 1.0, total - 1.0, 1.0).0;
+                    let d = window(&runs[1], 1.0, total - 1.0, 1.0).0;
+                    println!(
+                        "{:<8} {:>5}us {:<6} wrapped/direct throughput: {:.3}",
+                        sc.name,
+                        k,
+                        launch,
+                        w / d
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `launch-loop N`: time N launches of a 1 µs kernel (in batches that never fill the queue).
+fn launch_loop(n: usize) {
+    use core::ffi::{c_char, c_int, c_uint, c_void};
+    use gpuslice_abi::*;
+    use std::ptr::null_mut;
+    // SAFETY: loading the CUDA driver library by its soname.
+    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
+    assert!(!h.is_null(), "cannot load libcuda.so.1");
+    macro_rules! sym {
+        ($name:literal, $t:ty) => {{
+            // SAFETY: the named driver entry point has exactly this C signature (cuda.h).
+            let p = unsafe { libc::dlsym(h, concat!($name, "\0").as_ptr().cast()) };
+            assert!(!p.is_null(), "libcuda.so.1 lacks {}", $name);
+            // SAFETY: as above.
+            unsafe { core::mem::transmute::<*mut c_void, $t>(p) }
+        }};
+    }
+    type Launch = unsafe extern "C" fn(
+        CUfunction,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        CUstream,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> CUresult;
+    let init = sym!("cuInit", unsafe extern "C" fn(c_uint) -> CUresult);
+    let dev_get = sym!(
+        "cuDeviceGet",
+        unsafe extern "C" fn(*mut CUdevice, c_int) -> CUresult
+    );
+    let retain = sym!(
+        "cuDevicePrimaryCtxRetain",
+        unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult
+    );
+    let set = sym!(
+        "cuCtxSetCurrent",
+        unsafe extern "C" fn(CUcontext) -> CUresult
+    );
+    let load = sym!(
+        "cuModuleLoadData",
+        unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult
+    );
+    let get_fn = sym!(
+        "cuModuleGetFunction",
+        unsafe extern "C" fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult
+    );
+    let stream_create = sym!(
+        "cuStreamCreate",
+        unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult
+    );
+    let sync = sym!(
+        "cuStreamSynchronize",
+        unsafe extern "C" fn(CUstream) -> CUresult
+    );
+    let launch = sym!("cuLaunchKernel", Launch);
+    const PTX: &str = concat!(include_str!("../../../burn/src/spin.ptx"), "\0");
+    let (mut dev, mut ctx, mut m, mut f, mut s) =
+        (0, null_mut(), null_mut(), null_mut(), null_mut());
+    // SAFETY: driver calls with valid out-pointers, in the order the API requires.
+    unsafe {
+        assert_eq!(init(0), CUDA_SUCCESS, "cuInit");
+        assert_eq!(dev_get(&mut dev, 0), CUDA_SUCCESS);
+        assert_eq!(retain(&mut ctx, dev), CUDA_SUCCESS);
+        assert_eq!(set(ctx), CUDA_SUCCESS);
+        assert_eq!(
+            load(&mut m, PTX.as_ptr().cast()),
+            CUDA_SUCCESS,
+            "cuModuleLoadData"
+        );
+        assert_eq!(get_fn(&mut f, m, c"gpuslice_spin".as_ptr()), CUDA_SUCCESS);
+        assert_eq!(stream_create(&mut s, 0), CUDA_SUCCESS);
+    }
+    let mut ns: u64 = 1000;
+    // Per-launch time of each batch of 64 (one clock read per batch, not per call, so the
+    // clock's own cost and granularity do not drown a difference of a few ns).
+    let mut times = Vec::with_capacity(n / 64 + 1);
+    let mut done = 0;
+    while done < n {
+        let batch = 64.min(n - done);
+        let t = Instant::now();
+        for _ in 0..batch {
+            let mut params: [*mut c_void; 1] = [(&mut ns as *mut u64).cast()];
+            // SAFETY: a loaded kernel taking one u64, its parameter array, our stream.
+            let r = unsafe { launch(f, 1, 1, 1, 1, 1, 1, 0, s, params.as_mut_ptr(), null_mut()) };
+            assert_eq!(r, CUDA_SUCCESS, "cuLaunchKernel");
+        }
+        times.push(t.elapsed().as_nanos() as f64 / batch as f64);
+        done += batch;
+        // SAFETY: our stream.
+        unsafe { sync(s) };
+    }
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let k = times.len();
+    let mean = times.iter().sum::<f64>() / k as f64;
+    println!(
+        "{}",
+        serde_json::json!({ "launches": n, "median_ns": times[k / 2], "mean_ns": mean, "p90_ns": times[k * 9 / 10] })
+    );
+}
+
+fn overhead(launches: usize) {
+    let me = std::env::current_exe().unwrap();
+    let run = |env: &Env, wrapped: bool| -> Value {
+        let out = env
+            .command(&me, wrapped)
+            .args(["launch-loop", &launches.to_string()])
+            .env("GPUSLICE_COMPUTE", "0.5")
+            .output()
+            .expect("spawn launch-loop");
+        let s = String::from_utf8_lossy(&out.stdout);
+        s.lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "launch-loop printed nothing: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+    };
+    let env = Env::new("overhead");
+    let mut rows = vec![];
+    for _ in 0..3 {
+        rows.push(("direct", run(&env, false)));
+        rows.push(("shim, alone", run(&env, true)));
+    }
+    // Contended: a neighbour slice saturating the device with 1 ms kernels at share 0.5.
+    let spec = Spec::share(0.5);
+    let neighbour = spawn_burn(&env, "neighbour", &spec, &burn_args(1000, "plain", 30.0));
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..3 {
+        rows.push(("shim, contended", run(&env, true)));
+    }
+    let mut neighbour = neighbour;
+    let _ = neighbour.kill();
+    let _ = neighbour.wait();
+    let med = |name: &str, k: &str| -> f64 {
+        let mut v: Vec<f64> = rows
+            .iter()
+            .filter(|(n, _)| *n == name)
+            .map(|(_, r)| r[k].as_f64().unwrap())
+            .collect();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let direct = med("direct", "median_ns");
+    println!(
+        "{:<16} {:>10} {:>10} {:>12}",
+        "launch", "median ns", "p90 ns", "over direct"
+    );
+    for name in ["direct", "shim, alone", "shim, contended"] {
+        let m = med(name, "median_ns");
+        println!(
+            "{:<16} {:>10.0} {:>10.0} {:>12.0}",
+            name,
+            m,
+            med(name, "p90_ns"),
+            m - direct
+        );
+    }
+}
+
+struct Opts {
+    scenarios: Vec<String>,
+    kernels: Vec<u64>,
+    launches: Vec<String>,
+    seconds: f64,
+}
+
+fn list(v: &str) -> Vec<String> {
+    v.split(',')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: gpuslice-bench shares [--scenario pair,article,eight,cap,idle,alone] \
+         [--kernel-us 20,1000,5000] [--launch plain,ex,graph] [--seconds S] [--all]\n       \
+         gpuslice-bench overhead [--launches N]\n       gpuslice-bench launch-loop N"
+    );
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(cmd) = args.first() else { usage() };
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+    };
+    match cmd.as_str() {
+        "shares" => {
+            let all = args.iter().any(|a| a == "--all");
+            let mut o = Opts {
+                scenarios: list("pair,article,eight,cap,idle,alone"),
+                kernels: vec![1000],
+                launches: list("plain"),
+                seconds: 12.0,
+            };
+            if all {
+                o.kernels = vec![20, 1000, 5000];
+                o.launches = list("plain,ex,graph");
+            }
+            if let Some(v) = value("--scenario") {
+                o.scenarios = list(v);
+            }
+            if let Some(v) = value("--kernel-us") {
+                o.kernels = list(v)
+                    .iter()
+                    .map(|k| k.parse().unwrap_or_else(|_| usage()))
+                    .collect();
+            }
+            if let Some(v) = value("--launch") {
+                o.launches = list(v);
+            }
+            if let Some(v) = value("--seconds") {
+                o.seconds = v.parse().unwrap_or_else(|_| usage());
+            }
+            shares(&o);
+        }
+        "overhead" => {
+            let n = value("--launches").map_or(20_000, |v| v.parse().unwrap_or_else(|_| usage()));
+            overhead(n);
+        }
+        "launch-loop" => {
+            let n = args
+                .get(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage());
+            launch_loop(n);
+        }
+        _ => usage(),
+    }
+}

@@ -1,0 +1,145 @@
+//! `scripts/gpu-validate.sh --fake`: the real-GPU validation script run against the fake GPU, so
+//! it cannot rot between the rare runs on a real card. Its burn-based checks (memory quota,
+//! compute shares, graphs, symbol logging) must pass; what only a real GPU can show (PyTorch,
+//! JAX, CuPy, nvidia-smi, the training-loop overhead) must be reported as skipped, never passed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gpuslice_e2e::{artifact, profile_dir};
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu-validate.sh")
+}
+
+fn validate(args: &[&str]) -> Output {
+    Command::new("bash")
+        .arg(script())
+        .args(args)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("spawn bash scripts/gpu-validate.sh")
+}
+
+fn show(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A results directory of this test's own, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn fake_run_passes_its_burn_checks_and_skips_the_real_gpu_ones() {
+    for name in ["libgpuslice.so", "gpuslice-burn", "libfakegpu.so"] {
+        artifact(name);
+    }
+    let dir = Scratch(std::env::temp_dir().join(format!("gpu-validate-{}", std::process::id())));
+    let txt = dir.0.join("run.txt");
+    let out = validate(&[
+        "--fake",
+        "--target-dir",
+        profile_dir().to_str().unwrap(),
+        "--out",
+        txt.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "the --fake run failed: {}",
+        show(&out)
+    );
+
+    // The table comes last, ending with the counts.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or("");
+    assert!(
+        last.contains(" passed, 0 failed, "),
+        "table not last: {}",
+        show(&out)
+    );
+
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.0.join("run.json")).unwrap()).unwrap();
+    assert_eq!(json["meta"]["mode"], "fake");
+    let checks = json["checks"].as_array().unwrap();
+    let status = |c: &serde_json::Value| c["status"].as_str().unwrap().to_string();
+    let name = |c: &serde_json::Value| c["check"].as_str().unwrap().to_string();
+    for c in checks {
+        let n = name(c);
+        let real_gpu_only = ["pytorch", "jax", "cupy", "overhead"]
+            .iter()
+            .any(|k| n.contains(k));
+        if real_gpu_only {
+            assert_eq!(
+                status(c),
+                "SKIP",
+                "{n} must be skipped on the fake GPU: {c}"
+            );
+        } else {
+            assert_eq!(status(c), "PASS", "{n}: {c}\n{}", show(&out));
+        }
+    }
+    for wanted in [
+        "symbols: burn --resolve proc-address",
+        "symbols: burn --resolve dlsym",
+        "memory 4Gi: burn --alloc-path plain",
+        "memory 4Gi: burn --alloc-path async",
+        "memory 4Gi: burn --alloc-path vmm",
+        "shares 0.25/0.75: burn plain",
+        "shares 0.25/0.75: burn graph",
+        "cap 0.3 alone: burn",
+        "pytorch memory 4Gi default",
+        "jax memory 4Gi",
+        "shares 0.25/0.75: pytorch matmul",
+        "overhead: pytorch training step",
+    ] {
+        assert!(
+            checks.iter().any(|c| name(c) == wanted),
+            "no check '{wanted}' in {json}"
+        );
+    }
+    // Every measured number is in the text results file too.
+    let text = std::fs::read_to_string(&txt).unwrap();
+    assert!(
+        text.contains("== shares 0.25/0.75: burn plain: PASS"),
+        "{text}"
+    );
+    assert!(text.contains("\"gpu_seconds\""), "{text}");
+}
+
+#[test]
+fn bad_arguments_are_refused_with_the_flag_named() {
+    let out = validate(&["--fake", "--bogus"]);
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("'--bogus'"),
+        "{}",
+        show(&out)
+    );
+
+    let out = validate(&["--fake", "--seconds", "ten"]);
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--seconds 'ten'"),
+        "{}",
+        show(&out)
+    );
+
+    let out = validate(&["--fake", "--target-dir", "/nonexistent/gpuslice"]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/gpuslice"),
+        "{}",
+        show(&out)
+    );
+}

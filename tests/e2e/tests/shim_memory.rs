@@ -1,0 +1,442 @@
+//! The shim's VRAM quotas through real processes: `gpuslice-burn` under `LD_PRELOAD` on the
+//! fake GPU. Every allocation path, both ways of resolving entry points, pass-through, what the
+//! program is told about memory, and quotas per device.
+
+use gpuslice_e2e::World;
+use serde_json::Value;
+
+const MI: u64 = 1 << 20;
+const GI: u64 = 1 << 30;
+
+const ALLOC_PATHS: [&str; 11] = [
+    "plain", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap", "graph",
+    "capture",
+];
+
+/// Run `cmd` with `--json`; its report, exit code and stderr.
+fn run(mut cmd: std::process::Command, args: &[&str]) -> (Value, i32, String) {
+    cmd.args(args).arg("--json");
+    let out = cmd.output().expect("spawn gpuslice-burn");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let v = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "burn {args:?} printed no JSON (status {:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
+                out.status
+            )
+        });
+    (v, out.status.code().unwrap_or(-1), stderr)
+}
+
+fn oks(v: &Value) -> Vec<bool> {
+    v["allocs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["ok"].as_bool().unwrap())
+        .collect()
+}
+
+fn codes(v: &Value) -> Vec<Option<u64>> {
+    v["allocs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["code"].as_u64())
+        .collect()
+}
+
+#[test]
+fn every_alloc_path_is_held_to_the_quota_and_freed_memory_can_be_had_again() {
+    // Per path, in one process: round 1 gets 4×256Mi of the 1Gi quota and is refused the
+    // 5th; everything is freed; round 2 gets the SAME 4×256Mi again and is refused the 5th.
+    let w = World::new(1, "16Gi");
+    for path in ALLOC_PATHS {
+        let mut c = w.wrapped_burn();
+        c.env("GPUSLICE_MEMORY", "1Gi");
+        let (v, code, err) = run(
+            c,
+            &[
+                "--alloc-path",
+                path,
+                "--alloc",
+                "256Mi,256Mi,256Mi,256Mi,256Mi,1",
+                "--alloc-rounds",
+                "2",
+                "--free",
+            ],
+        );
+        assert_eq!(code, 0, "{path}: {v:#}\n{err}");
+        let rounds = v["rounds"].as_array().unwrap();
+        assert_eq!(rounds.len(), 2, "{path}: {v:#}");
+        for (i, r) in rounds.iter().enumerate() {
+            let round = i + 1;
+            assert_eq!(
+                oks(r),
+                [true, true, true, true, false, false],
+                "{path} round {round}: {r:#}"
+            );
+            assert_eq!(
+                codes(r)[4],
+                Some(2),
+                "{path} round {round}: the refusal is CUDA_ERROR_OUT_OF_MEMORY: {r:#}"
+            );
+            assert_eq!(r["allocated_bytes"], GI, "{path} round {round}: {r:#}");
+            assert_eq!(
+                r["mem_after_alloc"]["free"], 0,
+                "{path} round {round}: {r:#}"
+            );
+        }
+        // Both rounds' gigabyte went back: the one between the rounds and the one at the end.
+        assert_eq!(v["freed_bytes"], 2 * GI, "{path}: {v:#}");
+        assert_eq!(
+            oks(&v),
+            [true, true, true, true, false, false],
+            "{path}: {v:#}"
+        );
+        assert_eq!(
+            codes(&v)[4],
+            Some(2),
+            "{path}: the refusal is CUDA_ERROR_OUT_OF_MEMORY"
+        );
+        assert_eq!(v["allocated_bytes"], GI, "{path}");
+        // Full after allocating, all of it back after the frees (in the same process).
+        assert_eq!(v["mem"]["after_alloc"]["free"], 0, "{path}: {v:#}");
+        assert_eq!(v["mem"]["after_alloc"]["total"], GI, "{path}");
+        assert_eq!(v["mem"]["after_free"]["free"], GI, "{path}: {v:#}");
+    }
+}
+
+#[test]
+fn graph_memory_beyond_the_quota_is_refused() {
+    // Graph memory nodes, added with cuGraphAddMemAllocNode (`graph`) or captured from
+    // cuMemAllocAsync (`capture`): the shim charges them when the node is made (the driver
+    // takes the memory only at launch), so a node beyond the quota is refused there with
+    // CUDA_ERROR_OUT_OF_MEMORY. The device has 16Gi: without the shim every size fits, so the
+    // refusals below are the quota's.
+    let w = World::new(1, "16Gi");
+    let sizes = "768Mi,512Mi,256Mi,2Gi,1";
+    for path in ["graph", "capture"] {
+        let (v, code, err) = run(w.burn(), &["--alloc-path", path, "--alloc", sizes]);
+        assert_eq!(code, 0, "{path} without the shim: {v:#}\n{err}");
+        assert_eq!(oks(&v), [true; 5], "{path} without the shim: {v:#}");
+
+        let mut c = w.wrapped_burn();
+        c.env("GPUSLICE_MEMORY", "1Gi");
+        let (v, code, err) = run(c, &["--alloc-path", path, "--alloc", sizes, "--free"]);
+        assert_eq!(code, 0, "{path}: {v:#}\n{err}");
+        assert_eq!(
+            oks(&v),
+            [true, false, true, false, false],
+            "{path}: 768Mi fits, 512Mi more does not, 256Mi does, then nothing: {v:#}"
+        );
+        assert_eq!(
+            codes(&v)[1],
+            Some(2),
+            "{path}: CUDA_ERROR_OUT_OF_MEMORY: {v:#}"
+        );
+        assert_eq!(
+            codes(&v)[3],
+            Some(2),
+            "{path}: CUDA_ERROR_OUT_OF_MEMORY: {v:#}"
+        );
+        assert_eq!(v["allocated_bytes"], GI, "{path}");
+        assert_eq!(v["mem"]["after_alloc"]["free"], 0, "{path}: {v:#}");
+        assert_eq!(v["mem"]["after_free"]["free"], GI, "{path}: {v:#}");
+    }
+}
+
+#[test]
+fn graph_memory_stays_charged_while_an_executable_can_take_it() {
+    // Instantiate, destroy the graph (legal, and what most programs do), then launch the
+    // executable: its 768Mi are taken at launch and must still count against the 1Gi quota,
+    // whether the memory node was added (`cuGraphAddMemAllocNode`) or captured
+    // (`cuMemAllocAsync` on a capturing stream). Once the memory is freed and the executable
+    // destroyed, all of the quota is back.
+    let w = World::new(1, "16Gi");
+    for variant in ["node", "capture"] {
+        let mut c = w.wrapped(gpuslice_e2e::artifact("fakegpu-client"));
+        c.env("GPUSLICE_MEMORY", "1Gi")
+            .args(["graphmem", &(768 * MI).to_string(), variant]);
+        let v = gpuslice_e2e::run_json(&mut c);
+        assert_eq!(v["add"], 0, "{variant}: {v}");
+        assert_eq!(v["launch"], 0, "{variant}: {v}");
+        assert_eq!(v["total"], GI, "{variant}: {v}");
+        assert_eq!(
+            v["free_after_launch"],
+            256 * MI,
+            "{variant}: the graph's memory is in use: {v}"
+        );
+        assert_eq!(
+            v["second_alloc"], 2,
+            "{variant}: 768Mi more in a 1Gi slice must be CUDA_ERROR_OUT_OF_MEMORY: {v}"
+        );
+        assert_eq!(
+            v["free_after_destroy"], GI,
+            "{variant}: the graph and its executable are gone: {v}"
+        );
+    }
+    // A captured allocation beyond the quota is refused, and nothing stays charged.
+    let mut c = w.wrapped(gpuslice_e2e::artifact("fakegpu-client"));
+    c.env("GPUSLICE_MEMORY", "1Gi")
+        .args(["graphmem", &(2 * GI).to_string(), "capture"]);
+    let v = gpuslice_e2e::run_json(&mut c);
+    assert_eq!(v["add"], 2, "CUDA_ERROR_OUT_OF_MEMORY: {v}");
+    assert_eq!(v["free_after_destroy"], GI, "{v}");
+}
+
+#[test]
+fn the_quota_comes_back_after_frees_in_an_allocation_loop() {
+    // Random allocations and frees for a second: the report never shows more than the quota
+    // allocated, and at the end everything is free again.
+    let w = World::new(1, "16Gi");
+    for path in ["plain", "async", "vmm"] {
+        let mut c = w.wrapped_burn();
+        c.env("GPUSLICE_MEMORY", "256Mi");
+        let (v, code, err) = run(
+            c,
+            &[
+                "--alloc-path",
+                path,
+                "--alloc",
+                "64Mi,96Mi,32Mi",
+                "--alloc-loop",
+                "--seconds",
+                "1",
+                "--free",
+            ],
+        );
+        assert_eq!(code, 0, "{path}: {v:#}\n{err}");
+        let lp = &v["alloc_loop"];
+        assert!(lp.is_object(), "{path}: no alloc_loop in {v:#}");
+        assert!(v["mem"]["after_free"]["free"] == 256 * MI, "{path}: {v:#}");
+    }
+}
+
+#[test]
+fn dlsym_and_proc_address_are_both_enforced_and_disable_passes_through() {
+    let w = World::new(1, "16Gi");
+    for resolve in ["dlsym", "proc-address"] {
+        let mut c = w.wrapped_burn();
+        c.env("GPUSLICE_MEMORY", "1Gi");
+        let (v, _, err) = run(c, &["--resolve", resolve, "--alloc", "1Gi,1"]);
+        assert_eq!(oks(&v), [true, false], "{resolve}: {v:#}\n{err}");
+        assert_eq!(v["mem_total"], GI, "{resolve}");
+
+        let mut c = w.wrapped_burn();
+        c.env("GPUSLICE_MEMORY", "1Gi").env("GPUSLICE_DISABLE", "1");
+        let (v, _, err) = run(c, &["--resolve", resolve, "--alloc", "1Gi,1Gi"]);
+        assert_eq!(oks(&v), [true, true], "{resolve} disabled: {v:#}\n{err}");
+        assert_eq!(v["mem_total"], 16 * GI, "{resolve} disabled");
+    }
+    // The stream-ordered path through cuGetProcAddress (the per-thread `_ptsz` variants are
+    // checked by address in tests/python/test_shim_clients.py).
+    let mut c = w.wrapped_burn();
+    c.env("GPUSLICE_MEMORY", "512Mi");
+    let (v, _, err) = run(
+        c,
+        &[
+            "--resolve",
+            "proc-address",
+            "--alloc-path",
+            "async",
+            "--alloc",
+            "512Mi,1",
+        ],
+    );
+    assert_eq!(oks(&v), [true, false], "{v:#}\n{err}");
+}
+
+#[test]
+fn the_program_is_told_its_quota() {
+    let w = World::new(1, "16Gi");
+    let mut c = w.wrapped_burn();
+    c.env("GPUSLICE_MEMORY", "25%");
+    let (v, _, _) = run(c, &["--alloc", "1Gi"]);
+    assert_eq!(v["mem"]["start"]["total"], 4 * GI);
+    assert_eq!(v["mem"]["start"]["free"], 4 * GI);
+    assert_eq!(v["mem"]["after_alloc"]["free"], 3 * GI);
+    // Without a quota: the device as it is.
+    let (v, _, _) = run(w.wrapped_burn(), &["--alloc", "1Gi"]);
+    assert_eq!(v["mem"]["start"]["total"], 16 * GI);
+}
+
+#[test]
+fn quotas_are_per_device_and_devices_are_keyed_by_uuid() {
+    let w = World::new(2, "8Gi");
+    for (dev, quota) in [("0", GI), ("1", 2 * GI)] {
+        let mut c = w.wrapped_burn();
+        c.env("GPUSLICE_MEMORY", "0=1Gi,1=2Gi");
+        let sizes = format!("{quota},1");
+        let (v, _, err) = run(c, &["--device", dev, "--alloc", &sizes]);
+        assert_eq!(v["mem_total"], quota, "device {dev}: {v:#}\n{err}");
+        assert!(oks(&v)[0], "device {dev}: {v:#}");
+        assert!(!*oks(&v).last().unwrap(), "device {dev}: {v:#}");
+    }
+    // A device not listed has no quota.
+    let mut c = w.wrapped_burn();
+    c.env("GPUSLICE_MEMORY", "0=1Gi");
+    let (v, _, _) = run(c, &["--device", "1", "--alloc", "2Gi"]);
+    assert_eq!(oks(&v), [true]);
+
+    // Two processes seeing the devices in different orders share one slice per physical
+    // device: the ledger knows each device once, by UUID.
+    let mut a = w.wrapped_burn();
+    a.env("GPUSLICE_MEMORY", "1Gi")
+        .env("GPUSLICE_SLICE", "pair")
+        .env("CUDA_VISIBLE_DEVICES", "1");
+    let (va, _, _) = run(a, &["--alloc", "768Mi"]);
+    let mut b = w.wrapped_burn();
+    b.env("GPUSLICE_MEMORY", "1Gi")
+        .env("GPUSLICE_SLICE", "pair")
+        .env("CUDA_VISIBLE_DEVICES", "1,0");
+    let (vb, _, _) = run(b, &["--device", "0"]);
+    assert_eq!(
+        va["device"]["uuid"], vb["device"]["uuid"],
+        "both address physical device 1"
+    );
+    let ledger = gpuslice_ledger::Ledger::open(&w.runtime_dir()).expect("ledger");
+    let snap = ledger.snapshot();
+    assert_eq!(snap.devices.len(), 2, "{snap:#?}");
+    let mut uuids: Vec<_> = snap.devices.iter().map(|d| d.uuid.clone()).collect();
+    uuids.dedup();
+    assert_eq!(uuids.len(), 2);
+}
+
+#[test]
+fn a_slice_that_does_not_fit_is_refused_with_requested_and_available() {
+    let w = World::new(1, "16Gi");
+    let mut c = w.wrapped_burn();
+    c.env("GPUSLICE_MEMORY", "100Gi");
+    let (v, code, err) = run(c, &["--alloc", "1Mi"]);
+    assert_ne!(code, 0);
+    assert_eq!(v["error"]["call"], "cuInit", "{v:#}");
+    assert_eq!(v["error"]["code"], 1, "CUDA_ERROR_INVALID_VALUE: {v:#}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("gpuslice:"))
+        .unwrap_or_else(|| panic!("no gpuslice line: {err}"));
+    assert!(
+        line.contains("GPUSLICE_MEMORY")
+            && line.contains("requested 100 GiB")
+            && line.contains("available 16 GiB"),
+        "{line}"
+    );
+
+    // Reservations add up: two 10 GiB slices do not fit on 16 GiB while the first is alive.
+    let mut holder = w.wrapped_burn();
+    holder
+        .env("GPUSLICE_MEMORY", "10Gi")
+        .args(["--hold", "30", "--json"])
+        .stdout(std::process::Stdio::piped());
+    let mut holder = holder.spawn().unwrap();
+    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap(); // {"event":"holding"}: attached
+    let mut c = w.wrapped_burn();
+    c.env("GPUSLICE_MEMORY", "10Gi");
+    let (v, _, err) = run(c, &["--alloc", "1Mi"]);
+    assert_eq!(v["error"]["code"], 1, "{v:#}");
+    assert!(err.contains("requested 10 GiB, available 6 GiB"), "{err}");
+    // Compute guarantees too.
+    let mut c = w.wrapped_burn();
+    c.env("GPUSLICE_COMPUTE", "0.7");
+    let mut h2 = c
+        .args(["--hold", "30", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out2 = std::io::BufReader::new(h2.stdout.take().unwrap());
+    line.clear();
+    std::io::BufRead::read_line(&mut out2, &mut line).unwrap();
+    let mut c = w.wrapped_burn();
+    c.env("GPUSLICE_COMPUTE", "0.5");
+    let (v, _, err) = run(c, &[]);
+    assert_eq!(v["error"]["code"], 1, "{v:#}");
+    assert!(
+        err.contains("GPUSLICE_COMPUTE: requested 0.50, available 0.30"),
+        "{err}"
+    );
+    for mut h in [holder, h2] {
+        h.kill().unwrap();
+        h.wait().unwrap();
+    }
+    // Once the holders are gone their reservations come back to the next process.
+    let mut c = w.wrapped_burn();
+    c.env("GPUSLICE_MEMORY", "10Gi")
+        .env("GPUSLICE_COMPUTE", "0.5");
+    let (v, code, err) = run(c, &["--alloc", "1Mi"]);
+    assert_eq!(code, 0, "{v:#}\n{err}");
+}
+
+#[test]
+fn a_named_slice_is_shared_and_its_values_win() {
+    let w = World::new(1, "16Gi");
+    let mut holder = w.wrapped_burn();
+    holder
+        .env("GPUSLICE_MEMORY", "1Gi")
+        .env("GPUSLICE_SLICE", "team")
+        .args(["--alloc", "768Mi", "--hold", "30", "--json"])
+        .stdout(std::process::Stdio::piped());
+    let mut holder = holder.spawn().unwrap();
+    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    // Asks for 4Gi, gets the slice's 1Gi (with a warning), of which 768Mi are taken.
+    let mut c = w.wrapped_burn();
+    c.env("GPUSLICE_MEMORY", "4Gi")
+        .env("GPUSLICE_SLICE", "team");
+    let (v, _, err) = run(c, &["--alloc", "256Mi,1"]);
+    assert_eq!(oks(&v), [true, false], "{v:#}\n{err}");
+    assert_eq!(v["mem"]["start"]["total"], GI);
+    assert_eq!(v["mem"]["start"]["free"], 256 * MI);
+    assert!(
+        err.contains("already exists") && err.contains("using its values"),
+        "{err}"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+#[test]
+fn hami_variables_are_understood() {
+    let w = World::new(2, "8Gi");
+    let mut c = w.wrapped_burn();
+    c.env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_1", "512m");
+    let (v, _, _) = run(c, &["--alloc", "1Gi,1"]);
+    assert_eq!(oks(&v), [true, false]);
+    let mut c = w.wrapped_burn();
+    c.env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_1", "512m");
+    let (v, _, _) = run(c, &["--device", "1"]);
+    assert_eq!(v["mem_total"], 512 * MI);
+    // gpuslice's own variable wins.
+    let mut c = w.wrapped_burn();
+    c.env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .env("GPUSLICE_MEMORY", "2Gi");
+    let (v, _, _) = run(c, &[]);
+    assert_eq!(v["mem_total"], 2 * GI);
+}
+
+#[test]
+fn a_process_that_never_touches_cuda_creates_no_ledger() {
+    let w = World::new(1, "16Gi");
+    let out = w
+        .wrapped("/bin/sh")
+        .args(["-c", "ls / >/dev/null && echo ok"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!w.runtime_dir().join("ledger").exists());
+}

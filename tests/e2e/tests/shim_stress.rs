@@ -1,0 +1,221 @@
+//! Many processes at once and processes killed mid-allocation, observed from outside through
+//! the ledger (this test plays the monitor's part: it samples and reaps).
+
+use gpuslice_e2e::World;
+use gpuslice_ledger::{Ledger, OperatorSlice, PPM};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+const MI: u64 = 1 << 20;
+const GI: u64 = 1 << 30;
+
+/// Register the fake device in a fresh ledger and create an operator slice on it.
+fn operator_slice(w: &World, name: &str, memory: u64) -> Ledger {
+    let out = w.burn().arg("--json").output().unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    let uuid = v["device"]["uuid"].as_str().unwrap().to_string();
+    let ledger = Ledger::open_or_create(&w.runtime_dir()).unwrap();
+    ledger
+        .ensure_device(&uuid, "fake", v["mem_total"].as_u64().unwrap())
+        .unwrap();
+    ledger
+        .create_operator_slice(&OperatorSlice {
+            name: name.into(),
+            device: uuid,
+            memory,
+            compute_share_ppm: 0,
+            compute_cap_ppm: PPM,
+        })
+        .unwrap();
+    ledger
+}
+
+fn slice_used(l: &Ledger, name: &str) -> (u64, u64) {
+    let s = l
+        .snapshot()
+        .slices
+        .into_iter()
+        .find(|s| s.name == name)
+        .expect("slice");
+    (s.memory_used, s.memory_limit.unwrap())
+}
+
+fn wait_bounded(c: &mut Child, what: &str, limit: Duration) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return s;
+        }
+        if t.elapsed() > limit {
+            let _ = c.kill();
+            panic!("{what} hung for {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn sixteen_processes_in_one_slice_never_exceed_the_quota() {
+    let w = World::new(1, "16Gi");
+    let ledger = operator_slice(&w, "shared", GI);
+    let mut kids: Vec<Child> = (0..16)
+        .map(|_| {
+            let mut c = w.wrapped_burn();
+            c.env("GPUSLICE_SLICE", "shared")
+                .args([
+                    "--alloc-loop",
+                    "--alloc",
+                    "16Mi,64Mi,128Mi,200Mi",
+                    "--seconds",
+                    "3",
+                    "--free",
+                    "--json",
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    let (mut samples, mut max, mut nonzero) = (0u64, 0u64, 0u64);
+    let t = Instant::now();
+    while kids.iter_mut().any(|k| k.try_wait().unwrap().is_none()) {
+        let (used, limit) = slice_used(&ledger, "shared");
+        assert!(used <= limit, "slice usage {used} above its quota {limit}");
+        max = max.max(used);
+        nonzero += (used > 0) as u64;
+        samples += 1;
+        assert!(t.elapsed() < Duration::from_secs(120), "processes hung");
+    }
+    let mut refused = 0;
+    for k in kids {
+        let out = k.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap())
+                .unwrap();
+        refused += v["alloc_loop"]["failed"]
+            .as_u64()
+            .or(v["alloc_errors"].as_array().map(|a| a.len() as u64))
+            .unwrap_or(0);
+    }
+    assert!(
+        samples > 10 && nonzero > 0,
+        "sampled {samples} times, {nonzero} non-zero"
+    );
+    assert!(
+        max > GI / 2,
+        "the processes did contend for the quota (max {max})"
+    );
+    let _ = refused;
+    ledger.reap_dead().unwrap();
+    assert_eq!(
+        slice_used(&ledger, "shared").0,
+        0,
+        "everything returned at the end"
+    );
+}
+
+/// xorshift: reproducible kill points without a dependency.
+fn next(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+#[test]
+fn processes_killed_while_allocating_give_everything_back() {
+    let w = World::new(1, "16Gi");
+    let ledger = operator_slice(&w, "victims", GI);
+    // A live neighbour holding 256 MiB all along: what it holds must never be taken from it.
+    let mut holder = w.wrapped_burn();
+    holder
+        .env("GPUSLICE_SLICE", "victims")
+        .args(["--alloc", "256Mi", "--hold", "600", "--json"])
+        .stdout(Stdio::piped());
+    let mut holder = holder.spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(slice_used(&ledger, "victims").0, 256 * MI);
+
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let runs = 120;
+    for i in 0..runs {
+        let mut c = w.wrapped_burn();
+        c.env("GPUSLICE_SLICE", "victims")
+            .args([
+                "--alloc-loop",
+                "--alloc",
+                "1Mi,16Mi,48Mi,96Mi",
+                "--seconds",
+                "60",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut kid = c.spawn().unwrap();
+        // Wait until it is attached and allocating, then kill it at a random point.
+        let t = Instant::now();
+        loop {
+            let snap = ledger.snapshot();
+            if snap
+                .slices
+                .iter()
+                .any(|s| s.name == "victims" && s.pids.contains(&kid.id()))
+            {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "run {i}: the process never attached"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_micros(next(&mut seed) % 20_000));
+        kid.kill().unwrap();
+        wait_bounded(&mut kid, "killed process", Duration::from_secs(10));
+        let t = Instant::now();
+        ledger.reap_dead().unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "run {i}: reaping took {:?}",
+            t.elapsed()
+        );
+        let (used, _) = slice_used(&ledger, "victims");
+        assert_eq!(
+            used,
+            256 * MI,
+            "run {i}: the slice holds exactly what live processes hold"
+        );
+
+        if i % 30 == 29 {
+            // The next process really gets the memory back.
+            let mut c = w.wrapped_burn();
+            c.env("GPUSLICE_SLICE", "victims")
+                .args(["--alloc", "768Mi,1", "--json"]);
+            let out = c.output().unwrap();
+            let v: serde_json::Value =
+                serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap())
+                    .unwrap();
+            let oks: Vec<bool> = v["allocs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a["ok"].as_bool().unwrap())
+                .collect();
+            assert_eq!(oks, [true, false], "run {i}: {v:#}");
+        }
+    }
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    ledger.reap_dead().unwrap();
+    assert_eq!(slice_used(&ledger, "victims").0, 0);
+}
