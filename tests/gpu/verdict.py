@@ -1,0 +1,541 @@
+"""Judges what scripts/gpu-validate.sh measured, and writes its results.
+
+The script runs each workload as a process whose stdout, stderr and exit status land in
+`<base>.out`, `<base>.err`, `<base>.rc`. Each subcommand here reads such bases for one check,
+compares the numbers with the check's target and appends one record (check, status, measured,
+target, note, numbers) to the records file (JSON lines). `report` turns the records into the
+results files (text and JSON) and prints the table, last. Keeping every threshold here keeps the
+shell script pure orchestration.
+
+Statuses: PASS, FAIL, SKIP (not applicable here: fake GPU, library absent). A workload that
+crashed, hung or printed no result is a FAIL with its exit status and stderr tail.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+
+GiB = 1 << 30
+OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
+
+
+class Failed(Exception):
+    """A workload did not produce a usable result."""
+
+
+def load(base):
+    """The JSON result a workload printed last, after checking it exited cleanly."""
+    try:
+        rc = int(open(base + ".rc").read().strip() or "-1")
+    except (OSError, ValueError):
+        rc = -1
+    out = _read(base + ".out")
+    line = next((ln for ln in reversed(out.splitlines()) if ln.lstrip().startswith("{")), None)
+    obj = None
+    if line is not None:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+    if rc != 0 or obj is None:
+        why = {124: "timed out", 137: "killed after timing out"}.get(rc)
+        if why is None and rc > 128:
+            why = f"killed by signal {rc - 128}"
+        why = why or (f"exit status {rc}" if rc != 0 else "printed no JSON result")
+        raise Failed(f"{os.path.basename(base)}: {why}; stderr: {tail(base + '.err')}")
+    return obj
+
+
+def _read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def tail(path, n=3):
+    """The last lines of a stderr file that say something, for a FAIL note."""
+    lines = [ln.strip() for ln in _read(path).splitlines() if ln.strip()]
+    return " | ".join(lines[-n:])[-400:] or "(empty)"
+
+
+def pts(x):
+    return f"{100 * x:.1f}%"
+
+
+def gib(x):
+    return f"{x / GiB:.2f}GiB"
+
+
+class Recorder:
+    def __init__(self, path):
+        self.path = path
+
+    def add(self, check, status, measured="", target="", note="", numbers=None):
+        rec = {
+            "check": check,
+            "status": status,
+            "measured": measured,
+            "target": target,
+            "note": note,
+            "numbers": numbers or {},
+        }
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
+        print(f"[{status}] {check}: " + " -- ".join(x for x in (measured, note) if x), file=sys.stderr)
+
+
+def judged(fn):
+    """Turns a workload failure or an unexpected shape into a FAIL record instead of a trace."""
+
+    def run(rec, a):
+        try:
+            fn(rec, a)
+        except Failed as e:
+            rec.add(a.name, "FAIL", "no result", note=str(e))
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+            rec.add(a.name, "FAIL", "unreadable result", note=f"{type(e).__name__}: {e}")
+
+    return run
+
+
+def skipped(objs):
+    return next((o["skip"] for o in objs if isinstance(o, dict) and "skip" in o), None)
+
+
+# ---- burn-based checks (fake and real GPU) ----
+
+
+def error_codes(v):
+    """burn's alloc_errors, leniently: a list of codes or names, a {name: count} map, or a count."""
+    if v is None:
+        return []
+    if isinstance(v, dict):
+        v = list(v.keys())
+    if isinstance(v, (int, float)):
+        return ["?"] * int(v)
+    out = []
+    for e in v:
+        if isinstance(e, dict):
+            e = e.get("code", e.get("name", e))
+        out.append(e)
+    return out
+
+
+def is_oom(e):
+    return e == OOM or (isinstance(e, str) and ("OUT_OF_MEMORY" in e or e.strip() == "2"))
+
+
+@judged
+def burn_alloc(rec, a):
+    """Allocations of `unit` bytes up to the quota succeed, the next fails with OOM, cuMemGetInfo
+    reports the quota as total, and a second process (after the first exited) gets the same
+    amount: nothing leaked."""
+    first, second = load(a.bases[0]), load(a.bases[1])
+    nums = {}
+    notes = []
+    for tag, o in (("first", first), ("second", second)):
+        got = int(o["allocated_bytes"])
+        errs = error_codes(o.get("alloc_errors"))
+        total = o.get("mem_total")
+        nums[tag] = {"allocated_bytes": got, "alloc_errors": errs, "mem_total": total, "mem": o.get("mem")}
+        if got > a.quota:
+            notes.append(f"{tag}: {got} bytes allocated, over the quota {a.quota}")
+        if got < a.quota - a.unit:
+            notes.append(f"{tag}: only {got} bytes allocated under a quota of {a.quota}")
+        if not any(is_oom(e) for e in errs):
+            notes.append(f"{tag}: no CUDA_ERROR_OUT_OF_MEMORY among {errs}")
+        if any(not is_oom(e) for e in errs):
+            notes.append(f"{tag}: errors other than out-of-memory: {errs}")
+        if total != a.quota:
+            notes.append(f"{tag}: cuMemGetInfo total {total}, not the quota {a.quota}")
+    if nums["second"]["allocated_bytes"] != nums["first"]["allocated_bytes"]:
+        notes.append("the second process got a different amount: memory not returned")
+    rec.add(
+        a.name,
+        "FAIL" if notes else "PASS",
+        f"total {gib(first.get('mem_total') or 0)}; {gib(nums['first']['allocated_bytes'])} then OOM; "
+        f"again {gib(nums['second']['allocated_bytes'])}",
+        f"total {gib(a.quota)}, OOM at it, same again",
+        "; ".join(notes),
+        nums,
+    )
+
+
+def parse_pairs(pairs):
+    out = []
+    for p in pairs:
+        base, _, target = p.rpartition(":")
+        out.append((base, float(target)))
+    return out
+
+
+def intervals(base):
+    """burn's `--report-interval` lines: (t at the end of the interval, its length, gpu_seconds)."""
+    out, prev = [], 0.0
+    for ln in _read(base + ".out").splitlines():
+        if '"interval"' not in ln:
+            continue
+        try:
+            o = json.loads(ln)
+        except ValueError:
+            continue
+        if o.get("event") == "interval":
+            out.append((float(o["t"]), float(o["t"]) - prev, float(o["gpu_seconds"])))
+            prev = float(o["t"])
+    return out
+
+
+def window_share(base, o, margin):
+    """The share a burn tenant achieved while all tenants ran: its interval reports with the
+    first and last `margin` seconds left out (start-up skew between tenants), or the whole run
+    when it printed no intervals. Also the worst 1-interval share inside that window."""
+    iv = intervals(base)
+    end = float(o.get("wall_seconds") or (iv[-1][0] if iv else 0))
+    slack = 0.25  # interval lines come a little after each whole second
+    inside = [x for x in iv if x[0] - x[1] >= margin - slack and x[0] <= end - margin + slack]
+    if len(inside) >= 2:
+        span = sum(x[1] for x in inside)
+        shares = [x[2] / x[1] for x in inside if x[1] > 0]
+        return sum(x[2] for x in inside) / span, span, min(shares), max(shares)
+    share = float(o["gpu_seconds"]) / float(o["wall_seconds"])
+    return share, float(o["wall_seconds"]), None, None
+
+
+@judged
+def burn_shares(rec, a):
+    """Each tenant's achieved share of the device (GPU time done over the common window) within
+    `tol` of its target."""
+    tenants = parse_pairs(a.pair)
+    nums = {}
+    ok = True
+    shown = []
+    for base, target in tenants:
+        o = load(base)
+        share, span, lo, hi = window_share(base, o, a.margin)
+        nums[os.path.basename(base)] = {
+            "target": target,
+            "share": share,
+            "window_seconds": span,
+            "worst_interval_shares": [lo, hi],
+            "gpu_seconds": o["gpu_seconds"],
+            "wall_seconds": o["wall_seconds"],
+            "kernels": o.get("kernels"),
+            "event_seconds": o.get("event_seconds"),
+        }
+        ok &= share >= a.at_least if a.at_least is not None else abs(share - target) <= a.tol
+        shown.append(f"{share:.3f}")
+    targets = "/".join(f"{t:g}" for _, t in tenants)
+    target_txt = f">= {a.at_least:g}" if a.at_least is not None else f"{targets} ±{100 * a.tol:g}pt"
+    span = min(n["window_seconds"] for n in nums.values())
+    rec.add(
+        a.name,
+        "PASS" if ok else "FAIL",
+        "/".join(shown) + f" over {span:.1f}s",
+        target_txt,
+        "" if ok else "achieved share off its target",
+        nums,
+    )
+
+
+RESOLVE = re.compile(r"dlsym|getprocaddress|proc.?address|resolv", re.I)
+
+
+@judged
+def symbols(rec, a):
+    """The shim's debug lines about symbol resolution, for a workload that completed. The lines
+    go to `--log-out` (the record for docs/architecture.md)."""
+    o = load(a.base)
+    why = skipped([o])
+    if why:
+        rec.add(a.name, "SKIP", note=why)
+        return
+    lines = [ln for ln in _read(a.base + ".err").splitlines() if ln.startswith("gpuslice:")]
+    resolution = [ln for ln in lines if RESOLVE.search(ln)]
+    with open(a.log_out, "w") as f:
+        f.write("\n".join(resolution) + ("\n" if resolution else ""))
+    names = sorted({m for ln in resolution for m in re.findall(r"\b(cu[A-Z]\w+|nvml\w+)", ln)})
+    # "... -> who answered" (the shim's format); counted by answer, leniently.
+    answers = {}
+    for ln in resolution:
+        who = ln.rsplit("->", 1)[1].strip() if "->" in ln else "?"
+        answers[who] = answers.get(who, 0) + 1
+    okw = o.get("ok", True)
+    ok = bool(okw) and len(resolution) > 0
+    note = []
+    if not okw:
+        note.append(f"workload failed: {o.get('error', o)}")
+    if not resolution:
+        note.append(f"no gpuslice: resolution lines at GPUSLICE_LOG=debug ({len(lines)} gpuslice: lines in all)")
+    rec.add(
+        a.name,
+        "PASS" if ok else "FAIL",
+        f"{len(resolution)} lookups, {len(names)} names; "
+        + ", ".join(f"{n} {who}" for who, n in sorted(answers.items(), key=lambda x: -x[1])),
+        "workload ok, lookups logged",
+        "; ".join(note) or f"log: {a.log_out}",
+        {"lookup_lines": len(resolution), "answers": answers, "gpuslice_lines": len(lines), "names": names,
+         "workload": o},
+    )
+
+
+# ---- PyTorch / JAX / CuPy (real GPU only) ----
+
+
+def _oom_ok(oom, flag):
+    return isinstance(oom, dict) and bool(oom.get(flag))
+
+
+@judged
+def torch_memory(rec, a):
+    o = load(a.base)
+    why = skipped([o])
+    if why:
+        rec.add(a.name, "SKIP", note=why)
+        return
+    q = a.quota
+    notes = []
+    total = o["mem_get_info"]["total"]
+    props = o["total_memory"]
+    if total != q:
+        notes.append(f"mem_get_info total {total} != quota {q}")
+    if props != q:
+        notes.append(f"total_memory {props} != quota {q}")
+    n, n2 = o["tensors"], o["tensors_again"]
+    if n * GiB > q or n < q // GiB - 1:
+        notes.append(f"{n} GiB tensors fit under a {gib(q)} quota")
+    if not _oom_ok(o["oom"], "is_torch_oom"):
+        notes.append(f"stopped by {o['oom']} instead of torch.OutOfMemoryError")
+    if n2 != n or not _oom_ok(o["oom_again"], "is_torch_oom"):
+        notes.append(f"after empty_cache: {n2} tensors, stopped by {o['oom_again']}")
+    if o["free_after_empty_cache"] < (n * GiB) * 0.9:
+        notes.append(f"free after empty_cache {o['free_after_empty_cache']} bytes")
+    smi = o.get("smi_in_slice_full", {})
+    real0, real1 = o.get("smi_real_baseline", {}), o.get("smi_real_full", {})
+    smi_txt = ""
+    if "total_mib" in smi:
+        smi_txt = f"; smi in slice {smi['used_mib']:g}/{smi['total_mib']:g}MiB"
+        if abs(smi["total_mib"] - q / (1 << 20)) > 1 or smi["used_mib"] > smi["total_mib"]:
+            notes.append(f"nvidia-smi inside the slice shows {smi}")
+    else:
+        notes.append(f"nvidia-smi inside the slice: {smi.get('error', smi)}")
+    if "used_mib" in real0 and "used_mib" in real1:
+        delta = (real1["used_mib"] - real0["used_mib"]) * (1 << 20)
+        smi_txt += f"; real +{delta / (1 << 20):g}MiB"
+        if delta > q:
+            notes.append(f"real usage grew by {delta} bytes, over the quota")
+    else:
+        notes.append(f"nvidia-smi real usage: {real1.get('error', real1)}")
+    rec.add(
+        a.name,
+        "FAIL" if notes else "PASS",
+        f"total {gib(total)}/{gib(props)}; {n}x1GiB, "
+        f"{(o['oom'] or {}).get('type', 'no error').rsplit('.', 1)[-1]}; again {n2}{smi_txt}",
+        f"total {gib(q)}, torch OOM, again; smi",
+        "; ".join(notes),
+        o,
+    )
+
+
+@judged
+def jax_memory(rec, a):
+    o = load(a.base)
+    why = skipped([o])
+    if why:
+        rec.add(a.name, "SKIP", note=why)
+        return
+    notes = []
+    lim = o.get("bytes_limit")
+    if lim is None or lim > a.quota:
+        notes.append(f"XLA's allocator limit {lim} is not within the quota {a.quota}")
+    err = o.get("big_error")
+    if not err or "RESOURCE_EXHAUSTED" not in err.get("message", "") + err.get("type", ""):
+        notes.append(f"the 6 GiB computation ended with {err}, not RESOURCE_EXHAUSTED")
+    if not (o.get("small_ok") and o.get("after_ok")):
+        notes.append("small computations before/after gave wrong results")
+    rec.add(
+        a.name,
+        "FAIL" if notes else "PASS",
+        f"limit {gib(lim or 0)}; 6GiB -> {'RESOURCE_EXHAUSTED' if not notes or err else err}",
+        f"limit <= {gib(a.quota)}; RESOURCE_EXHAUSTED; still computes",
+        "; ".join(notes),
+        o,
+    )
+
+
+@judged
+def cupy_memory(rec, a):
+    o = load(a.base)
+    why = skipped([o])
+    if why:
+        rec.add(a.name, "SKIP", note=why)
+        return
+    notes = []
+    total = o["mem_get_info"]["total"]
+    n, n2 = o["tensors"], o["tensors_again"]
+    if total != a.quota:
+        notes.append(f"memGetInfo total {total} != quota {a.quota}")
+    if n * GiB > a.quota or n < a.quota // GiB - 1:
+        notes.append(f"{n} GiB arrays fit")
+    if not _oom_ok(o["oom"], "is_cupy_oom") or not _oom_ok(o["oom_again"], "is_cupy_oom"):
+        notes.append(f"stopped by {o['oom']} / {o['oom_again']}")
+    if n2 != n:
+        notes.append(f"after free_all_blocks {n2} arrays fit, not {n}")
+    rec.add(
+        a.name,
+        "FAIL" if notes else "PASS",
+        f"total {gib(total)}; {n}x1GiB then OOM; again {n2}",
+        f"total {gib(a.quota)}; OOM at quota; again after free",
+        "; ".join(notes),
+        o,
+    )
+
+
+@judged
+def torch_shares(rec, a):
+    """Shares of two PyTorch matmul tenants: their rates over the common window divided by the
+    rate of a solo, unwrapped run of the same loop."""
+    solo = load(a.solo)
+    why = skipped([solo])
+    if why:
+        rec.add(a.name, "SKIP", note=why)
+        return
+    nums = {"solo_rate": solo["rate"]}
+    ok = True
+    shown = []
+    notes = []
+    for base, target in parse_pairs(a.pair):
+        o = load(base)
+        share = o["rate"] / solo["rate"]
+        nums[os.path.basename(base)] = {"target": target, "share": share, **o}
+        ok &= abs(share - target) <= a.tol
+        shown.append(f"{share:.3f}")
+        if o.get("late_start_seconds", 0) > 0.5:
+            notes.append(f"{os.path.basename(base)} started {o['late_start_seconds']:.1f}s late")
+    rec.add(
+        a.name,
+        "PASS" if ok else "FAIL",
+        "/".join(shown) + f" of solo {solo['rate']:.0f} matmul/s",
+        "/".join(f"{t:g}" for _, t in parse_pairs(a.pair)) + f" ±{100 * a.tol:g}pt",
+        "; ".join(notes),
+        nums,
+    )
+
+
+@judged
+def overhead(rec, a):
+    """Median step time with the shim over without, from interleaved runs."""
+    plain = [load(b) for b in a.plain]
+    shim = [load(b) for b in a.shim]
+    why = skipped(plain + shim)
+    if why:
+        rec.add(a.name, "SKIP", note=why)
+        return
+    p = statistics.median(o["step_seconds_median"] for o in plain)
+    s = statistics.median(o["step_seconds_median"] for o in shim)
+    pct = 100 * (s / p - 1)
+    rec.add(
+        a.name,
+        "PASS" if pct < a.target_pct else "FAIL",
+        f"{1e3 * p:.3f}ms -> {1e3 * s:.3f}ms per step ({pct:+.2f}%)",
+        f"< {a.target_pct:g}%",
+        f"{len(plain)}+{len(shim)} interleaved runs",
+        {
+            "plain_step_seconds": [o["step_seconds_median"] for o in plain],
+            "shim_step_seconds": [o["step_seconds_median"] for o in shim],
+            "overhead_pct": pct,
+        },
+    )
+
+
+# ---- output ----
+
+
+def report(a):
+    meta = json.load(open(a.meta))
+    recs = [json.loads(ln) for ln in _read(a.records).splitlines() if ln.strip()]
+    counts = {s: sum(r["status"] == s for r in recs) for s in ("PASS", "FAIL", "SKIP")}
+    doc = {"meta": meta, "checks": recs, "summary": counts}
+    with open(a.json, "w") as f:
+        json.dump(doc, f, indent=2, sort_keys=True)
+        f.write("\n")
+    table = render_table(recs, counts)
+    with open(a.txt, "w") as f:
+        f.write("gpuslice real-GPU validation (scripts/gpu-validate.sh)\n")
+        for k in sorted(meta):
+            f.write(f"{k}: {meta[k]}\n")
+        f.write("\nDetails\n")
+        for r in recs:
+            f.write(f"\n== {r['check']}: {r['status']}\n")
+            for k in ("measured", "target", "note"):
+                if r[k]:
+                    f.write(f"{k}: {r[k]}\n")
+            if r["numbers"]:
+                f.write("numbers: " + json.dumps(r["numbers"], sort_keys=True) + "\n")
+        f.write("\n" + table)
+    print(f"results: {a.txt} and {a.json}")
+    print(table, end="")
+
+
+def render_table(recs, counts):
+    rows = [("check", "status", "measured", "target")] + [
+        (r["check"], r["status"], r["measured"] or r["note"][:70], r["target"]) for r in recs
+    ]
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    out = []
+    for i, r in enumerate(rows):
+        out.append(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip())
+        if i == 0:
+            out.append("-" * min(160, sum(w) + 6 + max(len(x[3]) for x in rows)))
+    out.append(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--records", required=True, help="records file (JSON lines)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def cmd(name, fn, *args):
+        s = sub.add_parser(name)
+        s.set_defaults(fn=fn)
+        if fn is not report:
+            s.add_argument("--name", required=True)
+        for spec in args:
+            flag, kw = spec
+            s.add_argument(flag, **kw)
+        return s
+
+    quota = ("--quota", {"type": int, "required": True})
+    cmd("record", None, ("--status", {"choices": ["PASS", "FAIL", "SKIP"], "required": True}),
+        ("--measured", {"default": ""}), ("--target", {"default": ""}), ("--note", {"default": ""}))
+    cmd("burn-alloc", burn_alloc, quota, ("--unit", {"type": int, "required": True}), ("bases", {"nargs": 2}))
+    cmd("burn-shares", burn_shares, ("--tol", {"type": float, "required": True}),
+        ("--margin", {"type": float, "default": 0.0, "help": "seconds left out at each end"}),
+        ("--at-least", {"type": float, "help": "one-sided: pass when the share is at least this"}),
+        ("pair", {"nargs": "+", "help": "BASE:TARGET"}))
+    cmd("symbols", symbols, ("--log-out", {"required": True}), ("base", {}))
+    cmd("torch-memory", torch_memory, quota, ("base", {}))
+    cmd("jax-memory", jax_memory, quota, ("base", {}))
+    cmd("cupy-memory", cupy_memory, quota, ("base", {}))
+    cmd("torch-shares", torch_shares, ("--tol", {"type": float, "required": True}), ("--solo", {"required": True}),
+        ("pair", {"nargs": "+", "help": "BASE:TARGET"}))
+    cmd("overhead", overhead, ("--target-pct", {"type": float, "required": True}),
+        ("--plain", {"nargs": "+", "required": True}), ("--shim", {"nargs": "+", "required": True}))
+    cmd("report", report, ("--meta", {"required": True}), ("--json", {"required": True}), ("--txt", {"required": True}))
+    a = p.parse_args()
+    rec = Recorder(a.records)
+    if a.cmd == "record":
+        rec.add(a.name, a.status, a.measured, a.target, a.note)
+    elif a.cmd == "report":
+        report(a)
+    else:
+        a.fn(rec, a)
+
+
+if __name__ == "__main__":
+    main()
