@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The one command that runs all of gpuslice's tests, on a machine without a GPU:
+#   1. a Python venv (.venv, or $GPUSLICE_VENV) with requirements-test.txt installed;
+#   2. cargo build --workspace (debug), which the system tests run;
+#   3. cargo test --workspace --no-fail-fast: unit tests and the system tests of tests/e2e on the fake GPU;
+#   4. pytest tests/python: real third-party clients (numba, pynvml) on the fake GPU.
+# Steps 3 and 4 both run even if one fails; the exit status is non-zero if anything failed.
+# Each step has a time limit (GPUSLICE_TEST_TIMEOUT seconds, default 1200), so a hung test fails
+# the run instead of stalling CI. Extra arguments go to pytest (e.g. `scripts/test.sh -k numba`).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
+venv=${GPUSLICE_VENV:-$root/.venv}
+limit=${GPUSLICE_TEST_TIMEOUT:-1200}
+
+step() { printf '\n=== %s\n' "$*" >&2; }
+
+step "python venv: $venv"
+if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+fi
+# Reinstall only when requirements-test.txt changed.
+stamp="$venv/.requirements-test.sha256"
+sum=$(sha256sum requirements-test.txt | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q -r requirements-test.txt
+    echo "$sum" >"$stamp"
+fi
+
+step "cargo build --workspace"
+cargo build --workspace
+
+step "fake GPU libraries (scripts/fakegpu.sh)"
+FAKEGPU_LIB_DIR=$(bash scripts/fakegpu.sh </dev/null | tail -n 1)
+export FAKEGPU_LIB_DIR
+export GPUSLICE_PROFILE_DIR="$CARGO_TARGET_DIR/debug"
+
+failed=()
+step "cargo test --workspace --no-fail-fast"
+# timeout signals the whole process group, so test children of a hung test go too.
+timeout -k 10 "$limit" cargo test --workspace --no-fail-fast || failed+=("cargo test")
+
+step "pytest tests/python"
+timeout -k 10 "$limit" "$venv/bin/python" -m pytest tests/python "$@" </dev/null || failed+=("pytest")
+
+if [ ${#failed[@]} -gt 0 ]; then
+    step "FAILED: ${failed[*]}"
+    exit 1
+fi
+step "all tests passed"
