@@ -304,7 +304,12 @@ impl Ledger {
                     s.compute_cap_ppm.load(SeqCst),
                 );
                 let asked = req.memory.unwrap_or(NO_LIMIT);
-                if asked != limit || req.compute_share_ppm != share || req.compute_cap_ppm != cap {
+                // Only what the process asked for can conflict: no quota, no share (0) and no
+                // cap (PPM) are "whatever the slice has", so joining silently is right.
+                let conflicts = req.memory.is_some_and(|m| m != limit)
+                    || (req.compute_share_ppm != 0 && req.compute_share_ppm != share)
+                    || (req.compute_cap_ppm != PPM && req.compute_cap_ppm != cap);
+                if conflicts {
                     let show = |l: u64| {
                         if l == NO_LIMIT {
                             "none".to_string()

@@ -362,6 +362,32 @@ fn an_operator_slice_caps_what_its_processes_ask_and_admission_refuses_what_does
         "cuMemGetInfo shows the operator's quota: {r}"
     );
 
+    // The operator is told why a request was overridden, but a process that asks for nothing
+    // joins the slice silently.
+    let asked = w
+        .wrapped_burn()
+        .env("GPUSLICE_SLICE", "op")
+        .env("GPUSLICE_MEMORY", "8Gi")
+        .args(["--alloc", "1Mi"])
+        .output()
+        .unwrap();
+    let warned = String::from_utf8_lossy(&asked.stderr);
+    assert!(
+        warned.contains("already exists") && warned.contains("8 GiB"),
+        "{warned}"
+    );
+    let plain = w
+        .wrapped_burn()
+        .env("GPUSLICE_SLICE", "op")
+        .args(["--alloc", "1Mi"])
+        .output()
+        .unwrap();
+    let quiet = String::from_utf8_lossy(&plain.stderr);
+    assert!(
+        plain.status.success() && !quiet.contains("gpuslice:"),
+        "{quiet}"
+    );
+
     let ls = run_json(w.gpuslice().args(["slice", "ls", "--json"]));
     let op = &ls["slices"][0];
     assert_eq!(
