@@ -960,7 +960,15 @@ mod tests {
         kernel_ns: u64,
     }
 
-    impl Sim<'_> {
+    impl<'a> Sim<'a> {
+        fn new(free_at: &'a AtomicU64, kernel_ns: u64) -> Sim<'a> {
+            Sim {
+                free_at,
+                queue: VecDeque::new(),
+                kernel_ns,
+            }
+        }
+
         fn launch(&mut self) {
             let now = now_ns();
             let d = self.kernel_ns;
@@ -1028,11 +1036,7 @@ mod tests {
                 let (dev, free_at, proc, used) = (&dev, &free_at, &procs[i], &used[i]);
                 sc.spawn(move || {
                     let mut c = Client::new(dev, 0, t, ten.id, proc).unwrap();
-                    let mut sim = Sim {
-                        free_at,
-                        queue: VecDeque::new(),
-                        kernel_ns: ten.kernel_ns,
-                    };
+                    let mut sim = Sim::new(free_at, ten.kernel_ns);
                     let started = now_ns();
                     loop {
                         let now = now_ns();
@@ -1159,11 +1163,7 @@ mod tests {
         let p = SchedProc::default();
         let mut c = Client::new(&dev, 0, &t, 1, &p).unwrap();
         let free_at = AtomicU64::new(0);
-        let mut sim = Sim {
-            free_at: &free_at,
-            queue: VecDeque::new(),
-            kernel_ns: 1000,
-        };
+        let mut sim = Sim::new(&free_at, 1000);
         assert!(!c.solo());
         let a = c.acquire(&mut sim);
         assert!(c.solo(), "{:?}", Lease::unpack(dev.lease.load(Relaxed)));
@@ -1207,11 +1207,7 @@ mod tests {
         t.0[1].0.want_ns.store(now_ns(), Relaxed);
         t.0[1].0.waiters.store(1, Relaxed);
         let mut c1 = Client::new(&dev, 0, &t, 1, &p1).unwrap();
-        let mut s1 = Sim {
-            free_at: &free_at,
-            queue: VecDeque::new(),
-            kernel_ns: 1_000_000,
-        };
+        let mut s1 = Sim::new(&free_at, 1_000_000);
         c1.acquire(&mut s1);
         assert_eq!(Lease::unpack(dev.lease.load(Relaxed)).holder, 1);
         assert!(!c1.solo());
@@ -1219,11 +1215,7 @@ mod tests {
         // Slice 1 "dies" here: it holds the lease and never launches or releases again.
         t.0[1].0.waiters.store(0, Relaxed);
         let mut c2 = Client::new(&dev, 0, &t, 2, &p2).unwrap();
-        let mut s2 = Sim {
-            free_at: &free_at,
-            queue: VecDeque::new(),
-            kernel_ns: 1000,
-        };
+        let mut s2 = Sim::new(&free_at, 1000);
         let a = c2.acquire(&mut s2);
         assert_eq!(Lease::unpack(dev.lease.load(Relaxed)).holder, 2);
         assert!(
@@ -1243,11 +1235,7 @@ mod tests {
         t.0[1].0.want_ns.store(now_ns(), Relaxed);
         t.0[1].0.waiters.store(1, Relaxed);
         let mut c1 = Client::new(&dev, 0, &t, 1, &p1).unwrap();
-        let mut s1 = Sim {
-            free_at: &free_at,
-            queue: VecDeque::new(),
-            kernel_ns: 1000,
-        };
+        let mut s1 = Sim::new(&free_at, 1000);
         c1.acquire(&mut s1);
         assert_eq!(p1.holding_mask.load(Relaxed), 1);
         t.0[1].0.waiters.store(0, Relaxed);
@@ -1255,11 +1243,7 @@ mod tests {
         std::thread::scope(|sc| {
             let h = sc.spawn(|| {
                 let mut c2 = Client::new(&dev, 0, &t, 2, &p2).unwrap();
-                let mut s2 = Sim {
-                    free_at: &free_at,
-                    queue: VecDeque::new(),
-                    kernel_ns: 1000,
-                };
+                let mut s2 = Sim::new(&free_at, 1000);
                 let a = c2.acquire(&mut s2);
                 stop.store(true, Relaxed);
                 a
@@ -1281,11 +1265,7 @@ mod tests {
         let p = SchedProc::default();
         let free_at = AtomicU64::new(0);
         let mut c = Client::new(&dev, 0, &t, 1, &p).unwrap();
-        let mut sim = Sim {
-            free_at: &free_at,
-            queue: VecDeque::new(),
-            kernel_ns: 1000,
-        };
+        let mut sim = Sim::new(&free_at, 1000);
         c.acquire(&mut sim);
         assert!(c.solo());
         on_process_dead(&dev, 0, &t, 1, &t.0[0].0, &p);
@@ -1299,20 +1279,12 @@ mod tests {
         let (p1, p2) = (SchedProc::default(), SchedProc::default());
         let free_at = AtomicU64::new(0);
         let mut c1 = Client::new(&dev, 0, &t, 1, &p1).unwrap();
-        let mut s1 = Sim {
-            free_at: &free_at,
-            queue: VecDeque::new(),
-            kernel_ns: 1000,
-        };
+        let mut s1 = Sim::new(&free_at, 1000);
         c1.acquire(&mut s1);
         assert!(c1.solo());
         // Slice 1 goes quiet while solo: the newcomer gets in within a few ms, not never.
         let mut c2 = Client::new(&dev, 0, &t, 2, &p2).unwrap();
-        let mut s2 = Sim {
-            free_at: &free_at,
-            queue: VecDeque::new(),
-            kernel_ns: 1000,
-        };
+        let mut s2 = Sim::new(&free_at, 1000);
         let a = c2.acquire(&mut s2);
         assert!(!c1.solo());
         assert!(a.throttled_ns < 500_000_000, "{}", a.throttled_ns);
