@@ -8,8 +8,8 @@
 
 use gpuslice_e2e::{run_json, World};
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Stdio};
+use std::io::{BufRead, BufReader, Lines, Read, Write};
+use std::process::{Child, ChildStderr, Stdio};
 use std::time::{Duration, Instant};
 
 const GI: u64 = 1 << 30;
@@ -49,6 +49,20 @@ fn wait_for<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Start `gpuslice <args>` (a monitor) with its stderr readable line by line, for tests that
+/// wait on what it says.
+fn monitor_saying(w: &World, args: &[&str]) -> (Child, Lines<BufReader<ChildStderr>>) {
+    let mut m = w
+        .gpuslice()
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn gpuslice monitor");
+    let lines = BufReader::new(m.stderr.take().unwrap()).lines();
+    (m, lines)
 }
 
 /// Start `gpuslice monitor` in the world; returns once it holds its lock.
@@ -582,14 +596,7 @@ fn a_corrupt_ledger_is_a_clear_error_and_the_monitor_keeps_running() {
         "names the file: {err}"
     );
 
-    let mut m = w
-        .gpuslice()
-        .arg("monitor")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(m.stderr.take().unwrap()).lines();
+    let (mut m, mut lines) = monitor_saying(&w, &["monitor"]);
     let said = wait_for(20, "the monitor to report the broken ledger", || {
         let l = lines.next()?.ok()?;
         l.contains(&*path.to_string_lossy()).then_some(l)
@@ -625,14 +632,7 @@ fn a_corrupt_ledger_is_a_clear_error_and_the_monitor_keeps_running() {
 #[test]
 fn the_monitor_serves_prometheus_text_over_http() {
     let w = World::new(1, "16Gi");
-    let mut m = w
-        .gpuslice()
-        .args(["monitor", "--metrics-listen", "127.0.0.1:0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(m.stderr.take().unwrap()).lines();
+    let (mut m, mut lines) = monitor_saying(&w, &["monitor", "--metrics-listen", "127.0.0.1:0"]);
     let url = wait_for(20, "the monitor to say where it serves metrics", || {
         let l = lines.next()?.ok()?;
         l.split_whitespace()
