@@ -6,10 +6,14 @@
 //! `#[repr(C)]` types, constants and names, no code that talks to a driver.
 //!
 //! Layouts follow `cuda.h` and `nvml.h` of CUDA 12.x; tests at the bottom pin sizes and
-//! offsets against those headers.
+//! offsets against those headers. [`pfn`] holds the C signature of every driver and NVML entry
+//! point, generated from the headers by `abi/gen/pfn.py`; every table in gpuslice that declares
+//! or defines one of these functions is checked against it at compile time.
 
 #![deny(missing_docs)]
 
+#[rustfmt::skip] // generated; one line per entry point
+pub mod pfn;
 mod result;
 mod types;
 

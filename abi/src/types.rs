@@ -53,10 +53,13 @@ pub const CU_GET_PROC_ADDRESS_DEFAULT: u64 = 0;
 pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
 pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 
-/// `CUdriverProcAddressQueryResult`.
-pub const CU_GET_PROC_ADDRESS_SUCCESS: c_int = 0;
-pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;
-pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: c_int = 2;
+/// `CUdriverProcAddressQueryResult`, what `cuGetProcAddress_v2` writes to `symbolStatus`. A C
+/// enum: spelled `int` here, the type of its enumerators (the same size, alignment and
+/// registers as the `unsigned int` GCC picks for it).
+pub type CUdriverProcAddressQueryResult = c_int;
+pub const CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult = 0;
+pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: CUdriverProcAddressQueryResult = 1;
+pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: CUdriverProcAddressQueryResult = 2;
 
 // --- memory --------------------------------------------------------------------------------
 
@@ -465,6 +468,15 @@ pub const CU_JIT_INPUT_FATBINARY: CUjitInputType = 2;
 pub const CU_JIT_INPUT_OBJECT: CUjitInputType = 3;
 pub const CU_JIT_INPUT_LIBRARY: CUjitInputType = 4;
 
+/// `CUjit_option`, the keys of the JIT option arrays (`cuModuleLoadDataEx`, `cuLink*`): a C
+/// enum, spelled `int` like [`CUdriverProcAddressQueryResult`].
+pub type CUjit_option = c_int;
+/// `CUlibraryOption`, the keys of `cuLibraryLoad*`'s library options (as [`CUjit_option`]).
+pub type CUlibraryOption = c_int;
+
+/// `CUoccupancyB2DSize`: the dynamic shared memory a block size needs (`cuOccupancy*`).
+pub type CUoccupancyB2DSize = Option<unsafe extern "C" fn(c_int) -> usize>;
+
 /// `CUstreamCallback`, for `cuStreamAddCallback`.
 pub type CUstreamCallback = Option<unsafe extern "C" fn(CUstream, u32, *mut c_void)>;
 
@@ -472,6 +484,13 @@ pub type CUstreamCallback = Option<unsafe extern "C" fn(CUstream, u32, *mut c_vo
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CUipcMemHandle {
+    pub reserved: [c_char; 64],
+}
+
+/// `CUipcEventHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUipcEventHandle {
     pub reserved: [c_char; 64],
 }
 
@@ -511,5 +530,7 @@ mod tests {
         assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
         assert_eq!(size_of::<nvmlProcessInfo_t>(), 24);
         assert_eq!(size_of::<nvmlPciInfo_t>(), 68);
+        assert_eq!(size_of::<CUipcMemHandle>(), 64);
+        assert_eq!(size_of::<CUipcEventHandle>(), 64);
     }
 }

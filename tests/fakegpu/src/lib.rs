@@ -16,6 +16,7 @@
 //! The library links with `-Bsymbolic` and never calls its own exports, so an interposer
 //! such as `libgpuslice.so` sees exactly the client's calls.
 
+mod abi_check;
 pub mod api;
 pub mod config;
 pub mod exec;
