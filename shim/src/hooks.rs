@@ -8,12 +8,20 @@
 //!
 //! Real-only rows (driver functions gpuslice calls but does not hook) generate only the
 //! accessor. Adding a hook is adding one line here and writing its handler.
+//!
+//! The function types are [`gpuslice_abi::pfn`]'s, generated from NVIDIA's headers: a real-only
+//! row is just a name, and a hooked row's parameter list (which the wrapper needs, to have
+//! names) is checked against the header's at compile time, so a row with a `c_uint` where
+//! `cuda.h` has `size_t` does not build.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use crate::real::Lib;
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use gpuslice_abi::*;
+
+/// The function pointer types of the driver and NVML, from the headers.
+pub use gpuslice_abi::pfn;
 
 /// One symbol of the table.
 pub struct Symbol {
@@ -35,7 +43,7 @@ unsafe impl Sync for Wrapper {}
 macro_rules! hook_table {
     (
         hooks { $( $lib:ident $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $handler:path; )* }
-        reals { $( $rlib:ident $rname:ident ( $($rarg:ident : $rty:ty),* $(,)? ); )* }
+        reals { $( $rlib:ident $rname:ident; )* }
     ) => {
         /// Index of each symbol in [`SYMBOLS`]: hooked ones first, then real-only ones.
         #[allow(non_camel_case_types, clippy::enum_variant_names, dead_code)]
@@ -52,13 +60,8 @@ macro_rules! hook_table {
             $( Symbol { name: concat!(stringify!($rname), "\0"), lib: Lib::$rlib, wrapper: None }, )*
         ];
 
-        /// Function pointer types of the real functions.
-        pub mod pfn {
-            #[allow(unused_imports)]
-            use super::*;
-            $( #[allow(non_camel_case_types)] pub type $name = unsafe extern "C" fn($($ty),*) -> u32; )*
-            $( #[allow(non_camel_case_types)] pub type $rname = unsafe extern "C" fn($($rty),*) -> u32; )*
-        }
+        // Each wrapper has the header's signature (see the module comment).
+        $( const _: pfn::$name = exports::$name; )*
 
         /// The real functions, resolved lazily (`None` when the driver lacks one).
         pub mod real {
@@ -68,7 +71,7 @@ macro_rules! hook_table {
                 pub fn $name() -> Option<pfn::$name> {
                     let p = crate::real::get(Sym::$name as usize);
                     // SAFETY: p was returned by the real dlsym for this exact name, whose C
-                    // signature is the one in the table row.
+                    // signature is pfn's, generated from the header.
                     (!p.is_null()).then(|| unsafe { core::mem::transmute::<*mut c_void, pfn::$name>(p) })
                 }
             )*
@@ -164,23 +167,23 @@ hook_table! {
         Nvml nvmlDeviceGetMemoryInfo_v2(dev: nvmlDevice_t, mem: *mut nvmlMemory_v2_t) => nvml::memory_info_v2;
     }
     reals {
-        Cuda cuDeviceGetCount(count: *mut c_int);
-        Cuda cuDeviceGet(dev: *mut CUdevice, ordinal: c_int);
-        Cuda cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice);
-        Cuda cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
-        Cuda cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice);
-        Cuda cuCtxGetDevice(dev: *mut CUdevice);
-        Cuda cuEventCreate(event: *mut CUevent, flags: c_uint);
-        Cuda cuEventRecord(event: CUevent, stream: CUstream);
-        Cuda cuEventQuery(event: CUevent);
-        Cuda cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
-        Cuda cuEventDestroy_v2(event: CUevent);
-        Cuda cuStreamIsCapturing(stream: CUstream, status: *mut CUstreamCaptureStatus);
-        Cuda cuStreamGetCaptureInfo_v2(stream: CUstream, status: *mut CUstreamCaptureStatus, id: *mut u64, graph: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize);
-        Cuda cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
-        Cuda cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
-        Nvml nvmlDeviceGetUUID(dev: nvmlDevice_t, buf: *mut c_char, len: c_uint);
-        Nvml nvmlDeviceGetIndex(dev: nvmlDevice_t, index: *mut c_uint);
+        Cuda cuDeviceGetCount;
+        Cuda cuDeviceGet;
+        Cuda cuDeviceGetUuid_v2;
+        Cuda cuDeviceGetUuid;
+        Cuda cuDeviceGetName;
+        Cuda cuCtxGetDevice;
+        Cuda cuEventCreate;
+        Cuda cuEventRecord;
+        Cuda cuEventQuery;
+        Cuda cuEventElapsedTime;
+        Cuda cuEventDestroy_v2;
+        Cuda cuStreamIsCapturing;
+        Cuda cuStreamGetCaptureInfo_v2;
+        Cuda cuMemPoolGetAttribute;
+        Cuda cuDeviceGetMemPool;
+        Nvml nvmlDeviceGetUUID;
+        Nvml nvmlDeviceGetIndex;
     }
 }
 

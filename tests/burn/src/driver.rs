@@ -3,9 +3,9 @@
 //! cudart, PyTorch and cuda-bindings do) or through `dlsym` on the versioned export names.
 //!
 //! The table below is the only list of entry points: each row names the field (the base name,
-//! as `cuGetProcAddress` wants it), the versioned export `dlsym` looks up, and the signature.
-//! Signatures are those of the newest `PFN_<name>_v<version>` at or below CUDA 12.0 in
-//! `cudaTypedefs.h`; none of these changed later (through 13.x), so asking for the driver's own
+//! as `cuGetProcAddress` wants it) and the versioned export `dlsym` looks up, whose signature is
+//! [`gpuslice_abi::pfn`]'s (generated from `cudaTypedefs.h`). Each export is the newest at or
+//! below CUDA 12.0; none of these changed later (through 13.x), so asking for the driver's own
 //! version (`--cuda-version driver`) returns the same ABI.
 //!
 //! An entry point the driver lacks is not fatal at start-up: the field stays empty and the call
@@ -14,7 +14,7 @@
 
 #![allow(non_snake_case)] // fields are named like the driver's entry points
 
-use core::ffi::{c_char, c_int, c_uint, c_void};
+use core::ffi::{c_int, c_void};
 use std::ffi::CStr;
 use std::fmt;
 
@@ -69,15 +69,12 @@ pub enum Resolve {
     Dlsym,
 }
 
-type GetProcAddressV2 =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
-type DriverGetVersion = unsafe extern "C" fn(*mut c_int) -> CUresult;
 
 macro_rules! driver_table {
-    ($( $name:ident / $export:literal : fn($($arg:ty),* $(,)?); )*) => {
+    ($( $name:ident / $export:ident; )*) => {
         /// The resolved entry points; `None` where the driver lacks one.
         pub struct Driver {
-            $( pub $name: Option<unsafe extern "C" fn($($arg),*) -> CUresult>, )*
+            $( pub $name: Option<pfn::$export>, )*
             /// Why each unresolved entry point is missing, by base name.
             pub missing: Vec<(&'static str, String)>,
             /// The CUDA version passed to `cuGetProcAddress_v2` (`None` with `dlsym`).
@@ -94,16 +91,11 @@ macro_rules! driver_table {
                 let d = Driver {
                     $( $name: {
                         let base = nul_terminated(concat!(stringify!($name), "\0"));
-                        let export = nul_terminated(concat!($export, "\0"));
+                        let export = nul_terminated(concat!(stringify!($export), "\0"));
                         match lookup(base, export) {
                             // SAFETY: the pointer was resolved for this name, at a version whose
-                            // `PFN_` typedef has exactly this signature (see the module comment).
-                            Ok(p) => Some(unsafe {
-                                std::mem::transmute::<
-                                    *mut c_void,
-                                    unsafe extern "C" fn($($arg),*) -> CUresult,
-                                >(p)
-                            }),
+                            // `PFN_` typedef is the export's (see the module comment).
+                            Ok(p) => Some(unsafe { std::mem::transmute::<*mut c_void, pfn::$export>(p) }),
                             Err(why) => {
                                 missing.push((stringify!($name), why));
                                 None
@@ -121,82 +113,62 @@ macro_rules! driver_table {
 }
 
 driver_table! {
-    cuInit / "cuInit": fn(c_uint);
-    cuDeviceGetCount / "cuDeviceGetCount": fn(*mut c_int);
-    cuDeviceGet / "cuDeviceGet": fn(*mut CUdevice, c_int);
-    cuDeviceGetName / "cuDeviceGetName": fn(*mut c_char, c_int, CUdevice);
-    cuDeviceGetUuid / "cuDeviceGetUuid_v2": fn(*mut CUuuid, CUdevice);
-    cuDevicePrimaryCtxRetain / "cuDevicePrimaryCtxRetain": fn(*mut CUcontext, CUdevice);
-    cuDevicePrimaryCtxRelease / "cuDevicePrimaryCtxRelease_v2": fn(CUdevice);
-    cuCtxSetCurrent / "cuCtxSetCurrent": fn(CUcontext);
-    cuCtxSynchronize / "cuCtxSynchronize": fn();
-    cuModuleLoadData / "cuModuleLoadData": fn(*mut CUmodule, *const c_void);
-    cuModuleGetFunction / "cuModuleGetFunction": fn(*mut CUfunction, CUmodule, *const c_char);
-    cuModuleUnload / "cuModuleUnload": fn(CUmodule);
-    cuLaunchKernel / "cuLaunchKernel": fn(
-        CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream,
-        *mut *mut c_void, *mut *mut c_void,
-    );
-    cuLaunchKernelEx / "cuLaunchKernelEx": fn(
-        *const CUlaunchConfig, CUfunction, *mut *mut c_void, *mut *mut c_void,
-    );
-    cuLaunchCooperativeKernel / "cuLaunchCooperativeKernel": fn(
-        CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream,
-        *mut *mut c_void,
-    );
-    cuStreamCreate / "cuStreamCreate": fn(*mut CUstream, c_uint);
-    cuStreamDestroy / "cuStreamDestroy_v2": fn(CUstream);
-    cuStreamSynchronize / "cuStreamSynchronize": fn(CUstream);
-    cuEventCreate / "cuEventCreate": fn(*mut CUevent, c_uint);
-    cuEventRecord / "cuEventRecord": fn(CUevent, CUstream);
-    cuEventSynchronize / "cuEventSynchronize": fn(CUevent);
-    cuEventQuery / "cuEventQuery": fn(CUevent);
-    cuEventElapsedTime / "cuEventElapsedTime": fn(*mut f32, CUevent, CUevent);
-    cuEventDestroy / "cuEventDestroy_v2": fn(CUevent);
-    cuStreamBeginCapture / "cuStreamBeginCapture_v2": fn(CUstream, CUstreamCaptureMode);
-    cuStreamEndCapture / "cuStreamEndCapture": fn(CUstream, *mut CUgraph);
-    cuGraphCreate / "cuGraphCreate": fn(*mut CUgraph, c_uint);
-    cuGraphAddMemAllocNode / "cuGraphAddMemAllocNode": fn(
-        *mut CUgraphNode, CUgraph, *const CUgraphNode, usize, *mut CUDA_MEM_ALLOC_NODE_PARAMS,
-    );
-    cuGraphInstantiateWithFlags / "cuGraphInstantiateWithFlags": fn(*mut CUgraphExec, CUgraph, u64);
-    cuGraphLaunch / "cuGraphLaunch": fn(CUgraphExec, CUstream);
-    cuGraphExecDestroy / "cuGraphExecDestroy": fn(CUgraphExec);
-    cuGraphDestroy / "cuGraphDestroy": fn(CUgraph);
-    cuMemGetInfo / "cuMemGetInfo_v2": fn(*mut usize, *mut usize);
-    cuMemAlloc / "cuMemAlloc_v2": fn(*mut CUdeviceptr, usize);
-    cuMemFree / "cuMemFree_v2": fn(CUdeviceptr);
-    cuMemAllocPitch / "cuMemAllocPitch_v2": fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint);
-    cuMemAllocManaged / "cuMemAllocManaged": fn(*mut CUdeviceptr, usize, c_uint);
-    cuMemAllocAsync / "cuMemAllocAsync": fn(*mut CUdeviceptr, usize, CUstream);
-    cuMemFreeAsync / "cuMemFreeAsync": fn(CUdeviceptr, CUstream);
-    cuMemPoolCreate / "cuMemPoolCreate": fn(*mut CUmemoryPool, *const CUmemPoolProps);
-    cuMemPoolDestroy / "cuMemPoolDestroy": fn(CUmemoryPool);
-    cuMemAllocFromPoolAsync / "cuMemAllocFromPoolAsync": fn(
-        *mut CUdeviceptr, usize, CUmemoryPool, CUstream,
-    );
-    cuMemGetAllocationGranularity / "cuMemGetAllocationGranularity": fn(
-        *mut usize, *const CUmemAllocationProp, c_uint,
-    );
-    cuMemCreate / "cuMemCreate": fn(
-        *mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64,
-    );
-    cuMemRelease / "cuMemRelease": fn(CUmemGenericAllocationHandle);
-    cuMemAddressReserve / "cuMemAddressReserve": fn(
-        *mut CUdeviceptr, usize, usize, CUdeviceptr, u64,
-    );
-    cuMemAddressFree / "cuMemAddressFree": fn(CUdeviceptr, usize);
-    cuMemMap / "cuMemMap": fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64);
-    cuMemUnmap / "cuMemUnmap": fn(CUdeviceptr, usize);
-    cuMemSetAccess / "cuMemSetAccess": fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize);
-    cuArrayCreate / "cuArrayCreate_v2": fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR);
-    cuArrayDestroy / "cuArrayDestroy": fn(CUarray);
-    cuArray3DCreate / "cuArray3DCreate_v2": fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR);
-    cuMipmappedArrayCreate / "cuMipmappedArrayCreate": fn(
-        *mut CUmipmappedArray, *const CUDA_ARRAY3D_DESCRIPTOR, c_uint,
-    );
-    cuMipmappedArrayDestroy / "cuMipmappedArrayDestroy": fn(CUmipmappedArray);
-    cuMemsetD8 / "cuMemsetD8_v2": fn(CUdeviceptr, u8, usize);
+    cuInit / cuInit;
+    cuDeviceGetCount / cuDeviceGetCount;
+    cuDeviceGet / cuDeviceGet;
+    cuDeviceGetName / cuDeviceGetName;
+    cuDeviceGetUuid / cuDeviceGetUuid_v2;
+    cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRetain;
+    cuDevicePrimaryCtxRelease / cuDevicePrimaryCtxRelease_v2;
+    cuCtxSetCurrent / cuCtxSetCurrent;
+    cuCtxSynchronize / cuCtxSynchronize;
+    cuModuleLoadData / cuModuleLoadData;
+    cuModuleGetFunction / cuModuleGetFunction;
+    cuModuleUnload / cuModuleUnload;
+    cuLaunchKernel / cuLaunchKernel;
+    cuLaunchKernelEx / cuLaunchKernelEx;
+    cuLaunchCooperativeKernel / cuLaunchCooperativeKernel;
+    cuStreamCreate / cuStreamCreate;
+    cuStreamDestroy / cuStreamDestroy_v2;
+    cuStreamSynchronize / cuStreamSynchronize;
+    cuEventCreate / cuEventCreate;
+    cuEventRecord / cuEventRecord;
+    cuEventSynchronize / cuEventSynchronize;
+    cuEventQuery / cuEventQuery;
+    cuEventElapsedTime / cuEventElapsedTime;
+    cuEventDestroy / cuEventDestroy_v2;
+    cuStreamBeginCapture / cuStreamBeginCapture_v2;
+    cuStreamEndCapture / cuStreamEndCapture;
+    cuGraphCreate / cuGraphCreate;
+    cuGraphAddMemAllocNode / cuGraphAddMemAllocNode;
+    cuGraphInstantiateWithFlags / cuGraphInstantiateWithFlags;
+    cuGraphLaunch / cuGraphLaunch;
+    cuGraphExecDestroy / cuGraphExecDestroy;
+    cuGraphDestroy / cuGraphDestroy;
+    cuMemGetInfo / cuMemGetInfo_v2;
+    cuMemAlloc / cuMemAlloc_v2;
+    cuMemFree / cuMemFree_v2;
+    cuMemAllocPitch / cuMemAllocPitch_v2;
+    cuMemAllocManaged / cuMemAllocManaged;
+    cuMemAllocAsync / cuMemAllocAsync;
+    cuMemFreeAsync / cuMemFreeAsync;
+    cuMemPoolCreate / cuMemPoolCreate;
+    cuMemPoolDestroy / cuMemPoolDestroy;
+    cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync;
+    cuMemGetAllocationGranularity / cuMemGetAllocationGranularity;
+    cuMemCreate / cuMemCreate;
+    cuMemRelease / cuMemRelease;
+    cuMemAddressReserve / cuMemAddressReserve;
+    cuMemAddressFree / cuMemAddressFree;
+    cuMemMap / cuMemMap;
+    cuMemUnmap / cuMemUnmap;
+    cuMemSetAccess / cuMemSetAccess;
+    cuArrayCreate / cuArrayCreate_v2;
+    cuArrayDestroy / cuArrayDestroy;
+    cuArray3DCreate / cuArray3DCreate_v2;
+    cuMipmappedArrayCreate / cuMipmappedArrayCreate;
+    cuMipmappedArrayDestroy / cuMipmappedArrayDestroy;
+    cuMemsetD8 / cuMemsetD8_v2;
 }
 
 /// Call a driver entry point through a [`Driver`], turning its status into a `Result`.
@@ -243,7 +215,7 @@ impl Driver {
         let mut driver_version: c_int = 0;
         if !get_version.is_null() {
             // SAFETY: `cuDriverGetVersion(int*)` is the only ABI this export ever had.
-            let f: DriverGetVersion = unsafe { std::mem::transmute(get_version) };
+            let f: pfn::cuDriverGetVersion = unsafe { std::mem::transmute(get_version) };
             // SAFETY: a valid out-pointer; the call works before cuInit.
             let r = unsafe { f(&mut driver_version) };
             if r != CUDA_SUCCESS {
@@ -268,7 +240,7 @@ impl Driver {
                         .into());
                 }
                 // SAFETY: the export `cuGetProcAddress_v2` has the PFN_cuGetProcAddress_v12000 ABI.
-                let gpa: GetProcAddressV2 = unsafe { std::mem::transmute(gpa) };
+                let gpa: pfn::cuGetProcAddress_v2 = unsafe { std::mem::transmute(gpa) };
                 let version = cuda_version.unwrap_or(driver_version);
                 let res = Driver::resolve_all(&mut |base, _export| {
                     let mut p: *mut c_void = std::ptr::null_mut();
