@@ -17,12 +17,11 @@
 //! `valgrind --tool=callgrind` with `ALLOC_CALLS` and `ALLOC_CALLS * 2` pairs and reports the
 //! difference per pair (start-up cancels out).
 
-use core::ffi::{c_char, c_int, c_uint, c_void};
+use core::ffi::c_void;
+use gpuslice_abi::pfn;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
-
-type CUresult = u32;
 
 const PTX: &str = include_str!("../../tests/burn/src/spin.ptx");
 const ALLOC_CALLS: usize = 20_000;
@@ -32,6 +31,13 @@ const ROUNDS: usize = 15;
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// The export `$name` of the library `h`, typed by its header signature (`gpuslice_abi::pfn`).
+macro_rules! sym {
+    ($h:expr, $name:ident) => {
+        sym::<pfn::$name>($h, stringify!($name))
+    };
 }
 
 unsafe fn sym<T>(h: *mut c_void, name: &str) -> T {
@@ -54,32 +60,16 @@ fn measure() -> (f64, f64) {
     unsafe {
         let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW);
         assert!(!h.is_null(), "cannot load libcuda.so.1");
-        let cu_init: unsafe extern "C" fn(c_uint) -> CUresult = sym(h, "cuInit");
-        let dev_get: unsafe extern "C" fn(*mut c_int, c_int) -> CUresult = sym(h, "cuDeviceGet");
-        let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CUresult =
-            sym(h, "cuDevicePrimaryCtxRetain");
-        let set_cur: unsafe extern "C" fn(*mut c_void) -> CUresult = sym(h, "cuCtxSetCurrent");
-        let alloc: unsafe extern "C" fn(*mut u64, usize) -> CUresult = sym(h, "cuMemAlloc_v2");
-        let free: unsafe extern "C" fn(u64) -> CUresult = sym(h, "cuMemFree_v2");
-        let load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CUresult =
-            sym(h, "cuModuleLoadData");
-        let getf: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> CUresult =
-            sym(h, "cuModuleGetFunction");
-        #[allow(clippy::type_complexity)]
-        let launch: unsafe extern "C" fn(
-            *mut c_void,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            *mut c_void,
-            *mut *mut c_void,
-            *mut *mut c_void,
-        ) -> CUresult = sym(h, "cuLaunchKernel");
-        let sync: unsafe extern "C" fn() -> CUresult = sym(h, "cuCtxSynchronize");
+        let cu_init = sym!(h, cuInit);
+        let dev_get = sym!(h, cuDeviceGet);
+        let retain = sym!(h, cuDevicePrimaryCtxRetain);
+        let set_cur = sym!(h, cuCtxSetCurrent);
+        let alloc = sym!(h, cuMemAlloc_v2);
+        let free = sym!(h, cuMemFree_v2);
+        let load = sym!(h, cuModuleLoadData);
+        let getf = sym!(h, cuModuleGetFunction);
+        let launch = sym!(h, cuLaunchKernel);
+        let sync = sym!(h, cuCtxSynchronize);
 
         ck!(cu_init(0));
         let mut dev = 0;

@@ -344,64 +344,31 @@ fn shares(opts: &Opts) {
 
 /// `launch-loop N`: time N launches of a 1 µs kernel (in batches that never fill the queue).
 fn launch_loop(n: usize) {
-    use core::ffi::{c_char, c_int, c_uint, c_void};
+    use core::ffi::c_void;
     use gpuslice_abi::*;
     use std::ptr::null_mut;
     // SAFETY: loading the CUDA driver library by its soname.
     let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
     assert!(!h.is_null(), "cannot load libcuda.so.1");
     macro_rules! sym {
-        ($name:literal, $t:ty) => {{
-            // SAFETY: the named driver entry point has exactly this C signature (cuda.h).
-            let p = unsafe { libc::dlsym(h, concat!($name, "\0").as_ptr().cast()) };
-            assert!(!p.is_null(), "libcuda.so.1 lacks {}", $name);
-            // SAFETY: as above.
-            unsafe { core::mem::transmute::<*mut c_void, $t>(p) }
+        ($name:ident) => {{
+            let name = concat!(stringify!($name), "\0");
+            // SAFETY: dlsym on a live handle with a NUL-terminated name.
+            let p = unsafe { libc::dlsym(h, name.as_ptr().cast()) };
+            assert!(!p.is_null(), "libcuda.so.1 lacks {}", stringify!($name));
+            // SAFETY: the export's C signature is pfn's, generated from cuda.h.
+            unsafe { core::mem::transmute::<*mut c_void, pfn::$name>(p) }
         }};
     }
-    type Launch = unsafe extern "C" fn(
-        CUfunction,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        CUstream,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> CUresult;
-    let init = sym!("cuInit", unsafe extern "C" fn(c_uint) -> CUresult);
-    let dev_get = sym!(
-        "cuDeviceGet",
-        unsafe extern "C" fn(*mut CUdevice, c_int) -> CUresult
-    );
-    let retain = sym!(
-        "cuDevicePrimaryCtxRetain",
-        unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult
-    );
-    let set = sym!(
-        "cuCtxSetCurrent",
-        unsafe extern "C" fn(CUcontext) -> CUresult
-    );
-    let load = sym!(
-        "cuModuleLoadData",
-        unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult
-    );
-    let get_fn = sym!(
-        "cuModuleGetFunction",
-        unsafe extern "C" fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult
-    );
-    let stream_create = sym!(
-        "cuStreamCreate",
-        unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult
-    );
-    let sync = sym!(
-        "cuStreamSynchronize",
-        unsafe extern "C" fn(CUstream) -> CUresult
-    );
-    let launch = sym!("cuLaunchKernel", Launch);
+    let init = sym!(cuInit);
+    let dev_get = sym!(cuDeviceGet);
+    let retain = sym!(cuDevicePrimaryCtxRetain);
+    let set = sym!(cuCtxSetCurrent);
+    let load = sym!(cuModuleLoadData);
+    let get_fn = sym!(cuModuleGetFunction);
+    let stream_create = sym!(cuStreamCreate);
+    let sync = sym!(cuStreamSynchronize);
+    let launch = sym!(cuLaunchKernel);
     const PTX: &str = concat!(include_str!("../../../burn/src/spin.ptx"), "\0");
     let (mut dev, mut ctx, mut m, mut f, mut s) =
         (0, null_mut(), null_mut(), null_mut(), null_mut());

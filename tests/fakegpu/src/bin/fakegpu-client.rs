@@ -54,10 +54,13 @@ impl Lib {
     }
 }
 
+/// `call!(lib, cuMemAlloc_v2; &mut p, n)`: look up the export and call it with the header's
+/// signature ([`gpuslice_abi::pfn`]), so the arguments are type-checked against `cuda.h`.
 macro_rules! call {
-    ($lib:expr, $name:literal, fn($($t:ty),*) ; $($a:expr),*) => {{
-        let f: unsafe extern "C" fn($($t),*) -> u32 = $lib.get($name);
-        // SAFETY: arguments follow the CUDA/NVML signature named in the macro call.
+    ($lib:expr, $name:ident ; $($a:expr),*) => {{
+        let f: pfn::$name = $lib.get(stringify!($name));
+        // SAFETY: `f` has the header's signature for this export, and the call site passes
+        // arguments valid for it (live locals, handles the driver returned).
         let r = unsafe { f($($a),*) };
         r
     }};
@@ -77,15 +80,15 @@ struct Cuda {
 impl Cuda {
     fn init() -> Cuda {
         let lib = Lib::open("libcuda.so.1");
-        ok!(call!(lib, "cuInit", fn(c_uint); 0));
+        ok!(call!(lib, cuInit; 0));
         let mut ctx: CUcontext = std::ptr::null_mut();
-        ok!(call!(lib, "cuDevicePrimaryCtxRetain", fn(*mut CUcontext, c_int); &mut ctx, 0));
-        ok!(call!(lib, "cuCtxSetCurrent", fn(CUcontext); ctx));
+        ok!(call!(lib, cuDevicePrimaryCtxRetain; &mut ctx, 0));
+        ok!(call!(lib, cuCtxSetCurrent; ctx));
         Cuda { lib }
     }
     fn alloc(&self, n: usize) -> Result<u64, u32> {
         let mut p = 0u64;
-        let r = call!(self.lib, "cuMemAlloc_v2", fn(*mut u64, usize); &mut p, n);
+        let r = call!(self.lib, cuMemAlloc_v2; &mut p, n);
         if r == 0 {
             Ok(p)
         } else {
@@ -94,18 +97,18 @@ impl Cuda {
     }
     fn mem_info(&self) -> (usize, usize) {
         let (mut f, mut t) = (0usize, 0usize);
-        ok!(call!(self.lib, "cuMemGetInfo_v2", fn(*mut usize, *mut usize); &mut f, &mut t));
+        ok!(call!(self.lib, cuMemGetInfo_v2; &mut f, &mut t));
         (f, t)
     }
     fn spin(&self) -> CUfunction {
         let src = CString::new(PTX).unwrap();
         let mut m: CUmodule = std::ptr::null_mut();
         ok!(
-            call!(self.lib, "cuModuleLoadData", fn(*mut CUmodule, *const c_void); &mut m, src.as_ptr() as *const c_void)
+            call!(self.lib, cuModuleLoadData; &mut m, src.as_ptr() as *const c_void)
         );
         let mut f: CUfunction = std::ptr::null_mut();
         ok!(
-            call!(self.lib, "cuModuleGetFunction", fn(*mut CUfunction, CUmodule, *const c_char); &mut f, m, c"gpuslice_spin".as_ptr())
+            call!(self.lib, cuModuleGetFunction; &mut f, m, c"gpuslice_spin".as_ptr())
         );
         f
     }
@@ -113,32 +116,32 @@ impl Cuda {
         let mut arg = ns;
         let mut params = [&mut arg as *mut u64 as *mut c_void];
         ok!(
-            call!(self.lib, "cuLaunchKernel", fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void);
+            call!(self.lib, cuLaunchKernel;
             f, 1, 1, 1, 1, 1, 1, 0, s, params.as_mut_ptr(), std::ptr::null_mut())
         );
     }
     fn event(&self) -> CUevent {
         let mut e: CUevent = std::ptr::null_mut();
-        ok!(call!(self.lib, "cuEventCreate", fn(*mut CUevent, c_uint); &mut e, 0));
+        ok!(call!(self.lib, cuEventCreate; &mut e, 0));
         e
     }
     fn record(&self, e: CUevent, s: CUstream) {
-        ok!(call!(self.lib, "cuEventRecord", fn(CUevent, CUstream); e, s));
+        ok!(call!(self.lib, cuEventRecord; e, s));
     }
     fn ev_sync(&self, e: CUevent) {
-        ok!(call!(self.lib, "cuEventSynchronize", fn(CUevent); e));
+        ok!(call!(self.lib, cuEventSynchronize; e));
     }
 }
 
 fn nvml_memory() -> serde_json::Value {
     let lib = Lib::open("libnvidia-ml.so.1");
-    ok!(call!(lib, "nvmlInit_v2", fn(); ));
+    ok!(call!(lib, nvmlInit_v2; ));
     let mut h: nvmlDevice_t = std::ptr::null_mut();
-    ok!(call!(lib, "nvmlDeviceGetHandleByIndex_v2", fn(c_uint, *mut nvmlDevice_t); 0, &mut h));
+    ok!(call!(lib, nvmlDeviceGetHandleByIndex_v2; 0, &mut h));
     let mut m = nvmlMemory_t::default();
-    ok!(call!(lib, "nvmlDeviceGetMemoryInfo", fn(nvmlDevice_t, *mut nvmlMemory_t); h, &mut m));
+    ok!(call!(lib, nvmlDeviceGetMemoryInfo; h, &mut m));
     let mut count: c_uint = 0;
-    let r = call!(lib, "nvmlDeviceGetComputeRunningProcesses_v3", fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t); h, &mut count, std::ptr::null_mut());
+    let r = call!(lib, nvmlDeviceGetComputeRunningProcesses_v3; h, &mut count, std::ptr::null_mut());
     assert!(
         r == NVML_SUCCESS || r == NVML_ERROR_INSUFFICIENT_SIZE,
         "processes: {r}"
@@ -146,7 +149,7 @@ fn nvml_memory() -> serde_json::Value {
     let mut infos = vec![nvmlProcessInfo_t::default(); count as usize + 4];
     let mut n = infos.len() as c_uint;
     ok!(
-        call!(lib, "nvmlDeviceGetComputeRunningProcesses_v3", fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t); h, &mut n, infos.as_mut_ptr())
+        call!(lib, nvmlDeviceGetComputeRunningProcesses_v3; h, &mut n, infos.as_mut_ptr())
     );
     let procs: Vec<serde_json::Value> = infos[..n as usize]
         .iter()
@@ -187,7 +190,7 @@ fn main() {
             c.record(b, s);
             c.ev_sync(b);
             let mut ms = 0f32;
-            ok!(call!(c.lib, "cuEventElapsedTime", fn(*mut f32, CUevent, CUevent); &mut ms, a, b));
+            ok!(call!(c.lib, cuEventElapsedTime; &mut ms, a, b));
             serde_json::json!({"elapsed_ms": ms})
         }
         "share" => {
@@ -208,7 +211,7 @@ fn main() {
                 c.record(ring[slot], s);
                 launched += 1;
             }
-            ok!(call!(c.lib, "cuCtxSynchronize", fn(); ));
+            ok!(call!(c.lib, cuCtxSynchronize; ));
             let wall = start.elapsed().as_secs_f64();
             let gpu = launched as f64 * us as f64 / 1e6;
             serde_json::json!({"kernels": launched, "gpu_seconds": gpu, "wall_seconds": wall, "share": gpu / wall})
@@ -222,10 +225,10 @@ fn main() {
         "copies" => copies(),
         "init" => {
             let lib = Lib::open("libcuda.so.1");
-            let before = call!(lib, "cuMemAlloc_v2", fn(*mut u64, usize); &mut 0u64, 16);
-            let r = call!(lib, "cuInit", fn(c_uint); 0);
+            let before = call!(lib, cuMemAlloc_v2; &mut 0u64, 16);
+            let r = call!(lib, cuInit; 0);
             let no_ctx = if r == 0 {
-                call!(lib, "cuMemAlloc_v2", fn(*mut u64, usize); &mut 0u64, 16)
+                call!(lib, cuMemAlloc_v2; &mut 0u64, 16)
             } else {
                 r
             };
@@ -278,18 +281,18 @@ fn zero(streams: usize, rounds: usize) -> serde_json::Value {
         let mut m: CUmodule = std::ptr::null_mut();
         let src = CString::new(PTX).unwrap();
         ok!(
-            call!(c.lib, "cuModuleLoadData", fn(*mut CUmodule, *const c_void); &mut m, src.as_ptr() as *const c_void)
+            call!(c.lib, cuModuleLoadData; &mut m, src.as_ptr() as *const c_void)
         );
         let mut k: CUfunction = std::ptr::null_mut();
         ok!(
-            call!(c.lib, "cuModuleGetFunction", fn(*mut CUfunction, CUmodule, *const c_char); &mut k, m, c"other_kernel".as_ptr())
+            call!(c.lib, cuModuleGetFunction; &mut k, m, c"other_kernel".as_ptr())
         );
         k
     };
     let ss: Vec<CUstream> = (0..streams)
         .map(|_| {
             let mut s: CUstream = std::ptr::null_mut();
-            ok!(call!(c.lib, "cuStreamCreate", fn(*mut CUstream, c_uint); &mut s, CU_STREAM_NON_BLOCKING));
+            ok!(call!(c.lib, cuStreamCreate; &mut s, CU_STREAM_NON_BLOCKING));
             s
         })
         .collect();
@@ -305,20 +308,20 @@ fn zero(streams: usize, rounds: usize) -> serde_json::Value {
             }
             kernels += 8;
         }
-        ok!(call!(c.lib, "cuCtxSynchronize", fn(); ));
+        ok!(call!(c.lib, cuCtxSynchronize; ));
         // Zero kernels around a real one and around a kernel with no parameter, per stream.
         for &s in &ss {
             c.launch_spin(f, 0, s);
             c.launch_spin(f, 50_000, s);
             c.launch_spin(f, 0, s);
             ok!(
-                call!(c.lib, "cuLaunchKernel", fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void);
+                call!(c.lib, cuLaunchKernel;
                 other, 1, 1, 1, 1, 1, 1, 0, s, std::ptr::null_mut(), std::ptr::null_mut())
             );
             kernels += 4;
         }
         for &s in &ss {
-            ok!(call!(c.lib, "cuStreamSynchronize", fn(CUstream); s));
+            ok!(call!(c.lib, cuStreamSynchronize; s));
         }
         // Events around zero kernels only: they complete and measure (about) nothing.
         let s = ss[r % ss.len()];
@@ -330,10 +333,10 @@ fn zero(streams: usize, rounds: usize) -> serde_json::Value {
         c.record(b, s);
         c.ev_sync(b);
         let mut ms = 0f32;
-        ok!(call!(c.lib, "cuEventElapsedTime", fn(*mut f32, CUevent, CUevent); &mut ms, a, b));
+        ok!(call!(c.lib, cuEventElapsedTime; &mut ms, a, b));
         max_elapsed_ms = max_elapsed_ms.max(ms);
     }
-    ok!(call!(c.lib, "cuCtxSynchronize", fn(); ));
+    ok!(call!(c.lib, cuCtxSynchronize; ));
     serde_json::json!({
         "kernels": kernels,
         "max_elapsed_ms": max_elapsed_ms,
@@ -341,9 +344,8 @@ fn zero(streams: usize, rounds: usize) -> serde_json::Value {
     })
 }
 
-type GetProc2 =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> u32;
-type GetProc1 = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> u32;
+type GetProc2 = pfn::cuGetProcAddress_v2;
+type GetProc1 = pfn::cuGetProcAddress;
 
 fn procaddr() -> serde_json::Value {
     let lib = Lib::open("libcuda.so.1");
@@ -460,46 +462,46 @@ fn copies() -> serde_json::Value {
     let a = c.alloc(n).unwrap();
     let b = c.alloc(n).unwrap();
     ok!(
-        call!(c.lib, "cuMemcpyHtoD_v2", fn(u64, *const c_void, usize); a, src.as_ptr() as *const c_void, n)
+        call!(c.lib, cuMemcpyHtoD_v2; a, src.as_ptr() as *const c_void, n)
     );
-    ok!(call!(c.lib, "cuMemcpyDtoD_v2", fn(u64, u64, usize); b, a, n));
+    ok!(call!(c.lib, cuMemcpyDtoD_v2; b, a, n));
     let mut back = vec![0u8; n];
     ok!(
-        call!(c.lib, "cuMemcpyDtoH_v2", fn(*mut c_void, u64, usize); back.as_mut_ptr() as *mut c_void, b, n)
+        call!(c.lib, cuMemcpyDtoH_v2; back.as_mut_ptr() as *mut c_void, b, n)
     );
     let roundtrip = back == src;
-    ok!(call!(c.lib, "cuMemsetD32_v2", fn(u64, c_uint, usize); a, 0xdeadbeef, 16));
+    ok!(call!(c.lib, cuMemsetD32_v2; a, 0xdeadbeef, 16));
     let mut words = [0u32; 17];
     ok!(
-        call!(c.lib, "cuMemcpyDtoHAsync_v2", fn(*mut c_void, u64, usize, CUstream); words.as_mut_ptr() as *mut c_void, a, 68, std::ptr::null_mut())
+        call!(c.lib, cuMemcpyDtoHAsync_v2; words.as_mut_ptr() as *mut c_void, a, 68, std::ptr::null_mut())
     );
-    ok!(call!(c.lib, "cuStreamSynchronize", fn(CUstream); std::ptr::null_mut()));
+    ok!(call!(c.lib, cuStreamSynchronize; std::ptr::null_mut()));
     let memset = words[..16].iter().all(|&w| w == 0xdeadbeef)
         && words[16] == u32::from_le_bytes([src[64], src[65], src[66], src[67]]);
     let zero = c.alloc(0).err();
-    let bad_free = call!(c.lib, "cuMemFree_v2", fn(u64); a + 8);
-    ok!(call!(c.lib, "cuMemFree_v2", fn(u64); a));
+    let bad_free = call!(c.lib, cuMemFree_v2; a + 8);
+    ok!(call!(c.lib, cuMemFree_v2; a));
     serde_json::json!({"roundtrip": roundtrip, "memset": memset, "alloc_zero": zero, "free_unknown": bad_free})
 }
 
 fn devices() -> serde_json::Value {
     let c = Cuda::init();
     let mut n: c_int = 0;
-    ok!(call!(c.lib, "cuDeviceGetCount", fn(*mut c_int); &mut n));
+    ok!(call!(c.lib, cuDeviceGetCount; &mut n));
     let mut devs = Vec::new();
     for d in 0..n {
         let mut u = CUuuid::default();
-        ok!(call!(c.lib, "cuDeviceGetUuid", fn(*mut CUuuid, c_int); &mut u, d));
+        ok!(call!(c.lib, cuDeviceGetUuid; &mut u, d));
         let mut name = [0 as c_char; 96];
         ok!(
-            call!(c.lib, "cuDeviceGetName", fn(*mut c_char, c_int, c_int); name.as_mut_ptr(), 96, d)
+            call!(c.lib, cuDeviceGetName; name.as_mut_ptr(), 96, d)
         );
         let (mut maj, mut min) = (0, 0);
         ok!(
-            call!(c.lib, "cuDeviceGetAttribute", fn(*mut c_int, c_uint, c_int); &mut maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d)
+            call!(c.lib, cuDeviceGetAttribute; &mut maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d)
         );
         ok!(
-            call!(c.lib, "cuDeviceGetAttribute", fn(*mut c_int, c_uint, c_int); &mut min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d)
+            call!(c.lib, cuDeviceGetAttribute; &mut min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d)
         );
         let hex: String = u
             .bytes
@@ -513,30 +515,30 @@ fn devices() -> serde_json::Value {
         devs.push(serde_json::json!({"uuid": hex, "name": name, "cc": format!("{maj}.{min}")}));
     }
     let mut v: c_int = 0;
-    ok!(call!(c.lib, "cuDriverGetVersion", fn(*mut c_int); &mut v));
+    ok!(call!(c.lib, cuDriverGetVersion; &mut v));
     serde_json::json!({"count": n, "devices": devs, "driver": v})
 }
 
 fn graphmem(bytes: usize, capture: bool) -> serde_json::Value {
     let c = Cuda::init();
     let mut s: CUstream = std::ptr::null_mut();
-    ok!(call!(c.lib, "cuStreamCreate", fn(*mut CUstream, c_uint); &mut s, CU_STREAM_NON_BLOCKING));
+    ok!(call!(c.lib, cuStreamCreate; &mut s, CU_STREAM_NON_BLOCKING));
     let mut g: CUgraph = std::ptr::null_mut();
     let mut ptr: CUdeviceptr = 0;
     if capture {
         ok!(
-            call!(c.lib, "cuStreamBeginCapture_v2", fn(CUstream, c_uint); s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            call!(c.lib, cuStreamBeginCapture_v2; s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         );
-        let add = call!(c.lib, "cuMemAllocAsync", fn(*mut CUdeviceptr, usize, CUstream); &mut ptr, bytes, s);
-        ok!(call!(c.lib, "cuStreamEndCapture", fn(CUstream, *mut CUgraph); s, &mut g));
+        let add = call!(c.lib, cuMemAllocAsync; &mut ptr, bytes, s);
+        ok!(call!(c.lib, cuStreamEndCapture; s, &mut g));
         if add != 0 {
-            ok!(call!(c.lib, "cuGraphDestroy", fn(CUgraph); g));
+            ok!(call!(c.lib, cuGraphDestroy; g));
             let (free, _) = c.mem_info();
             return serde_json::json!({ "add": add, "free_after_destroy": free });
         }
         return graphmem_run(&c, s, g, ptr, bytes, add);
     }
-    ok!(call!(c.lib, "cuGraphCreate", fn(*mut CUgraph, c_uint); &mut g, 0));
+    ok!(call!(c.lib, cuGraphCreate; &mut g, 0));
     let mut params = CUDA_MEM_ALLOC_NODE_PARAMS {
         poolProps: CUmemPoolProps {
             allocType: CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -556,7 +558,7 @@ fn graphmem(bytes: usize, capture: bool) -> serde_json::Value {
         dptr: 0,
     };
     let mut node: CUgraphNode = std::ptr::null_mut();
-    let add = call!(c.lib, "cuGraphAddMemAllocNode", fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize, *mut CUDA_MEM_ALLOC_NODE_PARAMS); &mut node, g, std::ptr::null(), 0, &mut params);
+    let add = call!(c.lib, cuGraphAddMemAllocNode; &mut node, g, std::ptr::null(), 0, &mut params);
     if add != 0 {
         return serde_json::json!({ "add": add });
     }
@@ -573,22 +575,22 @@ fn graphmem_run(
 ) -> serde_json::Value {
     let mut e: CUgraphExec = std::ptr::null_mut();
     ok!(
-        call!(c.lib, "cuGraphInstantiateWithFlags", fn(*mut CUgraphExec, CUgraph, u64); &mut e, g, 0)
+        call!(c.lib, cuGraphInstantiateWithFlags; &mut e, g, 0)
     );
     // Legal and common: the executable does not need its graph any more.
-    ok!(call!(c.lib, "cuGraphDestroy", fn(CUgraph); g));
-    let launch = call!(c.lib, "cuGraphLaunch", fn(CUgraphExec, CUstream); e, s);
-    ok!(call!(c.lib, "cuStreamSynchronize", fn(CUstream); s));
+    ok!(call!(c.lib, cuGraphDestroy; g));
+    let launch = call!(c.lib, cuGraphLaunch; e, s);
+    ok!(call!(c.lib, cuStreamSynchronize; s));
     let (free, total) = c.mem_info();
     let second = c.alloc(bytes);
     if let Ok(p) = second {
-        ok!(call!(c.lib, "cuMemFree_v2", fn(CUdeviceptr); p));
+        ok!(call!(c.lib, cuMemFree_v2; p));
     }
     if launch == 0 {
-        ok!(call!(c.lib, "cuMemFreeAsync", fn(CUdeviceptr, CUstream); ptr, s));
-        ok!(call!(c.lib, "cuStreamSynchronize", fn(CUstream); s));
+        ok!(call!(c.lib, cuMemFreeAsync; ptr, s));
+        ok!(call!(c.lib, cuStreamSynchronize; s));
     }
-    ok!(call!(c.lib, "cuGraphExecDestroy", fn(CUgraphExec); e));
+    ok!(call!(c.lib, cuGraphExecDestroy; e));
     let (free_after_destroy, _) = c.mem_info();
     serde_json::json!({
         "add": add,
@@ -604,39 +606,39 @@ fn graph() -> serde_json::Value {
     let c = Cuda::init();
     let f = c.spin();
     let mut s: CUstream = std::ptr::null_mut();
-    ok!(call!(c.lib, "cuStreamCreate", fn(*mut CUstream, c_uint); &mut s, CU_STREAM_NON_BLOCKING));
+    ok!(call!(c.lib, cuStreamCreate; &mut s, CU_STREAM_NON_BLOCKING));
     ok!(
-        call!(c.lib, "cuStreamBeginCapture_v2", fn(CUstream, c_uint); s, CU_STREAM_CAPTURE_MODE_GLOBAL)
+        call!(c.lib, cuStreamBeginCapture_v2; s, CU_STREAM_CAPTURE_MODE_GLOBAL)
     );
     let mut st: c_uint = 9;
-    ok!(call!(c.lib, "cuStreamIsCapturing", fn(CUstream, *mut c_uint); s, &mut st));
-    let sync_while_capturing = call!(c.lib, "cuStreamSynchronize", fn(CUstream); s);
+    ok!(call!(c.lib, cuStreamIsCapturing; s, &mut st));
+    let sync_while_capturing = call!(c.lib, cuStreamSynchronize; s);
     // That sync invalidated the capture, as on the driver; start again.
     let mut g: CUgraph = std::ptr::null_mut();
-    let end_invalid = call!(c.lib, "cuStreamEndCapture", fn(CUstream, *mut CUgraph); s, &mut g);
+    let end_invalid = call!(c.lib, cuStreamEndCapture; s, &mut g);
     ok!(
-        call!(c.lib, "cuStreamBeginCapture_v2", fn(CUstream, c_uint); s, CU_STREAM_CAPTURE_MODE_GLOBAL)
+        call!(c.lib, cuStreamBeginCapture_v2; s, CU_STREAM_CAPTURE_MODE_GLOBAL)
     );
     let mut p = 0u64;
-    ok!(call!(c.lib, "cuMemAllocAsync", fn(*mut u64, usize, CUstream); &mut p, 64 << 20, s));
+    ok!(call!(c.lib, cuMemAllocAsync; &mut p, 64 << 20, s));
     for _ in 0..10 {
         c.launch_spin(f, 1_000_000, s);
     }
-    ok!(call!(c.lib, "cuMemFreeAsync", fn(u64, CUstream); p, s));
-    ok!(call!(c.lib, "cuStreamEndCapture", fn(CUstream, *mut CUgraph); s, &mut g));
+    ok!(call!(c.lib, cuMemFreeAsync; p, s));
+    ok!(call!(c.lib, cuStreamEndCapture; s, &mut g));
     let mut e: CUgraphExec = std::ptr::null_mut();
     ok!(
-        call!(c.lib, "cuGraphInstantiateWithFlags", fn(*mut CUgraphExec, CUgraph, u64); &mut e, g, 0)
+        call!(c.lib, cuGraphInstantiateWithFlags; &mut e, g, 0)
     );
     let (free0, _) = c.mem_info();
     let (a, b) = (c.event(), c.event());
     c.record(a, s);
-    ok!(call!(c.lib, "cuGraphLaunch", fn(CUgraphExec, CUstream); e, s));
+    ok!(call!(c.lib, cuGraphLaunch; e, s));
     c.record(b, s);
     c.ev_sync(b);
     let mut ms = 0f32;
-    ok!(call!(c.lib, "cuEventElapsedTime", fn(*mut f32, CUevent, CUevent); &mut ms, a, b));
-    ok!(call!(c.lib, "cuStreamSynchronize", fn(CUstream); s));
+    ok!(call!(c.lib, cuEventElapsedTime; &mut ms, a, b));
+    ok!(call!(c.lib, cuStreamSynchronize; s));
     let (free1, _) = c.mem_info();
     serde_json::json!({"capturing_status": st, "sync_while_capturing": sync_while_capturing, "end_invalidated": end_invalid,
         "elapsed_ms": ms, "graph_mem_returned": free1 == free0})
@@ -645,28 +647,28 @@ fn graph() -> serde_json::Value {
 fn pool() -> serde_json::Value {
     let c = Cuda::init();
     let mut pool: CUmemoryPool = std::ptr::null_mut();
-    ok!(call!(c.lib, "cuDeviceGetMemPool", fn(*mut CUmemoryPool, c_int); &mut pool, 0));
+    ok!(call!(c.lib, cuDeviceGetMemPool; &mut pool, 0));
     let s: CUstream = std::ptr::null_mut();
     let (free0, _) = c.mem_info();
     let mut p = 0u64;
-    ok!(call!(c.lib, "cuMemAllocAsync", fn(*mut u64, usize, CUstream); &mut p, 256 << 20, s));
+    ok!(call!(c.lib, cuMemAllocAsync; &mut p, 256 << 20, s));
     let (free1, _) = c.mem_info();
-    ok!(call!(c.lib, "cuMemFreeAsync", fn(u64, CUstream); p, s));
-    ok!(call!(c.lib, "cuStreamSynchronize", fn(CUstream); s));
+    ok!(call!(c.lib, cuMemFreeAsync; p, s));
+    ok!(call!(c.lib, cuStreamSynchronize; s));
     let (free2, _) = c.mem_info();
     let mut threshold: u64 = u64::MAX;
     ok!(
-        call!(c.lib, "cuMemPoolSetAttribute", fn(CUmemoryPool, c_uint, *mut c_void); pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut threshold as *mut u64 as *mut c_void)
+        call!(c.lib, cuMemPoolSetAttribute; pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut threshold as *mut u64 as *mut c_void)
     );
-    ok!(call!(c.lib, "cuMemAllocAsync", fn(*mut u64, usize, CUstream); &mut p, 256 << 20, s));
-    ok!(call!(c.lib, "cuMemFreeAsync", fn(u64, CUstream); p, s));
-    ok!(call!(c.lib, "cuStreamSynchronize", fn(CUstream); s));
+    ok!(call!(c.lib, cuMemAllocAsync; &mut p, 256 << 20, s));
+    ok!(call!(c.lib, cuMemFreeAsync; p, s));
+    ok!(call!(c.lib, cuStreamSynchronize; s));
     let (free3, _) = c.mem_info();
     let mut reserved = 0u64;
     ok!(
-        call!(c.lib, "cuMemPoolGetAttribute", fn(CUmemoryPool, c_uint, *mut c_void); pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &mut reserved as *mut u64 as *mut c_void)
+        call!(c.lib, cuMemPoolGetAttribute; pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &mut reserved as *mut u64 as *mut c_void)
     );
-    ok!(call!(c.lib, "cuMemPoolTrimTo", fn(CUmemoryPool, usize); pool, 0));
+    ok!(call!(c.lib, cuMemPoolTrimTo; pool, 0));
     let (free4, _) = c.mem_info();
     serde_json::json!({"taken_by_alloc": free0 - free1, "after_free_sync": free0 - free2, "kept_above_threshold": free0 - free3,
         "reserved": reserved, "after_trim": free0 - free4})
@@ -686,39 +688,39 @@ fn vmm() -> serde_json::Value {
     };
     let mut gran = 0usize;
     ok!(
-        call!(c.lib, "cuMemGetAllocationGranularity", fn(*mut usize, *const CUmemAllocationProp, c_uint); &mut gran, &prop, 0)
+        call!(c.lib, cuMemGetAllocationGranularity; &mut gran, &prop, 0)
     );
     let size = 2 * gran;
     let (free0, _) = c.mem_info();
     let mut h = 0u64;
     ok!(
-        call!(c.lib, "cuMemCreate", fn(*mut u64, usize, *const CUmemAllocationProp, u64); &mut h, size, &prop, 0)
+        call!(c.lib, cuMemCreate; &mut h, size, &prop, 0)
     );
     let (free1, _) = c.mem_info();
     let mut va = 0u64;
     ok!(
-        call!(c.lib, "cuMemAddressReserve", fn(*mut u64, usize, usize, u64, u64); &mut va, size, 0, 0, 0)
+        call!(c.lib, cuMemAddressReserve; &mut va, size, 0, 0, 0)
     );
-    ok!(call!(c.lib, "cuMemMap", fn(u64, usize, usize, u64, u64); va, size, 0, h, 0));
+    ok!(call!(c.lib, cuMemMap; va, size, 0, h, 0));
     let desc = CUmemAccessDesc {
         location: prop.location,
         flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
     ok!(
-        call!(c.lib, "cuMemSetAccess", fn(u64, usize, *const CUmemAccessDesc, usize); va, size, &desc, 1)
+        call!(c.lib, cuMemSetAccess; va, size, &desc, 1)
     );
-    ok!(call!(c.lib, "cuMemsetD8_v2", fn(u64, u8, usize); va, 0x5a, size));
+    ok!(call!(c.lib, cuMemsetD8_v2; va, 0x5a, size));
     let mut back = vec![0u8; 16];
     ok!(
-        call!(c.lib, "cuMemcpyDtoH_v2", fn(*mut c_void, u64, usize); back.as_mut_ptr() as *mut c_void, va + size as u64 - 16, 16)
+        call!(c.lib, cuMemcpyDtoH_v2; back.as_mut_ptr() as *mut c_void, va + size as u64 - 16, 16)
     );
     let ok_bytes = back.iter().all(|&b| b == 0x5a);
-    ok!(call!(c.lib, "cuMemRelease", fn(u64); h));
+    ok!(call!(c.lib, cuMemRelease; h));
     let (free2, _) = c.mem_info();
-    ok!(call!(c.lib, "cuMemUnmap", fn(u64, usize); va, size));
-    ok!(call!(c.lib, "cuMemAddressFree", fn(u64, usize); va, size));
+    ok!(call!(c.lib, cuMemUnmap; va, size));
+    ok!(call!(c.lib, cuMemAddressFree; va, size));
     let (free3, _) = c.mem_info();
-    let odd = call!(c.lib, "cuMemCreate", fn(*mut u64, usize, *const CUmemAllocationProp, u64); &mut h, gran + 1, &prop, 0);
+    let odd = call!(c.lib, cuMemCreate; &mut h, gran + 1, &prop, 0);
     serde_json::json!({"granularity": gran, "created": free0 - free1, "bytes": ok_bytes, "held_while_mapped": free0 - free2,
         "after_unmap": free0 - free3, "unaligned_size": odd})
 }
