@@ -405,6 +405,32 @@ def nvml_prototypes(text):
     return out
 
 
+def enumerators(text, name):
+    """{enumerator: value} of the C enum typedef'd as `name`."""
+    for st in statements(strip(text)):
+        m = re.match(r"typedef enum\s*\w*\s*\{(.*)\}\s*" + name + r"$", st, re.S)
+        if m:
+            out = {}
+            for e in m.group(1).split(","):
+                mm = re.match(r"\s*(\w+)\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*$", e)
+                if mm:
+                    out[mm.group(1)] = int(mm.group(2), 0)
+            return out
+    sys.exit(f"no enum {name} in the header")
+
+
+def check_results(result_rs, cuda_h, nvml_h):
+    """abi/src/result.rs's status lists must be exactly the headers' CUresult and nvmlReturn_t."""
+    ours = {n: int(v) for n, v in re.findall(r"^\s+((?:CUDA|NVML)_\w+) = (\d+),$",
+                                             open(result_rs).read(), re.M)}
+    theirs = enumerators(cuda_h, "CUresult")
+    theirs.update(enumerators(nvml_h, "nvmlReturn_t"))
+    bad = [f"{n} = {v} in the header, {ours.get(n)} in result.rs"
+           for n, v in sorted(theirs.items()) if ours.get(n) != v]
+    bad += [f"{n} is in result.rs, not in the header" for n in sorted(set(ours) - set(theirs))]
+    return bad
+
+
 def version_of(path, pattern):
     m = re.search(pattern, open(path).read(), re.M)
     return m.group(1) if m else "unknown"
@@ -444,6 +470,9 @@ def main():
         problems += check_against_tsv(a.tsv, names)
     if problems:
         sys.exit("export names disagree:\n  " + "\n  ".join(problems))
+    problems = check_results(os.path.join(here, "..", "src", "result.rs"), cuda_h, nvml_h)
+    if problems:
+        sys.exit("abi/src/result.rs disagrees with the headers:\n  " + "\n  ".join(problems))
 
     items, skipped = {}, []
 
@@ -511,7 +540,7 @@ def main():
     w("//! against this module at compile time, so a signature that disagrees with the header")
     w("//! does not build:")
     w("//!")
-    w("//! ```compile_fail")
+    w("//! ```compile_fail,E0308")
     w("//! use core::ffi::c_uint;")
     w("//! use gpuslice_abi::{pfn, CUdeviceptr, CUresult};")
     w("//! // cuMemAlloc_v2 takes the size as size_t, not unsigned int:")

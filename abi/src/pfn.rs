@@ -64,7 +64,7 @@
 //! against this module at compile time, so a signature that disagrees with the header
 //! does not build:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0308
 //! use core::ffi::c_uint;
 //! use gpuslice_abi::{pfn, CUdeviceptr, CUresult};
 //! // cuMemAlloc_v2 takes the size as size_t, not unsigned int:
