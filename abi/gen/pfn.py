@@ -481,14 +481,16 @@ def main():
             args = []
             for i, p in enumerate(params):
                 n, ty = mapper.param(p)
-                args.append(f"{n or f'arg{i}'}: {ty}")
-            line = f"unsafe extern \"C\" fn({', '.join(args)}){mapper.ret(ret)}"
+                args.append((n or f"arg{i}", ty))
+            ret_ty = mapper.ctype(ret)
+            line = "unsafe extern \"C\" fn(" + ", ".join(f"{n}: {t}" for n, t in args) + ")"
+            line += mapper.ret(ret)
         except Unmappable as e:
             skipped.append(f"{sym} ({source}): {e}")
             return
         if sym in items and items[sym][1] != line:
             sys.exit(f"{sym}: two signatures ({items[sym][0]}, {source})")
-        items.setdefault(sym, (source, line))
+        items.setdefault(sym, (source, line, args, ret_ty))
 
     for base, ver, variant, ret, params in pfns:
         add(names[(base, ver, variant)], f"PFN_{base}_v{ver}{variant}", ret, params)
@@ -562,10 +564,41 @@ def main():
     w("#[allow(unused_imports)]")
     w("use core::ffi::{c_char, c_int, c_long, c_short, c_uint, c_ulong, c_void};")
     w("")
-    for sym in sorted(items, key=lambda s: (not s.startswith("cu"), s)):
-        source, line = items[sym]
+    order = sorted(items, key=lambda s: (not s.startswith("cu"), s))
+    for sym in order:
+        source, line, _, _ = items[sym]
         w(f"/// `{source}`")
         w(f"pub type {sym} = {line};")
+
+    def qualify(ty):
+        ty = re.sub(r"\b(c_void|c_char|c_int|c_uint|c_long|c_ulong|c_short)\b", r"::core::ffi::\1", ty)
+        return re.sub(r"(?<![:\w])([A-Za-z_]\w*)\b",
+                      lambda m: "$crate::" + m.group(1) if m.group(1) in mapper.abi else m.group(1), ty)
+
+    w("")
+    w("/// The C signature of a driver or NVML entry point, as tokens, for a table that needs the")
+    w("/// parameter names too (an exported wrapper) and so cannot use the [`pfn`](self) type.")
+    w("///")
+    w("/// `signature!(cuMemAlloc_v2 => m!(a b))` expands to")
+    w("/// `m!(a b (dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult)`, every type path absolute:")
+    w("///")
+    w("/// ```")
+    w("/// macro_rules! define {")
+    w("///     ($name:ident ($($arg:ident: $ty:ty),*) -> $ret:ty) => {")
+    w("///         unsafe extern \"C\" fn $name($($arg: $ty),*) -> $ret { 0 }")
+    w("///     };")
+    w("/// }")
+    w("/// gpuslice_abi::signature!(cuMemAlloc_v2 => define!(alloc));")
+    w("/// const _: gpuslice_abi::pfn::cuMemAlloc_v2 = alloc;")
+    w("/// ```")
+    w("#[macro_export]")
+    w("macro_rules! signature {")
+    for sym in order:
+        _, _, args, ret_ty = items[sym]
+        params = ", ".join(f"{n}: {qualify(t)}" for n, t in args)
+        ret = "" if ret_ty == "()" else f" -> {qualify(ret_ty)}"
+        w(f"    ({sym} => $m:ident!($($pass:tt)*)) => {{ $m!{{$($pass)* ({params}){ret}}} }};")
+    w("}")
     open(a.out, "w").write("\n".join(out) + "\n")
     print(f"wrote {a.out}: {ncuda} driver, {nnvml} NVML entry points, {len(skipped)} left out")
 

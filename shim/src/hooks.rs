@@ -9,16 +9,15 @@
 //! Real-only rows (driver functions gpuslice calls but does not hook) generate only the
 //! accessor. Adding a hook is adding one line here and writing its handler.
 //!
-//! The function types are [`gpuslice_abi::pfn`]'s, generated from NVIDIA's headers: a real-only
-//! row is just a name, and a hooked row's parameter list (which the wrapper needs, to have
-//! names) is checked against the header's at compile time, so a row with a `c_uint` where
-//! `cuda.h` has `size_t` does not build.
+//! No row spells a signature: the function types are [`gpuslice_abi::pfn`]'s and the wrappers'
+//! parameter lists come from [`gpuslice_abi::signature!`], both generated from NVIDIA's headers
+//! (`abi/gen/pfn.py`). A handler whose parameters differ from the header's (a `c_uint` where
+//! `cuda.h` has `size_t`) does not build.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use crate::real::Lib;
-use core::ffi::{c_char, c_int, c_uint, c_void};
-use gpuslice_abi::*;
+use core::ffi::c_void;
 
 /// The function pointer types of the driver and NVML, from the headers.
 pub use gpuslice_abi::pfn;
@@ -42,7 +41,7 @@ unsafe impl Sync for Wrapper {}
 
 macro_rules! hook_table {
     (
-        hooks { $( $lib:ident $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $handler:path; )* }
+        hooks { $( $lib:ident $name:ident => $handler:path; )* }
         reals { $( $rlib:ident $rname:ident; )* }
     ) => {
         /// Index of each symbol in [`SYMBOLS`]: hooked ones first, then real-only ones.
@@ -59,9 +58,6 @@ macro_rules! hook_table {
             $( Symbol { name: concat!(stringify!($name), "\0"), lib: Lib::$lib, wrapper: Some(Wrapper(exports::$name as *const ())) }, )*
             $( Symbol { name: concat!(stringify!($rname), "\0"), lib: Lib::$rlib, wrapper: None }, )*
         ];
-
-        // Each wrapper has the header's signature (see the module comment).
-        $( const _: pfn::$name = exports::$name; )*
 
         /// The real functions, resolved lazily (`None` when the driver lacks one).
         pub mod real {
@@ -85,24 +81,29 @@ macro_rules! hook_table {
             )*
         }
 
-        /// The exported wrappers.
+        /// The exported wrappers, each with the header's signature.
         pub mod exports {
             use super::*;
-            $(
-                #[no_mangle]
-                pub unsafe extern "C" fn $name($($arg: $ty),*) -> u32 {
-                    let Some(real) = real::$name() else { return Lib::$lib.missing() };
-                    if crate::config::disabled() {
-                        return real($($arg),*);
-                    }
-                    // SAFETY: the handler gets the caller's arguments unchanged and the real
-                    // function of the same signature; no panic crosses the C boundary.
-                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { $handler(real, $($arg),*) })) {
-                        Ok(r) => r,
-                        Err(_) => Lib::$lib.internal_error(),
-                    }
-                }
-            )*
+            $( gpuslice_abi::signature!($name => export!($lib $name $handler;)); )*
+        }
+    };
+}
+
+/// One exported wrapper; `signature!` appends the C parameter list and return type.
+macro_rules! export {
+    ($lib:ident $name:ident $handler:path; ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            let Some(real) = real::$name() else { return Lib::$lib.missing() };
+            if crate::config::disabled() {
+                return real($($arg),*);
+            }
+            // SAFETY: the handler gets the caller's arguments unchanged and the real function
+            // of the same signature; no panic crosses the C boundary.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { $handler(real, $($arg),*) })) {
+                Ok(r) => r,
+                Err(_) => Lib::$lib.internal_error(),
+            }
         }
     };
 }
@@ -111,60 +112,60 @@ use crate::{init, launch, memory, nvml, procaddr, report};
 
 hook_table! {
     hooks {
-        Cuda cuInit(flags: c_uint) => init::cu_init;
-        Cuda cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) => procaddr::get_proc_address;
-        Cuda cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => procaddr::get_proc_address_v2;
+        Cuda cuInit => init::cu_init;
+        Cuda cuGetProcAddress => procaddr::get_proc_address;
+        Cuda cuGetProcAddress_v2 => procaddr::get_proc_address_v2;
 
-        Cuda cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) => memory::mem_alloc;
-        Cuda cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) => memory::mem_alloc_pitch;
-        Cuda cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) => memory::mem_alloc_managed;
-        Cuda cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => memory::mem_alloc_async;
-        Cuda cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => memory::mem_alloc_async;
-        Cuda cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) => memory::mem_alloc_from_pool;
-        Cuda cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) => memory::mem_alloc_from_pool;
-        Cuda cuMemFree_v2(dptr: CUdeviceptr) => memory::mem_free;
-        Cuda cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => memory::mem_free_async;
-        Cuda cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => memory::mem_free_async;
-        Cuda cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) => memory::pool_trim_to;
-        Cuda cuMemPoolDestroy(pool: CUmemoryPool) => memory::pool_destroy;
-        Cuda cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => memory::mem_create;
-        Cuda cuMemRelease(handle: CUmemGenericAllocationHandle) => memory::mem_release;
-        Cuda cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) => memory::array_create;
-        Cuda cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) => memory::array3d_create;
-        Cuda cuArrayDestroy(array: CUarray) => memory::array_destroy;
-        Cuda cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) => memory::mipmapped_create;
-        Cuda cuMipmappedArrayDestroy(array: CUmipmappedArray) => memory::mipmapped_destroy;
-        Cuda cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) => memory::graph_add_mem_alloc_node;
-        Cuda cuGraphAddNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *mut CUgraphNodeParams) => memory::graph_add_node;
-        Cuda cuGraphAddNode_v2(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, ndeps: usize, params: *mut CUgraphNodeParams) => memory::graph_add_node_v2;
-        Cuda cuGraphDestroy(graph: CUgraph) => memory::graph_destroy;
-        Cuda cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) => memory::graph_instantiate_with_flags;
-        Cuda cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, len: usize) => memory::graph_instantiate;
-        Cuda cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, len: usize) => memory::graph_instantiate;
-        Cuda cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) => memory::graph_instantiate_with_params;
-        Cuda cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) => memory::graph_instantiate_with_params;
-        Cuda cuGraphExecDestroy(exec: CUgraphExec) => memory::graph_exec_destroy;
-        Cuda cuStreamBeginCapture(stream: CUstream) => memory::begin_capture_v1;
-        Cuda cuStreamBeginCapture_ptsz(stream: CUstream) => memory::begin_capture_v1;
-        Cuda cuStreamBeginCapture_v2(stream: CUstream, mode: CUstreamCaptureMode) => memory::begin_capture;
-        Cuda cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: CUstreamCaptureMode) => memory::begin_capture;
-        Cuda cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) => memory::end_capture;
-        Cuda cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) => memory::end_capture;
+        Cuda cuMemAlloc_v2 => memory::mem_alloc;
+        Cuda cuMemAllocPitch_v2 => memory::mem_alloc_pitch;
+        Cuda cuMemAllocManaged => memory::mem_alloc_managed;
+        Cuda cuMemAllocAsync => memory::mem_alloc_async;
+        Cuda cuMemAllocAsync_ptsz => memory::mem_alloc_async;
+        Cuda cuMemAllocFromPoolAsync => memory::mem_alloc_from_pool;
+        Cuda cuMemAllocFromPoolAsync_ptsz => memory::mem_alloc_from_pool;
+        Cuda cuMemFree_v2 => memory::mem_free;
+        Cuda cuMemFreeAsync => memory::mem_free_async;
+        Cuda cuMemFreeAsync_ptsz => memory::mem_free_async;
+        Cuda cuMemPoolTrimTo => memory::pool_trim_to;
+        Cuda cuMemPoolDestroy => memory::pool_destroy;
+        Cuda cuMemCreate => memory::mem_create;
+        Cuda cuMemRelease => memory::mem_release;
+        Cuda cuArrayCreate_v2 => memory::array_create;
+        Cuda cuArray3DCreate_v2 => memory::array3d_create;
+        Cuda cuArrayDestroy => memory::array_destroy;
+        Cuda cuMipmappedArrayCreate => memory::mipmapped_create;
+        Cuda cuMipmappedArrayDestroy => memory::mipmapped_destroy;
+        Cuda cuGraphAddMemAllocNode => memory::graph_add_mem_alloc_node;
+        Cuda cuGraphAddNode => memory::graph_add_node;
+        Cuda cuGraphAddNode_v2 => memory::graph_add_node_v2;
+        Cuda cuGraphDestroy => memory::graph_destroy;
+        Cuda cuGraphInstantiateWithFlags => memory::graph_instantiate_with_flags;
+        Cuda cuGraphInstantiate => memory::graph_instantiate;
+        Cuda cuGraphInstantiate_v2 => memory::graph_instantiate;
+        Cuda cuGraphInstantiateWithParams => memory::graph_instantiate_with_params;
+        Cuda cuGraphInstantiateWithParams_ptsz => memory::graph_instantiate_with_params;
+        Cuda cuGraphExecDestroy => memory::graph_exec_destroy;
+        Cuda cuStreamBeginCapture => memory::begin_capture_v1;
+        Cuda cuStreamBeginCapture_ptsz => memory::begin_capture_v1;
+        Cuda cuStreamBeginCapture_v2 => memory::begin_capture;
+        Cuda cuStreamBeginCapture_v2_ptsz => memory::begin_capture;
+        Cuda cuStreamEndCapture => memory::end_capture;
+        Cuda cuStreamEndCapture_ptsz => memory::end_capture;
 
-        Cuda cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => report::mem_get_info;
-        Cuda cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => report::device_total_mem;
+        Cuda cuMemGetInfo_v2 => report::mem_get_info;
+        Cuda cuDeviceTotalMem_v2 => report::device_total_mem;
 
-        Cuda cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;
-        Cuda cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;
-        Cuda cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex;
-        Cuda cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex;
-        Cuda cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative;
-        Cuda cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative;
-        Cuda cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => launch::graph_launch;
-        Cuda cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph_launch;
+        Cuda cuLaunchKernel => launch::launch_kernel;
+        Cuda cuLaunchKernel_ptsz => launch::launch_kernel;
+        Cuda cuLaunchKernelEx => launch::launch_kernel_ex;
+        Cuda cuLaunchKernelEx_ptsz => launch::launch_kernel_ex;
+        Cuda cuLaunchCooperativeKernel => launch::launch_cooperative;
+        Cuda cuLaunchCooperativeKernel_ptsz => launch::launch_cooperative;
+        Cuda cuGraphLaunch => launch::graph_launch;
+        Cuda cuGraphLaunch_ptsz => launch::graph_launch;
 
-        Nvml nvmlDeviceGetMemoryInfo(dev: nvmlDevice_t, mem: *mut nvmlMemory_t) => nvml::memory_info;
-        Nvml nvmlDeviceGetMemoryInfo_v2(dev: nvmlDevice_t, mem: *mut nvmlMemory_v2_t) => nvml::memory_info_v2;
+        Nvml nvmlDeviceGetMemoryInfo => nvml::memory_info;
+        Nvml nvmlDeviceGetMemoryInfo_v2 => nvml::memory_info_v2;
     }
     reals {
         Cuda cuDeviceGetCount;
