@@ -213,7 +213,10 @@ mod tests {
             assert_eq!(from(n), Some(code), "{n}");
         }
         // one name per code and one code per name, in increasing order as in the headers
-        assert!(table.windows(2).all(|w| w[0].0 < w[1].0), "codes out of order or repeated");
+        assert!(
+            table.windows(2).all(|w| w[0].0 < w[1].0),
+            "codes out of order or repeated"
+        );
         let mut names: Vec<&str> = table.iter().map(|t| t.1).collect();
         names.sort_unstable();
         names.dedup();
@@ -230,18 +233,34 @@ mod tests {
 
     #[test]
     fn every_driver_code_maps_to_its_name_and_back() {
-        round_trip(CU_RESULT_NAMES, cu_result_name, cu_result_cname, cu_result_from_name);
+        round_trip(
+            CU_RESULT_NAMES,
+            cu_result_name,
+            cu_result_cname,
+            cu_result_from_name,
+        );
         assert_eq!(CU_RESULT_NAMES.len(), 100);
-        assert_eq!(cu_result_name(CUDA_ERROR_OUT_OF_MEMORY), Some("CUDA_ERROR_OUT_OF_MEMORY"));
+        assert_eq!(
+            cu_result_name(CUDA_ERROR_OUT_OF_MEMORY),
+            Some("CUDA_ERROR_OUT_OF_MEMORY")
+        );
         assert_eq!(CUDA_ERROR_OUT_OF_MEMORY, 2);
         assert_eq!(cu_result_from_name("CUDA_ERROR_UNKNOWN"), Some(999));
     }
 
     #[test]
     fn every_nvml_code_maps_to_its_name_and_back() {
-        round_trip(NVML_RETURN_NAMES, nvml_return_name, nvml_return_cname, nvml_return_from_name);
+        round_trip(
+            NVML_RETURN_NAMES,
+            nvml_return_name,
+            nvml_return_cname,
+            nvml_return_from_name,
+        );
         assert_eq!(NVML_RETURN_NAMES.len(), 31);
-        assert_eq!(nvml_return_name(NVML_ERROR_NOT_FOUND), Some("NVML_ERROR_NOT_FOUND"));
+        assert_eq!(
+            nvml_return_name(NVML_ERROR_NOT_FOUND),
+            Some("NVML_ERROR_NOT_FOUND")
+        );
         assert_eq!(NVML_ERROR_NOT_FOUND, 6);
     }
 }

@@ -69,7 +69,6 @@ pub enum Resolve {
     Dlsym,
 }
 
-
 macro_rules! driver_table {
     ($( $name:ident / $export:ident; )*) => {
         /// The resolved entry points; `None` where the driver lacks one.

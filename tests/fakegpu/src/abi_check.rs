@@ -146,14 +146,19 @@ mod tests {
             .map(|(name, _)| *name)
             .filter(|name| !covered(name))
             .collect();
-        assert!(missing.is_empty(), "add these exports to abi_check.rs: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "add these exports to abi_check.rs: {missing:?}"
+        );
     }
 
     #[test]
     fn every_nvml_export_is_checked() {
         // nvml.rs has no table of its exports: read them off its `nvml_exports!` block.
         let src = include_str!("nvml.rs");
-        let start = src.find("nvml_exports! {").expect("nvml.rs has an nvml_exports! block");
+        let start = src
+            .find("nvml_exports! {")
+            .expect("nvml.rs has an nvml_exports! block");
         let block = &src[start..];
         let block = &block[..block.find("\n}\n").unwrap_or(block.len())];
         let missing: Vec<&str> = block
@@ -162,7 +167,10 @@ mod tests {
             .filter_map(|l| l.split('(').next())
             .filter(|name| !covered(name))
             .collect();
-        assert!(missing.is_empty(), "add these exports to abi_check.rs: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "add these exports to abi_check.rs: {missing:?}"
+        );
         assert!(CHECKED.contains(&"nvmlInit_v2"), "the NVML list is read");
     }
 }

@@ -103,22 +103,16 @@ impl Cuda {
     fn spin(&self) -> CUfunction {
         let src = CString::new(PTX).unwrap();
         let mut m: CUmodule = std::ptr::null_mut();
-        ok!(
-            call!(self.lib, cuModuleLoadData; &mut m, src.as_ptr() as *const c_void)
-        );
+        ok!(call!(self.lib, cuModuleLoadData; &mut m, src.as_ptr() as *const c_void));
         let mut f: CUfunction = std::ptr::null_mut();
-        ok!(
-            call!(self.lib, cuModuleGetFunction; &mut f, m, c"gpuslice_spin".as_ptr())
-        );
+        ok!(call!(self.lib, cuModuleGetFunction; &mut f, m, c"gpuslice_spin".as_ptr()));
         f
     }
     fn launch_spin(&self, f: CUfunction, ns: u64, s: CUstream) {
         let mut arg = ns;
         let mut params = [&mut arg as *mut u64 as *mut c_void];
-        ok!(
-            call!(self.lib, cuLaunchKernel;
-            f, 1, 1, 1, 1, 1, 1, 0, s, params.as_mut_ptr(), std::ptr::null_mut())
-        );
+        ok!(call!(self.lib, cuLaunchKernel;
+            f, 1, 1, 1, 1, 1, 1, 0, s, params.as_mut_ptr(), std::ptr::null_mut()));
     }
     fn event(&self) -> CUevent {
         let mut e: CUevent = std::ptr::null_mut();
@@ -141,16 +135,15 @@ fn nvml_memory() -> serde_json::Value {
     let mut m = nvmlMemory_t::default();
     ok!(call!(lib, nvmlDeviceGetMemoryInfo; h, &mut m));
     let mut count: c_uint = 0;
-    let r = call!(lib, nvmlDeviceGetComputeRunningProcesses_v3; h, &mut count, std::ptr::null_mut());
+    let r =
+        call!(lib, nvmlDeviceGetComputeRunningProcesses_v3; h, &mut count, std::ptr::null_mut());
     assert!(
         r == NVML_SUCCESS || r == NVML_ERROR_INSUFFICIENT_SIZE,
         "processes: {r}"
     );
     let mut infos = vec![nvmlProcessInfo_t::default(); count as usize + 4];
     let mut n = infos.len() as c_uint;
-    ok!(
-        call!(lib, nvmlDeviceGetComputeRunningProcesses_v3; h, &mut n, infos.as_mut_ptr())
-    );
+    ok!(call!(lib, nvmlDeviceGetComputeRunningProcesses_v3; h, &mut n, infos.as_mut_ptr()));
     let procs: Vec<serde_json::Value> = infos[..n as usize]
         .iter()
         .map(|p| serde_json::json!({"pid": p.pid, "used": p.usedGpuMemory}))
@@ -280,13 +273,9 @@ fn zero(streams: usize, rounds: usize) -> serde_json::Value {
     let other = {
         let mut m: CUmodule = std::ptr::null_mut();
         let src = CString::new(PTX).unwrap();
-        ok!(
-            call!(c.lib, cuModuleLoadData; &mut m, src.as_ptr() as *const c_void)
-        );
+        ok!(call!(c.lib, cuModuleLoadData; &mut m, src.as_ptr() as *const c_void));
         let mut k: CUfunction = std::ptr::null_mut();
-        ok!(
-            call!(c.lib, cuModuleGetFunction; &mut k, m, c"other_kernel".as_ptr())
-        );
+        ok!(call!(c.lib, cuModuleGetFunction; &mut k, m, c"other_kernel".as_ptr()));
         k
     };
     let ss: Vec<CUstream> = (0..streams)
@@ -314,10 +303,8 @@ fn zero(streams: usize, rounds: usize) -> serde_json::Value {
             c.launch_spin(f, 0, s);
             c.launch_spin(f, 50_000, s);
             c.launch_spin(f, 0, s);
-            ok!(
-                call!(c.lib, cuLaunchKernel;
-                other, 1, 1, 1, 1, 1, 1, 0, s, std::ptr::null_mut(), std::ptr::null_mut())
-            );
+            ok!(call!(c.lib, cuLaunchKernel;
+                other, 1, 1, 1, 1, 1, 1, 0, s, std::ptr::null_mut(), std::ptr::null_mut()));
             kernels += 4;
         }
         for &s in &ss {
@@ -461,14 +448,10 @@ fn copies() -> serde_json::Value {
     let src: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
     let a = c.alloc(n).unwrap();
     let b = c.alloc(n).unwrap();
-    ok!(
-        call!(c.lib, cuMemcpyHtoD_v2; a, src.as_ptr() as *const c_void, n)
-    );
+    ok!(call!(c.lib, cuMemcpyHtoD_v2; a, src.as_ptr() as *const c_void, n));
     ok!(call!(c.lib, cuMemcpyDtoD_v2; b, a, n));
     let mut back = vec![0u8; n];
-    ok!(
-        call!(c.lib, cuMemcpyDtoH_v2; back.as_mut_ptr() as *mut c_void, b, n)
-    );
+    ok!(call!(c.lib, cuMemcpyDtoH_v2; back.as_mut_ptr() as *mut c_void, b, n));
     let roundtrip = back == src;
     ok!(call!(c.lib, cuMemsetD32_v2; a, 0xdeadbeef, 16));
     let mut words = [0u32; 17];
@@ -493,9 +476,7 @@ fn devices() -> serde_json::Value {
         let mut u = CUuuid::default();
         ok!(call!(c.lib, cuDeviceGetUuid; &mut u, d));
         let mut name = [0 as c_char; 96];
-        ok!(
-            call!(c.lib, cuDeviceGetName; name.as_mut_ptr(), 96, d)
-        );
+        ok!(call!(c.lib, cuDeviceGetName; name.as_mut_ptr(), 96, d));
         let (mut maj, mut min) = (0, 0);
         ok!(
             call!(c.lib, cuDeviceGetAttribute; &mut maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d)
@@ -526,9 +507,7 @@ fn graphmem(bytes: usize, capture: bool) -> serde_json::Value {
     let mut g: CUgraph = std::ptr::null_mut();
     let mut ptr: CUdeviceptr = 0;
     if capture {
-        ok!(
-            call!(c.lib, cuStreamBeginCapture_v2; s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        );
+        ok!(call!(c.lib, cuStreamBeginCapture_v2; s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
         let add = call!(c.lib, cuMemAllocAsync; &mut ptr, bytes, s);
         ok!(call!(c.lib, cuStreamEndCapture; s, &mut g));
         if add != 0 {
@@ -574,9 +553,7 @@ fn graphmem_run(
     add: u32,
 ) -> serde_json::Value {
     let mut e: CUgraphExec = std::ptr::null_mut();
-    ok!(
-        call!(c.lib, cuGraphInstantiateWithFlags; &mut e, g, 0)
-    );
+    ok!(call!(c.lib, cuGraphInstantiateWithFlags; &mut e, g, 0));
     // Legal and common: the executable does not need its graph any more.
     ok!(call!(c.lib, cuGraphDestroy; g));
     let launch = call!(c.lib, cuGraphLaunch; e, s);
@@ -607,18 +584,14 @@ fn graph() -> serde_json::Value {
     let f = c.spin();
     let mut s: CUstream = std::ptr::null_mut();
     ok!(call!(c.lib, cuStreamCreate; &mut s, CU_STREAM_NON_BLOCKING));
-    ok!(
-        call!(c.lib, cuStreamBeginCapture_v2; s, CU_STREAM_CAPTURE_MODE_GLOBAL)
-    );
+    ok!(call!(c.lib, cuStreamBeginCapture_v2; s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     let mut st: c_uint = 9;
     ok!(call!(c.lib, cuStreamIsCapturing; s, &mut st));
     let sync_while_capturing = call!(c.lib, cuStreamSynchronize; s);
     // That sync invalidated the capture, as on the driver; start again.
     let mut g: CUgraph = std::ptr::null_mut();
     let end_invalid = call!(c.lib, cuStreamEndCapture; s, &mut g);
-    ok!(
-        call!(c.lib, cuStreamBeginCapture_v2; s, CU_STREAM_CAPTURE_MODE_GLOBAL)
-    );
+    ok!(call!(c.lib, cuStreamBeginCapture_v2; s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     let mut p = 0u64;
     ok!(call!(c.lib, cuMemAllocAsync; &mut p, 64 << 20, s));
     for _ in 0..10 {
@@ -627,9 +600,7 @@ fn graph() -> serde_json::Value {
     ok!(call!(c.lib, cuMemFreeAsync; p, s));
     ok!(call!(c.lib, cuStreamEndCapture; s, &mut g));
     let mut e: CUgraphExec = std::ptr::null_mut();
-    ok!(
-        call!(c.lib, cuGraphInstantiateWithFlags; &mut e, g, 0)
-    );
+    ok!(call!(c.lib, cuGraphInstantiateWithFlags; &mut e, g, 0));
     let (free0, _) = c.mem_info();
     let (a, b) = (c.event(), c.event());
     c.record(a, s);
@@ -687,33 +658,23 @@ fn vmm() -> serde_json::Value {
         allocFlags: Default::default(),
     };
     let mut gran = 0usize;
-    ok!(
-        call!(c.lib, cuMemGetAllocationGranularity; &mut gran, &prop, 0)
-    );
+    ok!(call!(c.lib, cuMemGetAllocationGranularity; &mut gran, &prop, 0));
     let size = 2 * gran;
     let (free0, _) = c.mem_info();
     let mut h = 0u64;
-    ok!(
-        call!(c.lib, cuMemCreate; &mut h, size, &prop, 0)
-    );
+    ok!(call!(c.lib, cuMemCreate; &mut h, size, &prop, 0));
     let (free1, _) = c.mem_info();
     let mut va = 0u64;
-    ok!(
-        call!(c.lib, cuMemAddressReserve; &mut va, size, 0, 0, 0)
-    );
+    ok!(call!(c.lib, cuMemAddressReserve; &mut va, size, 0, 0, 0));
     ok!(call!(c.lib, cuMemMap; va, size, 0, h, 0));
     let desc = CUmemAccessDesc {
         location: prop.location,
         flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
-    ok!(
-        call!(c.lib, cuMemSetAccess; va, size, &desc, 1)
-    );
+    ok!(call!(c.lib, cuMemSetAccess; va, size, &desc, 1));
     ok!(call!(c.lib, cuMemsetD8_v2; va, 0x5a, size));
     let mut back = vec![0u8; 16];
-    ok!(
-        call!(c.lib, cuMemcpyDtoH_v2; back.as_mut_ptr() as *mut c_void, va + size as u64 - 16, 16)
-    );
+    ok!(call!(c.lib, cuMemcpyDtoH_v2; back.as_mut_ptr() as *mut c_void, va + size as u64 - 16, 16));
     let ok_bytes = back.iter().all(|&b| b == 0x5a);
     ok!(call!(c.lib, cuMemRelease; h));
     let (free2, _) = c.mem_info();
