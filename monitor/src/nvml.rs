@@ -4,19 +4,22 @@
 //! or a function is missing, callers fall back to what the ledger knows.
 
 use gpuslice_abi::{
-    nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t, nvml_return_name, NvmlReturn,
+    nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t, nvml_return_name, pfn, NvmlReturn,
     NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_UUID_V2_BUFFER_SIZE, NVML_ERROR_INSUFFICIENT_SIZE,
     NVML_SUCCESS, NVML_VALUE_NOT_AVAILABLE_ULL,
 };
 use std::ffi::{c_char, c_uint, c_void, CStr};
 
-type InitFn = unsafe extern "C" fn() -> NvmlReturn;
-type CountFn = unsafe extern "C" fn(*mut c_uint) -> NvmlReturn;
-type HandleFn = unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> NvmlReturn;
-type StringFn = unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint) -> NvmlReturn;
-type MemoryFn = unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> NvmlReturn;
-type ProcsFn =
-    unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> NvmlReturn;
+// The entry points' C signatures, generated from nvml.h. Where one type serves two functions,
+// the `const` checks that their signatures really are the same.
+type InitFn = pfn::nvmlInit_v2;
+type CountFn = pfn::nvmlDeviceGetCount_v2;
+type HandleFn = pfn::nvmlDeviceGetHandleByIndex_v2;
+type StringFn = pfn::nvmlDeviceGetUUID;
+type MemoryFn = pfn::nvmlDeviceGetMemoryInfo;
+type ProcsFn = pfn::nvmlDeviceGetComputeRunningProcesses_v3;
+const _: fn(pfn::nvmlShutdown) -> InitFn = |f| f;
+const _: fn(pfn::nvmlDeviceGetName) -> StringFn = |f| f;
 
 /// A device as NVML reports it.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,7 +76,7 @@ impl Nvml {
         let built = (|| -> Result<(Nvml, *mut c_void), String> {
             let init = init?;
             // SAFETY (all transmutes below): each symbol is NVML's exported function of that name,
-            // whose C signature is the one the target type spells (nvml.h).
+            // whose C signature is the target type (generated from nvml.h).
             unsafe {
                 let nvml = Nvml {
                     lib,
