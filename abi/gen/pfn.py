@@ -317,8 +317,6 @@ def abi_names(abi_src):
         m = re.search(r"opaque_handles!\((.*?)\)", src, re.S)
         if m:
             names.update(re.findall(r"\w+", m.group(1)))
-    names.discard("CUresult")
-    names.add("CUresult")
     return names
 
 
@@ -444,7 +442,7 @@ def main():
     ap.add_argument("--cuda-wheel", default="", help="wheel name and version, for the header")
     ap.add_argument("--nvml-wheel", default="", help="wheel name and version, for the header")
     here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--out", default=os.path.join(here, "..", "src", "pfn.rs"))
+    ap.add_argument("--out", default=os.path.normpath(os.path.join(here, "..", "src", "pfn.rs")))
     a = ap.parse_args()
 
     cuda_h_path = os.path.join(a.cuda_include, "cuda.h")
@@ -577,7 +575,7 @@ def main():
 
     w("")
     w("/// The C signature of a driver or NVML entry point, as tokens, for a table that needs the")
-    w("/// parameter names too (an exported wrapper) and so cannot use the [`pfn`](self) type.")
+    w("/// parameter names too (an exported wrapper) and so cannot use the [`pfn`](crate::pfn) type.")
     w("///")
     w("/// `signature!(cuMemAlloc_v2 => m!(a b))` expands to")
     w("/// `m!(a b (dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult)`, every type path absolute:")

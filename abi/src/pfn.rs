@@ -2098,7 +2098,7 @@ pub type nvmlVgpuTypeGetNumDisplayHeads = unsafe extern "C" fn(vgpuTypeId: c_uin
 pub type nvmlVgpuTypeGetResolution = unsafe extern "C" fn(vgpuTypeId: c_uint, displayIndex: c_uint, xdim: *mut c_uint, ydim: *mut c_uint) -> NvmlReturn;
 
 /// The C signature of a driver or NVML entry point, as tokens, for a table that needs the
-/// parameter names too (an exported wrapper) and so cannot use the [`pfn`](self) type.
+/// parameter names too (an exported wrapper) and so cannot use the [`pfn`](crate::pfn) type.
 ///
 /// `signature!(cuMemAlloc_v2 => m!(a b))` expands to
 /// `m!(a b (dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult)`, every type path absolute:
