@@ -259,6 +259,9 @@ impl Ledger {
             }
             p.pid.store(std::process::id(), SeqCst);
             p.start_time.store(file::own_start_time(), SeqCst);
+            let (pid_ns, outer_pid) = crate::view::own_pid_identity();
+            p.pid_ns.store(pid_ns, SeqCst);
+            p.outer_pid.store(outer_pid, SeqCst);
             // SAFETY: under the lock, record not yet published.
             unsafe { p.slice_name.set(slice_name) };
             for pd in &p.devices {
