@@ -162,6 +162,14 @@ hook_table! {
 
         Nvml nvmlDeviceGetMemoryInfo(dev: nvmlDevice_t, mem: *mut nvmlMemory_t) => nvml::memory_info;
         Nvml nvmlDeviceGetMemoryInfo_v2(dev: nvmlDevice_t, mem: *mut nvmlMemory_v2_t) => nvml::memory_info_v2;
+        Nvml nvmlDeviceGetComputeRunningProcesses(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::compute_processes_v1;
+        Nvml nvmlDeviceGetComputeRunningProcesses_v2(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::compute_processes_v2;
+        Nvml nvmlDeviceGetComputeRunningProcesses_v3(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::compute_processes_v2;
+        Nvml nvmlDeviceGetGraphicsRunningProcesses(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::graphics_processes_v1;
+        Nvml nvmlDeviceGetGraphicsRunningProcesses_v2(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::graphics_processes_v2;
+        Nvml nvmlDeviceGetGraphicsRunningProcesses_v3(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::graphics_processes_v2;
+        Nvml nvmlDeviceGetUtilizationRates(dev: nvmlDevice_t, util: *mut nvmlUtilization_t) => nvml::utilization_rates;
+        Nvml nvmlDeviceGetProcessUtilization(dev: nvmlDevice_t, samples: *mut c_void, count: *mut c_uint, last_seen: u64) => nvml::process_utilization;
     }
     reals {
         Cuda cuDeviceGetCount(count: *mut c_int);

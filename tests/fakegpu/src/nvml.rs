@@ -117,6 +117,36 @@ fn memory(n: &Node, i: usize) -> (u64, u64) {
     (total, total - free)
 }
 
+/// `nvmlProcessInfo_v1_t`, the entries of the unversioned process queries.
+#[repr(C)]
+pub struct ProcessInfoV1 {
+    /// The process.
+    pub pid: c_uint,
+    /// Bytes it holds.
+    pub used_gpu_memory: u64,
+}
+
+/// The v1 form of [`processes`] (16-byte entries).
+fn processes_v1(h: nvmlDevice_t, count: *mut c_uint, infos: *mut ProcessInfoV1) -> NResult<()> {
+    let (n, i) = dev(h)?;
+    if count.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let procs = shared::processes(n.state, i);
+    // SAFETY: count is non-null; infos holds *count entries by the API contract.
+    unsafe {
+        let cap = *count as usize;
+        *count = procs.len() as c_uint;
+        if cap < procs.len() || (infos.is_null() && !procs.is_empty()) {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (k, (pid, used)) in procs.into_iter().enumerate() {
+            infos.add(k).write_unaligned(ProcessInfoV1 { pid, used_gpu_memory: used });
+        }
+    }
+    Ok(())
+}
+
 fn processes(h: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> NResult<()> {
     let (n, i) = dev(h)?;
     if count.is_null() {
@@ -205,6 +235,12 @@ nvml_exports! {
     fn nvmlDeviceGetComputeRunningProcesses_v3(h: nvmlDevice_t, c: *mut c_uint, p: *mut nvmlProcessInfo_t) { processes(h, c, p) }
     fn nvmlDeviceGetComputeRunningProcesses_v2(h: nvmlDevice_t, c: *mut c_uint, p: *mut nvmlProcessInfo_t) { processes(h, c, p) }
     fn nvmlDeviceGetGraphicsRunningProcesses_v3(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
+    fn nvmlDeviceGetComputeRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, p: *mut ProcessInfoV1) { processes_v1(h, c, p) }
+    fn nvmlDeviceGetGraphicsRunningProcesses_v2(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
+    fn nvmlDeviceGetGraphicsRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, _p: *mut ProcessInfoV1) { dev(h)?; put(c, 0) }
+    // The fake measures GPU time per device, not per process: it answers as a GPU without
+    // per-process accounting does.
+    fn nvmlDeviceGetProcessUtilization(h: nvmlDevice_t, _s: *mut std::ffi::c_void, _c: *mut c_uint, _last: u64) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
     fn nvmlDeviceGetUtilizationRates(h: nvmlDevice_t, u: *mut nvmlUtilization_t) {
         let (n, i) = dev(h)?;
         let gpu = shared::utilization(n.state, i, shared::now_ns());
