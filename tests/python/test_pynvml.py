@@ -197,10 +197,11 @@ def test_process_lists_under_a_pid_namespace(gpu_env, client, burn):
     env = gpu_env(memory="16Gi", preload=True, GPUSLICE_SLICE="ns", GPUSLICE_MEMORY="1Gi")
     py = [sys.executable, str(CLIENTS / "pynvml_slice.py")]
     # The holder in a PID namespace of its own, with its own /proc (as in a container).
-    holder = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", str(burn), "--json",
+    holder = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", str(burn), "--json",
                                "--alloc", "200Mi", "--hold", "120"],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               stdin=subprocess.DEVNULL)
+    outer = None
     try:
         line = holder.stdout.readline()
         assert line.startswith("{"), (line, holder.stderr.read())
@@ -229,8 +230,10 @@ def test_process_lists_under_a_pid_namespace(gpu_env, client, burn):
             assert r["memory"]["used"] == 300 * MI, r
             check_lists(r, [])
     finally:
+        if outer is not None:
+            os.kill(outer, 9)  # the namespace's init: the namespace goes with it
         holder.kill()
-        holder.communicate()
+        holder.communicate(timeout=60)
 
 
 def test_utilization_of_a_busy_slice_and_an_idle_one(gpu_env, client, burn):
