@@ -69,9 +69,7 @@ impl ReadOnlyLedger {
         let m = match file::open_read_only(dir) {
             Ok(m) => m,
             Err(LedgerError::NotFound(_)) => return Ok(None),
-            Err(LedgerError::Io { source, .. })
-                if source.raw_os_error() == Some(libc::ENOTDIR) =>
-            {
+            Err(LedgerError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOTDIR) => {
                 return Ok(None)
             }
             Err(e) => return Err(e),
@@ -90,7 +88,8 @@ impl ReadOnlyLedger {
     /// Whether `dir/ledger` is still the file this maps (false once it was removed or
     /// replaced: the caller should open again).
     pub fn is_current(&self, dir: &Path) -> bool {
-        std::fs::metadata(dir.join("ledger")).is_ok_and(|md| md.dev() == self.dev && md.ino() == self.ino)
+        std::fs::metadata(dir.join("ledger"))
+            .is_ok_and(|md| md.dev() == self.dev && md.ino() == self.ino)
     }
 
     /// The lookups.
@@ -620,10 +619,7 @@ mod tests {
         };
         let mut pm = PidMap::new();
         assert_eq!(pm.pid_here(&fake), None);
-        let other_ns = ProcView {
-            pid_ns: 1,
-            ..fake
-        };
+        let other_ns = ProcView { pid_ns: 1, ..fake };
         assert_eq!(pm.pid_here(&other_ns), None);
         std::fs::remove_dir_all(&d).unwrap();
     }

@@ -173,7 +173,12 @@ impl Cache {
         }
         let mut uuid = [0u8; UUID_LEN];
         let mut uuid_len = 0;
-        for (k, &c) in buf.iter().take(UUID_LEN).take_while(|&&c| c != 0).enumerate() {
+        for (k, &c) in buf
+            .iter()
+            .take(UUID_LEN)
+            .take_while(|&&c| c != 0)
+            .enumerate()
+        {
             uuid[k] = c as u8;
             uuid_len = k + 1;
         }
@@ -217,7 +222,12 @@ impl Cache {
                 d.gen = u64::MAX;
             }
         }
-        self.recheck_at = now + if self.ro.is_some() { RECHECK_NS } else { RETRY_NS };
+        self.recheck_at = now
+            + if self.ro.is_some() {
+                RECHECK_NS
+            } else {
+                RETRY_NS
+            };
     }
 
     /// Where the caller stands on device `di`. `real_total` resolves a `25%` quota when the
@@ -331,7 +341,11 @@ impl Cache {
 /// A best-effort account on ledger device `ld`, as `Account::limit`/`used` compute it.
 fn best_effort(v: &View<'_>, ld: usize) -> (u64, u64, bool) {
     v.device(ld).map_or((0, 0, false), |d| {
-        (d.memory_total - d.memory_reserved, d.best_effort_used, false)
+        (
+            d.memory_total - d.memory_reserved,
+            d.best_effort_used,
+            false,
+        )
     })
 }
 
@@ -417,13 +431,19 @@ fn memory(place: &Place, total: u64, free: u64) -> Option<(u64, u64, u64, u64)> 
 }
 
 /// `nvmlDeviceGetMemoryInfo`.
-pub unsafe fn memory_info(real: pfn::nvmlDeviceGetMemoryInfo, dev: nvmlDevice_t, mem: *mut nvmlMemory_t) -> u32 {
+pub unsafe fn memory_info(
+    real: pfn::nvmlDeviceGetMemoryInfo,
+    dev: nvmlDevice_t,
+    mem: *mut nvmlMemory_t,
+) -> u32 {
     let r = real(dev, mem);
     if r != NVML_SUCCESS || mem.is_null() {
         return r;
     }
     let (total, free) = ((*mem).total, (*mem).free);
-    if let Some(Some((t, f, not_free, _))) = with_place(dev, total, |c| memory(&c.place, total, free)) {
+    if let Some(Some((t, f, not_free, _))) =
+        with_place(dev, total, |c| memory(&c.place, total, free))
+    {
         (*mem).total = t;
         (*mem).free = f;
         (*mem).used = not_free;
@@ -432,13 +452,19 @@ pub unsafe fn memory_info(real: pfn::nvmlDeviceGetMemoryInfo, dev: nvmlDevice_t,
 }
 
 /// `nvmlDeviceGetMemoryInfo_v2`.
-pub unsafe fn memory_info_v2(real: pfn::nvmlDeviceGetMemoryInfo_v2, dev: nvmlDevice_t, mem: *mut nvmlMemory_v2_t) -> u32 {
+pub unsafe fn memory_info_v2(
+    real: pfn::nvmlDeviceGetMemoryInfo_v2,
+    dev: nvmlDevice_t,
+    mem: *mut nvmlMemory_v2_t,
+) -> u32 {
     let r = real(dev, mem);
     if r != NVML_SUCCESS || mem.is_null() {
         return r;
     }
     let (total, free) = ((*mem).total, (*mem).free);
-    if let Some(Some((t, f, not_free, reserved))) = with_place(dev, total, |c| memory(&c.place, total, free)) {
+    if let Some(Some((t, f, not_free, reserved))) =
+        with_place(dev, total, |c| memory(&c.place, total, free))
+    {
         (*mem).total = t;
         (*mem).free = f;
         (*mem).used = not_free - reserved;
@@ -458,7 +484,9 @@ fn with_slice_processes<R>(dev: nvmlDevice_t, f: impl FnOnce(&[(u32, u64)]) -> R
         if let (Some((ld, si)), Some(v)) = (found, c.view) {
             for &slot in c.members {
                 let slot = slot as usize;
-                let Some(p) = v.process(slot, ld) else { continue };
+                let Some(p) = v.process(slot, ld) else {
+                    continue;
+                };
                 if p.slice != Some(si) || !v.is_alive(slot) {
                     continue;
                 }
@@ -514,38 +542,64 @@ unsafe fn running_processes(
 /// SAFETY (both writers): `infos` holds more than `k` entries of the version's struct (the
 /// caller's `*infoCount`, checked by `running_processes`).
 unsafe fn write_v1(infos: *mut c_void, k: usize, pid: u32, bytes: u64) {
-    infos.cast::<ProcessInfoV1>().add(k).write_unaligned(ProcessInfoV1 {
-        pid,
-        used_gpu_memory: bytes,
-    });
+    infos
+        .cast::<ProcessInfoV1>()
+        .add(k)
+        .write_unaligned(ProcessInfoV1 {
+            pid,
+            used_gpu_memory: bytes,
+        });
 }
 
 unsafe fn write_v2(infos: *mut c_void, k: usize, pid: u32, bytes: u64) {
-    infos.cast::<nvmlProcessInfo_t>().add(k).write_unaligned(nvmlProcessInfo_t {
-        pid,
-        usedGpuMemory: bytes,
-        gpuInstanceId: u32::MAX,
-        computeInstanceId: u32::MAX,
-    });
+    infos
+        .cast::<nvmlProcessInfo_t>()
+        .add(k)
+        .write_unaligned(nvmlProcessInfo_t {
+            pid,
+            usedGpuMemory: bytes,
+            gpuInstanceId: u32::MAX,
+            computeInstanceId: u32::MAX,
+        });
 }
 
 /// `nvmlDeviceGetComputeRunningProcesses` (v1 entries).
-pub unsafe fn compute_processes_v1(real: ProcsFn, dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) -> u32 {
+pub unsafe fn compute_processes_v1(
+    real: ProcsFn,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut c_void,
+) -> u32 {
     running_processes(real, false, dev, count, infos, write_v1)
 }
 
 /// `nvmlDeviceGetComputeRunningProcesses_v2` and `_v3` (one layout).
-pub unsafe fn compute_processes_v2(real: ProcsFn, dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) -> u32 {
+pub unsafe fn compute_processes_v2(
+    real: ProcsFn,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut c_void,
+) -> u32 {
     running_processes(real, false, dev, count, infos, write_v2)
 }
 
 /// `nvmlDeviceGetGraphicsRunningProcesses` (v1 entries).
-pub unsafe fn graphics_processes_v1(real: ProcsFn, dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) -> u32 {
+pub unsafe fn graphics_processes_v1(
+    real: ProcsFn,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut c_void,
+) -> u32 {
     running_processes(real, true, dev, count, infos, write_v1)
 }
 
 /// `nvmlDeviceGetGraphicsRunningProcesses_v2` and `_v3`.
-pub unsafe fn graphics_processes_v2(real: ProcsFn, dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) -> u32 {
+pub unsafe fn graphics_processes_v2(
+    real: ProcsFn,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut c_void,
+) -> u32 {
     running_processes(real, true, dev, count, infos, write_v2)
 }
 
@@ -553,7 +607,13 @@ pub unsafe fn graphics_processes_v2(real: ProcsFn, dev: nvmlDevice_t, count: *mu
 fn slice_compute(dev: nvmlDevice_t) -> Option<(f64, f64)> {
     with_place(dev, 0, |c| match (c.place, c.view) {
         (Place::Outside, _) => None,
-        (Place::Inside { found: Some((ld, si)), .. }, Some(v)) => Some((
+        (
+            Place::Inside {
+                found: Some((ld, si)),
+                ..
+            },
+            Some(v),
+        ) => Some((
             v.slice(si).map_or(0.0, |s| s.compute_used),
             v.device(ld).map_or(0.0, |d| d.compute_used),
         )),
@@ -568,7 +628,11 @@ fn percent(f: f64) -> c_uint {
 
 /// `nvmlDeviceGetUtilizationRates`: the slice's share of the device's time; memory-controller
 /// use is the device's, in the proportion of the slice's part of the device's GPU time.
-pub unsafe fn utilization_rates(real: pfn::nvmlDeviceGetUtilizationRates, dev: nvmlDevice_t, util: *mut nvmlUtilization_t) -> u32 {
+pub unsafe fn utilization_rates(
+    real: pfn::nvmlDeviceGetUtilizationRates,
+    dev: nvmlDevice_t,
+    util: *mut nvmlUtilization_t,
+) -> u32 {
     let r = real(dev, util);
     if r != NVML_SUCCESS || util.is_null() {
         return r;
@@ -632,7 +696,12 @@ pub unsafe fn process_utilization(
                 dec_util: 0,
             };
             // SAFETY: the caller's buffer holds cap ≥ n samples.
-            unsafe { samples.cast::<ProcessUtilizationSample>().add(k).write_unaligned(s) };
+            unsafe {
+                samples
+                    .cast::<ProcessUtilizationSample>()
+                    .add(k)
+                    .write_unaligned(s)
+            };
         }
         (NVML_SUCCESS, n)
     });
@@ -669,11 +738,13 @@ mod tests {
             found: None,
         };
         // Quota 1 GiB, 256 MiB used, the device has plenty: v2 used + free = total.
-        let (t, f, nf, res) = memory(&inside(1 << 30, 256 << 20, true), 16 << 30, 10 << 30).unwrap();
+        let (t, f, nf, res) =
+            memory(&inside(1 << 30, 256 << 20, true), 16 << 30, 10 << 30).unwrap();
         assert_eq!((t, f, nf, res), (1 << 30, 768 << 20, 256 << 20, 0));
         // The device has less free than the quota has left: free follows the device, the
         // gap is v2 `reserved`, v1 `used` counts it (NVML's v1 meaning).
-        let (t, f, nf, res) = memory(&inside(1 << 30, 256 << 20, true), 16 << 30, 512 << 20).unwrap();
+        let (t, f, nf, res) =
+            memory(&inside(1 << 30, 256 << 20, true), 16 << 30, 512 << 20).unwrap();
         assert_eq!((t, f, nf, res), (1 << 30, 512 << 20, 512 << 20, 256 << 20));
         // Usage past the quota (a hostile counter): never negative.
         let (t, f, nf, res) = memory(&inside(1 << 30, u64::MAX, true), 16 << 30, 8 << 30).unwrap();
@@ -682,7 +753,15 @@ mod tests {
         let (t, f, nf, _) = memory(&inside(4 << 30, 1 << 30, false), 16 << 30, 10 << 30).unwrap();
         assert_eq!((t, f, nf), (16 << 30, 3 << 30, 13 << 30));
         assert!(memory(&Place::Outside, 16 << 30, 1).is_none());
-        assert!(memory(&Place::Inside { memory: None, found: None }, 16 << 30, 1).is_none());
+        assert!(memory(
+            &Place::Inside {
+                memory: None,
+                found: None
+            },
+            16 << 30,
+            1
+        )
+        .is_none());
     }
 
     #[test]

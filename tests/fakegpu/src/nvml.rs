@@ -141,7 +141,10 @@ fn processes_v1(h: nvmlDevice_t, count: *mut c_uint, infos: *mut ProcessInfoV1) 
             return Err(NVML_ERROR_INSUFFICIENT_SIZE);
         }
         for (k, (pid, used)) in procs.into_iter().enumerate() {
-            infos.add(k).write_unaligned(ProcessInfoV1 { pid, used_gpu_memory: used });
+            infos.add(k).write_unaligned(ProcessInfoV1 {
+                pid,
+                used_gpu_memory: used,
+            });
         }
     }
     Ok(())
