@@ -168,6 +168,10 @@ hook_table! {
         Nvml nvmlDeviceGetGraphicsRunningProcesses(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::graphics_processes_v1;
         Nvml nvmlDeviceGetGraphicsRunningProcesses_v2(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::graphics_processes_v2;
         Nvml nvmlDeviceGetGraphicsRunningProcesses_v3(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::graphics_processes_v2;
+        Nvml nvmlDeviceGetMPSComputeRunningProcesses(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::mps_processes_v1;
+        Nvml nvmlDeviceGetMPSComputeRunningProcesses_v2(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::mps_processes_v2;
+        Nvml nvmlDeviceGetMPSComputeRunningProcesses_v3(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::mps_processes_v2;
+        Nvml nvmlDeviceGetRunningProcessDetailList(dev: nvmlDevice_t, plist: *mut c_void) => nvml::process_detail_list;
         Nvml nvmlDeviceGetUtilizationRates(dev: nvmlDevice_t, util: *mut nvmlUtilization_t) => nvml::utilization_rates;
         Nvml nvmlDeviceGetProcessUtilization(dev: nvmlDevice_t, samples: *mut c_void, count: *mut c_uint, last_seen: u64) => nvml::process_utilization;
     }

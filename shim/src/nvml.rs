@@ -4,10 +4,11 @@
 //! - Memory (`nvmlDeviceGetMemoryInfo`, `_v2`): the quota as the total, the slice's usage as
 //!   used, the rest as free (never negative, never more than the device has free), with the
 //!   formula of the driver hooks (`report::view_of`).
-//! - Running processes (compute v1/v2/v3, graphics v1/v2/v3): only the slice's live processes,
-//!   with what the ledger charges them and their pids as the caller sees them (`PidMap`);
-//!   NVML's count protocol (`*infoCount` too small → `NVML_ERROR_INSUFFICIENT_SIZE` and the
-//!   count needed). Graphics lists are empty inside a slice: slices hold CUDA processes.
+//! - Running processes (compute v1/v2/v3, graphics and MPS v1/v2/v3, the detail list): only
+//!   the slice's live processes, with what the ledger charges them and their pids as the
+//!   caller sees them (`PidMap`); NVML's count protocol (`*infoCount` too small →
+//!   `NVML_ERROR_INSUFFICIENT_SIZE` and the count needed). Graphics and MPS lists are empty
+//!   inside a slice: slices hold CUDA processes, which the compute lists show.
 //! - Utilisation (`nvmlDeviceGetUtilizationRates`, `nvmlDeviceGetProcessUtilization`): the
 //!   slice's own `compute_used` (the scheduler's measured share of the device over its window).
 //!
@@ -33,6 +34,7 @@ use crate::init::{state_if_ready, State};
 use crate::log::log;
 use crate::report::view_of;
 use core::ffi::{c_char, c_uint, c_void};
+use core::mem::size_of;
 use gpuslice_abi::*;
 use gpuslice_ledger::layout::{MAX_PROCS, UUID_LEN};
 use gpuslice_ledger::sched::now_ns;
@@ -501,8 +503,8 @@ fn with_slice_processes<R>(dev: nvmlDevice_t, f: impl FnOnce(&[(u32, u64)]) -> R
 }
 
 /// One running-process query; `write(k, pid, bytes)` stores entry `k` in the caller's array.
-/// Graphics queries list nothing inside a slice (slices hold CUDA processes; a neighbour's
-/// graphics process is never shown).
+/// `graphics`: a graphics or MPS query, which lists nothing inside a slice (slices hold CUDA
+/// processes, listed by the compute queries; a neighbour is never shown).
 unsafe fn running_processes(
     real: ProcsFn,
     graphics: bool,
@@ -601,6 +603,106 @@ pub unsafe fn graphics_processes_v2(
     infos: *mut c_void,
 ) -> u32 {
     running_processes(real, true, dev, count, infos, write_v2)
+}
+
+/// `nvmlDeviceGetMPSComputeRunningProcesses` (v1 entries): none inside a slice.
+pub unsafe fn mps_processes_v1(
+    real: ProcsFn,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut c_void,
+) -> u32 {
+    running_processes(real, true, dev, count, infos, write_v1)
+}
+
+/// `nvmlDeviceGetMPSComputeRunningProcesses_v2` and `_v3`: none inside a slice.
+pub unsafe fn mps_processes_v2(
+    real: ProcsFn,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut c_void,
+) -> u32 {
+    running_processes(real, true, dev, count, infos, write_v2)
+}
+
+/// `nvmlProcessDetailList_v1_t`.
+#[repr(C)]
+struct ProcessDetailList {
+    version: c_uint,
+    mode: c_uint,
+    num_proc_array_entries: c_uint,
+    proc_array: *mut ProcessDetail,
+}
+
+/// `nvmlProcessDetail_v1_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProcessDetail {
+    pid: c_uint,
+    used_gpu_memory: u64,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+    used_gpu_cc_protected_memory: u64,
+}
+
+/// `nvmlProcessDetailList_v1`: the struct's size with the version in the top byte.
+const PROCESS_DETAIL_LIST_V1: c_uint = size_of::<ProcessDetailList>() as c_uint | (1 << 24);
+/// `NVML_PROCESS_MODE_COMPUTE`; graphics (1) and MPS (2) list nothing inside a slice.
+const PROCESS_MODE_COMPUTE: c_uint = 0;
+const PROCESS_MODE_MPS: c_uint = 2;
+
+/// `nvmlDeviceGetRunningProcessDetailList`: the v1 list, with the same count protocol
+/// (`numProcArrayEntries` in and out). Inside a slice a version this shim does not know is
+/// refused (`NVML_ERROR_ARGUMENT_VERSION_MISMATCH`) rather than passed through unfiltered.
+pub unsafe fn process_detail_list(
+    real: pfn::nvmlDeviceGetRunningProcessDetailList,
+    dev: nvmlDevice_t,
+    plist: *mut c_void,
+) -> u32 {
+    let list = plist.cast::<ProcessDetailList>();
+    if list.is_null() {
+        return real(dev, plist);
+    }
+    let (version, mode, cap, array) = (
+        (*list).version,
+        (*list).mode,
+        (*list).num_proc_array_entries as usize,
+        (*list).proc_array,
+    );
+    let answer = with_slice_processes(dev, |procs| {
+        if version != PROCESS_DETAIL_LIST_V1 {
+            return (NVML_ERROR_ARGUMENT_VERSION_MISMATCH, None);
+        }
+        let procs = match mode {
+            PROCESS_MODE_COMPUTE => procs,
+            1..=PROCESS_MODE_MPS => &[][..],
+            _ => return (NVML_ERROR_INVALID_ARGUMENT, None),
+        };
+        if procs.len() > cap || (!procs.is_empty() && array.is_null()) {
+            return (NVML_ERROR_INSUFFICIENT_SIZE, Some(procs.len()));
+        }
+        for (k, &(pid, bytes)) in procs.iter().enumerate() {
+            let d = ProcessDetail {
+                pid,
+                used_gpu_memory: bytes,
+                gpu_instance_id: u32::MAX,
+                compute_instance_id: u32::MAX,
+                used_gpu_cc_protected_memory: 0,
+            };
+            // SAFETY: the caller's array holds cap ≥ procs.len() entries.
+            unsafe { array.add(k).write_unaligned(d) };
+        }
+        (NVML_SUCCESS, Some(procs.len()))
+    });
+    match answer {
+        None => real(dev, plist),
+        Some((r, n)) => {
+            if let Some(n) = n {
+                (*list).num_proc_array_entries = n as c_uint;
+            }
+            r
+        }
+    }
 }
 
 /// The slice's compute figures on `dev`: (its used fraction, the device's), `None` outside.

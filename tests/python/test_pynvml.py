@@ -77,7 +77,8 @@ def check_lists(r, expected):
         if n >= 2:
             assert raw["small"] == [NVML_ERROR_INSUFFICIENT_SIZE, n], (v, raw)
         assert raw["full"] == [NVML_SUCCESS, n] and raw["list"] == expected, (v, raw)
-    assert r["graphics"] == [], r
+    assert r["detail"] == {"compute": expected, "graphics": [], "mps": []}, r
+    assert r["graphics"] == [] and r["mps"] == [], r
 
 
 def test_nvml_only_process_sees_its_slice_and_only_its_slice(gpu_env, client, burn):
@@ -102,6 +103,7 @@ def test_nvml_only_process_sees_its_slice_and_only_its_slice(gpu_env, client, bu
             r = client("pynvml_slice", outside)
             assert r["memory"]["total"] == 16 * GI and r["memory"]["used"] >= 896 * MI, r
             assert {a.pid, b.pid, n.pid} <= {p for p, _ in r["processes"]}, r
+            assert r["detail"]["compute"] == r["processes"], r
 
 
 def test_operator_slice_quota_without_a_memory_variable(gpu_env, client, burn, profile_dir):

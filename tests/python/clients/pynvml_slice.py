@@ -2,7 +2,8 @@
 
 Never touches CUDA. Reports memory (v1 and v2 structs), the compute and graphics process lists
 through pynvml and through the raw v1/v2/v3 entry points (with NVML's count protocol: ask with
-0, then with too small a buffer, then with enough), utilization rates and process utilization.
+0, then with too small a buffer, then with enough), the MPS list, the detail list
+(nvmlDeviceGetRunningProcessDetailList, per mode), utilization rates and process utilization.
 
 Options (all optional):
   --wait-used BYTES   poll (up to --timeout s) until memory `used` reaches BYTES
@@ -68,6 +69,14 @@ def report(h):
         "memory_v2": {"total": m2.total, "free": m2.free, "used": m2.used, "reserved": m2.reserved},
         "processes": sorted([p.pid, p.usedGpuMemory] for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)),
         "graphics": sorted([p.pid, p.usedGpuMemory] for p in pynvml.nvmlDeviceGetGraphicsRunningProcesses(h)),
+        "mps": sorted([p.pid, p.usedGpuMemory] for p in pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h)),
+        "detail": {
+            mode: sorted([p.pid, p.usedGpuMemory] for p in pynvml.nvmlDeviceGetRunningProcessDetailList(
+                h, pynvml.nvmlProcessDetailList_v1, m))
+            for mode, m in (("compute", pynvml.NVML_PROCESS_MODE_COMPUTE),
+                            ("graphics", pynvml.NVML_PROCESS_MODE_GRAPHICS),
+                            ("mps", pynvml.NVML_PROCESS_MODE_MPS))
+        },
         "raw": {
             "v1": raw_processes(h, "nvmlDeviceGetComputeRunningProcesses", ProcV1),
             "v2": raw_processes(h, "nvmlDeviceGetComputeRunningProcesses_v2", pynvml.c_nvmlProcessInfo_v2_t),
