@@ -104,6 +104,8 @@ struct Cache {
     ro: Option<ReadOnlyLedger>,
     /// When to look for (or re-check) the ledger next.
     recheck_at: u64,
+    /// An unusable ledger was reported (once).
+    warned: bool,
     devs: Vec<Dev>,
     pids: PidMap,
     /// The list being built (pid, bytes): allocated once.
@@ -150,6 +152,7 @@ impl Cache {
             in_slice,
             ro: None,
             recheck_at: 0,
+            warned: false,
             devs: Vec::with_capacity(MAX_HANDLES),
             pids: PidMap::new(),
             list: Vec::with_capacity(MAX_PROCS),
@@ -216,7 +219,10 @@ impl Cache {
             self.ro = match ReadOnlyLedger::open(dir) {
                 Ok(r) => r,
                 Err(e) => {
-                    log!(Warn, "NVML cannot read the ledger: {e}");
+                    if !self.warned {
+                        log!(Warn, "NVML shows configured quotas only: {e}");
+                        self.warned = true;
+                    }
                     None
                 }
             };

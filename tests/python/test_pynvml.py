@@ -60,6 +60,7 @@ def test_pynvml_sees_another_process_and_its_memory(gpu_env, client, burn):
 
 MI = 1 << 20
 NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_NOT_FOUND, NVML_ERROR_INSUFFICIENT_SIZE = 0, 3, 6, 7
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
 
 def gpuslice_cli(profile_dir):
@@ -79,6 +80,7 @@ def check_lists(r, expected):
         assert raw["full"] == [NVML_SUCCESS, n] and raw["list"] == expected, (v, raw)
     assert r["detail"] == {"compute": expected, "graphics": [], "mps": []}, r
     assert r["graphics"] == [] and r["mps"] == [], r
+    assert r["detail_v2_struct"] == NVML_ERROR_ARGUMENT_VERSION_MISMATCH, r
 
 
 def test_nvml_only_process_sees_its_slice_and_only_its_slice(gpu_env, client, burn):
@@ -138,6 +140,26 @@ def test_hami_shared_cache_is_one_slice(gpu_env, client, burn, tmp_path):
         r = client("pynvml_slice", dict(env, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp_path / "other")))
         assert r["memory"] == {"total": GI, "free": GI, "used": 0}, r
         check_lists(r, [])
+
+
+def test_quotas_by_percent_and_per_cuda_ordinal(gpu_env, client, burn):
+    """`25%` of the device, and per-device values by CUDA ordinal under CUDA_VISIBLE_DEVICES,
+    before any CUDA process and after one made the slice."""
+    env = gpu_env(devices=2, memory="16Gi", preload=True, GPUSLICE_SLICE="p", GPUSLICE_MEMORY="25%")
+    r = client("pynvml_slice", env, "--index", "1")
+    assert r["memory"] == {"total": 4 * GI, "free": 4 * GI, "used": 0}, r
+    # CUDA sees NVML's device 1 as its device 0 (2 GiB); NVML's device 0 is not the
+    # process's: the real device.
+    env = gpu_env(devices=2, memory="16Gi", preload=True, GPUSLICE_SLICE="q",
+                  GPUSLICE_MEMORY="0=2Gi,1=5Gi", CUDA_VISIBLE_DEVICES="1")
+    r = client("pynvml_slice", env, "--index", "1")
+    assert r["memory"] == {"total": 2 * GI, "free": 2 * GI, "used": 0}, r
+    with Holder(burn, env, "1Gi") as h:
+        r = client("pynvml_slice", env, "--index", "1")
+        assert r["memory"] == {"total": 2 * GI, "free": GI, "used": GI}, r
+        check_lists(r, [[h.pid, GI]])
+        r = client("pynvml_slice", env, "--index", "0")
+        assert r["memory"] == {"total": 16 * GI, "free": 16 * GI, "used": 0}, r
 
 
 def test_one_process_sees_the_same_totals_from_nvml_and_cuda(gpu_env, client, burn, profile_dir):

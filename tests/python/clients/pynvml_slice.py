@@ -1,4 +1,4 @@
-"""pynvml on device 0, as a monitoring tool inside (or outside) a slice sees it.
+"""pynvml on one device (NVML index 0 unless --index), as a monitoring tool inside (or outside) a slice sees it.
 
 Never touches CUDA. Reports memory (v1 and v2 structs), the compute and graphics process lists
 through pynvml and through the raw v1/v2/v3 entry points (with NVML's count protocol: ask with
@@ -26,6 +26,7 @@ ap.add_argument("--wait-util", type=int)
 ap.add_argument("--wait-procs", type=int)
 ap.add_argument("--announce", action="store_true")
 ap.add_argument("--timeout", type=float, default=20.0)
+ap.add_argument("--index", type=int, default=0, help="NVML device index")
 args = ap.parse_args()
 
 
@@ -50,6 +51,14 @@ def raw_processes(handle, name, struct):
     out["full"] = [r, count.value]
     out["list"] = sorted([arr[i].pid, arr[i].usedGpuMemory] for i in range(count.value)) if r == 0 else []
     return out
+
+
+def detail_list_version(handle, version):
+    """What nvmlDeviceGetRunningProcessDetailList answers for a struct of another version."""
+    lst = pynvml.c_nvmlProcessDetailList_t()
+    lst.version = version
+    lst.mode = pynvml.NVML_PROCESS_MODE_COMPUTE
+    return pynvml._nvmlGetFunctionPointer("nvmlDeviceGetRunningProcessDetailList")(handle, ctypes.byref(lst))
 
 
 def nvml_error(f):
@@ -82,6 +91,7 @@ def report(h):
             "v2": raw_processes(h, "nvmlDeviceGetComputeRunningProcesses_v2", pynvml.c_nvmlProcessInfo_v2_t),
             "v3": raw_processes(h, "nvmlDeviceGetComputeRunningProcesses_v3", pynvml.c_nvmlProcessInfo_v3_t),
         },
+        "detail_v2_struct": detail_list_version(h, pynvml.nvmlProcessDetailList_v1 + (1 << 24)),
         "utilization": {"gpu": u.gpu, "memory": u.memory},
         "process_utilization": None if samples is None else sorted([s.pid, s.smUtil] for s in samples),
         "process_utilization_error": samples_err,
@@ -89,7 +99,7 @@ def report(h):
 
 
 pynvml.nvmlInit()
-h = pynvml.nvmlDeviceGetHandleByIndex(0)
+h = pynvml.nvmlDeviceGetHandleByIndex(args.index)
 deadline = time.monotonic() + args.timeout
 polls = 0
 while True:
