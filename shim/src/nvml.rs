@@ -116,8 +116,13 @@ static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
 
 /// What the caller is, on one device.
 enum Place {
-    /// Outside any slice: the real device.
-    Outside,
+    /// Outside any slice: the real device (process lists, utilisation). A CUDA process without
+    /// slice settings still runs best effort: `memory` then holds those figures, so NVML and
+    /// CUDA agree on its memory.
+    Outside {
+        /// Best-effort limit, what the pool holds (as in `Inside`), for an attached process.
+        memory: Option<(u64, u64, bool)>,
+    },
     /// Inside a slice.
     Inside {
         /// Quota or best-effort limit, what the account holds, whether it is a quota
@@ -242,13 +247,13 @@ impl Cache {
     /// ledger does not know the device yet.
     fn place(&mut self, st: Option<&'static State>, di: usize, real_total: u64) -> Place {
         if self.config.is_none() {
-            return Place::Outside;
+            return Place::Outside { memory: None };
         }
         if let Some(st) = st {
             return self.place_attached(st, di);
         }
         let Some(ordinal) = self.devs[di].ordinal.filter(|_| self.in_slice) else {
-            return Place::Outside;
+            return Place::Outside { memory: None };
         };
         let configured = self
             .config
@@ -314,17 +319,13 @@ impl Cache {
     fn place_attached(&mut self, st: &'static State, di: usize) -> Place {
         let d = &mut self.devs[di];
         let Some(ds) = st.devices.iter().find(|x| x.uuid.as_bytes() == d.uuid()) else {
-            return Place::Outside; // CUDA cannot see this device
+            return Place::Outside { memory: None }; // CUDA cannot see this device
         };
         let memory = Some((ds.account.limit(), ds.account.used(), ds.account.is_quota()));
         if !self.in_slice {
             // Its private best-effort slice: the CUDA view of memory, the real rest.
-            return match memory {
-                Some((_, _, false)) => Place::Inside {
-                    memory,
-                    found: None,
-                },
-                _ => Place::Outside,
+            return Place::Outside {
+                memory: memory.filter(|m| !m.2),
             };
         }
         let v = View::of(st.ledger);
@@ -423,10 +424,13 @@ fn with_place<R>(dev: nvmlDevice_t, real_total: u64, f: impl FnOnce(Ctx<'_>) -> 
 
 /// `(total, free, used, reserved)` for a device inside a slice, given NVML's own total/free.
 fn memory(place: &Place, total: u64, free: u64) -> Option<(u64, u64, u64, u64)> {
-    let Place::Inside {
+    let (Place::Inside {
         memory: Some((limit, used, quota)),
         ..
-    } = *place
+    }
+    | Place::Outside {
+        memory: Some((limit, used, quota)),
+    }) = *place
     else {
         return None;
     };
@@ -714,7 +718,7 @@ pub unsafe fn process_detail_list(
 /// The slice's compute figures on `dev`: (its used fraction, the device's), `None` outside.
 fn slice_compute(dev: nvmlDevice_t) -> Option<(f64, f64)> {
     with_place(dev, 0, |c| match (c.place, c.view) {
-        (Place::Outside, _) => None,
+        (Place::Outside { .. }, _) => None,
         (
             Place::Inside {
                 found: Some((ld, si)),
@@ -860,7 +864,17 @@ mod tests {
         // Best effort: the device's total, free capped by what is not reserved.
         let (t, f, nf, _) = memory(&inside(4 << 30, 1 << 30, false), 16 << 30, 10 << 30).unwrap();
         assert_eq!((t, f, nf), (16 << 30, 3 << 30, 13 << 30));
-        assert!(memory(&Place::Outside, 16 << 30, 1).is_none());
+        assert!(memory(&Place::Outside { memory: None }, 16 << 30, 1).is_none());
+        // A CUDA process outside any slice: its best-effort figures, as CUDA reports them.
+        let (t, f, _, _) = memory(
+            &Place::Outside {
+                memory: Some((4 << 30, 1 << 30, false)),
+            },
+            16 << 30,
+            10 << 30,
+        )
+        .unwrap();
+        assert_eq!((t, f), (16 << 30, 3 << 30));
         assert!(memory(
             &Place::Inside {
                 memory: None,

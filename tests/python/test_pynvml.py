@@ -177,6 +177,17 @@ def test_one_process_sees_the_same_totals_from_nvml_and_cuda(gpu_env, client, bu
     assert r["nvml_after"] == {"total": 3 * GI, "free": 1536 * MI, "used": 1536 * MI}, r
     assert r["processes"] == sorted([[h.pid, GI], [r["pid"], 512 * MI]]), r
 
+    # Outside any slice (the library, no slice settings): best effort, so the driver API and
+    # NVML both cap free by what no slice reserved (16 - 3 GiB), while NVML's process list is
+    # the real one (the neighbour included).
+    plain = gpu_env(memory="16Gi", preload=True)
+    with Holder(burn, wrapped, "1Gi") as h:
+        r = client("pynvml_with_cuda", plain, 512 * MI)
+    assert r["cuda"]["total"] == r["nvml_attached"]["total"] == 16 * GI, r
+    assert r["cuda"]["free"] == r["nvml_attached"]["free"] == 13 * GI, r
+    assert r["cuda_after"]["free"] == r["nvml_after"]["free"] == 13 * GI - 512 * MI, r
+    assert {h.pid, r["pid"]} <= {p for p, _ in r["processes"]}, r
+
 
 def test_nvml_only_creates_nothing_and_sees_a_ledger_made_later(gpu_env, burn):
     import pathlib
