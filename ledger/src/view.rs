@@ -15,6 +15,12 @@
 //!   pid in its own namespace, its namespace's inode and its start time; a reader in another
 //!   namespace finds it in its own `/proc` (or learns it cannot see it).
 //!
+//! Where node mode plugs in: the hot-path words (`Slice::memory_used`, `ProcDevice::charged`,
+//! the scheduler windows behind `compute_used`) are read only in [`View::slice`],
+//! [`View::process`] and [`View::device`], and liveness only in [`View::is_alive`]; a view over
+//! the root-owned policy file plus a slice's read-only region replaces those reads, and every
+//! caller (the shim's NVML hooks) stays as it is.
+//!
 //! Everything read here is untrusted input: any process that can write the file can put any
 //! bytes in it. Indices read from it are bounds-checked before use, usage is clamped to its
 //! quota, device sums to the device, fractions to `0..=1`, and a pid is only reported after
