@@ -282,9 +282,10 @@ def test_utilization_of_a_busy_slice_and_an_idle_one(gpu_env, client, burn):
             r = client("pynvml_slice", busy, "--wait-util", "60", "--wait-procs", "1")
             assert r["utilization"]["gpu"] >= 60, r
             assert r["processes"] == [[p.pid, 0]], r
-            # The one process of the slice carries the slice's use.
+            # The one process of the slice carries the slice's use (sampled a moment later:
+            # loose bound, the CPUs may be busy).
             [[pid, sm]] = r["process_utilization"]
-            assert pid == p.pid and sm >= 50, r
+            assert pid == p.pid and sm >= 25, r
             r = client("pynvml_slice", idle)
             assert r["utilization"]["gpu"] == 0 and r["utilization"]["memory"] == 0, r
             assert r["process_utilization"] is None, r
@@ -293,7 +294,7 @@ def test_utilization_of_a_busy_slice_and_an_idle_one(gpu_env, client, burn):
             # Outside any slice: the device's own figures (the busy neighbour shows), and the
             # fake's answer to per-process utilisation (it does not measure it).
             r = client("pynvml_slice", gpu_env(memory="16Gi"))
-            assert r["utilization"]["gpu"] >= 50, r
+            assert r["utilization"]["gpu"] >= 25, r
             assert r["process_utilization_error"] == NVML_ERROR_NOT_SUPPORTED, r
         finally:
             p.kill()
