@@ -173,6 +173,7 @@ hook_table! {
         Nvml nvmlDeviceGetMPSComputeRunningProcesses_v3(dev: nvmlDevice_t, count: *mut c_uint, infos: *mut c_void) => nvml::mps_processes_v2;
         Nvml nvmlDeviceGetRunningProcessDetailList(dev: nvmlDevice_t, plist: *mut c_void) => nvml::process_detail_list;
         Nvml nvmlDeviceGetUtilizationRates(dev: nvmlDevice_t, util: *mut nvmlUtilization_t) => nvml::utilization_rates;
+        Nvml nvmlDeviceGetProcessesUtilizationInfo(dev: nvmlDevice_t, info: *mut c_void) => nvml::processes_utilization_info;
         Nvml nvmlDeviceGetProcessUtilization(dev: nvmlDevice_t, samples: *mut c_void, count: *mut c_uint, last_seen: u64) => nvml::process_utilization;
     }
     reals {

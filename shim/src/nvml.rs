@@ -9,8 +9,9 @@
 //!   caller sees them (`PidMap`); NVML's count protocol (`*infoCount` too small →
 //!   `NVML_ERROR_INSUFFICIENT_SIZE` and the count needed). Graphics and MPS lists are empty
 //!   inside a slice: slices hold CUDA processes, which the compute lists show.
-//! - Utilisation (`nvmlDeviceGetUtilizationRates`, `nvmlDeviceGetProcessUtilization`): the
-//!   slice's own `compute_used` (the scheduler's measured share of the device over its window).
+//! - Utilisation (`nvmlDeviceGetUtilizationRates`, `nvmlDeviceGetProcessUtilization`,
+//!   `nvmlDeviceGetProcessesUtilizationInfo`): the slice's own `compute_used` (the scheduler's
+//!   measured share of the device over its window), per-process samples only of its processes.
 //!
 //! Where the answers come from:
 //! - a process that went through `cuInit` uses its own ledger mapping and accounts (the very
@@ -761,23 +762,21 @@ pub unsafe fn utilization_rates(
     r
 }
 
-/// `nvmlDeviceGetProcessUtilization`: one sample per live process of the slice while the slice
-/// used the device over the scheduler's window; the slice's share is divided evenly between
-/// them (the ledger measures GPU time per slice). None (`NVML_ERROR_NOT_FOUND`, as NVML says
-/// "no samples") for an idle slice.
-pub unsafe fn process_utilization(
-    real: pfn::nvmlDeviceGetProcessUtilization,
+/// The slice's per-process utilisation samples on `dev`, newer than `last_seen` (µs since the
+/// epoch): one per live process of the slice while the slice used the device over the
+/// scheduler's window, the slice's share divided evenly between them (the ledger measures GPU
+/// time per slice). Written with `write(k, pid, time stamp, sm %)` into a buffer of `cap`
+/// entries (`ok`: the buffer is there). `(status, count)`: `NVML_ERROR_NOT_FOUND` (no samples:
+/// an idle slice), `NVML_ERROR_INSUFFICIENT_SIZE` with the count needed, or success.
+/// `None`: outside any slice.
+fn utilization_samples(
     dev: nvmlDevice_t,
-    samples: *mut c_void,
-    count: *mut c_uint,
     last_seen: u64,
-) -> u32 {
-    let Some((mine, _)) = slice_compute(dev) else {
-        return real(dev, samples, count, last_seen);
-    };
-    if count.is_null() {
-        return NVML_ERROR_INVALID_ARGUMENT;
-    }
+    cap: usize,
+    ok: bool,
+    mut write: impl FnMut(usize, u32, u64, c_uint),
+) -> Option<(u32, usize)> {
+    let (mine, _) = slice_compute(dev)?;
     let now_us = {
         let mut ts = libc::timespec {
             tv_sec: 0,
@@ -788,40 +787,131 @@ pub unsafe fn process_utilization(
         ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
     };
     let busy = percent(mine) > 0 && now_us > last_seen;
-    let cap = *count as usize;
     let answer = with_slice_processes(dev, |list| {
         let n = if busy { list.len() } else { 0 };
         if n == 0 {
             return (NVML_ERROR_NOT_FOUND, 0);
         }
-        if samples.is_null() || cap < n {
+        if !ok || cap < n {
             return (NVML_ERROR_INSUFFICIENT_SIZE, n);
         }
         let each = percent(mine / n as f64);
         for (k, &(pid, _)) in list.iter().enumerate() {
-            let s = ProcessUtilizationSample {
-                pid,
-                time_stamp: now_us,
-                sm_util: each,
-                mem_util: 0,
-                enc_util: 0,
-                dec_util: 0,
-            };
-            // SAFETY: the caller's buffer holds cap ≥ n samples.
-            unsafe {
-                samples
-                    .cast::<ProcessUtilizationSample>()
-                    .add(k)
-                    .write_unaligned(s)
-            };
+            write(k, pid, now_us, each);
         }
         (NVML_SUCCESS, n)
     });
-    let (r, n) = answer.unwrap_or((NVML_ERROR_NOT_FOUND, 0));
-    if r != NVML_ERROR_NOT_FOUND {
-        *count = n as c_uint;
+    Some(answer.unwrap_or((NVML_ERROR_NOT_FOUND, 0)))
+}
+
+/// `nvmlDeviceGetProcessUtilization` (see [`utilization_samples`]).
+pub unsafe fn process_utilization(
+    real: pfn::nvmlDeviceGetProcessUtilization,
+    dev: nvmlDevice_t,
+    samples: *mut c_void,
+    count: *mut c_uint,
+    last_seen: u64,
+) -> u32 {
+    if count.is_null() {
+        return real(dev, samples, count, last_seen);
     }
-    r
+    let cap = *count as usize;
+    let out = samples.cast::<ProcessUtilizationSample>();
+    let answer = utilization_samples(dev, last_seen, cap, !out.is_null(), |k, pid, ts, sm| {
+        let s = ProcessUtilizationSample {
+            pid,
+            time_stamp: ts,
+            sm_util: sm,
+            mem_util: 0,
+            enc_util: 0,
+            dec_util: 0,
+        };
+        // SAFETY: the caller's buffer holds cap > k samples (checked by utilization_samples).
+        unsafe { out.add(k).write_unaligned(s) };
+    });
+    match answer {
+        None => real(dev, samples, count, last_seen),
+        Some((r, n)) => {
+            if r != NVML_ERROR_NOT_FOUND {
+                *count = n as c_uint;
+            }
+            r
+        }
+    }
+}
+
+/// `nvmlProcessesUtilizationInfo_v1_t`.
+#[repr(C)]
+struct ProcessesUtilizationInfo {
+    version: c_uint,
+    process_samples_count: c_uint,
+    last_seen_time_stamp: u64,
+    proc_util_array: *mut ProcessUtilizationInfo,
+}
+
+/// `nvmlProcessUtilizationInfo_v1_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProcessUtilizationInfo {
+    time_stamp: u64,
+    pid: c_uint,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+    jpg_util: c_uint,
+    ofa_util: c_uint,
+}
+
+/// `nvmlProcessesUtilizationInfo_v1`.
+const PROCESSES_UTILIZATION_INFO_V1: c_uint =
+    size_of::<ProcessesUtilizationInfo>() as c_uint | (1 << 24);
+
+/// `nvmlDeviceGetProcessesUtilizationInfo` (the versioned form of the same samples). Inside a
+/// slice a struct version this shim does not know is refused, never passed through.
+pub unsafe fn processes_utilization_info(
+    real: pfn::nvmlDeviceGetProcessesUtilizationInfo,
+    dev: nvmlDevice_t,
+    info: *mut c_void,
+) -> u32 {
+    let p = info.cast::<ProcessesUtilizationInfo>();
+    if p.is_null() {
+        return real(dev, info);
+    }
+    if slice_compute(dev).is_none() {
+        return real(dev, info);
+    }
+    if (*p).version != PROCESSES_UTILIZATION_INFO_V1 {
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
+    let (cap, last, out) = (
+        (*p).process_samples_count as usize,
+        (*p).last_seen_time_stamp,
+        (*p).proc_util_array,
+    );
+    let answer = utilization_samples(dev, last, cap, !out.is_null(), |k, pid, ts, sm| {
+        let s = ProcessUtilizationInfo {
+            time_stamp: ts,
+            pid,
+            sm_util: sm,
+            mem_util: 0,
+            enc_util: 0,
+            dec_util: 0,
+            jpg_util: 0,
+            ofa_util: 0,
+        };
+        // SAFETY: the caller's array holds cap > k entries (checked by utilization_samples).
+        unsafe { out.add(k).write_unaligned(s) };
+    });
+    match answer {
+        None => real(dev, info),
+        Some((r, n)) => {
+            if r != NVML_ERROR_NOT_FOUND {
+                (*p).process_samples_count = n as c_uint;
+            }
+            r
+        }
+    }
 }
 
 #[cfg(test)]

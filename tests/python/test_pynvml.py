@@ -286,16 +286,20 @@ def test_utilization_of_a_busy_slice_and_an_idle_one(gpu_env, client, burn):
             # loose bound, the CPUs may be busy).
             [[pid, sm]] = r["process_utilization"]
             assert pid == p.pid and sm >= 25, r
+            [[pid, sm]] = r["processes_utilization_info"]  # the versioned form
+            assert pid == p.pid and sm >= 25, r
             r = client("pynvml_slice", idle)
             assert r["utilization"]["gpu"] == 0 and r["utilization"]["memory"] == 0, r
             assert r["process_utilization"] is None, r
             assert r["process_utilization_error"] == NVML_ERROR_NOT_FOUND, r  # no samples
+            assert r["processes_utilization_info_error"] == NVML_ERROR_NOT_FOUND, r
             assert r["processes"] == [[quiet.pid, 64 * MI]], r
             # Outside any slice: the device's own figures (the busy neighbour shows), and the
             # fake's answer to per-process utilisation (it does not measure it).
             r = client("pynvml_slice", gpu_env(memory="16Gi"))
             assert r["utilization"]["gpu"] >= 25, r
             assert r["process_utilization_error"] == NVML_ERROR_NOT_SUPPORTED, r
+            assert r["processes_utilization_info_error"] == NVML_ERROR_NOT_SUPPORTED, r
         finally:
             p.kill()
             p.communicate()

@@ -317,6 +317,7 @@ nvml_exports! {
     // The fake measures GPU time per device, not per process: it answers as a GPU without
     // per-process accounting does.
     fn nvmlDeviceGetProcessUtilization(h: nvmlDevice_t, _s: *mut std::ffi::c_void, _c: *mut c_uint, _last: u64) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
+    fn nvmlDeviceGetProcessesUtilizationInfo(h: nvmlDevice_t, _info: *mut std::ffi::c_void) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
     fn nvmlDeviceGetUtilizationRates(h: nvmlDevice_t, u: *mut nvmlUtilization_t) {
         let (n, i) = dev(h)?;
         let gpu = shared::utilization(n.state, i, shared::now_ns());

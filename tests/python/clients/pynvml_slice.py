@@ -73,6 +73,7 @@ def report(h):
     m2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
     u = pynvml.nvmlDeviceGetUtilizationRates(h)
     samples, samples_err = nvml_error(lambda: pynvml.nvmlDeviceGetProcessUtilization(h, 0))
+    infos, infos_err = nvml_error(lambda: pynvml.nvmlDeviceGetProcessesUtilizationInfo(h, 0))
     return {
         "memory": {"total": m1.total, "free": m1.free, "used": m1.used},
         "memory_v2": {"total": m2.total, "free": m2.free, "used": m2.used, "reserved": m2.reserved},
@@ -95,6 +96,8 @@ def report(h):
         "utilization": {"gpu": u.gpu, "memory": u.memory},
         "process_utilization": None if samples is None else sorted([s.pid, s.smUtil] for s in samples),
         "process_utilization_error": samples_err,
+        "processes_utilization_info": None if infos is None else sorted([s.pid, s.smUtil] for s in infos),
+        "processes_utilization_info_error": infos_err,
     }
 
 
