@@ -57,17 +57,27 @@ fn cpath(p: &Path) -> CString {
 
 /// Open the existing ledger in `dir`.
 pub(crate) fn open(dir: &Path) -> Result<Mapping, LedgerError> {
+    open_with(dir, libc::O_RDWR, libc::PROT_READ | libc::PROT_WRITE)
+}
+
+/// Open the existing ledger in `dir` read-only (`O_RDONLY`, `PROT_READ`): the same checks as
+/// [`open`], nothing created, nothing written (`view.rs`).
+pub(crate) fn open_read_only(dir: &Path) -> Result<Mapping, LedgerError> {
+    open_with(dir, libc::O_RDONLY, libc::PROT_READ)
+}
+
+fn open_with(dir: &Path, flags: libc::c_int, prot: libc::c_int) -> Result<Mapping, LedgerError> {
     let path = dir.join("ledger");
     let c = cpath(&path);
     // SAFETY: c is a valid NUL-terminated path.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
     if fd < 0 {
         if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
             return Err(LedgerError::NotFound(path));
         }
         return Err(io("open", &path));
     }
-    map_existing(fd, path)
+    map_existing(fd, path, prot)
 }
 
 /// Open the ledger in `dir`, creating the directory and the file if needed.
@@ -142,7 +152,7 @@ fn create(dir: &Path) -> Result<Option<Mapping>, LedgerError> {
         cleanup(fd);
         return Err(e);
     }
-    let base = match map(fd, &tmp) {
+    let base = match map(fd, &tmp, libc::PROT_READ | libc::PROT_WRITE) {
         Ok(b) => b,
         Err(e) => {
             cleanup(fd);
@@ -179,13 +189,13 @@ fn create(dir: &Path) -> Result<Option<Mapping>, LedgerError> {
     })
 }
 
-fn map(fd: libc::c_int, path: &Path) -> Result<*mut u8, LedgerError> {
-    // SAFETY: fd is open read-write; the result is checked.
+fn map(fd: libc::c_int, path: &Path, prot: libc::c_int) -> Result<*mut u8, LedgerError> {
+    // SAFETY: fd is open with the access `prot` needs; the result is checked.
     let p = unsafe {
         libc::mmap(
             core::ptr::null_mut(),
             FILE_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
+            prot,
             libc::MAP_SHARED,
             fd,
             0,
@@ -228,7 +238,7 @@ unsafe fn init_header(base: *mut u8) -> Result<(), LedgerError> {
     Ok(())
 }
 
-fn map_existing(fd: libc::c_int, path: PathBuf) -> Result<Mapping, LedgerError> {
+fn map_existing(fd: libc::c_int, path: PathBuf, prot: libc::c_int) -> Result<Mapping, LedgerError> {
     let fail = |e: LedgerError| {
         // SAFETY: our fd.
         unsafe { libc::close(fd) };
@@ -299,7 +309,7 @@ fn map_existing(fd: libc::c_int, path: PathBuf) -> Result<Mapping, LedgerError> 
             detail: format!("file of {} bytes, expected {FILE_SIZE}", st.st_size),
         });
     }
-    let base = match map(fd, &path) {
+    let base = match map(fd, &path, prot) {
         Ok(b) => b,
         Err(e) => return fail(e),
     };

@@ -18,7 +18,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 /// The first 8 bytes of every ledger file.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 /// Bumped on every layout change (including `sched.rs`).
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Devices per node.
 pub const MAX_DEVICES: usize = 16;
 /// Slices per node (a slice is per device: `(name, device)`).
@@ -201,6 +201,14 @@ pub struct Proc {
     pub devices: [ProcDevice; MAX_DEVICES],
     /// Scheduler state (compute).
     pub sched: SchedProc,
+    /// Inode of the process's PID namespace (`/proc/self/ns/pid`), 0 if unknown. With `pid`
+    /// and `start_time` it lets a reader in another namespace find the process in its own
+    /// `/proc` (see `view.rs`).
+    pub pid_ns: AtomicU64,
+    /// The first `NSpid` entry of `/proc/self/status`: the pid in the namespace of the
+    /// process's `/proc` mount (the host's pid when that is the host's `/proc`, else `pid`).
+    /// A hint for readers; never trusted without checking it in their own `/proc`.
+    pub outer_pid: AtomicU32,
 }
 
 const fn align_up(x: usize, a: usize) -> usize {
@@ -231,6 +239,19 @@ impl<const N: usize> Text<N> {
         // SAFETY: plain bytes; see the Sync impl for why a concurrent write is harmless here.
         let bytes = unsafe { core::ptr::read_volatile(self.0.get()) };
         get_str(&bytes)
+    }
+
+    /// The raw bytes (NUL-padded), copied: compare names without allocating.
+    pub fn bytes(&self) -> [u8; N] {
+        // SAFETY: as in `get`.
+        unsafe { core::ptr::read_volatile(self.0.get()) }
+    }
+
+    /// Whether the text is exactly `s` (no allocation; a torn read compares unequal).
+    pub fn eq_bytes(&self, s: &[u8]) -> bool {
+        let b = self.bytes();
+        let n = b.iter().position(|&c| c == 0).unwrap_or(N);
+        &b[..n] == s
     }
 
     /// Replace the text.
@@ -283,6 +304,10 @@ mod tests {
         assert_eq!(size_of::<ProcDevice>(), 16);
         assert_eq!(offset_of!(Proc, devices), 96);
         assert_eq!(align_of::<Proc>(), 64);
+        // Layout 2 added pid_ns and outer_pid in what was Proc's tail padding.
+        assert_eq!(offset_of!(Proc, pid_ns), 416);
+        assert_eq!(offset_of!(Proc, outer_pid), 424);
+        assert_eq!(size_of::<Proc>(), 448);
         for s in [
             size_of::<Header>(),
             size_of::<Device>(),

@@ -252,6 +252,7 @@ impl Ledger {
     /// Reaps dead processes first so their slots and memory come back.
     pub fn attach(&self, slice_name: &str) -> Result<ProcHandle, LedgerError> {
         let _ = self.reap_dead();
+        let (pid_ns, outer_pid) = crate::view::own_pid_identity(); // /proc reads: not under the lock
         let _g = self.lock()?;
         for (i, p) in self.procs().iter().enumerate() {
             if p.state.load(SeqCst) != STATE_FREE || !file::take_liveness(self.m.fd, i) {
@@ -259,6 +260,8 @@ impl Ledger {
             }
             p.pid.store(std::process::id(), SeqCst);
             p.start_time.store(file::own_start_time(), SeqCst);
+            p.pid_ns.store(pid_ns, SeqCst);
+            p.outer_pid.store(outer_pid, SeqCst);
             // SAFETY: under the lock, record not yet published.
             unsafe { p.slice_name.set(slice_name) };
             for pd in &p.devices {

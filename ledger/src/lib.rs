@@ -52,6 +52,7 @@ mod ledger;
 pub mod quantity;
 pub mod sched;
 mod snapshot;
+pub mod view;
 
 pub use account::Account;
 pub use error::{human_bytes, AdmissionError, LedgerError};

@@ -166,6 +166,19 @@ hook_table! {
 
         Nvml nvmlDeviceGetMemoryInfo => nvml::memory_info;
         Nvml nvmlDeviceGetMemoryInfo_v2 => nvml::memory_info_v2;
+        Nvml nvmlDeviceGetComputeRunningProcesses => nvml::compute_processes_v1;
+        Nvml nvmlDeviceGetComputeRunningProcesses_v2 => nvml::compute_processes_v2;
+        Nvml nvmlDeviceGetComputeRunningProcesses_v3 => nvml::compute_processes_v2;
+        Nvml nvmlDeviceGetGraphicsRunningProcesses => nvml::graphics_processes_v1;
+        Nvml nvmlDeviceGetGraphicsRunningProcesses_v2 => nvml::graphics_processes_v2;
+        Nvml nvmlDeviceGetGraphicsRunningProcesses_v3 => nvml::graphics_processes_v2;
+        Nvml nvmlDeviceGetMPSComputeRunningProcesses => nvml::mps_processes_v1;
+        Nvml nvmlDeviceGetMPSComputeRunningProcesses_v2 => nvml::mps_processes_v2;
+        Nvml nvmlDeviceGetMPSComputeRunningProcesses_v3 => nvml::mps_processes_v2;
+        Nvml nvmlDeviceGetRunningProcessDetailList => nvml::process_detail_list;
+        Nvml nvmlDeviceGetUtilizationRates => nvml::utilization_rates;
+        Nvml nvmlDeviceGetProcessesUtilizationInfo => nvml::processes_utilization_info;
+        Nvml nvmlDeviceGetProcessUtilization => nvml::process_utilization;
     }
     reals {
         Cuda cuDeviceGetCount;

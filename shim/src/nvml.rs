@@ -1,48 +1,456 @@
-//! NVML's memory queries (`nvmlDeviceGetMemoryInfo`, `_v2`): the same view as the driver
-//! hooks. NVML handles are matched to our devices by UUID, since NVML indexes all GPUs while
-//! CUDA numbers only the visible ones.
+//! What NVML tells a program inside a slice (`nvidia-smi`, `nvitop`, pynvml, PyTorch): the
+//! slice, exactly as its CUDA processes are told it, never the neighbours.
 //!
-//! A process that uses NVML without CUDA (a monitoring script) has not attached to the ledger;
-//! it is shown its configured quota as the total (by NVML index) and nothing used, without
-//! creating the ledger.
+//! - Memory (`nvmlDeviceGetMemoryInfo`, `_v2`): the quota as the total, the slice's usage as
+//!   used, the rest as free (never negative, never more than the device has free), with the
+//!   formula of the driver hooks (`report::view_of`).
+//! - Running processes (compute v1/v2/v3, graphics and MPS v1/v2/v3, the detail list): only
+//!   the slice's live processes, with what the ledger charges them and their pids as the
+//!   caller sees them (`PidMap`); NVML's count protocol (`*infoCount` too small →
+//!   `NVML_ERROR_INSUFFICIENT_SIZE` and the count needed). Graphics and MPS lists are empty
+//!   inside a slice: slices hold CUDA processes, which the compute lists show.
+//! - Utilisation (`nvmlDeviceGetUtilizationRates`, `nvmlDeviceGetProcessUtilization`,
+//!   `nvmlDeviceGetProcessesUtilizationInfo`): the slice's own `compute_used` (the scheduler's
+//!   measured share of the device over its window), per-process samples only of its processes.
+//!
+//! Where the answers come from:
+//! - a process that went through `cuInit` uses its own ledger mapping and accounts (the very
+//!   numbers CUDA reports, so NVML and CUDA never disagree in one process);
+//! - an NVML-only process (every monitoring tool) maps the ledger **read-only**
+//!   (`ledger::view`), never creates it or takes a process slot, and finds its slice by the
+//!   name its configuration gives (`GPUSLICE_SLICE`, or HAMi's shared-cache path), parsed by
+//!   the same `Config` as `cuInit`. A slice already in the ledger gives its values (an
+//!   operator's quota wins, as at `cuInit`); before any CUDA process made it, the configured
+//!   quota and nothing used; a ledger that appears later is picked up within 200 ms.
+//! - A process with no slice settings, `GPUSLICE_DISABLE=1`, or a device CUDA cannot see,
+//!   gets the real device.
+//!
+//! Cost: one uncontended mutex and a few atomic loads per call once warm. NVML handles are
+//! cached by address, slice lookups by the ledger's generation, pid translations for the life
+//! of each process; nothing here allocates per call (the first call builds the cache).
 
 use crate::config::Config;
 use crate::hooks::{pfn, real};
-use crate::init::state_if_ready;
-use crate::report::view;
-use core::ffi::{c_char, c_uint};
+use crate::init::{state_if_ready, State};
+use crate::log::log;
+use crate::report::view_of;
+use core::ffi::{c_char, c_uint, c_void};
+use core::mem::size_of;
 use gpuslice_abi::*;
+use gpuslice_ledger::layout::{MAX_PROCS, UUID_LEN};
+use gpuslice_ledger::sched::now_ns;
+use gpuslice_ledger::view::{PidMap, ReadOnlyLedger, View};
+use std::sync::Mutex;
 
-/// `(total, free, used)` for an NVML device, given NVML's own total and free.
-unsafe fn adjust(dev: nvmlDevice_t, total: u64, free: u64) -> Option<(u64, u64, u64)> {
-    if let Some(st) = state_if_ready() {
-        let f = real::nvmlDeviceGetUUID()?;
+/// How often an NVML-only process looks for a ledger that is not there yet.
+const RETRY_NS: u64 = 200_000_000;
+/// How often it checks that the ledger it maps is still the one in the directory.
+const RECHECK_NS: u64 = 1_000_000_000;
+/// NVML handles remembered (NVML has at most a few dozen devices).
+const MAX_HANDLES: usize = 64;
+
+/// `nvmlProcessInfo_v1_t`, what the unversioned process queries fill.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProcessInfoV1 {
+    pid: c_uint,
+    used_gpu_memory: u64,
+}
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProcessUtilizationSample {
+    pid: c_uint,
+    time_stamp: u64,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+}
+
+/// The signature every running-process query shares.
+type ProcsFn = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut c_void) -> u32;
+/// The `_v2`/`_v3` process-list functions: the header types their array, the shared code
+/// writes it through `write_v2`.
+type ProcsV2Fn = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> u32;
+
+/// The same function seen through the untyped array pointer that `running_processes` passes on.
+fn as_untyped(f: ProcsV2Fn) -> ProcsFn {
+    // SAFETY: the two types differ only in the pointee of a pointer parameter: same ABI, and
+    // the pointer passed is the caller's own `nvmlProcessInfo_t` array.
+    unsafe { core::mem::transmute::<ProcsV2Fn, ProcsFn>(f) }
+}
+
+/// One NVML device as this process has met it.
+struct Dev {
+    handle: usize,
+    uuid: [u8; UUID_LEN],
+    uuid_len: usize,
+    /// CUDA ordinal under `CUDA_VISIBLE_DEVICES` (`None`: CUDA cannot see it: real device).
+    ordinal: Option<u32>,
+    /// Ledger generation the lookups below were made at (`u64::MAX`: never).
+    gen: u64,
+    ledger_dev: Option<usize>,
+    slice: Option<usize>,
+    /// Process slots of `slice` at `gen`.
+    members: Vec<u16>,
+}
+
+impl Dev {
+    fn uuid(&self) -> &[u8] {
+        &self.uuid[..self.uuid_len]
+    }
+}
+
+/// Everything the NVML hooks remember. Built on the first hooked call.
+struct Cache {
+    /// `None`: the configuration is invalid (said once; `cuInit` will refuse it).
+    config: Option<Config>,
+    /// The configuration puts this process in a slice (a name, a quota or a share).
+    in_slice: bool,
+    /// `GPUSLICE_SLICE` (or HAMi's shared-cache slice), as bytes.
+    slice_name: Option<Vec<u8>>,
+    /// The read-only ledger of an NVML-only process.
+    ro: Option<ReadOnlyLedger>,
+    /// When to look for (or re-check) the ledger next.
+    recheck_at: u64,
+    /// An unusable ledger was reported (once).
+    warned: bool,
+    devs: Vec<Dev>,
+    pids: PidMap,
+    /// The list being built (pid, bytes): allocated once.
+    list: Vec<(u32, u64)>,
+}
+
+static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
+
+/// What the caller is, on one device.
+enum Place {
+    /// Outside any slice: the real device (process lists, utilisation). A CUDA process without
+    /// slice settings still runs best effort: `memory` then holds those figures, so NVML and
+    /// CUDA agree on its memory.
+    Outside {
+        /// Best-effort limit, what the pool holds (as in `Inside`), for an attached process.
+        memory: Option<(u64, u64, bool)>,
+    },
+    /// Inside a slice.
+    Inside {
+        /// Quota or best-effort limit, what the account holds, whether it is a quota
+        /// (`None`: no figures of its own, the real memory).
+        memory: Option<(u64, u64, bool)>,
+        /// Ledger device and slice indices, when the ledger has the slice.
+        found: Option<(usize, usize)>,
+    },
+}
+
+impl Cache {
+    fn new() -> Cache {
+        let config = match Config::from_env() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                log!(Error, "{e} (NVML shows the real device)");
+                None
+            }
+        };
+        let in_slice = config.as_ref().is_some_and(|c| {
+            c.slice.is_some()
+                || c.memory.is_some()
+                || c.compute.is_some()
+                || c.compute_cap.is_some()
+        });
+        Cache {
+            slice_name: config
+                .as_ref()
+                .and_then(|c| c.slice.as_ref())
+                .map(|s| s.as_bytes().to_vec()),
+            config,
+            in_slice,
+            ro: None,
+            recheck_at: 0,
+            warned: false,
+            devs: Vec::with_capacity(MAX_HANDLES),
+            pids: PidMap::new(),
+            list: Vec::with_capacity(MAX_PROCS),
+        }
+    }
+
+    /// The cached entry of an NVML handle (asks NVML for its UUID and index the first time).
+    fn dev(&mut self, handle: nvmlDevice_t) -> Option<usize> {
+        if let Some(i) = self.devs.iter().position(|d| d.handle == handle as usize) {
+            return Some(i);
+        }
         let mut buf = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
-        if f(dev, buf.as_mut_ptr(), buf.len() as c_uint) != NVML_SUCCESS {
+        let f = real::nvmlDeviceGetUUID()?;
+        // SAFETY: the buffer holds buf.len() bytes.
+        if unsafe { f(handle, buf.as_mut_ptr(), buf.len() as c_uint) } != NVML_SUCCESS {
             return None;
         }
-        let uuid: String = buf
+        let mut idx: c_uint = 0;
+        let fi = real::nvmlDeviceGetIndex()?;
+        // SAFETY: idx is a valid out-parameter.
+        if unsafe { fi(handle, &mut idx) } != NVML_SUCCESS {
+            return None;
+        }
+        let mut uuid = [0u8; UUID_LEN];
+        let mut uuid_len = 0;
+        for (k, &c) in buf
             .iter()
+            .take(UUID_LEN)
             .take_while(|&&c| c != 0)
-            .map(|&c| c as u8 as char)
-            .collect();
-        let d = st.devices.iter().find(|d| d.uuid == uuid)?;
-        let (t, fr) = view(d, total, free);
-        let used = if d.account.is_quota() {
-            d.account.used().min(t)
-        } else {
-            total.saturating_sub(fr)
+            .enumerate()
+        {
+            uuid[k] = c as u8;
+            uuid_len = k + 1;
+        }
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let ordinal = cuda_ordinal(visible.as_deref(), idx, &uuid[..uuid_len]);
+        if self.devs.len() == MAX_HANDLES {
+            self.devs.remove(0);
+        }
+        self.devs.push(Dev {
+            handle: handle as usize,
+            uuid,
+            uuid_len,
+            ordinal,
+            gen: u64::MAX,
+            ledger_dev: None,
+            slice: None,
+            members: Vec::with_capacity(16),
+        });
+        Some(self.devs.len() - 1)
+    }
+
+    /// Open (or re-open) the read-only ledger of an NVML-only process when due.
+    fn refresh_ledger(&mut self) {
+        let now = now_ns();
+        if now < self.recheck_at {
+            return;
+        }
+        let Some(dir) = self.config.as_ref().map(|c| &c.runtime_dir) else {
+            return;
         };
-        return Some((t, fr, used));
+        let stale = self.ro.as_ref().is_some_and(|r| !r.is_current(dir));
+        if self.ro.is_none() || stale {
+            self.ro = match ReadOnlyLedger::open(dir) {
+                Ok(r) => r,
+                Err(e) => {
+                    if !self.warned {
+                        log!(Warn, "NVML shows configured quotas only: {e}");
+                        self.warned = true;
+                    }
+                    None
+                }
+            };
+            for d in &mut self.devs {
+                d.gen = u64::MAX;
+            }
+        }
+        self.recheck_at = now
+            + if self.ro.is_some() {
+                RECHECK_NS
+            } else {
+                RETRY_NS
+            };
     }
-    let config = Config::from_env().ok()?;
-    let mut idx: c_uint = 0;
-    if real::nvmlDeviceGetIndex()?(dev, &mut idx) != NVML_SUCCESS {
+
+    /// Where the caller stands on device `di`. `real_total` resolves a `25%` quota when the
+    /// ledger does not know the device yet.
+    fn place(&mut self, st: Option<&'static State>, di: usize, real_total: u64) -> Place {
+        if self.config.is_none() {
+            return Place::Outside { memory: None };
+        }
+        if let Some(st) = st {
+            return self.place_attached(st, di);
+        }
+        let Some(ordinal) = self.devs[di].ordinal.filter(|_| self.in_slice) else {
+            return Place::Outside { memory: None };
+        };
+        let configured = self
+            .config
+            .as_ref()
+            .and_then(|c| c.memory.as_ref())
+            .and_then(|m| m.get(ordinal))
+            .map(|(size, _)| size);
+        self.refresh_ledger();
+        let Cache {
+            ro,
+            devs,
+            slice_name,
+            ..
+        } = self;
+        let Some(v) = ro.as_ref().map(|r| r.view()) else {
+            return Place::Inside {
+                memory: configured.map(|size| (size.resolve(real_total), 0, true)),
+                found: None,
+            };
+        };
+        let d = &mut devs[di];
+        let gen = v.generation();
+        if d.gen != gen {
+            d.gen = gen;
+            d.ledger_dev = v.find_device(d.uuid());
+            d.slice = d
+                .ledger_dev
+                .and_then(|ld| v.find_slice(slice_name.as_deref()?, ld));
+            d.members.clear();
+            if let Some(si) = d.slice {
+                d.members.extend(v.members(si).map(|s| s as u16));
+            }
+        }
+        let Some(ld) = d.ledger_dev else {
+            return Place::Inside {
+                memory: configured.map(|size| (size.resolve(real_total), 0, true)),
+                found: None,
+            };
+        };
+        match d.slice.and_then(|si| v.slice(si)) {
+            Some(s) => Place::Inside {
+                memory: Some(match s.memory_limit {
+                    Some(l) => (l, s.memory_used, true),
+                    None => best_effort(&v, ld),
+                }),
+                found: Some((ld, s.index)),
+            },
+            // The device is known but the slice not made yet: what cuInit would give.
+            None => {
+                let total = v.device(ld).map_or(real_total, |x| x.memory_total);
+                Place::Inside {
+                    memory: Some(match configured {
+                        Some(size) => (size.resolve(total), 0, true),
+                        None => best_effort(&v, ld),
+                    }),
+                    found: None,
+                }
+            }
+        }
+    }
+
+    /// A process that attached at `cuInit`: its own accounts and ledger.
+    fn place_attached(&mut self, st: &'static State, di: usize) -> Place {
+        let d = &mut self.devs[di];
+        let Some(ds) = st.devices.iter().find(|x| x.uuid.as_bytes() == d.uuid()) else {
+            return Place::Outside { memory: None }; // CUDA cannot see this device
+        };
+        let memory = Some((ds.account.limit(), ds.account.used(), ds.account.is_quota()));
+        if !self.in_slice {
+            // Its private best-effort slice: the CUDA view of memory, the real rest.
+            return Place::Outside {
+                memory: memory.filter(|m| !m.2),
+            };
+        }
+        let v = View::of(st.ledger);
+        let slice = v.process(st.me.slot, ds.ledger_dev).and_then(|p| p.slice);
+        let gen = v.generation();
+        if d.gen != gen || d.slice != slice {
+            d.gen = gen;
+            d.ledger_dev = Some(ds.ledger_dev);
+            d.slice = slice;
+            d.members.clear();
+            if let Some(si) = slice {
+                d.members.extend(v.members(si).map(|s| s as u16));
+            }
+        }
+        Place::Inside {
+            memory,
+            found: slice.map(|si| (ds.ledger_dev, si)),
+        }
+    }
+}
+
+/// A best-effort account on ledger device `ld`, as `Account::limit`/`used` compute it.
+fn best_effort(v: &View<'_>, ld: usize) -> (u64, u64, bool) {
+    v.device(ld).map_or((0, 0, false), |d| {
+        (
+            d.memory_total - d.memory_reserved,
+            d.best_effort_used,
+            false,
+        )
+    })
+}
+
+/// The CUDA ordinal of NVML device `index` (UUID `uuid`) under `CUDA_VISIBLE_DEVICES`
+/// (`None`: CUDA does not see it). As CUDA reads the variable: a comma-separated list of
+/// indices or `GPU-` UUID prefixes, ending at the first entry it cannot read. Indices are taken
+/// in NVML's (PCI) order, which is CUDA's with `CUDA_DEVICE_ORDER=PCI_BUS_ID` and on nodes of
+/// one GPU model.
+fn cuda_ordinal(visible: Option<&str>, index: u32, uuid: &[u8]) -> Option<u32> {
+    let Some(list) = visible else {
+        return Some(index);
+    };
+    for (k, e) in list.split(',').map(str::trim).enumerate() {
+        if let Ok(i) = e.parse::<u32>() {
+            if i == index {
+                return Some(k as u32);
+            }
+        } else if e.len() > 4 && e.starts_with("GPU-") {
+            if uuid.starts_with(e.as_bytes()) {
+                return Some(k as u32);
+            }
+        } else {
+            return None;
+        }
+    }
+    None
+}
+
+/// What a hook gets to work with on one device.
+struct Ctx<'a> {
+    place: Place,
+    /// The ledger the place refers to.
+    view: Option<View<'a>>,
+    pids: &'a mut PidMap,
+    list: &'a mut Vec<(u32, u64)>,
+    /// Process slots of the slice (as of the ledger generation last seen).
+    members: &'a [u16],
+}
+
+/// Run `f` with the caller's place on device `dev`; `None` when NVML cannot describe the
+/// device (the caller then keeps the real answer).
+fn with_place<R>(dev: nvmlDevice_t, real_total: u64, f: impl FnOnce(Ctx<'_>) -> R) -> Option<R> {
+    let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = g.get_or_insert_with(Cache::new);
+    let di = cache.dev(dev)?;
+    let st = state_if_ready();
+    let place = cache.place(st, di, real_total);
+    let Cache {
+        ro,
+        devs,
+        pids,
+        list,
+        ..
+    } = cache;
+    let view = match st {
+        Some(st) => Some(View::of(st.ledger)),
+        None => ro.as_ref().map(|r| r.view()),
+    };
+    Some(f(Ctx {
+        place,
+        view,
+        pids,
+        list,
+        members: &devs[di].members,
+    }))
+}
+
+/// `(total, free, used, reserved)` for a device inside a slice, given NVML's own total/free.
+fn memory(place: &Place, total: u64, free: u64) -> Option<(u64, u64, u64, u64)> {
+    let (Place::Inside {
+        memory: Some((limit, used, quota)),
+        ..
+    }
+    | Place::Outside {
+        memory: Some((limit, used, quota)),
+    }) = *place
+    else {
         return None;
-    }
-    let (size, _) = config.memory.as_ref()?.get(idx)?;
-    let q = size.resolve(total);
-    Some((q, q.min(free), 0))
+    };
+    let (t, f) = view_of(quota, limit, used, total, free);
+    // v1 `used` counts everything not free (NVML's meaning); v2 splits it into the slice's
+    // usage and `reserved`: quota the device cannot give right now.
+    let not_free = t.saturating_sub(f);
+    let used = if quota { used.min(not_free) } else { not_free };
+    Some((t, f, not_free, not_free - used))
 }
 
 /// `nvmlDeviceGetMemoryInfo`.
@@ -55,10 +463,13 @@ pub unsafe fn memory_info(
     if r != NVML_SUCCESS || mem.is_null() {
         return r;
     }
-    if let Some((t, f, u)) = adjust(dev, (*mem).total, (*mem).free) {
+    let (total, free) = ((*mem).total, (*mem).free);
+    if let Some(Some((t, f, not_free, _))) =
+        with_place(dev, total, |c| memory(&c.place, total, free))
+    {
         (*mem).total = t;
         (*mem).free = f;
-        (*mem).used = u;
+        (*mem).used = not_free;
     }
     r
 }
@@ -73,11 +484,513 @@ pub unsafe fn memory_info_v2(
     if r != NVML_SUCCESS || mem.is_null() {
         return r;
     }
-    if let Some((t, f, u)) = adjust(dev, (*mem).total, (*mem).free) {
+    let (total, free) = ((*mem).total, (*mem).free);
+    if let Some(Some((t, f, not_free, reserved))) =
+        with_place(dev, total, |c| memory(&c.place, total, free))
+    {
         (*mem).total = t;
         (*mem).free = f;
-        (*mem).used = u;
-        (*mem).reserved = 0;
+        (*mem).used = not_free - reserved;
+        (*mem).reserved = reserved;
     }
     r
+}
+
+/// `f` of the live processes of the caller's slice on `dev`, as (pid here, bytes). `None`:
+/// outside any slice (pass the real answer through).
+fn with_slice_processes<R>(dev: nvmlDevice_t, f: impl FnOnce(&[(u32, u64)]) -> R) -> Option<R> {
+    with_place(dev, 0, |c| {
+        let Place::Inside { found, .. } = c.place else {
+            return None;
+        };
+        c.list.clear();
+        if let (Some((ld, si)), Some(v)) = (found, c.view) {
+            for &slot in c.members {
+                let slot = slot as usize;
+                let Some(p) = v.process(slot, ld) else {
+                    continue;
+                };
+                if p.slice != Some(si) || !v.is_alive(slot) {
+                    continue;
+                }
+                if let Some(pid) = c.pids.pid_here(&p) {
+                    c.list.push((pid, p.charged));
+                }
+            }
+        }
+        Some(f(c.list))
+    })
+    .flatten()
+}
+
+/// One running-process query; `write(k, pid, bytes)` stores entry `k` in the caller's array.
+/// `graphics`: a graphics or MPS query, which lists nothing inside a slice (slices hold CUDA
+/// processes, listed by the compute queries; a neighbour is never shown).
+unsafe fn running_processes(
+    real: ProcsFn,
+    graphics: bool,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut c_void,
+    write: unsafe fn(*mut c_void, usize, u32, u64),
+) -> u32 {
+    if count.is_null() {
+        return real(dev, count, infos);
+    }
+    let cap = *count as usize;
+    let answer = with_slice_processes(dev, |list| {
+        let list = if graphics { &[][..] } else { list };
+        if list.len() > cap {
+            return (NVML_ERROR_INSUFFICIENT_SIZE, list.len());
+        }
+        if !list.is_empty() && infos.is_null() {
+            return (NVML_ERROR_INVALID_ARGUMENT, 0);
+        }
+        for (k, &(pid, bytes)) in list.iter().enumerate() {
+            // SAFETY: the caller's array holds cap ≥ list.len() entries.
+            unsafe { write(infos, k, pid, bytes) };
+        }
+        (NVML_SUCCESS, list.len())
+    });
+    match answer {
+        None => real(dev, count, infos),
+        Some((NVML_ERROR_INVALID_ARGUMENT, _)) => NVML_ERROR_INVALID_ARGUMENT,
+        Some((r, n)) => {
+            *count = n as c_uint;
+            r
+        }
+    }
+}
+
+/// SAFETY (both writers): `infos` holds more than `k` entries of the version's struct (the
+/// caller's `*infoCount`, checked by `running_processes`).
+unsafe fn write_v1(infos: *mut c_void, k: usize, pid: u32, bytes: u64) {
+    infos
+        .cast::<ProcessInfoV1>()
+        .add(k)
+        .write_unaligned(ProcessInfoV1 {
+            pid,
+            used_gpu_memory: bytes,
+        });
+}
+
+unsafe fn write_v2(infos: *mut c_void, k: usize, pid: u32, bytes: u64) {
+    infos
+        .cast::<nvmlProcessInfo_t>()
+        .add(k)
+        .write_unaligned(nvmlProcessInfo_t {
+            pid,
+            usedGpuMemory: bytes,
+            gpuInstanceId: u32::MAX,
+            computeInstanceId: u32::MAX,
+        });
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses` (v1 entries).
+pub unsafe fn compute_processes_v1(
+    real: ProcsFn,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut c_void,
+) -> u32 {
+    running_processes(real, false, dev, count, infos, write_v1)
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v2` and `_v3` (one layout).
+pub unsafe fn compute_processes_v2(
+    real: ProcsV2Fn,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> u32 {
+    running_processes(as_untyped(real), false, dev, count, infos.cast(), write_v2)
+}
+
+/// `nvmlDeviceGetGraphicsRunningProcesses` (v1 entries).
+pub unsafe fn graphics_processes_v1(
+    real: ProcsFn,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut c_void,
+) -> u32 {
+    running_processes(real, true, dev, count, infos, write_v1)
+}
+
+/// `nvmlDeviceGetGraphicsRunningProcesses_v2` and `_v3`.
+pub unsafe fn graphics_processes_v2(
+    real: ProcsV2Fn,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> u32 {
+    running_processes(as_untyped(real), true, dev, count, infos.cast(), write_v2)
+}
+
+/// `nvmlDeviceGetMPSComputeRunningProcesses` (v1 entries): none inside a slice.
+pub unsafe fn mps_processes_v1(
+    real: ProcsFn,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut c_void,
+) -> u32 {
+    running_processes(real, true, dev, count, infos, write_v1)
+}
+
+/// `nvmlDeviceGetMPSComputeRunningProcesses_v2` and `_v3`: none inside a slice.
+pub unsafe fn mps_processes_v2(
+    real: ProcsV2Fn,
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> u32 {
+    running_processes(as_untyped(real), true, dev, count, infos.cast(), write_v2)
+}
+
+/// `nvmlProcessDetailList_v1_t`.
+#[repr(C)]
+struct ProcessDetailList {
+    version: c_uint,
+    mode: c_uint,
+    num_proc_array_entries: c_uint,
+    proc_array: *mut ProcessDetail,
+}
+
+/// `nvmlProcessDetail_v1_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProcessDetail {
+    pid: c_uint,
+    used_gpu_memory: u64,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+    used_gpu_cc_protected_memory: u64,
+}
+
+/// `nvmlProcessDetailList_v1`: the struct's size with the version in the top byte.
+const PROCESS_DETAIL_LIST_V1: c_uint = size_of::<ProcessDetailList>() as c_uint | (1 << 24);
+/// `NVML_PROCESS_MODE_COMPUTE`; graphics (1) and MPS (2) list nothing inside a slice.
+const PROCESS_MODE_COMPUTE: c_uint = 0;
+const PROCESS_MODE_MPS: c_uint = 2;
+
+/// `nvmlDeviceGetRunningProcessDetailList`: the v1 list, with the same count protocol
+/// (`numProcArrayEntries` in and out). Inside a slice a version this shim does not know is
+/// refused (`NVML_ERROR_ARGUMENT_VERSION_MISMATCH`) rather than passed through unfiltered.
+pub unsafe fn process_detail_list(
+    real: pfn::nvmlDeviceGetRunningProcessDetailList,
+    dev: nvmlDevice_t,
+    plist: *mut c_void,
+) -> u32 {
+    let list = plist.cast::<ProcessDetailList>();
+    if list.is_null() {
+        return real(dev, plist);
+    }
+    let (version, mode, cap, array) = (
+        (*list).version,
+        (*list).mode,
+        (*list).num_proc_array_entries as usize,
+        (*list).proc_array,
+    );
+    let answer = with_slice_processes(dev, |procs| {
+        if version != PROCESS_DETAIL_LIST_V1 {
+            return (NVML_ERROR_ARGUMENT_VERSION_MISMATCH, None);
+        }
+        let procs = match mode {
+            PROCESS_MODE_COMPUTE => procs,
+            1..=PROCESS_MODE_MPS => &[][..],
+            _ => return (NVML_ERROR_INVALID_ARGUMENT, None),
+        };
+        if procs.len() > cap || (!procs.is_empty() && array.is_null()) {
+            return (NVML_ERROR_INSUFFICIENT_SIZE, Some(procs.len()));
+        }
+        for (k, &(pid, bytes)) in procs.iter().enumerate() {
+            let d = ProcessDetail {
+                pid,
+                used_gpu_memory: bytes,
+                gpu_instance_id: u32::MAX,
+                compute_instance_id: u32::MAX,
+                used_gpu_cc_protected_memory: 0,
+            };
+            // SAFETY: the caller's array holds cap ≥ procs.len() entries.
+            unsafe { array.add(k).write_unaligned(d) };
+        }
+        (NVML_SUCCESS, Some(procs.len()))
+    });
+    match answer {
+        None => real(dev, plist),
+        Some((r, n)) => {
+            if let Some(n) = n {
+                (*list).num_proc_array_entries = n as c_uint;
+            }
+            r
+        }
+    }
+}
+
+/// The slice's compute figures on `dev`: (its used fraction, the device's), `None` outside.
+fn slice_compute(dev: nvmlDevice_t) -> Option<(f64, f64)> {
+    with_place(dev, 0, |c| match (c.place, c.view) {
+        (Place::Outside { .. }, _) => None,
+        (
+            Place::Inside {
+                found: Some((ld, si)),
+                ..
+            },
+            Some(v),
+        ) => Some((
+            v.slice(si).map_or(0.0, |s| s.compute_used),
+            v.device(ld).map_or(0.0, |d| d.compute_used),
+        )),
+        (Place::Inside { .. }, _) => Some((0.0, 0.0)),
+    })
+    .flatten()
+}
+
+fn percent(f: f64) -> c_uint {
+    (f.clamp(0.0, 1.0) * 100.0).round() as c_uint
+}
+
+/// `nvmlDeviceGetUtilizationRates`: the slice's share of the device's time; memory-controller
+/// use is the device's, in the proportion of the slice's part of the device's GPU time.
+pub unsafe fn utilization_rates(
+    real: pfn::nvmlDeviceGetUtilizationRates,
+    dev: nvmlDevice_t,
+    util: *mut nvmlUtilization_t,
+) -> u32 {
+    let r = real(dev, util);
+    if r != NVML_SUCCESS || util.is_null() {
+        return r;
+    }
+    if let Some((mine, all)) = slice_compute(dev) {
+        let mem = if all > 0.0 {
+            ((*util).memory as f64 * (mine / all).min(1.0)).round() as c_uint
+        } else {
+            0
+        };
+        (*util).gpu = percent(mine);
+        (*util).memory = mem.min(100);
+    }
+    r
+}
+
+/// The slice's per-process utilisation samples on `dev`, newer than `last_seen` (µs since the
+/// epoch): one per live process of the slice while the slice used the device over the
+/// scheduler's window, the slice's share divided evenly between them (the ledger measures GPU
+/// time per slice). Written with `write(k, pid, time stamp, sm %)` into a buffer of `cap`
+/// entries (`ok`: the buffer is there). `(status, count)`: `NVML_ERROR_NOT_FOUND` (no samples:
+/// an idle slice), `NVML_ERROR_INSUFFICIENT_SIZE` with the count needed, or success.
+/// `None`: outside any slice.
+fn utilization_samples(
+    dev: nvmlDevice_t,
+    last_seen: u64,
+    cap: usize,
+    ok: bool,
+    mut write: impl FnMut(usize, u32, u64, c_uint),
+) -> Option<(u32, usize)> {
+    let (mine, _) = slice_compute(dev)?;
+    let now_us = {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: ts is a valid out-parameter.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+    };
+    let busy = percent(mine) > 0 && now_us > last_seen;
+    let answer = with_slice_processes(dev, |list| {
+        let n = if busy { list.len() } else { 0 };
+        if n == 0 {
+            return (NVML_ERROR_NOT_FOUND, 0);
+        }
+        if !ok || cap < n {
+            return (NVML_ERROR_INSUFFICIENT_SIZE, n);
+        }
+        let each = percent(mine / n as f64);
+        for (k, &(pid, _)) in list.iter().enumerate() {
+            write(k, pid, now_us, each);
+        }
+        (NVML_SUCCESS, n)
+    });
+    Some(answer.unwrap_or((NVML_ERROR_NOT_FOUND, 0)))
+}
+
+/// `nvmlDeviceGetProcessUtilization` (see [`utilization_samples`]).
+pub unsafe fn process_utilization(
+    real: pfn::nvmlDeviceGetProcessUtilization,
+    dev: nvmlDevice_t,
+    samples: *mut c_void,
+    count: *mut c_uint,
+    last_seen: u64,
+) -> u32 {
+    if count.is_null() {
+        return real(dev, samples, count, last_seen);
+    }
+    let cap = *count as usize;
+    let out = samples.cast::<ProcessUtilizationSample>();
+    let answer = utilization_samples(dev, last_seen, cap, !out.is_null(), |k, pid, ts, sm| {
+        let s = ProcessUtilizationSample {
+            pid,
+            time_stamp: ts,
+            sm_util: sm,
+            mem_util: 0,
+            enc_util: 0,
+            dec_util: 0,
+        };
+        // SAFETY: the caller's buffer holds cap > k samples (checked by utilization_samples).
+        unsafe { out.add(k).write_unaligned(s) };
+    });
+    match answer {
+        None => real(dev, samples, count, last_seen),
+        Some((r, n)) => {
+            if r != NVML_ERROR_NOT_FOUND {
+                *count = n as c_uint;
+            }
+            r
+        }
+    }
+}
+
+/// `nvmlProcessesUtilizationInfo_v1_t`.
+#[repr(C)]
+struct ProcessesUtilizationInfo {
+    version: c_uint,
+    process_samples_count: c_uint,
+    last_seen_time_stamp: u64,
+    proc_util_array: *mut ProcessUtilizationInfo,
+}
+
+/// `nvmlProcessUtilizationInfo_v1_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProcessUtilizationInfo {
+    time_stamp: u64,
+    pid: c_uint,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+    jpg_util: c_uint,
+    ofa_util: c_uint,
+}
+
+/// `nvmlProcessesUtilizationInfo_v1`.
+const PROCESSES_UTILIZATION_INFO_V1: c_uint =
+    size_of::<ProcessesUtilizationInfo>() as c_uint | (1 << 24);
+
+/// `nvmlDeviceGetProcessesUtilizationInfo` (the versioned form of the same samples). Inside a
+/// slice a struct version this shim does not know is refused, never passed through.
+pub unsafe fn processes_utilization_info(
+    real: pfn::nvmlDeviceGetProcessesUtilizationInfo,
+    dev: nvmlDevice_t,
+    info: *mut c_void,
+) -> u32 {
+    let p = info.cast::<ProcessesUtilizationInfo>();
+    if p.is_null() {
+        return real(dev, info);
+    }
+    if slice_compute(dev).is_none() {
+        return real(dev, info);
+    }
+    if (*p).version != PROCESSES_UTILIZATION_INFO_V1 {
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
+    let (cap, last, out) = (
+        (*p).process_samples_count as usize,
+        (*p).last_seen_time_stamp,
+        (*p).proc_util_array,
+    );
+    let answer = utilization_samples(dev, last, cap, !out.is_null(), |k, pid, ts, sm| {
+        let s = ProcessUtilizationInfo {
+            time_stamp: ts,
+            pid,
+            sm_util: sm,
+            mem_util: 0,
+            enc_util: 0,
+            dec_util: 0,
+            jpg_util: 0,
+            ofa_util: 0,
+        };
+        // SAFETY: the caller's array holds cap > k entries (checked by utilization_samples).
+        unsafe { out.add(k).write_unaligned(s) };
+    });
+    match answer {
+        None => real(dev, info),
+        Some((r, n)) => {
+            if r != NVML_ERROR_NOT_FOUND {
+                (*p).process_samples_count = n as c_uint;
+            }
+            r
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const U: &[u8] = b"GPU-1234abcd-0000-0000-0000-000000000001";
+
+    #[test]
+    fn visible_devices_map_nvml_to_cuda_ordinals() {
+        assert_eq!(cuda_ordinal(None, 3, U), Some(3));
+        assert_eq!(cuda_ordinal(Some("2,3"), 3, U), Some(1));
+        assert_eq!(cuda_ordinal(Some("2"), 3, U), None);
+        assert_eq!(cuda_ordinal(Some(""), 0, U), None);
+        assert_eq!(cuda_ordinal(Some("0, GPU-1234"), 5, U), Some(1));
+        assert_eq!(cuda_ordinal(Some("GPU-9999"), 0, U), None);
+        // CUDA stops at the first entry it cannot read.
+        assert_eq!(cuda_ordinal(Some("1,x,0"), 0, U), None);
+        assert_eq!(cuda_ordinal(Some("MIG-abc"), 0, U), None);
+    }
+
+    #[test]
+    fn memory_inside_a_slice() {
+        let inside = |limit, used, quota| Place::Inside {
+            memory: Some((limit, used, quota)),
+            found: None,
+        };
+        // Quota 1 GiB, 256 MiB used, the device has plenty: v2 used + free = total.
+        let (t, f, nf, res) =
+            memory(&inside(1 << 30, 256 << 20, true), 16 << 30, 10 << 30).unwrap();
+        assert_eq!((t, f, nf, res), (1 << 30, 768 << 20, 256 << 20, 0));
+        // The device has less free than the quota has left: free follows the device, the
+        // gap is v2 `reserved`, v1 `used` counts it (NVML's v1 meaning).
+        let (t, f, nf, res) =
+            memory(&inside(1 << 30, 256 << 20, true), 16 << 30, 512 << 20).unwrap();
+        assert_eq!((t, f, nf, res), (1 << 30, 512 << 20, 512 << 20, 256 << 20));
+        // Usage past the quota (a hostile counter): never negative.
+        let (t, f, nf, res) = memory(&inside(1 << 30, u64::MAX, true), 16 << 30, 8 << 30).unwrap();
+        assert_eq!((t, f, nf, res), (1 << 30, 0, 1 << 30, 0));
+        // Best effort: the device's total, free capped by what is not reserved.
+        let (t, f, nf, _) = memory(&inside(4 << 30, 1 << 30, false), 16 << 30, 10 << 30).unwrap();
+        assert_eq!((t, f, nf), (16 << 30, 3 << 30, 13 << 30));
+        assert!(memory(&Place::Outside { memory: None }, 16 << 30, 1).is_none());
+        // A CUDA process outside any slice: its best-effort figures, as CUDA reports them.
+        let (t, f, _, _) = memory(
+            &Place::Outside {
+                memory: Some((4 << 30, 1 << 30, false)),
+            },
+            16 << 30,
+            10 << 30,
+        )
+        .unwrap();
+        assert_eq!((t, f), (16 << 30, 3 << 30));
+        assert!(memory(
+            &Place::Inside {
+                memory: None,
+                found: None
+            },
+            16 << 30,
+            1
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn percentages_are_clamped() {
+        assert_eq!(percent(0.424), 42);
+        assert_eq!(percent(7.0), 100);
+        assert_eq!(percent(-1.0), 0);
+        assert_eq!(percent(f64::NAN), 0);
+    }
 }

@@ -9,9 +9,20 @@ use gpuslice_abi::*;
 
 /// `(total, free)` to report for `dev`, given the driver's own numbers.
 pub fn view(dev: &DevState, real_total: u64, real_free: u64) -> (u64, u64) {
-    let limit = dev.account.limit();
-    let left = limit.saturating_sub(dev.account.used());
-    if dev.account.is_quota() {
+    view_of(
+        dev.account.is_quota(),
+        dev.account.limit(),
+        dev.account.used(),
+        real_total,
+        real_free,
+    )
+}
+
+/// The one formula, for an account's `limit` and `used` (a quota or the best-effort pool);
+/// NVML-only processes apply it to what the ledger says (`nvml.rs`).
+pub fn view_of(quota: bool, limit: u64, used: u64, real_total: u64, real_free: u64) -> (u64, u64) {
+    let left = limit.saturating_sub(used);
+    if quota {
         (limit, left.min(real_free))
     } else {
         (real_total, left.min(real_free))

@@ -117,6 +117,107 @@ fn memory(n: &Node, i: usize) -> (u64, u64) {
     (total, total - free)
 }
 
+/// `nvmlProcessInfo_v1_t`, the entries of the unversioned process queries.
+#[repr(C)]
+pub struct ProcessInfoV1 {
+    /// The process.
+    pub pid: c_uint,
+    /// Bytes it holds.
+    pub used_gpu_memory: u64,
+}
+
+/// The v1 form of [`processes`] (16-byte entries).
+fn processes_v1(h: nvmlDevice_t, count: *mut c_uint, infos: *mut ProcessInfoV1) -> NResult<()> {
+    let (n, i) = dev(h)?;
+    if count.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let procs = shared::processes(n.state, i);
+    // SAFETY: count is non-null; infos holds *count entries by the API contract.
+    unsafe {
+        let cap = *count as usize;
+        *count = procs.len() as c_uint;
+        if cap < procs.len() || (infos.is_null() && !procs.is_empty()) {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (k, (pid, used)) in procs.into_iter().enumerate() {
+            infos.add(k).write_unaligned(ProcessInfoV1 {
+                pid,
+                used_gpu_memory: used,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `nvmlProcessDetailList_v1_t`.
+#[repr(C)]
+pub struct ProcessDetailList {
+    /// [`PROCESS_DETAIL_LIST_V1`].
+    pub version: c_uint,
+    /// 0 compute, 1 graphics, 2 MPS.
+    pub mode: c_uint,
+    /// Entries of `proc_array` (in), entries needed or written (out).
+    pub num_proc_array_entries: c_uint,
+    /// The caller's array.
+    pub proc_array: *mut ProcessDetail,
+}
+
+/// `nvmlProcessDetail_v1_t`.
+#[repr(C)]
+pub struct ProcessDetail {
+    /// The process.
+    pub pid: c_uint,
+    /// Bytes it holds.
+    pub used_gpu_memory: u64,
+    /// MIG instances (none).
+    pub gpu_instance_id: c_uint,
+    /// MIG instances (none).
+    pub compute_instance_id: c_uint,
+    /// Confidential-computing memory (none).
+    pub used_gpu_cc_protected_memory: u64,
+}
+
+/// `nvmlProcessDetailList_v1`.
+pub const PROCESS_DETAIL_LIST_V1: c_uint =
+    std::mem::size_of::<ProcessDetailList>() as c_uint | (1 << 24);
+
+/// `nvmlDeviceGetRunningProcessDetailList`: compute processes as the other lists give them;
+/// no graphics or MPS processes on the fake.
+fn process_detail_list(h: nvmlDevice_t, l: *mut ProcessDetailList) -> NResult<()> {
+    let (n, i) = dev(h)?;
+    if l.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: l is non-null and points to the caller's list by the API contract; its array
+    // holds num_proc_array_entries entries.
+    unsafe {
+        if (*l).version != PROCESS_DETAIL_LIST_V1 {
+            return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let procs = match (*l).mode {
+            0 => shared::processes(n.state, i),
+            1 | 2 => vec![],
+            _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
+        };
+        let cap = (*l).num_proc_array_entries as usize;
+        (*l).num_proc_array_entries = procs.len() as c_uint;
+        if cap < procs.len() || ((*l).proc_array.is_null() && !procs.is_empty()) {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (k, (pid, used)) in procs.into_iter().enumerate() {
+            (*l).proc_array.add(k).write_unaligned(ProcessDetail {
+                pid,
+                used_gpu_memory: used,
+                gpu_instance_id: u32::MAX,
+                compute_instance_id: u32::MAX,
+                used_gpu_cc_protected_memory: 0,
+            });
+        }
+    }
+    Ok(())
+}
+
 fn processes(h: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> NResult<()> {
     let (n, i) = dev(h)?;
     if count.is_null() {
@@ -205,6 +306,18 @@ nvml_exports! {
     fn nvmlDeviceGetComputeRunningProcesses_v3(h: nvmlDevice_t, c: *mut c_uint, p: *mut nvmlProcessInfo_t) { processes(h, c, p) }
     fn nvmlDeviceGetComputeRunningProcesses_v2(h: nvmlDevice_t, c: *mut c_uint, p: *mut nvmlProcessInfo_t) { processes(h, c, p) }
     fn nvmlDeviceGetGraphicsRunningProcesses_v3(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
+    fn nvmlDeviceGetComputeRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, p: *mut ProcessInfoV1) { processes_v1(h, c, p) }
+    fn nvmlDeviceGetGraphicsRunningProcesses_v2(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
+    fn nvmlDeviceGetGraphicsRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, _p: *mut ProcessInfoV1) { dev(h)?; put(c, 0) }
+    // The fake runs no MPS server: its MPS lists are empty.
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v3(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v2(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
+    fn nvmlDeviceGetMPSComputeRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, _p: *mut ProcessInfoV1) { dev(h)?; put(c, 0) }
+    fn nvmlDeviceGetRunningProcessDetailList(h: nvmlDevice_t, l: *mut ProcessDetailList) { process_detail_list(h, l) }
+    // The fake measures GPU time per device, not per process: it answers as a GPU without
+    // per-process accounting does.
+    fn nvmlDeviceGetProcessUtilization(h: nvmlDevice_t, _s: *mut std::ffi::c_void, _c: *mut c_uint, _last: u64) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
+    fn nvmlDeviceGetProcessesUtilizationInfo(h: nvmlDevice_t, _info: *mut std::ffi::c_void) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
     fn nvmlDeviceGetUtilizationRates(h: nvmlDevice_t, u: *mut nvmlUtilization_t) {
         let (n, i) = dev(h)?;
         let gpu = shared::utilization(n.state, i, shared::now_ns());

@@ -1,0 +1,632 @@
+//! A read-only view of the node ledger: what a slice holds, for processes that only look.
+//!
+//! The NVML side of the shim (`nvidia-smi`, `nvitop`, pynvml inside a slice) must report a
+//! slice exactly as its CUDA processes see it, without ever creating the ledger or taking a
+//! process slot. So:
+//! - [`ReadOnlyLedger::open`] maps the file `O_RDONLY` / `PROT_READ` after the same version and
+//!   size checks as [`Ledger::open`]; a missing file is `Ok(None)`, not an error, and nothing
+//!   (directory, file, lock) is ever created.
+//! - [`View`] answers the lookups, over a read-only mapping ([`ReadOnlyLedger::view`]) or over
+//!   a ledger the caller already has ([`View::of`]), so a process that also attached gets the
+//!   very same numbers: a device by UUID, a slice by name and device ([`SliceView`]: quota,
+//!   usage, compute_used), the processes of a slice ([`ProcView`]: pid, PID namespace, charge).
+//!   Lookups allocate nothing; [`View::generation`] tells a cache when to look again.
+//! - [`PidMap`] turns a ledger process into the pid *the caller* sees: a process records its
+//!   pid in its own namespace, its namespace's inode and its start time; a reader in another
+//!   namespace finds it in its own `/proc` (or learns it cannot see it).
+//!
+//! Where node mode plugs in: the hot-path words (`Slice::memory_used`, `ProcDevice::charged`,
+//! the scheduler windows behind `compute_used`) are read only in [`View::slice`],
+//! [`View::process`] and [`View::device`], and liveness only in [`View::is_alive`]; a view over
+//! the root-owned policy file plus a slice's read-only region replaces those reads, and every
+//! caller (the shim's NVML hooks) stays as it is.
+//!
+//! Everything read here is untrusted input: any process that can write the file can put any
+//! bytes in it. Indices read from it are bounds-checked before use, usage is clamped to its
+//! quota, device sums to the device, fractions to `0..=1`, and a pid is only reported after
+//! the reader's own `/proc` confirmed it (start time and namespace).
+//!
+//! ```
+//! use gpuslice_ledger::view::{ReadOnlyLedger, View};
+//! use gpuslice_ledger::{Ledger, SliceRequest, PPM};
+//! let dir = std::env::temp_dir().join(format!("gpuslice-viewdoc-{}", std::process::id()));
+//! assert!(ReadOnlyLedger::open(&dir).unwrap().is_none()); // no ledger: nothing created
+//! assert!(!dir.exists());
+//! let ledger = Ledger::open_or_create(&dir).unwrap();
+//! let dev = ledger.ensure_device("GPU-00000000-0000-0000-0000-000000000007", "Fake", 8 << 30).unwrap();
+//! let me = ledger.attach("job").unwrap();
+//! let req = SliceRequest {
+//!     name: Some("job".into()), memory: Some(1 << 30), compute_share_ppm: 0, compute_cap_ppm: PPM,
+//!     memory_setting: "GPUSLICE_MEMORY".into(), compute_setting: "GPUSLICE_COMPUTE".into(),
+//! };
+//! ledger.join(me, dev, &req).unwrap();
+//! assert!(ledger.account(me, dev).unwrap().try_charge(256 << 20));
+//!
+//! let ro = ReadOnlyLedger::open(&dir).unwrap().unwrap();
+//! let v = ro.view();
+//! let d = v.find_device(b"GPU-00000000-0000-0000-0000-000000000007").unwrap();
+//! let s = v.slice(v.find_slice(b"job", d).unwrap()).unwrap();
+//! assert_eq!((s.memory_limit, s.memory_used), (Some(1 << 30), 256 << 20));
+//! let p = v.members(s.index).next().and_then(|slot| v.process(slot, d)).unwrap();
+//! assert_eq!((p.pid, p.charged), (std::process::id(), 256 << 20));
+//! # ledger.detach(me).unwrap();
+//! # std::fs::remove_dir_all(&dir).unwrap();
+//! ```
+
+use crate::file::{self, Mapping};
+use crate::layout::*;
+use crate::sched;
+use crate::{Ledger, LedgerError};
+use core::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// The ledger file mapped read-only. Dropping it unmaps and closes; it never held a lock.
+pub struct ReadOnlyLedger {
+    m: Mapping,
+    dev: u64,
+    ino: u64,
+}
+
+impl ReadOnlyLedger {
+    /// Map the ledger in `dir` read-only. `Ok(None)` when there is no ledger file (or no
+    /// directory); errors are real problems (a file of another version, unreadable).
+    pub fn open(dir: &Path) -> Result<Option<ReadOnlyLedger>, LedgerError> {
+        let m = match file::open_read_only(dir) {
+            Ok(m) => m,
+            Err(LedgerError::NotFound(_)) => return Ok(None),
+            Err(LedgerError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOTDIR) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        // SAFETY: st is plain data; m.fd is the open ledger.
+        let mut st: libc::stat = unsafe { core::mem::zeroed() };
+        // SAFETY: as above.
+        let (dev, ino) = if unsafe { libc::fstat(m.fd, &mut st) } == 0 {
+            (st.st_dev, st.st_ino)
+        } else {
+            (0, 0)
+        };
+        Ok(Some(ReadOnlyLedger { m, dev, ino }))
+    }
+
+    /// Whether `dir/ledger` is still the file this maps (false once it was removed or
+    /// replaced: the caller should open again).
+    pub fn is_current(&self, dir: &Path) -> bool {
+        std::fs::metadata(dir.join("ledger"))
+            .is_ok_and(|md| md.dev() == self.dev && md.ino() == self.ino)
+    }
+
+    /// The lookups.
+    pub fn view(&self) -> View<'_> {
+        // SAFETY: the mapping is FILE_SIZE bytes holding a Header at 0 and the record arrays at
+        // their offsets (size and version checked when opened); every field is an atomic or a
+        // byte array, read-only here, valid for as long as `self` lives.
+        unsafe {
+            View {
+                header: &*self.m.base.cast::<Header>(),
+                devices: &*self.m.base.add(DEVICES_OFFSET).cast(),
+                slices: &*self.m.base.add(SLICES_OFFSET).cast(),
+                procs: &*self.m.base.add(PROCS_OFFSET).cast(),
+                alive: Alive::Fd(self.m.fd),
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Alive<'a> {
+    /// Ask the kernel through this descriptor (we hold no liveness lock of our own on it).
+    Fd(libc::c_int),
+    /// The ledger this process attached through (it knows its own slot).
+    Ledger(&'a Ledger),
+}
+
+/// Read-only lookups over a mapped ledger. Cheap to copy; allocates nothing.
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    header: &'a Header,
+    devices: &'a [Device; MAX_DEVICES],
+    slices: &'a [Slice; MAX_SLICES],
+    procs: &'a [Proc; MAX_PROCS],
+    alive: Alive<'a>,
+}
+
+/// A device as the ledger records it (sums clamped to the device).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceView {
+    /// Ledger index.
+    pub index: usize,
+    /// Bytes on the device (as the driver API reported it to the process that registered it).
+    pub memory_total: u64,
+    /// Σ quotas of its slices (≤ `memory_total`).
+    pub memory_reserved: u64,
+    /// What best-effort processes hold (≤ `memory_total - memory_reserved`).
+    pub best_effort_used: u64,
+    /// Fraction of the device's time used over the scheduler's window, all slices (0..=1).
+    pub compute_used: f64,
+}
+
+impl DeviceView {
+    /// What a best-effort process may still take: the unreserved memory not yet used.
+    pub fn best_effort_free(&self) -> u64 {
+        self.memory_total
+            .saturating_sub(self.memory_reserved)
+            .saturating_sub(self.best_effort_used)
+    }
+}
+
+/// A slice on one device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SliceView {
+    /// Slice record index.
+    pub index: usize,
+    /// Ledger device index (checked `< MAX_DEVICES`).
+    pub device: usize,
+    /// Quota in bytes; `None` for a best-effort slice (charged to the device's pool).
+    pub memory_limit: Option<u64>,
+    /// Bytes the slice holds (quota slices; ≤ the quota). 0 for a best-effort slice: see
+    /// [`View::slice_charged`].
+    pub memory_used: u64,
+    /// Guaranteed compute share, ppm (≤ [`PPM`]).
+    pub compute_share_ppm: u32,
+    /// Compute cap, ppm (≤ [`PPM`]; [`PPM`]: none).
+    pub compute_cap_ppm: u32,
+    /// Fraction of the device's time the slice used over the scheduler's window (0..=1).
+    pub compute_used: f64,
+    /// Created by an operator.
+    pub operator_defined: bool,
+    /// A process's private slice.
+    pub private: bool,
+}
+
+/// A process of the ledger, on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcView {
+    /// Process record index.
+    pub slot: usize,
+    /// Its pid in its own PID namespace (as it saw itself).
+    pub pid: u32,
+    /// Inode of its PID namespace, 0 if unknown.
+    pub pid_ns: u64,
+    /// Its pid in the namespace of its `/proc` mount (a hint, see [`PidMap`]).
+    pub outer_pid: u32,
+    /// Its start time (clock ticks since boot), against pid reuse.
+    pub start_time: u64,
+    /// The slice it joined on this device, if any (checked `< MAX_SLICES`).
+    pub slice: Option<usize>,
+    /// Bytes it holds on this device.
+    pub charged: u64,
+}
+
+impl<'a> View<'a> {
+    /// The same lookups over a ledger this process opened read-write (and may be attached
+    /// to): a process that also uses CUDA sees through NVML exactly what CUDA is told.
+    pub fn of(ledger: &'a Ledger) -> View<'a> {
+        View {
+            header: ledger.header(),
+            devices: ledger.devices(),
+            slices: ledger.slices(),
+            procs: ledger.procs(),
+            alive: Alive::Ledger(ledger),
+        }
+    }
+
+    /// Bumped by every cold-path change (attach, join, slice create/remove, reap): while it
+    /// stays the same, device and slice indices and slice membership found before still hold.
+    pub fn generation(&self) -> u64 {
+        self.header.generation.load(Acquire)
+    }
+
+    /// The active device whose UUID is `uuid` (`GPU-...`).
+    pub fn find_device(&self, uuid: &[u8]) -> Option<usize> {
+        self.devices
+            .iter()
+            .position(|d| d.state.load(Acquire) == STATE_ACTIVE && d.uuid.eq_bytes(uuid))
+    }
+
+    /// Device `index`, if active.
+    pub fn device(&self, index: usize) -> Option<DeviceView> {
+        let d = self.devices.get(index)?;
+        if d.state.load(Acquire) != STATE_ACTIVE {
+            return None;
+        }
+        let total = d.memory_total.load(Relaxed);
+        let reserved = d.memory_reserved.load(Relaxed).min(total);
+        Some(DeviceView {
+            index,
+            memory_total: total,
+            memory_reserved: reserved,
+            best_effort_used: d.best_effort_used.load(Relaxed).min(total - reserved),
+            compute_used: sched::device_stats(&d.sched, sched::now_ns()).used_fraction,
+        })
+    }
+
+    /// The named (not private) active slice called `name` on `device`.
+    pub fn find_slice(&self, name: &[u8], device: usize) -> Option<usize> {
+        self.slices.iter().position(|s| {
+            s.state.load(Acquire) == STATE_ACTIVE
+                && s.private.load(Relaxed) == 0
+                && s.device.load(Relaxed) as usize == device
+                && s.name.eq_bytes(name)
+        })
+    }
+
+    /// Slice `index`, if active and on a valid device.
+    pub fn slice(&self, index: usize) -> Option<SliceView> {
+        let s = self.slices.get(index)?;
+        if s.state.load(Acquire) != STATE_ACTIVE {
+            return None;
+        }
+        let device = s.device.load(Relaxed) as usize;
+        if device >= MAX_DEVICES {
+            return None;
+        }
+        let limit = s.memory_limit.load(Relaxed);
+        let memory_limit = (limit != NO_LIMIT).then_some(limit);
+        Some(SliceView {
+            index,
+            device,
+            memory_limit,
+            memory_used: memory_limit.map_or(0, |l| s.memory_used.0.load(Relaxed).min(l)),
+            compute_share_ppm: s.compute_share_ppm.load(Relaxed).min(PPM),
+            compute_cap_ppm: s.compute_cap_ppm.load(Relaxed).min(PPM),
+            compute_used: sched::slice_stats(&s.sched, sched::now_ns()).used_fraction,
+            operator_defined: s.operator_defined.load(Relaxed) != 0,
+            private: s.private.load(Relaxed) != 0,
+        })
+    }
+
+    /// The slot of every process record (live or awaiting the reaper) that joined slice
+    /// `slice` on its device. Walks the process table: cache the result per
+    /// [`View::generation`].
+    pub fn members(&self, slice: usize) -> impl Iterator<Item = usize> + 'a {
+        let device = self
+            .slices
+            .get(slice)
+            .map(|s| s.device.load(Relaxed) as usize)
+            .filter(|&d| d < MAX_DEVICES);
+        let procs = self.procs;
+        (0..MAX_PROCS).filter(move |&i| {
+            let Some(d) = device else { return false };
+            let p = &procs[i];
+            p.state.load(Acquire) != STATE_FREE
+                && p.devices[d].slice.load(Relaxed) as usize == slice
+        })
+    }
+
+    /// Process record `slot` on `device`, if in use.
+    pub fn process(&self, slot: usize, device: usize) -> Option<ProcView> {
+        let p = self.procs.get(slot)?;
+        let pd = p.devices.get(device)?;
+        if p.state.load(Acquire) == STATE_FREE {
+            return None;
+        }
+        let slice = pd.slice.load(Relaxed) as usize;
+        Some(ProcView {
+            slot,
+            pid: p.pid.load(Relaxed),
+            pid_ns: p.pid_ns.load(Relaxed),
+            outer_pid: p.outer_pid.load(Relaxed),
+            start_time: p.start_time.load(Relaxed),
+            slice: (slice < MAX_SLICES).then_some(slice),
+            charged: pd.charged.load(Relaxed),
+        })
+    }
+
+    /// Whether process record `slot` is active and its process still runs (one `fcntl`).
+    pub fn is_alive(&self, slot: usize) -> bool {
+        let Some(p) = self.procs.get(slot) else {
+            return false;
+        };
+        if p.state.load(Acquire) != STATE_ACTIVE {
+            return false;
+        }
+        match self.alive {
+            Alive::Fd(fd) => file::is_alive(fd, slot),
+            Alive::Ledger(l) => l.is_alive(slot),
+        }
+    }
+
+    /// Σ of what the processes of slice `slice` hold on its device (the usage of a best-effort
+    /// slice, which has no counter of its own). Walks the process table.
+    pub fn slice_charged(&self, slice: usize) -> u64 {
+        let Some(d) = self.slice(slice).map(|s| s.device) else {
+            return 0;
+        };
+        self.members(slice)
+            .filter_map(|slot| self.process(slot, d))
+            .fold(0u64, |a, p| a.saturating_add(p.charged))
+    }
+}
+
+/// This process's PID-namespace identity, as [`Ledger::attach`] records it: the inode of
+/// `/proc/self/ns/pid` (0 if unknown) and the first `NSpid` entry of `/proc/self/status` (the
+/// pid in the namespace of our `/proc` mount; our own pid when that cannot be read).
+pub fn own_pid_identity() -> (u64, u32) {
+    let ns = pid_ns_of("self").unwrap_or(0);
+    let outer = ns_pids("self")
+        .and_then(|v| v.first().copied())
+        .unwrap_or_else(std::process::id);
+    (ns, outer)
+}
+
+fn pid_ns_of(pid: &str) -> Option<u64> {
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// The `NSpid` entries of `/proc/<pid>/status`, outermost (the `/proc` mount's namespace) first.
+fn ns_pids(pid: &str) -> Option<Vec<u32>> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    line.split_whitespace().map(|x| x.parse().ok()).collect()
+}
+
+/// Translates ledger processes to pids as the calling process sees them, and remembers the
+/// answers (a process's namespace never changes, so neither does the answer: each process
+/// costs a look in `/proc` once, then nothing).
+///
+/// A process in the caller's own namespace is shown with the pid it recorded, once `/proc`
+/// confirmed it (same start time). One in another namespace is found in the caller's `/proc`
+/// by its namespace inode, its innermost pid and its start time (its recorded outer pid is
+/// tried first). A process the caller cannot see (a sibling container, or the caller's `/proc`
+/// belongs to another namespace than its own) has no pid here: `None`.
+pub struct PidMap {
+    own_ns: u64,
+    /// Our `/proc` is our own namespace's (pids named there are ours).
+    own_proc: bool,
+    cache: Vec<Known>,
+    next: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Known {
+    ns: u64,
+    pid: u32,
+    start: u64,
+    here: Option<u32>,
+}
+
+const PID_CACHE: usize = 256;
+
+impl Default for PidMap {
+    fn default() -> Self {
+        PidMap::new()
+    }
+}
+
+impl PidMap {
+    /// Reads this process's namespace (a few `/proc` reads; allocates the cache once).
+    pub fn new() -> PidMap {
+        PidMap {
+            own_ns: pid_ns_of("self").unwrap_or(0),
+            own_proc: ns_pids("self").is_some_and(|v| v.len() == 1),
+            cache: Vec::with_capacity(PID_CACHE),
+            next: 0,
+        }
+    }
+
+    /// The pid of `p` in the caller's PID namespace, or `None` if the caller cannot see it.
+    pub fn pid_here(&mut self, p: &ProcView) -> Option<u32> {
+        if let Some(k) = self
+            .cache
+            .iter()
+            .find(|k| k.ns == p.pid_ns && k.pid == p.pid && k.start == p.start_time)
+        {
+            return k.here;
+        }
+        let here = self.resolve(p);
+        let k = Known {
+            ns: p.pid_ns,
+            pid: p.pid,
+            start: p.start_time,
+            here,
+        };
+        if self.cache.len() < PID_CACHE {
+            self.cache.push(k);
+        } else {
+            self.cache[self.next] = k;
+            self.next = (self.next + 1) % PID_CACHE;
+        }
+        here
+    }
+
+    fn resolve(&self, p: &ProcView) -> Option<u32> {
+        if p.pid == 0 || p.start_time == 0 {
+            return None;
+        }
+        let same_ns = p.pid_ns != 0 && p.pid_ns == self.own_ns;
+        if same_ns {
+            // Our namespace: its pid is ours. Confirm it is that process, not a reused pid.
+            return (!self.own_proc || file::start_time_of(&p.pid.to_string()) == p.start_time)
+                .then_some(p.pid);
+        }
+        if !self.own_proc || p.pid_ns == 0 {
+            return None;
+        }
+        let is_it = |cand: u32| {
+            let c = cand.to_string();
+            pid_ns_of(&c) == Some(p.pid_ns)
+                && file::start_time_of(&c) == p.start_time
+                && ns_pids(&c).and_then(|v| v.last().copied()) == Some(p.pid)
+        };
+        if p.outer_pid != 0 && p.outer_pid != p.pid && is_it(p.outer_pid) {
+            return Some(p.outer_pid);
+        }
+        let dir = std::fs::read_dir("/proc").ok()?;
+        for e in dir.flatten() {
+            let name = e.file_name();
+            let Some(cand) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            // The namespace inode first: one stat rules out nearly every process.
+            if pid_ns_of(&cand.to_string()) == Some(p.pid_ns) && is_it(cand) {
+                return Some(cand);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{OperatorSlice, SliceRequest};
+
+    fn dir(tag: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("gpuslice-view-{tag}-{}", std::process::id()))
+    }
+
+    fn req(name: Option<&str>, memory: Option<u64>) -> SliceRequest {
+        SliceRequest {
+            name: name.map(Into::into),
+            memory,
+            compute_share_ppm: 0,
+            compute_cap_ppm: PPM,
+            memory_setting: "GPUSLICE_MEMORY".into(),
+            compute_setting: "GPUSLICE_COMPUTE".into(),
+        }
+    }
+
+    const UUID: &str = "GPU-00000000-0000-0000-0000-0000000000aa";
+
+    #[test]
+    fn missing_ledger_is_none_and_nothing_is_created() {
+        let d = dir("missing");
+        let _ = std::fs::remove_dir_all(&d);
+        assert!(ReadOnlyLedger::open(&d).unwrap().is_none());
+        assert!(!d.exists());
+        std::fs::create_dir_all(&d).unwrap();
+        assert!(ReadOnlyLedger::open(&d).unwrap().is_none());
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
+        // A file, not a directory, where the directory should be.
+        let f = d.join("plain");
+        std::fs::write(&f, b"x").unwrap();
+        assert!(ReadOnlyLedger::open(&f).unwrap().is_none());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn sees_slices_usage_and_processes_without_writing() {
+        let d = dir("slices");
+        let _ = std::fs::remove_dir_all(&d);
+        let l = Ledger::open_or_create(&d).unwrap();
+        let dev = l.ensure_device(UUID, "Fake", 16 << 30).unwrap();
+        l.create_operator_slice(&OperatorSlice {
+            name: "op".into(),
+            device: UUID.into(),
+            memory: 2 << 30,
+            compute_share_ppm: 250_000,
+            compute_cap_ppm: PPM,
+        })
+        .unwrap();
+        let me = l.attach("op").unwrap();
+        l.join(me, dev, &req(Some("op"), None)).unwrap();
+        assert!(l.account(me, dev).unwrap().try_charge(300 << 20));
+
+        let before = std::fs::read(l.path()).unwrap();
+        let ro = ReadOnlyLedger::open(&d).unwrap().unwrap();
+        assert!(ro.is_current(&d));
+        for v in [ro.view(), View::of(&l)] {
+            let di = v.find_device(UUID.as_bytes()).unwrap();
+            assert_eq!(di, dev);
+            assert!(v.find_device(b"GPU-nope").is_none());
+            let dv = v.device(di).unwrap();
+            assert_eq!((dv.memory_total, dv.memory_reserved), (16 << 30, 2 << 30));
+            let si = v.find_slice(b"op", di).unwrap();
+            assert!(v.find_slice(b"o", di).is_none() && v.find_slice(b"op", di + 1).is_none());
+            let s = v.slice(si).unwrap();
+            assert_eq!(s.memory_limit, Some(2 << 30));
+            assert_eq!(s.memory_used, 300 << 20);
+            assert_eq!(s.compute_share_ppm, 250_000);
+            assert!(s.operator_defined && !s.private);
+            let members: Vec<usize> = v.members(si).collect();
+            assert_eq!(members, vec![me.slot]);
+            let p = v.process(me.slot, di).unwrap();
+            assert_eq!(p.pid, std::process::id());
+            assert_eq!(p.slice, Some(si));
+            assert_eq!(p.charged, 300 << 20);
+            assert_eq!((p.pid_ns, p.outer_pid), own_pid_identity());
+            assert!(p.pid_ns != 0);
+            assert!(v.is_alive(me.slot));
+            assert!(!v.is_alive(me.slot + 1) && !v.is_alive(usize::MAX));
+            assert_eq!(PidMap::new().pid_here(&p), Some(std::process::id()));
+        }
+        drop(ro);
+        // Nothing was written: the file is byte for byte what it was (usage unchanged).
+        assert_eq!(std::fs::read(l.path()).unwrap(), before);
+        l.account(me, dev).unwrap().uncharge(300 << 20);
+        l.detach(me).unwrap();
+        let ro = ReadOnlyLedger::open(&d).unwrap().unwrap();
+        let v = ro.view();
+        assert!(!v.is_alive(me.slot));
+        assert_eq!(v.members(v.find_slice(b"op", dev).unwrap()).count(), 0);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_replaced_ledger_is_noticed() {
+        let d = dir("replaced");
+        let _ = std::fs::remove_dir_all(&d);
+        drop(Ledger::open_or_create(&d).unwrap());
+        let ro = ReadOnlyLedger::open(&d).unwrap().unwrap();
+        assert!(ro.is_current(&d));
+        std::fs::remove_file(d.join("ledger")).unwrap();
+        assert!(!ro.is_current(&d));
+        drop(Ledger::open_or_create(&d).unwrap());
+        assert!(!ro.is_current(&d));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn hostile_records_are_bounded() {
+        let d = dir("hostile");
+        let _ = std::fs::remove_dir_all(&d);
+        let l = Ledger::open_or_create(&d).unwrap();
+        let dev = l.ensure_device(UUID, "Fake", 8 << 30).unwrap();
+        let me = l.attach("x").unwrap();
+        let j = l.join(me, dev, &req(Some("x"), Some(1 << 30))).unwrap();
+        // What a hostile writer could leave: usage past the quota, a slice on device 9999,
+        // a process pointing at slice 70000, reserved past the device, a share past 1.0.
+        let s = &l.slices()[j.slice];
+        s.memory_used.0.store(u64::MAX, Relaxed);
+        s.compute_share_ppm.store(u32::MAX, Relaxed);
+        l.devices()[dev].memory_reserved.store(u64::MAX, Relaxed);
+        l.devices()[dev].best_effort_used.store(u64::MAX, Relaxed);
+        l.procs()[me.slot].devices[dev].slice.store(70_000, Relaxed);
+        let ro = ReadOnlyLedger::open(&d).unwrap().unwrap();
+        let v = ro.view();
+        let sv = v.slice(j.slice).unwrap();
+        assert_eq!(sv.memory_used, 1 << 30);
+        assert_eq!(sv.compute_share_ppm, PPM);
+        let dv = v.device(dev).unwrap();
+        assert_eq!((dv.memory_reserved, dv.best_effort_used), (8 << 30, 0));
+        assert_eq!(dv.best_effort_free(), 0);
+        assert_eq!(v.process(me.slot, dev).unwrap().slice, None);
+        assert!(v.process(me.slot, MAX_DEVICES).is_none());
+        assert!(v.slice(MAX_SLICES).is_none() && v.device(MAX_DEVICES).is_none());
+        assert_eq!(v.members(MAX_SLICES + 3).count(), 0);
+        s.device.store(9999, Relaxed);
+        assert!(v.slice(j.slice).is_none());
+        assert_eq!(v.members(j.slice).count(), 0);
+        assert_eq!(v.slice_charged(j.slice), 0);
+        // A process record naming a pid that is not the process it claims: never shown.
+        let fake = ProcView {
+            slot: 0,
+            pid: std::process::id(),
+            pid_ns: own_pid_identity().0,
+            outer_pid: 0,
+            start_time: 12345,
+            slice: None,
+            charged: 0,
+        };
+        let mut pm = PidMap::new();
+        assert_eq!(pm.pid_here(&fake), None);
+        let other_ns = ProcView { pid_ns: 1, ..fake };
+        assert_eq!(pm.pid_here(&other_ns), None);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
