@@ -13,8 +13,11 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Reads ResourceClaims.
 pub trait ClaimSource: Send + Sync {
     /// The claim `namespace/name`; `Err` is a message for the cluster operator.
-    fn get<'a>(&'a self, namespace: &'a str, name: &'a str)
-        -> BoxFuture<'a, Result<ResourceClaim, String>>;
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, String>>;
 }
 
 /// Claims from the API server.
@@ -60,9 +63,9 @@ impl ClaimSource for DirClaims {
                 return Err(format!("bad claim namespace/name {namespace:?}/{name:?}"));
             }
             let path = self.0.join(namespace).join(format!("{name}.json"));
-            let text = tokio::fs::read_to_string(&path)
-                .await
-                .map_err(|e| format!("ResourceClaim {namespace}/{name}: {}: {e}", path.display()))?;
+            let text = tokio::fs::read_to_string(&path).await.map_err(|e| {
+                format!("ResourceClaim {namespace}/{name}: {}: {e}", path.display())
+            })?;
             serde_json::from_str(&text)
                 .map_err(|e| format!("ResourceClaim {namespace}/{name}: {}: {e}", path.display()))
         })

@@ -226,7 +226,11 @@ impl Config {
                 crate::quantity::bytes(memory_step)
             )));
         }
-        for (flag, p) in [("--runtime-dir", &runtime_dir), ("--library", &library), ("--cdi-dir", &cdi_dir)] {
+        for (flag, p) in [
+            ("--runtime-dir", &runtime_dir),
+            ("--library", &library),
+            ("--cdi-dir", &cdi_dir),
+        ] {
             if !p.is_absolute() {
                 return Err(ConfigError::Usage(format!(
                     "{flag} {}: must be an absolute path (it is a host path in CDI specs)",
@@ -234,7 +238,8 @@ impl Config {
                 )));
             }
         }
-        let plugin_dir = plugin_dir.unwrap_or_else(|| PathBuf::from("/var/lib/kubelet/plugins").join(&driver));
+        let plugin_dir =
+            plugin_dir.unwrap_or_else(|| PathBuf::from("/var/lib/kubelet/plugins").join(&driver));
         Ok(Config {
             driver,
             node_name,

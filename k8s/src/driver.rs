@@ -79,9 +79,8 @@ impl Driver {
     /// Open the ledger (creating it if needed), read the GPUs, register them in the ledger.
     pub fn new(cfg: Config, claims: Box<dyn ClaimSource>) -> Result<Driver, String> {
         let nvml = Nvml::load()?;
-        let ledger = Ledger::open_or_create(&cfg.runtime_dir).map_err(|e| {
-            format!("the gpuslice ledger in {}: {e}", cfg.runtime_dir.display())
-        })?;
+        let ledger = Ledger::open_or_create(&cfg.runtime_dir)
+            .map_err(|e| format!("the gpuslice ledger in {}: {e}", cfg.runtime_dir.display()))?;
         let inventory = nvml.inventory()?;
         let d = Driver {
             cfg,
@@ -153,9 +152,10 @@ impl Driver {
         let _g = self.serial.lock().await;
         let mut out = Vec::with_capacity(claims.len());
         for c in claims {
-            let r = self.prepare_one(c).await.map_err(|e| {
-                format!("claim {} (uid {}): {e}", c.label(), c.uid)
-            });
+            let r = self
+                .prepare_one(c)
+                .await
+                .map_err(|e| format!("claim {} (uid {}): {e}", c.label(), c.uid));
             match &r {
                 Ok(d) => eprintln!(
                     "gpuslice-dra: prepared claim {} as slice {} ({} device(s))",
@@ -207,7 +207,9 @@ impl Driver {
                 .transpose()
         };
         let memory = match get(MEMORY)? {
-            Some(m) => u64::try_from(m).map_err(|_| "consumedCapacity memory is too large".to_string())?,
+            Some(m) => {
+                u64::try_from(m).map_err(|_| "consumedCapacity memory is too large".to_string())?
+            }
             None => self.cfg.memory_default,
         };
         let compute = get(COMPUTE)?.unwrap_or(0);
@@ -260,7 +262,10 @@ impl Driver {
                     r.pool, r.device, r.pool, self.cfg.node_name
                 ));
             }
-            let Some(gpu) = gpus.iter().find(|g| slice::device_name(&g.uuid) == r.device) else {
+            let Some(gpu) = gpus
+                .iter()
+                .find(|g| slice::device_name(&g.uuid) == r.device)
+            else {
                 let here: Vec<String> = gpus.iter().map(|g| slice::device_name(&g.uuid)).collect();
                 return Err(format!(
                     "device {} is not on this node (GPUs here: {}); a stale allocation",
@@ -300,7 +305,9 @@ impl Driver {
                     "slice {name} already exists on {uuid} with memory {}, compute {}, but the \
                      claim now asks for memory {}, compute {}: remove it with `gpuslice slice rm \
                      {name}` once its processes are gone",
-                    s.memory_limit.map(human_bytes).unwrap_or_else(|| "none".into()),
+                    s.memory_limit
+                        .map(human_bytes)
+                        .unwrap_or_else(|| "none".into()),
                     s.compute_share_ppm / 1000,
                     human_bytes(want.memory),
                     want.compute

@@ -125,7 +125,11 @@ impl Nvml {
         Ok(nvml)
     }
 
-    fn read_string(what: &str, len: usize, f: impl FnOnce(*mut c_char, c_uint) -> NvmlReturn) -> Result<String, String> {
+    fn read_string(
+        what: &str,
+        len: usize,
+        f: impl FnOnce(*mut c_char, c_uint) -> NvmlReturn,
+    ) -> Result<String, String> {
         let mut buf = vec![0 as c_char; len + 1];
         let r = f(buf.as_mut_ptr(), len as c_uint);
         if r != NVML_SUCCESS {
@@ -141,8 +145,10 @@ impl Nvml {
     pub fn inventory(&self) -> Result<Inventory, String> {
         let driver_version = match self.driver_version {
             // SAFETY: the closure passes a buffer of `len` writable bytes.
-            Some(f) => Self::read_string("nvmlSystemGetDriverVersion", 96, |b, l| unsafe { f(b, l) })
-                .unwrap_or_default(),
+            Some(f) => {
+                Self::read_string("nvmlSystemGetDriverVersion", 96, |b, l| unsafe { f(b, l) })
+                    .unwrap_or_default()
+            }
             None => String::new(),
         };
         let mut n: c_uint = 0;
@@ -160,12 +166,16 @@ impl Nvml {
                 return Err(failed("nvmlDeviceGetHandleByIndex_v2", r));
             }
             // SAFETY (both): `h` is a handle NVML just gave; the buffer has `len` bytes.
-            let uuid = Self::read_string("nvmlDeviceGetUUID", NVML_DEVICE_UUID_V2_BUFFER_SIZE, |b, l| unsafe {
-                (self.uuid)(h, b, l)
-            })?;
-            let name = Self::read_string("nvmlDeviceGetName", NVML_DEVICE_NAME_V2_BUFFER_SIZE, |b, l| unsafe {
-                (self.name)(h, b, l)
-            })?;
+            let uuid = Self::read_string(
+                "nvmlDeviceGetUUID",
+                NVML_DEVICE_UUID_V2_BUFFER_SIZE,
+                |b, l| unsafe { (self.uuid)(h, b, l) },
+            )?;
+            let name = Self::read_string(
+                "nvmlDeviceGetName",
+                NVML_DEVICE_NAME_V2_BUFFER_SIZE,
+                |b, l| unsafe { (self.name)(h, b, l) },
+            )?;
             let mut mem = nvmlMemory_t::default();
             // SAFETY: `mem` is a valid out-pointer of the v1 struct this function takes.
             let r = unsafe { (self.memory)(h, &mut mem) };

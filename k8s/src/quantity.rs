@@ -49,7 +49,11 @@ pub fn parse(s: &str) -> Result<u128, String> {
                 (1, -exp)
             }
         }
-        _ => return Err(bad("unknown suffix (Ki Mi Gi Ti Pi Ei, n u m k M G T P E, or eN)")),
+        _ => {
+            return Err(bad(
+                "unknown suffix (Ki Mi Gi Ti Pi Ei, n u m k M G T P E, or eN)",
+            ))
+        }
     };
     let den_pow = frac.len() as i32 + mul_den_pow10;
     if den_pow > 38 {
@@ -65,7 +69,14 @@ pub fn parse(s: &str) -> Result<u128, String> {
 /// Bytes as a quantity: the largest binary unit that divides them exactly (`4Gi`, `1536Mi`,
 /// `12345`).
 pub fn bytes(b: u64) -> String {
-    for (unit, shift) in [("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)] {
+    for (unit, shift) in [
+        ("Ei", 60),
+        ("Pi", 50),
+        ("Ti", 40),
+        ("Gi", 30),
+        ("Mi", 20),
+        ("Ki", 10),
+    ] {
         if b != 0 && b % (1u64 << shift) == 0 {
             return format!("{}{unit}", b >> shift);
         }

@@ -41,7 +41,10 @@ impl registration::registration_server::Registration for Registration {
     ) -> Result<Response<registration::RegistrationStatusResponse>, Status> {
         let s = req.into_inner();
         if s.plugin_registered {
-            eprintln!("gpuslice-dra: registered with the kubelet as {}", self.driver);
+            eprintln!(
+                "gpuslice-dra: registered with the kubelet as {}",
+                self.driver
+            );
         } else {
             eprintln!(
                 "gpuslice-dra: the kubelet refused the registration: {} (is the kubelet's DRA \
@@ -69,7 +72,10 @@ fn refs(claims: Vec<v1::Claim>) -> Vec<ClaimRef> {
 }
 
 impl Dra {
-    async fn prepare(&self, req: v1::NodePrepareResourcesRequest) -> v1::NodePrepareResourcesResponse {
+    async fn prepare(
+        &self,
+        req: v1::NodePrepareResourcesRequest,
+    ) -> v1::NodePrepareResourcesResponse {
         let claims = refs(req.claims);
         let results = self.0.prepare(&claims).await;
         let mut out = v1::NodePrepareResourcesResponse::default();
@@ -169,11 +175,15 @@ pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(format!("removing the old socket {}: {e}", path.display())),
     }
-    tokio::net::UnixListener::bind(path).map_err(|e| format!("listening on {}: {e}", path.display()))
+    tokio::net::UnixListener::bind(path)
+        .map_err(|e| format!("listening on {}: {e}", path.display()))
 }
 
 /// Serve the DRA service on `listener` until the process ends.
-pub async fn serve_dra(driver: Arc<Driver>, listener: tokio::net::UnixListener) -> Result<(), String> {
+pub async fn serve_dra(
+    driver: Arc<Driver>,
+    listener: tokio::net::UnixListener,
+) -> Result<(), String> {
     let dra = Dra(driver);
     tonic::transport::Server::builder()
         .add_service(v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
@@ -189,7 +199,9 @@ pub async fn serve_registration(
     listener: tokio::net::UnixListener,
 ) -> Result<(), String> {
     tonic::transport::Server::builder()
-        .add_service(registration::registration_server::RegistrationServer::new(reg))
+        .add_service(registration::registration_server::RegistrationServer::new(
+            reg,
+        ))
         .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
         .await
         .map_err(|e| format!("the registration service: {e}"))

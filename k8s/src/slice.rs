@@ -82,7 +82,10 @@ pub fn devices(
             let mut attributes = BTreeMap::new();
             attributes.insert("uuid".to_string(), string_attr(&g.uuid));
             attributes.insert("productName".to_string(), string_attr(&g.name));
-            attributes.insert("driverVersion".to_string(), string_attr(&inv.driver_version));
+            attributes.insert(
+                "driverVersion".to_string(),
+                string_attr(&inv.driver_version),
+            );
             attributes.insert(
                 "index".to_string(),
                 DeviceAttribute {

@@ -3,8 +3,9 @@
 //! The spec describes one device, `<kind>=<slice>` (by default `gpuslice.dev/slice=NAME`), used
 //! beside the GPU's own CDI device (`--device nvidia.com/gpu=0 --device
 //! gpuslice.dev/slice=NAME`). Its container edits:
-//! - mount the host's `libgpuslice.so` read-only at [`CONTAINER_LIBRARY`] and the host's ledger
-//!   directory read-write at [`CONTAINER_RUNTIME_DIR`] (fixed paths, so the spec does not depend
+//! - mount the host's `libgpuslice.so` read-only at
+//!   [`gpuslice_ledger::cdi::CONTAINER_LIBRARY`] and the host's ledger directory read-write at
+//!   [`gpuslice_ledger::cdi::CONTAINER_RUNTIME_DIR`] (fixed paths, so the spec does not depend
 //!   on the image's layout);
 //! - set `LD_PRELOAD`, `GPUSLICE_RUNTIME_DIR`, `GPUSLICE_SLICE` and whichever of
 //!   `GPUSLICE_MEMORY`, `GPUSLICE_COMPUTE`, `GPUSLICE_COMPUTE_CAP` were given.
@@ -23,9 +24,9 @@ use crate::run::{self, Limits};
 const USAGE: &str = "gpuslice cdi --slice NAME [--memory Q] [--compute F] [--compute-cap F] \
                      [--kind VENDOR/CLASS] [--library PATH] [--output FILE]";
 
-pub use gpuslice_ledger::cdi::{CONTAINER_LIBRARY, CONTAINER_RUNTIME_DIR, DEFAULT_KIND};
-// The spec builder and the atomic write live in `gpuslice_ledger::cdi`, shared with gpuslice-dra.
-use gpuslice_ledger::cdi::write_atomically;
+// The spec builder, its constants and the atomic write live in `gpuslice_ledger::cdi`, shared
+// with gpuslice-dra.
+use gpuslice_ledger::cdi::{write_atomically, DEFAULT_KIND};
 
 const HELP: &str = "\
 Writes a Container Device Interface spec for one slice (stdout, or FILE; put it in /etc/cdi/).
