@@ -630,3 +630,114 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
     plugin.kill().unwrap();
     plugin.wait().unwrap();
 }
+
+/// GPU fraction a `--report-interval` run got over the intervals ending in `[from, to]` s.
+fn fraction_between(intervals: &[serde_json::Value], from: f64, to: f64) -> f64 {
+    let (mut gpu, mut first, mut last, mut prev) = (0.0, None, 0.0, 0.0);
+    for v in intervals {
+        let t = v["t"].as_f64().unwrap();
+        if t > from && t <= to {
+            gpu += v["gpu_seconds"].as_f64().unwrap();
+            first.get_or_insert(prev);
+            last = t;
+        }
+        prev = t;
+    }
+    let span = last - first.unwrap_or(last);
+    assert!(
+        span > 0.0,
+        "no interval between {from} and {to} s: {intervals:?}"
+    );
+    gpu / span
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn claims_on_one_gpu_are_held_to_their_compute() {
+    let world = World::new(1, "8Gi");
+    let dirs = Dirs::new(&world);
+    let mut plugin = start_plugin(&world, &dirs);
+    let endpoint = register(&dirs).await;
+    wait_for(&dirs, "the ResourceSlice", || read_slice(&dirs).is_some());
+    let dev0 = read_slice(&dirs).unwrap().spec.devices.unwrap()[0]
+        .name
+        .clone();
+    let q = TestClaim {
+        namespace: "ml",
+        name: "quarter",
+        uid: "1a1a1a1a-0000-4000-8000-00000000001a",
+    };
+    let t = TestClaim {
+        namespace: "ml",
+        name: "three-quarters",
+        uid: "1b1b1b1b-0000-4000-8000-00000000001b",
+    };
+    q.write(&dirs, &dev0, "1Gi", "250");
+    t.write(&dirs, &dev0, "1Gi", "750");
+    let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(endpoint).await);
+    let r = dra
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![q.proto(), t.proto()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ids = [prepared_ids(&r, q.uid), prepared_ids(&r, t.uid)];
+    // Both saturate the GPU at once; each gets its claim's part of the time (± 8 points, as
+    // the compute tests of tests/e2e allow on a loaded machine).
+    let secs = 5.0;
+    let children: Vec<Child> = ids
+        .iter()
+        .map(|ids| {
+            burn_in_claim(&world, &dirs, ids)
+                .args([
+                    "--seconds",
+                    &secs.to_string(),
+                    "--kernel-us",
+                    "1000",
+                    "--depth",
+                    "4",
+                ])
+                .args(["--json", "--report-interval", "0.5"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let got: Vec<(f64, String)> = children
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(
+                out.status.success(),
+                "{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let intervals: Vec<serde_json::Value> = stdout
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|v| v["event"] == "interval")
+                .collect();
+            (fraction_between(&intervals, 1.0, secs - 0.5), stdout)
+        })
+        .collect();
+    let total: f64 = got.iter().map(|g| g.0).sum();
+    for ((f, out), want) in got.iter().zip([0.25, 0.75]) {
+        assert!(
+            (f / total - want).abs() <= 0.08,
+            "claim with compute {want}: got {:.3} of the GPU time the two got ({total:.3})\n{out}",
+            f / total
+        );
+    }
+    let un = dra
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![q.proto(), t.proto()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(un.claims.values().all(|c| c.error.is_empty()), "{un:?}");
+    plugin.kill().unwrap();
+    plugin.wait().unwrap();
+}
