@@ -219,7 +219,7 @@ impl Config {
                     .into(),
             ));
         }
-        if memory_default < memory_step || memory_default % memory_step != 0 {
+        if memory_default < memory_step || !memory_default.is_multiple_of(memory_step) {
             return Err(ConfigError::Usage(format!(
                 "--memory-default ({}) must be a multiple of --memory-step ({})",
                 crate::quantity::bytes(memory_default),

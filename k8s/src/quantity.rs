@@ -77,7 +77,7 @@ pub fn bytes(b: u64) -> String {
         ("Mi", 20),
         ("Ki", 10),
     ] {
-        if b != 0 && b % (1u64 << shift) == 0 {
+        if b != 0 && b.is_multiple_of(1u64 << shift) {
             return format!("{}{unit}", b >> shift);
         }
     }
