@@ -200,6 +200,16 @@ impl TestClaim {
         let mut consumed = BTreeMap::new();
         consumed.insert("memory".to_string(), Quantity(memory.into()));
         consumed.insert("compute".to_string(), Quantity(compute.into()));
+        self.write_consumed(dirs, device, Some(consumed));
+    }
+
+    /// `consumed`: None as a cluster without consumable capacity allocates (the whole device).
+    fn write_consumed(
+        &self,
+        dirs: &Dirs,
+        device: &str,
+        consumed: Option<BTreeMap<String, Quantity>>,
+    ) {
         let rc = ResourceClaim {
             metadata: ObjectMeta {
                 name: Some(self.name.into()),
@@ -216,7 +226,7 @@ impl TestClaim {
                             pool: NODE.into(),
                             device: device.into(),
                             request: "gpu".into(),
-                            consumed_capacity: Some(consumed),
+                            consumed_capacity: consumed,
                             share_id: Some(format!("share-{}", self.uid)),
                             ..Default::default()
                         }]),
@@ -626,6 +636,43 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
     assert_eq!(std::fs::read_dir(dirs.cdi()).unwrap().count(), 0);
     let dev = snap.devices.iter().find(|d| d.uuid == uuid0).unwrap();
     assert_eq!(dev.memory_reserved, 2 * GI);
+
+    // A cluster without DRAConsumableCapacity allocates a device whole (no consumedCapacity):
+    // the claim gets all the GPU offers. GPU 0 offers 14 GiB and 900 next to the operator's
+    // slice.
+    let w = TestClaim {
+        namespace: "team-w",
+        name: "whole",
+        uid: "0e0e0e0e-0000-4000-8000-00000000000e",
+    };
+    w.write_consumed(&dirs, &dev0, None);
+    let r = dra
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![w.proto()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    prepared_ids(&r, w.uid);
+    let snap = ledger.snapshot();
+    let sw = snap.slices.iter().find(|s| s.name == name_of(&w)).unwrap();
+    assert_eq!(
+        (sw.memory_limit, sw.compute_share_ppm),
+        (Some(14 * GI), 900_000)
+    );
+    let un = dra
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![w.proto()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(un.claims[w.uid].error, "");
+
+    // The restarted plugin published again with a higher pool generation.
+    wait_for(&dirs, "a republished slice", || {
+        read_slice(&dirs).is_some_and(|s| s.spec.pool.generation > s1.spec.pool.generation)
+    });
 
     plugin.kill().unwrap();
     plugin.wait().unwrap();
