@@ -3,7 +3,9 @@
 
 use crate::driver::Driver;
 use crate::slice;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -30,6 +32,29 @@ impl Sink {
                 .ok()
                 .and_then(|t| serde_json::from_str::<ResourceSlice>(&t).ok())
                 .map_or(0, |s| s.spec.pool.generation),
+        }
+    }
+
+    /// The owner reference to this node for the slice, so the API server deletes the slice with
+    /// its Node (none for a file, or when the node cannot be read: that is logged).
+    pub async fn owner(&self, node: &str) -> Option<OwnerReference> {
+        let Sink::Api(c) = self else { return None };
+        let api: kube::Api<Node> = kube::Api::all(c.clone());
+        match api.get(node).await {
+            Ok(n) => Some(OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: node.into(),
+                uid: n.metadata.uid.unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }),
+            Err(e) => {
+                eprintln!(
+                    "gpuslice-dra: reading Node {node} for the ResourceSlice's owner reference:                      {e}; publishing without one (grant `get` on nodes, deploy/rbac.yaml)"
+                );
+                None
+            }
         }
     }
 
@@ -68,7 +93,12 @@ pub async fn run(driver: Arc<Driver>, sink: Sink) {
     let cfg = driver.config().clone();
     let name = slice::object_name(&cfg.node_name, &cfg.driver);
     let mut generation = sink.generation(&name).await;
+    let owner = sink.owner(&cfg.node_name).await;
     let mut last: Option<Vec<Device>> = None;
+    // Unchanged devices are applied again now and then (same generation: a no-op for the API
+    // server), so a slice deleted by hand comes back.
+    const REAPPLY_TICKS: u32 = 60;
+    let mut ticks = 0u32;
     let mut interval = tokio::time::interval(cfg.resync);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -80,13 +110,24 @@ pub async fn run(driver: Arc<Driver>, sink: Sink) {
                 continue;
             }
         };
-        if last.as_ref() == Some(&devices) {
+        let changed = last.as_ref() != Some(&devices);
+        ticks += 1;
+        if !changed && ticks < REAPPLY_TICKS {
             continue;
         }
-        let s = slice::resource_slice(&cfg.node_name, &cfg.driver, generation + 1, devices.clone());
+        ticks = 0;
+        let next = generation + changed as i64;
+        let s = slice::resource_slice(
+            &cfg.node_name,
+            &cfg.driver,
+            next,
+            owner.clone(),
+            devices.clone(),
+        );
         match sink.publish(&s).await {
+            Ok(()) if !changed => {}
             Ok(()) => {
-                generation += 1;
+                generation = next;
                 eprintln!(
                     "gpuslice-dra: published ResourceSlice {name} (pool generation {generation}, {} device(s))",
                     devices.len()

@@ -10,7 +10,7 @@ use k8s_openapi::api::resource::v1::{
     ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use std::collections::BTreeMap;
 
 /// The capacity name of a device's memory (bytes).
@@ -151,16 +151,19 @@ pub fn object_name(node: &str, driver: &str) -> String {
     s.trim_end_matches(['-', '.']).to_string()
 }
 
-/// The whole ResourceSlice of this node, pool generation `generation`.
+/// The whole ResourceSlice of this node, pool generation `generation`, owned by `owner` (the
+/// Node) when given.
 pub fn resource_slice(
     node: &str,
     driver: &str,
     generation: i64,
+    owner: Option<OwnerReference>,
     devices: Vec<Device>,
 ) -> ResourceSlice {
     ResourceSlice {
         metadata: ObjectMeta {
             name: Some(object_name(node, driver)),
+            owner_references: owner.map(|o| vec![o]),
             ..Default::default()
         },
         spec: ResourceSliceSpec {

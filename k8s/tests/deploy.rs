@@ -201,6 +201,11 @@ fn deploy_objects_are_valid_and_agree() {
         })
     };
     assert!(allows("resourceclaims", "get"));
+    assert!(role.rules.iter().flatten().any(|r| {
+        r.api_groups.iter().flatten().any(|g| g.is_empty())
+            && r.resources.iter().flatten().any(|x| x == "nodes")
+            && r.verbs.iter().any(|v| v == "get")
+    }));
     for verb in ["get", "create", "update", "patch", "delete"] {
         assert!(allows("resourceslices", verb), "resourceslices {verb}");
     }

@@ -155,6 +155,14 @@ async fn the_plugin_talks_to_the_api_server() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let state = Arc::new(Mutex::new(State::default()));
+    state.lock().unwrap().objects.insert(
+        "/api/v1/nodes/node-k".into(),
+        (
+            200,
+            r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-k","uid":"node-uid-1"}}"#
+                .into(),
+        ),
+    );
     tokio::spawn(serve(listener, state.clone()));
     let kubeconfig = root.join("kubeconfig");
     std::fs::write(
@@ -216,6 +224,15 @@ async fn the_plugin_talks_to_the_api_server() {
     assert_eq!(applied["apiVersion"], "resource.k8s.io/v1");
     assert_eq!(applied["kind"], "ResourceSlice");
     let slice: ResourceSlice = serde_json::from_value(applied).unwrap();
+    let owner = &slice
+        .metadata
+        .owner_references
+        .as_ref()
+        .expect("owned by its Node")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+        ("Node", "node-k", "node-uid-1")
+    );
     assert_eq!(slice.spec.node_name.as_deref(), Some("node-k"));
     let gpu = slice.spec.devices.as_ref().unwrap()[0].clone();
     assert_eq!(gpu.capacity.as_ref().unwrap()["memory"].value.0, "16Gi");
