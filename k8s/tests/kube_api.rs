@@ -353,6 +353,21 @@ async fn the_plugin_talks_to_the_api_server() {
     );
     assert_eq!(snap.slices.len(), 1, "nothing made for the refused claims");
 
-    plugin.kill().unwrap();
-    plugin.wait().unwrap();
+    // SIGTERM (a DaemonSet rollout): a clean exit that takes the sockets away, so the kubelet
+    // stops calling, and leaves prepared claims prepared for the next plugin.
+    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(plugin.id() as i32, libc::SIGTERM) }, 0);
+    let st = plugin.wait().unwrap();
+    assert!(
+        st.success(),
+        "{st:?}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(!root.join("reg/gpuslice.dev-reg.sock").exists());
+    assert!(!root.join("plugin/dra.sock").exists());
+    assert!(ledger
+        .snapshot()
+        .slices
+        .iter()
+        .any(|s| s.claim.as_deref() == Some("team-a/a")));
 }

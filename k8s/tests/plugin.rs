@@ -583,6 +583,24 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
         .unwrap()
         .into_inner();
     assert_eq!(r3.claims[a.uid], r1.claims[a.uid]);
+    // The same through v1beta1 (a kubelet that still asks for it).
+    let mut beta =
+        v1beta1::dra_plugin_client::DraPluginClient::new(channel(endpoint.clone()).await);
+    let r4 = beta
+        .node_prepare_resources(v1beta1::NodePrepareResourcesRequest {
+            claims: vec![v1beta1::Claim {
+                namespace: a.namespace.into(),
+                uid: a.uid.into(),
+                name: a.name.into(),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let d4 = &r4.claims[a.uid];
+    assert_eq!(d4.error, "");
+    assert_eq!(d4.devices[0].cdi_device_ids, ids_a);
+    assert_eq!(d4.devices[0].device_name, dev0);
 
     // B still has a live process: its unprepare fails for B alone, and nothing of B goes.
     let un = dra
@@ -615,7 +633,6 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
         .unwrap()
         .into_inner();
     assert_eq!(un.claims[b.uid].error, "");
-    let mut beta = v1beta1::dra_plugin_client::DraPluginClient::new(channel(endpoint).await);
     for _ in 0..2 {
         let un = beta
             .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest {
