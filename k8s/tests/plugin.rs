@@ -399,17 +399,24 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
     b.write(&dirs, &dev0, "4294967296", "250");
     c.write(&dirs, &dev1, "6Gi", "0");
     d.write(&dirs, &dev1, "12Gi", "0");
+    // ... and one whose compute no longer fits GPU 0 (100 + 250 + 250 taken: 400 left).
+    let e = TestClaim {
+        namespace: "team-e",
+        name: "e",
+        uid: "0f0f0f0f-0000-4000-8000-00000000000f",
+    };
+    e.write(&dirs, &dev0, "1Gi", "950");
 
     let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(endpoint.clone()).await);
     let req = v1::NodePrepareResourcesRequest {
-        claims: vec![a.proto(), b.proto(), c.proto(), d.proto()],
+        claims: vec![a.proto(), b.proto(), c.proto(), d.proto(), e.proto()],
     };
     let r1 = dra
         .node_prepare_resources(req.clone())
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(r1.claims.len(), 4);
+    assert_eq!(r1.claims.len(), 5);
     let ids_a = prepared_ids(&r1, a.uid);
     let ids_b = prepared_ids(&r1, b.uid);
     let ids_c = prepared_ids(&r1, c.uid);
@@ -448,6 +455,12 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
             .join(format!("gpuslice.dev-slice_k8s-{}.json", t.uid))
     };
     assert!(!spec_file(&d).exists());
+    let err_e = &r1.claims[e.uid].error;
+    assert!(
+        err_e.contains("compute 950 requested") && err_e.contains("400 available"),
+        "{err_e}"
+    );
+    assert!(!spec_file(&e).exists());
 
     // The ledger: one operator slice per claim, on the allocated GPU, with the consumed
     // memory and compute, labelled with the claim.
@@ -460,7 +473,10 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
             .clone()
     };
     let (sa, sb, sc) = (find(&a), find(&b), find(&c));
-    assert!(snap.slices.iter().all(|s| s.name != name_of(&d)));
+    assert!(snap
+        .slices
+        .iter()
+        .all(|s| s.name != name_of(&d) && s.name != name_of(&e)));
     assert_eq!(
         (
             sa.device_uuid.as_str(),
