@@ -269,3 +269,75 @@ impl Config {
         self.plugin_dir.join("dra.sock")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        Config::parse(args.iter().map(Into::into).collect()).map_err(|e| match e {
+            ConfigError::Help => "help".into(),
+            ConfigError::Usage(m) => m,
+        })
+    }
+
+    #[test]
+    fn defaults_and_paths() {
+        let c = parse(&["--node-name", "n1", "--runtime-dir", "/dev/shm/g"]).unwrap();
+        assert_eq!(c.driver, DEFAULT_DRIVER);
+        assert_eq!(
+            c.plugin_dir,
+            PathBuf::from("/var/lib/kubelet/plugins/gpuslice.dev")
+        );
+        assert_eq!(
+            c.registration_socket(),
+            PathBuf::from("/var/lib/kubelet/plugins_registry/gpuslice.dev-reg.sock")
+        );
+        assert_eq!(
+            c.dra_socket(),
+            PathBuf::from("/var/lib/kubelet/plugins/gpuslice.dev/dra.sock")
+        );
+        assert_eq!((c.memory_step, c.memory_default), (256 << 20, 1 << 30));
+        assert_eq!(c.claims, ClaimsFrom::Api);
+        assert_eq!(c.nvidia_cdi_name, NvidiaCdiName::Uuid);
+        let c = parse(&[
+            "--node-name=n",
+            "--claims",
+            "dir:/x",
+            "--publish=file:/y.json",
+            "--nvidia-cdi-name",
+            "index",
+        ])
+        .unwrap();
+        assert_eq!(c.claims, ClaimsFrom::Dir("/x".into()));
+        assert_eq!(c.publish, PublishTo::File("/y.json".into()));
+        assert_eq!(c.nvidia_cdi_name, NvidiaCdiName::Index);
+    }
+
+    #[test]
+    fn bad_values_say_what_is_wrong() {
+        for (args, says) in [
+            (&["--node-name", "n", "--library", "lib.so"][..], "absolute"),
+            (&["--node-name", "n", "--resync", "0"][..], "--resync"),
+            (&["--node-name", "n", "--resync", "x"][..], "--resync"),
+            (
+                &["--node-name", "n", "--memory-default", "300Mi"][..],
+                "multiple of --memory-step",
+            ),
+            (&["--node-name", "n", "--memory-step", "0"][..], "above 0"),
+            (
+                &["--node-name", "n", "--claims", "dir:"][..],
+                "api or dir:DIR",
+            ),
+            (
+                &["--node-name", "n", "--nvidia-cdi-name", "serial"][..],
+                "uuid, index, none",
+            ),
+            (&["--node-name", "n", "--bogus"][..], "bogus"),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+        assert_eq!(parse(&["--help"]).unwrap_err(), "help");
+    }
+}
