@@ -31,6 +31,8 @@ pub const NAME_LEN: usize = 64;
 pub const UUID_LEN: usize = 48;
 /// Room for a device's marketing name.
 pub const DEVICE_NAME_LEN: usize = 96;
+/// Room for a Kubernetes claim label, `namespace/name` (63 + 1 + 253 bytes).
+pub const CLAIM_LEN: usize = 320;
 
 /// `ProcDevice::account` when the process has not joined anything on that device.
 pub const ACCOUNT_NONE: u32 = u32::MAX;
@@ -155,6 +157,9 @@ pub struct Slice {
     pub memory_used: CacheLine<AtomicU64>,
     /// Scheduler state (compute).
     pub sched: SchedSlice,
+    /// The Kubernetes ResourceClaim (`namespace/name`) an operator slice was created for,
+    /// NUL-padded; empty for slices made outside Kubernetes.
+    pub claim: Text<CLAIM_LEN>,
 }
 
 /// Keeps a hot atomic alone on its cache line so neighbours do not false-share it.

@@ -93,6 +93,9 @@ pub struct OperatorSlice {
     pub compute_share_ppm: u32,
     /// Cap, ppm ([`PPM`]: none).
     pub compute_cap_ppm: u32,
+    /// The Kubernetes ResourceClaim (`namespace/name`) the slice is for, if any (a label:
+    /// shown by `status`, used by the DRA plugin to tell its slices from the operator's).
+    pub claim: Option<String>,
 }
 
 fn frac(ppm: u64) -> String {
@@ -351,6 +354,7 @@ impl Ledger {
                     false,
                     &req.memory_setting,
                     &req.compute_setting,
+                    "",
                 )?
             }
         };
@@ -407,6 +411,7 @@ impl Ledger {
         operator: bool,
         mem_setting: &str,
         cpu_setting: &str,
+        claim: &str,
     ) -> Result<usize, LedgerError> {
         let d = &self.devices()[device];
         let uuid = d.uuid.get();
@@ -449,7 +454,10 @@ impl Ledger {
         d.compute_reserved.fetch_add(share as u64, SeqCst);
         let s = &self.slices()[si];
         // SAFETY: under the lock, record not yet published (state FREE).
-        unsafe { s.name.set(name) };
+        unsafe {
+            s.name.set(name);
+            s.claim.set(claim);
+        }
         s.device.store(device as u32, SeqCst);
         s.memory_limit.store(memory.unwrap_or(NO_LIMIT), SeqCst);
         s.memory_used.0.store(0, SeqCst);
@@ -492,6 +500,7 @@ impl Ledger {
             true,
             "--memory",
             "--compute",
+            spec.claim.as_deref().unwrap_or(""),
         )
     }
 
@@ -712,6 +721,7 @@ impl Ledger {
                 pids: members.iter().map(|p| p.pid.load(SeqCst)).collect(),
                 alloc_total: s.alloc_total.load(Relaxed),
                 alloc_denied_total: s.alloc_denied_total.load(Relaxed),
+                claim: Some(s.claim.get()).filter(|c| !c.is_empty()),
             });
         }
         for d in &mut snap.devices {

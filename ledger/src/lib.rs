@@ -45,6 +45,8 @@
 #![deny(missing_docs)]
 
 mod account;
+#[cfg(feature = "cdi")]
+pub mod cdi;
 mod error;
 mod file;
 pub mod layout;

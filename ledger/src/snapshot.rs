@@ -64,6 +64,8 @@ pub struct SliceInfo {
     pub alloc_total: u64,
     /// Allocations refused for the quota.
     pub alloc_denied_total: u64,
+    /// The Kubernetes ResourceClaim (`namespace/name`) of an operator slice made for one.
+    pub claim: Option<String>,
 }
 
 /// A process.

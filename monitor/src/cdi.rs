@@ -3,8 +3,9 @@
 //! The spec describes one device, `<kind>=<slice>` (by default `gpuslice.dev/slice=NAME`), used
 //! beside the GPU's own CDI device (`--device nvidia.com/gpu=0 --device
 //! gpuslice.dev/slice=NAME`). Its container edits:
-//! - mount the host's `libgpuslice.so` read-only at [`CONTAINER_LIBRARY`] and the host's ledger
-//!   directory read-write at [`CONTAINER_RUNTIME_DIR`] (fixed paths, so the spec does not depend
+//! - mount the host's `libgpuslice.so` read-only at
+//!   [`gpuslice_ledger::cdi::CONTAINER_LIBRARY`] and the host's ledger directory read-write at
+//!   [`gpuslice_ledger::cdi::CONTAINER_RUNTIME_DIR`] (fixed paths, so the spec does not depend
 //!   on the image's layout);
 //! - set `LD_PRELOAD`, `GPUSLICE_RUNTIME_DIR`, `GPUSLICE_SLICE` and whichever of
 //!   `GPUSLICE_MEMORY`, `GPUSLICE_COMPUTE`, `GPUSLICE_COMPUTE_CAP` were given.
@@ -23,15 +24,9 @@ use crate::run::{self, Limits};
 const USAGE: &str = "gpuslice cdi --slice NAME [--memory Q] [--compute F] [--compute-cap F] \
                      [--kind VENDOR/CLASS] [--library PATH] [--output FILE]";
 
-/// The CDI version written: the lowest that has everything this spec uses (env and mounts need
-/// 0.3.0; 0.5.0 is understood by every CDI-enabled runtime release, newer ones too).
-pub const CDI_VERSION: &str = "0.5.0";
-/// The default kind (`vendor/class`) of the device.
-pub const DEFAULT_KIND: &str = "gpuslice.dev/slice";
-/// Where the library appears inside the container.
-pub const CONTAINER_LIBRARY: &str = "/usr/lib/gpuslice/libgpuslice.so";
-/// Where the ledger directory appears inside the container (`GPUSLICE_RUNTIME_DIR` there).
-pub const CONTAINER_RUNTIME_DIR: &str = "/run/gpuslice";
+// The spec builder, its constants and the atomic write live in `gpuslice_ledger::cdi`, shared
+// with gpuslice-dra.
+use gpuslice_ledger::cdi::{write_atomically, DEFAULT_KIND};
 
 const HELP: &str = "\
 Writes a Container Device Interface spec for one slice (stdout, or FILE; put it in /etc/cdi/).
@@ -142,7 +137,7 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
     Ok(0)
 }
 
-/// The spec as JSON.
+/// The spec as JSON (built by [`gpuslice_ledger::cdi::spec`]).
 pub fn spec(
     kind: &str,
     slice: &str,
@@ -150,50 +145,13 @@ pub fn spec(
     host_library: &str,
     host_runtime_dir: &str,
 ) -> serde_json::Value {
-    let mut env = vec![
-        format!("LD_PRELOAD={CONTAINER_LIBRARY}"),
-        format!("GPUSLICE_RUNTIME_DIR={CONTAINER_RUNTIME_DIR}"),
-    ];
     // `limits.env()` includes GPUSLICE_SLICE: the slice name is required here.
-    env.extend(limits.env().into_iter().map(|(k, v)| format!("{k}={v}")));
-    serde_json::json!({
-        "cdiVersion": CDI_VERSION,
-        "kind": kind,
-        "devices": [{
-            "name": slice,
-            "containerEdits": {
-                "env": env,
-                "mounts": [
-                    {
-                        "hostPath": host_library,
-                        "containerPath": CONTAINER_LIBRARY,
-                        "options": ["ro", "nosuid", "nodev", "bind"],
-                    },
-                    {
-                        "hostPath": host_runtime_dir,
-                        "containerPath": CONTAINER_RUNTIME_DIR,
-                        "options": ["rw", "nosuid", "nodev", "noexec", "bind"],
-                    },
-                ],
-            },
-        }],
-    })
-}
-
-/// Write through a temporary file in the same directory and rename it, so a runtime watching
-/// `/etc/cdi` never reads half a spec.
-fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
-    let mut tmp_name = OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp{}", std::process::id()));
-    let tmp = path.with_file_name(tmp_name);
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+    let env: Vec<(String, String)> = limits
+        .env()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    gpuslice_ledger::cdi::spec(kind, slice, &env, host_library, host_runtime_dir)
 }
 
 /// CDI's rule for a vendor or class name: a letter first, a letter or digit last, letters,

@@ -244,6 +244,7 @@ impl Node {
             memory,
             compute_share_ppm: req.compute_ppm,
             compute_cap_ppm: req.cap_ppm.unwrap_or(PPM),
+            claim: None,
         })?;
         self.snapshot()
             .slices

@@ -1,0 +1,343 @@
+//! The plugin's settings: command-line flags, with the environment a DaemonSet sets as
+//! defaults (`NODE_NAME`, `GPUSLICE_RUNTIME_DIR`).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The default driver name (`ResourceSlice.spec.driver`, `DeviceClass` selectors).
+pub const DEFAULT_DRIVER: &str = "gpuslice.dev";
+
+/// Where claims are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimsFrom {
+    /// The API server (in-cluster service account, or `KUBECONFIG`).
+    Api,
+    /// `DIR/<namespace>/<name>.json`, each a ResourceClaim object (tests, dry runs).
+    Dir(PathBuf),
+}
+
+/// Where the node's ResourceSlice goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublishTo {
+    /// Server-side apply to the API server.
+    Api,
+    /// Written (atomically) to this JSON file (tests, dry runs).
+    File(PathBuf),
+}
+
+/// How the NVIDIA device's own CDI id names a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NvidiaCdiName {
+    /// `nvidia.com/gpu=GPU-...` (what `nvidia-ctk cdi generate` also writes; stable).
+    Uuid,
+    /// `nvidia.com/gpu=0`.
+    Index,
+    /// No NVIDIA CDI id (the runtime gets the GPU some other way).
+    None,
+}
+
+/// Everything the plugin is told.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Driver name.
+    pub driver: String,
+    /// This node's name (the pool name and `spec.nodeName`).
+    pub node_name: String,
+    /// The kubelet's plugin registration directory.
+    pub registry_dir: PathBuf,
+    /// This plugin's directory (its DRA socket is `dra.sock` there).
+    pub plugin_dir: PathBuf,
+    /// Where CDI specs are written (`/var/run/cdi`).
+    pub cdi_dir: PathBuf,
+    /// The gpuslice ledger directory on the host.
+    pub runtime_dir: PathBuf,
+    /// `libgpuslice.so` on the host (mounted into containers by the CDI spec).
+    pub library: PathBuf,
+    /// The CDI kind of the claim devices this plugin writes.
+    pub cdi_kind: String,
+    /// The NVIDIA CDI kind (`nvidia.com/gpu`).
+    pub nvidia_cdi_kind: String,
+    /// How the NVIDIA CDI device is named.
+    pub nvidia_cdi_name: NvidiaCdiName,
+    /// Claim source.
+    pub claims: ClaimsFrom,
+    /// ResourceSlice destination.
+    pub publish: PublishTo,
+    /// How often devices and reservations are re-read.
+    pub resync: Duration,
+    /// Memory request policy: the step and minimum (bytes).
+    pub memory_step: u64,
+    /// Memory a request that names no memory consumes (bytes).
+    pub memory_default: u64,
+}
+
+/// Usage line.
+pub const USAGE: &str = "gpuslice-dra [--node-name NAME] [--driver NAME] [--registry-dir DIR] \
+[--plugin-dir DIR] [--cdi-dir DIR] [--runtime-dir DIR] [--library PATH] [--cdi-kind VENDOR/CLASS] \
+[--nvidia-cdi-kind VENDOR/CLASS] [--nvidia-cdi-name uuid|index|none] [--claims api|dir:DIR] \
+[--publish api|file:PATH] [--resync SECONDS] [--memory-step Q] [--memory-default Q]";
+
+/// Help text.
+pub const HELP: &str = "\
+The gpuslice DRA kubelet plugin: publishes this node's GPUs as shareable devices with
+`memory` and `compute` capacity, and turns each allocated ResourceClaim into a gpuslice slice
+(a VRAM quota and a compute share) plus a CDI device that puts the claim's containers in it.
+  --node-name NAME       this node (default $NODE_NAME)
+  --driver NAME          driver name (default gpuslice.dev)
+  --registry-dir DIR     kubelet plugin registration dir (default /var/lib/kubelet/plugins_registry)
+  --plugin-dir DIR       this plugin's socket dir (default /var/lib/kubelet/plugins/<driver>)
+  --cdi-dir DIR          where CDI specs go (default /var/run/cdi)
+  --runtime-dir DIR      gpuslice ledger dir (default $GPUSLICE_RUNTIME_DIR or /dev/shm/gpuslice)
+  --library PATH         libgpuslice.so on the host (default /usr/lib/gpuslice/libgpuslice.so)
+  --cdi-kind K           CDI kind of claim devices (default gpuslice.dev/slice)
+  --nvidia-cdi-kind K    the NVIDIA CDI kind returned beside it (default nvidia.com/gpu)
+  --nvidia-cdi-name N    uuid (default), index, or none
+  --claims SRC           api (default) or dir:DIR (DIR/<namespace>/<name>.json)
+  --publish DST          api (default) or file:PATH (the ResourceSlice as JSON)
+  --resync SECONDS       how often GPUs and reservations are re-read (default 10)
+  --memory-step Q        memory request step and minimum (default 256Mi)
+  --memory-default Q     memory of a request that asks for none (default 1Gi)";
+
+/// Why the flags were refused.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// `--help`.
+    Help,
+    /// A bad flag or value.
+    Usage(String),
+}
+
+fn size(flag: &str, v: &str) -> Result<u64, ConfigError> {
+    let b = crate::quantity::parse(v).map_err(|e| ConfigError::Usage(format!("{flag}: {e}")))?;
+    u64::try_from(b)
+        .ok()
+        .filter(|&b| b > 0)
+        .ok_or_else(|| ConfigError::Usage(format!("{flag} {v:?}: must be above 0 and below 16Ei")))
+}
+
+impl Config {
+    /// Parse flags (without the program name).
+    pub fn parse(args: Vec<OsString>) -> Result<Config, ConfigError> {
+        use lexopt::Arg::Long;
+        let mut p = lexopt::Parser::from_args(args);
+        let mut driver = DEFAULT_DRIVER.to_string();
+        let mut node_name = std::env::var("NODE_NAME").unwrap_or_default();
+        let mut registry_dir = PathBuf::from("/var/lib/kubelet/plugins_registry");
+        let mut plugin_dir: Option<PathBuf> = None;
+        let mut cdi_dir = PathBuf::from("/var/run/cdi");
+        let mut runtime_dir = std::env::var_os("GPUSLICE_RUNTIME_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(gpuslice_ledger::DEFAULT_RUNTIME_DIR));
+        let mut library = PathBuf::from(gpuslice_ledger::cdi::CONTAINER_LIBRARY);
+        let mut cdi_kind = gpuslice_ledger::cdi::DEFAULT_KIND.to_string();
+        let mut nvidia_cdi_kind = "nvidia.com/gpu".to_string();
+        let mut nvidia_cdi_name = NvidiaCdiName::Uuid;
+        let mut claims = ClaimsFrom::Api;
+        let mut publish = PublishTo::Api;
+        let mut resync = Duration::from_secs(10);
+        let mut memory_step = 256 << 20;
+        let mut memory_default = 1 << 30;
+        let usage = |e: lexopt::Error| ConfigError::Usage(e.to_string());
+        while let Some(arg) = p.next().map_err(usage)? {
+            let val = |p: &mut lexopt::Parser| -> Result<String, ConfigError> {
+                p.value()
+                    .map_err(usage)?
+                    .into_string()
+                    .map_err(|v| ConfigError::Usage(format!("{v:?} is not UTF-8")))
+            };
+            match arg {
+                Long("help") | lexopt::Arg::Short('h') => return Err(ConfigError::Help),
+                Long("driver") => driver = val(&mut p)?,
+                Long("node-name") => node_name = val(&mut p)?,
+                Long("registry-dir") => registry_dir = val(&mut p)?.into(),
+                Long("plugin-dir") => plugin_dir = Some(val(&mut p)?.into()),
+                Long("cdi-dir") => cdi_dir = val(&mut p)?.into(),
+                Long("runtime-dir") => runtime_dir = val(&mut p)?.into(),
+                Long("library") => library = val(&mut p)?.into(),
+                Long("cdi-kind") => cdi_kind = val(&mut p)?,
+                Long("nvidia-cdi-kind") => nvidia_cdi_kind = val(&mut p)?,
+                Long("nvidia-cdi-name") => {
+                    nvidia_cdi_name = match val(&mut p)?.as_str() {
+                        "uuid" => NvidiaCdiName::Uuid,
+                        "index" => NvidiaCdiName::Index,
+                        "none" => NvidiaCdiName::None,
+                        v => {
+                            return Err(ConfigError::Usage(format!(
+                                "--nvidia-cdi-name {v:?}: one of uuid, index, none"
+                            )))
+                        }
+                    }
+                }
+                Long("claims") => {
+                    let v = val(&mut p)?;
+                    claims = match v.strip_prefix("dir:") {
+                        _ if v == "api" => ClaimsFrom::Api,
+                        Some(d) if !d.is_empty() => ClaimsFrom::Dir(d.into()),
+                        _ => {
+                            return Err(ConfigError::Usage(format!(
+                                "--claims {v:?}: api or dir:DIR"
+                            )))
+                        }
+                    }
+                }
+                Long("publish") => {
+                    let v = val(&mut p)?;
+                    publish = match v.strip_prefix("file:") {
+                        _ if v == "api" => PublishTo::Api,
+                        Some(f) if !f.is_empty() => PublishTo::File(f.into()),
+                        _ => {
+                            return Err(ConfigError::Usage(format!(
+                                "--publish {v:?}: api or file:PATH"
+                            )))
+                        }
+                    }
+                }
+                Long("resync") => {
+                    let v = val(&mut p)?;
+                    resync = v
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|s| s.is_finite() && *s >= 0.05 && *s <= 86400.0)
+                        .map(Duration::from_secs_f64)
+                        .ok_or_else(|| {
+                            ConfigError::Usage(format!(
+                                "--resync {v:?}: seconds between 0.05 and 86400"
+                            ))
+                        })?;
+                }
+                Long("memory-step") => memory_step = size("--memory-step", &val(&mut p)?)?,
+                Long("memory-default") => memory_default = size("--memory-default", &val(&mut p)?)?,
+                other => return Err(ConfigError::Usage(other.unexpected().to_string())),
+            }
+        }
+        if node_name.is_empty() {
+            return Err(ConfigError::Usage(
+                "no node name: pass --node-name or set NODE_NAME (the DaemonSet sets it from \
+                 spec.nodeName)"
+                    .into(),
+            ));
+        }
+        if memory_default < memory_step || !memory_default.is_multiple_of(memory_step) {
+            return Err(ConfigError::Usage(format!(
+                "--memory-default ({}) must be a multiple of --memory-step ({})",
+                crate::quantity::bytes(memory_default),
+                crate::quantity::bytes(memory_step)
+            )));
+        }
+        for (flag, p) in [
+            ("--runtime-dir", &runtime_dir),
+            ("--library", &library),
+            ("--cdi-dir", &cdi_dir),
+        ] {
+            if !p.is_absolute() {
+                return Err(ConfigError::Usage(format!(
+                    "{flag} {}: must be an absolute path (it is a host path in CDI specs)",
+                    p.display()
+                )));
+            }
+        }
+        let plugin_dir =
+            plugin_dir.unwrap_or_else(|| PathBuf::from("/var/lib/kubelet/plugins").join(&driver));
+        Ok(Config {
+            driver,
+            node_name,
+            registry_dir,
+            plugin_dir,
+            cdi_dir,
+            runtime_dir,
+            library,
+            cdi_kind,
+            nvidia_cdi_kind,
+            nvidia_cdi_name,
+            claims,
+            publish,
+            resync,
+            memory_step,
+            memory_default,
+        })
+    }
+
+    /// The registration socket the kubelet watches for.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir.join(format!("{}-reg.sock", self.driver))
+    }
+
+    /// The DRA service socket.
+    pub fn dra_socket(&self) -> PathBuf {
+        self.plugin_dir.join("dra.sock")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        Config::parse(args.iter().map(Into::into).collect()).map_err(|e| match e {
+            ConfigError::Help => "help".into(),
+            ConfigError::Usage(m) => m,
+        })
+    }
+
+    #[test]
+    fn defaults_and_paths() {
+        let c = parse(&["--node-name", "n1", "--runtime-dir", "/dev/shm/g"]).unwrap();
+        assert_eq!(c.driver, DEFAULT_DRIVER);
+        assert_eq!(
+            c.plugin_dir,
+            PathBuf::from("/var/lib/kubelet/plugins/gpuslice.dev")
+        );
+        assert_eq!(
+            c.registration_socket(),
+            PathBuf::from("/var/lib/kubelet/plugins_registry/gpuslice.dev-reg.sock")
+        );
+        assert_eq!(
+            c.dra_socket(),
+            PathBuf::from("/var/lib/kubelet/plugins/gpuslice.dev/dra.sock")
+        );
+        assert_eq!((c.memory_step, c.memory_default), (256 << 20, 1 << 30));
+        assert_eq!(c.claims, ClaimsFrom::Api);
+        assert_eq!(c.nvidia_cdi_name, NvidiaCdiName::Uuid);
+        let c = parse(&[
+            "--node-name=n",
+            "--claims",
+            "dir:/x",
+            "--publish=file:/y.json",
+            "--nvidia-cdi-name",
+            "index",
+        ])
+        .unwrap();
+        assert_eq!(c.claims, ClaimsFrom::Dir("/x".into()));
+        assert_eq!(c.publish, PublishTo::File("/y.json".into()));
+        assert_eq!(c.nvidia_cdi_name, NvidiaCdiName::Index);
+    }
+
+    #[test]
+    fn bad_values_say_what_is_wrong() {
+        for (args, says) in [
+            (&["--node-name", "n", "--library", "lib.so"][..], "absolute"),
+            (&["--node-name", "n", "--resync", "0"][..], "--resync"),
+            (&["--node-name", "n", "--resync", "x"][..], "--resync"),
+            (
+                &["--node-name", "n", "--memory-default", "300Mi"][..],
+                "multiple of --memory-step",
+            ),
+            (&["--node-name", "n", "--memory-step", "0"][..], "above 0"),
+            (
+                &["--node-name", "n", "--claims", "dir:"][..],
+                "api or dir:DIR",
+            ),
+            (
+                &["--node-name", "n", "--nvidia-cdi-name", "serial"][..],
+                "uuid, index, none",
+            ),
+            (&["--node-name", "n", "--bogus"][..], "bogus"),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+        assert_eq!(parse(&["--help"]).unwrap_err(), "help");
+    }
+}

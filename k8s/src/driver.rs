@@ -1,0 +1,429 @@
+//! The plugin's state machine: preparing a claim makes an operator slice in the ledger (named
+//! from the claim's UID, on the allocated GPU, with the consumed memory and compute) and a CDI
+//! spec that puts containers in it; unpreparing removes both once no process uses the slice.
+//!
+//! Nothing lives only in memory: whether a claim is prepared is read from the ledger (the
+//! slice) and the CDI directory (the spec), so a restarted plugin carries on where the last
+//! one stopped, and every call is idempotent. Calls are serialized by one lock.
+
+use crate::claims::ClaimSource;
+use crate::config::{Config, NvidiaCdiName};
+use crate::nvml::{Gpu, Inventory, Nvml};
+use crate::quantity;
+use crate::slice::{self, COMPUTE, COMPUTE_WHOLE, MEMORY};
+use gpuslice_ledger::{human_bytes, Ledger, LedgerError, OperatorSlice, Snapshot, PPM};
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// A claim as the kubelet names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRef {
+    /// Namespace.
+    pub namespace: String,
+    /// UID.
+    pub uid: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ClaimRef {
+    /// `namespace/name`, the label the slice carries.
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One allocated device of a prepared claim, for the kubelet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedDevice {
+    /// The claim's request this device serves.
+    pub request_names: Vec<String>,
+    /// Pool (this node).
+    pub pool_name: String,
+    /// Device (`gpu-<uuid>`).
+    pub device_name: String,
+    /// The claim's gpuslice CDI device, then the NVIDIA device's.
+    pub cdi_device_ids: Vec<String>,
+}
+
+/// The slice name of a claim: `k8s-<uid>` (every container of every pod sharing the claim
+/// joins this one slice).
+pub fn slice_name(uid: &str) -> String {
+    format!("k8s-{uid}")
+}
+
+/// What a claim asks of one GPU.
+#[derive(Debug, Clone, Default)]
+struct Want {
+    memory: u64,
+    compute: u64,
+}
+
+/// The driver.
+pub struct Driver {
+    cfg: Config,
+    ledger: Ledger,
+    nvml: Nvml,
+    claims: Box<dyn ClaimSource>,
+    inventory: Mutex<Inventory>,
+    serial: tokio::sync::Mutex<()>,
+}
+
+fn ledger_err(e: LedgerError) -> String {
+    e.to_string()
+}
+
+impl Driver {
+    /// Open the ledger (creating it if needed), read the GPUs, register them in the ledger.
+    pub fn new(cfg: Config, claims: Box<dyn ClaimSource>) -> Result<Driver, String> {
+        let nvml = Nvml::load()?;
+        let ledger = Ledger::open_or_create(&cfg.runtime_dir)
+            .map_err(|e| format!("the gpuslice ledger in {}: {e}", cfg.runtime_dir.display()))?;
+        let inventory = nvml.inventory()?;
+        let d = Driver {
+            cfg,
+            ledger,
+            nvml,
+            claims,
+            inventory: Mutex::new(inventory.clone()),
+            serial: tokio::sync::Mutex::new(()),
+        };
+        d.register(&inventory)?;
+        Ok(d)
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn register(&self, inv: &Inventory) -> Result<(), String> {
+        for g in &inv.gpus {
+            self.ledger
+                .ensure_device(&g.uuid, &g.name, g.memory_total)
+                .map_err(|e| format!("registering {} in the ledger: {e}", g.uuid))?;
+        }
+        Ok(())
+    }
+
+    /// Read GPUs and reservations again; the devices this node publishes now.
+    pub async fn devices(&self) -> Result<Vec<k8s_openapi::api::resource::v1::Device>, String> {
+        let _g = self.serial.lock().await;
+        let inv = self.nvml.inventory()?;
+        self.register(&inv)?;
+        *self.inventory.lock().unwrap_or_else(|p| p.into_inner()) = inv.clone();
+        let snap = self.ledger.snapshot();
+        Ok(slice::devices(
+            &inv,
+            &snap,
+            self.cfg.memory_step,
+            self.cfg.memory_default,
+        ))
+    }
+
+    fn gpus(&self) -> Vec<Gpu> {
+        self.inventory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .gpus
+            .clone()
+    }
+
+    fn spec_path(&self, uid: &str) -> PathBuf {
+        let kind = self.cfg.cdi_kind.replace('/', "-");
+        self.cfg
+            .cdi_dir
+            .join(format!("{kind}_{}.json", slice_name(uid)))
+    }
+
+    fn nvidia_cdi_id(&self, g: &Gpu) -> Option<String> {
+        let name = match self.cfg.nvidia_cdi_name {
+            NvidiaCdiName::Uuid => g.uuid.clone(),
+            NvidiaCdiName::Index => g.index.to_string(),
+            NvidiaCdiName::None => return None,
+        };
+        Some(format!("{}={name}", self.cfg.nvidia_cdi_kind))
+    }
+
+    /// Prepare claims, one result per claim (in order).
+    pub async fn prepare(&self, claims: &[ClaimRef]) -> Vec<Result<Vec<PreparedDevice>, String>> {
+        let _g = self.serial.lock().await;
+        let mut out = Vec::with_capacity(claims.len());
+        for c in claims {
+            let r = self
+                .prepare_one(c)
+                .await
+                .map_err(|e| format!("claim {} (uid {}): {e}", c.label(), c.uid));
+            match &r {
+                Ok(d) => eprintln!(
+                    "gpuslice-dra: prepared claim {} as slice {} ({} device(s))",
+                    c.label(),
+                    slice_name(&c.uid),
+                    d.len()
+                ),
+                Err(e) => eprintln!("gpuslice-dra: prepare failed: {e}"),
+            }
+            out.push(r);
+        }
+        out
+    }
+
+    /// Unprepare claims, one result per claim (in order).
+    pub async fn unprepare(&self, claims: &[ClaimRef]) -> Vec<Result<(), String>> {
+        let _g = self.serial.lock().await;
+        claims
+            .iter()
+            .map(|c| {
+                let r = self
+                    .unprepare_one(c)
+                    .map_err(|e| format!("claim {} (uid {}): {e}", c.label(), c.uid));
+                match &r {
+                    Ok(()) => eprintln!("gpuslice-dra: unprepared claim {}", c.label()),
+                    Err(e) => eprintln!("gpuslice-dra: unprepare failed: {e}"),
+                }
+                r
+            })
+            .collect()
+    }
+
+    fn consumed(
+        &self,
+        r: &DeviceRequestAllocationResult,
+        gpu: &Gpu,
+        snap: &Snapshot,
+    ) -> Result<Want, String> {
+        let Some(cc) = &r.consumed_capacity else {
+            // No consumable capacity (a cluster without DRAConsumableCapacity allocates the
+            // device whole): the claim gets all that this node offers on it.
+            let (memory, compute) = slice::offered(gpu, snap);
+            return Ok(Want { memory, compute });
+        };
+        let get = |cap: &str| {
+            cc.get(cap)
+                .or_else(|| cc.get(&format!("{}/{cap}", self.cfg.driver)))
+                .map(|q| quantity::parse(&q.0).map_err(|e| format!("consumedCapacity {cap}: {e}")))
+                .transpose()
+        };
+        let memory = match get(MEMORY)? {
+            Some(m) => {
+                u64::try_from(m).map_err(|_| "consumedCapacity memory is too large".to_string())?
+            }
+            None => self.cfg.memory_default,
+        };
+        let compute = get(COMPUTE)?.unwrap_or(0);
+        if compute > COMPUTE_WHOLE as u128 {
+            return Err(format!(
+                "consumedCapacity compute {compute} is more than a whole GPU ({COMPUTE_WHOLE})"
+            ));
+        }
+        Ok(Want {
+            memory,
+            compute: compute as u64,
+        })
+    }
+
+    async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+        let rc: ResourceClaim = self.claims.get(&c.namespace, &c.name).await?;
+        let uid = rc.metadata.uid.as_deref().unwrap_or("");
+        if uid != c.uid {
+            return Err(format!(
+                "the ResourceClaim {} has UID {uid:?}, the kubelet asked for {:?}: it was deleted \
+                 and re-created; the pod needs to be re-created",
+                c.label(),
+                c.uid
+            ));
+        }
+        let results: Vec<DeviceRequestAllocationResult> = rc
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.driver == self.cfg.driver)
+            .collect();
+        if results.is_empty() {
+            return Err(format!(
+                "the ResourceClaim has no device of driver {} allocated (status.allocation is \
+                 empty: not scheduled yet?)",
+                self.cfg.driver
+            ));
+        }
+        let gpus = self.gpus();
+        let snap = self.ledger.snapshot();
+        let mut per_gpu: BTreeMap<String, (Gpu, Want)> = BTreeMap::new();
+        let mut devices = Vec::new();
+        for r in &results {
+            if r.pool != self.cfg.node_name {
+                return Err(format!(
+                    "device {}/{} was allocated from pool {:?}, but this is node {:?}",
+                    r.pool, r.device, r.pool, self.cfg.node_name
+                ));
+            }
+            let Some(gpu) = gpus
+                .iter()
+                .find(|g| slice::device_name(&g.uuid) == r.device)
+            else {
+                let here: Vec<String> = gpus.iter().map(|g| slice::device_name(&g.uuid)).collect();
+                return Err(format!(
+                    "device {} is not on this node (GPUs here: {}); a stale allocation",
+                    r.device,
+                    here.join(", ")
+                ));
+            };
+            let want = self.consumed(r, gpu, &snap)?;
+            let e = per_gpu
+                .entry(gpu.uuid.clone())
+                .or_insert_with(|| (gpu.clone(), Want::default()));
+            e.1.memory = e.1.memory.saturating_add(want.memory);
+            e.1.compute += want.compute;
+            let mut ids = vec![format!("{}={}", self.cfg.cdi_kind, slice_name(&c.uid))];
+            ids.extend(self.nvidia_cdi_id(gpu));
+            devices.push(PreparedDevice {
+                request_names: vec![r.request.clone()],
+                pool_name: r.pool.clone(),
+                device_name: r.device.clone(),
+                cdi_device_ids: ids,
+            });
+        }
+        let name = slice_name(&c.uid);
+        // Check everything before creating anything: a claim is prepared whole or not at all.
+        let mut to_create = Vec::new();
+        for (uuid, (gpu, want)) in &per_gpu {
+            let ppm = want.compute.min(COMPUTE_WHOLE) * (PPM as u64 / COMPUTE_WHOLE);
+            if let Some(s) = snap
+                .slices
+                .iter()
+                .find(|s| s.name == name && &s.device_uuid == uuid && !s.private)
+            {
+                if s.memory_limit == Some(want.memory) && s.compute_share_ppm as u64 == ppm {
+                    continue; // prepared before (a repeated call, or before a restart)
+                }
+                return Err(format!(
+                    "slice {name} already exists on {uuid} with memory {}, compute {}, but the \
+                     claim now asks for memory {}, compute {}: remove it with `gpuslice slice rm \
+                     {name}` once its processes are gone",
+                    s.memory_limit
+                        .map(human_bytes)
+                        .unwrap_or_else(|| "none".into()),
+                    s.compute_share_ppm / 1000,
+                    human_bytes(want.memory),
+                    want.compute
+                ));
+            }
+            let dev = snap
+                .devices
+                .iter()
+                .find(|d| &d.uuid == uuid)
+                .ok_or_else(|| format!("{uuid} is not in the gpuslice ledger"))?;
+            let avail = dev
+                .memory_total
+                .saturating_sub(dev.memory_reserved)
+                .saturating_sub(dev.best_effort_used);
+            if want.memory > avail {
+                return Err(format!(
+                    "memory {} requested on {} ({uuid}), {} available: the allocation is stale \
+                     (memory was reserved on this GPU outside Kubernetes, or the ResourceSlice \
+                     was out of date); nothing was created, delete and re-create the pod to \
+                     schedule it again",
+                    human_bytes(want.memory),
+                    slice::device_name(uuid),
+                    human_bytes(avail)
+                ));
+            }
+            let avail_ppm = (PPM as u64).saturating_sub(dev.compute_reserved_ppm as u64);
+            if ppm > avail_ppm {
+                return Err(format!(
+                    "compute {} requested on {} ({uuid}), {} available: the allocation is stale; \
+                     nothing was created",
+                    want.compute,
+                    slice::device_name(uuid),
+                    avail_ppm / 1000
+                ));
+            }
+            to_create.push(OperatorSlice {
+                name: name.clone(),
+                device: gpu.uuid.clone(),
+                memory: want.memory,
+                compute_share_ppm: ppm as u32,
+                compute_cap_ppm: PPM,
+                claim: Some(c.label()),
+            });
+        }
+        let created_any = !to_create.is_empty();
+        for spec in &to_create {
+            if let Err(e) = self.ledger.create_operator_slice(spec) {
+                let _ = self.ledger.remove_slice(&name);
+                return Err(format!(
+                    "creating slice {name} on {}: {}; nothing was kept",
+                    spec.device,
+                    ledger_err(e)
+                ));
+            }
+        }
+        if let Err(e) = self.write_spec(&c.uid) {
+            if created_any {
+                let _ = self.ledger.remove_slice(&name);
+            }
+            return Err(e);
+        }
+        Ok(devices)
+    }
+
+    fn write_spec(&self, uid: &str) -> Result<(), String> {
+        let name = slice_name(uid);
+        let spec = gpuslice_ledger::cdi::spec(
+            &self.cfg.cdi_kind,
+            &name,
+            &[("GPUSLICE_SLICE".to_string(), name.clone())],
+            &self.cfg.library.to_string_lossy(),
+            &self.cfg.runtime_dir.to_string_lossy(),
+        );
+        let text = serde_json::to_string_pretty(&spec).expect("a JSON value serializes") + "\n";
+        let path = self.spec_path(uid);
+        if std::fs::read(&path).is_ok_and(|b| b == text.as_bytes()) {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.cfg.cdi_dir)
+            .and_then(|()| gpuslice_ledger::cdi::write_atomically(&path, text.as_bytes()))
+            .map_err(|e| format!("writing the CDI spec {}: {e}", path.display()))
+    }
+
+    fn unprepare_one(&self, c: &ClaimRef) -> Result<(), String> {
+        let name = slice_name(&c.uid);
+        // Processes that died are returned first, so a finished pod's slice is free to go.
+        let _ = self.ledger.reap_dead();
+        let snap = self.ledger.snapshot();
+        let mine: Vec<_> = snap
+            .slices
+            .iter()
+            .filter(|s| s.name == name && !s.private)
+            .collect();
+        let live: u32 = mine.iter().map(|s| s.attached).sum();
+        if live > 0 {
+            let mut pids: Vec<u32> = mine.iter().flat_map(|s| s.pids.iter().copied()).collect();
+            pids.sort_unstable();
+            pids.dedup();
+            return Err(format!(
+                "slice {name} still has {live} live process(es) (pids {pids:?}): kept with its CDI \
+                 spec, and retried when the kubelet calls again; if these are not the pod's own \
+                 processes, end them"
+            ));
+        }
+        let path = self.spec_path(&c.uid);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("removing the CDI spec {}: {e}", path.display())),
+        }
+        if mine.is_empty() {
+            return Ok(());
+        }
+        match self.ledger.remove_slice(&name) {
+            Ok(_) | Err(LedgerError::NoSuchSlice(_)) => Ok(()),
+            Err(e) => Err(format!("removing slice {name}: {}", ledger_err(e))),
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! `gpuslice-dra`: the Kubernetes DRA kubelet plugin of gpuslice.
+//!
+//! It publishes each GPU of its node as one shareable device (`allowMultipleAllocations`) with
+//! `memory` and `compute` capacities, so kube-scheduler places claims by what they consume and
+//! keeps the sums within each GPU; and it enforces what was placed: each prepared claim becomes
+//! a gpuslice operator slice (a VRAM quota and a compute share) and a CDI device that puts the
+//! claim's containers in it. See `docs/kubernetes.md`.
+//!
+//! - [`proto`]: the kubelet's gRPC interfaces (plugin registration; DRA v1 and v1beta1), from
+//!   our own `.proto` files written from the published API;
+//! - [`driver`]: prepare and unprepare, with state only in the ledger and the CDI directory;
+//! - [`slice`]: the ResourceSlice; [`publish`]: where it goes, and the resync loop;
+//! - [`claims`]: where ResourceClaims are read (API server, or a directory for tests);
+//! - [`server`]: the two unix-socket gRPC servers;
+//! - [`nvml`], [`quantity`], [`config`].
+
+pub mod claims;
+pub mod config;
+pub mod driver;
+pub mod nvml;
+pub mod publish;
+pub mod quantity;
+pub mod server;
+pub mod slice;
+
+/// Generated from `proto/` by `build.rs`.
+pub mod proto {
+    /// `pluginregistration` (k8s.io/kubelet/pkg/apis/pluginregistration/v1).
+    pub mod registration {
+        tonic::include_proto!("pluginregistration");
+    }
+    /// `k8s.io.kubelet.pkg.apis.dra.v1`.
+    pub mod v1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+    }
+    /// `k8s.io.kubelet.pkg.apis.dra.v1beta1`.
+    pub mod v1beta1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
+    }
+}

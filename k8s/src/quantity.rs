@@ -1,0 +1,115 @@
+//! Kubernetes quantities (`4Gi`, `250`, `1k`, `1.5G`, `100m`, `1e3`), as the API server writes
+//! them in `consumedCapacity`, read exactly into integers, and written back in binary units for
+//! bytes.
+
+/// The value of quantity `s` rounded up to an integer (the API server may canonicalize `1000` to
+/// `1k` and a byte count to `4Gi`; a fraction is rounded up, so a request is never shrunk).
+/// `Err` names what is wrong.
+pub fn parse(s: &str) -> Result<u128, String> {
+    let t = s.trim();
+    let bad = |why: &str| format!("quantity {s:?}: {why}");
+    let (num, suffix) = t.split_at(
+        t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))
+            .unwrap_or(t.len()),
+    );
+    let num = num.strip_prefix('+').unwrap_or(num);
+    if num.is_empty() || num == "." || num.matches('.').count() > 1 {
+        return Err(bad("expected a number"));
+    }
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    // value = digits / 10^frac.len() * multiplier
+    let digits: u128 = format!("{int}{frac}")
+        .parse()
+        .map_err(|_| bad("the number is too large"))?;
+    let (mul_num, mul_den_pow10): (u128, i32) = match suffix {
+        "" => (1, 0),
+        "Ki" => (1 << 10, 0),
+        "Mi" => (1 << 20, 0),
+        "Gi" => (1 << 30, 0),
+        "Ti" => (1 << 40, 0),
+        "Pi" => (1 << 50, 0),
+        "Ei" => (1 << 60, 0),
+        "n" => (1, 9),
+        "u" => (1, 6),
+        "m" => (1, 3),
+        "k" => (1_000, 0),
+        "M" => (1_000_000, 0),
+        "G" => (1_000_000_000, 0),
+        "T" => (1_000_000_000_000, 0),
+        "P" => (1_000_000_000_000_000, 0),
+        "E" => (1_000_000_000_000_000_000, 0),
+        e if e.starts_with(['e', 'E']) => {
+            let exp: i32 = e[1..].parse().map_err(|_| bad("bad exponent"))?;
+            if exp > 30 {
+                return Err(bad("the number is too large"));
+            }
+            if exp >= 0 {
+                (10u128.pow(exp as u32), 0)
+            } else {
+                (1, -exp)
+            }
+        }
+        _ => {
+            return Err(bad(
+                "unknown suffix (Ki Mi Gi Ti Pi Ei, n u m k M G T P E, or eN)",
+            ))
+        }
+    };
+    let den_pow = frac.len() as i32 + mul_den_pow10;
+    if den_pow > 38 {
+        return Err(bad("too many decimal places"));
+    }
+    let den = 10u128.pow(den_pow as u32);
+    let n = digits
+        .checked_mul(mul_num)
+        .ok_or_else(|| bad("the number is too large"))?;
+    Ok(n.div_ceil(den))
+}
+
+/// Bytes as a quantity: the largest binary unit that divides them exactly (`4Gi`, `1536Mi`,
+/// `12345`).
+pub fn bytes(b: u64) -> String {
+    for (unit, shift) in [
+        ("Ei", 60),
+        ("Pi", 50),
+        ("Ti", 40),
+        ("Gi", 30),
+        ("Mi", 20),
+        ("Ki", 10),
+    ] {
+        if b != 0 && b.is_multiple_of(1u64 << shift) {
+            return format!("{}{unit}", b >> shift);
+        }
+    }
+    b.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_what_the_api_server_writes() {
+        assert_eq!(parse("4Gi").unwrap(), 4 << 30);
+        assert_eq!(parse("4294967296").unwrap(), 4 << 30);
+        assert_eq!(parse("250").unwrap(), 250);
+        assert_eq!(parse("1k").unwrap(), 1000);
+        assert_eq!(parse("1.5Gi").unwrap(), 3 << 29);
+        assert_eq!(parse("4G").unwrap(), 4_000_000_000);
+        assert_eq!(parse("1e3").unwrap(), 1000);
+        assert_eq!(parse("100m").unwrap(), 1); // a fraction rounds up
+        assert_eq!(parse("0").unwrap(), 0);
+        for bad in ["", "Gi", "-1", "4XB", "1.2.3", "4 Gi", "1e99"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn writes_binary_units() {
+        assert_eq!(bytes(4 << 30), "4Gi");
+        assert_eq!(bytes(1536 << 20), "1536Mi");
+        assert_eq!(bytes(12345), "12345");
+        assert_eq!(bytes(0), "0");
+        assert_eq!(parse(&bytes(16 << 30)).unwrap(), 16 << 30);
+    }
+}

@@ -1,0 +1,373 @@
+//! The API-server side of the plugin (`--claims api --publish api`) against a small fake API
+//! server on 127.0.0.1: the plugin, started with a kubeconfig that points there, applies its
+//! ResourceSlice (server-side apply, field manager gpuslice-dra) and reads each claim it
+//! prepares from `/apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME`; the API's
+//! refusals become per-claim errors an operator can act on.
+
+use gpuslice_dra::proto::{registration, v1};
+use gpuslice_e2e::{artifact, World};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimStatus, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// One request the fake API server received.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    target: String,
+    content_type: String,
+    body: String,
+}
+
+#[derive(Default)]
+struct State {
+    seen: Vec<Seen>,
+    /// path -> (status, JSON body) for GETs.
+    objects: BTreeMap<String, (u16, String)>,
+}
+
+fn status(code: u16, reason: &str, message: &str) -> String {
+    serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code,
+    })
+    .to_string()
+}
+
+/// Serve HTTP/1.1 on `listener` (keep-alive, Content-Length bodies: what the kube client sends).
+async fn serve(listener: tokio::net::TcpListener, state: Arc<Mutex<State>>) {
+    loop {
+        let Ok((sock, _)) = listener.accept().await else {
+            return;
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let (r, mut w) = sock.into_split();
+            let mut r = BufReader::new(r);
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                let mut parts = line.split_whitespace();
+                let (method, target) = (
+                    parts.next().unwrap_or("").to_string(),
+                    parts.next().unwrap_or("").to_string(),
+                );
+                let (mut len, mut content_type) = (0usize, String::new());
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let h = h.trim_end();
+                    if h.is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.split_once(':') {
+                        match k.to_ascii_lowercase().as_str() {
+                            "content-length" => len = v.trim().parse().unwrap_or(0),
+                            "content-type" => content_type = v.trim().to_string(),
+                            _ => {}
+                        }
+                    }
+                }
+                let mut body = vec![0; len];
+                if r.read_exact(&mut body).await.is_err() {
+                    return;
+                }
+                let body = String::from_utf8_lossy(&body).into_owned();
+                let path = target.split('?').next().unwrap_or("").to_string();
+                let (code, reply) = {
+                    let mut s = state.lock().unwrap();
+                    s.seen.push(Seen {
+                        method: method.clone(),
+                        target: target.clone(),
+                        content_type,
+                        body: body.clone(),
+                    });
+                    match method.as_str() {
+                        "GET" => s.objects.get(&path).cloned().unwrap_or_else(|| {
+                            (404, status(404, "NotFound", &format!("{path} not found")))
+                        }),
+                        "PATCH" if path.starts_with("/apis/resource.k8s.io/v1/resourceslices/") => {
+                            s.objects.insert(path.clone(), (200, body.clone()));
+                            (200, body)
+                        }
+                        _ => (405, status(405, "MethodNotAllowed", "not in the fake")),
+                    }
+                };
+                let head = format!(
+                    "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    reply.len()
+                );
+                if w.write_all(head.as_bytes()).await.is_err()
+                    || w.write_all(reply.as_bytes()).await.is_err()
+                {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+async fn channel(path: PathBuf) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::try_from("http://localhost")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("connect to the plugin's socket")
+}
+
+async fn wait_until(what: &str, log: &std::path::Path, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}; plugin log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_plugin_talks_to_the_api_server() {
+    let world = World::new(1, "16Gi");
+    let root = world.runtime_dir().parent().unwrap().join("k8s");
+    std::fs::create_dir_all(&root).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let state = Arc::new(Mutex::new(State::default()));
+    state.lock().unwrap().objects.insert(
+        "/api/v1/nodes/node-k".into(),
+        (
+            200,
+            r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-k","uid":"node-uid-1"}}"#
+                .into(),
+        ),
+    );
+    tokio::spawn(serve(listener, state.clone()));
+    let kubeconfig = root.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: plugin\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: plugin\ncurrent-context: fake\n"
+        ),
+    )
+    .unwrap();
+    let log = root.join("plugin.log");
+    let mut plugin = world
+        .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
+        .env("KUBECONFIG", &kubeconfig)
+        .env("NODE_NAME", "node-k")
+        .arg("--registry-dir")
+        .arg(root.join("reg"))
+        .arg("--plugin-dir")
+        .arg(root.join("plugin"))
+        .arg("--cdi-dir")
+        .arg(root.join("cdi"))
+        .arg("--runtime-dir")
+        .arg(world.runtime_dir())
+        .arg("--library")
+        .arg(artifact("libgpuslice.so"))
+        .args(["--resync", "0.1"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+
+    // The slice, by server-side apply: PATCH with the apply content type, as field manager
+    // gpuslice-dra, forced; a ResourceSlice of this node.
+    let slice_path = "/apis/resource.k8s.io/v1/resourceslices/node-k-gpuslice.dev";
+    wait_until("the ResourceSlice applied", &log, || {
+        state
+            .lock()
+            .unwrap()
+            .seen
+            .iter()
+            .any(|s| s.method == "PATCH")
+    })
+    .await;
+    let patch = state
+        .lock()
+        .unwrap()
+        .seen
+        .iter()
+        .find(|s| s.method == "PATCH")
+        .cloned()
+        .unwrap();
+    let (path, query) = patch.target.split_once('?').unwrap();
+    assert_eq!(path, slice_path);
+    assert!(
+        query.contains("fieldManager=gpuslice-dra") && query.contains("force=true"),
+        "{query}"
+    );
+    assert_eq!(patch.content_type, "application/apply-patch+yaml");
+    let applied: serde_json::Value = serde_json::from_str(&patch.body).unwrap();
+    assert_eq!(applied["apiVersion"], "resource.k8s.io/v1");
+    assert_eq!(applied["kind"], "ResourceSlice");
+    let slice: ResourceSlice = serde_json::from_value(applied).unwrap();
+    let owner = &slice
+        .metadata
+        .owner_references
+        .as_ref()
+        .expect("owned by its Node")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+        ("Node", "node-k", "node-uid-1")
+    );
+    assert_eq!(slice.spec.node_name.as_deref(), Some("node-k"));
+    let gpu = slice.spec.devices.as_ref().unwrap()[0].clone();
+    assert_eq!(gpu.capacity.as_ref().unwrap()["memory"].value.0, "16Gi");
+    // It asked for the published generation first, so a restart keeps counting up.
+    assert!(state
+        .lock()
+        .unwrap()
+        .seen
+        .iter()
+        .any(|s| s.method == "GET" && s.target == slice_path));
+
+    // A claim the API server holds, allocated on that GPU; and one it refuses to show.
+    let claim = ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some("a".into()),
+            namespace: Some("team-a".into()),
+            uid: Some("2a2a2a2a-0000-4000-8000-00000000002a".into()),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![DeviceRequestAllocationResult {
+                        driver: "gpuslice.dev".into(),
+                        pool: "node-k".into(),
+                        device: gpu.name.clone(),
+                        request: "gpu".into(),
+                        consumed_capacity: Some(BTreeMap::from([
+                            ("memory".to_string(), Quantity("4Gi".into())),
+                            ("compute".to_string(), Quantity("250".into())),
+                        ])),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    };
+    {
+        let mut s = state.lock().unwrap();
+        s.objects.insert(
+            "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/a".into(),
+            (200, serde_json::to_string(&claim).unwrap()),
+        );
+        s.objects.insert(
+            "/apis/resource.k8s.io/v1/namespaces/team-b/resourceclaims/b".into(),
+            (
+                403,
+                status(
+                    403,
+                    "Forbidden",
+                    "resourceclaims.resource.k8s.io \"b\" is forbidden",
+                ),
+            ),
+        );
+    }
+    wait_until("the registration socket", &log, || {
+        root.join("reg/gpuslice.dev-reg.sock").exists()
+    })
+    .await;
+    let mut reg = registration::registration_client::RegistrationClient::new(
+        channel(root.join("reg/gpuslice.dev-reg.sock")).await,
+    );
+    let info = reg
+        .get_info(registration::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(info.endpoint.into()).await);
+    let claims = vec![
+        v1::Claim {
+            namespace: "team-a".into(),
+            uid: "2a2a2a2a-0000-4000-8000-00000000002a".into(),
+            name: "a".into(),
+        },
+        v1::Claim {
+            namespace: "team-b".into(),
+            uid: "2b2b2b2b-0000-4000-8000-00000000002b".into(),
+            name: "b".into(),
+        },
+        v1::Claim {
+            namespace: "team-c".into(),
+            uid: "2c2c2c2c-0000-4000-8000-00000000002c".into(),
+            name: "gone".into(),
+        },
+    ];
+    let r = dra
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner();
+    let a = &r.claims["2a2a2a2a-0000-4000-8000-00000000002a"];
+    assert_eq!(a.error, "");
+    assert_eq!(
+        a.devices[0].cdi_device_ids[0],
+        "gpuslice.dev/slice=k8s-2a2a2a2a-0000-4000-8000-00000000002a"
+    );
+    let b = &r.claims["2b2b2b2b-0000-4000-8000-00000000002b"].error;
+    assert!(
+        b.contains("forbidden") && b.contains("deploy/rbac.yaml"),
+        "{b}"
+    );
+    let gone = &r.claims["2c2c2c2c-0000-4000-8000-00000000002c"].error;
+    assert!(gone.contains("team-c/gone not found"), "{gone}");
+    let ledger = gpuslice_ledger::Ledger::open(&world.runtime_dir()).unwrap();
+    let snap = ledger.snapshot();
+    let s = snap
+        .slices
+        .iter()
+        .find(|s| s.name == "k8s-2a2a2a2a-0000-4000-8000-00000000002a")
+        .unwrap();
+    assert_eq!(
+        (s.memory_limit, s.compute_share_ppm, s.claim.as_deref()),
+        (Some(4 << 30), 250_000, Some("team-a/a"))
+    );
+    assert_eq!(snap.slices.len(), 1, "nothing made for the refused claims");
+
+    // SIGTERM (a DaemonSet rollout): a clean exit that takes the sockets away, so the kubelet
+    // stops calling, and leaves prepared claims prepared for the next plugin.
+    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(plugin.id() as i32, libc::SIGTERM) }, 0);
+    let st = plugin.wait().unwrap();
+    assert!(
+        st.success(),
+        "{st:?}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(!root.join("reg/gpuslice.dev-reg.sock").exists());
+    assert!(!root.join("plugin/dra.sock").exists());
+    assert!(ledger
+        .snapshot()
+        .slices
+        .iter()
+        .any(|s| s.claim.as_deref() == Some("team-a/a")));
+}
