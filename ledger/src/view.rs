@@ -521,6 +521,7 @@ mod tests {
             memory: 2 << 30,
             compute_share_ppm: 250_000,
             compute_cap_ppm: PPM,
+            claim: None,
         })
         .unwrap();
         let me = l.attach("op").unwrap();
