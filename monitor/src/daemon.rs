@@ -226,7 +226,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                 )?;
                 if !v.contains(':') {
                     return Err(Failure::usage(
-                        format!("--metrics-listen {v:?}: expected HOST:PORT, e.g. 127.0.0.1:9400 or [::]:9400"),
+                        format!("--metrics-listen {v:?}: expected HOST:PORT, e.g. 127.0.0.1:9400 or [::1]:9400"),
                         USAGE,
                     ));
                 }
@@ -274,6 +274,13 @@ fn run(opts: Options) -> Result<(), Failure> {
     let facts: Shared = Arc::default();
     if let Some(addr) = &opts.listen {
         let listener = crate::http::bind(addr)?;
+        if let Some(w) = listener
+            .local_addr()
+            .ok()
+            .and_then(|a| crate::http::exposure_warning(&a))
+        {
+            log!("{w}");
+        }
         let (dir, facts) = (dir.clone(), facts.clone());
         log!(
             "serving metrics at http://{}/metrics",
