@@ -102,8 +102,7 @@ impl Limits {
             "compute-cap" => &mut self.compute_cap,
             _ => &mut self.slice,
         };
-        *slot = Some(value);
-        Ok(())
+        cli::once(slot, &flag, value, usage)
     }
 
     /// Checks that need more than one flag: a cap below the share it caps (the ledger's rule,
@@ -147,6 +146,7 @@ fn check_value(flag: &str, value: &str) -> Result<(), String> {
     use gpuslice_ledger::quantity::{
         check_slice_name, parse_cap_per_device, parse_fraction_per_device, parse_size_per_device,
     };
+    // `parse_size_per_device` is the quota parser: it refuses 0, as the shim does.
     match flag {
         "--memory" => parse_size_per_device(flag, value).map(drop),
         "--compute" => parse_fraction_per_device(flag, value).map(drop),

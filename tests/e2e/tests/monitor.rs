@@ -499,6 +499,12 @@ fn bad_usage_exits_2_with_a_usage_line_and_other_failures_exit_1_naming_what_fai
             "1.5",
         ],
         &["slice", "rm"],
+        // Bad usage everywhere: a device of the wrong form, a quota of 0 (the shim's rule for
+        // GPUSLICE_MEMORY too), a repeated flag, arguments to `version`.
+        &["slice", "create", "x", "--memory", "1Gi", "--device", "-1"],
+        &["slice", "create", "x", "--memory", "0"],
+        &["slice", "create", "x", "--memory", "1Gi", "--memory", "2Gi"],
+        &["version", "extra"],
     ] {
         let (code, err) = fails(&w, args);
         assert_eq!(code, Some(2), "gpuslice {args:?}: {err}");

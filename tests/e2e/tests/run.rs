@@ -392,6 +392,18 @@ fn bad_flags_are_exit_2_before_anything_starts() {
             "--compute=\"0=0.5\"",
         ),
         (vec!["--bogus"], "--bogus"),
+        // One rule for 0 with the shim's GPUSLICE_MEMORY and `slice create`: never a quota.
+        (vec!["--memory", "0"], "quota of 0 bytes"),
+        (vec!["--memory", "0=1Gi,1=0"], "quota of 0 bytes"),
+        // A repeated flag is bad usage, never a silent choice of one value.
+        (
+            vec!["--memory", "1Gi", "--memory", "2Gi"],
+            "--memory is given twice",
+        ),
+        (
+            vec!["--slice", "a", "--slice", "b"],
+            "--slice is given twice",
+        ),
     ] {
         let mut all = args.clone();
         all.extend(["--", "sh", "-c", &touch]);
