@@ -11,6 +11,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+/// One mebibyte.
+pub const MI: u64 = 1 << 20;
+/// One gibibyte.
+pub const GI: u64 = 1 << 30;
+
+/// Every allocation path `gpuslice-burn --alloc-path` knows: the system tests run each one.
+pub const ALLOC_PATHS: [&str; 11] = [
+    "plain", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap", "graph",
+    "capture",
+];
+
 /// `target/<profile>` of this build: the test executable lives in `target/<profile>/deps`.
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

@@ -1,0 +1,150 @@
+//! `gpuslice-e2e-helper`: small programs the system tests run under the shim, for situations
+//! `gpuslice-burn` does not make (it never forks and never loads libraries of its own).
+//!
+//! ```text
+//! gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS
+//!     cuInit, allocate BYTES on device 0, fork() a child that only sleeps CHILD_SECONDS (a
+//!     DataLoader-style worker: no exec, no CUDA), print `ready <parent pid> <child pid>`,
+//!     then sleep until killed.
+//! gpuslice-e2e-helper ctor-cuda LIBRARY
+//!     Thread B makes the process's first CUDA call (cuInit) while thread A is inside
+//!     dlopen(LIBRARY), whose constructor makes a CUDA call of its own (A holds the loader lock,
+//!     B needs it); the two meet through files named after $CTOR_FLAG. Prints `ok` when
+//!     both calls returned.
+//! ```
+//!
+//! The driver is reached the way programs reach it, through `dlopen("libcuda.so.1")` and
+//! `dlsym`, so under `LD_PRELOAD` every call goes through the shim. Exit status 0 on success,
+//! 1 with a message on stderr otherwise, 2 for bad usage.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::time::Duration;
+
+type CuResult = u32;
+
+fn die(msg: &str) -> ! {
+    eprintln!("gpuslice-e2e-helper: {msg}");
+    std::process::exit(1);
+}
+
+/// `dlsym(handle, name)` as a function of type `F`, or exit 1 naming the symbol.
+fn sym<F: Copy>(handle: *mut c_void, name: &CStr) -> F {
+    // SAFETY: valid handle and NUL-terminated name.
+    let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
+    if p.is_null() {
+        die(&format!("no {name:?} in the driver"));
+    }
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: F is the C function type of `name` (the callers spell the driver's signatures).
+    unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
+}
+
+fn libcuda() -> *mut c_void {
+    // SAFETY: NUL-terminated constant name.
+    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if h.is_null() {
+        die("cannot load libcuda.so.1 (is the fake GPU on LD_LIBRARY_PATH?)");
+    }
+    h
+}
+
+fn check(call: &str, r: CuResult) {
+    if r != 0 {
+        die(&format!("{call} returned {r}"));
+    }
+}
+
+fn fork_hold(bytes: u64, child_secs: u64) {
+    let cuda = libcuda();
+    let cu_init: unsafe extern "C" fn(u32) -> CuResult = sym(cuda, c"cuInit");
+    let cu_device_get: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult =
+        sym(cuda, c"cuDeviceGet");
+    let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
+        sym(cuda, c"cuDevicePrimaryCtxRetain");
+    let set_current: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuCtxSetCurrent");
+    let alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult = sym(cuda, c"cuMemAlloc_v2");
+    let (mut dev, mut ctx, mut ptr) = (0, std::ptr::null_mut(), 0u64);
+    // SAFETY: the driver's signatures above; out-parameters are valid locals.
+    unsafe {
+        check("cuInit", cu_init(0));
+        check("cuDeviceGet", cu_device_get(&mut dev, 0));
+        check("cuDevicePrimaryCtxRetain", retain(&mut ctx, dev));
+        check("cuCtxSetCurrent", set_current(ctx));
+        check("cuMemAlloc_v2", alloc(&mut ptr, bytes as usize));
+    }
+    // SAFETY: fork in a process whose other threads (if any, the driver's) are not needed by
+    // the child, which only sleeps and exits with async-signal-safe calls.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        die("fork failed");
+    }
+    if child == 0 {
+        // SAFETY: sleep and _exit are async-signal-safe.
+        unsafe {
+            libc::sleep(child_secs as u32);
+            libc::_exit(0);
+        }
+    }
+    println!("ready {} {child}", std::process::id());
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+fn ctor_cuda(library: &str) {
+    // Thread B: the process's first CUDA call, made while A is inside dlopen below. The
+    // entry point is found now, before A takes the loader lock: what B then needs the lock
+    // for is the shim's first resolution of the real driver.
+    let cuda = libcuda();
+    let cu_init: unsafe extern "C" fn(u32) -> CuResult = sym(cuda, c"cuInit");
+    // The constructor creates `$CTOR_FLAG.in` once it runs (A holds the loader lock); B then
+    // creates `$CTOR_FLAG` and calls, and the constructor, seeing it, gives B time to reach
+    // the loader lock before making its own call.
+    let flag = std::env::var_os("CTOR_FLAG").unwrap_or_else(|| die("CTOR_FLAG is not set"));
+    let b = std::thread::spawn(move || {
+        let mut inside = flag.clone();
+        inside.push(".in");
+        let t0 = std::time::Instant::now();
+        while !std::path::Path::new(&inside).exists() {
+            if t0.elapsed() > Duration::from_secs(20) {
+                die("the constructor never ran");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if std::fs::write(&flag, b"b").is_err() {
+            die("cannot write CTOR_FLAG");
+        }
+        // SAFETY: the driver's signature.
+        unsafe { cu_init(0) }
+    });
+    let lib = std::ffi::CString::new(library).unwrap_or_else(|_| die("bad library path"));
+    // SAFETY: a NUL-terminated path; the library's constructor calls into the driver.
+    let h = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW) };
+    if h.is_null() {
+        // SAFETY: dlerror returns a valid C string after a failed dlopen.
+        let e = unsafe { CStr::from_ptr(libc::dlerror() as *const c_char) };
+        die(&format!("dlopen {library}: {e:?}"));
+    }
+    let r = b.join().unwrap_or_else(|_| die("thread B panicked"));
+    check("cuInit (thread B)", r);
+    println!("ok");
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let n = |i: usize| -> u64 {
+        args.get(i)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| usage())
+    };
+    match args.first().map(String::as_str) {
+        Some("fork-hold") => fork_hold(n(1), n(2)),
+        Some("ctor-cuda") => ctor_cuda(args.get(1).unwrap_or_else(|| usage())),
+        _ => usage(),
+    }
+}
+
+fn usage() -> ! {
+    eprintln!("usage: gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS | ctor-cuda LIBRARY");
+    std::process::exit(2);
+}
