@@ -123,6 +123,7 @@ hook_table! {
         Cuda cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => memory::mem_free_async;
         Cuda cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => memory::mem_free_async;
         Cuda cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) => memory::pool_trim_to;
+        Cuda cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) => memory::pool_create;
         Cuda cuMemPoolDestroy(pool: CUmemoryPool) => memory::pool_destroy;
         Cuda cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => memory::mem_create;
         Cuda cuMemRelease(handle: CUmemGenericAllocationHandle) => memory::mem_release;

@@ -25,7 +25,7 @@ use crate::init::{state, DevState, State};
 use crate::log::log;
 use crate::pointers::{self, Kind};
 use core::ffi::c_uint;
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
 use gpuslice_abi::*;
 use std::sync::Mutex;
 
@@ -37,16 +37,41 @@ const DEFAULT_POOLS: usize = 16;
 struct PoolSlot {
     /// Explicit pool handle (0: free slot). Unused for default-pool slots.
     handle: AtomicUsize,
-    /// Bytes freed into the pool that are still charged.
+    /// Bytes freed into the pool that are still charged (to the pool's device).
     retained: AtomicU64,
+    /// The CUDA ordinal of the pool's device (explicit pools; -1 until known). Allocations
+    /// from the pool are charged there and its credit is returned there, whatever the
+    /// calling thread's current device.
+    ordinal: AtomicI32,
 }
 
 static POOLS: [PoolSlot; POOL_SLOTS] = [const {
     PoolSlot {
         handle: AtomicUsize::new(0),
         retained: AtomicU64::new(0),
+        ordinal: AtomicI32::new(-1),
     }
 }; POOL_SLOTS];
+
+/// The device pool slot `slot` charges: a default pool's own device, an explicit pool's
+/// recorded device, or (a pool made before we could see it) `fallback`, which is then recorded
+/// so that the pool's charges and credits always meet on one device.
+fn pool_device<'s>(st: &'s State, slot: usize, fallback: &'s DevState) -> &'s DevState {
+    if slot == 0 {
+        return fallback;
+    }
+    if slot <= DEFAULT_POOLS {
+        return st.device(slot as CUdevice - 1).unwrap_or(fallback);
+    }
+    let ord = match POOLS[slot]
+        .ordinal
+        .compare_exchange(-1, fallback.ordinal, AcqRel, Acquire)
+    {
+        Ok(_) => fallback.ordinal,
+        Err(known) => known,
+    };
+    st.device(ord).unwrap_or(fallback)
+}
 
 /// Pack (bytes, pool slot, device) into a pointer-table value: bytes < 2^48.
 #[inline]
@@ -231,14 +256,14 @@ pub unsafe fn reclaim_pools(dev: &DevState) -> bool {
     let mut any = false;
     let d = default_slot(dev);
     if d != 0 && POOLS[d].retained.load(SeqCst) > 0 {
-        let mut p: CUmemoryPool = core::ptr::null_mut();
-        let ok = real::cuDeviceGetMemPool().is_some_and(|f| f(&mut p, dev.ordinal) == CUDA_SUCCESS);
-        any |= reconcile(dev, d, if ok { p } else { core::ptr::null_mut() });
+        let p = default_pool_of(dev).unwrap_or(core::ptr::null_mut());
+        any |= reconcile(dev, d, p);
     }
-    // Explicit pools are not tied to a device here; reconcile those whose credit is positive.
+    // The explicit pools of this device whose credit is positive (another device's credit
+    // would never make room here).
     for (i, p) in explicit_pools() {
         let h = p.handle.load(Acquire);
-        if h != 0 && p.retained.load(SeqCst) > 0 {
+        if h != 0 && p.ordinal.load(Acquire) == dev.ordinal && p.retained.load(SeqCst) > 0 {
             any |= reconcile(dev, i, h as CUmemoryPool);
         }
     }
@@ -374,11 +399,14 @@ pub unsafe fn mem_alloc_from_pool(
     if dptr.is_null() || bytes == 0 {
         return real(dptr, bytes, pool, stream);
     }
-    let dev = current!(st, real(dptr, bytes, pool, stream));
+    let current = current!(st, real(dptr, bytes, pool, stream));
+    let slot = explicit_slot(pool);
+    // The pool's device, not the calling thread's: that is where the driver takes the memory.
+    let dev = pool_device(st, slot, current);
     if let Some(g) = capture_graph(stream) {
         return graph_alloc(dev, g, bytes as u64, || real(dptr, bytes, pool, stream));
     }
-    charge_and_alloc(dev, Kind::Ptr, bytes as u64, explicit_slot(pool), || {
+    charge_and_alloc(dev, Kind::Ptr, bytes as u64, slot, || {
         (real(dptr, bytes, pool, stream), *dptr)
     })
 }
@@ -419,19 +447,47 @@ pub unsafe fn pool_trim_to(
     let Some(st) = crate::init::state_if_ready() else {
         return r;
     };
-    let Some(dev) = st.current() else { return r };
-    let mut slot = 0;
-    for (i, p) in explicit_pools() {
-        if p.handle.load(Acquire) == pool as usize {
-            slot = i;
+    if let Some((i, p)) = explicit_pools().find(|(_, p)| p.handle.load(Acquire) == pool as usize) {
+        if let Some(dev) = st.device(p.ordinal.load(Acquire)) {
+            reconcile(dev, i, pool);
+        }
+        return r;
+    }
+    // Not an explicit pool we know: the default pool of whichever device it is.
+    for dev in &st.devices {
+        if default_pool_of(dev) == Some(pool) {
+            let slot = default_slot(dev);
+            if slot != 0 {
+                reconcile(dev, slot, pool);
+            }
         }
     }
-    if slot == 0 {
-        // Not an explicit pool we know: the device's default pool.
-        slot = default_slot(dev);
+    r
+}
+
+/// The device's current default pool, as the driver says.
+unsafe fn default_pool_of(dev: &DevState) -> Option<CUmemoryPool> {
+    let mut p: CUmemoryPool = core::ptr::null_mut();
+    let f = real::cuDeviceGetMemPool()?;
+    (f(&mut p, dev.ordinal) == CUDA_SUCCESS).then_some(p)
+}
+
+/// `cuMemPoolCreate`: remember the pool's device (its location), where allocations from it
+/// are charged whatever the calling thread's current device.
+pub unsafe fn pool_create(
+    real: pfn::cuMemPoolCreate,
+    pool: *mut CUmemoryPool,
+    props: *const CUmemPoolProps,
+) -> CUresult {
+    let r = real(pool, props);
+    if r != CUDA_SUCCESS || pool.is_null() || props.is_null() {
+        return r;
     }
-    if slot != 0 {
-        reconcile(dev, slot, pool);
+    if (*props).location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+        let slot = explicit_slot(*pool);
+        if slot != 0 {
+            POOLS[slot].ordinal.store((*props).location.id, Release);
+        }
     }
     r
 }
@@ -447,8 +503,9 @@ pub unsafe fn pool_destroy(real: pfn::cuMemPoolDestroy, pool: CUmemoryPool) -> C
     };
     for (_, p) in explicit_pools() {
         if p.handle.load(Acquire) == pool as usize {
+            // Credited to the pool's device, where it was charged.
             let n = p.retained.swap(0, SeqCst);
-            if let Some(dev) = st.current() {
+            if let Some(dev) = st.device(p.ordinal.swap(-1, AcqRel)) {
                 dev.account.uncharge(n);
             }
             p.handle.store(0, Release);

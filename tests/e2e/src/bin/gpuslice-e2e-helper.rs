@@ -11,6 +11,11 @@
 //!     dlopen(LIBRARY), whose constructor makes a CUDA call of its own (A holds the loader lock,
 //!     B needs it); the two meet through files named after $CTOR_FLAG. Prints `ok` when
 //!     both calls returned.
+//! gpuslice-e2e-helper pool-devices BYTES
+//!     On a 2-device node: create a memory pool located on device 1, then, each step when a
+//!     line arrives on stdin and always with device 0's context current, `alloc` BYTES from
+//!     it, `free` them (cuMemFreeAsync, synchronized), `destroy` the pool; prints `done STEP`
+//!     after each, so the test can read the ledger between steps.
 //! ```
 //!
 //! The driver is reached the way programs reach it, through `dlopen("libcuda.so.1")` and
@@ -91,6 +96,78 @@ fn fork_hold(bytes: u64, child_secs: u64) {
     }
 }
 
+#[repr(C)]
+struct PoolProps {
+    alloc_type: u32,
+    handle_types: u32,
+    location_type: u32,
+    location_id: c_int,
+    win32: *mut c_void,
+    max_size: usize,
+    usage: u16,
+    reserved: [u8; 54],
+}
+
+fn pool_devices(bytes: u64) {
+    let cuda = libcuda();
+    let cu_init: unsafe extern "C" fn(u32) -> CuResult = sym(cuda, c"cuInit");
+    let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
+        sym(cuda, c"cuDevicePrimaryCtxRetain");
+    let set_current: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuCtxSetCurrent");
+    let create: unsafe extern "C" fn(*mut *mut c_void, *const PoolProps) -> CuResult =
+        sym(cuda, c"cuMemPoolCreate");
+    let alloc: unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> CuResult =
+        sym(cuda, c"cuMemAllocFromPoolAsync");
+    let free: unsafe extern "C" fn(u64, *mut c_void) -> CuResult = sym(cuda, c"cuMemFreeAsync");
+    let sync: unsafe extern "C" fn() -> CuResult = sym(cuda, c"cuCtxSynchronize");
+    let destroy: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuMemPoolDestroy");
+    let (mut ctx0, mut ctx1, mut pool, mut ptr) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        0u64,
+    );
+    let props = PoolProps {
+        alloc_type: 1,    // CU_MEM_ALLOCATION_TYPE_PINNED
+        handle_types: 0,  // CU_MEM_HANDLE_TYPE_NONE
+        location_type: 1, // CU_MEM_LOCATION_TYPE_DEVICE
+        location_id: 1,
+        win32: std::ptr::null_mut(),
+        max_size: 0,
+        usage: 0,
+        reserved: [0; 54],
+    };
+    // SAFETY: the driver's signatures above; out-parameters are valid locals.
+    unsafe {
+        check("cuInit", cu_init(0));
+        check("cuDevicePrimaryCtxRetain(0)", retain(&mut ctx0, 0));
+        check("cuDevicePrimaryCtxRetain(1)", retain(&mut ctx1, 1));
+        check("cuCtxSetCurrent(1)", set_current(ctx1));
+        check("cuMemPoolCreate", create(&mut pool, &props));
+        check("cuCtxSetCurrent(0)", set_current(ctx0));
+    }
+    println!("done create");
+    for line in std::io::stdin().lines() {
+        let step = line.unwrap_or_default();
+        // SAFETY: as above; `ptr` came from the pool.
+        unsafe {
+            match step.trim() {
+                "alloc" => check(
+                    "cuMemAllocFromPoolAsync",
+                    alloc(&mut ptr, bytes as usize, pool, std::ptr::null_mut()),
+                ),
+                "free" => {
+                    check("cuMemFreeAsync", free(ptr, std::ptr::null_mut()));
+                    check("cuCtxSynchronize", sync());
+                }
+                "destroy" => check("cuMemPoolDestroy", destroy(pool)),
+                other => die(&format!("unknown step {other:?}")),
+            }
+        }
+        println!("done {}", step.trim());
+    }
+}
+
 fn ctor_cuda(library: &str) {
     // Thread B: the process's first CUDA call, made while A is inside dlopen below. The
     // entry point is found now, before A takes the loader lock: what B then needs the lock
@@ -140,11 +217,15 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("fork-hold") => fork_hold(n(1), n(2)),
         Some("ctor-cuda") => ctor_cuda(args.get(1).unwrap_or_else(|| usage())),
+        Some("pool-devices") => pool_devices(n(1)),
         _ => usage(),
     }
 }
 
 fn usage() -> ! {
-    eprintln!("usage: gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS | ctor-cuda LIBRARY");
+    eprintln!(
+        "usage: gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS | ctor-cuda LIBRARY | \
+         pool-devices BYTES"
+    );
     std::process::exit(2);
 }
