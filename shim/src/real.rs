@@ -105,8 +105,8 @@ pub fn real_dlsym() -> Option<DlsymFn> {
 static PTRS: [AtomicPtr<c_void>; COUNT] = [const { AtomicPtr::new(core::ptr::null_mut()) }; COUNT];
 /// Per library: its handle once found (null until then).
 static HANDLES: [AtomicPtr<c_void>; 2] = [const { AtomicPtr::new(core::ptr::null_mut()) }; 2];
-/// "Looked up, not there": address 1 is never a function.
-const MISSING: *mut c_void = 1 as *mut c_void;
+/// "Looked up, not there": address 1 (`c_void` is 1-aligned), never a function.
+const MISSING: *mut c_void = core::ptr::dangling_mut::<c_void>();
 
 /// The real function of table entry `i` (null when the library or symbol is missing).
 #[inline]

@@ -178,7 +178,12 @@ fn ctor_cuda(library: &str) {
     // creates `$CTOR_FLAG` and calls, and the constructor, seeing it, gives B time to reach
     // the loader lock before making its own call.
     let flag = std::env::var_os("CTOR_FLAG").unwrap_or_else(|| die("CTOR_FLAG is not set"));
+    // B must be fully started before A takes the loader lock: a thread's start registers its
+    // thread-local destructors, which takes that lock too.
+    let started = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let b_started = started.clone();
     let b = std::thread::spawn(move || {
+        b_started.wait();
         let mut inside = flag.clone();
         inside.push(".in");
         let t0 = std::time::Instant::now();
@@ -194,6 +199,7 @@ fn ctor_cuda(library: &str) {
         // SAFETY: the driver's signature.
         unsafe { cu_init(0) }
     });
+    started.wait();
     let lib = std::ffi::CString::new(library).unwrap_or_else(|_| die("bad library path"));
     // SAFETY: a NUL-terminated path; the library's constructor calls into the driver.
     let h = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW) };
