@@ -16,6 +16,10 @@
 //!     line arrives on stdin and always with device 0's context current, `alloc` BYTES from
 //!     it, `free` them (cuMemFreeAsync, synchronized), `destroy` the pool; prints `done STEP`
 //!     after each, so the test can read the ledger between steps.
+//! gpuslice-e2e-helper node-usage
+//!     Until stdin closes, sample device 0's used memory as the fake GPU's NVML reports it
+//!     for the whole node (every process, whatever gpuslice's ledger says); then print
+//!     `{"samples": N, "min_used": BYTES, "max_used": BYTES}`. Run it without the shim.
 //! ```
 //!
 //! The driver is reached the way programs reach it, through `dlopen("libcuda.so.1")` and
@@ -168,6 +172,50 @@ fn pool_devices(bytes: u64) {
     }
 }
 
+#[repr(C)]
+#[derive(Default)]
+struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+fn node_usage() {
+    // SAFETY: NUL-terminated constant name.
+    let nvml = unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW) };
+    if nvml.is_null() {
+        die("cannot load libnvidia-ml.so.1");
+    }
+    let init: unsafe extern "C" fn() -> u32 = sym(nvml, c"nvmlInit_v2");
+    let handle: unsafe extern "C" fn(u32, *mut *mut c_void) -> u32 =
+        sym(nvml, c"nvmlDeviceGetHandleByIndex_v2");
+    let info: unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> u32 =
+        sym(nvml, c"nvmlDeviceGetMemoryInfo");
+    let mut dev = std::ptr::null_mut();
+    // SAFETY: NVML's signatures above; out-parameters are valid locals.
+    unsafe {
+        check("nvmlInit_v2", init());
+        check("nvmlDeviceGetHandleByIndex_v2", handle(0, &mut dev));
+    }
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = done.clone();
+    std::thread::spawn(move || {
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    let (mut samples, mut min, mut max) = (0u64, u64::MAX, 0u64);
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        let mut m = NvmlMemory::default();
+        // SAFETY: as above.
+        check("nvmlDeviceGetMemoryInfo", unsafe { info(dev, &mut m) });
+        samples += 1;
+        min = min.min(m.used);
+        max = max.max(m.used);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    println!("{{\"samples\": {samples}, \"min_used\": {min}, \"max_used\": {max}}}");
+}
+
 fn ctor_cuda(library: &str) {
     // Thread B: the process's first CUDA call, made while A is inside dlopen below. The
     // entry point is found now, before A takes the loader lock: what B then needs the lock
@@ -224,6 +272,7 @@ fn main() {
         Some("fork-hold") => fork_hold(n(1), n(2)),
         Some("ctor-cuda") => ctor_cuda(args.get(1).unwrap_or_else(|| usage())),
         Some("pool-devices") => pool_devices(n(1)),
+        Some("node-usage") => node_usage(),
         _ => usage(),
     }
 }
@@ -231,7 +280,7 @@ fn main() {
 fn usage() -> ! {
     eprintln!(
         "usage: gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS | ctor-cuda LIBRARY | \
-         pool-devices BYTES"
+         pool-devices BYTES | node-usage"
     );
     std::process::exit(2);
 }
