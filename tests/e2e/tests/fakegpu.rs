@@ -2,7 +2,7 @@
 //! driver-API client in tests/fakegpu) `dlopen`s the fake as `libcuda.so.1` /
 //! `libnvidia-ml.so.1`, each test in a private world (its own FAKEGPU_STATE_DIR).
 
-use gpuslice_e2e::{artifact, run_json, run_json_within, World};
+use gpuslice_e2e::{artifact, run_json, run_json_within, World, GI};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -32,8 +32,6 @@ fn hold(w: &World, bytes: u64) -> (std::process::Child, Value) {
         serde_json::from_str(&line).unwrap_or_else(|_| panic!("holder printed {line:?}"));
     (child, v)
 }
-
-const GI: u64 = 1 << 30;
 
 #[test]
 fn memory_is_accounted_across_processes_and_returned_when_the_holder_dies() {

@@ -6,14 +6,11 @@
 //! Timing bounds are loose: every wait polls up to a generous deadline, and the one bound the
 //! issue states (a killed process gone within 2 s) is the only timed assertion.
 
-use gpuslice_e2e::{run_json, World};
+use gpuslice_e2e::{run_json, World, GI, MI};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Lines, Read, Write};
 use std::process::{Child, ChildStderr, Stdio};
 use std::time::{Duration, Instant};
-
-const GI: u64 = 1 << 30;
-const MI: u64 = 1 << 20;
 
 /// A child process killed (SIGKILL) and reaped when the test ends, whatever happens.
 struct Proc(Child);

@@ -250,18 +250,7 @@ fn spawn_with_default_signals(world: &World, script: &str) -> std::process::Chil
 
 /// The exit status of `child`, failing (and killing it) if it does not end within 30 s.
 fn wait_status(mut child: std::process::Child, what: &str) -> std::process::ExitStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if t0.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: still running after 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    gpuslice_e2e::wait_within(&mut child, Duration::from_secs(30), what)
 }
 
 #[test]

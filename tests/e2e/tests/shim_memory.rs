@@ -2,16 +2,8 @@
 //! fake GPU. Every allocation path, both ways of resolving entry points, pass-through, what the
 //! program is told about memory, and quotas per device.
 
-use gpuslice_e2e::World;
+use gpuslice_e2e::{World, ALLOC_PATHS, GI, MI};
 use serde_json::Value;
-
-const MI: u64 = 1 << 20;
-const GI: u64 = 1 << 30;
-
-const ALLOC_PATHS: [&str; 11] = [
-    "plain", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap", "graph",
-    "capture",
-];
 
 /// Run `cmd` with `--json`; its report, exit code and stderr.
 fn run(mut cmd: std::process::Command, args: &[&str]) -> (Value, i32, String) {

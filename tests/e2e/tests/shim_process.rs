@@ -133,18 +133,11 @@ __attribute__((constructor)) static void ctor(void) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(20) {
-            let _ = c.kill();
-            let _ = c.wait();
-            panic!("deadlock: a CUDA call from a library constructor never returned");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = gpuslice_e2e::wait_within(
+        &mut c,
+        Duration::from_secs(20),
+        "deadlock: a CUDA call from a library constructor",
+    );
     let out = c.wait_with_output().unwrap();
     assert!(
         status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),

@@ -1,7 +1,7 @@
 //! Many processes at once and processes killed mid-allocation, observed from outside through
 //! the ledger (this test plays the monitor's part: it samples and reaps).
 
-use gpuslice_e2e::{artifact, World, GI, MI};
+use gpuslice_e2e::{artifact, wait_within, World, GI, MI};
 use gpuslice_ledger::{Ledger, OperatorSlice, PPM};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -36,20 +36,6 @@ fn slice_used(l: &Ledger, name: &str) -> (u64, u64) {
         .find(|s| s.name == name)
         .expect("slice");
     (s.memory_used, s.memory_limit.unwrap())
-}
-
-fn wait_bounded(c: &mut Child, what: &str, limit: Duration) -> std::process::ExitStatus {
-    let t = Instant::now();
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            return s;
-        }
-        if t.elapsed() > limit {
-            let _ = c.kill();
-            panic!("{what} hung for {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// 16 processes allocate and free in a loop in one 1 GiB slice. What must hold is what the
@@ -207,7 +193,7 @@ fn processes_killed_while_allocating_give_everything_back() {
         }
         std::thread::sleep(Duration::from_micros(next(&mut seed) % 20_000));
         kid.kill().unwrap();
-        wait_bounded(&mut kid, "killed process", Duration::from_secs(10));
+        wait_within(&mut kid, Duration::from_secs(10), "killed process");
         let t = Instant::now();
         ledger.reap_dead().unwrap();
         assert!(
