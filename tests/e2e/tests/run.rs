@@ -529,6 +529,30 @@ fn demo_runs_to_the_end() {
             "{want:?} missing from the demo's output:\n{stdout}\n{stderr}"
         );
     }
+    // It shows what it says: three allocations of one round (not the report's two lists of
+    // them), the last refused.
+    let allocations: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("allocation "))
+        .collect();
+    assert_eq!(allocations.len(), 3, "{stdout}");
+    assert!(
+        allocations[2].contains("CUDA_ERROR_OUT_OF_MEMORY"),
+        "{stdout}"
+    );
+    // The GPU is never shown more than 100% busy.
+    for line in stdout
+        .lines()
+        .filter(|l| l.ends_with('%') && l.contains("of the GPU"))
+    {
+        let busy: f64 = line
+            .split_whitespace()
+            .last()
+            .and_then(|p| p.strip_suffix('%'))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no busy figure in {line:?}"));
+        assert!(busy <= 100.0, "{line}");
+    }
 }
 
 /// What `/etc/ld.so.preload` mode relies on (docs/containers.md): a process that never calls
