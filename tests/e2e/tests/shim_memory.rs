@@ -459,8 +459,9 @@ fn pool_memory_is_charged_and_credited_on_the_pools_device() {
         }
         let line = output.next().expect("the helper ended").unwrap();
         assert!(line.starts_with("done"), "{line}");
+        line
     };
-    step(None); // the pool exists
+    let _ = step(None); // the pool exists
     let ledger = gpuslice_ledger::Ledger::open(&w.runtime_dir()).unwrap();
     // (device index in the ledger, slice used, this process's charged) for both devices.
     let held = || {
@@ -503,8 +504,18 @@ fn pool_memory_is_charged_and_credited_on_the_pools_device() {
         [(0, 0), (256 * MI, 256 * MI)],
         "freed into the pool: still charged there"
     );
+    // Device 0 runs short: it reclaims its own pools' credit, never device 1's (on main it
+    // returned device 1's pool credit to device 0, whose charged went below zero).
+    let line = step(Some("overfill"));
+    assert_eq!(line, "done overfill 2", "CUDA_ERROR_OUT_OF_MEMORY expected");
+    assert_eq!(
+        held()[0],
+        (0, 0),
+        "device 0 was credited device 1's pool memory"
+    );
     step(Some("destroy"));
     assert_eq!(held(), [(0, 0), (0, 0)], "credited to the pool's device");
+    drop(step);
     drop(input);
     assert!(h.wait().unwrap().success());
 }

@@ -14,8 +14,10 @@
 //! gpuslice-e2e-helper pool-devices BYTES
 //!     On a 2-device node: create a memory pool located on device 1, then, each step when a
 //!     line arrives on stdin and always with device 0's context current, `alloc` BYTES from
-//!     it, `free` them (cuMemFreeAsync, synchronized), `destroy` the pool; prints `done STEP`
-//!     after each, so the test can read the ledger between steps.
+//!     it, `free` them (cuMemFreeAsync, synchronized on device 1), `overfill` (cuMemAlloc_v2 of 1 GiB + 1
+//!     byte on device 0, which a 1 GiB quota refuses after trying to reclaim pool memory),
+//!     `destroy` the pool; prints `done STEP` (`done overfill CODE`) after each, so the test
+//!     can read the ledger between steps.
 //! gpuslice-e2e-helper node-usage
 //!     Until stdin closes, sample device 0's used memory as the fake GPU's NVML reports it
 //!     for the whole node (every process, whatever gpuslice's ledger says); then print
@@ -125,6 +127,8 @@ fn pool_devices(bytes: u64) {
     let free: unsafe extern "C" fn(u64, *mut c_void) -> CuResult = sym(cuda, c"cuMemFreeAsync");
     let sync: unsafe extern "C" fn() -> CuResult = sym(cuda, c"cuCtxSynchronize");
     let destroy: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuMemPoolDestroy");
+    let plain_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult =
+        sym(cuda, c"cuMemAlloc_v2");
     let (mut ctx0, mut ctx1, mut pool, mut ptr) = (
         std::ptr::null_mut(),
         std::ptr::null_mut(),
@@ -161,10 +165,21 @@ fn pool_devices(bytes: u64) {
                     alloc(&mut ptr, bytes as usize, pool, std::ptr::null_mut()),
                 ),
                 "free" => {
+                    // Synchronized in device 1's context: the pool releases what it holds
+                    // above its threshold (0) to the device, unseen by gpuslice until it
+                    // reconciles that pool.
                     check("cuMemFreeAsync", free(ptr, std::ptr::null_mut()));
+                    check("cuCtxSynchronize", sync()); // the free, queued in context 0
+                    check("cuCtxSetCurrent(1)", set_current(ctx1));
                     check("cuCtxSynchronize", sync());
+                    check("cuCtxSetCurrent(0)", set_current(ctx0));
                 }
                 "destroy" => check("cuMemPoolDestroy", destroy(pool)),
+                "overfill" => {
+                    let mut p = 0u64;
+                    println!("done overfill {}", plain_alloc(&mut p, (1 << 30) + 1));
+                    continue;
+                }
                 other => die(&format!("unknown step {other:?}")),
             }
         }
