@@ -212,6 +212,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         listen: None,
         interval: Duration::from_millis(250),
     };
+    let mut interval = None;
     while let Some(arg) = p.next().map_err(cli::lex(USAGE))? {
         if cli::is_help(&arg) {
             cli::outln!("usage: {USAGE}")?;
@@ -230,12 +231,17 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                         USAGE,
                     ));
                 }
-                o.listen = Some(v);
+                cli::once(&mut o.listen, "--metrics-listen", v, USAGE)?;
             }
             Long("interval") => {
                 let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--interval", USAGE)?;
                 match v.parse::<u64>() {
-                    Ok(ms @ 10..=5000) => o.interval = Duration::from_millis(ms),
+                    Ok(ms @ 10..=5000) => cli::once(
+                        &mut interval,
+                        "--interval",
+                        Duration::from_millis(ms),
+                        USAGE,
+                    )?,
                     _ => {
                         return Err(Failure::usage(
                             format!("--interval {v:?}: expected milliseconds between 10 and 5000"),
@@ -247,6 +253,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
             _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
         }
     }
+    o.interval = interval.unwrap_or(o.interval);
     Ok(Some(o))
 }
 

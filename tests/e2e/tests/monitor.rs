@@ -502,6 +502,15 @@ fn bad_usage_exits_2_with_a_usage_line_and_other_failures_exit_1_naming_what_fai
         &["slice", "create", "x", "--memory", "0"],
         &["slice", "create", "x", "--memory", "1Gi", "--memory", "2Gi"],
         &["version", "extra"],
+        &["top", "--interval", "500", "--interval", "600"],
+        &["monitor", "--interval", "100", "--interval", "200"],
+        &[
+            "monitor",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
     ] {
         let (code, err) = fails(&w, args);
         assert_eq!(code, Some(2), "gpuslice {args:?}: {err}");
