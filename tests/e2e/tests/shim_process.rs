@@ -79,6 +79,26 @@ fn a_killed_parent_is_reaped_while_its_forked_child_lives() {
     assert!(alive(child.0), "the forked worker should still run");
 }
 
+/// A forked child of a process that started CUDA is no member of the ledger: its CUDA calls
+/// fail with `CUDA_ERROR_NOT_INITIALIZED` (3), as CUDA itself does not survive a fork, and one
+/// line says why.
+#[test]
+fn a_forked_child_cannot_use_cuda_and_is_told_why() {
+    let w = World::new(1, "16Gi");
+    let out = w
+        .wrapped(artifact("gpuslice-e2e-helper"))
+        .arg("fork-cuda")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "child cuInit 3", "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("forked")).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].starts_with("gpuslice:"), "{stderr}");
+}
+
 /// Thread A is inside `dlopen` (holding the loader lock) running a library constructor that
 /// calls CUDA, while thread B makes the process's first CUDA call and needs the loader lock to
 /// resolve the real driver. On main B marked the library "resolving" and A's constructor spun

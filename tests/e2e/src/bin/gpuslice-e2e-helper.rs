@@ -6,6 +6,9 @@
 //!     cuInit, allocate BYTES on device 0, fork() a child that only sleeps CHILD_SECONDS (a
 //!     DataLoader-style worker: no exec, no CUDA), print `ready <parent pid> <child pid>`,
 //!     then sleep until killed.
+//! gpuslice-e2e-helper fork-cuda
+//!     cuInit, then fork() a child that calls cuInit again and exits with its result; print
+//!     `child cuInit <code>`.
 //! gpuslice-e2e-helper ctor-cuda LIBRARY
 //!     Thread B makes the process's first CUDA call (cuInit) while thread A is inside
 //!     dlopen(LIBRARY), whose constructor makes a CUDA call of its own (A holds the loader lock,
@@ -63,6 +66,26 @@ fn check(call: &str, r: CuResult) {
     if r != 0 {
         die(&format!("{call} returned {r}"));
     }
+}
+
+fn fork_cuda() {
+    let cuda = libcuda();
+    let cu_init: unsafe extern "C" fn(u32) -> CuResult = sym(cuda, c"cuInit");
+    // SAFETY: the driver's signature.
+    check("cuInit", unsafe { cu_init(0) });
+    // SAFETY: as in fork_hold; the child calls into the shim (glibc's malloc is fork-safe).
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        die("fork failed");
+    }
+    if child == 0 {
+        // SAFETY: the driver's signature; _exit skips the parent's atexit handlers.
+        unsafe { libc::_exit(cu_init(0) as c_int) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    println!("child cuInit {}", libc::WEXITSTATUS(status));
 }
 
 fn fork_hold(bytes: u64, child_secs: u64) {
@@ -285,6 +308,7 @@ fn main() {
     };
     match args.first().map(String::as_str) {
         Some("fork-hold") => fork_hold(n(1), n(2)),
+        Some("fork-cuda") => fork_cuda(),
         Some("ctor-cuda") => ctor_cuda(args.get(1).unwrap_or_else(|| usage())),
         Some("pool-devices") => pool_devices(n(1)),
         Some("node-usage") => node_usage(),
@@ -294,7 +318,7 @@ fn main() {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS | ctor-cuda LIBRARY | \
+        "usage: gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS | fork-cuda | ctor-cuda LIBRARY | \
          pool-devices BYTES | node-usage"
     );
     std::process::exit(2);
