@@ -515,7 +515,6 @@ fn pool_memory_is_charged_and_credited_on_the_pools_device() {
     );
     step(Some("destroy"));
     assert_eq!(held(), [(0, 0), (0, 0)], "credited to the pool's device");
-    drop(step);
     drop(input);
     assert!(h.wait().unwrap().success());
 }
