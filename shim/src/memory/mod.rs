@@ -93,10 +93,8 @@ unsafe fn charge_and_alloc(
     pool: usize,
     alloc: impl FnOnce() -> (CUresult, u64),
 ) -> CUresult {
-    if bytes > Charge::MAX_BYTES {
-        // More than any device has (2^48 bytes): refused before anything is charged.
-        return oom(dev, bytes);
-    }
+    // `bytes` fits a Charge (below 2^48) whenever the charge succeeds: no quota or device
+    // reaches 2^48 bytes, so a larger request is refused by `charge` below.
     let from_credit = pools::take_credit(pool, bytes);
     let need = bytes - from_credit;
     if need > 0 && !charge(dev, need) {
