@@ -148,6 +148,17 @@ fn resolve(i: usize) -> *mut c_void {
     }
 }
 
+/// Resolve every entry of `lib` now (start-up calls this before taking its lock, so that no
+/// thread holds that lock while it waits for the loader's: see the module comment).
+#[cold]
+pub fn resolve_all(lib: Lib) {
+    for (i, s) in SYMBOLS.iter().enumerate() {
+        if s.lib == lib {
+            get(i);
+        }
+    }
+}
+
 /// The real library's handle, found once (a lost race stores the same handle again).
 fn handle(lib: Lib) -> *mut c_void {
     let h = HANDLES[lib.index()].load(Acquire);
