@@ -119,6 +119,30 @@ pub fn once<T>(
     Ok(())
 }
 
+/// An `--interval`-style value: whole milliseconds within `range`, stored once in `slot` (a
+/// malformed, out-of-range or repeated value is bad usage naming the flag).
+pub fn millis(
+    slot: &mut Option<std::time::Duration>,
+    flag: &str,
+    value: &str,
+    range: std::ops::RangeInclusive<u64>,
+    usage: &'static str,
+) -> Result<(), Failure> {
+    match value.parse::<u64>() {
+        Ok(ms) if range.contains(&ms) => {
+            once(slot, flag, std::time::Duration::from_millis(ms), usage)
+        }
+        _ => Err(Failure::usage(
+            format!(
+                "{flag} {value:?}: expected milliseconds between {} and {}",
+                range.start(),
+                range.end()
+            ),
+            usage,
+        )),
+    }
+}
+
 /// Check the form of a `--device` value: a device index (`0`, `1`, ... as NVML numbers
 /// devices) or a device UUID (`GPU-...`, `MIG-...`). Whether such a device exists is decided
 /// later, against the node (exit 1); a value of the wrong form (`-1`, empty) is bad usage.

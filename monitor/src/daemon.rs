@@ -235,20 +235,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
             }
             Long("interval") => {
                 let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--interval", USAGE)?;
-                match v.parse::<u64>() {
-                    Ok(ms @ 10..=5000) => cli::once(
-                        &mut interval,
-                        "--interval",
-                        Duration::from_millis(ms),
-                        USAGE,
-                    )?,
-                    _ => {
-                        return Err(Failure::usage(
-                            format!("--interval {v:?}: expected milliseconds between 10 and 5000"),
-                            USAGE,
-                        ))
-                    }
-                }
+                cli::millis(&mut interval, "--interval", &v, 10..=5000, USAGE)?;
             }
             _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
         }

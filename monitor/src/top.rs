@@ -155,22 +155,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
             match arg {
                 lexopt::Arg::Long("interval") => {
                     let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--interval", USAGE)?;
-                    match v.parse::<u64>() {
-                        Ok(ms @ 100..=60_000) => cli::once(
-                            &mut interval,
-                            "--interval",
-                            Duration::from_millis(ms),
-                            USAGE,
-                        )?,
-                        _ => {
-                            return Err(Failure::usage(
-                                format!(
-                                    "--interval {v:?}: expected milliseconds between 100 and 60000"
-                                ),
-                                USAGE,
-                            ))
-                        }
-                    }
+                    cli::millis(&mut interval, "--interval", &v, 100..=60_000, USAGE)?;
                 }
                 _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
             }

@@ -507,9 +507,9 @@ fn bad_usage_exits_2_with_a_usage_line_and_other_failures_exit_1_naming_what_fai
         &[
             "monitor",
             "--metrics-listen",
-            "127.0.0.1:0",
+            "a:1",
             "--metrics-listen",
-            "127.0.0.1:0",
+            "a:1",
         ],
     ] {
         let (code, err) = fails(&w, args);
