@@ -5,8 +5,9 @@
 # libcuda/libnvidia-ml whose kernels take simulated time on one engine shared by every process):
 #   1. two tenants with compute shares 0.25 and 0.75 saturate the device at the same time; their
 #      achieved shares of the GPU are printed every second, as each tenant measures them;
-#   2. a tenant with a 2 GiB memory quota asks for 3 x 1 GiB: the third allocation fails with
-#      CUDA_ERROR_OUT_OF_MEMORY, and the program carries on;
+#   2. a tenant with a 2 GiB memory quota allocates 1 GiB three times, keeping each (one round
+#      of three allocations): the first two fit, the third fails with CUDA_ERROR_OUT_OF_MEMORY,
+#      and the program carries on;
 #   3. `gpuslice status` shows the node.
 # Everything runs under `gpuslice run`, as a user would run a real program; nothing outside a
 # temporary directory is touched (its own ledger and fake-GPU state), and everything it started
@@ -71,8 +72,11 @@ export LD_LIBRARY_PATH="$fake_lib_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FAKEGPU_STATE_DIR="$work/fakegpu" FAKEGPU_DEVICES=1 FAKEGPU_MEMORY=16Gi
 export GPUSLICE_RUNTIME_DIR="$work/ledger"
 
-# The last value of "key" in the last JSON line of FILE that has it.
-field() { grep -o "\"$2\":[^,}]*" "$1" 2>/dev/null | tail -n 1 | cut -d: -f2 || true; }
+# The value of "key" in the last per-second report (`"event":"interval"` line) of FILE.
+field() {
+    grep '"event":"interval"' "$1" 2>/dev/null | tail -n 1 | grep -o "\"$2\":[^,}]*" |
+        cut -d: -f2 || true
+}
 pct() { awk -v x="${1:-0}" 'BEGIN { if (x == "") x = 0; printf "%5.1f%%", 100 * x }'; }
 
 say "two tenants share one GPU: tenant-a has a 0.25 share, tenant-b 0.75 (both want all of it)"
@@ -88,12 +92,16 @@ pids+=($!)
 sleep 0.5
 grep -h "^gpuslice:" "$work/a.err" "$work/b.err" || true
 
+# Each tenant measures the GPU time of its own kernels over its own one-second windows; the
+# two windows are not aligned, so their sum can read a little above what the engine can do:
+# "GPU busy" is that sum, never shown above 100%.
+echo "  each line: the share of the GPU each tenant measured over its last second"
 printf '\n  %-6s  %-22s  %-22s  %s\n' "time" "tenant-a (share 25%)" "tenant-b (share 75%)" "GPU busy"
 for t in $(seq "$seconds"); do
     sleep 1
     a=$(field "$work/a.out" gpu_fraction)
     b=$(field "$work/b.out" gpu_fraction)
-    busy=$(awk -v a="${a:-0}" -v b="${b:-0}" 'BEGIN { print a + b }')
+    busy=$(awk -v a="${a:-0}" -v b="${b:-0}" 'BEGIN { s = a + b; print (s > 1 ? 1 : s) }')
     printf '  %4ss    %-22s  %-22s  %s\n' "$t" "$(pct "$a") of the GPU" "$(pct "$b") of the GPU" "$(pct "$busy")"
 done
 # Averages over the seconds shown, skipping the first (start-up).
@@ -107,7 +115,7 @@ for x in a b; do
     fi
 done
 
-say "a tenant with a 2 GiB memory quota asks for 1 GiB three times"
+say "a tenant with a 2 GiB memory quota allocates 1 GiB three times, keeping each"
 echo "\$ gpuslice run --memory 2Gi --slice tenant-c -- gpuslice-burn --alloc 1Gi,1Gi,1Gi --json"
 set +e
 "$gpuslice" run --memory 2Gi --slice tenant-c -- "$burn" --alloc 1Gi,1Gi,1Gi --json >"$work/c.out" 2>"$work/c.err"
@@ -117,9 +125,11 @@ json=$(grep '^{' "$work/c.out" | tail -n 1 || true)
 if [ -z "$json" ]; then
     echo "  tenant-c printed no report (exit $c_status):"; sed 's/^/    /' "$work/c.err"
 else
-    # "allocs":[{"bytes":..,"code":..,"name":..,"ok":..,"size":..},...] -> one line each
+    # "allocs":[{"bytes":..,"code":..,"name":..,"ok":..,"size":..},...] -> one line each. The
+    # report lists them twice (top level, and again under "rounds" for --alloc-rounds): the
+    # first list is the one round this tenant made.
     i=0
-    grep -o '"allocs":\[[^]]*\]' <<<"$json" | grep -o '{[^}]*}' | while read -r a; do
+    grep -o '"allocs":\[[^]]*\]' <<<"$json" | head -n 1 | grep -o '{[^}]*}' | while read -r a; do
         i=$((i + 1))
         size=$(grep -o '"size":[0-9]*' <<<"$a" | cut -d: -f2)
         name=$(grep -o '"name":"[^"]*"' <<<"$a" | cut -d'"' -f4)

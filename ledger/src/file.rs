@@ -43,6 +43,51 @@ impl Drop for Mapping {
     }
 }
 
+/// In a child made by `fork()` (from a `pthread_atfork` child handler): let go of `m` without
+/// touching the file, so that the child does not keep the parent's liveness lock (or anything
+/// else of the ledger) alive. An OFD lock lives as long as its open file description, which the
+/// child inherited twice: through the descriptor and through the shared mapping. The mapping is
+/// replaced, at the same address, by a private copy (what the child's code still reads stays
+/// readable, and nothing it writes reaches the node), and the descriptor is pointed at
+/// `/dev/null` (its number stays taken, so no later `open` in the child reuses it for a file a
+/// stray `fcntl` could lock). Only async-signal-safe calls: `mmap`, `mremap`, `open`, `dup3`,
+/// `close`, and a byte copy.
+pub(crate) fn forget_after_fork(m: &Mapping) {
+    // SAFETY: `m.base` is our mapping of FILE_SIZE bytes; `tmp` is a fresh private mapping of
+    // the same size. mremap moves `tmp` over `m.base` atomically (MREMAP_FIXED unmaps what was
+    // there), so the range stays mapped throughout. The descriptor calls act on our own fd.
+    unsafe {
+        let tmp = libc::mmap(
+            core::ptr::null_mut(),
+            FILE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if tmp != libc::MAP_FAILED {
+            core::ptr::copy_nonoverlapping(m.base.cast_const(), tmp.cast::<u8>(), FILE_SIZE);
+            let moved = libc::mremap(
+                tmp,
+                FILE_SIZE,
+                FILE_SIZE,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                m.base.cast::<libc::c_void>(),
+            );
+            if moved == libc::MAP_FAILED {
+                libc::munmap(tmp, FILE_SIZE);
+            }
+        }
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if null >= 0 {
+            libc::dup3(null, m.fd, libc::O_CLOEXEC);
+            libc::close(null);
+        } else {
+            libc::close(m.fd);
+        }
+    }
+}
+
 fn io(what: &str, path: &Path) -> LedgerError {
     LedgerError::Io {
         what: what.into(),

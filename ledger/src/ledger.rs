@@ -129,6 +129,16 @@ impl Ledger {
         }
     }
 
+    /// For a `pthread_atfork` child handler: this process is a child made by `fork()`, which
+    /// is not a member of the ledger. Let go of the ledger without touching it, so the child
+    /// does not keep the parent counted alive (the inherited descriptor and mapping would hold
+    /// the parent's liveness lock): a SIGKILLed parent is reaped while its forked children
+    /// live. Afterwards this handle reads a private, frozen copy; nothing written through it
+    /// reaches the node. Async-signal-safe (no allocation, no lock).
+    pub fn forget_after_fork(&self) {
+        file::forget_after_fork(&self.m);
+    }
+
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.m.path

@@ -66,6 +66,6 @@ pub use ledger::{
 };
 pub use quantity::{
     check_cap_not_below_share, check_slice_name, parse_cap, parse_cap_per_device, parse_fraction,
-    parse_size, valid_slice_name, ComputeSetting, PerDevice, QuantityError, Size,
+    parse_quota, parse_size, valid_slice_name, ComputeSetting, PerDevice, QuantityError, Size,
 };
 pub use snapshot::{DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, SliceInfo, Snapshot};

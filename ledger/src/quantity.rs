@@ -236,6 +236,24 @@ pub fn parse_size(variable: &str, value: &str) -> Result<Size, QuantityError> {
     whole_bytes(&d, unit).map(Size::Bytes).map_err(e)
 }
 
+/// Parse one memory quota (`GPUSLICE_MEMORY`, `--memory`): [`parse_size`], but never 0. A
+/// quota of 0 bytes (or 0%) would refuse every allocation, and HAMi's variables read 0 as "no
+/// limit": rather than pick one of those meanings, 0 is an error everywhere (the shim's
+/// variables, `gpuslice run`, `gpuslice cdi`, `gpuslice slice create`); leaving the setting
+/// unset is how to ask for no quota (best effort).
+pub fn parse_quota(variable: &str, value: &str) -> Result<Size, QuantityError> {
+    match parse_size(variable, value)? {
+        Size::Bytes(0) => Err(err(
+            variable,
+            value,
+            "a quota of 0 bytes would refuse every allocation; unset it for no quota (best \
+             effort)",
+            SIZE_FORMS,
+        )),
+        size => Ok(size),
+    }
+}
+
 /// Parse a compute fraction (`0.25`, `25%`, `1`) into ppm, 0..=1_000_000.
 pub fn parse_fraction(variable: &str, value: &str) -> Result<u32, QuantityError> {
     let e = |r: String| err(variable, value, r, FRACTION_FORMS);
@@ -321,12 +339,13 @@ pub fn parse_per_device<T>(
     Ok(PerDevice::Each(out))
 }
 
-/// `GPUSLICE_MEMORY`-style value, per device or for all.
+/// `GPUSLICE_MEMORY`-style value, per device or for all: quotas, each by [`parse_quota`]
+/// (never 0).
 pub fn parse_size_per_device(
     variable: &str,
     value: &str,
 ) -> Result<PerDevice<Size>, QuantityError> {
-    parse_per_device(variable, value, SIZE_FORMS, parse_size)
+    parse_per_device(variable, value, SIZE_FORMS, parse_quota)
 }
 
 /// `GPUSLICE_COMPUTE`-style value, per device or for all (ppm).
@@ -661,6 +680,26 @@ mod tests {
             msg.contains("12XB") && msg.contains("unknown unit"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn zero_is_never_a_quota() {
+        for v in ["0", "0Gi", "0.0Mi", "0B", "0=0", "0=1Gi,1=0", "0%"] {
+            let msg = parse_size_per_device("GPUSLICE_MEMORY", v)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.contains("GPUSLICE_MEMORY") && msg.contains("0"),
+                "{v}: {msg}"
+            );
+        }
+        assert!(parse_quota("--memory", "0")
+            .unwrap_err()
+            .to_string()
+            .contains("quota of 0 bytes"));
+        assert_eq!(parse_quota("--memory", "1").unwrap(), Size::Bytes(1));
+        // A size that is not a quota (an allocation's) may still be 0.
+        assert_eq!(parse_size("--alloc", "0").unwrap(), Size::Bytes(0));
     }
 
     #[test]

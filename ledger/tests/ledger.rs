@@ -2,8 +2,8 @@
 //! exact quotas under contention, exact reclamation after SIGKILL at arbitrary instructions,
 //! and a lock holder that dies.
 //!
-//! Child processes are this test binary run again with `GPUSLICE_LEDGER_CHILD` set (see
-//! `child_main`), so they run the real ledger code in a separate process.
+//! Child processes are `ledger-test-child` (`tests/helpers/child.rs`, a helper binary of this
+//! crate), so they run the real ledger code in a separate process.
 
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceRequest, PPM};
 use std::path::{Path, PathBuf};
@@ -32,10 +32,9 @@ fn req(name: Option<&str>, memory: Option<u64>) -> SliceRequest {
 }
 
 fn child(dir: &Path, mode: &str) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
-        .env("GPUSLICE_LEDGER_CHILD", dir)
-        .env("GPUSLICE_LEDGER_CHILD_MODE", mode)
+    Command::new(env!("CARGO_BIN_EXE_ledger-test-child"))
+        .arg(dir)
+        .arg(mode)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -61,54 +60,6 @@ fn wait_line(c: &mut Child) {
     if rx.recv_timeout(Duration::from_secs(60)).is_err() {
         let _ = c.kill();
         panic!("child never became ready");
-    }
-}
-
-/// Not a test of its own: the body of the child processes.
-#[test]
-fn child_main() {
-    let Some(d) = std::env::var_os("GPUSLICE_LEDGER_CHILD") else {
-        return;
-    };
-    // Never outlive the test that started us (a failed test must not leave spinners behind).
-    // SAFETY: prctl with constant arguments.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-    let l = Ledger::open_or_create(Path::new(&d)).unwrap();
-    match std::env::var("GPUSLICE_LEDGER_CHILD_MODE")
-        .unwrap()
-        .as_str()
-    {
-        "churn" => {
-            // Charge and uncharge as fast as possible: a kill lands between any two
-            // instructions of the hot path.
-            let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
-            let me = l.attach("s").unwrap();
-            l.join(me, dev, &req(Some("s"), Some(64 * MI))).unwrap();
-            let a = l.account(me, dev).unwrap();
-            println!("ready");
-            let mut held: Vec<u64> = vec![];
-            let mut x = std::process::id() as u64 | 1;
-            loop {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                if x.is_multiple_of(2) || held.is_empty() {
-                    let n = 1 + x % (4 * MI);
-                    if a.try_charge(n) {
-                        held.push(n);
-                    }
-                } else {
-                    let n = held.swap_remove((x as usize / 2) % held.len());
-                    a.uncharge(n);
-                }
-            }
-        }
-        "hold-lock" => {
-            let _g = l.lock().unwrap();
-            println!("ready");
-            std::thread::sleep(Duration::from_secs(600));
-        }
-        m => panic!("unknown child mode {m}"),
     }
 }
 

@@ -50,7 +50,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
 
 fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
     let mut limits = Limits::default();
-    let mut kind = DEFAULT_KIND.to_string();
+    let mut kind: Option<String> = None;
     let mut library: Option<PathBuf> = None;
     let mut output: Option<PathBuf> = None;
     let mut parser = cli::parser(args);
@@ -68,18 +68,21 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
             lexopt::Arg::Long("kind") => {
                 let v = cli::utf8(parser.value().map_err(cli::lex(USAGE))?, "--kind", USAGE)?;
                 check_kind(&v).map_err(|e| Failure::usage(format!("--kind {v:?}: {e}"), USAGE))?;
-                kind = v;
+                cli::once(&mut kind, "--kind", v, USAGE)?;
             }
             lexopt::Arg::Long("library") => {
-                library = Some(parser.value().map_err(cli::lex(USAGE))?.into());
+                let v = parser.value().map_err(cli::lex(USAGE))?.into();
+                cli::once(&mut library, "--library", v, USAGE)?;
             }
             lexopt::Arg::Long("output") | lexopt::Arg::Short('o') => {
-                output = Some(parser.value().map_err(cli::lex(USAGE))?.into());
+                let v = parser.value().map_err(cli::lex(USAGE))?.into();
+                cli::once(&mut output, "--output", v, USAGE)?;
             }
             other => return Err(Failure::usage(other.unexpected().to_string(), USAGE)),
         }
     }
     limits.check(USAGE)?;
+    let kind = kind.unwrap_or_else(|| DEFAULT_KIND.to_string());
     let Some(slice) = limits.slice.clone() else {
         return Err(Failure::usage("--slice NAME is required", USAGE));
     };
@@ -232,6 +235,22 @@ mod tests {
         assert!(check_device_name("a:b.c_d").is_ok());
         for bad in ["", "-a", "a-", "a/b", "a=b", "a b"] {
             assert!(check_device_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_flag_given_twice_is_bad_usage() {
+        for flag in ["--kind", "--output", "--library", "--memory", "--slice"] {
+            let value = match flag {
+                "--kind" => "x.dev/gpu",
+                "--memory" => "1Gi",
+                _ => "a",
+            };
+            let args = ["--slice", "s", flag, value, flag, value].map(OsString::from);
+            match cdi(args.to_vec()) {
+                Err(Failure::Usage { msg, .. }) => assert!(msg.contains("twice"), "{flag}: {msg}"),
+                other => panic!("{flag} twice gave {other:?}"),
+            }
         }
     }
 

@@ -100,6 +100,69 @@ pub fn utf8(v: OsString, flag: &str, usage: &'static str) -> Result<String, Fail
         .map_err(|v| Failure::usage(format!("{flag}: {v:?} is not valid UTF-8"), usage))
 }
 
+/// Store a flag's value in `slot`, refusing a flag given twice: `--memory 1Gi --memory 2Gi`
+/// is bad usage (exit 2) rather than a silent choice of one of them. The one rule for every
+/// subcommand's repeated flags.
+pub fn once<T>(
+    slot: &mut Option<T>,
+    flag: &str,
+    value: T,
+    usage: &'static str,
+) -> Result<(), Failure> {
+    if slot.is_some() {
+        return Err(Failure::usage(
+            format!("{flag} is given twice; give it once"),
+            usage,
+        ));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+/// An `--interval`-style value: whole milliseconds within `range`, stored once in `slot` (a
+/// malformed, out-of-range or repeated value is bad usage naming the flag).
+pub fn millis(
+    slot: &mut Option<std::time::Duration>,
+    flag: &str,
+    value: &str,
+    range: std::ops::RangeInclusive<u64>,
+    usage: &'static str,
+) -> Result<(), Failure> {
+    match value.parse::<u64>() {
+        Ok(ms) if range.contains(&ms) => {
+            once(slot, flag, std::time::Duration::from_millis(ms), usage)
+        }
+        _ => Err(Failure::usage(
+            format!(
+                "{flag} {value:?}: expected milliseconds between {} and {}",
+                range.start(),
+                range.end()
+            ),
+            usage,
+        )),
+    }
+}
+
+/// Check the form of a `--device` value: a device index (`0`, `1`, ... as NVML numbers
+/// devices) or a device UUID (`GPU-...`, `MIG-...`). Whether such a device exists is decided
+/// later, against the node (exit 1); a value of the wrong form (`-1`, empty) is bad usage.
+pub fn check_device(flag: &str, value: &str, usage: &'static str) -> Result<(), Failure> {
+    let index = !value.is_empty() && value.len() <= 3 && value.bytes().all(|b| b.is_ascii_digit());
+    let uuid = (value.starts_with("GPU-") || value.starts_with("MIG-"))
+        && value.len() > 4
+        && value.len() < gpuslice_ledger::layout::NAME_LEN
+        && value[4..]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-/".contains(&b));
+    if index || uuid {
+        return Ok(());
+    }
+    Err(Failure::usage(
+        format!("{flag} {value:?}: expected a device index (0, 1, ...) or a UUID (GPU-...)"),
+        usage,
+    ))
+}
+
 /// `$GPUSLICE_RUNTIME_DIR`, or the default `/dev/shm/gpuslice`.
 pub fn runtime_dir() -> PathBuf {
     gpuslice_ledger::runtime_dir_from_env()

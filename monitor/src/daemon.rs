@@ -212,6 +212,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         listen: None,
         interval: Duration::from_millis(250),
     };
+    let mut interval = None;
     while let Some(arg) = p.next().map_err(cli::lex(USAGE))? {
         if cli::is_help(&arg) {
             cli::outln!("usage: {USAGE}")?;
@@ -226,27 +227,20 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                 )?;
                 if !v.contains(':') {
                     return Err(Failure::usage(
-                        format!("--metrics-listen {v:?}: expected HOST:PORT, e.g. 127.0.0.1:9400 or [::]:9400"),
+                        format!("--metrics-listen {v:?}: expected HOST:PORT, e.g. 127.0.0.1:9400 or [::1]:9400"),
                         USAGE,
                     ));
                 }
-                o.listen = Some(v);
+                cli::once(&mut o.listen, "--metrics-listen", v, USAGE)?;
             }
             Long("interval") => {
                 let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--interval", USAGE)?;
-                match v.parse::<u64>() {
-                    Ok(ms @ 10..=5000) => o.interval = Duration::from_millis(ms),
-                    _ => {
-                        return Err(Failure::usage(
-                            format!("--interval {v:?}: expected milliseconds between 10 and 5000"),
-                            USAGE,
-                        ))
-                    }
-                }
+                cli::millis(&mut interval, "--interval", &v, 10..=5000, USAGE)?;
             }
             _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
         }
     }
+    o.interval = interval.unwrap_or(o.interval);
     Ok(Some(o))
 }
 
@@ -274,6 +268,13 @@ fn run(opts: Options) -> Result<(), Failure> {
     let facts: Shared = Arc::default();
     if let Some(addr) = &opts.listen {
         let listener = crate::http::bind(addr)?;
+        if let Some(w) = listener
+            .local_addr()
+            .ok()
+            .and_then(|a| crate::http::exposure_warning(&a))
+        {
+            log!("{w}");
+        }
         let (dir, facts) = (dir.clone(), facts.clone());
         log!(
             "serving metrics at http://{}/metrics",

@@ -68,9 +68,14 @@ fn main() {
         Some("top") => top::main(args),
         Some("slice") => slice::main(args),
         Some("metrics") => metrics::main(args),
-        Some("version" | "--version" | "-V") => {
+        Some("version" | "--version" | "-V") if args.is_empty() => {
             cli::exit_status(cli::outln!("gpuslice {}", env!("CARGO_PKG_VERSION")))
         }
+        Some("version" | "--version" | "-V") => cli::Failure::usage(
+            format!("version takes no arguments, got {:?}", args[0]),
+            "gpuslice version",
+        )
+        .report(),
         Some("help" | "--help" | "-h") => cli::exit_status(cli::outln!("{USAGE}")),
         _ => {
             eprintln!("gpuslice: unknown command {:?}\n{USAGE}", cmd);

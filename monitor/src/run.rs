@@ -19,6 +19,9 @@
 //!   dropped, and ours is left out when `/etc/ld.so.preload` already lists one, so the shim is
 //!   never loaded twice.
 //! - Variables already in the environment apply when their flag is not given; flags win.
+//! - One slice for the whole process tree: without `--slice` (or `GPUSLICE_SLICE` /
+//!   `CUDA_DEVICE_MEMORY_SHARED_CACHE` in the environment) CMD gets a generated
+//!   `GPUSLICE_SLICE` ([`generated_slice_name`]), so its workers share one quota.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -102,8 +105,7 @@ impl Limits {
             "compute-cap" => &mut self.compute_cap,
             _ => &mut self.slice,
         };
-        *slot = Some(value);
-        Ok(())
+        cli::once(slot, &flag, value, usage)
     }
 
     /// Checks that need more than one flag: a cap below the share it caps (the ledger's rule,
@@ -147,6 +149,7 @@ fn check_value(flag: &str, value: &str) -> Result<(), String> {
     use gpuslice_ledger::quantity::{
         check_slice_name, parse_cap_per_device, parse_fraction_per_device, parse_size_per_device,
     };
+    // `parse_size_per_device` is the quota parser: it refuses 0, as the shim does.
     match flag {
         "--memory" => parse_size_per_device(flag, value).map(drop),
         "--compute" => parse_fraction_per_device(flag, value).map(drop),
@@ -208,6 +211,12 @@ fn run(args: Vec<OsString>) -> Result<i32, Failure> {
         ensure_monitor();
     }
 
+    // CMD and every process it starts form one slice: without a name of the user's, a
+    // generated one, so a spawn pool or torchrun's ranks share the quota instead of each
+    // taking all of it.
+    if limits.slice.is_none() && !slice_named_by_env() {
+        limits.slice = Some(generated_slice_name());
+    }
     let mut cmd = std::process::Command::new(&program);
     cmd.arg0(&command[0]).args(&command[1..]);
     for (k, v) in limits.env() {
@@ -225,12 +234,34 @@ fn run(args: Vec<OsString>) -> Result<i32, Failure> {
     spawn_and_wait(cmd, &command[0])
 }
 
+/// Whether the environment already groups CMD's processes into a slice (`GPUSLICE_SLICE`, or
+/// HAMi's `CUDA_DEVICE_MEMORY_SHARED_CACHE`, which the shim turns into one): then `run` keeps
+/// that grouping.
+fn slice_named_by_env() -> bool {
+    ["GPUSLICE_SLICE", "CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+        .iter()
+        .any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()))
+}
+
+/// `run-<pid>-<random>`: a slice name of this run alone (the pid of this wrapper, which lives
+/// as long as CMD, and 32 random bits so a reused pid never meets a slice left from before).
+/// The slice is an ordinary process slice: the ledger removes it with its last process.
+pub fn generated_slice_name() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS's random source once per process, then varied.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    format!("run-{}-{:08x}", std::process::id(), h.finish() as u32)
+}
+
 const HELP: &str = "\
 Runs CMD with libgpuslice.so preloaded and these limits on its GPU use:
   --memory Q        VRAM quota per device: 4Gi, 4096Mi, 4G, 4GiB, bytes, 25%, or 0=4Gi,1=8Gi
   --compute F       guaranteed compute share: 0.25 or 25%
   --compute-cap F   hard compute ceiling, same syntax
   --slice NAME      share one quota with every process naming the same slice
+                    (default: CMD and every process it starts form one slice, named
+                    run-<pid>-<random>, removed with its last process)
 Flags set GPUSLICE_MEMORY, GPUSLICE_COMPUTE, GPUSLICE_COMPUTE_CAP and GPUSLICE_SLICE for CMD;
 variables already in the environment apply when a flag is not given.
 Starts the node monitor in the background when none is running.

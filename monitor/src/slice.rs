@@ -9,7 +9,7 @@ use crate::cli::{self, Failure};
 use crate::node::{Node, SliceRequest};
 use crate::view::Slice;
 use gpuslice_ledger::{
-    check_cap_not_below_share, check_slice_name, parse_cap, parse_fraction, parse_size,
+    check_cap_not_below_share, check_slice_name, parse_cap, parse_fraction, parse_quota,
     ComputeSetting, PerDevice,
 };
 use std::ffi::OsString;
@@ -52,24 +52,27 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceRequest>, Failure> {
         match arg {
             Long("memory") => {
                 let v = value(&mut p, "--memory")?;
-                memory = Some(
-                    parse_size("--memory", &v)
-                        .map_err(|e| Failure::usage(e.to_string(), CREATE))?,
-                );
+                let q = parse_quota("--memory", &v)
+                    .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
+                cli::once(&mut memory, "--memory", q, CREATE)?;
             }
             Long("compute") => {
                 let v = value(&mut p, "--compute")?;
                 let ppm = parse_fraction("--compute", &v)
                     .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
-                compute = Some((ppm, v));
+                cli::once(&mut compute, "--compute", (ppm, v), CREATE)?;
             }
             Long("compute-cap") => {
                 let v = value(&mut p, "--compute-cap")?;
                 let ppm = parse_cap("--compute-cap", &v)
                     .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
-                cap = Some((ppm, v));
+                cli::once(&mut cap, "--compute-cap", (ppm, v), CREATE)?;
             }
-            Long("device") => device = Some(value(&mut p, "--device")?),
+            Long("device") => {
+                let v = value(&mut p, "--device")?;
+                cli::check_device("--device", &v, CREATE)?;
+                cli::once(&mut device, "--device", v, CREATE)?;
+            }
             Value(v) if name.is_none() => name = Some(cli::utf8(v, "NAME", CREATE)?),
             _ => return Err(Failure::usage(arg.unexpected().to_string(), CREATE)),
         }
@@ -258,5 +261,21 @@ mod tests {
         assert!(usage_error(&["a", "b", "--memory", "1Gi"]).contains("b"));
         assert!(usage_error(&["a b", "--memory", "1Gi"]).contains("NAME"));
         assert!(usage_error(&["pid-7", "--memory", "1Gi"]).contains("pid-"));
+        // One rule for 0 with the shim's GPUSLICE_MEMORY: never a quota.
+        assert!(usage_error(&["a", "--memory", "0"]).contains("0 bytes"));
+        assert!(usage_error(&["a", "--memory", "0Gi"]).contains("0 bytes"));
+        // A repeated flag is bad usage, never a silent choice.
+        for flag in ["--memory", "--compute", "--compute-cap", "--device"] {
+            let msg = usage_error(&["a", "--memory", "1Gi", flag, "1", flag, "1"]);
+            assert!(msg.contains("twice"), "{flag}: {msg}");
+        }
+        // A device is an index or a UUID.
+        for bad in ["-1", "", "x", "0x1", "GPU-"] {
+            let msg = usage_error(&["a", "--memory", "1Gi", "--device", bad]);
+            assert!(msg.contains("--device"), "{bad:?}: {msg}");
+        }
+        for good in ["0", "12", "GPU-fa4e0000-0000-4000-8000-000000000000"] {
+            assert!(parse_create(args(&["a", "--memory", "1Gi", "--device", good])).is_ok());
+        }
     }
 }

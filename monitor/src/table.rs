@@ -30,6 +30,33 @@ fn usage(used: u64, total: u64) -> String {
     format!("{} / {} ({})", size(used), size(total), percent(pct))
 }
 
+/// `text` as it may be shown on a terminal: control characters (C0, DEL, C1: the escape
+/// sequences a terminal would act on), Unicode format characters that reorder or hide text
+/// (bidirectional overrides, zero-width characters), and the backslash itself are written as
+/// `\u{..}` / `\\` escapes, so a name planted in the ledger can neither drive the terminal nor
+/// pass for another name. Names gpuslice itself accepts never contain any of these; `--json`
+/// output stays exact (JSON escapes on its own terms).
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    fn unsafe_char(c: char) -> bool {
+        c == '\\'
+            || c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+                | '\u{2060}'..='\u{2069}' | '\u{feff}')
+    }
+    if !text.chars().any(unsafe_char) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
 /// Column alignment.
 #[derive(Clone, Copy)]
 enum Align {
@@ -39,8 +66,13 @@ enum Align {
 
 /// Lay out rows under headers, columns separated by two spaces, trailing spaces trimmed.
 fn layout(headers: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<String> {
+    // Every cell may hold text from the ledger (names, UUIDs): escape it before measuring.
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| terminal_safe(c).into_owned()).collect())
+        .collect();
     let mut width: Vec<usize> = headers.iter().map(|(h, _)| h.chars().count()).collect();
-    for r in rows {
+    for r in &rows {
         for (w, cell) in width.iter_mut().zip(r) {
             *w = (*w).max(cell.chars().count());
         }
@@ -66,7 +98,7 @@ fn layout(headers: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<String> {
         out.trim_end().to_string()
     };
     let mut out = vec![line(headers.iter().map(|(h, _)| *h).collect())];
-    for r in rows {
+    for r in &rows {
         out.push(line(r.iter().map(String::as_str).collect()));
     }
     out
@@ -205,6 +237,31 @@ mod tests {
         assert_eq!(size(3 << 29), "1.50 GiB");
         assert_eq!(percent(0.25), "25%");
         assert_eq!(percent(0.125), "12.5%");
+    }
+
+    #[test]
+    fn names_from_the_ledger_cannot_drive_the_terminal() {
+        let mut snap = crate::view::tests::sample();
+        snap.slices[0].name = "evil\u{1b}[2J\u{1b}]0;owned\u{7}\u{9b}31m\u{202e}x\\".into();
+        snap.devices[0].name = "GPU\r\nfake line".into();
+        snap.processes[0].slice = snap.slices[0].name.clone();
+        let text = render(&snap).join("\n");
+        assert!(
+            !text
+                .chars()
+                .any(|c| c.is_control() && c != '\n' || c == '\u{202e}'),
+            "{text:?}"
+        );
+        assert!(
+            text.contains(r"evil\u{1b}[2J\u{1b}]0;owned\u{7}\u{9b}31m\u{202e}x\\"),
+            "{text}"
+        );
+        assert!(text.contains(r"GPU\u{d}\u{a}fake line"), "{text}");
+        // Plain names are shown as they are.
+        assert_eq!(terminal_safe("train-0:a/b.c_d"), "train-0:a/b.c_d");
+        // JSON stays exact.
+        let json = snap.to_json();
+        assert_eq!(json["slices"][0]["name"], snap.slices[0].name.as_str());
     }
 
     #[test]

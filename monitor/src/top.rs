@@ -146,7 +146,7 @@ fn frame(lines: &[String], cols: usize, rows: usize) -> String {
 /// Entry point of `gpuslice top`.
 pub fn main(args: Vec<OsString>) -> i32 {
     cli::exit_status((|| {
-        let mut interval = Duration::from_secs(1);
+        let mut interval: Option<Duration> = None;
         let mut p = cli::parser(args);
         while let Some(arg) = p.next().map_err(cli::lex(USAGE))? {
             if cli::is_help(&arg) {
@@ -155,21 +155,12 @@ pub fn main(args: Vec<OsString>) -> i32 {
             match arg {
                 lexopt::Arg::Long("interval") => {
                     let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--interval", USAGE)?;
-                    match v.parse::<u64>() {
-                        Ok(ms @ 100..=60_000) => interval = Duration::from_millis(ms),
-                        _ => {
-                            return Err(Failure::usage(
-                                format!(
-                                    "--interval {v:?}: expected milliseconds between 100 and 60000"
-                                ),
-                                USAGE,
-                            ))
-                        }
-                    }
+                    cli::millis(&mut interval, "--interval", &v, 100..=60_000, USAGE)?;
                 }
                 _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
             }
         }
+        let interval = interval.unwrap_or(Duration::from_secs(1));
         let dir = cli::runtime_dir();
         let term = Terminal::enter()?;
         let mut out = std::io::stdout();

@@ -127,6 +127,7 @@ hook_table! {
         Cuda cuMemFreeAsync => memory::mem_free_async;
         Cuda cuMemFreeAsync_ptsz => memory::mem_free_async;
         Cuda cuMemPoolTrimTo => memory::pool_trim_to;
+        Cuda cuMemPoolCreate => memory::pool_create;
         Cuda cuMemPoolDestroy => memory::pool_destroy;
         Cuda cuMemCreate => memory::mem_create;
         Cuda cuMemRelease => memory::mem_release;

@@ -89,7 +89,7 @@ pub fn state_if_ready() -> Option<&'static State> {
 pub unsafe fn cu_init(real: pfn::cuInit, flags: core::ffi::c_uint) -> CUresult {
     let f = FAILED.load(Acquire);
     if f != 0 {
-        return f;
+        return start(None).err().unwrap_or(f);
     }
     if !STATE.load(Acquire).is_null() {
         return real(flags);
@@ -100,8 +100,43 @@ pub unsafe fn cu_init(real: pfn::cuInit, flags: core::ffi::c_uint) -> CUresult {
     }
 }
 
+/// Set in a child made by `fork()` after start-up: such a child is no member of the ledger
+/// (CUDA itself does not survive a fork), so its hooked calls fail with
+/// `CUDA_ERROR_NOT_INITIALIZED`, saying why once.
+static FORKED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// `pthread_atfork` child handler, registered once start-up published the state. Runs in the
+/// child right after `fork()`, where only async-signal-safe work is allowed: atomic stores and
+/// [`Ledger::forget_after_fork`] (no allocation, no lock, no log line).
+extern "C" fn in_forked_child() {
+    let p = STATE.swap(core::ptr::null_mut(), AcqRel);
+    if p.is_null() {
+        return;
+    }
+    FORKED.store(true, Release);
+    FAILED.store(CUDA_ERROR_NOT_INITIALIZED, Release);
+    // SAFETY: published once, never freed (the child keeps the parent's copy of it).
+    unsafe { (*p).ledger.forget_after_fork() };
+}
+
 #[cold]
 fn start(cu_init: Option<(pfn::cuInit, core::ffi::c_uint)>) -> Result<&'static State, CUresult> {
+    // Before the lock: in a forked child another thread of the parent may have held it.
+    let f = FAILED.load(Acquire);
+    if f != 0 {
+        if FORKED.swap(false, AcqRel) {
+            log!(
+                Error,
+                "this process was forked (without exec) from one that had initialised CUDA; CUDA \
+                 cannot be used in it (start GPU workers with spawn, or exec a new program)"
+            );
+        }
+        return Err(f);
+    }
+    // Resolve the driver's functions before the lock: resolving takes the loader's lock, and a
+    // thread inside dlopen (a library constructor calling CUDA) may hold that one while it
+    // waits for ours.
+    crate::real::resolve_all(crate::real::Lib::Cuda);
     let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
     let f = FAILED.load(Acquire);
     if f != 0 {
@@ -129,6 +164,9 @@ fn start(cu_init: Option<(pfn::cuInit, core::ffi::c_uint)>) -> Result<&'static S
         Ok(s) => {
             let p = Box::into_raw(Box::new(s));
             STATE.store(p, Release);
+            // SAFETY: registers a handler that is async-signal-safe (see in_forked_child);
+            // once, under INIT, since the state is published only once.
+            unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
             // SAFETY: just published, never freed.
             Ok(unsafe { &*p })
         }

@@ -1,9 +1,12 @@
-//! What each live allocation was charged: handle → (bytes, device), so a free returns exactly
-//! what the allocation took. A fixed, preallocated open-addressing table of atomic words: no
-//! allocation and no lock on the hot path.
+//! What each live allocation was charged ([`Charge`]: bytes, device, pool slot), by handle, so
+//! a free returns exactly what the allocation took, to the device and pool it came from. A
+//! fixed, preallocated open-addressing table of atomic words: no allocation and no lock on the
+//! hot path.
 //!
-//! Keys are the handle with its kind folded into the top bits (device pointers, arrays,
-//! mipmapped arrays and VMM handles live in different spaces). A slot is claimed by a CAS from
+//! Each slot is two words. `key` is the handle with its [`Kind`] folded into the top bits
+//! (device pointers, arrays, mipmapped arrays and VMM handles live in different spaces); `val`
+//! is the [`Charge`], packed in one place ([`Charge::word`]): bytes in the low 48 bits, the
+//! pool slot in the next 8, the device ordinal in the top 8. A slot is claimed by a CAS from
 //! empty (or tombstone) to the key; the value is written after the claim. That is safe because
 //! a handle is only looked up (freed) after its allocation returned it to the program, which
 //! happens after the insert finished; and a free removes its entry *before* calling the real
@@ -25,13 +28,57 @@ pub enum Kind {
     Vmm = 3,
 }
 
+/// What one live allocation was charged.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Charge {
+    /// Bytes charged (at most [`Charge::MAX_BYTES`]).
+    pub bytes: u64,
+    /// CUDA ordinal of the device charged.
+    pub device: u8,
+    /// The pool slot the memory came from (`memory::pools`; 0: not pool memory). Its free
+    /// moves the bytes into that pool's retained credit instead of returning them.
+    pub pool: u8,
+}
+
+impl Charge {
+    /// The most bytes one entry records (2^48 - 1: more than any device has).
+    pub const MAX_BYTES: u64 = (1 << 48) - 1;
+
+    /// `bytes` charged on `dev`, from pool slot `pool`.
+    #[inline]
+    pub fn new(bytes: u64, dev: &crate::init::DevState, pool: usize) -> Charge {
+        // Callers record only what they charged, and no quota or device reaches 2^48 bytes.
+        debug_assert!(bytes <= Self::MAX_BYTES && pool <= u8::MAX as usize);
+        Charge {
+            bytes,
+            device: dev.ordinal as u8,
+            pool: pool as u8,
+        }
+    }
+
+    /// The table's one-word form.
+    #[inline]
+    fn word(self) -> u64 {
+        (self.device as u64) << 56 | (self.pool as u64) << 48 | (self.bytes & Self::MAX_BYTES)
+    }
+
+    #[inline]
+    fn from_word(w: u64) -> Charge {
+        Charge {
+            bytes: w & Self::MAX_BYTES,
+            pool: (w >> 48) as u8,
+            device: (w >> 56) as u8,
+        }
+    }
+}
+
 const SLOTS: usize = 1 << 19; // 8 MiB of zero pages, touched only as used
 const EMPTY: u64 = 0;
 const TOMB: u64 = u64::MAX;
 
 struct Slot {
     key: AtomicU64,
-    /// bytes << 8 | device ordinal
+    /// A [`Charge`] in its one-word form.
     val: AtomicU64,
 }
 
@@ -57,9 +104,9 @@ fn start(k: u64) -> usize {
     (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize & (SLOTS - 1)
 }
 
-/// Remember that `h` took `bytes` on device ordinal `dev`. False when the table is full.
+/// Remember that `h` was charged `c`. False when the table is full.
 #[inline]
-pub fn insert(kind: Kind, h: u64, bytes: u64, dev: u8) -> bool {
+pub fn insert(kind: Kind, h: u64, c: Charge) -> bool {
     let k = key(kind, h);
     let mut i = start(k);
     for _ in 0..SLOTS {
@@ -67,7 +114,7 @@ pub fn insert(kind: Kind, h: u64, bytes: u64, dev: u8) -> bool {
         let cur = s.key.load(Relaxed);
         if (cur == EMPTY || cur == TOMB) && s.key.compare_exchange(cur, k, AcqRel, Relaxed).is_ok()
         {
-            s.val.store(bytes << 8 | dev as u64, Release);
+            s.val.store(c.word(), Release);
             return true;
         }
         i = (i + 1) & (SLOTS - 1);
@@ -75,9 +122,9 @@ pub fn insert(kind: Kind, h: u64, bytes: u64, dev: u8) -> bool {
     false
 }
 
-/// Forget `h`, returning (bytes, device) if it was known.
+/// Forget `h`, returning what it was charged if it was known.
 #[inline]
-pub fn remove(kind: Kind, h: u64) -> Option<(u64, u8)> {
+pub fn remove(kind: Kind, h: u64) -> Option<Charge> {
     let k = key(kind, h);
     let mut i = start(k);
     for _ in 0..SLOTS {
@@ -89,7 +136,7 @@ pub fn remove(kind: Kind, h: u64) -> Option<(u64, u8)> {
         if cur == k {
             let v = s.val.load(Acquire);
             if s.key.compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok() {
-                return Some((v >> 8, v as u8));
+                return Some(Charge::from_word(v));
             }
         }
         i = (i + 1) & (SLOTS - 1);
@@ -101,22 +148,37 @@ pub fn remove(kind: Kind, h: u64) -> Option<(u64, u8)> {
 mod tests {
     use super::*;
 
+    fn c(bytes: u64, device: u8, pool: u8) -> Charge {
+        Charge {
+            bytes,
+            device,
+            pool,
+        }
+    }
+
+    #[test]
+    fn a_charge_survives_its_one_word_form() {
+        for x in [c(0, 0, 0), c(Charge::MAX_BYTES, 255, 63), c(4096, 7, 17)] {
+            assert_eq!(Charge::from_word(x.word()), x);
+        }
+    }
+
     #[test]
     fn insert_remove() {
-        assert!(insert(Kind::Ptr, 0x7000_0000_1000, 4096, 1));
-        assert!(insert(Kind::Vmm, 0x7000_0000_1000, 8192, 0));
-        assert_eq!(remove(Kind::Ptr, 0x7000_0000_1000), Some((4096, 1)));
+        assert!(insert(Kind::Ptr, 0x7000_0000_1000, c(4096, 1, 3)));
+        assert!(insert(Kind::Vmm, 0x7000_0000_1000, c(8192, 0, 0)));
+        assert_eq!(remove(Kind::Ptr, 0x7000_0000_1000), Some(c(4096, 1, 3)));
         assert_eq!(remove(Kind::Ptr, 0x7000_0000_1000), None);
-        assert_eq!(remove(Kind::Vmm, 0x7000_0000_1000), Some((8192, 0)));
+        assert_eq!(remove(Kind::Vmm, 0x7000_0000_1000), Some(c(8192, 0, 0)));
         let handles: Vec<u64> = (1..5000u64).map(|i| i * 0x200000).collect();
         std::thread::scope(|s| {
             for chunk in handles.chunks(1000) {
                 s.spawn(move || {
                     for &h in chunk {
-                        assert!(insert(Kind::Array, h, h, 2));
+                        assert!(insert(Kind::Array, h, c(h, 2, 0)));
                     }
                     for &h in chunk {
-                        assert_eq!(remove(Kind::Array, h), Some((h, 2)));
+                        assert_eq!(remove(Kind::Array, h), Some(c(h, 2, 0)));
                     }
                 });
             }

@@ -1,14 +1,18 @@
 //! The real driver's functions: the real `dlsym` (found with `dlvsym`, since ours shadows it),
-//! the real libraries' handles, and the table's function pointers, resolved once on first use.
+//! the real libraries' handles, and the table's function pointers, each resolved on its first
+//! use.
 //!
-//! Nothing here runs inside our `dlsym` except [`real_dlsym`], which only resolves one
-//! pointer with `dlvsym` and caches it; the table is resolved on the first hooked call (never
-//! from a constructor), with the resolving thread recorded so a re-entrant call cannot spin on
-//! itself.
+//! Nothing here runs inside our `dlsym` except [`real_dlsym_addr`], which only resolves one
+//! pointer with `dlvsym` and caches it. Each table entry is resolved by whichever thread needs
+//! it first and published with one compare-and-swap; no thread ever waits for another's
+//! resolution. That matters because resolving takes the dynamic loader's lock (`dlopen`,
+//! `dlsym`): a thread that waited on a resolution in progress elsewhere could be the one
+//! holding that lock (a library constructor calling CUDA from inside `dlopen`), and neither
+//! would ever go on.
 
 use crate::hooks::{COUNT, SYMBOLS};
 use core::ffi::{c_char, c_void};
-use core::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
 
 /// glibc's `RTLD_NEXT`.
 pub const RTLD_NEXT: *mut c_void = -1isize as *mut c_void;
@@ -63,9 +67,14 @@ pub extern "C" fn real_dlsym_addr() -> usize {
     if p != 0 {
         return p;
     }
-    // glibc 2.34 moved dlsym into libc with a new version; older ones have only 2.2.5 (x86_64)
-    // or 2.17 (aarch64).
-    for v in [&b"GLIBC_2.34\0"[..], b"GLIBC_2.2.5\0", b"GLIBC_2.17\0"] {
+    // Ask for the baseline version first: it exists in every glibc of the architecture (on
+    // 2.34 and later as the same function, kept for old binaries), so the first lookup
+    // succeeds and nothing fails inside someone else's dlsym (a failing dlvsym formats an
+    // error message, which allocates). GLIBC_2.34 is the fallback for a libc without it.
+    for v in BASELINE_DLSYM_VERSIONS
+        .iter()
+        .chain([&b"GLIBC_2.34\0"[..]].iter())
+    {
         // SAFETY: NUL-terminated constant strings; RTLD_NEXT finds the definition after ours.
         let p = unsafe { libc::dlvsym(RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr().cast()) } as usize;
         if p != 0 {
@@ -76,6 +85,14 @@ pub extern "C" fn real_dlsym_addr() -> usize {
     0
 }
 
+/// The version glibc first gave `dlsym` on this architecture.
+#[cfg(target_arch = "x86_64")]
+const BASELINE_DLSYM_VERSIONS: &[&[u8]] = &[b"GLIBC_2.2.5\0"];
+#[cfg(target_arch = "aarch64")]
+const BASELINE_DLSYM_VERSIONS: &[&[u8]] = &[b"GLIBC_2.17\0"];
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const BASELINE_DLSYM_VERSIONS: &[&[u8]] = &[];
+
 /// The real `dlsym`.
 pub fn real_dlsym() -> Option<DlsymFn> {
     let p = real_dlsym_addr();
@@ -83,54 +100,76 @@ pub fn real_dlsym() -> Option<DlsymFn> {
     (p != 0).then(|| unsafe { core::mem::transmute::<usize, DlsymFn>(p) })
 }
 
+/// Per table entry: null until looked up, [`MISSING`] when the library or symbol is absent,
+/// else the real function.
 static PTRS: [AtomicPtr<c_void>; COUNT] = [const { AtomicPtr::new(core::ptr::null_mut()) }; COUNT];
-/// Per library: 0 unresolved, 1 resolving, 2 resolved.
-static STATE: [AtomicU8; 2] = [AtomicU8::new(0), AtomicU8::new(0)];
-static RESOLVER: [AtomicI32; 2] = [AtomicI32::new(0), AtomicI32::new(0)];
-
-fn tid() -> i32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() }
-}
+/// Per library: its handle once found (null until then).
+static HANDLES: [AtomicPtr<c_void>; 2] = [const { AtomicPtr::new(core::ptr::null_mut()) }; 2];
+/// "Looked up, not there": address 1 (`c_void` is 1-aligned), never a function.
+const MISSING: *mut c_void = core::ptr::dangling_mut::<c_void>();
 
 /// The real function of table entry `i` (null when the library or symbol is missing).
 #[inline]
 pub fn get(i: usize) -> *mut c_void {
-    let lib = SYMBOLS[i].lib.index();
-    if STATE[lib].load(Acquire) != 2 {
-        resolve(SYMBOLS[i].lib);
+    let p = PTRS[i].load(Acquire);
+    // One comparison on the hot path: every real function lies above both markers (0, 1).
+    if p.addr() > MISSING.addr() {
+        return p;
     }
-    PTRS[i].load(Relaxed)
+    if p.is_null() {
+        resolve(i)
+    } else {
+        core::ptr::null_mut()
+    }
 }
 
+/// Look entry `i` up and publish it. Two threads may both look it up; the first to publish
+/// wins and both return its answer (the same one: `dlsym` of one name in one library).
 #[cold]
-fn resolve(lib: Lib) {
-    let li = lib.index();
-    loop {
-        match STATE[li].compare_exchange(0, 1, AcqRel, Acquire) {
-            Ok(_) => break,
-            Err(2) => return,
-            Err(_) => {
-                if RESOLVER[li].load(Relaxed) == tid() {
-                    return; // re-entered from our own resolution: answer "missing" for now
-                }
-                std::thread::yield_now();
-            }
+fn resolve(i: usize) -> *mut c_void {
+    let s = &SYMBOLS[i];
+    let handle = handle(s.lib);
+    let p = match real_dlsym() {
+        // SAFETY: a valid handle and a NUL-terminated name.
+        Some(dlsym) if !handle.is_null() => unsafe { dlsym(handle, s.name.as_ptr().cast()) },
+        _ => core::ptr::null_mut(),
+    };
+    // Never take our own wrapper for the real function (it would call itself).
+    let own = s.wrapper.is_some_and(|w| w.0 as *mut c_void == p);
+    let found = if p.is_null() || own { MISSING } else { p };
+    let published = match PTRS[i].compare_exchange(core::ptr::null_mut(), found, AcqRel, Acquire) {
+        Ok(_) => found,
+        Err(earlier) => earlier,
+    };
+    if published == MISSING {
+        core::ptr::null_mut()
+    } else {
+        published
+    }
+}
+
+/// Resolve every entry of `lib` now (start-up calls this before taking its lock, so that no
+/// thread holds that lock while it waits for the loader's: see the module comment).
+#[cold]
+pub fn resolve_all(lib: Lib) {
+    for (i, s) in SYMBOLS.iter().enumerate() {
+        if s.lib == lib {
+            get(i);
         }
     }
-    RESOLVER[li].store(tid(), Relaxed);
-    let handle = library_handle(lib);
-    if let (Some(dlsym), false) = (real_dlsym(), handle.is_null()) {
-        for (i, s) in SYMBOLS.iter().enumerate().filter(|(_, s)| s.lib == lib) {
-            // SAFETY: valid handle and NUL-terminated name.
-            let p = unsafe { dlsym(handle, s.name.as_ptr().cast()) };
-            // Never take our own wrapper for the real function (it would call itself).
-            let own = s.wrapper.is_some_and(|w| w.0 as *mut c_void == p);
-            PTRS[i].store(if own { core::ptr::null_mut() } else { p }, Relaxed);
-        }
+}
+
+/// The real library's handle, found once (a lost race stores the same handle again).
+fn handle(lib: Lib) -> *mut c_void {
+    let h = HANDLES[lib.index()].load(Acquire);
+    if !h.is_null() {
+        return h;
     }
-    RESOLVER[li].store(0, Relaxed);
-    STATE[li].store(2, Release);
+    let h = library_handle(lib);
+    if !h.is_null() {
+        HANDLES[lib.index()].store(h, Release);
+    }
+    h
 }
 
 /// The handle of the real library: the already loaded one if any, else load it.
@@ -150,5 +189,5 @@ pub fn hooked_by_address(addr: *mut c_void) -> Option<usize> {
     if addr.is_null() {
         return None;
     }
-    (0..COUNT).find(|&i| SYMBOLS[i].wrapper.is_some() && PTRS[i].load(Relaxed) == addr)
+    (0..COUNT).find(|&i| SYMBOLS[i].wrapper.is_some() && get(i) == addr)
 }

@@ -11,6 +11,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+/// One mebibyte.
+pub const MI: u64 = 1 << 20;
+/// One gibibyte.
+pub const GI: u64 = 1 << 30;
+
+/// Every allocation path `gpuslice-burn --alloc-path` knows: the system tests run each one.
+pub const ALLOC_PATHS: [&str; 11] = [
+    "plain", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap", "graph",
+    "capture",
+];
+
 /// `target/<profile>` of this build: the test executable lives in `target/<profile>/deps`.
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
@@ -51,6 +62,50 @@ pub fn fake_lib_dir() -> &'static Path {
     })
 }
 
+/// Variables of the caller that a test's processes never inherit, by prefix: a developer's own
+/// gpuslice, HAMi, fake-GPU and numba settings. The same list as `gpu_env` in
+/// tests/python/conftest.py, so both suites start their clients alike.
+pub const SCRUBBED_PREFIXES: [&str; 4] = ["GPUSLICE_", "CUDA_DEVICE_", "FAKEGPU_", "NUMBA_"];
+/// Variables a test's processes never inherit, by name (as in conftest.py's `gpu_env`).
+pub const SCRUBBED: [&str; 4] = [
+    "LD_PRELOAD",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_VISIBLE_DEVICES",
+];
+
+/// Remove from `c`'s environment every variable of [`SCRUBBED_PREFIXES`] and [`SCRUBBED`]
+/// that this process has.
+pub fn scrub(c: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        let Some(k) = k.to_str() else { continue };
+        if SCRUBBED_PREFIXES.iter().any(|p| k.starts_with(p)) || SCRUBBED.contains(&k) {
+            c.env_remove(k);
+        }
+    }
+}
+
+/// Wait for `child` at most `limit`; past it, kill it and fail the test naming `what` (for
+/// checks whose failure mode is a hang).
+pub fn wait_within(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?} (hung?)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// A private world for one test: its own fake-GPU state directory and ledger directory,
 /// removed when dropped.
 pub struct World {
@@ -87,23 +142,16 @@ impl World {
         self.root.join("ledger")
     }
 
-    /// A command that runs `program` against the fake GPU, without the shim.
+    /// A command that runs `program` against the fake GPU, without the shim. The caller's
+    /// own settings never leak in ([`scrub`]); the world's are set after.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new(program);
+        scrub(&mut c);
         c.env("LD_LIBRARY_PATH", fake_lib_dir())
             .env("FAKEGPU_STATE_DIR", self.fake_state_dir())
-            .env("GPUSLICE_RUNTIME_DIR", self.runtime_dir())
-            .env_remove("LD_PRELOAD");
+            .env("GPUSLICE_RUNTIME_DIR", self.runtime_dir());
         for (k, v) in &self.env {
             c.env(k, v);
-        }
-        for (k, _) in std::env::vars() {
-            // A developer's own gpuslice settings must not leak into a test.
-            if (k.starts_with("GPUSLICE_") && k != "GPUSLICE_RUNTIME_DIR" && k != "GPUSLICE_LOG")
-                || k.starts_with("CUDA_DEVICE_")
-            {
-                c.env_remove(k);
-            }
         }
         c
     }

@@ -5,16 +5,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuslice_e2e::{run_json, run_json_within, World};
+use gpuslice_e2e::{run_json, run_json_within, World, ALLOC_PATHS, GI, MI};
 use serde_json::Value;
-
-const MI: u64 = 1 << 20;
-const GI: u64 = 1 << 30;
-
-const ALLOC_PATHS: [&str; 11] = [
-    "plain", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap", "graph",
-    "capture",
-];
 
 /// Run burn with `args` (plus `--json`); return its report and exit code.
 fn burn(w: &World, args: &[&str]) -> (Value, i32) {

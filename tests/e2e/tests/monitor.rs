@@ -6,14 +6,11 @@
 //! Timing bounds are loose: every wait polls up to a generous deadline, and the one bound the
 //! issue states (a killed process gone within 2 s) is the only timed assertion.
 
-use gpuslice_e2e::{run_json, World};
+use gpuslice_e2e::{run_json, World, GI, MI};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Lines, Read, Write};
 use std::process::{Child, ChildStderr, Stdio};
 use std::time::{Duration, Instant};
-
-const GI: u64 = 1 << 30;
-const MI: u64 = 1 << 20;
 
 /// A child process killed (SIGKILL) and reaped when the test ends, whatever happens.
 struct Proc(Child);
@@ -499,6 +496,21 @@ fn bad_usage_exits_2_with_a_usage_line_and_other_failures_exit_1_naming_what_fai
             "1.5",
         ],
         &["slice", "rm"],
+        // Bad usage everywhere: a device of the wrong form, a quota of 0 (the shim's rule for
+        // GPUSLICE_MEMORY too), a repeated flag, arguments to `version`.
+        &["slice", "create", "x", "--memory", "1Gi", "--device", "-1"],
+        &["slice", "create", "x", "--memory", "0"],
+        &["slice", "create", "x", "--memory", "1Gi", "--memory", "2Gi"],
+        &["version", "extra"],
+        &["top", "--interval", "500", "--interval", "600"],
+        &["monitor", "--interval", "100", "--interval", "200"],
+        &[
+            "monitor",
+            "--metrics-listen",
+            "a:1",
+            "--metrics-listen",
+            "a:1",
+        ],
     ] {
         let (code, err) = fails(&w, args);
         assert_eq!(code, Some(2), "gpuslice {args:?}: {err}");

@@ -36,6 +36,8 @@ fn bad_values_of_every_variable_fail_cuinit_with_one_clear_line() {
         ("GPUSLICE_MEMORY", "18446744073709551616"),
         ("GPUSLICE_MEMORY", "0=1Gi,0=2Gi"),
         ("GPUSLICE_MEMORY", "150%"),
+        ("GPUSLICE_MEMORY", "0"),
+        ("GPUSLICE_MEMORY", "0=0"),
         ("GPUSLICE_COMPUTE", "1.5"),
         ("GPUSLICE_COMPUTE", "-0.2"),
         ("GPUSLICE_COMPUTE", "half"),

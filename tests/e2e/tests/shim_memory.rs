@@ -2,16 +2,8 @@
 //! fake GPU. Every allocation path, both ways of resolving entry points, pass-through, what the
 //! program is told about memory, and quotas per device.
 
-use gpuslice_e2e::World;
+use gpuslice_e2e::{World, ALLOC_PATHS, GI, MI};
 use serde_json::Value;
-
-const MI: u64 = 1 << 20;
-const GI: u64 = 1 << 30;
-
-const ALLOC_PATHS: [&str; 11] = [
-    "plain", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap", "graph",
-    "capture",
-];
 
 /// Run `cmd` with `--json`; its report, exit code and stderr.
 fn run(mut cmd: std::process::Command, args: &[&str]) -> (Value, i32, String) {
@@ -439,4 +431,90 @@ fn a_process_that_never_touches_cuda_creates_no_ledger() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!w.runtime_dir().join("ledger").exists());
+}
+
+/// Multi-GPU pools: memory allocated from a pool located on device 1, by a thread whose
+/// current device is 0, is charged to device 1 (where the driver takes it) and, once freed
+/// into the pool and the pool destroyed, credited back to device 1. On main it was charged to
+/// the current device and credited to whichever device was current at the destroy: no
+/// device's `charged` may go below zero or be credited another device's memory.
+#[test]
+fn pool_memory_is_charged_and_credited_on_the_pools_device() {
+    use std::io::{BufRead, Write};
+    let w = World::new(2, "16Gi");
+    let mut h = w
+        .wrapped(gpuslice_e2e::artifact("gpuslice-e2e-helper"))
+        .args(["pool-devices", &(256 * MI).to_string()])
+        .env("GPUSLICE_MEMORY", "1Gi")
+        .env("GPUSLICE_SLICE", "pools")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = h.stdin.take().unwrap();
+    let mut output = std::io::BufReader::new(h.stdout.take().unwrap()).lines();
+    let mut step = |s: Option<&str>| {
+        if let Some(s) = s {
+            writeln!(input, "{s}").unwrap();
+        }
+        let line = output.next().expect("the helper ended").unwrap();
+        assert!(line.starts_with("done"), "{line}");
+        line
+    };
+    let _ = step(None); // the pool exists
+    let ledger = gpuslice_ledger::Ledger::open(&w.runtime_dir()).unwrap();
+    // (device index in the ledger, slice used, this process's charged) for both devices.
+    let held = || {
+        let snap = ledger.snapshot();
+        let proc_ = snap
+            .processes
+            .iter()
+            .find(|p| p.slice == "pools")
+            .expect("the helper's process record");
+        let mut out: Vec<(String, u64, u64)> = snap
+            .slices
+            .iter()
+            .filter(|s| s.name == "pools")
+            .map(|s| {
+                let charged = proc_
+                    .devices
+                    .iter()
+                    .find(|d| d.device == s.device)
+                    .map_or(0, |d| d.charged);
+                (s.device_uuid.clone(), s.memory_used, charged)
+            })
+            .collect();
+        out.sort();
+        assert_eq!(out.len(), 2, "{snap:?}");
+        out.into_iter()
+            .map(|(_, used, charged)| (used, charged))
+            .collect::<Vec<_>>()
+    };
+    // Fake devices are numbered by their UUIDs' order: [device 0, device 1].
+    assert_eq!(held(), [(0, 0), (0, 0)]);
+    step(Some("alloc"));
+    assert_eq!(
+        held(),
+        [(0, 0), (256 * MI, 256 * MI)],
+        "charged to the pool's device"
+    );
+    step(Some("free"));
+    assert_eq!(
+        held(),
+        [(0, 0), (256 * MI, 256 * MI)],
+        "freed into the pool: still charged there"
+    );
+    // Device 0 runs short: it reclaims its own pools' credit, never device 1's (on main it
+    // returned device 1's pool credit to device 0, whose charged went below zero).
+    let line = step(Some("overfill"));
+    assert_eq!(line, "done overfill 2", "CUDA_ERROR_OUT_OF_MEMORY expected");
+    assert_eq!(
+        held()[0],
+        (0, 0),
+        "device 0 was credited device 1's pool memory"
+    );
+    step(Some("destroy"));
+    assert_eq!(held(), [(0, 0), (0, 0)], "credited to the pool's device");
+    drop(input);
+    assert!(h.wait().unwrap().success());
 }

@@ -1,13 +1,10 @@
 //! Many processes at once and processes killed mid-allocation, observed from outside through
 //! the ledger (this test plays the monitor's part: it samples and reaps).
 
-use gpuslice_e2e::World;
+use gpuslice_e2e::{artifact, wait_within, World, GI, MI};
 use gpuslice_ledger::{Ledger, OperatorSlice, PPM};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-
-const MI: u64 = 1 << 20;
-const GI: u64 = 1 << 30;
 
 /// Register the fake device in a fresh ledger and create an operator slice on it.
 fn operator_slice(w: &World, name: &str, memory: u64) -> Ledger {
@@ -42,24 +39,22 @@ fn slice_used(l: &Ledger, name: &str) -> (u64, u64) {
     (s.memory_used, s.memory_limit.unwrap())
 }
 
-fn wait_bounded(c: &mut Child, what: &str, limit: Duration) -> std::process::ExitStatus {
-    let t = Instant::now();
-    loop {
-        if let Some(s) = c.try_wait().unwrap() {
-            return s;
-        }
-        if t.elapsed() > limit {
-            let _ = c.kill();
-            panic!("{what} hung for {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
+/// 16 processes allocate and free in a loop in one 1 GiB slice. What must hold is what the
+/// device really holds: the fake GPU's node-wide usage (sampled through its NVML by a process
+/// without the shim) never exceeds the quota, while the processes did contend for it (some
+/// allocations were refused). The ledger's own counter is sampled too, but it cannot exceed
+/// its limit by construction (a CAS against it), so it proves little on its own.
 #[test]
 fn sixteen_processes_in_one_slice_never_exceed_the_quota() {
     let w = World::new(1, "16Gi");
     let ledger = operator_slice(&w, "shared", GI);
+    let mut sampler = w
+        .command(artifact("gpuslice-e2e-helper"))
+        .arg("node-usage")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut kids: Vec<Child> = (0..16)
         .map(|_| {
             let mut c = w.wrapped_burn();
@@ -99,11 +94,29 @@ fn sixteen_processes_in_one_slice_never_exceed_the_quota() {
         let v: serde_json::Value =
             serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap())
                 .unwrap();
-        refused += v["alloc_loop"]["failed"]
+        refused += v["alloc_loop"]["out_of_memory"]
             .as_u64()
-            .or(v["alloc_errors"].as_array().map(|a| a.len() as u64))
-            .unwrap_or(0);
+            .expect("an --alloc-loop report counts out_of_memory");
     }
+    drop(sampler.stdin.take());
+    let out = sampler.wait_with_output().unwrap();
+    assert!(out.status.success(), "the node-usage sampler failed");
+    let node: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    let node_max = node["max_used"].as_u64().unwrap() - node["min_used"].as_u64().unwrap();
+    assert!(node["samples"].as_u64().unwrap() > 10, "{node}");
+    assert!(
+        node_max <= GI,
+        "the device held {node_max} bytes for the slice's processes, above the 1 GiB quota"
+    );
+    assert!(
+        node_max > GI / 2,
+        "the device never held much: the processes did not contend ({node})"
+    );
+    assert!(
+        refused > 0,
+        "no allocation was refused: the test never pressed on the quota"
+    );
     assert!(
         samples > 10 && nonzero > 0,
         "sampled {samples} times, {nonzero} non-zero"
@@ -112,7 +125,6 @@ fn sixteen_processes_in_one_slice_never_exceed_the_quota() {
         max > GI / 2,
         "the processes did contend for the quota (max {max})"
     );
-    let _ = refused;
     ledger.reap_dead().unwrap();
     assert_eq!(
         slice_used(&ledger, "shared").0,
@@ -182,7 +194,7 @@ fn processes_killed_while_allocating_give_everything_back() {
         }
         std::thread::sleep(Duration::from_micros(next(&mut seed) % 20_000));
         kid.kill().unwrap();
-        wait_bounded(&mut kid, "killed process", Duration::from_secs(10));
+        wait_within(&mut kid, Duration::from_secs(10), "killed process");
         let t = Instant::now();
         ledger.reap_dead().unwrap();
         assert!(

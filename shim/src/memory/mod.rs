@@ -1,0 +1,143 @@
+//! Quota enforcement on every path that takes device memory.
+//!
+//! Every allocation: charge the slice first (one CAS against the quota, `Account::try_charge`),
+//! then call the driver, then record what the handle was charged ([`Charge`]: bytes, device,
+//! pool) for its free; undo the charge when the driver fails. Over quota:
+//! `CUDA_ERROR_OUT_OF_MEMORY` without calling the driver, nothing changed. Frees forget the
+//! handle *before* the real free (re-recording it if that fails), and return the charge after
+//! it succeeds.
+//!
+//! One file per kind of memory, each with its own state:
+//! - [`plain`]: `cuMemAlloc_v2`, pitch and managed memory (no state: the pointer table);
+//! - [`pools`]: stream-ordered allocation and memory pools (the pool table, retained credit);
+//! - [`vmm`]: the virtual memory API's physical allocations (`cuMemCreate`);
+//! - [`arrays`]: arrays and mipmapped arrays, charged what their descriptor implies;
+//! - [`graph`]: graph memory nodes and captured allocations (held by graphs and executables).
+//!
+//! This file holds what they share: the charge/allocate/record and forget/free/return steps.
+
+use crate::init::{DevState, State};
+use crate::log::log;
+use crate::pointers::{self, Charge, Kind};
+use gpuslice_abi::*;
+
+/// The started state, or return the status start-up failed with.
+macro_rules! ready {
+    () => {
+        match crate::init::state() {
+            Ok(s) => s,
+            Err(e) => return e,
+        }
+    };
+}
+
+/// The calling thread's current device, or return `$fallback` (no context: let the driver
+/// report it).
+macro_rules! current {
+    ($st:expr, $fallback:expr) => {
+        match $st.current() {
+            Some(d) => d,
+            None => return $fallback,
+        }
+    };
+}
+
+mod arrays;
+mod graph;
+mod plain;
+mod pools;
+mod vmm;
+
+pub use arrays::{
+    array3d_create, array_create, array_destroy, mipmapped_create, mipmapped_destroy,
+};
+pub use graph::{
+    begin_capture, begin_capture_v1, end_capture, graph_add_mem_alloc_node, graph_add_node,
+    graph_add_node_v2, graph_destroy, graph_exec_destroy, graph_instantiate,
+    graph_instantiate_with_flags, graph_instantiate_with_params,
+};
+pub use plain::{mem_alloc, mem_alloc_managed, mem_alloc_pitch, mem_free};
+pub use pools::{
+    mem_alloc_async, mem_alloc_from_pool, mem_free_async, pool_create, pool_destroy, pool_trim_to,
+    reclaim_pools,
+};
+pub use vmm::{mem_create, mem_release};
+
+#[inline]
+fn oom(dev: &DevState, bytes: u64) -> CUresult {
+    if crate::log::enabled(crate::log::Level::Debug) {
+        log!(
+            Debug,
+            "allocation of {bytes} bytes on device {} refused: {} of {} used",
+            dev.ordinal,
+            dev.account.used(),
+            dev.account.limit()
+        );
+    }
+    CUDA_ERROR_OUT_OF_MEMORY
+}
+
+/// Charge `n` bytes; when they do not fit, first take back pool credit the driver released.
+#[inline]
+unsafe fn charge(dev: &DevState, n: u64) -> bool {
+    dev.account.try_charge(n) || (reclaim_pools(dev) && dev.account.try_charge(n))
+}
+
+/// Charge, allocate, record. `alloc` returns the driver's status and the new handle; `pool` is
+/// the pool slot the memory comes from (0: none), whose retained credit is spent first.
+#[inline]
+unsafe fn charge_and_alloc(
+    dev: &DevState,
+    kind: Kind,
+    bytes: u64,
+    pool: usize,
+    alloc: impl FnOnce() -> (CUresult, u64),
+) -> CUresult {
+    // `bytes` fits a Charge (below 2^48) whenever the charge succeeds: no quota or device
+    // reaches 2^48 bytes, so a larger request is refused by `charge` below.
+    let from_credit = pools::take_credit(pool, bytes);
+    let need = bytes - from_credit;
+    if need > 0 && !charge(dev, need) {
+        pools::give_credit(pool, from_credit);
+        return oom(dev, bytes);
+    }
+    let (r, h) = alloc();
+    if r != CUDA_SUCCESS {
+        dev.account.uncharge(need);
+        pools::give_credit(pool, from_credit);
+        return r;
+    }
+    if !pointers::insert(kind, h, Charge::new(bytes, dev, pool)) {
+        // Cannot happen short of half a million live allocations; the charge stays (never an
+        // undercount), returned when the process exits.
+        log!(
+            Error,
+            "allocation table full: {bytes} bytes stay charged until the process exits"
+        );
+    }
+    r
+}
+
+/// Forget `h`, call the real free, return the charge (or retain it in its pool).
+#[inline]
+unsafe fn free_and_uncharge(
+    st: &State,
+    kind: Kind,
+    h: u64,
+    free: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let Some(c) = pointers::remove(kind, h) else {
+        return free();
+    };
+    let r = free();
+    if r != CUDA_SUCCESS {
+        pointers::insert(kind, h, c);
+        return r;
+    }
+    if c.pool != 0 {
+        pools::retain(c.pool as usize, c.bytes);
+    } else if let Some(dev) = st.device(c.device as CUdevice) {
+        dev.account.uncharge(c.bytes);
+    }
+    r
+}

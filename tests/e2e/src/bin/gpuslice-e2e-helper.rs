@@ -1,0 +1,325 @@
+//! `gpuslice-e2e-helper`: small programs the system tests run under the shim, for situations
+//! `gpuslice-burn` does not make (it never forks and never loads libraries of its own).
+//!
+//! ```text
+//! gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS
+//!     cuInit, allocate BYTES on device 0, fork() a child that only sleeps CHILD_SECONDS (a
+//!     DataLoader-style worker: no exec, no CUDA), print `ready <parent pid> <child pid>`,
+//!     then sleep until killed.
+//! gpuslice-e2e-helper fork-cuda
+//!     cuInit, then fork() a child that calls cuInit again and exits with its result; print
+//!     `child cuInit <code>`.
+//! gpuslice-e2e-helper ctor-cuda LIBRARY
+//!     Thread B makes the process's first CUDA call (cuInit) while thread A is inside
+//!     dlopen(LIBRARY), whose constructor makes a CUDA call of its own (A holds the loader lock,
+//!     B needs it); the two meet through files named after $CTOR_FLAG. Prints `ok` when
+//!     both calls returned.
+//! gpuslice-e2e-helper pool-devices BYTES
+//!     On a 2-device node: create a memory pool located on device 1, then, each step when a
+//!     line arrives on stdin and always with device 0's context current, `alloc` BYTES from
+//!     it, `free` them (cuMemFreeAsync, synchronized on device 1), `overfill` (cuMemAlloc_v2 of 1 GiB + 1
+//!     byte on device 0, which a 1 GiB quota refuses after trying to reclaim pool memory),
+//!     `destroy` the pool; prints `done STEP` (`done overfill CODE`) after each, so the test
+//!     can read the ledger between steps.
+//! gpuslice-e2e-helper node-usage
+//!     Until stdin closes, sample device 0's used memory as the fake GPU's NVML reports it
+//!     for the whole node (every process, whatever gpuslice's ledger says); then print
+//!     `{"samples": N, "min_used": BYTES, "max_used": BYTES}`. Run it without the shim.
+//! ```
+//!
+//! The driver is reached the way programs reach it, through `dlopen("libcuda.so.1")` and
+//! `dlsym`, so under `LD_PRELOAD` every call goes through the shim. Exit status 0 on success,
+//! 1 with a message on stderr otherwise, 2 for bad usage.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::time::Duration;
+
+type CuResult = u32;
+
+fn die(msg: &str) -> ! {
+    eprintln!("gpuslice-e2e-helper: {msg}");
+    std::process::exit(1);
+}
+
+/// `dlsym(handle, name)` as a function of type `F`, or exit 1 naming the symbol.
+fn sym<F: Copy>(handle: *mut c_void, name: &CStr) -> F {
+    // SAFETY: valid handle and NUL-terminated name.
+    let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
+    if p.is_null() {
+        die(&format!("no {name:?} in the driver"));
+    }
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: F is the C function type of `name` (the callers spell the driver's signatures).
+    unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
+}
+
+fn libcuda() -> *mut c_void {
+    // SAFETY: NUL-terminated constant name.
+    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if h.is_null() {
+        die("cannot load libcuda.so.1 (is the fake GPU on LD_LIBRARY_PATH?)");
+    }
+    h
+}
+
+fn check(call: &str, r: CuResult) {
+    if r != 0 {
+        die(&format!("{call} returned {r}"));
+    }
+}
+
+fn fork_cuda() {
+    let cuda = libcuda();
+    let cu_init: unsafe extern "C" fn(u32) -> CuResult = sym(cuda, c"cuInit");
+    // SAFETY: the driver's signature.
+    check("cuInit", unsafe { cu_init(0) });
+    // SAFETY: as in fork_hold; the child calls into the shim (glibc's malloc is fork-safe).
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        die("fork failed");
+    }
+    if child == 0 {
+        // SAFETY: the driver's signature; _exit skips the parent's atexit handlers.
+        unsafe { libc::_exit(cu_init(0) as c_int) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    println!("child cuInit {}", libc::WEXITSTATUS(status));
+}
+
+fn fork_hold(bytes: u64, child_secs: u64) {
+    let cuda = libcuda();
+    let cu_init: unsafe extern "C" fn(u32) -> CuResult = sym(cuda, c"cuInit");
+    let cu_device_get: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult =
+        sym(cuda, c"cuDeviceGet");
+    let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
+        sym(cuda, c"cuDevicePrimaryCtxRetain");
+    let set_current: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuCtxSetCurrent");
+    let alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult = sym(cuda, c"cuMemAlloc_v2");
+    let (mut dev, mut ctx, mut ptr) = (0, std::ptr::null_mut(), 0u64);
+    // SAFETY: the driver's signatures above; out-parameters are valid locals.
+    unsafe {
+        check("cuInit", cu_init(0));
+        check("cuDeviceGet", cu_device_get(&mut dev, 0));
+        check("cuDevicePrimaryCtxRetain", retain(&mut ctx, dev));
+        check("cuCtxSetCurrent", set_current(ctx));
+        check("cuMemAlloc_v2", alloc(&mut ptr, bytes as usize));
+    }
+    // SAFETY: fork in a process whose other threads (if any, the driver's) are not needed by
+    // the child, which only sleeps and exits with async-signal-safe calls.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        die("fork failed");
+    }
+    if child == 0 {
+        // SAFETY: sleep and _exit are async-signal-safe.
+        unsafe {
+            libc::sleep(child_secs as u32);
+            libc::_exit(0);
+        }
+    }
+    println!("ready {} {child}", std::process::id());
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+#[repr(C)]
+struct PoolProps {
+    alloc_type: u32,
+    handle_types: u32,
+    location_type: u32,
+    location_id: c_int,
+    win32: *mut c_void,
+    max_size: usize,
+    usage: u16,
+    reserved: [u8; 54],
+}
+
+fn pool_devices(bytes: u64) {
+    let cuda = libcuda();
+    let cu_init: unsafe extern "C" fn(u32) -> CuResult = sym(cuda, c"cuInit");
+    let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
+        sym(cuda, c"cuDevicePrimaryCtxRetain");
+    let set_current: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuCtxSetCurrent");
+    let create: unsafe extern "C" fn(*mut *mut c_void, *const PoolProps) -> CuResult =
+        sym(cuda, c"cuMemPoolCreate");
+    let alloc: unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> CuResult =
+        sym(cuda, c"cuMemAllocFromPoolAsync");
+    let free: unsafe extern "C" fn(u64, *mut c_void) -> CuResult = sym(cuda, c"cuMemFreeAsync");
+    let sync: unsafe extern "C" fn() -> CuResult = sym(cuda, c"cuCtxSynchronize");
+    let destroy: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuMemPoolDestroy");
+    let plain_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult =
+        sym(cuda, c"cuMemAlloc_v2");
+    let (mut ctx0, mut ctx1, mut pool, mut ptr) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        0u64,
+    );
+    let props = PoolProps {
+        alloc_type: 1,    // CU_MEM_ALLOCATION_TYPE_PINNED
+        handle_types: 0,  // CU_MEM_HANDLE_TYPE_NONE
+        location_type: 1, // CU_MEM_LOCATION_TYPE_DEVICE
+        location_id: 1,
+        win32: std::ptr::null_mut(),
+        max_size: 0,
+        usage: 0,
+        reserved: [0; 54],
+    };
+    // SAFETY: the driver's signatures above; out-parameters are valid locals.
+    unsafe {
+        check("cuInit", cu_init(0));
+        check("cuDevicePrimaryCtxRetain(0)", retain(&mut ctx0, 0));
+        check("cuDevicePrimaryCtxRetain(1)", retain(&mut ctx1, 1));
+        check("cuCtxSetCurrent(1)", set_current(ctx1));
+        check("cuMemPoolCreate", create(&mut pool, &props));
+        check("cuCtxSetCurrent(0)", set_current(ctx0));
+    }
+    println!("done create");
+    for line in std::io::stdin().lines() {
+        let step = line.unwrap_or_default();
+        // SAFETY: as above; `ptr` came from the pool.
+        unsafe {
+            match step.trim() {
+                "alloc" => check(
+                    "cuMemAllocFromPoolAsync",
+                    alloc(&mut ptr, bytes as usize, pool, std::ptr::null_mut()),
+                ),
+                "free" => {
+                    // Synchronized in device 1's context: the pool releases what it holds
+                    // above its threshold (0) to the device, unseen by gpuslice until it
+                    // reconciles that pool.
+                    check("cuMemFreeAsync", free(ptr, std::ptr::null_mut()));
+                    check("cuCtxSynchronize", sync()); // the free, queued in context 0
+                    check("cuCtxSetCurrent(1)", set_current(ctx1));
+                    check("cuCtxSynchronize", sync());
+                    check("cuCtxSetCurrent(0)", set_current(ctx0));
+                }
+                "destroy" => check("cuMemPoolDestroy", destroy(pool)),
+                "overfill" => {
+                    let mut p = 0u64;
+                    println!("done overfill {}", plain_alloc(&mut p, (1 << 30) + 1));
+                    continue;
+                }
+                other => die(&format!("unknown step {other:?}")),
+            }
+        }
+        println!("done {}", step.trim());
+    }
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+fn node_usage() {
+    // SAFETY: NUL-terminated constant name.
+    let nvml = unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW) };
+    if nvml.is_null() {
+        die("cannot load libnvidia-ml.so.1");
+    }
+    let init: unsafe extern "C" fn() -> u32 = sym(nvml, c"nvmlInit_v2");
+    let handle: unsafe extern "C" fn(u32, *mut *mut c_void) -> u32 =
+        sym(nvml, c"nvmlDeviceGetHandleByIndex_v2");
+    let info: unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> u32 =
+        sym(nvml, c"nvmlDeviceGetMemoryInfo");
+    let mut dev = std::ptr::null_mut();
+    // SAFETY: NVML's signatures above; out-parameters are valid locals.
+    unsafe {
+        check("nvmlInit_v2", init());
+        check("nvmlDeviceGetHandleByIndex_v2", handle(0, &mut dev));
+    }
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = done.clone();
+    std::thread::spawn(move || {
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    let (mut samples, mut min, mut max) = (0u64, u64::MAX, 0u64);
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        let mut m = NvmlMemory::default();
+        // SAFETY: as above.
+        check("nvmlDeviceGetMemoryInfo", unsafe { info(dev, &mut m) });
+        samples += 1;
+        min = min.min(m.used);
+        max = max.max(m.used);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    println!("{{\"samples\": {samples}, \"min_used\": {min}, \"max_used\": {max}}}");
+}
+
+fn ctor_cuda(library: &str) {
+    // Thread B: the process's first CUDA call, made while A is inside dlopen below. The
+    // entry point is found now, before A takes the loader lock: what B then needs the lock
+    // for is the shim's first resolution of the real driver.
+    let cuda = libcuda();
+    let cu_init: unsafe extern "C" fn(u32) -> CuResult = sym(cuda, c"cuInit");
+    // The constructor creates `$CTOR_FLAG.in` once it runs (A holds the loader lock); B then
+    // creates `$CTOR_FLAG` and calls, and the constructor, seeing it, gives B time to reach
+    // the loader lock before making its own call.
+    let flag = std::env::var_os("CTOR_FLAG").unwrap_or_else(|| die("CTOR_FLAG is not set"));
+    // B must be fully started before A takes the loader lock: a thread's start registers its
+    // thread-local destructors, which takes that lock too.
+    let started = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let b_started = started.clone();
+    let b = std::thread::spawn(move || {
+        b_started.wait();
+        let mut inside = flag.clone();
+        inside.push(".in");
+        let t0 = std::time::Instant::now();
+        while !std::path::Path::new(&inside).exists() {
+            if t0.elapsed() > Duration::from_secs(20) {
+                die("the constructor never ran");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if std::fs::write(&flag, b"b").is_err() {
+            die("cannot write CTOR_FLAG");
+        }
+        // SAFETY: the driver's signature.
+        unsafe { cu_init(0) }
+    });
+    started.wait();
+    let lib = std::ffi::CString::new(library).unwrap_or_else(|_| die("bad library path"));
+    // SAFETY: a NUL-terminated path; the library's constructor calls into the driver.
+    let h = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW) };
+    if h.is_null() {
+        // SAFETY: dlerror returns a valid C string after a failed dlopen.
+        let e = unsafe { CStr::from_ptr(libc::dlerror() as *const c_char) };
+        die(&format!("dlopen {library}: {e:?}"));
+    }
+    let r = b.join().unwrap_or_else(|_| die("thread B panicked"));
+    check("cuInit (thread B)", r);
+    println!("ok");
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let n = |i: usize| -> u64 {
+        args.get(i)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| usage())
+    };
+    match args.first().map(String::as_str) {
+        Some("fork-hold") => fork_hold(n(1), n(2)),
+        Some("fork-cuda") => fork_cuda(),
+        Some("ctor-cuda") => ctor_cuda(args.get(1).unwrap_or_else(|| usage())),
+        Some("pool-devices") => pool_devices(n(1)),
+        Some("node-usage") => node_usage(),
+        _ => usage(),
+    }
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS | fork-cuda | ctor-cuda LIBRARY | \
+         pool-devices BYTES | node-usage"
+    );
+    std::process::exit(2);
+}

@@ -1,0 +1,120 @@
+//! The reference docs name everything the product exposes: every metric family `gpuslice`
+//! emits (`gpuslice metrics`, and the monitor's `/metrics`) is in docs/operations.md, and
+//! every variable the shim's configuration reads is in docs/configuration.md. A new metric or
+//! variable without its documentation fails here.
+
+use gpuslice_e2e::World;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+fn repo_file(path: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The family names of a Prometheus text exposition (its `# TYPE` lines).
+fn families(exposition: &str) -> Vec<String> {
+    exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(String::from)
+        .collect()
+}
+
+/// What the monitor serves at `/metrics` (its own families included).
+fn monitor_scrape(w: &World) -> String {
+    let mut m = w
+        .gpuslice()
+        .args(["monitor", "--metrics-listen", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(m.stderr.take().unwrap()).lines();
+    let t0 = Instant::now();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("the monitor stopped before serving metrics")
+            .unwrap();
+        if let Some(rest) = line.split("serving metrics at http://").nth(1) {
+            break rest.trim_end_matches("/metrics").to_string();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "no metrics address");
+    };
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let _ = m.kill();
+    let _ = m.wait();
+    out
+}
+
+#[test]
+fn every_metric_is_documented_in_operations_md() {
+    let w = World::new(1, "16Gi");
+    let once = w.gpuslice().arg("metrics").output().unwrap();
+    assert!(once.status.success());
+    let mut names = families(&String::from_utf8_lossy(&once.stdout));
+    names.extend(families(&monitor_scrape(&w)));
+    names.sort();
+    names.dedup();
+    assert!(
+        names.len() > 10 && names.iter().any(|n| n.starts_with("gpuslice_monitor_")),
+        "{names:?}"
+    );
+    let doc = repo_file("docs/operations.md");
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !doc.contains(&format!("`{n}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "metrics missing from docs/operations.md's table: {missing:?}"
+    );
+}
+
+#[test]
+fn every_variable_the_shim_reads_is_documented_in_configuration_md() {
+    let config = repo_file("shim/src/config.rs");
+    // The configuration code, not its tests (which spell variables that do not exist).
+    let code = config.split("#[cfg(test)]").next().unwrap();
+    let mut vars: Vec<&str> = code
+        .split('"')
+        .skip(1)
+        .step_by(2) // the insides of string literals (`c"..."` included)
+        .filter(|s| {
+            (s.starts_with("GPUSLICE_") || s.starts_with("CUDA_DEVICE_"))
+                && s.bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+        })
+        // Bare family prefixes (used to look for unknown variables) are not variables.
+        .filter(|s| !matches!(*s, "GPUSLICE_" | "CUDA_DEVICE_"))
+        .collect();
+    vars.sort();
+    vars.dedup();
+    assert!(vars.contains(&"GPUSLICE_MEMORY"), "{vars:?}");
+    let doc = repo_file("docs/configuration.md");
+    let missing: Vec<&&str> = vars
+        .iter()
+        .filter(|v| {
+            if v.ends_with('_') {
+                // A per-device family: `CUDA_DEVICE_MEMORY_LIMIT_<i>`.
+                !doc.contains(&format!("`{v}<"))
+            } else {
+                !doc.contains(&format!("`{v}`"))
+            }
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "variables shim/src/config.rs reads that docs/configuration.md does not name: {missing:?}"
+    );
+}
