@@ -45,6 +45,28 @@ pub enum LedgerError {
     BadName(String),
     /// Admission refused: the request does not fit what the device has left.
     Admission(AdmissionError),
+    /// `GPUSLICE_RUNTIME_DIR` is not an absolute path.
+    RelativeRuntimeDir(PathBuf),
+    /// The runtime directory fails the ownership/mode checks.
+    UnsafeDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+        /// How to fix it.
+        fix: String,
+    },
+    /// A file in the runtime directory fails the checks (symlink, owner, mode).
+    UnsafeFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A path that cannot be passed to the OS (holds a NUL byte).
+    BadPath(String),
+    /// The ledger is mapped read-only here (root's node directory seen by another user).
+    ReadOnly(PathBuf),
 }
 
 /// A slice that does not fit on its device.
@@ -104,6 +126,29 @@ impl fmt::Display for LedgerError {
                 "slice name {n:?} is not accepted: 1 to 63 bytes of letters, digits, '-', '_', '.', ':' or '/'"
             ),
             LedgerError::Admission(a) => a.fmt(f),
+            LedgerError::RelativeRuntimeDir(p) => write!(
+                f,
+                "GPUSLICE_RUNTIME_DIR={:?} is not valid; accepted: an absolute directory path",
+                p.display().to_string()
+            ),
+            LedgerError::UnsafeDir { path, problem, fix } => write!(
+                f,
+                "refusing the runtime directory {}: it {problem}; to fix: {fix}",
+                path.display()
+            ),
+            LedgerError::UnsafeFile { path, problem } => write!(
+                f,
+                "refusing {}: it {problem}; gpuslice never uses such a file (remove it; the \
+                 directory's owner recreates it)",
+                path.display()
+            ),
+            LedgerError::ReadOnly(p) => write!(
+                f,
+                "{} belongs to root and is read-only for you: only root (through the node's \
+                 monitor) changes it",
+                p.display()
+            ),
+            LedgerError::BadPath(p) => write!(f, "path {p:?} holds a NUL byte"),
         }
     }
 }

@@ -9,21 +9,26 @@
 //! derived sum (see `Ledger::rebuild_derived`), so a death at any instruction of a cold path
 //! leaves nothing inconsistent. Locking times out instead of hanging.
 
+use crate::dir::{OpenHow, RuntimeDir};
 use crate::error::LedgerError;
 use crate::layout::*;
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::IntoRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How long `lock()` waits for the cold-path mutex.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The ledger file's name in the runtime directory.
+pub const LEDGER_FILE: &str = "ledger";
+
 /// A mapped ledger file.
 pub(crate) struct Mapping {
     pub fd: libc::c_int,
     pub base: *mut u8,
     pub path: PathBuf,
+    /// Mapped read-write (false: read-only, and nothing may write through `base`).
+    pub writable: bool,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics and the robust mutex; the
@@ -51,30 +56,17 @@ fn io(what: &str, path: &Path) -> LedgerError {
     }
 }
 
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).unwrap_or_else(|_| CString::new("/nonexistent").unwrap())
+/// Open the existing ledger in `dir` (read-write, or read-only when `write` is false).
+pub(crate) fn open(dir: &RuntimeDir, write: bool) -> Result<Mapping, LedgerError> {
+    let how = if write { OpenHow::WRITE } else { OpenHow::READ };
+    let fd = dir.open_file(LEDGER_FILE, how)?;
+    map_existing(fd.into_raw_fd(), dir.path().join(LEDGER_FILE), write)
 }
 
-/// Open the existing ledger in `dir`.
-pub(crate) fn open(dir: &Path) -> Result<Mapping, LedgerError> {
-    let path = dir.join("ledger");
-    let c = cpath(&path);
-    // SAFETY: c is a valid NUL-terminated path.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if fd < 0 {
-        if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
-            return Err(LedgerError::NotFound(path));
-        }
-        return Err(io("open", &path));
-    }
-    map_existing(fd, path)
-}
-
-/// Open the ledger in `dir`, creating the directory and the file if needed.
-pub(crate) fn open_or_create(dir: &Path) -> Result<Mapping, LedgerError> {
-    ensure_dir(dir)?;
+/// Open the ledger in `dir`, creating the file if needed (only in a directory of the caller's).
+pub(crate) fn open_or_create(dir: &RuntimeDir) -> Result<Mapping, LedgerError> {
     for _ in 0..5 {
-        match open(dir) {
+        match open(dir, true) {
             Err(LedgerError::NotFound(_)) => {}
             other => return other,
         }
@@ -82,67 +74,44 @@ pub(crate) fn open_or_create(dir: &Path) -> Result<Mapping, LedgerError> {
             return Ok(m);
         }
     }
-    open(dir)
-}
-
-fn ensure_dir(dir: &Path) -> Result<(), LedgerError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    let c = cpath(dir);
-    // SAFETY: valid path.
-    if unsafe { libc::mkdir(c.as_ptr(), 0o1777) } == 0 {
-        // The umask narrowed it; every user and container on the node must reach the ledger.
-        // SAFETY: valid path.
-        unsafe { libc::chmod(c.as_ptr(), 0o1777) };
-        return Ok(());
-    }
-    if dir.is_dir() {
-        return Ok(()); // created by someone else meanwhile
-    }
-    Err(io("create directory", dir))
+    open(dir, true)
 }
 
 /// Build a complete ledger under a temporary name and link it into place. `None` when someone
 /// else's ledger appeared first.
-fn create(dir: &Path) -> Result<Option<Mapping>, LedgerError> {
-    let final_path = dir.join("ledger");
+fn create(dir: &RuntimeDir) -> Result<Option<Mapping>, LedgerError> {
+    let final_path = dir.path().join(LEDGER_FILE);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let tmp = dir.join(format!(".ledger.{}.{nanos}.tmp", std::process::id()));
-    let ct = cpath(&tmp);
-    // SAFETY: valid path; O_EXCL makes the temporary ours alone.
-    let fd = unsafe {
-        libc::open(
-            ct.as_ptr(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
-            0o666,
-        )
-    };
-    if fd < 0 {
-        return Err(io("create", &tmp));
-    }
+    let tmp_name = format!(".ledger.{}.{nanos}.tmp", std::process::id());
+    let tmp = dir.path().join(&tmp_name);
+    // O_EXCL makes the temporary ours alone; 0600: only the directory's owner (the one user of
+    // a personal ledger) ever opens it.
+    let fd = dir
+        .open_file(
+            &tmp_name,
+            OpenHow {
+                write: true,
+                create: Some(0o600),
+                exclusive: true,
+                append: false,
+            },
+        )?
+        .into_raw_fd();
     let cleanup = |fd| {
-        // SAFETY: our temporary and our fd.
-        unsafe {
-            libc::unlink(ct.as_ptr());
-            libc::close(fd);
-        }
+        let _ = dir.unlink(&tmp_name);
+        // SAFETY: our fd.
+        unsafe { libc::close(fd) };
     };
-    // SAFETY: fd is ours. fchmod undoes the umask: other users and containers share the file.
-    if unsafe { libc::fchmod(fd, 0o666) } != 0
-        || unsafe { libc::ftruncate(fd, FILE_SIZE as libc::off_t) } != 0
-    {
+    // SAFETY: fd is ours.
+    if unsafe { libc::ftruncate(fd, FILE_SIZE as libc::off_t) } != 0 {
         let e = io("size", &tmp);
         cleanup(fd);
         return Err(e);
     }
-    let base = match map(fd, &tmp) {
+    let base = match map(fd, &tmp, true) {
         Ok(b) => b,
         Err(e) => {
             cleanup(fd);
@@ -151,41 +120,46 @@ fn create(dir: &Path) -> Result<Option<Mapping>, LedgerError> {
     };
     // SAFETY: the mapping is FILE_SIZE bytes, zero-filled, private to us until linked.
     unsafe { init_header(base) }?;
-    let cf = cpath(&final_path);
-    // SAFETY: valid paths.
-    let linked = unsafe { libc::link(ct.as_ptr(), cf.as_ptr()) };
-    let link_err = std::io::Error::last_os_error();
-    // SAFETY: the temporary name is no longer needed either way.
-    unsafe { libc::unlink(ct.as_ptr()) };
-    if linked == 0 {
-        return Ok(Some(Mapping {
+    let linked = dir.link(&tmp_name, LEDGER_FILE);
+    // The temporary name is no longer needed either way.
+    let _ = dir.unlink(&tmp_name);
+    match linked {
+        Ok(()) => Ok(Some(Mapping {
             fd,
             base,
             path: final_path,
-        }));
+            writable: true,
+        })),
+        Err(link_err) => {
+            // SAFETY: our mapping and fd.
+            unsafe {
+                libc::munmap(base.cast(), FILE_SIZE);
+                libc::close(fd);
+            }
+            if link_err.raw_os_error() == Some(libc::EEXIST) {
+                return Ok(None);
+            }
+            Err(LedgerError::Io {
+                what: "link".into(),
+                path: final_path,
+                source: link_err,
+            })
+        }
     }
-    // SAFETY: our mapping and fd.
-    unsafe {
-        libc::munmap(base.cast(), FILE_SIZE);
-        libc::close(fd);
-    }
-    if link_err.raw_os_error() == Some(libc::EEXIST) {
-        return Ok(None);
-    }
-    Err(LedgerError::Io {
-        what: "link".into(),
-        path: final_path,
-        source: link_err,
-    })
 }
 
-fn map(fd: libc::c_int, path: &Path) -> Result<*mut u8, LedgerError> {
-    // SAFETY: fd is open read-write; the result is checked.
+fn map(fd: libc::c_int, path: &Path, write: bool) -> Result<*mut u8, LedgerError> {
+    let prot = if write {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: fd is open (read-write when `write`); the result is checked.
     let p = unsafe {
         libc::mmap(
             core::ptr::null_mut(),
             FILE_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
+            prot,
             libc::MAP_SHARED,
             fd,
             0,
@@ -228,7 +202,7 @@ unsafe fn init_header(base: *mut u8) -> Result<(), LedgerError> {
     Ok(())
 }
 
-fn map_existing(fd: libc::c_int, path: PathBuf) -> Result<Mapping, LedgerError> {
+fn map_existing(fd: libc::c_int, path: PathBuf, write: bool) -> Result<Mapping, LedgerError> {
     let fail = |e: LedgerError| {
         // SAFETY: our fd.
         unsafe { libc::close(fd) };
@@ -299,11 +273,16 @@ fn map_existing(fd: libc::c_int, path: PathBuf) -> Result<Mapping, LedgerError> 
             detail: format!("file of {} bytes, expected {FILE_SIZE}", st.st_size),
         });
     }
-    let base = match map(fd, &path) {
+    let base = match map(fd, &path, write) {
         Ok(b) => b,
         Err(e) => return fail(e),
     };
-    let m = Mapping { fd, base, path };
+    let m = Mapping {
+        fd,
+        base,
+        path,
+        writable: write,
+    };
     // SAFETY: mapped FILE_SIZE ≥ size_of::<Header>() bytes.
     let h = unsafe { &*m.base.cast::<Header>() };
     if h.ready.load(core::sync::atomic::Ordering::Acquire) != READY {

@@ -12,22 +12,13 @@ use crate::file::{self, Locked, Mapping};
 use crate::layout::*;
 use crate::snapshot::*;
 use core::sync::atomic::Ordering::{Relaxed, SeqCst};
-use std::path::{Path, PathBuf};
-
-/// The default ledger directory when `GPUSLICE_RUNTIME_DIR` is unset.
-pub const DEFAULT_RUNTIME_DIR: &str = "/dev/shm/gpuslice";
-
-/// `GPUSLICE_RUNTIME_DIR`, or [`DEFAULT_RUNTIME_DIR`].
-pub fn runtime_dir_from_env() -> PathBuf {
-    match std::env::var_os("GPUSLICE_RUNTIME_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(DEFAULT_RUNTIME_DIR),
-    }
-}
+use crate::dir::{Owner, RuntimeDir};
+use std::path::Path;
 
 /// A mapped node ledger.
 pub struct Ledger {
     m: Mapping,
+    dir: RuntimeDir,
     /// Process slots whose liveness lock this handle holds. An OFD lock does not conflict with
     /// its own description, so `F_OFD_GETLK` cannot see these: we know them instead.
     owned: [core::sync::atomic::AtomicU64; MAX_PROCS / 64],
@@ -101,18 +92,29 @@ fn frac(ppm: u64) -> String {
 
 impl Ledger {
     /// Open the existing ledger in `dir` (the monitor and CLI use this to avoid creating one).
+    /// In a directory of the caller's it is mapped read-write; in root's directory, for
+    /// anyone else, read-only (every cold path then answers [`LedgerError::ReadOnly`]).
     pub fn open(dir: &Path) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::new(file::open(dir)?))
+        let dir = RuntimeDir::open(dir)?;
+        let m = file::open(&dir, dir.owner() == Owner::Caller)?;
+        Ok(Ledger::new(m, dir))
     }
 
-    /// Open the ledger in `dir`, creating it (and the directory, mode 01777) if needed.
+    /// Open the ledger in `dir`, creating it (and the directory, mode 0700, or 0755 for root)
+    /// if needed. Only in a directory the caller owns (see `dir.rs`).
     pub fn open_or_create(dir: &Path) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::new(file::open_or_create(dir)?))
+        let dir = RuntimeDir::open_or_create(dir)?;
+        if dir.owner() != Owner::Caller {
+            return Err(LedgerError::ReadOnly(dir.path().join(file::LEDGER_FILE)));
+        }
+        let m = file::open_or_create(&dir)?;
+        Ok(Ledger::new(m, dir))
     }
 
-    fn new(m: Mapping) -> Ledger {
+    fn new(m: Mapping, dir: RuntimeDir) -> Ledger {
         Ledger {
             m,
+            dir,
             owned: [const { core::sync::atomic::AtomicU64::new(0) }; MAX_PROCS / 64],
         }
     }
@@ -129,6 +131,25 @@ impl Ledger {
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.m.path
+    }
+
+    /// The checked runtime directory the ledger lives in.
+    pub fn dir(&self) -> &RuntimeDir {
+        &self.dir
+    }
+
+    /// Whether this handle may change the ledger (false: mapped read-only).
+    pub fn writable(&self) -> bool {
+        self.m.writable
+    }
+
+    /// Device and inode of the mapped file, and of the file under the ledger's name now: they
+    /// differ when the ledger was removed or replaced since it was opened.
+    pub fn identities(&self) -> (Option<(u64, u64)>, Option<(u64, u64)>) {
+        let mapped = crate::dir::fstat(self.m.fd)
+            .ok()
+            .map(|st| (st.st_dev, st.st_ino));
+        (mapped, self.dir.identity(file::LEDGER_FILE))
     }
 
     /// The header.
@@ -159,6 +180,9 @@ impl Ledger {
     /// Take the cold-path lock (times out after [`file::LOCK_TIMEOUT`]); repairs the derived
     /// sums when the previous holder died.
     pub fn lock(&self) -> Result<LockGuard<'_>, LedgerError> {
+        if !self.m.writable {
+            return Err(LedgerError::ReadOnly(self.path().into()));
+        }
         let r = file::lock(self.header(), self.path())?;
         let g = LockGuard { ledger: self };
         if let Locked::OwnerDied = r {
@@ -372,6 +396,9 @@ impl Ledger {
 
     /// The charging handle of process `h` on `device` (after `join`).
     pub fn account(&self, h: ProcHandle, device: usize) -> Option<Account<'_>> {
+        if !self.m.writable {
+            return None;
+        }
         let p = &self.procs()[h.slot];
         let pd = &p.devices[device];
         let d = &self.devices()[device];

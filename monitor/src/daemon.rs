@@ -24,7 +24,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use gpuslice_ledger::dir::{OpenHow, Owner, RuntimeDir};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -37,9 +37,11 @@ pub const LOCK_FILE: &str = "monitor.lock";
 /// Where a monitor started by [`start_background`] writes its log, inside the runtime directory.
 pub const LOG_FILE: &str = "monitor.log";
 
-/// The pid of the monitor serving the ledger in `dir`, if one is running.
+/// The pid of the monitor serving the ledger in `dir`, if one is running (as far as the
+/// caller can tell: only the directory's owner can open the lock).
 pub fn monitor_running(dir: &Path) -> Option<u32> {
-    let mut f = File::open(dir.join(LOCK_FILE)).ok()?;
+    let d = RuntimeDir::open(dir).ok()?;
+    let mut f = File::from(d.open_file(LOCK_FILE, OpenHow::READ).ok()?);
     // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
         // Nobody holds it exclusively: no monitor. Our shared lock goes with `f`.
@@ -59,23 +61,40 @@ pub fn monitor_running(dir: &Path) -> Option<u32> {
     Some(0)
 }
 
+/// The runtime directory, if the caller may run its monitor there (it owns it), else a
+/// message saying whose monitor it is.
+fn own_dir(dir: &Path) -> Result<RuntimeDir, String> {
+    let d = RuntimeDir::open_or_create(dir).map_err(|e| e.to_string())?;
+    if d.owner() != Owner::Caller {
+        return Err(format!(
+            "the runtime directory {} belongs to root: only root runs its monitor \
+             (`sudo gpuslice monitor`, or the node's service); set GPUSLICE_RUNTIME_DIR to a \
+             directory of your own for a personal one",
+            dir.display()
+        ));
+    }
+    Ok(d)
+}
+
 /// The held monitor lock; released when the process exits (or this is dropped).
 pub struct MonitorLock {
     _file: File,
 }
 
 impl MonitorLock {
-    /// Take the lock for `dir`, or say which monitor holds it.
+    /// Take the lock for `dir`, or say which monitor holds it. The lock file is opened
+    /// relative to the checked directory, never through a symlink, and must belong to the
+    /// directory's owner (the caller): a planted file is refused, never truncated.
     pub fn acquire(dir: &Path) -> Result<MonitorLock, String> {
         let path = dir.join(LOCK_FILE);
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(&path)
-            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        let d = own_dir(dir)?;
+        let how = OpenHow {
+            write: true,
+            create: Some(0o600),
+            exclusive: false,
+            append: false,
+        };
+        let mut f = File::from(d.open_file(LOCK_FILE, how).map_err(|e| e.to_string())?);
         // A `monitor_running` probe holds a shared lock for microseconds: retry briefly so a
         // probe never makes a starting monitor believe another one runs.
         let mut tries = 0;
@@ -107,33 +126,25 @@ impl MonitorLock {
 
 /// Make sure a monitor serves `dir`: return the pid of the running one, or start one in the
 /// background (detached, its log in `dir/monitor.log`) and return its pid once it holds the
-/// lock. `started` tells whether this call started it.
+/// lock. `started` tells whether this call started it. Only in a directory the caller owns.
 pub fn start_background(dir: &Path) -> Result<(u32, bool), String> {
     if let Some(pid) = monitor_running(dir) {
         return Ok((pid, false));
     }
-    // The ledger creates the directory as every user needs it (mode 1777); its errors are
-    // the monitor's to report, so only the directory matters here.
-    let _ = Node::open_or_create(dir);
+    let d = own_dir(dir)?;
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot find the gpuslice binary: {e}"))?;
-    let open_log = |p: &Path| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
+    let log_path = dir.join(LOG_FILE);
+    let how = OpenHow {
+        write: true,
+        create: Some(0o600),
+        exclusive: false,
+        append: true,
     };
-    let mut log_path = dir.join(LOG_FILE);
-    let log = match open_log(&log_path) {
-        Ok(f) => f,
-        // Another user's monitor wrote the shared log (the directory is sticky): use our own.
-        Err(_) => {
-            // SAFETY: getuid cannot fail.
-            log_path = dir.join(format!("monitor-{}.log", unsafe { libc::getuid() }));
-            open_log(&log_path)
-                .map_err(|e| format!("cannot open the monitor log {}: {e}", log_path.display()))?
-        }
-    };
+    let log = File::from(
+        d.open_file(LOG_FILE, how)
+            .map_err(|e| format!("cannot open the monitor log: {e}"))?,
+    );
     let log2 = log
         .try_clone()
         .map_err(|e| format!("cannot open the monitor log: {e}"))?;
@@ -517,6 +528,28 @@ fn audit_transitions(over: &mut HashSet<(String, String)>, rows: &[AuditRow]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_planted_lock_or_log_is_refused_and_never_written() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let d = std::env::temp_dir().join(format!("gpuslice-plant-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let rt = d.join("rt");
+        std::fs::create_dir_all(&rt).unwrap();
+        std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let target = d.join("root-only");
+        std::fs::write(&target, "secret\n").unwrap();
+        symlink(&target, rt.join(LOCK_FILE)).unwrap();
+        let e = MonitorLock::acquire(&rt).err().expect("refused");
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(monitor_running(&rt), None);
+        std::fs::remove_file(rt.join(LOCK_FILE)).unwrap();
+        symlink(&target, rt.join(LOG_FILE)).unwrap();
+        let e = start_background(&rt).err().expect("refused");
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "secret\n");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn a_process_is_keyed_as_it_recorded_itself() {

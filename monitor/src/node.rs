@@ -32,14 +32,6 @@ pub struct SliceRequest {
 /// An open ledger.
 pub struct Node {
     ledger: Ledger,
-    /// Device and inode of the file when opened, to notice it was replaced.
-    identity: Option<(u64, u64)>,
-}
-
-/// Device and inode of the file at `path` now.
-fn identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 fn ratio(ppm: u32) -> f64 {
@@ -58,14 +50,14 @@ impl Node {
     }
 
     fn new(ledger: Ledger) -> Node {
-        let identity = identity(ledger.path());
-        Node { ledger, identity }
+        Node { ledger }
     }
 
     /// Whether the file this maps is still the ledger in its directory (an operator may have
     /// removed a broken one, and a process created a new one since).
     pub fn is_current(&self) -> bool {
-        identity(self.ledger.path()) == self.identity
+        let (mapped, now) = self.ledger.identities();
+        mapped.is_some() && mapped == now
     }
 
     /// Whether `e` only says that no ledger exists yet.
