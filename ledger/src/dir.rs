@@ -319,9 +319,7 @@ impl RuntimeDir {
         // SAFETY: plain data out-parameter.
         let mut st: libc::stat = unsafe { core::mem::zeroed() };
         // SAFETY: valid dirfd, name and out-parameter.
-        let r = unsafe {
-            libc::fstatat(self.fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW)
-        };
+        let r = unsafe { libc::fstatat(self.fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
         (r == 0).then_some((st.st_dev, st.st_ino))
     }
 }
@@ -408,7 +406,10 @@ mod tests {
     fn the_owner_decides_the_mode() {
         let p = Path::new("/dev/shm/x");
         let dir = libc::S_IFDIR;
-        assert_eq!(classify(p, &st(dir | 0o700, 1000), 1000).unwrap(), Owner::Caller);
+        assert_eq!(
+            classify(p, &st(dir | 0o700, 1000), 1000).unwrap(),
+            Owner::Caller
+        );
         assert_eq!(classify(p, &st(dir | 0o755, 0), 0).unwrap(), Owner::Caller);
         assert_eq!(classify(p, &st(dir | 0o755, 0), 1000).unwrap(), Owner::Root);
         for (mode, uid, me, want) in [
@@ -417,7 +418,9 @@ mod tests {
             (0o755, 1001, 1000, "owned by uid 1001"),
             (0o700, 1000, 0, "start `gpuslice monitor` as root"),
         ] {
-            let e = classify(p, &st(dir | mode, uid), me).unwrap_err().to_string();
+            let e = classify(p, &st(dir | mode, uid), me)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(want), "{mode:o} {uid} {me}: {e}");
             assert!(e.contains("/dev/shm/x"), "{e}");
         }

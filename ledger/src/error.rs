@@ -65,6 +65,8 @@ pub enum LedgerError {
     },
     /// A path that cannot be passed to the OS (holds a NUL byte).
     BadPath(String),
+    /// A record of the ledger holds a value that makes no sense (named): it was not used.
+    Corrupt(&'static str),
     /// The ledger is mapped read-only here (root's node directory seen by another user).
     ReadOnly(PathBuf),
 }
@@ -141,6 +143,10 @@ impl fmt::Display for LedgerError {
                 "refusing {}: it {problem}; gpuslice never uses such a file (remove it; the \
                  directory's owner recreates it)",
                 path.display()
+            ),
+            LedgerError::Corrupt(what) => write!(
+                f,
+                "the ledger holds an impossible {what} (scribbled over?); it was not used"
             ),
             LedgerError::ReadOnly(p) => write!(
                 f,

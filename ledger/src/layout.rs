@@ -18,7 +18,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 /// The first 8 bytes of every ledger file.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 /// Bumped on every layout change (including `sched.rs`).
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Devices per node.
 pub const MAX_DEVICES: usize = 16;
 /// Slices per node (a slice is per device: `(name, device)`).
@@ -29,6 +29,8 @@ pub const MAX_PROCS: usize = 512;
 pub const NAME_LEN: usize = 64;
 /// Room for a device UUID as text (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` is 40 bytes).
 pub const UUID_LEN: usize = 48;
+/// Room for a slice's claim label (Kubernetes `namespace/name`: 63 + 1 + 253 bytes, rounded).
+pub const CLAIM_LEN: usize = 320;
 /// Room for a device's marketing name.
 pub const DEVICE_NAME_LEN: usize = 96;
 
@@ -155,6 +157,11 @@ pub struct Slice {
     pub memory_used: CacheLine<AtomicU64>,
     /// Scheduler state (compute).
     pub sched: SchedSlice,
+    /// Scheduling priority: 0 normal, 1 latency (values above are read as 1).
+    pub priority: AtomicU32,
+    /// The operator's label for the slice (Kubernetes `namespace/name`), NUL-padded; empty
+    /// for none.
+    pub claim: Text<CLAIM_LEN>,
 }
 
 /// Keeps a hot atomic alone on its cache line so neighbours do not false-share it.

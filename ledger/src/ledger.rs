@@ -7,12 +7,12 @@
 //! and `attached` are always recomputable from the slice and process records.
 
 use crate::account::{dead_part, Account, Member};
+use crate::dir::{Owner, RuntimeDir};
 use crate::error::{human_bytes, AdmissionError, LedgerError};
 use crate::file::{self, Locked, Mapping};
 use crate::layout::*;
 use crate::snapshot::*;
 use core::sync::atomic::Ordering::{Relaxed, SeqCst};
-use crate::dir::{Owner, RuntimeDir};
 use std::path::Path;
 
 /// A mapped node ledger.
@@ -84,6 +84,8 @@ pub struct OperatorSlice {
     pub compute_share_ppm: u32,
     /// Cap, ppm ([`PPM`]: none).
     pub compute_cap_ppm: u32,
+    /// A label to find the slice by (Kubernetes `namespace/name`), shown by `status`.
+    pub claim: Option<String>,
 }
 
 fn frac(ppm: u64) -> String {
@@ -306,11 +308,21 @@ impl Ledger {
         device: usize,
         req: &SliceRequest,
     ) -> Result<Joined, LedgerError> {
+        if device >= MAX_DEVICES || h.slot >= MAX_PROCS {
+            return Err(LedgerError::Corrupt("device or process index"));
+        }
         let _g = self.lock()?;
         let p = &self.procs()[h.slot];
         let pd = &p.devices[device];
         if let Some(s) = Some(pd.slice.load(SeqCst)).filter(|&s| s != ACCOUNT_NONE) {
-            let limit = self.slices()[s as usize].memory_limit.load(SeqCst);
+            // Our own record says we joined already; an index past the table is a scribbled
+            // record, refused rather than used.
+            let limit = self
+                .slices()
+                .get(s as usize)
+                .ok_or(LedgerError::Corrupt("process record's slice index"))?
+                .memory_limit
+                .load(SeqCst);
             return Ok(Joined {
                 slice: s as usize,
                 memory_limit: (limit != NO_LIMIT).then_some(limit),
@@ -399,13 +411,13 @@ impl Ledger {
         if !self.m.writable {
             return None;
         }
-        let p = &self.procs()[h.slot];
-        let pd = &p.devices[device];
-        let d = &self.devices()[device];
+        let p = self.procs().get(h.slot)?;
+        let pd = p.devices.get(device)?;
+        let d = self.devices().get(device)?;
         match pd.account.load(SeqCst) {
             ACCOUNT_NONE => None,
             ACCOUNT_BEST_EFFORT => Some(Account::new(d, None, p, pd)),
-            s => Some(Account::new(d, Some(&self.slices()[s as usize]), p, pd)),
+            s => Some(Account::new(d, Some(self.slices().get(s as usize)?), p, pd)),
         }
     }
 
@@ -432,7 +444,10 @@ impl Ledger {
         mem_setting: &str,
         cpu_setting: &str,
     ) -> Result<usize, LedgerError> {
-        let d = &self.devices()[device];
+        let d = self
+            .devices()
+            .get(device)
+            .ok_or(LedgerError::Corrupt("device index"))?;
         let uuid = d.uuid.get();
         let si = self
             .slices()
@@ -441,7 +456,7 @@ impl Ledger {
             .ok_or(LedgerError::Full("slice"))?;
         // Compute first: it has no hot-path counterpart, so a plain check under the lock is exact.
         let cpu = d.compute_reserved.load(SeqCst);
-        if cpu + share as u64 > PPM as u64 {
+        if cpu.saturating_add(share as u64) > PPM as u64 {
             return Err(AdmissionError {
                 setting: cpu_setting.into(),
                 device: uuid,
@@ -485,6 +500,9 @@ impl Ledger {
         s.alloc_denied_total.store(0, SeqCst);
         s.alloc_total.store(0, SeqCst);
         s.sched.reset();
+        s.priority.store(0, SeqCst);
+        // SAFETY: under the lock, record not yet published.
+        unsafe { s.claim.set("") };
         s.state.store(STATE_ACTIVE, SeqCst);
         Ok(si)
     }
@@ -506,7 +524,11 @@ impl Ledger {
             }
             return Err(LedgerError::Exists(spec.name.clone()));
         }
-        self.create_slice_locked(
+        let claim = spec.claim.as_deref().unwrap_or("");
+        if claim.len() >= CLAIM_LEN || claim.bytes().any(|b| b.is_ascii_control()) {
+            return Err(LedgerError::BadName(claim.into()));
+        }
+        let si = self.create_slice_locked(
             &spec.name,
             dev,
             Some(spec.memory),
@@ -516,7 +538,30 @@ impl Ledger {
             true,
             "--memory",
             "--compute",
-        )
+        )?;
+        // SAFETY: under the lock; the record was just created and no process joined it yet.
+        unsafe { self.slices()[si].claim.set(claim) };
+        Ok(si)
+    }
+
+    /// Set the scheduling priority (0 normal, 1 latency) of every slice called `name`;
+    /// returns how many.
+    pub fn set_slice_priority(&self, name: &str, priority: u32) -> Result<usize, LedgerError> {
+        let _g = self.lock()?;
+        let mut n = 0;
+        for s in self.slices() {
+            if s.state.load(SeqCst) == STATE_ACTIVE
+                && s.private.load(SeqCst) == 0
+                && s.name.get() == name
+            {
+                s.priority.store(priority.min(1), SeqCst);
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return Err(LedgerError::NoSuchSlice(name.into()));
+        }
+        Ok(n)
     }
 
     /// Remove the operator slices called `name` (on every device). One with processes still
@@ -547,9 +592,15 @@ impl Ledger {
     }
 
     fn free_slice_locked(&self, si: usize) {
-        let s = &self.slices()[si];
-        let d = &self.devices()[s.device.load(SeqCst) as usize];
+        let Some(s) = self.slices().get(si) else {
+            return;
+        };
         s.state.store(STATE_FREE, SeqCst);
+        s.memory_used.0.store(0, SeqCst);
+        // A scribbled device index: nothing to give back to (rebuild_derived recomputes sums).
+        let Some(d) = self.devices().get(s.device.load(SeqCst) as usize) else {
+            return;
+        };
         let l = s.memory_limit.load(SeqCst);
         if l != NO_LIMIT {
             let _ = d
@@ -601,12 +652,25 @@ impl Ledger {
         if dying.is_empty() {
             return out;
         }
-        // Every (device, account) a dying process is charged to.
+        // Every (device, account) a dying process is charged to. An account index past the
+        // slice table is a scribbled record: reported, and never used as an index.
+        let valid_account = |a: u32| a == ACCOUNT_BEST_EFFORT || (a as usize) < MAX_SLICES;
         let mut accounts: Vec<(usize, u32)> = vec![];
         for &i in &dying {
             for (d, pd) in procs[i].devices.iter().enumerate() {
                 let a = pd.account.load(SeqCst);
-                if a != ACCOUNT_NONE && !accounts.contains(&(d, a)) {
+                if a == ACCOUNT_NONE {
+                    continue;
+                }
+                if !valid_account(a) {
+                    out.problems.push(format!(
+                        "process record {i} (pid {}): account index {a} on device {d} is past \
+                         the slice table; its memory cannot be returned",
+                        procs[i].pid.load(SeqCst)
+                    ));
+                    continue;
+                }
+                if !accounts.contains(&(d, a)) {
                     accounts.push((d, a));
                 }
             }
@@ -635,7 +699,7 @@ impl Ledger {
             match dead_part(counter, reaping, &live) {
                 Some(n) => {
                     counter.fetch_sub(n, SeqCst);
-                    out.bytes_returned += n;
+                    out.bytes_returned = out.bytes_returned.saturating_add(n);
                 }
                 None => unresolved.push((d, a)),
             }
@@ -651,25 +715,38 @@ impl Ledger {
             }
             out.processes.push(ReapedProc {
                 pid: p.pid.load(SeqCst),
-                bytes: p.devices.iter().map(|pd| pd.charged.load(SeqCst)).sum(),
+                bytes: p
+                    .devices
+                    .iter()
+                    .fold(0u64, |a, pd| a.saturating_add(pd.charged.load(SeqCst))),
             });
             // Its compute lease and place in the queue go before its slices do.
             crate::sched::reap_proc(self.devices(), self.slices(), p);
-            for pd in &p.devices {
+            for (d, pd) in p.devices.iter().enumerate() {
                 let s = pd.slice.load(SeqCst);
                 pd.account.store(ACCOUNT_NONE, SeqCst);
                 pd.slice.store(ACCOUNT_NONE, SeqCst);
                 pd.charged.store(0, SeqCst);
-                if s != ACCOUNT_NONE {
-                    let sl = &self.slices()[s as usize];
-                    let left = sl.attached.fetch_sub(1, SeqCst).saturating_sub(1);
-                    if left == 0
-                        && sl.operator_defined.load(SeqCst) == 0
-                        && sl.state.load(SeqCst) == STATE_ACTIVE
-                    {
-                        out.slices_removed.push(sl.name.get());
-                        self.free_slice_locked(s as usize);
-                    }
+                if s == ACCOUNT_NONE {
+                    continue;
+                }
+                let Some(sl) = self.slices().get(s as usize) else {
+                    out.problems.push(format!(
+                        "process record {i}: slice index {s} on device {d} is past the slice table"
+                    ));
+                    continue;
+                };
+                let left = sl
+                    .attached
+                    .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
+                    .unwrap_or(0)
+                    .saturating_sub(1);
+                if left == 0
+                    && sl.operator_defined.load(SeqCst) == 0
+                    && sl.state.load(SeqCst) == STATE_ACTIVE
+                {
+                    out.slices_removed.push(sl.name.get());
+                    self.free_slice_locked(s as usize);
                 }
             }
             p.pid.store(0, SeqCst);
@@ -679,6 +756,11 @@ impl Ledger {
     }
 
     /// A consistent-enough copy of everything, for display and decisions (no lock taken).
+    ///
+    /// Every index, count and name comes from shared memory and is checked before use: a
+    /// record that does not make sense (a slice on a device past the table, a process joined
+    /// to a slice index past it) is skipped and described in [`Snapshot::problems`]; sums
+    /// saturate. Nothing here panics or reads outside the mapping, whatever the file holds.
     pub fn snapshot(&self) -> Snapshot {
         let mut snap = Snapshot::default();
         for (i, d) in self.devices().iter().enumerate() {
@@ -693,17 +775,26 @@ impl Ledger {
                 memory_reserved: d.memory_reserved.load(SeqCst),
                 memory_used: 0,
                 best_effort_used: d.best_effort_used.load(SeqCst),
-                compute_reserved_ppm: d.compute_reserved.load(SeqCst) as u32,
+                compute_reserved_ppm: d.compute_reserved.load(SeqCst).min(u32::MAX as u64) as u32,
             });
         }
         let alive: Vec<bool> = (0..MAX_PROCS)
             .map(|i| self.procs()[i].state.load(SeqCst) == STATE_ACTIVE && self.is_alive(i))
             .collect();
+        let mut good_slice = [false; MAX_SLICES];
         for (si, s) in self.slices().iter().enumerate() {
             if s.state.load(SeqCst) != STATE_ACTIVE {
                 continue;
             }
             let dev = s.device.load(SeqCst) as usize;
+            let Some(device) = self.devices().get(dev) else {
+                snap.problems.push(format!(
+                    "slice record {si} ({:?}): device index {dev} is past the device table; skipped",
+                    s.name.get()
+                ));
+                continue;
+            };
+            good_slice[si] = true;
             let limit = s.memory_limit.load(SeqCst);
             let members: Vec<&Proc> = self
                 .procs()
@@ -714,10 +805,9 @@ impl Ledger {
                 })
                 .collect();
             let used = if limit == NO_LIMIT {
-                members
-                    .iter()
-                    .map(|p| p.devices[dev].charged.load(SeqCst))
-                    .sum()
+                members.iter().fold(0u64, |a, p| {
+                    a.saturating_add(p.devices[dev].charged.load(SeqCst))
+                })
             } else {
                 s.memory_used.0.load(SeqCst)
             };
@@ -725,7 +815,7 @@ impl Ledger {
                 index: si,
                 name: s.name.get(),
                 device: dev,
-                device_uuid: self.devices()[dev].uuid.get(),
+                device_uuid: device.uuid.get(),
                 operator_defined: s.operator_defined.load(SeqCst) != 0,
                 private: s.private.load(SeqCst) != 0,
                 memory_limit: (limit != NO_LIMIT).then_some(limit),
@@ -736,39 +826,51 @@ impl Ledger {
                 pids: members.iter().map(|p| p.pid.load(SeqCst)).collect(),
                 alloc_total: s.alloc_total.load(Relaxed),
                 alloc_denied_total: s.alloc_denied_total.load(Relaxed),
+                claim: Some(s.claim.get()).filter(|c| !c.is_empty()),
+                priority: s.priority.load(SeqCst).min(1),
             });
         }
         for d in &mut snap.devices {
-            let quota: u64 = snap
+            let quota = snap
                 .slices
                 .iter()
                 .filter(|s| s.device == d.index && s.memory_limit.is_some())
-                .map(|s| s.memory_used)
-                .sum();
-            d.memory_used = quota + d.best_effort_used;
+                .fold(0u64, |a, s| a.saturating_add(s.memory_used));
+            d.memory_used = quota.saturating_add(d.best_effort_used);
         }
         for (i, p) in self.procs().iter().enumerate() {
             if p.state.load(SeqCst) == STATE_FREE {
                 continue;
             }
-            let devices: Vec<ProcDeviceInfo> = p
-                .devices
-                .iter()
-                .enumerate()
-                .filter(|(_, pd)| pd.slice.load(SeqCst) != ACCOUNT_NONE)
-                .map(|(d, pd)| ProcDeviceInfo {
+            let mut devices: Vec<ProcDeviceInfo> = vec![];
+            for (d, pd) in p.devices.iter().enumerate() {
+                let slice = pd.slice.load(SeqCst);
+                if slice == ACCOUNT_NONE {
+                    continue;
+                }
+                if !good_slice.get(slice as usize).copied().unwrap_or(false) {
+                    snap.problems.push(format!(
+                        "process record {i} (pid {}): slice index {slice} on device {d} is not \
+                         a usable slice; that part skipped",
+                        p.pid.load(SeqCst)
+                    ));
+                    continue;
+                }
+                devices.push(ProcDeviceInfo {
                     device: d,
-                    slice: pd.slice.load(SeqCst) as usize,
+                    slice: slice as usize,
                     charged: pd.charged.load(SeqCst),
-                })
-                .collect();
+                });
+            }
             snap.processes.push(ProcInfo {
                 slot: i,
                 pid: p.pid.load(SeqCst),
                 start_time: p.start_time.load(SeqCst),
                 slice: p.slice_name.get(),
                 alive: alive[i],
-                memory_used: devices.iter().map(|d| d.charged).sum(),
+                memory_used: devices
+                    .iter()
+                    .fold(0u64, |a, d| a.saturating_add(d.charged)),
                 devices,
             });
         }

@@ -59,10 +59,10 @@ pub mod sched;
 mod snapshot;
 
 pub use account::Account;
+pub use dir::{runtime_dir_from_env, RuntimeDir, DEFAULT_RUNTIME_DIR};
 pub use error::{human_bytes, AdmissionError, LedgerError};
 pub use file::{own_start_time, start_time_of, LOCK_TIMEOUT};
 pub use layout::{MAX_DEVICES, MAX_PROCS, MAX_SLICES, PPM};
-pub use dir::{runtime_dir_from_env, RuntimeDir, DEFAULT_RUNTIME_DIR};
 pub use ledger::{Joined, Ledger, LockGuard, OperatorSlice, ProcHandle, SliceRequest};
 pub use quantity::{
     check_cap_not_below_share, check_slice_name, parse_cap, parse_cap_per_device, parse_fraction,

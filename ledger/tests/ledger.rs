@@ -218,6 +218,7 @@ fn operator_slices_persist_and_win() {
         memory: m,
         compute_share_ppm: 0,
         compute_cap_ppm: PPM,
+        claim: None,
     };
     l.create_operator_slice(&spec(100 * MI)).unwrap();
     assert!(matches!(
@@ -323,6 +324,7 @@ fn sigkill_at_any_instruction_returns_exactly_what_the_dead_held() {
         memory: 64 * MI,
         compute_share_ppm: 0,
         compute_cap_ppm: PPM,
+        claim: None,
     })
     .unwrap();
     // A live member of the slice keeps churning in this process while others die and are

@@ -43,7 +43,9 @@ fn a_symlinked_directory_is_refused() {
     let real = d.join("real");
     std::fs::create_dir(&real).unwrap();
     symlink(&real, d.join("rt")).unwrap();
-    let e = Ledger::open_or_create(&d.join("rt")).err().expect("refused");
+    let e = Ledger::open_or_create(&d.join("rt"))
+        .err()
+        .expect("refused");
     assert!(e.to_string().contains("symbolic link"), "{e}");
     assert!(!real.join("ledger").exists());
     std::fs::remove_dir_all(&d).unwrap();
@@ -55,7 +57,10 @@ fn a_world_writable_directory_is_refused_with_the_fix() {
     let rt = d.join("rt");
     std::fs::create_dir(&rt).unwrap();
     std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let e = Ledger::open_or_create(&rt).err().expect("refused").to_string();
+    let e = Ledger::open_or_create(&rt)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(
         e.contains("writable by group or others") && e.contains("chmod 755"),
         "{e}"
@@ -71,7 +76,11 @@ fn a_new_directory_and_ledger_are_private_to_their_owner() {
     let l = Ledger::open_or_create(&rt).unwrap();
     assert!(l.writable());
     let dm = std::fs::metadata(&rt).unwrap().permissions().mode() & 0o7777;
-    let fm = std::fs::metadata(rt.join("ledger")).unwrap().permissions().mode() & 0o7777;
+    let fm = std::fs::metadata(rt.join("ledger"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o7777;
     assert_eq!(dm & 0o022, 0, "directory mode {dm:o}");
     assert_eq!(fm, 0o600, "ledger mode {fm:o}");
     drop(l);
@@ -100,12 +109,18 @@ fn files_or_directories_of_another_user_are_refused() {
     drop(Ledger::open_or_create(&rt).unwrap());
     let c = |p: &std::path::Path| std::ffi::CString::new(p.to_str().unwrap()).unwrap();
     // SAFETY: valid paths.
-    assert_eq!(unsafe { libc::chown(c(&rt.join("ledger")).as_ptr(), 4242, 4242) }, 0);
+    assert_eq!(
+        unsafe { libc::chown(c(&rt.join("ledger")).as_ptr(), 4242, 4242) },
+        0
+    );
     let e = Ledger::open(&rt).err().expect("refused").to_string();
     assert!(e.contains("owned by uid 4242"), "{e}");
     // SAFETY: valid path.
     assert_eq!(unsafe { libc::chown(c(&rt).as_ptr(), 4242, 4242) }, 0);
-    let e = Ledger::open_or_create(&rt).err().expect("refused").to_string();
+    let e = Ledger::open_or_create(&rt)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(
         e.contains("owned by uid 4242") && e.contains("gpuslice monitor"),
         "{e}"

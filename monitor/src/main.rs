@@ -20,6 +20,8 @@ mod cdi;
 mod cli;
 mod compute;
 mod daemon;
+#[cfg(test)]
+mod fuzz;
 mod http;
 mod metrics;
 mod node;

@@ -86,6 +86,9 @@ impl Node {
                 )
             })
             .collect();
+        for p in &r.problems {
+            lines.push(format!("skipped a bad ledger record: {p}"));
+        }
         if !r.slices_removed.is_empty() {
             lines.push(format!(
                 "removed emptied slices: {}",
@@ -150,6 +153,8 @@ impl Node {
                     allocations_denied: sl.alloc_denied_total,
                     launches: compute.launches,
                     throttled_seconds: compute.throttled_seconds,
+                    claim: sl.claim.clone(),
+                    priority: sl.priority,
                 }
             })
             .collect();
@@ -174,6 +179,7 @@ impl Node {
             devices,
             slices,
             processes,
+            problems: s.problems,
         }
     }
 
@@ -236,6 +242,7 @@ impl Node {
             memory,
             compute_share_ppm: req.compute_ppm,
             compute_cap_ppm: req.cap_ppm.unwrap_or(PPM),
+            claim: None,
         })?;
         self.snapshot()
             .slices

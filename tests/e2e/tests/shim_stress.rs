@@ -26,6 +26,7 @@ fn operator_slice(w: &World, name: &str, memory: u64) -> Ledger {
             memory,
             compute_share_ppm: 0,
             compute_cap_ppm: PPM,
+            claim: None,
         })
         .unwrap();
     ledger
