@@ -97,6 +97,32 @@ impl<'a> Account<'a> {
         }
     }
 
+    /// A node-mode account: the counters live in the slice's region (`region.rs`), the limit
+    /// in the policy (mapped read-only). `slice` is the policy's slice record (`None`: the
+    /// device's best-effort pool, whose region `region` is), `slot` the process's policy slot.
+    pub fn in_region(
+        device: &'a Device,
+        slice: Option<&'a Slice>,
+        region: &'a crate::region::Region,
+        slot: usize,
+    ) -> Option<Account<'a>> {
+        let h = region.header();
+        let rp = region.proc_(slot)?;
+        Some(Account {
+            counter: &h.memory_used.0,
+            cap: match slice {
+                Some(s) => Cap::Quota(&s.memory_limit),
+                None => Cap::BestEffort(device),
+            },
+            charged: &rp.charged,
+            begun: &rp.ops_begun,
+            ended: &rp.ops_ended,
+            denied: &h.alloc_denied_total,
+            charges: Some(&h.alloc_total),
+            reaping: &h.reaping,
+        })
+    }
+
     /// The limit now: the slice quota, or what the device has not reserved for slices.
     #[inline]
     pub fn limit(&self) -> u64 {
@@ -209,9 +235,10 @@ fn wait_for_reaper(flag: &AtomicU32) {
     }
 }
 
-/// A member of an account, as the reaper sees it.
+/// A member of an account, as the reaper sees it: its update counters and its bytes.
 pub(crate) struct Member<'a> {
-    pub proc_: &'a Proc,
+    pub begun: &'a AtomicU64,
+    pub ended: &'a AtomicU64,
     pub charged: &'a AtomicU64,
 }
 
@@ -236,8 +263,8 @@ fn settle(counter: &AtomicU64, live: &[Member<'_>]) -> Option<u64> {
         let mut stable = true;
         let mut first = Vec::with_capacity(live.len());
         for m in live {
-            let e = m.proc_.ops_ended.load(SeqCst);
-            let b = m.proc_.ops_begun.load(SeqCst);
+            let e = m.ended.load(SeqCst);
+            let b = m.begun.load(SeqCst);
             stable &= e == b;
             first.push(b);
         }
@@ -250,7 +277,7 @@ fn settle(counter: &AtomicU64, live: &[Member<'_>]) -> Option<u64> {
             let again = live
                 .iter()
                 .zip(&first)
-                .all(|(m, b)| m.proc_.ops_begun.load(SeqCst) == *b);
+                .all(|(m, b)| m.begun.load(SeqCst) == *b);
             if again {
                 return Some(u.saturating_sub(sum));
             }

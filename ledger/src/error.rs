@@ -32,9 +32,20 @@ pub enum LedgerError {
         path: PathBuf,
         /// How long we waited, in milliseconds.
         waited_ms: u64,
+        /// pid of the holder as it recorded itself (0: unknown).
+        holder: u32,
     },
     /// A fixed-size table is full.
     Full(&'static str),
+    /// A fixed-size table is full; says who holds its records.
+    TableFull {
+        /// Which table (`process`, `slice`).
+        table: &'static str,
+        /// Its size.
+        size: usize,
+        /// Who holds the records (`uid 1000 holds 300, uid 0 holds 212`).
+        holders: String,
+    },
     /// A slice or device named by the caller does not exist.
     NoSuchSlice(String),
     /// A slice of that name already exists on the device.
@@ -65,6 +76,10 @@ pub enum LedgerError {
     },
     /// A path that cannot be passed to the OS (holds a NUL byte).
     BadPath(String),
+    /// A node-mode slice region could not be made, passed or used.
+    Region(String),
+    /// The node's monitor refused or could not be asked (its message, for the user).
+    Monitor(String),
     /// A record of the ledger holds a value that makes no sense (named): it was not used.
     Corrupt(&'static str),
     /// The ledger is mapped read-only here (root's node directory seen by another user).
@@ -114,12 +129,26 @@ impl fmt::Display for LedgerError {
             LedgerError::NotReady(p) => {
                 write!(f, "ledger {} was never completely initialised; remove it", p.display())
             }
-            LedgerError::LockTimeout { path, waited_ms } => write!(
+            LedgerError::LockTimeout {
+                path,
+                waited_ms,
+                holder,
+            } => write!(
                 f,
-                "ledger {} stayed locked for {waited_ms} ms (a process holding it is stuck)",
+                "ledger {} stayed locked for {waited_ms} ms: the process holding it (pid {holder}, \
+                 as it sees itself) is stuck or stopped; resume or end it",
                 path.display()
             ),
             LedgerError::Full(what) => write!(f, "the ledger's {what} table is full"),
+            LedgerError::TableFull {
+                table,
+                size,
+                holders,
+            } => write!(
+                f,
+                "the ledger's {table} table is full ({size} records; {holders}); a record comes \
+                 back when its process exits"
+            ),
             LedgerError::NoSuchSlice(n) => write!(f, "no slice named {n:?}"),
             LedgerError::Exists(n) => write!(f, "a slice named {n:?} already exists on that device"),
             LedgerError::NoSuchDevice(d) => write!(f, "no device {d:?} in the ledger"),
@@ -144,6 +173,8 @@ impl fmt::Display for LedgerError {
                  directory's owner recreates it)",
                 path.display()
             ),
+            LedgerError::Region(m) => write!(f, "slice region: {m}"),
+            LedgerError::Monitor(m) => f.write_str(m),
             LedgerError::Corrupt(what) => write!(
                 f,
                 "the ledger holds an impossible {what} (scribbled over?); it was not used"

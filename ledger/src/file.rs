@@ -63,14 +63,19 @@ pub(crate) fn open(dir: &RuntimeDir, write: bool) -> Result<Mapping, LedgerError
     map_existing(fd.into_raw_fd(), dir.path().join(LEDGER_FILE), write)
 }
 
-/// Open the ledger in `dir`, creating the file if needed (only in a directory of the caller's).
-pub(crate) fn open_or_create(dir: &RuntimeDir) -> Result<Mapping, LedgerError> {
+/// Open the ledger in `dir`, creating the file if needed (only in a directory of the caller's)
+/// with permissions `perm` and header mode `mode`.
+pub(crate) fn open_or_create(
+    dir: &RuntimeDir,
+    perm: u32,
+    mode: u32,
+) -> Result<Mapping, LedgerError> {
     for _ in 0..5 {
         match open(dir, true) {
             Err(LedgerError::NotFound(_)) => {}
             other => return other,
         }
-        if let Some(m) = create(dir)? {
+        if let Some(m) = create(dir, perm, mode)? {
             return Ok(m);
         }
     }
@@ -79,7 +84,7 @@ pub(crate) fn open_or_create(dir: &RuntimeDir) -> Result<Mapping, LedgerError> {
 
 /// Build a complete ledger under a temporary name and link it into place. `None` when someone
 /// else's ledger appeared first.
-fn create(dir: &RuntimeDir) -> Result<Option<Mapping>, LedgerError> {
+fn create(dir: &RuntimeDir, perm: u32, mode: u32) -> Result<Option<Mapping>, LedgerError> {
     let final_path = dir.path().join(LEDGER_FILE);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -105,8 +110,10 @@ fn create(dir: &RuntimeDir) -> Result<Option<Mapping>, LedgerError> {
         // SAFETY: our fd.
         unsafe { libc::close(fd) };
     };
-    // SAFETY: fd is ours.
-    if unsafe { libc::ftruncate(fd, FILE_SIZE as libc::off_t) } != 0 {
+    // SAFETY: fd is ours. fchmod: the umask must not decide who may read a node policy.
+    if unsafe { libc::fchmod(fd, perm as libc::mode_t) } != 0
+        || unsafe { libc::ftruncate(fd, FILE_SIZE as libc::off_t) } != 0
+    {
         let e = io("size", &tmp);
         cleanup(fd);
         return Err(e);
@@ -119,7 +126,7 @@ fn create(dir: &RuntimeDir) -> Result<Option<Mapping>, LedgerError> {
         }
     };
     // SAFETY: the mapping is FILE_SIZE bytes, zero-filled, private to us until linked.
-    unsafe { init_header(base) }?;
+    unsafe { init_header(base, mode) }?;
     let linked = dir.link(&tmp_name, LEDGER_FILE);
     // The temporary name is no longer needed either way.
     let _ = dir.unlink(&tmp_name);
@@ -172,7 +179,7 @@ fn map(fd: libc::c_int, path: &Path, write: bool) -> Result<*mut u8, LedgerError
 }
 
 /// SAFETY: `base` must be a fresh, zeroed, writable mapping of FILE_SIZE bytes nobody else sees.
-unsafe fn init_header(base: *mut u8) -> Result<(), LedgerError> {
+unsafe fn init_header(base: *mut u8, mode: u32) -> Result<(), LedgerError> {
     let h = base.cast::<Header>();
     (*h).magic = MAGIC;
     (*h).layout_version = LAYOUT_VERSION;
@@ -184,6 +191,7 @@ unsafe fn init_header(base: *mut u8) -> Result<(), LedgerError> {
     (*h).max_slices = MAX_SLICES as u32;
     (*h).max_procs = MAX_PROCS as u32;
     (*h).total_size = FILE_SIZE as u64;
+    (*h).mode.store(mode, core::sync::atomic::Ordering::Relaxed);
     let mut attr: libc::pthread_mutexattr_t = core::mem::zeroed();
     libc::pthread_mutexattr_init(&mut attr);
     libc::pthread_mutexattr_setpshared(&mut attr, libc::PTHREAD_PROCESS_SHARED);
@@ -309,18 +317,26 @@ pub(crate) fn lock(h: &Header, path: &Path) -> Result<Locked, LedgerError> {
     // SAFETY: the mutex was initialised by the creator (checked via `ready`) and lives in the
     // shared mapping for as long as `h` is borrowed.
     let rc = unsafe { libc::pthread_mutex_timedlock(h.mutex.0.get(), &ts) };
+    let me = std::process::id();
     match rc {
-        0 => Ok(Locked::Clean),
+        0 => {
+            h.lock_holder
+                .store(me, core::sync::atomic::Ordering::Relaxed);
+            Ok(Locked::Clean)
+        }
         libc::EOWNERDEAD => {
             // SAFETY: we hold the mutex (EOWNERDEAD grants it).
             unsafe { libc::pthread_mutex_consistent(h.mutex.0.get()) };
             h.mutex_recoveries
                 .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            h.lock_holder
+                .store(me, core::sync::atomic::Ordering::Relaxed);
             Ok(Locked::OwnerDied)
         }
         libc::ETIMEDOUT => Err(LedgerError::LockTimeout {
             path: path.into(),
             waited_ms: LOCK_TIMEOUT.as_millis() as u64,
+            holder: h.lock_holder.load(core::sync::atomic::Ordering::Relaxed),
         }),
         e => Err(LedgerError::Io {
             what: "lock".into(),
@@ -332,6 +348,8 @@ pub(crate) fn lock(h: &Header, path: &Path) -> Result<Locked, LedgerError> {
 
 /// Release the header's mutex.
 pub(crate) fn unlock(h: &Header) {
+    h.lock_holder
+        .store(0, core::sync::atomic::Ordering::Relaxed);
     // SAFETY: called only by the holder (LockGuard's drop).
     unsafe { libc::pthread_mutex_unlock(h.mutex.0.get()) };
 }

@@ -21,8 +21,9 @@ pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 pub const LAYOUT_VERSION: u32 = 2;
 /// Devices per node.
 pub const MAX_DEVICES: usize = 16;
-/// Slices per node (a slice is per device: `(name, device)`).
-pub const MAX_SLICES: usize = 256;
+/// Slice records per node (a slice is per device: `(name, device)`). Sized so that every
+/// process slot can hold a private slice on every device: 512 unnamed processes on 16 GPUs.
+pub const MAX_SLICES: usize = MAX_PROCS * MAX_DEVICES;
 /// Attached processes per node.
 pub const MAX_PROCS: usize = 512;
 /// Longest slice name, in bytes (names are NUL-padded, not NUL-terminated when full).
@@ -95,7 +96,18 @@ pub struct Header {
     pub generation: AtomicU64,
     /// The one lock of the cold paths.
     pub mutex: SharedMutex,
+    /// [`MODE_PERSONAL`] or [`MODE_NODE`]: who may write this file (set by its creator).
+    pub mode: AtomicU32,
+    /// pid of the current holder of `mutex` (0: none), to name it when the lock times out.
+    pub lock_holder: AtomicU32,
 }
+
+/// `Header::mode` of a personal ledger: one user's processes share it read-write.
+pub const MODE_PERSONAL: u32 = 0;
+/// `Header::mode` of a node policy: written only by the root monitor, read-only for tenants.
+pub const MODE_NODE: u32 = 0x4e4f_4445; // "NODE"
+/// `Slice::owner_uid` of a slice any user may join (operator slices unless restricted).
+pub const ANY_UID: u32 = u32::MAX;
 
 /// One GPU, keyed by its UUID so processes with different `CUDA_VISIBLE_DEVICES` agree.
 #[repr(C, align(64))]
@@ -162,6 +174,8 @@ pub struct Slice {
     /// The operator's label for the slice (Kubernetes `namespace/name`), NUL-padded; empty
     /// for none.
     pub claim: Text<CLAIM_LEN>,
+    /// Node mode: the uid whose processes may join it ([`ANY_UID`]: anyone).
+    pub owner_uid: AtomicU32,
 }
 
 /// Keeps a hot atomic alone on its cache line so neighbours do not false-share it.
@@ -208,6 +222,11 @@ pub struct Proc {
     pub devices: [ProcDevice; MAX_DEVICES],
     /// Scheduler state (compute).
     pub sched: SchedProc,
+    /// Node mode: the uid the monitor saw (`SO_PEERCRED`).
+    pub uid: AtomicU32,
+    /// Node mode: the pid in the monitor's PID namespace (`SO_PEERCRED`), which the monitor
+    /// checks with `start_time` for liveness. `pid` stays the process's own view (`NSpid`).
+    pub host_pid: AtomicU32,
 }
 
 const fn align_up(x: usize, a: usize) -> usize {
@@ -251,8 +270,9 @@ impl<const N: usize> Text<N> {
     }
 }
 
-// The whole ledger stays small: mapped by every CUDA process on the node.
-const _: () = assert!(FILE_SIZE < 2 << 20, "ledger file grew past 2 MiB");
+// The whole ledger stays small: mapped by every CUDA process on the node (tmpfs pages are
+// only allocated where records were used).
+const _: () = assert!(FILE_SIZE < 12 << 20, "ledger file grew past 12 MiB");
 
 /// Copy `s` into a NUL-padded fixed field (truncated on a char boundary when too long).
 pub fn put_str(field: &mut [u8], s: &str) {

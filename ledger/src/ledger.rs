@@ -19,6 +19,8 @@ use std::path::Path;
 pub struct Ledger {
     m: Mapping,
     dir: RuntimeDir,
+    /// Node mode, in the monitor: its slice regions (best-effort usage for admission).
+    regions: std::sync::OnceLock<std::sync::Arc<dyn crate::node::Regions>>,
     /// Process slots whose liveness lock this handle holds. An OFD lock does not conflict with
     /// its own description, so `F_OFD_GETLK` cannot see these: we know them instead.
     owned: [core::sync::atomic::AtomicU64; MAX_PROCS / 64],
@@ -98,8 +100,36 @@ impl Ledger {
     /// anyone else, read-only (every cold path then answers [`LedgerError::ReadOnly`]).
     pub fn open(dir: &Path) -> Result<Ledger, LedgerError> {
         let dir = RuntimeDir::open(dir)?;
-        let m = file::open(&dir, dir.owner() == Owner::Caller)?;
+        let write = dir.owner() == Owner::Caller;
+        Ledger::open_in(dir, write)
+    }
+
+    /// Open the ledger of an already checked directory.
+    pub(crate) fn open_in(dir: RuntimeDir, write: bool) -> Result<Ledger, LedgerError> {
+        let m = file::open(&dir, write)?;
         Ok(Ledger::new(m, dir))
+    }
+
+    pub(crate) fn from_parts(m: Mapping, dir: RuntimeDir) -> Ledger {
+        Ledger::new(m, dir)
+    }
+
+    /// Node mode, in the monitor: where the slices' regions are (admission reads the
+    /// best-effort pools' usage there). Set once.
+    pub fn set_regions(&self, r: std::sync::Arc<dyn crate::node::Regions>) {
+        let _ = self.regions.set(r);
+    }
+
+    /// What best-effort processes hold on `device` now.
+    fn best_effort_now(&self, device: usize) -> u64 {
+        if let Some(r) = self
+            .regions
+            .get()
+            .and_then(|r| r.get(crate::region::best_effort_key(device)))
+        {
+            return r.header().memory_used.load(SeqCst);
+        }
+        self.devices()[device].best_effort_used.load(SeqCst)
     }
 
     /// Open the ledger in `dir`, creating it (and the directory, mode 0700, or 0755 for root)
@@ -109,14 +139,19 @@ impl Ledger {
         if dir.owner() != Owner::Caller {
             return Err(LedgerError::ReadOnly(dir.path().join(file::LEDGER_FILE)));
         }
-        let m = file::open_or_create(&dir)?;
-        Ok(Ledger::new(m, dir))
+        let m = file::open_or_create(&dir, 0o600, MODE_PERSONAL)?;
+        let l = Ledger::new(m, dir);
+        if l.is_node() {
+            return Err(LedgerError::ReadOnly(l.path().into()));
+        }
+        Ok(l)
     }
 
     fn new(m: Mapping, dir: RuntimeDir) -> Ledger {
         Ledger {
             m,
             dir,
+            regions: std::sync::OnceLock::new(),
             owned: [const { core::sync::atomic::AtomicU64::new(0) }; MAX_PROCS / 64],
         }
     }
@@ -216,18 +251,23 @@ impl Ledger {
             d.memory_reserved.store(mem, SeqCst);
             d.compute_reserved.store(cpu, SeqCst);
         }
-        for (si, s) in self.slices().iter().enumerate() {
-            let n = self
-                .procs()
-                .iter()
-                .filter(|p| p.state.load(SeqCst) != STATE_FREE)
-                .filter(|p| {
-                    p.devices
-                        .iter()
-                        .any(|pd| pd.slice.load(SeqCst) as usize == si)
-                })
-                .count();
-            s.attached.store(n as u32, SeqCst);
+        // One pass over the processes (slices × processes × devices would be 67 M steps).
+        let mut attached = vec![0u32; MAX_SLICES];
+        for p in self.procs() {
+            if p.state.load(SeqCst) == STATE_FREE {
+                continue;
+            }
+            let mut seen: Vec<usize> = vec![];
+            for pd in &p.devices {
+                let si = pd.slice.load(SeqCst) as usize;
+                if si < MAX_SLICES && !seen.contains(&si) {
+                    seen.push(si);
+                    attached[si] += 1;
+                }
+            }
+        }
+        for (s, n) in self.slices().iter().zip(attached) {
+            s.attached.store(n, SeqCst);
         }
     }
 
@@ -277,6 +317,11 @@ impl Ledger {
     /// Claim a process record for the calling process and prove it alive with an OFD lock.
     /// Reaps dead processes first so their slots and memory come back.
     pub fn attach(&self, slice_name: &str) -> Result<ProcHandle, LedgerError> {
+        if self.is_node() {
+            return Err(LedgerError::Monitor(
+                "this is a node policy: processes are admitted by the node's monitor".into(),
+            ));
+        }
         let _ = self.reap_dead();
         let _g = self.lock()?;
         for (i, p) in self.procs().iter().enumerate() {
@@ -284,6 +329,8 @@ impl Ledger {
                 continue;
             }
             p.pid.store(std::process::id(), SeqCst);
+            p.host_pid.store(std::process::id(), SeqCst);
+            p.uid.store(crate::dir::euid(), SeqCst);
             p.start_time.store(file::own_start_time(), SeqCst);
             // SAFETY: under the lock, record not yet published.
             unsafe { p.slice_name.set(slice_name) };
@@ -296,7 +343,65 @@ impl Ledger {
             p.state.store(STATE_ACTIVE, SeqCst);
             return Ok(ProcHandle { slot: i });
         }
-        Err(LedgerError::Full("process"))
+        Err(self.procs_full())
+    }
+
+    /// The error for a full process table, naming who holds it (by uid, the largest first).
+    pub(crate) fn procs_full(&self) -> LedgerError {
+        let mut by_uid: Vec<(u32, usize)> = vec![];
+        for p in self.procs() {
+            if p.state.load(SeqCst) == STATE_FREE {
+                continue;
+            }
+            let u = p.uid.load(SeqCst);
+            match by_uid.iter_mut().find(|(x, _)| *x == u) {
+                Some(e) => e.1 += 1,
+                None => by_uid.push((u, 1)),
+            }
+        }
+        by_uid.sort_by(|a, b| b.1.cmp(&a.1));
+        LedgerError::TableFull {
+            table: "process",
+            size: MAX_PROCS,
+            holders: by_uid
+                .iter()
+                .take(4)
+                .map(|(u, n)| format!("uid {u} holds {n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+
+    /// The error for a full slice table, naming who holds it (by owner uid).
+    pub(crate) fn slices_full(&self) -> LedgerError {
+        let mut by_uid: Vec<(u32, usize)> = vec![];
+        for s in self.slices() {
+            if s.state.load(SeqCst) != STATE_ACTIVE {
+                continue;
+            }
+            let u = s.owner_uid.load(SeqCst);
+            match by_uid.iter_mut().find(|(x, _)| *x == u) {
+                Some(e) => e.1 += 1,
+                None => by_uid.push((u, 1)),
+            }
+        }
+        by_uid.sort_by(|a, b| b.1.cmp(&a.1));
+        LedgerError::TableFull {
+            table: "slice",
+            size: MAX_SLICES,
+            holders: by_uid
+                .iter()
+                .take(4)
+                .map(|(u, n)| {
+                    if *u == ANY_UID {
+                        format!("operator or personal slices: {n}")
+                    } else {
+                        format!("uid {u} holds {n}")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
     }
 
     /// Join (or create) the slice `req` names on `device`, with admission control. A process
@@ -312,6 +417,22 @@ impl Ledger {
             return Err(LedgerError::Corrupt("device or process index"));
         }
         let _g = self.lock()?;
+        self.join_locked(h, device, req, std::process::id(), ANY_UID)
+    }
+
+    /// `join` for process record `h` (of pid `pid`, for a private slice's name) and, in node
+    /// mode, of user `uid`, who may join only slices open to it; caller holds the lock.
+    pub(crate) fn join_locked(
+        &self,
+        h: ProcHandle,
+        device: usize,
+        req: &SliceRequest,
+        pid: u32,
+        uid: u32,
+    ) -> Result<Joined, LedgerError> {
+        if device >= MAX_DEVICES || h.slot >= MAX_PROCS {
+            return Err(LedgerError::Corrupt("device or process index"));
+        }
         let p = &self.procs()[h.slot];
         let pd = &p.devices[device];
         if let Some(s) = Some(pd.slice.load(SeqCst)).filter(|&s| s != ACCOUNT_NONE) {
@@ -334,6 +455,15 @@ impl Ledger {
         let si = match existing {
             Some(si) => {
                 let s = &self.slices()[si];
+                let owner = s.owner_uid.load(SeqCst);
+                if uid != ANY_UID && owner != ANY_UID && owner != uid {
+                    return Err(LedgerError::Monitor(format!(
+                        "slice {:?} belongs to uid {owner}: the processes of one slice trust \
+                         each other, so only uid {owner} may join it (choose another \
+                         GPUSLICE_SLICE)",
+                        req.name.as_deref().unwrap_or("")
+                    )));
+                }
                 let limit = s.memory_limit.load(SeqCst);
                 let (share, cap) = (
                     s.compute_share_ppm.load(SeqCst),
@@ -367,14 +497,11 @@ impl Ledger {
                 si
             }
             None => {
-                let name = req
-                    .name
-                    .clone()
-                    .unwrap_or_else(|| format!("pid-{}", std::process::id()));
+                let name = req.name.clone().unwrap_or_else(|| format!("pid-{pid}"));
                 if !crate::quantity::storable_name(&name) {
                     return Err(LedgerError::BadName(name));
                 }
-                self.create_slice_locked(
+                let si = self.create_slice_locked(
                     &name,
                     device,
                     req.memory,
@@ -384,7 +511,9 @@ impl Ledger {
                     false,
                     &req.memory_setting,
                     &req.compute_setting,
-                )?
+                )?;
+                self.slices()[si].owner_uid.store(uid, SeqCst);
+                si
             }
         };
         let s = &self.slices()[si];
@@ -453,7 +582,7 @@ impl Ledger {
             .slices()
             .iter()
             .position(|s| s.state.load(SeqCst) == STATE_FREE)
-            .ok_or(LedgerError::Full("slice"))?;
+            .ok_or_else(|| self.slices_full())?;
         // Compute first: it has no hot-path counterpart, so a plain check under the lock is exact.
         let cpu = d.compute_reserved.load(SeqCst);
         if cpu.saturating_add(share as u64) > PPM as u64 {
@@ -469,7 +598,7 @@ impl Ledger {
             // Raise the reservation first, then look at best effort (see account.rs).
             let total = d.memory_total.load(SeqCst);
             let before = d.memory_reserved.fetch_add(l, SeqCst);
-            let be = d.best_effort_used.load(SeqCst);
+            let be = self.best_effort_now(device);
             let fits = before
                 .checked_add(l)
                 .and_then(|r| r.checked_add(be))
@@ -501,6 +630,7 @@ impl Ledger {
         s.alloc_total.store(0, SeqCst);
         s.sched.reset();
         s.priority.store(0, SeqCst);
+        s.owner_uid.store(ANY_UID, SeqCst);
         // SAFETY: under the lock, record not yet published.
         unsafe { s.claim.set("") };
         s.state.store(STATE_ACTIVE, SeqCst);
@@ -591,6 +721,10 @@ impl Ledger {
         Ok(removed)
     }
 
+    pub(crate) fn free_slice_pub(&self, si: usize) {
+        self.free_slice_locked(si)
+    }
+
     fn free_slice_locked(&self, si: usize) {
         let Some(s) = self.slices().get(si) else {
             return;
@@ -615,7 +749,15 @@ impl Ledger {
     }
 
     /// Whether process record `slot` belongs to a live process (its OFD lock is held).
+    /// In node mode the monitor's own check decides and reaps promptly: a record in use is
+    /// a live process as far as anyone else can tell.
     pub fn is_alive(&self, slot: usize) -> bool {
+        if self.is_node() {
+            return self
+                .procs()
+                .get(slot)
+                .is_some_and(|p| p.state.load(SeqCst) == STATE_ACTIVE);
+        }
         self.owned[slot / 64].load(SeqCst) & (1 << (slot % 64)) != 0
             || file::is_alive(self.m.fd, slot)
     }
@@ -634,6 +776,9 @@ impl Ledger {
     /// Find processes that died, return what they held to their slices, free their records,
     /// and remove the slices they leave empty (unless operator-defined).
     pub fn reap_dead(&self) -> Result<Reaped, LedgerError> {
+        if self.is_node() {
+            return Ok(Reaped::default()); // the monitor's `reap_node` does it
+        }
         let g = self.lock()?;
         Ok(self.reap_locked(&g))
     }
@@ -692,7 +837,8 @@ impl Ledger {
                     p.state.load(SeqCst) == STATE_ACTIVE && p.devices[d].account.load(SeqCst) == a
                 })
                 .map(|p| Member {
-                    proc_: p,
+                    begun: &p.ops_begun,
+                    ended: &p.ops_ended,
                     charged: &p.devices[d].charged,
                 })
                 .collect();

@@ -54,7 +54,10 @@ mod error;
 mod file;
 pub mod layout;
 mod ledger;
+pub mod node;
+pub mod protocol;
 pub mod quantity;
+pub mod region;
 pub mod sched;
 mod snapshot;
 

@@ -30,7 +30,38 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "gpuslice monitor [--metrics-listen ADDR] [--interval MS]";
+const USAGE: &str = "gpuslice monitor [--metrics-listen ADDR] [--interval MS] [--mode node|personal] \
+[--on-violation report|kill] [--max-procs-per-user N] [--max-slices-per-user N] [--operator-group NAME]";
+
+/// The operator group's default name (docs/operations.md).
+pub const OPERATOR_GROUP: &str = "gpuslice";
+
+static OPERATOR_GROUP_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The operator group this monitor accepts (`--operator-group`).
+pub fn operator_group_name() -> &'static str {
+    OPERATOR_GROUP_NAME
+        .get()
+        .map_or(OPERATOR_GROUP, |s| s.as_str())
+}
+
+/// The gid of a group, if it exists.
+fn group_gid(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: valid name; getgrnam returns null or a pointer to static data read at once.
+    let g = unsafe { libc::getgrnam(c.as_ptr()) };
+    // SAFETY: non-null pointer from getgrnam.
+    (!g.is_null()).then(|| unsafe { (*g).gr_gid })
+}
+
+/// What the audit does with a slice over its quota by NVML (memory taken around gpuslice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnViolation {
+    /// Log it, count it in metrics and `status`.
+    Report,
+    /// Also SIGKILL the slice's processes that hold memory on that device.
+    Kill,
+}
 
 /// The lock file's name inside the runtime directory.
 pub const LOCK_FILE: &str = "monitor.lock";
@@ -214,6 +245,11 @@ macro_rules! log {
 struct Options {
     listen: Option<String>,
     interval: Duration,
+    /// `Some(true)`: node mode; `None`: node mode for root on the default directory.
+    node: Option<bool>,
+    limits: gpuslice_ledger::node::Limits,
+    operator_group: String,
+    on_violation: OnViolation,
 }
 
 fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
@@ -222,6 +258,10 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
     let mut o = Options {
         listen: None,
         interval: Duration::from_millis(250),
+        node: None,
+        limits: Default::default(),
+        operator_group: OPERATOR_GROUP.into(),
+        on_violation: OnViolation::Report,
     };
     while let Some(arg) = p.next().map_err(cli::lex(USAGE))? {
         if cli::is_help(&arg) {
@@ -242,6 +282,60 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                     ));
                 }
                 o.listen = Some(v);
+            }
+            Long("mode") => {
+                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--mode", USAGE)?;
+                o.node = Some(match v.as_str() {
+                    "node" => true,
+                    "personal" => false,
+                    _ => {
+                        return Err(Failure::usage(
+                            format!("--mode {v:?}: expected node or personal"),
+                            USAGE,
+                        ))
+                    }
+                });
+            }
+            Long("on-violation") => {
+                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--on-violation", USAGE)?;
+                o.on_violation = match v.as_str() {
+                    "report" => OnViolation::Report,
+                    "kill" => OnViolation::Kill,
+                    _ => {
+                        return Err(Failure::usage(
+                            format!("--on-violation {v:?}: expected report or kill"),
+                            USAGE,
+                        ))
+                    }
+                };
+            }
+            Long(flag @ ("max-procs-per-user" | "max-slices-per-user")) => {
+                let flag = format!("--{flag}");
+                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, &flag, USAGE)?;
+                let max = if flag == "--max-procs-per-user" {
+                    gpuslice_ledger::MAX_PROCS
+                } else {
+                    gpuslice_ledger::MAX_SLICES
+                };
+                let n = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=max).contains(n))
+                    .ok_or_else(|| {
+                        Failure::usage(format!("{flag} {v:?}: expected 1 to {max}"), USAGE)
+                    })?;
+                if flag == "--max-procs-per-user" {
+                    o.limits.procs_per_uid = n;
+                } else {
+                    o.limits.slices_per_uid = n;
+                }
+            }
+            Long("operator-group") => {
+                o.operator_group = cli::utf8(
+                    p.value().map_err(cli::lex(USAGE))?,
+                    "--operator-group",
+                    USAGE,
+                )?;
             }
             Long("interval") => {
                 let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--interval", USAGE)?;
@@ -276,10 +370,40 @@ type Shared = Arc<Mutex<MonitorFacts>>;
 
 fn run(opts: Options) -> Result<(), Failure> {
     let dir = cli::runtime_dir();
-    // Creating the ledger first also creates its directory the way every user needs it; a
-    // ledger that cannot be used is reported (and retried) by the loop below.
-    let first = Node::open_or_create(&dir).ok();
+    gpuslice_ledger::dir::check_absolute(&dir).map_err(|e| Failure::usage(e.to_string(), USAGE))?;
+    let _ = OPERATOR_GROUP_NAME.set(opts.operator_group.clone());
+    let node_mode = opts.node.unwrap_or_else(|| {
+        gpuslice_ledger::dir::euid() == 0 && dir == Path::new(gpuslice_ledger::DEFAULT_RUNTIME_DIR)
+    });
     let _lock = MonitorLock::acquire(&dir)?;
+    let first = if node_mode {
+        let node = Node::open_or_create_node(&dir)?;
+        let (ledger, regions) = node.parts().expect("node mode has regions");
+        let listener = crate::admission::bind(&ledger)?;
+        let server = Arc::new(crate::admission::Server {
+            ledger,
+            regions,
+            limits: opts.limits,
+            operator_gid: group_gid(&opts.operator_group),
+        });
+        std::thread::Builder::new()
+            .name("admission".into())
+            .spawn(move || crate::admission::serve(listener, server))
+            .map_err(|e| format!("cannot start the admission thread: {e}"))?;
+        log!(
+            "node mode: the policy {} is written by this monitor only; processes are admitted \
+             at {} (operator group {:?}, at most {} processes and {} slices per user)",
+            dir.join("ledger").display(),
+            dir.join(gpuslice_ledger::protocol::SOCKET_FILE).display(),
+            opts.operator_group,
+            opts.limits.procs_per_uid,
+            opts.limits.slices_per_uid
+        );
+        Some(node)
+    } else {
+        // A ledger that cannot be used is reported (and retried) by the loop below.
+        Node::open_or_create(&dir).ok()
+    };
     // SIGTERM/SIGINT/SIGHUP: finish the tick and exit (after at most one --interval sleep).
     cli::stop_on_signals(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP]);
     let facts: Shared = Arc::default();
@@ -313,6 +437,8 @@ fn run(opts: Options) -> Result<(), Failure> {
         dir,
         nvml,
         node: None,
+        node_mode,
+        on_violation: opts.on_violation,
         fresh: first,
         last_error: None,
         over: HashSet::new(),
@@ -348,6 +474,10 @@ struct Monitor {
     dir: PathBuf,
     nvml: Option<Nvml>,
     node: Option<Node>,
+    /// Node mode: the policy and the admission socket are this process's; they are never
+    /// reopened (a replaced policy ends the monitor, for its supervisor to restart it).
+    node_mode: bool,
+    on_violation: OnViolation,
     /// The ledger opened before the lock was taken, used by the first tick.
     fresh: Option<Node>,
     /// The last error opening the ledger, logged once until it changes.
@@ -399,6 +529,10 @@ impl Monitor {
             }
         }
         let Some(node) = &self.node else { return };
+        if !node.is_current() && self.node_mode {
+            log!("the node policy was removed or replaced; exiting so that a fresh monitor serves it");
+            std::process::exit(1);
+        }
         if !node.is_current() {
             log!("the ledger file was removed or replaced; attaching to the one there now");
             self.node = None;
@@ -415,6 +549,7 @@ impl Monitor {
                     }
                 }
             }
+            Err(e) if self.node_mode => log!("{e}; retrying at the next tick"),
             Err(e) => {
                 log!("{e}; reopening the ledger");
                 self.node = None;

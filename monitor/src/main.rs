@@ -16,6 +16,7 @@
 //!
 //! Exit status (contract): 0 on success, 2 on bad usage (with a usage line), 1 on other errors.
 
+mod admission;
 mod cdi;
 mod cli;
 mod compute;

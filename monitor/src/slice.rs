@@ -116,7 +116,12 @@ fn create(args: Vec<OsString>) -> Result<(), Failure> {
     let Some(req) = parse_create(args)? else {
         return Ok(());
     };
-    let node = Node::open_or_create(&cli::runtime_dir())?;
+    let dir = cli::runtime_dir();
+    // A tenant's view of a node policy is read-only: its request goes to the monitor.
+    let node = match Node::open(&dir) {
+        Err(e) if Node::is_missing(&e) => Node::open_or_create(&dir)?,
+        other => other?,
+    };
     let s = node.create_operator_slice(&req)?;
     cli::outln!(
         "created slice {:?} on GPU {}: memory {}, compute share {}, cap {}",
