@@ -176,6 +176,12 @@ pub struct Slice {
     pub claim: Text<CLAIM_LEN>,
     /// Node mode: the uid whose processes may join it ([`ANY_UID`]: anyone).
     pub owner_uid: AtomicU32,
+    /// The monitor's audit: 1 while NVML reports more for the slice's processes than its quota.
+    pub over_quota: AtomicU32,
+    /// The audit: bytes NVML last reported for the slice's processes.
+    pub audit_observed: AtomicU64,
+    /// The audit: times the slice went over its quota.
+    pub violations_total: AtomicU64,
 }
 
 /// Keeps a hot atomic alone on its cache line so neighbours do not false-share it.

@@ -631,6 +631,9 @@ impl Ledger {
         s.sched.reset();
         s.priority.store(0, SeqCst);
         s.owner_uid.store(ANY_UID, SeqCst);
+        s.over_quota.store(0, SeqCst);
+        s.audit_observed.store(0, SeqCst);
+        s.violations_total.store(0, SeqCst);
         // SAFETY: under the lock, record not yet published.
         unsafe { s.claim.set("") };
         s.state.store(STATE_ACTIVE, SeqCst);
@@ -672,6 +675,21 @@ impl Ledger {
         // SAFETY: under the lock; the record was just created and no process joined it yet.
         unsafe { self.slices()[si].claim.set(claim) };
         Ok(si)
+    }
+
+    /// The monitor's audit of slice `si`: what NVML reports for its processes and whether that
+    /// is over its quota (counted in `violations_total` when it goes over).
+    pub fn record_audit(&self, si: usize, observed: u64, over: bool) {
+        if !self.writable() {
+            return;
+        }
+        let Some(s) = self.slices().get(si) else {
+            return;
+        };
+        s.audit_observed.store(observed, SeqCst);
+        if s.over_quota.swap(over as u32, SeqCst) == 0 && over {
+            s.violations_total.fetch_add(1, SeqCst);
+        }
     }
 
     /// Set the scheduling priority (0 normal, 1 latency) of every slice called `name`;
@@ -973,6 +991,9 @@ impl Ledger {
                 alloc_total: s.alloc_total.load(Relaxed),
                 alloc_denied_total: s.alloc_denied_total.load(Relaxed),
                 claim: Some(s.claim.get()).filter(|c| !c.is_empty()),
+                over_quota: s.over_quota.load(SeqCst) != 0,
+                audit_observed: s.audit_observed.load(SeqCst),
+                violations_total: s.violations_total.load(SeqCst),
                 priority: s.priority.load(SeqCst).min(1),
             });
         }

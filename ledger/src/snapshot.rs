@@ -70,6 +70,12 @@ pub struct SliceInfo {
     pub claim: Option<String>,
     /// Scheduling priority: 0 normal, 1 latency.
     pub priority: u32,
+    /// The monitor's audit: NVML reports more for its processes than its quota.
+    pub over_quota: bool,
+    /// The audit: bytes NVML last reported for its processes.
+    pub audit_observed: u64,
+    /// The audit: times it went over its quota.
+    pub violations_total: u64,
 }
 
 /// A process.

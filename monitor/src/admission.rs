@@ -56,6 +56,14 @@ impl RegionTable {
         Ok(r)
     }
 
+    /// Make a region for `key` (tests).
+    #[cfg(test)]
+    pub fn make_for_test(&self, key: u32) -> Arc<Region> {
+        let r = Arc::new(Region::create(key, 0).unwrap());
+        self.map.lock().unwrap().insert(key, r.clone());
+        r
+    }
+
     /// Drop the regions of slices that no longer exist (best-effort pools stay).
     pub fn retain_live(&self, ledger: &Ledger) {
         let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());

@@ -215,6 +215,34 @@ fn write_case(dir: &Path, c: &Case) {
     }
 }
 
+/// The node-mode paths over the same file: the monitor's reaper and usage mirror, with
+/// regions whose words are as hostile as the file's.
+fn exercise_node(dir: &Path, noise: &[u64]) {
+    use gpuslice_ledger::region::best_effort_key;
+    use std::sync::atomic::Ordering::SeqCst;
+    let Ok(l) = Ledger::open(dir) else { return };
+    let regions = crate::admission::RegionTable::default();
+    for (i, k) in [0u32, 1, 2, 5, best_effort_key(0), best_effort_key(1)]
+        .into_iter()
+        .enumerate()
+    {
+        let r = regions.make_for_test(k);
+        let v = |j: usize| noise.get(i * 7 + j).copied().unwrap_or(0);
+        r.header().memory_used.store(v(0), SeqCst);
+        for slot in [0usize, 1, 2, 3, (v(1) % MAX_PROCS as u64) as usize] {
+            if let Some(w) = r.proc_(slot) {
+                w.charged.store(v(2), SeqCst);
+                w.ops_begun.store(v(3), SeqCst);
+                w.ops_ended.store(v(3).wrapping_add(v(4) % 2), SeqCst);
+            }
+        }
+    }
+    let _ = l.reap_node(&|p| p.host_pid.load(SeqCst) % 2 == 0, &regions);
+    l.mirror_usage(&regions);
+    regions.retain_live(&l);
+    let _ = l.snapshot();
+}
+
 /// Everything that reads the file; must not panic. Returns whether the ledger opened.
 fn exercise(dir: &Path) -> bool {
     let opened = Node::open(dir).is_ok();
@@ -279,6 +307,17 @@ pub fn run(cases: u32, until: Option<std::time::Instant>) -> (u64, u64) {
             write_case(&dir, &c);
             if exercise(&dir) {
                 opened.set(opened.get() + 1);
+            }
+            if let Case::Mutated(s) = &c {
+                write_case(&dir, &c);
+                let noise: Vec<u64> = s
+                    .iter()
+                    .map(|x| match x {
+                        Scribble::Field { value, .. } => *value,
+                        Scribble::Raw { bytes, .. } => bytes.len() as u64,
+                    })
+                    .collect();
+                exercise_node(&dir, &noise);
             }
             Ok(())
         });

@@ -111,6 +111,21 @@ impl Node {
         matches!(e, LedgerError::NotFound(_))
     }
 
+    /// Record the audit's rows in the ledger (for `status` and `metrics`).
+    pub fn record_audit(&self, rows: &[crate::prom::AuditRow]) {
+        let s = self.ledger.snapshot();
+        for r in rows {
+            if let Some(sl) = s
+                .slices
+                .iter()
+                .find(|sl| sl.name == r.slice && sl.device_uuid == r.device_uuid)
+            {
+                self.ledger
+                    .record_audit(sl.index, r.observed, r.over_quota());
+            }
+        }
+    }
+
     /// Register (or refresh) a device NVML reports.
     pub fn register_device(&self, d: &NvmlDevice) -> Result<(), LedgerError> {
         self.ledger
@@ -215,6 +230,9 @@ impl Node {
                     throttled_seconds: compute.throttled_seconds,
                     claim: sl.claim.clone(),
                     priority: sl.priority,
+                    over_quota: sl.over_quota,
+                    audit_observed: sl.audit_observed,
+                    violations_total: sl.violations_total,
                 }
             })
             .collect();

@@ -51,6 +51,12 @@ pub struct Slice {
     pub claim: Option<String>,
     /// Scheduling priority: 0 normal, 1 latency.
     pub priority: u32,
+    /// The audit (monitor): NVML reports more for its processes than its quota.
+    pub over_quota: bool,
+    /// The audit: bytes NVML last reported for its processes.
+    pub audit_observed: u64,
+    /// The audit: times it went over its quota.
+    pub violations_total: u64,
 }
 
 /// A process attached to the ledger.
@@ -101,6 +107,15 @@ impl Snapshot {
                 "pids": s.pids,
                 "claim": s.claim,
                 "priority": if s.priority == 0 { "normal" } else { "latency" },
+                "violations_total": s.violations_total,
+            })).collect::<Vec<_>>(),
+            // Slices the monitor's NVML audit finds over their quota now (memory taken around
+            // gpuslice): docs/security.md.
+            "violations": self.slices.iter().filter(|s| s.over_quota).map(|s| json!({
+                "slice": s.name,
+                "device_uuid": s.device_uuid,
+                "memory_limit": s.memory_limit,
+                "observed": s.audit_observed,
             })).collect::<Vec<_>>(),
             "processes": self.processes.iter().map(|p| json!({
                 "pid": p.pid,
@@ -151,6 +166,9 @@ pub(crate) mod tests {
                     throttled_seconds: 1.5,
                     claim: None,
                     priority: 0,
+                    over_quota: false,
+                    audit_observed: 0,
+                    violations_total: 0,
                 },
                 Slice {
                     name: "infer \"a\"".into(),
@@ -167,6 +185,9 @@ pub(crate) mod tests {
                     throttled_seconds: 0.0,
                     claim: None,
                     priority: 0,
+                    over_quota: false,
+                    audit_observed: 0,
+                    violations_total: 0,
                 },
             ],
             processes: vec![
