@@ -208,6 +208,17 @@ impl Ledger {
                 peer.uid
             )));
         }
+        // One record per process: asking again cannot multiply its slots.
+        if procs.iter().any(|p| {
+            p.state.load(SeqCst) == STATE_ACTIVE
+                && p.host_pid.load(SeqCst) == peer.host_pid
+                && p.start_time.load(SeqCst) == peer.start_time
+        }) {
+            return Err(LedgerError::Monitor(format!(
+                "pid {} is admitted already (one record per process)",
+                peer.nspid
+            )));
+        }
         let slot = procs
             .iter()
             .position(|p| p.state.load(SeqCst) == STATE_FREE)
