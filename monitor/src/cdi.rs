@@ -172,7 +172,13 @@ pub fn spec(
                     {
                         "hostPath": host_runtime_dir,
                         "containerPath": CONTAINER_RUNTIME_DIR,
-                        "options": ["rw", "nosuid", "nodev", "noexec", "bind"],
+                        // A node policy is read-only for containers (they reach the monitor's
+                        // socket, which a read-only mount does not block); a personal ledger
+                        // is written by its user's processes.
+                        "options": [
+                            if crate::node::is_node_dir(host_runtime_dir) { "ro" } else { "rw" },
+                            "nosuid", "nodev", "noexec", "bind",
+                        ],
                     },
                 ],
             },

@@ -32,6 +32,11 @@ pub struct SliceRequest {
     pub device: String,
 }
 
+/// Whether `dir` holds a node policy (root's directory in node mode).
+pub fn is_node_dir(dir: &str) -> bool {
+    Ledger::open(Path::new(dir)).is_ok_and(|l| l.is_node())
+}
+
 /// An open ledger.
 pub struct Node {
     ledger: Arc<Ledger>,

@@ -581,6 +581,70 @@ fn the_audit_reports_and_kills_a_bypass() {
     }
 }
 
+/// Memory enforcement keeps working while the monitor is down (running processes keep their
+/// mappings); a restarted monitor finds the regions again from the processes that hold them,
+/// so usage and reaping go on where they were.
+#[test]
+fn enforcement_survives_the_monitor_and_a_restart_recovers_regions() {
+    need_root!();
+    let mut n = Node::new(1, "16Gi", &[]);
+    let env = [("GPUSLICE_SLICE", "a"), ("GPUSLICE_MEMORY", "1Gi")];
+    let h = holder(&n, TENANT_A, &env, "512Mi", "8");
+    wait_for_slice(&n, "a", 1);
+    // A second process of the slice: waits 2 s, then allocates 512 MiB pieces (up to 8 live)
+    // for 2 s, while the monitor is gone.
+    let mut c = n.burn(TENANT_A);
+    c.args(["--hold", "2", "--alloc-loop", "--alloc", "512Mi", "--seconds", "2", "--json"]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let looper = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_for_slice(&n, "a", 2);
+    n.stop_monitor();
+    let o = looper.wait_with_output().unwrap();
+    let r = burn_json(&o);
+    let l = &r["alloc_loop"];
+    assert!(
+        l["allocs"].as_u64().unwrap() > 0 && l["out_of_memory"].as_u64().unwrap() > 0,
+        "with the monitor down, the quota still holds (some allocations fit, the rest are \
+         refused): {}",
+        text(&o)
+    );
+    n.start_monitor();
+    let t0 = Instant::now();
+    loop {
+        let s = n.status();
+        let used = s["slices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == "a")
+            .map(|x| x["memory_used"].as_u64().unwrap_or(0));
+        if used == Some(512 << 20) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the restarted monitor does not see slice a's usage: {s:#}\n{}",
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = h.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // After it exits, the restarted monitor reaps it and the slice goes.
+    let t1 = Instant::now();
+    while n.status()["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["name"] == "a")
+    {
+        assert!(t1.elapsed() < Duration::from_secs(10), "{}", n.monitor_log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Capacity without an attacker: 512 unnamed processes on a 16-GPU fake run at once.
 #[test]
 fn five_hundred_twelve_unnamed_processes_on_sixteen_gpus() {
