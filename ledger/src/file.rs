@@ -16,7 +16,8 @@ use std::os::fd::IntoRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// How long `lock()` waits for the cold-path mutex.
+/// How long `lock()` waits for the cold-path mutex while nobody makes progress with it (a
+/// holder stopped or stuck); a lock that keeps changing hands is waited for.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The ledger file's name in the runtime directory.
@@ -307,16 +308,38 @@ pub(crate) enum Locked {
 
 /// Take the header's robust mutex, with a timeout.
 pub(crate) fn lock(h: &Header, path: &Path) -> Result<Locked, LedgerError> {
-    let mut ts: libc::timespec = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
+    // Wait in short slices and give up only when the lock made no progress for LOCK_TIMEOUT:
+    // every unlock bumps `generation`, so many processes queueing behind each other (512
+    // starting at once on a busy machine) never time out, while a holder that is stopped or
+    // stuck delays the others by LOCK_TIMEOUT at most.
+    let mut seen = h.generation.load(core::sync::atomic::Ordering::Acquire);
+    let mut quiet_since = std::time::Instant::now();
+    let rc = loop {
+        let mut ts: libc::timespec = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: ts is a valid out-parameter.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+        ts.tv_nsec += 250_000_000;
+        if ts.tv_nsec >= 1_000_000_000 {
+            ts.tv_sec += 1;
+            ts.tv_nsec -= 1_000_000_000;
+        }
+        // SAFETY: the mutex was initialised by the creator (checked via `ready`) and lives in
+        // the shared mapping for as long as `h` is borrowed.
+        let rc = unsafe { libc::pthread_mutex_timedlock(h.mutex.0.get(), &ts) };
+        if rc != libc::ETIMEDOUT {
+            break rc;
+        }
+        let now = h.generation.load(core::sync::atomic::Ordering::Acquire);
+        if now != seen {
+            seen = now;
+            quiet_since = std::time::Instant::now();
+        } else if quiet_since.elapsed() >= LOCK_TIMEOUT {
+            break libc::ETIMEDOUT;
+        }
     };
-    // SAFETY: ts is a valid out-parameter.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts.tv_sec += LOCK_TIMEOUT.as_secs() as libc::time_t;
-    // SAFETY: the mutex was initialised by the creator (checked via `ready`) and lives in the
-    // shared mapping for as long as `h` is borrowed.
-    let rc = unsafe { libc::pthread_mutex_timedlock(h.mutex.0.get(), &ts) };
     let me = std::process::id();
     match rc {
         0 => {

@@ -15,6 +15,9 @@ use crate::snapshot::*;
 use core::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::path::Path;
 
+/// Device and inode of a file.
+pub type FileId = (u64, u64);
+
 /// A mapped node ledger.
 pub struct Ledger {
     m: Mapping,
@@ -182,7 +185,7 @@ impl Ledger {
 
     /// Device and inode of the mapped file, and of the file under the ledger's name now: they
     /// differ when the ledger was removed or replaced since it was opened.
-    pub fn identities(&self) -> (Option<(u64, u64)>, Option<(u64, u64)>) {
+    pub fn identities(&self) -> (Option<FileId>, Option<FileId>) {
         let mapped = crate::dir::fstat(self.m.fd)
             .ok()
             .map(|st| (st.st_dev, st.st_ino));
@@ -359,7 +362,7 @@ impl Ledger {
                 None => by_uid.push((u, 1)),
             }
         }
-        by_uid.sort_by(|a, b| b.1.cmp(&a.1));
+        by_uid.sort_by_key(|e| core::cmp::Reverse(e.1));
         LedgerError::TableFull {
             table: "process",
             size: MAX_PROCS,
@@ -385,7 +388,7 @@ impl Ledger {
                 None => by_uid.push((u, 1)),
             }
         }
-        by_uid.sort_by(|a, b| b.1.cmp(&a.1));
+        by_uid.sort_by_key(|e| core::cmp::Reverse(e.1));
         LedgerError::TableFull {
             table: "slice",
             size: MAX_SLICES,
@@ -418,6 +421,19 @@ impl Ledger {
         }
         let _g = self.lock()?;
         self.join_locked(h, device, req, std::process::id(), ANY_UID)
+    }
+
+    /// `join` on several devices under one taking of the lock (a process's start-up): the
+    /// results in order, stopping at the first error.
+    pub fn join_all(
+        &self,
+        h: ProcHandle,
+        reqs: &[(usize, SliceRequest)],
+    ) -> Result<Vec<Joined>, LedgerError> {
+        let _g = self.lock()?;
+        reqs.iter()
+            .map(|(d, r)| self.join_locked(h, *d, r, std::process::id(), ANY_UID))
+            .collect()
     }
 
     /// `join` for process record `h` (of pid `pid`, for a private slice's name) and, in node

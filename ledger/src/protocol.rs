@@ -102,7 +102,7 @@ pub fn send(sock: RawFd, m: &Message, fds: &[RawFd]) -> Result<(), LedgerError> 
         iov_len: data.len(),
     };
     // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE((fds.len() * size_of::<RawFd>()) as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE(size_of_val(fds) as u32) } as usize;
     let mut cbuf = vec![0u8; space.max(1)];
     // SAFETY: plain data.
     let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
@@ -116,7 +116,7 @@ pub fn send(sock: RawFd, m: &Message, fds: &[RawFd]) -> Result<(), LedgerError> 
             let c = libc::CMSG_FIRSTHDR(&msg);
             (*c).cmsg_level = libc::SOL_SOCKET;
             (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN((fds.len() * size_of::<RawFd>()) as u32) as _;
+            (*c).cmsg_len = libc::CMSG_LEN(size_of_val(fds) as u32) as _;
             core::ptr::copy_nonoverlapping(
                 fds.as_ptr(),
                 libc::CMSG_DATA(c).cast::<RawFd>(),

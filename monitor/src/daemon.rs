@@ -745,7 +745,7 @@ mod tests {
         assert_eq!(monitor_running(&rt), None);
         std::fs::remove_file(rt.join(LOCK_FILE)).unwrap();
         symlink(&target, rt.join(LOG_FILE)).unwrap();
-        let e = start_background(&rt).err().expect("refused");
+        let e = start_background(&rt).expect_err("refused");
         assert!(e.contains("symbolic link"), "{e}");
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "secret\n");
         std::fs::remove_dir_all(&d).unwrap();

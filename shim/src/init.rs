@@ -223,6 +223,7 @@ fn build(config: &Config) -> Result<State, (CUresult, String)> {
         .attach(config.slice.as_deref().unwrap_or(""))
         .map_err(io)?;
     let mut devices = vec![];
+    let mut reqs = vec![];
     for (ord, uuid, name, total) in found {
         let ledger_dev = ledger.ensure_device(&uuid, &name, total).map_err(io)?;
         let (memory, setting) = match config.memory.as_ref().and_then(|m| m.get(ord as u32)) {
@@ -242,12 +243,18 @@ fn build(config: &Config) -> Result<State, (CUresult, String)> {
                 .unwrap_or("GPUSLICE_COMPUTE")
                 .into(),
         };
-        let joined = ledger.join(me, ledger_dev, &req).map_err(|e| match e {
-            gpuslice_ledger::LedgerError::Admission(a) => {
-                (CUDA_ERROR_INVALID_VALUE, format!("slice refused: {a}"))
-            }
-            e => io(e),
-        })?;
+        reqs.push((ord, uuid, ledger_dev, req));
+    }
+    // One taking of the lock for every device (512 processes may start at once).
+    let items: Vec<(usize, SliceRequest)> =
+        reqs.iter().map(|(_, _, d, r)| (*d, r.clone())).collect();
+    let joins = ledger.join_all(me, &items).map_err(|e| match e {
+        gpuslice_ledger::LedgerError::Admission(a) => {
+            (CUDA_ERROR_INVALID_VALUE, format!("slice refused: {a}"))
+        }
+        e => io(e),
+    })?;
+    for ((ord, uuid, ledger_dev, _), joined) in reqs.into_iter().zip(joins) {
         for w in &joined.warnings {
             log!(Warn, "{w}");
         }

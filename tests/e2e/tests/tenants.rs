@@ -594,11 +594,24 @@ fn enforcement_survives_the_monitor_and_a_restart_recovers_regions() {
     // A second process of the slice: waits 2 s, then allocates 512 MiB pieces (up to 8 live)
     // for 2 s, while the monitor is gone.
     let mut c = n.burn(TENANT_A);
-    c.args(["--hold", "2", "--alloc-loop", "--alloc", "512Mi", "--seconds", "2", "--json"]);
+    c.args([
+        "--hold",
+        "2",
+        "--alloc-loop",
+        "--alloc",
+        "512Mi",
+        "--seconds",
+        "2",
+        "--json",
+    ]);
     for (k, v) in env {
         c.env(k, v);
     }
-    let looper = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let looper = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     wait_for_slice(&n, "a", 2);
     n.stop_monitor();
     let o = looper.wait_with_output().unwrap();
@@ -640,7 +653,11 @@ fn enforcement_survives_the_monitor_and_a_restart_recovers_regions() {
         .iter()
         .any(|x| x["name"] == "a")
     {
-        assert!(t1.elapsed() < Duration::from_secs(10), "{}", n.monitor_log());
+        assert!(
+            t1.elapsed() < Duration::from_secs(10),
+            "{}",
+            n.monitor_log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -676,7 +693,14 @@ fn five_hundred_twelve_unnamed_processes_on_sixteen_gpus() {
         }
         let failed: Vec<String> = kids
             .iter_mut()
-            .filter_map(|k| k.try_wait().unwrap().map(|st| format!("{st:?}")))
+            .filter_map(|k| {
+                k.try_wait().unwrap().map(|st| {
+                    use std::io::Read;
+                    let mut e = String::new();
+                    let _ = k.stderr.take().map(|mut r| r.read_to_string(&mut e));
+                    format!("{st:?}: {e}")
+                })
+            })
             .collect();
         assert!(
             failed.is_empty() && t0.elapsed() < Duration::from_secs(300),
