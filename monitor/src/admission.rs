@@ -330,6 +330,7 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
     let ledger = &server.ledger;
     match req.get("op") {
         Some("admit") => admit(server, req, pid, uid),
+        Some("ping") => Ok((Message::new("ok", &std::process::id().to_string()), vec![])),
         Some(op @ ("slice-create" | "slice-rm" | "slice-priority")) => {
             if !is_operator(server, pid, uid) {
                 return Err(format!(

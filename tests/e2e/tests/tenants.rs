@@ -662,6 +662,117 @@ fn enforcement_survives_the_monitor_and_a_restart_recovers_regions() {
     }
 }
 
+/// A container-like tenant: its own PID namespace (`unshare --pid`), as another user. The
+/// monitor admits it by what the kernel says (`SO_PEERCRED`), shows the pid it has inside
+/// (`NSpid`), tells it is alive by its host pid and start time, and reaps it after it exits.
+/// The tenant's `status` sees the node's monitor through the socket.
+#[test]
+fn a_tenant_in_its_own_pid_namespace_is_admitted_and_reaped() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let burn = n.burn(TENANT_A);
+    let mut c = Command::new("unshare");
+    c.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
+        .arg(burn.get_program())
+        .args(burn.get_args())
+        .args(["--alloc", "256Mi", "--hold", "3", "--json"])
+        .env("GPUSLICE_SLICE", "boxed")
+        .env("GPUSLICE_MEMORY", "1Gi")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in burn.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let child = c.spawn().unwrap();
+    wait_for_slice(&n, "boxed", 1);
+    let s = n.status();
+    let p = s["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["slice"] == "boxed")
+        .unwrap_or_else(|| panic!("{s:#}"))
+        .clone();
+    assert_eq!(p["pid"], 1, "the pid it has in its own namespace: {s:#}");
+    assert_eq!(p["alive"], true);
+    // The tenant's own view: the policy read-only, the monitor found through its socket.
+    let o = n.cli(TENANT_B, &["status"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("monitor running") && out.contains("boxed"),
+        "{out}"
+    );
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(
+        burn_json(&o)["allocated_bytes"],
+        256u64 << 20,
+        "{}",
+        text(&o)
+    );
+    let t0 = Instant::now();
+    while n.status()["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["name"] == "boxed")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "never reaped: {}",
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A tenant's own monitor (`gpuslice run` without `GPUSLICE_RUNTIME_DIR`) lives in the
+/// tenant's own directory, never in the node's: it cannot stand in the way of root's monitor.
+#[test]
+fn a_tenant_started_monitor_lives_in_its_own_directory() {
+    need_root!();
+    let node_dir = Path::new(gpuslice_ledger::DEFAULT_RUNTIME_DIR);
+    if node_dir.exists() {
+        println!(
+            "skipped: {} exists on this machine (a node)",
+            node_dir.display()
+        );
+        return;
+    }
+    let n = Node::new(1, "16Gi", &[]);
+    let own = PathBuf::from(format!(
+        "{}-{TENANT_A}",
+        gpuslice_ledger::DEFAULT_RUNTIME_DIR
+    ));
+    let _ = std::fs::remove_dir_all(&own);
+    let o = n
+        .command(TENANT_A, "gpuslice")
+        .env_remove("GPUSLICE_RUNTIME_DIR")
+        .args(["run", "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!node_dir.exists(), "a tenant created the node's directory");
+    use std::os::unix::fs::MetadataExt;
+    let m =
+        std::fs::metadata(&own).unwrap_or_else(|e| panic!("{}: {e}: {}", own.display(), text(&o)));
+    assert_eq!(m.uid(), TENANT_A);
+    assert_eq!(m.mode() & 0o077, 0, "the personal directory is private");
+    // End the tenant's monitor (its pid is in its lock) and clean up.
+    if let Ok(pid) = std::fs::read_to_string(own.join("monitor.lock")) {
+        if let Ok(pid) = pid.trim().parse::<i32>() {
+            // SAFETY: the pid the tenant's monitor wrote into its own lock file.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = std::fs::remove_dir_all(&own);
+}
+
 /// Capacity without an attacker: 512 unnamed processes on a 16-GPU fake run at once.
 #[test]
 fn five_hundred_twelve_unnamed_processes_on_sixteen_gpus() {
