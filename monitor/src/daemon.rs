@@ -386,8 +386,27 @@ fn run(opts: Options) -> Result<(), Failure> {
         gpuslice_ledger::dir::euid() == 0 && dir == Path::new(gpuslice_ledger::DEFAULT_RUNTIME_DIR)
     });
     let _lock = MonitorLock::acquire(&dir)?;
+    let nvml = match Nvml::load() {
+        Ok(n) => Some(n),
+        Err(e) => {
+            log!("NVML unavailable ({e}): devices come from the ledger only, no memory audit");
+            None
+        }
+    };
     let first = if node_mode {
         let node = Node::open_or_create_node(&dir)?;
+        // The devices first: admission accepts only devices the monitor registered (a tenant
+        // naming a device cannot register it, or its size).
+        if nvml.is_none() {
+            log!("node mode needs NVML to register the GPUs: until it loads, no process can be admitted");
+        }
+        if let Some(devs) = nvml.as_ref().and_then(|n| n.devices().ok()) {
+            for d in &devs {
+                if let Err(e) = node.register_device(d) {
+                    log!("cannot register device {} ({}): {e}", d.index, d.uuid);
+                }
+            }
+        }
         let (ledger, regions) = node.parts().expect("node mode has regions");
         let listener = crate::admission::bind(&ledger)?;
         let server = Arc::new(crate::admission::Server {
@@ -436,13 +455,6 @@ fn run(opts: Options) -> Result<(), Failure> {
         std::process::id(),
         dir.display()
     );
-    let nvml = match Nvml::load() {
-        Ok(n) => Some(n),
-        Err(e) => {
-            log!("NVML unavailable ({e}): devices come from the ledger only, no memory audit");
-            None
-        }
-    };
     let mut m = Monitor {
         dir,
         nvml,
