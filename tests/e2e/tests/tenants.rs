@@ -729,6 +729,29 @@ fn a_tenant_in_its_own_pid_namespace_is_admitted_and_reaped() {
     }
 }
 
+/// `gpuslice run` by a tenant on a node: no monitor of its own (the node's serves it), the
+/// program admitted through the socket and held to the quota asked for.
+#[test]
+fn gpuslice_run_by_a_tenant_uses_the_nodes_monitor() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let o = n
+        .command(TENANT_A, "gpuslice")
+        .args(["run", "--memory", "1Gi", "--"])
+        .arg(n.bin.join("gpuslice-burn"))
+        .args(["--alloc", "512Mi,512Mi,512Mi", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 30, "{}", text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("could not start"),
+        "{}",
+        text(&o)
+    );
+}
+
 /// A tenant's own monitor (`gpuslice run` without `GPUSLICE_RUNTIME_DIR`) lives in the
 /// tenant's own directory, never in the node's: it cannot stand in the way of root's monitor.
 #[test]
