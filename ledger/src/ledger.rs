@@ -708,6 +708,25 @@ impl Ledger {
         }
     }
 
+    /// Node mode: let only `uid`'s processes join the slice `name` on `device` (index or UUID);
+    /// an operator slice is open to every uid until this is set.
+    pub fn set_slice_owner(
+        &self,
+        name: &str,
+        device: &str,
+        uid: u32,
+    ) -> Result<usize, LedgerError> {
+        let _g = self.lock()?;
+        let dev = self
+            .find_device(device)
+            .ok_or_else(|| LedgerError::NoSuchDevice(device.into()))?;
+        let si = self
+            .find_slice(name, dev)
+            .ok_or_else(|| LedgerError::NoSuchSlice(name.into()))?;
+        self.slices()[si].owner_uid.store(uid, SeqCst);
+        Ok(1)
+    }
+
     /// Set the scheduling priority (0 normal, 1 latency) of every slice called `name`;
     /// returns how many.
     pub fn set_slice_priority(&self, name: &str, priority: u32) -> Result<usize, LedgerError> {

@@ -353,7 +353,14 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
                             .map(Into::into)
                             .filter(|c: &String| !c.is_empty()),
                     })
-                    .map(|_| 1),
+                    .and_then(|_| match req.get("owner") {
+                        Some(u) => ledger.set_slice_owner(
+                            &name,
+                            req.get("device").unwrap_or(""),
+                            u.parse().map_err(|_| LedgerError::BadName(u.into()))?,
+                        ),
+                        None => Ok(1),
+                    }),
                 "slice-rm" => ledger.remove_slice(&name),
                 _ => ledger.set_slice_priority(&name, num(req, "priority")?),
             }

@@ -30,6 +30,8 @@ pub struct SliceRequest {
     pub cap_ppm: Option<u32>,
     /// `I` (NVML index where NVML is available, else ledger index) or a UUID.
     pub device: String,
+    /// Node mode: the only uid whose processes may join it (`None`: any).
+    pub owner: Option<u32>,
 }
 
 /// Whether `dir` holds a node policy (root's directory in node mode).
@@ -326,6 +328,9 @@ impl Node {
                 .push("memory", &memory.to_string())
                 .push("share", &req.compute_ppm.to_string())
                 .push("cap", &req.cap_ppm.unwrap_or(PPM).to_string());
+            if let Some(u) = req.owner {
+                m.push("owner", &u.to_string());
+            }
             self.ask_monitor(&m)?;
         } else {
             self.ledger.create_operator_slice(&OperatorSlice {
@@ -336,6 +341,9 @@ impl Node {
                 compute_cap_ppm: req.cap_ppm.unwrap_or(PPM),
                 claim: None,
             })?;
+            if let Some(u) = req.owner {
+                self.ledger.set_slice_owner(&req.name, &uuid, u)?;
+            }
         }
         self.snapshot()
             .slices
@@ -382,6 +390,7 @@ mod tests {
             compute_ppm,
             cap_ppm,
             device: "0".into(),
+            owner: None,
         };
         let made = node
             .create_operator_slice(&req("25%", 250_000, Some(500_000)))

@@ -394,6 +394,40 @@ fn the_operator_cli_refuses_tenants() {
             "{args:?}: {err}"
         );
     }
+    // An operator slice given to one user: another user's process cannot join it.
+    let o = n.cli(
+        0,
+        &[
+            "slice",
+            "create",
+            "owned",
+            "--memory",
+            "1Gi",
+            "--owner",
+            &TENANT_A.to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = n
+        .burn(TENANT_B)
+        .args(["--alloc", "1Mi", "--json"])
+        .env("GPUSLICE_SLICE", "owned")
+        .output()
+        .unwrap();
+    assert_eq!(burn_json(&o)["error"]["call"], "cuInit", "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!("belongs to uid {TENANT_A}")),
+        "{}",
+        text(&o)
+    );
+    let o = n
+        .burn(TENANT_A)
+        .args(["--alloc", "1Mi", "--json"])
+        .env("GPUSLICE_SLICE", "owned")
+        .output()
+        .unwrap();
+    assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 20, "{}", text(&o));
+    assert!(n.cli(0, &["slice", "rm", "owned"]).status.success());
     let s = n.status();
     let names: Vec<&str> = s["slices"]
         .as_array()
