@@ -382,8 +382,12 @@ fn run(opts: Options) -> Result<(), Failure> {
     let dir = cli::runtime_dir();
     gpuslice_ledger::dir::check_absolute(&dir).map_err(|e| Failure::usage(e.to_string(), USAGE))?;
     let _ = OPERATOR_GROUP_NAME.set(opts.operator_group.clone());
+    // Node mode for root on the node's default directory, or where a node policy already is
+    // (a monitor restarted without --mode, or started by `gpuslice run`).
     let node_mode = opts.node.unwrap_or_else(|| {
-        gpuslice_ledger::dir::euid() == 0 && dir == Path::new(gpuslice_ledger::DEFAULT_RUNTIME_DIR)
+        gpuslice_ledger::dir::euid() == 0
+            && (dir == Path::new(gpuslice_ledger::DEFAULT_RUNTIME_DIR)
+                || crate::node::is_node_dir(&dir.to_string_lossy()))
     });
     let _lock = MonitorLock::acquire(&dir)?;
     let nvml = match Nvml::load() {
