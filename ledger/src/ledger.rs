@@ -142,12 +142,10 @@ impl Ledger {
         if dir.owner() != Owner::Caller {
             return Err(LedgerError::ReadOnly(dir.path().join(file::LEDGER_FILE)));
         }
+        // An existing node policy is opened as it is (root, its owner, may write it: the
+        // operator CLI and the Kubernetes plugin do); a new file is a personal ledger.
         let m = file::open_or_create(&dir, 0o600, MODE_PERSONAL)?;
-        let l = Ledger::new(m, dir);
-        if l.is_node() {
-            return Err(LedgerError::ReadOnly(l.path().into()));
-        }
-        Ok(l)
+        Ok(Ledger::new(m, dir))
     }
 
     fn new(m: Mapping, dir: RuntimeDir) -> Ledger {

@@ -108,8 +108,10 @@ fn an_own_record_with_a_bad_slice_index_is_refused_not_used() {
         .ensure_device("GPU-00000000-0000-0000-0000-000000000003", "Fake", 8 << 30)
         .unwrap();
     let me = l.attach("").unwrap();
-    l.procs()[me.slot].devices[dev].slice.store(5000, SeqCst);
-    l.procs()[me.slot].devices[dev].account.store(5000, SeqCst);
+    l.procs()[me.slot].devices[dev].slice.store(50_000, SeqCst);
+    l.procs()[me.slot].devices[dev]
+        .account
+        .store(50_000, SeqCst);
     assert!(l.join(me, dev, &req(None, Some(MI))).is_err());
     assert!(l.account(me, dev).is_none());
     l.detach(me).unwrap();
