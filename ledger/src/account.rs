@@ -51,6 +51,8 @@ enum Cap<'a> {
     Quota(&'a AtomicU64),
     /// The best-effort pool of a device.
     BestEffort(&'a Device),
+    /// Node mode: a user's best-effort pool, held to the grant the monitor sets (and lowers).
+    Grant(&'a AtomicU64),
 }
 
 /// One process's charging handle for one device: cheap to copy, no syscalls, no locks.
@@ -123,11 +125,32 @@ impl<'a> Account<'a> {
         })
     }
 
+    /// A node-mode best-effort account: the counters in the pool's region, the limit the
+    /// monitor's grant in the policy (`layout::Pool`).
+    pub fn in_pool(
+        pool: &'a Pool,
+        region: &'a crate::region::Region,
+        slot: usize,
+    ) -> Option<Account<'a>> {
+        let h = region.header();
+        let rp = region.proc_(slot)?;
+        Some(Account {
+            counter: &h.memory_used.0,
+            cap: Cap::Grant(&pool.grant),
+            charged: &rp.charged,
+            begun: &rp.ops_begun,
+            ended: &rp.ops_ended,
+            denied: &h.alloc_denied_total,
+            charges: Some(&h.alloc_total),
+            reaping: &h.reaping,
+        })
+    }
+
     /// The limit now: the slice quota, or what the device has not reserved for slices.
     #[inline]
     pub fn limit(&self) -> u64 {
         match self.cap {
-            Cap::Quota(l) => l.load(SeqCst),
+            Cap::Quota(l) | Cap::Grant(l) => l.load(SeqCst),
             Cap::BestEffort(d) => d
                 .memory_total
                 .load(SeqCst)
@@ -190,6 +213,15 @@ impl<'a> Account<'a> {
             {
                 Ok(_) => break,
                 Err(v) => cur = v,
+            }
+        }
+        if let Cap::Grant(g) = self.cap {
+            // The monitor may have lowered the grant meanwhile: it stores the grant, then reads
+            // the counter; we wrote the counter, then read the grant (both SeqCst), so one of
+            // us sees the other (module comment, best effort).
+            if self.counter.load(SeqCst) > g.load(SeqCst) {
+                self.counter.fetch_sub(n, SeqCst);
+                return false;
             }
         }
         if let Cap::BestEffort(d) = self.cap {

@@ -26,6 +26,10 @@ pub const MAX_DEVICES: usize = 16;
 pub const MAX_SLICES: usize = MAX_PROCS * MAX_DEVICES;
 /// Attached processes per node.
 pub const MAX_PROCS: usize = 512;
+/// Node mode: best-effort pools, one per (device, uid) with best-effort processes.
+pub const MAX_POOLS: usize = 256;
+/// `ProcDevice::account` of a node-mode best-effort process: this plus its pool's index.
+pub const POOL_ACCOUNT_BASE: u32 = 0x4000_0000;
 /// Longest slice name, in bytes (names are NUL-padded, not NUL-terminated when full).
 pub const NAME_LEN: usize = 64;
 /// Room for a device UUID as text (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` is 40 bytes).
@@ -235,6 +239,26 @@ pub struct Proc {
     pub host_pid: AtomicU32,
 }
 
+/// Node mode: the best-effort pool of one user on one device. Its processes charge into the
+/// pool's own region against `grant`, which only the monitor sets: it splits what no slice
+/// reserved among the device's pools (each keeps what it uses, the rest is shared equally),
+/// so one user's best-effort processes can never starve another's, whatever they write.
+#[repr(C, align(64))]
+pub struct Pool {
+    /// [`STATE_FREE`] or [`STATE_ACTIVE`].
+    pub state: AtomicU32,
+    /// Ledger device index.
+    pub device: AtomicU32,
+    /// The user.
+    pub uid: AtomicU32,
+    /// Processes charged to it.
+    pub members: AtomicU32,
+    /// Bytes the pool may hold now (the monitor's grant; the hot path's limit).
+    pub grant: AtomicU64,
+    /// Bytes it held at the monitor's last look (display, admission without regions).
+    pub used: AtomicU64,
+}
+
 const fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
@@ -245,8 +269,10 @@ pub const DEVICES_OFFSET: usize = align_up(size_of::<Header>(), 4096);
 pub const SLICES_OFFSET: usize = align_up(DEVICES_OFFSET + MAX_DEVICES * size_of::<Device>(), 4096);
 /// Offset of the process array.
 pub const PROCS_OFFSET: usize = align_up(SLICES_OFFSET + MAX_SLICES * size_of::<Slice>(), 4096);
+/// Offset of the best-effort pool array (node mode).
+pub const POOLS_OFFSET: usize = align_up(PROCS_OFFSET + MAX_PROCS * size_of::<Proc>(), 4096);
 /// Total size of the file.
-pub const FILE_SIZE: usize = align_up(PROCS_OFFSET + MAX_PROCS * size_of::<Proc>(), 4096);
+pub const FILE_SIZE: usize = align_up(POOLS_OFFSET + MAX_POOLS * size_of::<Pool>(), 4096);
 
 /// A NUL-padded fixed text field, written only under the cold-path lock before its record is
 /// published (or by the record's owner), read by anyone.

@@ -123,16 +123,36 @@ impl Ledger {
         let _ = self.regions.set(r);
     }
 
-    /// What best-effort processes hold on `device` now.
+    /// What best-effort processes hold on `device` now. Node mode: the pools' live counters
+    /// where the monitor's regions are at hand (after lowering the grants), else, for root's
+    /// CLI, what the pools may hold (their grants), which is never less.
     fn best_effort_now(&self, device: usize) -> u64 {
-        if let Some(r) = self
-            .regions
-            .get()
-            .and_then(|r| r.get(crate::region::best_effort_key(device)))
-        {
-            return r.header().memory_used.load(SeqCst);
+        if !self.is_node() {
+            return self.devices()[device].best_effort_used.load(SeqCst);
         }
-        self.devices()[device].best_effort_used.load(SeqCst)
+        self.pools()
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                p.state.load(SeqCst) == STATE_ACTIVE && p.device.load(SeqCst) as usize == device
+            })
+            .fold(0u64, |a, (i, p)| {
+                // A pool's counter is its users' to write: it counts for at most its grant
+                // (the monitor's), so lying high cannot block other slices' admission.
+                let g = p.grant.load(SeqCst);
+                let v = match self.regions.get() {
+                    Some(r) => r
+                        .get(POOL_ACCOUNT_BASE + i as u32)
+                        .map_or(0, |r| r.header().memory_used.load(SeqCst).min(g)),
+                    None => g.max(p.used.load(SeqCst)),
+                };
+                a.saturating_add(v)
+            })
+    }
+
+    /// The monitor's regions, if this is the monitor's handle.
+    pub(crate) fn regions(&self) -> Option<&std::sync::Arc<dyn crate::node::Regions>> {
+        self.regions.get()
     }
 
     /// Open the ledger in `dir`, creating it (and the directory, mode 0700, or 0755 for root)
@@ -213,6 +233,12 @@ impl Ledger {
     pub fn procs(&self) -> &[Proc; MAX_PROCS] {
         // SAFETY: as for devices.
         unsafe { &*self.m.base.add(PROCS_OFFSET).cast() }
+    }
+
+    /// The best-effort pools (node mode).
+    pub fn pools(&self) -> &[Pool; MAX_POOLS] {
+        // SAFETY: as for devices.
+        unsafe { &*self.m.base.add(POOLS_OFFSET).cast() }
     }
 
     /// Take the cold-path lock (times out after [`file::LOCK_TIMEOUT`]); repairs the derived
@@ -612,6 +638,9 @@ impl Ledger {
             // Raise the reservation first, then look at best effort (see account.rs).
             let total = d.memory_total.load(SeqCst);
             let before = d.memory_reserved.fetch_add(l, SeqCst);
+            // Node mode: lower the best-effort grants to the new reservation first, then read
+            // what the pools hold (a charge racing the lowering is seen or undoes itself).
+            self.rebalance_pools_locked(device);
             let be = self.best_effort_now(device);
             let fits = before
                 .checked_add(l)
@@ -619,6 +648,7 @@ impl Ledger {
                 .is_some_and(|v| v <= total);
             if !fits {
                 d.memory_reserved.fetch_sub(l, SeqCst);
+                self.rebalance_pools_locked(device);
                 return Err(AdmissionError {
                     setting: mem_setting.into(),
                     device: uuid,

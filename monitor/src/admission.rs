@@ -69,7 +69,10 @@ impl RegionTable {
         let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
         m.retain(|&k, _| match ledger.slices().get(k as usize) {
             Some(s) => s.state.load(SeqCst) != STATE_FREE,
-            None => true,
+            None => k
+                .checked_sub(gpuslice_ledger::layout::POOL_ACCOUNT_BASE)
+                .and_then(|i| ledger.pools().get(i as usize))
+                .is_some_and(|p| p.state.load(SeqCst) != STATE_FREE),
         });
     }
 
@@ -460,11 +463,12 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, S
         reply.push(
             "dev",
             &format!(
-                "{}\t{}\t{}\t{}",
+                "{}\t{}\t{}\t{}\t{}",
                 d.uuid,
                 d.device,
                 d.slice,
-                d.memory_limit.map_or("-".to_string(), |l| l.to_string())
+                d.memory_limit.map_or("-".to_string(), |l| l.to_string()),
+                d.pool.map_or("-".to_string(), |p| p.to_string())
             ),
         );
         for w in &d.warnings {

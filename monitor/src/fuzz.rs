@@ -218,11 +218,12 @@ fn write_case(dir: &Path, c: &Case) {
 /// The node-mode paths over the same file: the monitor's reaper and usage mirror, with
 /// regions whose words are as hostile as the file's.
 fn exercise_node(dir: &Path, noise: &[u64]) {
-    use gpuslice_ledger::region::best_effort_key;
+    let pool_key = |i: u32| gpuslice_ledger::layout::POOL_ACCOUNT_BASE + i;
     use std::sync::atomic::Ordering::SeqCst;
     let Ok(l) = Ledger::open(dir) else { return };
-    let regions = crate::admission::RegionTable::default();
-    for (i, k) in [0u32, 1, 2, 5, best_effort_key(0), best_effort_key(1)]
+    let regions = std::sync::Arc::new(crate::admission::RegionTable::default());
+    l.set_regions(regions.clone());
+    for (i, k) in [0u32, 1, 2, 5, pool_key(0), pool_key(1)]
         .into_iter()
         .enumerate()
     {
@@ -237,8 +238,16 @@ fn exercise_node(dir: &Path, noise: &[u64]) {
             }
         }
     }
-    let _ = l.reap_node(&|p| p.host_pid.load(SeqCst) % 2 == 0, &regions);
-    l.mirror_usage(&regions);
+    for (i, p) in l.pools().iter().enumerate().take(3) {
+        p.state.store(STATE_ACTIVE, SeqCst);
+        p.device
+            .store((noise.get(i).copied().unwrap_or(0) % 3) as u32, SeqCst);
+        p.grant
+            .store(noise.get(i + 1).copied().unwrap_or(0), SeqCst);
+    }
+    let _ = l.reap_node(&|p| p.host_pid.load(SeqCst) % 2 == 0, regions.as_ref());
+    let _ = l.rebalance_pools();
+    l.mirror_usage(regions.as_ref());
     regions.retain_live(&l);
     let _ = l.snapshot();
 }

@@ -152,6 +152,7 @@ impl Node {
                 };
                 let r = self.ledger.reap_node(&alive, regions.as_ref())?;
                 regions.retain_live(&self.ledger);
+                self.ledger.rebalance_pools()?;
                 self.ledger.mirror_usage(regions.as_ref());
                 r
             }

@@ -376,7 +376,7 @@ fn build_node(
     let mut devices = vec![];
     for (((ord, uuid, _, _), line), fd) in found.into_iter().zip(devs).zip(fds) {
         let f: Vec<&str> = line.split('\t').collect();
-        let [u, dev, slice, limit] = f[..] else {
+        let [u, dev, slice, limit, pool] = f[..] else {
             return Err(bad("device line"));
         };
         let ledger_dev: usize = dev
@@ -392,9 +392,19 @@ fn build_node(
         let region: &'static Region = Box::leak(Box::new(
             Region::from_fd(fd, true).map_err(|e| bad(&e.to_string()))?,
         ));
-        let slice_rec = (limit != "-").then(|| &ledger.slices()[si]);
-        let account = Account::in_region(&ledger.devices()[ledger_dev], slice_rec, region, slot)
-            .ok_or_else(|| bad("slot"))?;
+        let account = if limit != "-" {
+            let slice_rec = Some(&ledger.slices()[si]);
+            Account::in_region(&ledger.devices()[ledger_dev], slice_rec, region, slot)
+        } else {
+            // Best effort: this user's pool on the device, held to the monitor's grant.
+            let p = pool
+                .parse::<usize>()
+                .ok()
+                .and_then(|p| ledger.pools().get(p))
+                .ok_or_else(|| bad("pool"))?;
+            Account::in_pool(p, region, slot)
+        }
+        .ok_or_else(|| bad("slot"))?;
         log!(
             Info,
             "device {ord} ({uuid}): node mode, slice {:?}, memory {}",

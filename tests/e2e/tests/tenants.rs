@@ -794,6 +794,53 @@ fn a_view_is_read_only_and_only_of_ones_own_slice() {
     }
 }
 
+/// Best-effort processes (no quota) of different users do not share one pool: each user's
+/// pool is held to a grant the monitor splits fairly, so a tenant that claims its pool holds
+/// everything starves no other user's best-effort processes.
+#[test]
+fn best_effort_users_cannot_starve_each_other() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let mut a = holder(&n, TENANT_A, &[("GPUSLICE_SLICE", "a-be")], "4Gi", "20");
+    wait_for_slice(&n, "a-be", 1);
+    let mut b = n
+        .child(TENANT_B, "scribble-pool")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        let mut out = std::io::BufReader::new(b.stdout.as_mut().unwrap());
+        while !line.contains("ready") {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "the hostile tenant died"
+            );
+        }
+    }
+    std::thread::sleep(Duration::from_millis(600)); // several monitor ticks
+    let o = n
+        .burn(TENANT_A)
+        .args(["--alloc", "2Gi", "--json"])
+        .env("GPUSLICE_SLICE", "a-be2")
+        .output()
+        .unwrap();
+    assert_eq!(
+        burn_json(&o)["allocated_bytes"],
+        2u64 << 30,
+        "another user's scribbled pool starved this one: {}\n{}",
+        text(&o),
+        n.monitor_log()
+    );
+    for c in [&mut a, &mut b] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
 /// `gpuslice run` by a tenant on a node: no monitor of its own (the node's serves it), the
 /// program admitted through the socket and held to the quota asked for.
 #[test]
@@ -1031,6 +1078,25 @@ fn tenant_child() {
                 "{r:?}"
             );
             assert!(fds.is_empty());
+        }
+        "scribble-pool" => {
+            // A best-effort process that claims its pool holds everything.
+            use gpuslice_ledger::protocol::{self, Message};
+            use gpuslice_ledger::region::Region;
+            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
+            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
+            let uuid = l.snapshot().devices[0].uuid.clone();
+            let mut m = Message::new("op", "admit");
+            m.push("dev", &format!("{uuid}\t-\t0\t1000000\tX\tY"));
+            let (r, fds) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
+            assert!(r.get("err").is_none(), "{r:?}");
+            let region = Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap();
+            region
+                .header()
+                .memory_used
+                .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+            println!("ready");
+            std::thread::sleep(Duration::from_secs(8));
         }
         "admit-twice" => {
             use gpuslice_ledger::protocol::{self, Message};
