@@ -430,6 +430,11 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, S
     if asks.len() > gpuslice_ledger::MAX_DEVICES {
         return Err("bad request: too many devices".into());
     }
+    for (i, a) in asks.iter().enumerate() {
+        if asks[..i].iter().any(|b| b.uuid == a.uuid) {
+            return Err(format!("bad request: device {:?} named twice", a.uuid));
+        }
+    }
     let ledger = &server.ledger;
     let a = ledger
         .admit(&peer, name.as_deref().unwrap_or(""), &asks, &server.limits)
