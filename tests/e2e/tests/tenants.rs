@@ -649,6 +649,21 @@ fn enforcement_survives_the_monitor_and_a_restart_recovers_regions() {
         .unwrap();
     wait_for_slice(&n, "a", 2);
     n.stop_monitor();
+    // Meanwhile a new process cannot be admitted: it retries briefly, then fails `cuInit` with
+    // a line naming the socket.
+    let t = Instant::now();
+    let o = n
+        .burn(TENANT_B)
+        .args(["--alloc", "1Mi", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(burn_json(&o)["error"]["call"], "cuInit", "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("monitor.sock")
+            && t.elapsed() < Duration::from_secs(30),
+        "{}",
+        text(&o)
+    );
     let o = looper.wait_with_output().unwrap();
     let r = burn_json(&o);
     let l = &r["alloc_loop"];
