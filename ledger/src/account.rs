@@ -51,6 +51,8 @@ enum Cap<'a> {
     Quota(&'a AtomicU64),
     /// The best-effort pool of a device.
     BestEffort(&'a Device),
+    /// Node mode: a user's best-effort pool, held to the grant the monitor sets (and lowers).
+    Grant(&'a AtomicU64),
 }
 
 /// One process's charging handle for one device: cheap to copy, no syscalls, no locks.
@@ -97,11 +99,58 @@ impl<'a> Account<'a> {
         }
     }
 
+    /// A node-mode account: the counters live in the slice's region (`region.rs`), the limit
+    /// in the policy (mapped read-only). `slice` is the policy's slice record (`None`: the
+    /// device's best-effort pool, whose region `region` is), `slot` the process's policy slot.
+    pub fn in_region(
+        device: &'a Device,
+        slice: Option<&'a Slice>,
+        region: &'a crate::region::Region,
+        slot: usize,
+    ) -> Option<Account<'a>> {
+        let h = region.header();
+        let rp = region.proc_(slot)?;
+        Some(Account {
+            counter: &h.memory_used.0,
+            cap: match slice {
+                Some(s) => Cap::Quota(&s.memory_limit),
+                None => Cap::BestEffort(device),
+            },
+            charged: &rp.charged,
+            begun: &rp.ops_begun,
+            ended: &rp.ops_ended,
+            denied: &h.alloc_denied_total,
+            charges: Some(&h.alloc_total),
+            reaping: &h.reaping,
+        })
+    }
+
+    /// A node-mode best-effort account: the counters in the pool's region, the limit the
+    /// monitor's grant in the policy (`layout::Pool`).
+    pub fn in_pool(
+        pool: &'a Pool,
+        region: &'a crate::region::Region,
+        slot: usize,
+    ) -> Option<Account<'a>> {
+        let h = region.header();
+        let rp = region.proc_(slot)?;
+        Some(Account {
+            counter: &h.memory_used.0,
+            cap: Cap::Grant(&pool.grant),
+            charged: &rp.charged,
+            begun: &rp.ops_begun,
+            ended: &rp.ops_ended,
+            denied: &h.alloc_denied_total,
+            charges: Some(&h.alloc_total),
+            reaping: &h.reaping,
+        })
+    }
+
     /// The limit now: the slice quota, or what the device has not reserved for slices.
     #[inline]
     pub fn limit(&self) -> u64 {
         match self.cap {
-            Cap::Quota(l) => l.load(SeqCst),
+            Cap::Quota(l) | Cap::Grant(l) => l.load(SeqCst),
             Cap::BestEffort(d) => d
                 .memory_total
                 .load(SeqCst)
@@ -166,6 +215,15 @@ impl<'a> Account<'a> {
                 Err(v) => cur = v,
             }
         }
+        if let Cap::Grant(g) = self.cap {
+            // The monitor may have lowered the grant meanwhile: it stores the grant, then reads
+            // the counter; we wrote the counter, then read the grant (both SeqCst), so one of
+            // us sees the other (module comment, best effort).
+            if self.counter.load(SeqCst) > g.load(SeqCst) {
+                self.counter.fetch_sub(n, SeqCst);
+                return false;
+            }
+        }
         if let Cap::BestEffort(d) = self.cap {
             // Re-check against a reservation admitted meanwhile (see the module comment).
             let total = d.memory_total.load(SeqCst);
@@ -209,9 +267,10 @@ fn wait_for_reaper(flag: &AtomicU32) {
     }
 }
 
-/// A member of an account, as the reaper sees it.
+/// A member of an account, as the reaper sees it: its update counters and its bytes.
 pub(crate) struct Member<'a> {
-    pub proc_: &'a Proc,
+    pub begun: &'a AtomicU64,
+    pub ended: &'a AtomicU64,
     pub charged: &'a AtomicU64,
 }
 
@@ -236,8 +295,8 @@ fn settle(counter: &AtomicU64, live: &[Member<'_>]) -> Option<u64> {
         let mut stable = true;
         let mut first = Vec::with_capacity(live.len());
         for m in live {
-            let e = m.proc_.ops_ended.load(SeqCst);
-            let b = m.proc_.ops_begun.load(SeqCst);
+            let e = m.ended.load(SeqCst);
+            let b = m.begun.load(SeqCst);
             stable &= e == b;
             first.push(b);
         }
@@ -250,7 +309,7 @@ fn settle(counter: &AtomicU64, live: &[Member<'_>]) -> Option<u64> {
             let again = live
                 .iter()
                 .zip(&first)
-                .all(|(m, b)| m.proc_.ops_begun.load(SeqCst) == *b);
+                .all(|(m, b)| m.begun.load(SeqCst) == *b);
             if again {
                 return Some(u.saturating_sub(sum));
             }

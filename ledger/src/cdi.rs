@@ -50,7 +50,13 @@ pub fn spec(
                     {
                         "hostPath": host_runtime_dir,
                         "containerPath": CONTAINER_RUNTIME_DIR,
-                        "options": ["rw", "nosuid", "nodev", "noexec", "bind"],
+                        // A node policy is read-only for containers (they reach the monitor's socket,
+                        // which a read-only mount does not block); a personal ledger is written
+                        // by its user's processes.
+                        "options": [
+                            if is_node_dir(host_runtime_dir) { "ro" } else { "rw" },
+                            "nosuid", "nodev", "noexec", "bind",
+                        ],
                     },
                 ],
             },
@@ -72,4 +78,10 @@ pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
+}
+
+/// Whether `dir` holds a node-mode policy (root's monitor owns it; containers mount it
+/// read-only).
+pub fn is_node_dir(dir: &str) -> bool {
+    crate::Ledger::open(std::path::Path::new(dir)).is_ok_and(|l| l.is_node())
 }

@@ -32,9 +32,20 @@ pub enum LedgerError {
         path: PathBuf,
         /// How long we waited, in milliseconds.
         waited_ms: u64,
+        /// pid of the holder as it recorded itself (0: unknown).
+        holder: u32,
     },
     /// A fixed-size table is full.
     Full(&'static str),
+    /// A fixed-size table is full; says who holds its records.
+    TableFull {
+        /// Which table (`process`, `slice`).
+        table: &'static str,
+        /// Its size.
+        size: usize,
+        /// Who holds the records (`uid 1000 holds 300, uid 0 holds 212`).
+        holders: String,
+    },
     /// A slice or device named by the caller does not exist.
     NoSuchSlice(String),
     /// A slice of that name already exists on the device.
@@ -45,6 +56,34 @@ pub enum LedgerError {
     BadName(String),
     /// Admission refused: the request does not fit what the device has left.
     Admission(AdmissionError),
+    /// `GPUSLICE_RUNTIME_DIR` is not an absolute path.
+    RelativeRuntimeDir(PathBuf),
+    /// The runtime directory fails the ownership/mode checks.
+    UnsafeDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+        /// How to fix it.
+        fix: String,
+    },
+    /// A file in the runtime directory fails the checks (symlink, owner, mode).
+    UnsafeFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A path that cannot be passed to the OS (holds a NUL byte).
+    BadPath(String),
+    /// A node-mode slice region could not be made, passed or used.
+    Region(String),
+    /// The node's monitor refused or could not be asked (its message, for the user).
+    Monitor(String),
+    /// A record of the ledger holds a value that makes no sense (named): it was not used.
+    Corrupt(&'static str),
+    /// The ledger is mapped read-only here (root's node directory seen by another user).
+    ReadOnly(PathBuf),
 }
 
 /// A slice that does not fit on its device.
@@ -90,12 +129,26 @@ impl fmt::Display for LedgerError {
             LedgerError::NotReady(p) => {
                 write!(f, "ledger {} was never completely initialised; remove it", p.display())
             }
-            LedgerError::LockTimeout { path, waited_ms } => write!(
+            LedgerError::LockTimeout {
+                path,
+                waited_ms,
+                holder,
+            } => write!(
                 f,
-                "ledger {} stayed locked for {waited_ms} ms (a process holding it is stuck)",
+                "ledger {} stayed locked for {waited_ms} ms: the process holding it (pid {holder}, \
+                 as it sees itself) is stuck or stopped; resume or end it",
                 path.display()
             ),
             LedgerError::Full(what) => write!(f, "the ledger's {what} table is full"),
+            LedgerError::TableFull {
+                table,
+                size,
+                holders,
+            } => write!(
+                f,
+                "the ledger's {table} table is full ({size} records; {holders}); a record comes \
+                 back when its process exits"
+            ),
             LedgerError::NoSuchSlice(n) => write!(f, "no slice named {n:?}"),
             LedgerError::Exists(n) => write!(f, "a slice named {n:?} already exists on that device"),
             LedgerError::NoSuchDevice(d) => write!(f, "no device {d:?} in the ledger"),
@@ -104,6 +157,35 @@ impl fmt::Display for LedgerError {
                 "slice name {n:?} is not accepted: 1 to 63 bytes of letters, digits, '-', '_', '.', ':' or '/'"
             ),
             LedgerError::Admission(a) => a.fmt(f),
+            LedgerError::RelativeRuntimeDir(p) => write!(
+                f,
+                "GPUSLICE_RUNTIME_DIR={:?} is not valid; accepted: an absolute directory path",
+                p.display().to_string()
+            ),
+            LedgerError::UnsafeDir { path, problem, fix } => write!(
+                f,
+                "refusing the runtime directory {}: it {problem}; to fix: {fix}",
+                path.display()
+            ),
+            LedgerError::UnsafeFile { path, problem } => write!(
+                f,
+                "refusing {}: it {problem}; gpuslice never uses such a file (remove it; the \
+                 directory's owner recreates it)",
+                path.display()
+            ),
+            LedgerError::Region(m) => write!(f, "slice region: {m}"),
+            LedgerError::Monitor(m) => f.write_str(m),
+            LedgerError::Corrupt(what) => write!(
+                f,
+                "the ledger holds an impossible {what} (scribbled over?); it was not used"
+            ),
+            LedgerError::ReadOnly(p) => write!(
+                f,
+                "{} belongs to root and is read-only for you: only root (through the node's \
+                 monitor) changes it",
+                p.display()
+            ),
+            LedgerError::BadPath(p) => write!(f, "path {p:?} holds a NUL byte"),
         }
     }
 }

@@ -9,21 +9,27 @@
 //! derived sum (see `Ledger::rebuild_derived`), so a death at any instruction of a cold path
 //! leaves nothing inconsistent. Locking times out instead of hanging.
 
+use crate::dir::{OpenHow, RuntimeDir};
 use crate::error::LedgerError;
 use crate::layout::*;
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::IntoRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// How long `lock()` waits for the cold-path mutex.
+/// How long `lock()` waits for the cold-path mutex while nobody makes progress with it (a
+/// holder stopped or stuck); a lock that keeps changing hands is waited for.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The ledger file's name in the runtime directory.
+pub const LEDGER_FILE: &str = "ledger";
 
 /// A mapped ledger file.
 pub(crate) struct Mapping {
     pub fd: libc::c_int,
     pub base: *mut u8,
     pub path: PathBuf,
+    /// Mapped read-write (false: read-only, and nothing may write through `base`).
+    pub writable: bool,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics and the robust mutex; the
@@ -96,108 +102,76 @@ fn io(what: &str, path: &Path) -> LedgerError {
     }
 }
 
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).unwrap_or_else(|_| CString::new("/nonexistent").unwrap())
+/// Open the existing ledger in `dir` (read-write, or read-only when `write` is false).
+pub(crate) fn open(dir: &RuntimeDir, write: bool) -> Result<Mapping, LedgerError> {
+    let how = if write { OpenHow::WRITE } else { OpenHow::READ };
+    let fd = dir.open_file(LEDGER_FILE, how)?;
+    map_existing(fd.into_raw_fd(), dir.path().join(LEDGER_FILE), write)
 }
 
-/// Open the existing ledger in `dir`.
-pub(crate) fn open(dir: &Path) -> Result<Mapping, LedgerError> {
-    open_with(dir, libc::O_RDWR, libc::PROT_READ | libc::PROT_WRITE)
+/// Open the existing ledger in `path` read-only (`O_RDONLY`, `PROT_READ`), with the same
+/// directory and file checks as [`open`]; nothing is created or written (`view.rs`).
+pub(crate) fn open_read_only(path: &Path) -> Result<Mapping, LedgerError> {
+    let dir = RuntimeDir::open(path)?;
+    open(&dir, false)
 }
 
-/// Open the existing ledger in `dir` read-only (`O_RDONLY`, `PROT_READ`): the same checks as
-/// [`open`], nothing created, nothing written (`view.rs`).
-pub(crate) fn open_read_only(dir: &Path) -> Result<Mapping, LedgerError> {
-    open_with(dir, libc::O_RDONLY, libc::PROT_READ)
-}
-
-fn open_with(dir: &Path, flags: libc::c_int, prot: libc::c_int) -> Result<Mapping, LedgerError> {
-    let path = dir.join("ledger");
-    let c = cpath(&path);
-    // SAFETY: c is a valid NUL-terminated path.
-    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
-    if fd < 0 {
-        if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
-            return Err(LedgerError::NotFound(path));
-        }
-        return Err(io("open", &path));
-    }
-    map_existing(fd, path, prot)
-}
-
-/// Open the ledger in `dir`, creating the directory and the file if needed.
-pub(crate) fn open_or_create(dir: &Path) -> Result<Mapping, LedgerError> {
-    ensure_dir(dir)?;
+/// Open the ledger in `dir`, creating the file if needed (only in a directory of the caller's)
+/// with permissions `perm` and header mode `mode`.
+pub(crate) fn open_or_create(
+    dir: &RuntimeDir,
+    perm: u32,
+    mode: u32,
+) -> Result<Mapping, LedgerError> {
     for _ in 0..5 {
-        match open(dir) {
+        match open(dir, true) {
             Err(LedgerError::NotFound(_)) => {}
             other => return other,
         }
-        if let Some(m) = create(dir)? {
+        if let Some(m) = create(dir, perm, mode)? {
             return Ok(m);
         }
     }
-    open(dir)
-}
-
-fn ensure_dir(dir: &Path) -> Result<(), LedgerError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    let c = cpath(dir);
-    // SAFETY: valid path.
-    if unsafe { libc::mkdir(c.as_ptr(), 0o1777) } == 0 {
-        // The umask narrowed it; every user and container on the node must reach the ledger.
-        // SAFETY: valid path.
-        unsafe { libc::chmod(c.as_ptr(), 0o1777) };
-        return Ok(());
-    }
-    if dir.is_dir() {
-        return Ok(()); // created by someone else meanwhile
-    }
-    Err(io("create directory", dir))
+    open(dir, true)
 }
 
 /// Build a complete ledger under a temporary name and link it into place. `None` when someone
 /// else's ledger appeared first.
-fn create(dir: &Path) -> Result<Option<Mapping>, LedgerError> {
-    let final_path = dir.join("ledger");
+fn create(dir: &RuntimeDir, perm: u32, mode: u32) -> Result<Option<Mapping>, LedgerError> {
+    let final_path = dir.path().join(LEDGER_FILE);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let tmp = dir.join(format!(".ledger.{}.{nanos}.tmp", std::process::id()));
-    let ct = cpath(&tmp);
-    // SAFETY: valid path; O_EXCL makes the temporary ours alone.
-    let fd = unsafe {
-        libc::open(
-            ct.as_ptr(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
-            0o666,
-        )
-    };
-    if fd < 0 {
-        return Err(io("create", &tmp));
-    }
+    let tmp_name = format!(".ledger.{}.{nanos}.tmp", std::process::id());
+    let tmp = dir.path().join(&tmp_name);
+    // O_EXCL makes the temporary ours alone; 0600: only the directory's owner (the one user of
+    // a personal ledger) ever opens it.
+    let fd = dir
+        .open_file(
+            &tmp_name,
+            OpenHow {
+                write: true,
+                create: Some(0o600),
+                exclusive: true,
+                append: false,
+            },
+        )?
+        .into_raw_fd();
     let cleanup = |fd| {
-        // SAFETY: our temporary and our fd.
-        unsafe {
-            libc::unlink(ct.as_ptr());
-            libc::close(fd);
-        }
+        let _ = dir.unlink(&tmp_name);
+        // SAFETY: our fd.
+        unsafe { libc::close(fd) };
     };
-    // SAFETY: fd is ours. fchmod undoes the umask: other users and containers share the file.
-    if unsafe { libc::fchmod(fd, 0o666) } != 0
+    // SAFETY: fd is ours. fchmod: the umask must not decide who may read a node policy.
+    if unsafe { libc::fchmod(fd, perm as libc::mode_t) } != 0
         || unsafe { libc::ftruncate(fd, FILE_SIZE as libc::off_t) } != 0
     {
         let e = io("size", &tmp);
         cleanup(fd);
         return Err(e);
     }
-    let base = match map(fd, &tmp, libc::PROT_READ | libc::PROT_WRITE) {
+    let base = match map(fd, &tmp, true) {
         Ok(b) => b,
         Err(e) => {
             cleanup(fd);
@@ -205,37 +179,42 @@ fn create(dir: &Path) -> Result<Option<Mapping>, LedgerError> {
         }
     };
     // SAFETY: the mapping is FILE_SIZE bytes, zero-filled, private to us until linked.
-    unsafe { init_header(base) }?;
-    let cf = cpath(&final_path);
-    // SAFETY: valid paths.
-    let linked = unsafe { libc::link(ct.as_ptr(), cf.as_ptr()) };
-    let link_err = std::io::Error::last_os_error();
-    // SAFETY: the temporary name is no longer needed either way.
-    unsafe { libc::unlink(ct.as_ptr()) };
-    if linked == 0 {
-        return Ok(Some(Mapping {
+    unsafe { init_header(base, mode) }?;
+    let linked = dir.link(&tmp_name, LEDGER_FILE);
+    // The temporary name is no longer needed either way.
+    let _ = dir.unlink(&tmp_name);
+    match linked {
+        Ok(()) => Ok(Some(Mapping {
             fd,
             base,
             path: final_path,
-        }));
+            writable: true,
+        })),
+        Err(link_err) => {
+            // SAFETY: our mapping and fd.
+            unsafe {
+                libc::munmap(base.cast(), FILE_SIZE);
+                libc::close(fd);
+            }
+            if link_err.raw_os_error() == Some(libc::EEXIST) {
+                return Ok(None);
+            }
+            Err(LedgerError::Io {
+                what: "link".into(),
+                path: final_path,
+                source: link_err,
+            })
+        }
     }
-    // SAFETY: our mapping and fd.
-    unsafe {
-        libc::munmap(base.cast(), FILE_SIZE);
-        libc::close(fd);
-    }
-    if link_err.raw_os_error() == Some(libc::EEXIST) {
-        return Ok(None);
-    }
-    Err(LedgerError::Io {
-        what: "link".into(),
-        path: final_path,
-        source: link_err,
-    })
 }
 
-fn map(fd: libc::c_int, path: &Path, prot: libc::c_int) -> Result<*mut u8, LedgerError> {
-    // SAFETY: fd is open with the access `prot` needs; the result is checked.
+fn map(fd: libc::c_int, path: &Path, write: bool) -> Result<*mut u8, LedgerError> {
+    let prot = if write {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: fd is open (read-write when `write`); the result is checked.
     let p = unsafe {
         libc::mmap(
             core::ptr::null_mut(),
@@ -253,7 +232,7 @@ fn map(fd: libc::c_int, path: &Path, prot: libc::c_int) -> Result<*mut u8, Ledge
 }
 
 /// SAFETY: `base` must be a fresh, zeroed, writable mapping of FILE_SIZE bytes nobody else sees.
-unsafe fn init_header(base: *mut u8) -> Result<(), LedgerError> {
+unsafe fn init_header(base: *mut u8, mode: u32) -> Result<(), LedgerError> {
     let h = base.cast::<Header>();
     (*h).magic = MAGIC;
     (*h).layout_version = LAYOUT_VERSION;
@@ -265,6 +244,7 @@ unsafe fn init_header(base: *mut u8) -> Result<(), LedgerError> {
     (*h).max_slices = MAX_SLICES as u32;
     (*h).max_procs = MAX_PROCS as u32;
     (*h).total_size = FILE_SIZE as u64;
+    (*h).mode.store(mode, core::sync::atomic::Ordering::Relaxed);
     let mut attr: libc::pthread_mutexattr_t = core::mem::zeroed();
     libc::pthread_mutexattr_init(&mut attr);
     libc::pthread_mutexattr_setpshared(&mut attr, libc::PTHREAD_PROCESS_SHARED);
@@ -283,7 +263,7 @@ unsafe fn init_header(base: *mut u8) -> Result<(), LedgerError> {
     Ok(())
 }
 
-fn map_existing(fd: libc::c_int, path: PathBuf, prot: libc::c_int) -> Result<Mapping, LedgerError> {
+fn map_existing(fd: libc::c_int, path: PathBuf, write: bool) -> Result<Mapping, LedgerError> {
     let fail = |e: LedgerError| {
         // SAFETY: our fd.
         unsafe { libc::close(fd) };
@@ -354,11 +334,16 @@ fn map_existing(fd: libc::c_int, path: PathBuf, prot: libc::c_int) -> Result<Map
             detail: format!("file of {} bytes, expected {FILE_SIZE}", st.st_size),
         });
     }
-    let base = match map(fd, &path, prot) {
+    let base = match map(fd, &path, write) {
         Ok(b) => b,
         Err(e) => return fail(e),
     };
-    let m = Mapping { fd, base, path };
+    let m = Mapping {
+        fd,
+        base,
+        path,
+        writable: write,
+    };
     // SAFETY: mapped FILE_SIZE ≥ size_of::<Header>() bytes.
     let h = unsafe { &*m.base.cast::<Header>() };
     if h.ready.load(core::sync::atomic::Ordering::Acquire) != READY {
@@ -375,28 +360,58 @@ pub(crate) enum Locked {
 
 /// Take the header's robust mutex, with a timeout.
 pub(crate) fn lock(h: &Header, path: &Path) -> Result<Locked, LedgerError> {
-    let mut ts: libc::timespec = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
+    // Wait in short slices and give up only when the lock made no progress for LOCK_TIMEOUT:
+    // every unlock bumps `generation`, so many processes queueing behind each other (512
+    // starting at once on a busy machine) never time out, while a holder that is stopped or
+    // stuck delays the others by LOCK_TIMEOUT at most.
+    let mut seen = h.generation.load(core::sync::atomic::Ordering::Acquire);
+    let mut quiet_since = std::time::Instant::now();
+    let rc = loop {
+        let mut ts: libc::timespec = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: ts is a valid out-parameter.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+        ts.tv_nsec += 250_000_000;
+        if ts.tv_nsec >= 1_000_000_000 {
+            ts.tv_sec += 1;
+            ts.tv_nsec -= 1_000_000_000;
+        }
+        // SAFETY: the mutex was initialised by the creator (checked via `ready`) and lives in
+        // the shared mapping for as long as `h` is borrowed.
+        let rc = unsafe { libc::pthread_mutex_timedlock(h.mutex.0.get(), &ts) };
+        if rc != libc::ETIMEDOUT {
+            break rc;
+        }
+        let now = h.generation.load(core::sync::atomic::Ordering::Acquire);
+        if now != seen {
+            seen = now;
+            quiet_since = std::time::Instant::now();
+        } else if quiet_since.elapsed() >= LOCK_TIMEOUT {
+            break libc::ETIMEDOUT;
+        }
     };
-    // SAFETY: ts is a valid out-parameter.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts.tv_sec += LOCK_TIMEOUT.as_secs() as libc::time_t;
-    // SAFETY: the mutex was initialised by the creator (checked via `ready`) and lives in the
-    // shared mapping for as long as `h` is borrowed.
-    let rc = unsafe { libc::pthread_mutex_timedlock(h.mutex.0.get(), &ts) };
+    let me = std::process::id();
     match rc {
-        0 => Ok(Locked::Clean),
+        0 => {
+            h.lock_holder
+                .store(me, core::sync::atomic::Ordering::Relaxed);
+            Ok(Locked::Clean)
+        }
         libc::EOWNERDEAD => {
             // SAFETY: we hold the mutex (EOWNERDEAD grants it).
             unsafe { libc::pthread_mutex_consistent(h.mutex.0.get()) };
             h.mutex_recoveries
                 .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            h.lock_holder
+                .store(me, core::sync::atomic::Ordering::Relaxed);
             Ok(Locked::OwnerDied)
         }
         libc::ETIMEDOUT => Err(LedgerError::LockTimeout {
             path: path.into(),
             waited_ms: LOCK_TIMEOUT.as_millis() as u64,
+            holder: h.lock_holder.load(core::sync::atomic::Ordering::Relaxed),
         }),
         e => Err(LedgerError::Io {
             what: "lock".into(),
@@ -408,6 +423,8 @@ pub(crate) fn lock(h: &Header, path: &Path) -> Result<Locked, LedgerError> {
 
 /// Release the header's mutex.
 pub(crate) fn unlock(h: &Header) {
+    h.lock_holder
+        .store(0, core::sync::atomic::Ordering::Relaxed);
     // SAFETY: called only by the holder (LockGuard's drop).
     unsafe { libc::pthread_mutex_unlock(h.mutex.0.get()) };
 }

@@ -18,21 +18,26 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 /// The first 8 bytes of every ledger file.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 /// Bumped on every layout change (including `sched.rs`).
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Devices per node.
 pub const MAX_DEVICES: usize = 16;
-/// Slices per node (a slice is per device: `(name, device)`).
-pub const MAX_SLICES: usize = 256;
+/// Slice records per node (a slice is per device: `(name, device)`). Sized so that every
+/// process slot can hold a private slice on every device: 512 unnamed processes on 16 GPUs.
+pub const MAX_SLICES: usize = MAX_PROCS * MAX_DEVICES;
 /// Attached processes per node.
 pub const MAX_PROCS: usize = 512;
+/// Node mode: best-effort pools, one per (device, uid) with best-effort processes.
+pub const MAX_POOLS: usize = 256;
+/// `ProcDevice::account` of a node-mode best-effort process: this plus its pool's index.
+pub const POOL_ACCOUNT_BASE: u32 = 0x4000_0000;
 /// Longest slice name, in bytes (names are NUL-padded, not NUL-terminated when full).
 pub const NAME_LEN: usize = 64;
 /// Room for a device UUID as text (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` is 40 bytes).
 pub const UUID_LEN: usize = 48;
+/// Room for a slice's claim label (Kubernetes `namespace/name`: 63 + 1 + 253 bytes, rounded).
+pub const CLAIM_LEN: usize = 320;
 /// Room for a device's marketing name.
 pub const DEVICE_NAME_LEN: usize = 96;
-/// Room for a Kubernetes claim label, `namespace/name` (63 + 1 + 253 bytes).
-pub const CLAIM_LEN: usize = 320;
 
 /// `ProcDevice::account` when the process has not joined anything on that device.
 pub const ACCOUNT_NONE: u32 = u32::MAX;
@@ -95,7 +100,18 @@ pub struct Header {
     pub generation: AtomicU64,
     /// The one lock of the cold paths.
     pub mutex: SharedMutex,
+    /// [`MODE_PERSONAL`] or [`MODE_NODE`]: who may write this file (set by its creator).
+    pub mode: AtomicU32,
+    /// pid of the current holder of `mutex` (0: none), to name it when the lock times out.
+    pub lock_holder: AtomicU32,
 }
+
+/// `Header::mode` of a personal ledger: one user's processes share it read-write.
+pub const MODE_PERSONAL: u32 = 0;
+/// `Header::mode` of a node policy: written only by the root monitor, read-only for tenants.
+pub const MODE_NODE: u32 = 0x4e4f_4445; // "NODE"
+/// `Slice::owner_uid` of a slice any user may join (operator slices unless restricted).
+pub const ANY_UID: u32 = u32::MAX;
 
 /// One GPU, keyed by its UUID so processes with different `CUDA_VISIBLE_DEVICES` agree.
 #[repr(C, align(64))]
@@ -157,9 +173,19 @@ pub struct Slice {
     pub memory_used: CacheLine<AtomicU64>,
     /// Scheduler state (compute).
     pub sched: SchedSlice,
-    /// The Kubernetes ResourceClaim (`namespace/name`) an operator slice was created for,
-    /// NUL-padded; empty for slices made outside Kubernetes.
+    /// Scheduling priority: 0 normal, 1 latency (values above are read as 1).
+    pub priority: AtomicU32,
+    /// The operator's label for the slice (Kubernetes `namespace/name`), NUL-padded; empty
+    /// for none.
     pub claim: Text<CLAIM_LEN>,
+    /// Node mode: the uid whose processes may join it ([`ANY_UID`]: anyone).
+    pub owner_uid: AtomicU32,
+    /// The monitor's audit: 1 while NVML reports more for the slice's processes than its quota.
+    pub over_quota: AtomicU32,
+    /// The audit: bytes NVML last reported for the slice's processes.
+    pub audit_observed: AtomicU64,
+    /// The audit: times the slice went over its quota.
+    pub violations_total: AtomicU64,
 }
 
 /// Keeps a hot atomic alone on its cache line so neighbours do not false-share it.
@@ -214,6 +240,31 @@ pub struct Proc {
     /// process's `/proc` mount (the host's pid when that is the host's `/proc`, else `pid`).
     /// A hint for readers; never trusted without checking it in their own `/proc`.
     pub outer_pid: AtomicU32,
+    /// Node mode: the uid the monitor saw (`SO_PEERCRED`).
+    pub uid: AtomicU32,
+    /// Node mode: the pid in the monitor's PID namespace (`SO_PEERCRED`), which the monitor
+    /// checks with `start_time` for liveness. `pid` stays the process's own view (`NSpid`).
+    pub host_pid: AtomicU32,
+}
+
+/// Node mode: the best-effort pool of one user on one device. Its processes charge into the
+/// pool's own region against `grant`, which only the monitor sets: it splits what no slice
+/// reserved among the device's pools (each keeps what it uses, the rest is shared equally),
+/// so one user's best-effort processes can never starve another's, whatever they write.
+#[repr(C, align(64))]
+pub struct Pool {
+    /// [`STATE_FREE`] or [`STATE_ACTIVE`].
+    pub state: AtomicU32,
+    /// Ledger device index.
+    pub device: AtomicU32,
+    /// The user.
+    pub uid: AtomicU32,
+    /// Processes charged to it.
+    pub members: AtomicU32,
+    /// Bytes the pool may hold now (the monitor's grant; the hot path's limit).
+    pub grant: AtomicU64,
+    /// Bytes it held at the monitor's last look (display, admission without regions).
+    pub used: AtomicU64,
 }
 
 const fn align_up(x: usize, a: usize) -> usize {
@@ -226,8 +277,10 @@ pub const DEVICES_OFFSET: usize = align_up(size_of::<Header>(), 4096);
 pub const SLICES_OFFSET: usize = align_up(DEVICES_OFFSET + MAX_DEVICES * size_of::<Device>(), 4096);
 /// Offset of the process array.
 pub const PROCS_OFFSET: usize = align_up(SLICES_OFFSET + MAX_SLICES * size_of::<Slice>(), 4096);
+/// Offset of the best-effort pool array (node mode).
+pub const POOLS_OFFSET: usize = align_up(PROCS_OFFSET + MAX_PROCS * size_of::<Proc>(), 4096);
 /// Total size of the file.
-pub const FILE_SIZE: usize = align_up(PROCS_OFFSET + MAX_PROCS * size_of::<Proc>(), 4096);
+pub const FILE_SIZE: usize = align_up(POOLS_OFFSET + MAX_POOLS * size_of::<Pool>(), 4096);
 
 /// A NUL-padded fixed text field, written only under the cold-path lock before its record is
 /// published (or by the record's owner), read by anyone.
@@ -270,8 +323,9 @@ impl<const N: usize> Text<N> {
     }
 }
 
-// The whole ledger stays small: mapped by every CUDA process on the node.
-const _: () = assert!(FILE_SIZE < 2 << 20, "ledger file grew past 2 MiB");
+// The whole ledger stays small: mapped by every CUDA process on the node (tmpfs pages are
+// only allocated where records were used).
+const _: () = assert!(FILE_SIZE < 12 << 20, "ledger file grew past 12 MiB");
 
 /// Copy `s` into a NUL-padded fixed field (truncated on a char boundary when too long).
 pub fn put_str(field: &mut [u8], s: &str) {

@@ -7,27 +7,23 @@
 //! and `attached` are always recomputable from the slice and process records.
 
 use crate::account::{dead_part, Account, Member};
+use crate::dir::{Owner, RuntimeDir};
 use crate::error::{human_bytes, AdmissionError, LedgerError};
 use crate::file::{self, Locked, Mapping};
 use crate::layout::*;
 use crate::snapshot::*;
 use core::sync::atomic::Ordering::{Relaxed, SeqCst};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// The default ledger directory when `GPUSLICE_RUNTIME_DIR` is unset.
-pub const DEFAULT_RUNTIME_DIR: &str = "/dev/shm/gpuslice";
-
-/// `GPUSLICE_RUNTIME_DIR`, or [`DEFAULT_RUNTIME_DIR`].
-pub fn runtime_dir_from_env() -> PathBuf {
-    match std::env::var_os("GPUSLICE_RUNTIME_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(DEFAULT_RUNTIME_DIR),
-    }
-}
+/// Device and inode of a file.
+pub type FileId = (u64, u64);
 
 /// A mapped node ledger.
 pub struct Ledger {
     m: Mapping,
+    dir: RuntimeDir,
+    /// Node mode, in the monitor: its slice regions (best-effort usage for admission).
+    regions: std::sync::OnceLock<std::sync::Arc<dyn crate::node::Regions>>,
     /// Process slots whose liveness lock this handle holds. An OFD lock does not conflict with
     /// its own description, so `F_OFD_GETLK` cannot see these: we know them instead.
     owned: [core::sync::atomic::AtomicU64; MAX_PROCS / 64],
@@ -93,8 +89,7 @@ pub struct OperatorSlice {
     pub compute_share_ppm: u32,
     /// Cap, ppm ([`PPM`]: none).
     pub compute_cap_ppm: u32,
-    /// The Kubernetes ResourceClaim (`namespace/name`) the slice is for, if any (a label:
-    /// shown by `status`, used by the DRA plugin to tell its slices from the operator's).
+    /// A label to find the slice by (Kubernetes `namespace/name`), shown by `status`.
     pub claim: Option<String>,
 }
 
@@ -104,18 +99,80 @@ fn frac(ppm: u64) -> String {
 
 impl Ledger {
     /// Open the existing ledger in `dir` (the monitor and CLI use this to avoid creating one).
+    /// In a directory of the caller's it is mapped read-write; in root's directory, for
+    /// anyone else, read-only (every cold path then answers [`LedgerError::ReadOnly`]).
     pub fn open(dir: &Path) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::new(file::open(dir)?))
+        let dir = RuntimeDir::open(dir)?;
+        let write = dir.owner() == Owner::Caller;
+        Ledger::open_in(dir, write)
     }
 
-    /// Open the ledger in `dir`, creating it (and the directory, mode 01777) if needed.
+    /// Open the ledger of an already checked directory.
+    pub(crate) fn open_in(dir: RuntimeDir, write: bool) -> Result<Ledger, LedgerError> {
+        let m = file::open(&dir, write)?;
+        Ok(Ledger::new(m, dir))
+    }
+
+    pub(crate) fn from_parts(m: Mapping, dir: RuntimeDir) -> Ledger {
+        Ledger::new(m, dir)
+    }
+
+    /// Node mode, in the monitor: where the slices' regions are (admission reads the
+    /// best-effort pools' usage there). Set once.
+    pub fn set_regions(&self, r: std::sync::Arc<dyn crate::node::Regions>) {
+        let _ = self.regions.set(r);
+    }
+
+    /// What best-effort processes hold on `device` now. Node mode: the pools' live counters
+    /// where the monitor's regions are at hand (after lowering the grants), else, for root's
+    /// CLI, what the pools may hold (their grants), which is never less.
+    fn best_effort_now(&self, device: usize) -> u64 {
+        if !self.is_node() {
+            return self.devices()[device].best_effort_used.load(SeqCst);
+        }
+        self.pools()
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                p.state.load(SeqCst) == STATE_ACTIVE && p.device.load(SeqCst) as usize == device
+            })
+            .fold(0u64, |a, (i, p)| {
+                // A pool's counter is its users' to write: it counts for at most its grant
+                // (the monitor's), so lying high cannot block other slices' admission.
+                let g = p.grant.load(SeqCst);
+                let v = match self.regions.get() {
+                    Some(r) => r
+                        .get(POOL_ACCOUNT_BASE + i as u32)
+                        .map_or(0, |r| r.header().memory_used.load(SeqCst).min(g)),
+                    None => g.max(p.used.load(SeqCst)),
+                };
+                a.saturating_add(v)
+            })
+    }
+
+    /// The monitor's regions, if this is the monitor's handle.
+    pub(crate) fn regions(&self) -> Option<&std::sync::Arc<dyn crate::node::Regions>> {
+        self.regions.get()
+    }
+
+    /// Open the ledger in `dir`, creating it (and the directory, mode 0700, or 0755 for root)
+    /// if needed. Only in a directory the caller owns (see `dir.rs`).
     pub fn open_or_create(dir: &Path) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::new(file::open_or_create(dir)?))
+        let dir = RuntimeDir::open_or_create(dir)?;
+        if dir.owner() != Owner::Caller {
+            return Err(LedgerError::ReadOnly(dir.path().join(file::LEDGER_FILE)));
+        }
+        // An existing node policy is opened as it is (root, its owner, may write it: the
+        // operator CLI and the Kubernetes plugin do); a new file is a personal ledger.
+        let m = file::open_or_create(&dir, 0o600, MODE_PERSONAL)?;
+        Ok(Ledger::new(m, dir))
     }
 
-    fn new(m: Mapping) -> Ledger {
+    fn new(m: Mapping, dir: RuntimeDir) -> Ledger {
         Ledger {
             m,
+            dir,
+            regions: std::sync::OnceLock::new(),
             owned: [const { core::sync::atomic::AtomicU64::new(0) }; MAX_PROCS / 64],
         }
     }
@@ -144,6 +201,25 @@ impl Ledger {
         &self.m.path
     }
 
+    /// The checked runtime directory the ledger lives in.
+    pub fn dir(&self) -> &RuntimeDir {
+        &self.dir
+    }
+
+    /// Whether this handle may change the ledger (false: mapped read-only).
+    pub fn writable(&self) -> bool {
+        self.m.writable
+    }
+
+    /// Device and inode of the mapped file, and of the file under the ledger's name now: they
+    /// differ when the ledger was removed or replaced since it was opened.
+    pub fn identities(&self) -> (Option<FileId>, Option<FileId>) {
+        let mapped = crate::dir::fstat(self.m.fd)
+            .ok()
+            .map(|st| (st.st_dev, st.st_ino));
+        (mapped, self.dir.identity(file::LEDGER_FILE))
+    }
+
     /// The header.
     pub fn header(&self) -> &Header {
         // SAFETY: the mapping holds a Header at offset 0, checked when opened.
@@ -169,9 +245,18 @@ impl Ledger {
         unsafe { &*self.m.base.add(PROCS_OFFSET).cast() }
     }
 
+    /// The best-effort pools (node mode).
+    pub fn pools(&self) -> &[Pool; MAX_POOLS] {
+        // SAFETY: as for devices.
+        unsafe { &*self.m.base.add(POOLS_OFFSET).cast() }
+    }
+
     /// Take the cold-path lock (times out after [`file::LOCK_TIMEOUT`]); repairs the derived
     /// sums when the previous holder died.
     pub fn lock(&self) -> Result<LockGuard<'_>, LedgerError> {
+        if !self.m.writable {
+            return Err(LedgerError::ReadOnly(self.path().into()));
+        }
         let r = file::lock(self.header(), self.path())?;
         let g = LockGuard { ledger: self };
         if let Locked::OwnerDied = r {
@@ -203,18 +288,23 @@ impl Ledger {
             d.memory_reserved.store(mem, SeqCst);
             d.compute_reserved.store(cpu, SeqCst);
         }
-        for (si, s) in self.slices().iter().enumerate() {
-            let n = self
-                .procs()
-                .iter()
-                .filter(|p| p.state.load(SeqCst) != STATE_FREE)
-                .filter(|p| {
-                    p.devices
-                        .iter()
-                        .any(|pd| pd.slice.load(SeqCst) as usize == si)
-                })
-                .count();
-            s.attached.store(n as u32, SeqCst);
+        // One pass over the processes (slices × processes × devices would be 67 M steps).
+        let mut attached = vec![0u32; MAX_SLICES];
+        for p in self.procs() {
+            if p.state.load(SeqCst) == STATE_FREE {
+                continue;
+            }
+            let mut seen: Vec<usize> = vec![];
+            for pd in &p.devices {
+                let si = pd.slice.load(SeqCst) as usize;
+                if si < MAX_SLICES && !seen.contains(&si) {
+                    seen.push(si);
+                    attached[si] += 1;
+                }
+            }
+        }
+        for (s, n) in self.slices().iter().zip(attached) {
+            s.attached.store(n, SeqCst);
         }
     }
 
@@ -264,6 +354,11 @@ impl Ledger {
     /// Claim a process record for the calling process and prove it alive with an OFD lock.
     /// Reaps dead processes first so their slots and memory come back.
     pub fn attach(&self, slice_name: &str) -> Result<ProcHandle, LedgerError> {
+        if self.is_node() {
+            return Err(LedgerError::Monitor(
+                "this is a node policy: processes are admitted by the node's monitor".into(),
+            ));
+        }
         let _ = self.reap_dead();
         let (pid_ns, outer_pid) = crate::view::own_pid_identity(); // /proc reads: not under the lock
         let _g = self.lock()?;
@@ -272,6 +367,8 @@ impl Ledger {
                 continue;
             }
             p.pid.store(std::process::id(), SeqCst);
+            p.host_pid.store(std::process::id(), SeqCst);
+            p.uid.store(crate::dir::euid(), SeqCst);
             p.start_time.store(file::own_start_time(), SeqCst);
             p.pid_ns.store(pid_ns, SeqCst);
             p.outer_pid.store(outer_pid, SeqCst);
@@ -286,7 +383,65 @@ impl Ledger {
             p.state.store(STATE_ACTIVE, SeqCst);
             return Ok(ProcHandle { slot: i });
         }
-        Err(LedgerError::Full("process"))
+        Err(self.procs_full())
+    }
+
+    /// The error for a full process table, naming who holds it (by uid, the largest first).
+    pub(crate) fn procs_full(&self) -> LedgerError {
+        let mut by_uid: Vec<(u32, usize)> = vec![];
+        for p in self.procs() {
+            if p.state.load(SeqCst) == STATE_FREE {
+                continue;
+            }
+            let u = p.uid.load(SeqCst);
+            match by_uid.iter_mut().find(|(x, _)| *x == u) {
+                Some(e) => e.1 += 1,
+                None => by_uid.push((u, 1)),
+            }
+        }
+        by_uid.sort_by_key(|e| core::cmp::Reverse(e.1));
+        LedgerError::TableFull {
+            table: "process",
+            size: MAX_PROCS,
+            holders: by_uid
+                .iter()
+                .take(4)
+                .map(|(u, n)| format!("uid {u} holds {n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+
+    /// The error for a full slice table, naming who holds it (by owner uid).
+    pub(crate) fn slices_full(&self) -> LedgerError {
+        let mut by_uid: Vec<(u32, usize)> = vec![];
+        for s in self.slices() {
+            if s.state.load(SeqCst) != STATE_ACTIVE {
+                continue;
+            }
+            let u = s.owner_uid.load(SeqCst);
+            match by_uid.iter_mut().find(|(x, _)| *x == u) {
+                Some(e) => e.1 += 1,
+                None => by_uid.push((u, 1)),
+            }
+        }
+        by_uid.sort_by_key(|e| core::cmp::Reverse(e.1));
+        LedgerError::TableFull {
+            table: "slice",
+            size: MAX_SLICES,
+            holders: by_uid
+                .iter()
+                .take(4)
+                .map(|(u, n)| {
+                    if *u == ANY_UID {
+                        format!("operator or personal slices: {n}")
+                    } else {
+                        format!("uid {u} holds {n}")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
     }
 
     /// Join (or create) the slice `req` names on `device`, with admission control. A process
@@ -298,11 +453,50 @@ impl Ledger {
         device: usize,
         req: &SliceRequest,
     ) -> Result<Joined, LedgerError> {
+        if device >= MAX_DEVICES || h.slot >= MAX_PROCS {
+            return Err(LedgerError::Corrupt("device or process index"));
+        }
         let _g = self.lock()?;
+        self.join_locked(h, device, req, std::process::id(), ANY_UID)
+    }
+
+    /// `join` on several devices under one taking of the lock (a process's start-up): the
+    /// results in order, stopping at the first error.
+    pub fn join_all(
+        &self,
+        h: ProcHandle,
+        reqs: &[(usize, SliceRequest)],
+    ) -> Result<Vec<Joined>, LedgerError> {
+        let _g = self.lock()?;
+        reqs.iter()
+            .map(|(d, r)| self.join_locked(h, *d, r, std::process::id(), ANY_UID))
+            .collect()
+    }
+
+    /// `join` for process record `h` (of pid `pid`, for a private slice's name) and, in node
+    /// mode, of user `uid`, who may join only slices open to it; caller holds the lock.
+    pub(crate) fn join_locked(
+        &self,
+        h: ProcHandle,
+        device: usize,
+        req: &SliceRequest,
+        pid: u32,
+        uid: u32,
+    ) -> Result<Joined, LedgerError> {
+        if device >= MAX_DEVICES || h.slot >= MAX_PROCS {
+            return Err(LedgerError::Corrupt("device or process index"));
+        }
         let p = &self.procs()[h.slot];
         let pd = &p.devices[device];
         if let Some(s) = Some(pd.slice.load(SeqCst)).filter(|&s| s != ACCOUNT_NONE) {
-            let limit = self.slices()[s as usize].memory_limit.load(SeqCst);
+            // Our own record says we joined already; an index past the table is a scribbled
+            // record, refused rather than used.
+            let limit = self
+                .slices()
+                .get(s as usize)
+                .ok_or(LedgerError::Corrupt("process record's slice index"))?
+                .memory_limit
+                .load(SeqCst);
             return Ok(Joined {
                 slice: s as usize,
                 memory_limit: (limit != NO_LIMIT).then_some(limit),
@@ -314,6 +508,15 @@ impl Ledger {
         let si = match existing {
             Some(si) => {
                 let s = &self.slices()[si];
+                let owner = s.owner_uid.load(SeqCst);
+                if uid != ANY_UID && owner != ANY_UID && owner != uid {
+                    return Err(LedgerError::Monitor(format!(
+                        "slice {:?} belongs to uid {owner}: the processes of one slice trust \
+                         each other, so only uid {owner} may join it (choose another \
+                         GPUSLICE_SLICE)",
+                        req.name.as_deref().unwrap_or("")
+                    )));
+                }
                 let limit = s.memory_limit.load(SeqCst);
                 let (share, cap) = (
                     s.compute_share_ppm.load(SeqCst),
@@ -347,14 +550,11 @@ impl Ledger {
                 si
             }
             None => {
-                let name = req
-                    .name
-                    .clone()
-                    .unwrap_or_else(|| format!("pid-{}", std::process::id()));
+                let name = req.name.clone().unwrap_or_else(|| format!("pid-{pid}"));
                 if !crate::quantity::storable_name(&name) {
                     return Err(LedgerError::BadName(name));
                 }
-                self.create_slice_locked(
+                let si = self.create_slice_locked(
                     &name,
                     device,
                     req.memory,
@@ -364,8 +564,9 @@ impl Ledger {
                     false,
                     &req.memory_setting,
                     &req.compute_setting,
-                    "",
-                )?
+                )?;
+                self.slices()[si].owner_uid.store(uid, SeqCst);
+                si
             }
         };
         let s = &self.slices()[si];
@@ -389,13 +590,16 @@ impl Ledger {
 
     /// The charging handle of process `h` on `device` (after `join`).
     pub fn account(&self, h: ProcHandle, device: usize) -> Option<Account<'_>> {
-        let p = &self.procs()[h.slot];
-        let pd = &p.devices[device];
-        let d = &self.devices()[device];
+        if !self.m.writable {
+            return None;
+        }
+        let p = self.procs().get(h.slot)?;
+        let pd = p.devices.get(device)?;
+        let d = self.devices().get(device)?;
         match pd.account.load(SeqCst) {
             ACCOUNT_NONE => None,
             ACCOUNT_BEST_EFFORT => Some(Account::new(d, None, p, pd)),
-            s => Some(Account::new(d, Some(&self.slices()[s as usize]), p, pd)),
+            s => Some(Account::new(d, Some(self.slices().get(s as usize)?), p, pd)),
         }
     }
 
@@ -421,18 +625,20 @@ impl Ledger {
         operator: bool,
         mem_setting: &str,
         cpu_setting: &str,
-        claim: &str,
     ) -> Result<usize, LedgerError> {
-        let d = &self.devices()[device];
+        let d = self
+            .devices()
+            .get(device)
+            .ok_or(LedgerError::Corrupt("device index"))?;
         let uuid = d.uuid.get();
         let si = self
             .slices()
             .iter()
             .position(|s| s.state.load(SeqCst) == STATE_FREE)
-            .ok_or(LedgerError::Full("slice"))?;
+            .ok_or_else(|| self.slices_full())?;
         // Compute first: it has no hot-path counterpart, so a plain check under the lock is exact.
         let cpu = d.compute_reserved.load(SeqCst);
-        if cpu + share as u64 > PPM as u64 {
+        if cpu.saturating_add(share as u64) > PPM as u64 {
             return Err(AdmissionError {
                 setting: cpu_setting.into(),
                 device: uuid,
@@ -445,13 +651,17 @@ impl Ledger {
             // Raise the reservation first, then look at best effort (see account.rs).
             let total = d.memory_total.load(SeqCst);
             let before = d.memory_reserved.fetch_add(l, SeqCst);
-            let be = d.best_effort_used.load(SeqCst);
+            // Node mode: lower the best-effort grants to the new reservation first, then read
+            // what the pools hold (a charge racing the lowering is seen or undoes itself).
+            self.rebalance_pools_locked(device);
+            let be = self.best_effort_now(device);
             let fits = before
                 .checked_add(l)
                 .and_then(|r| r.checked_add(be))
                 .is_some_and(|v| v <= total);
             if !fits {
                 d.memory_reserved.fetch_sub(l, SeqCst);
+                self.rebalance_pools_locked(device);
                 return Err(AdmissionError {
                     setting: mem_setting.into(),
                     device: uuid,
@@ -466,7 +676,6 @@ impl Ledger {
         // SAFETY: under the lock, record not yet published (state FREE).
         unsafe {
             s.name.set(name);
-            s.claim.set(claim);
         }
         s.device.store(device as u32, SeqCst);
         s.memory_limit.store(memory.unwrap_or(NO_LIMIT), SeqCst);
@@ -479,6 +688,13 @@ impl Ledger {
         s.alloc_denied_total.store(0, SeqCst);
         s.alloc_total.store(0, SeqCst);
         s.sched.reset();
+        s.priority.store(0, SeqCst);
+        s.owner_uid.store(ANY_UID, SeqCst);
+        s.over_quota.store(0, SeqCst);
+        s.audit_observed.store(0, SeqCst);
+        s.violations_total.store(0, SeqCst);
+        // SAFETY: under the lock, record not yet published.
+        unsafe { s.claim.set("") };
         s.state.store(STATE_ACTIVE, SeqCst);
         Ok(si)
     }
@@ -500,7 +716,11 @@ impl Ledger {
             }
             return Err(LedgerError::Exists(spec.name.clone()));
         }
-        self.create_slice_locked(
+        let claim = spec.claim.as_deref().unwrap_or("");
+        if claim.len() >= CLAIM_LEN || claim.bytes().any(|b| b.is_ascii_control()) {
+            return Err(LedgerError::BadName(claim.into()));
+        }
+        let si = self.create_slice_locked(
             &spec.name,
             dev,
             Some(spec.memory),
@@ -510,8 +730,64 @@ impl Ledger {
             true,
             "--memory",
             "--compute",
-            spec.claim.as_deref().unwrap_or(""),
-        )
+        )?;
+        // SAFETY: under the lock; the record was just created and no process joined it yet.
+        unsafe { self.slices()[si].claim.set(claim) };
+        Ok(si)
+    }
+
+    /// The monitor's audit of slice `si`: what NVML reports for its processes and whether that
+    /// is over its quota (counted in `violations_total` when it goes over).
+    pub fn record_audit(&self, si: usize, observed: u64, over: bool) {
+        if !self.writable() {
+            return;
+        }
+        let Some(s) = self.slices().get(si) else {
+            return;
+        };
+        s.audit_observed.store(observed, SeqCst);
+        if s.over_quota.swap(over as u32, SeqCst) == 0 && over {
+            s.violations_total.fetch_add(1, SeqCst);
+        }
+    }
+
+    /// Node mode: let only `uid`'s processes join the slice `name` on `device` (index or UUID);
+    /// an operator slice is open to every uid until this is set.
+    pub fn set_slice_owner(
+        &self,
+        name: &str,
+        device: &str,
+        uid: u32,
+    ) -> Result<usize, LedgerError> {
+        let _g = self.lock()?;
+        let dev = self
+            .find_device(device)
+            .ok_or_else(|| LedgerError::NoSuchDevice(device.into()))?;
+        let si = self
+            .find_slice(name, dev)
+            .ok_or_else(|| LedgerError::NoSuchSlice(name.into()))?;
+        self.slices()[si].owner_uid.store(uid, SeqCst);
+        Ok(1)
+    }
+
+    /// Set the scheduling priority (0 normal, 1 latency) of every slice called `name`;
+    /// returns how many.
+    pub fn set_slice_priority(&self, name: &str, priority: u32) -> Result<usize, LedgerError> {
+        let _g = self.lock()?;
+        let mut n = 0;
+        for s in self.slices() {
+            if s.state.load(SeqCst) == STATE_ACTIVE
+                && s.private.load(SeqCst) == 0
+                && s.name.get() == name
+            {
+                s.priority.store(priority.min(1), SeqCst);
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return Err(LedgerError::NoSuchSlice(name.into()));
+        }
+        Ok(n)
     }
 
     /// Remove the operator slices called `name` (on every device). One with processes still
@@ -541,10 +817,20 @@ impl Ledger {
         Ok(removed)
     }
 
+    pub(crate) fn free_slice_pub(&self, si: usize) {
+        self.free_slice_locked(si)
+    }
+
     fn free_slice_locked(&self, si: usize) {
-        let s = &self.slices()[si];
-        let d = &self.devices()[s.device.load(SeqCst) as usize];
+        let Some(s) = self.slices().get(si) else {
+            return;
+        };
         s.state.store(STATE_FREE, SeqCst);
+        s.memory_used.0.store(0, SeqCst);
+        // A scribbled device index: nothing to give back to (rebuild_derived recomputes sums).
+        let Some(d) = self.devices().get(s.device.load(SeqCst) as usize) else {
+            return;
+        };
         let l = s.memory_limit.load(SeqCst);
         if l != NO_LIMIT {
             let _ = d
@@ -559,7 +845,15 @@ impl Ledger {
     }
 
     /// Whether process record `slot` belongs to a live process (its OFD lock is held).
+    /// In node mode the monitor's own check decides and reaps promptly: a record in use is
+    /// a live process as far as anyone else can tell.
     pub fn is_alive(&self, slot: usize) -> bool {
+        if self.is_node() {
+            return self
+                .procs()
+                .get(slot)
+                .is_some_and(|p| p.state.load(SeqCst) == STATE_ACTIVE);
+        }
         self.owned[slot / 64].load(SeqCst) & (1 << (slot % 64)) != 0
             || file::is_alive(self.m.fd, slot)
     }
@@ -578,6 +872,9 @@ impl Ledger {
     /// Find processes that died, return what they held to their slices, free their records,
     /// and remove the slices they leave empty (unless operator-defined).
     pub fn reap_dead(&self) -> Result<Reaped, LedgerError> {
+        if self.is_node() {
+            return Ok(Reaped::default()); // the monitor's `reap_node` does it
+        }
         let g = self.lock()?;
         Ok(self.reap_locked(&g))
     }
@@ -596,12 +893,25 @@ impl Ledger {
         if dying.is_empty() {
             return out;
         }
-        // Every (device, account) a dying process is charged to.
+        // Every (device, account) a dying process is charged to. An account index past the
+        // slice table is a scribbled record: reported, and never used as an index.
+        let valid_account = |a: u32| a == ACCOUNT_BEST_EFFORT || (a as usize) < MAX_SLICES;
         let mut accounts: Vec<(usize, u32)> = vec![];
         for &i in &dying {
             for (d, pd) in procs[i].devices.iter().enumerate() {
                 let a = pd.account.load(SeqCst);
-                if a != ACCOUNT_NONE && !accounts.contains(&(d, a)) {
+                if a == ACCOUNT_NONE {
+                    continue;
+                }
+                if !valid_account(a) {
+                    out.problems.push(format!(
+                        "process record {i} (pid {}): account index {a} on device {d} is past \
+                         the slice table; its memory cannot be returned",
+                        procs[i].pid.load(SeqCst)
+                    ));
+                    continue;
+                }
+                if !accounts.contains(&(d, a)) {
                     accounts.push((d, a));
                 }
             }
@@ -623,14 +933,15 @@ impl Ledger {
                     p.state.load(SeqCst) == STATE_ACTIVE && p.devices[d].account.load(SeqCst) == a
                 })
                 .map(|p| Member {
-                    proc_: p,
+                    begun: &p.ops_begun,
+                    ended: &p.ops_ended,
                     charged: &p.devices[d].charged,
                 })
                 .collect();
             match dead_part(counter, reaping, &live) {
                 Some(n) => {
                     counter.fetch_sub(n, SeqCst);
-                    out.bytes_returned += n;
+                    out.bytes_returned = out.bytes_returned.saturating_add(n);
                 }
                 None => unresolved.push((d, a)),
             }
@@ -646,25 +957,38 @@ impl Ledger {
             }
             out.processes.push(ReapedProc {
                 pid: p.pid.load(SeqCst),
-                bytes: p.devices.iter().map(|pd| pd.charged.load(SeqCst)).sum(),
+                bytes: p
+                    .devices
+                    .iter()
+                    .fold(0u64, |a, pd| a.saturating_add(pd.charged.load(SeqCst))),
             });
             // Its compute lease and place in the queue go before its slices do.
             crate::sched::reap_proc(self.devices(), self.slices(), p);
-            for pd in &p.devices {
+            for (d, pd) in p.devices.iter().enumerate() {
                 let s = pd.slice.load(SeqCst);
                 pd.account.store(ACCOUNT_NONE, SeqCst);
                 pd.slice.store(ACCOUNT_NONE, SeqCst);
                 pd.charged.store(0, SeqCst);
-                if s != ACCOUNT_NONE {
-                    let sl = &self.slices()[s as usize];
-                    let left = sl.attached.fetch_sub(1, SeqCst).saturating_sub(1);
-                    if left == 0
-                        && sl.operator_defined.load(SeqCst) == 0
-                        && sl.state.load(SeqCst) == STATE_ACTIVE
-                    {
-                        out.slices_removed.push(sl.name.get());
-                        self.free_slice_locked(s as usize);
-                    }
+                if s == ACCOUNT_NONE {
+                    continue;
+                }
+                let Some(sl) = self.slices().get(s as usize) else {
+                    out.problems.push(format!(
+                        "process record {i}: slice index {s} on device {d} is past the slice table"
+                    ));
+                    continue;
+                };
+                let left = sl
+                    .attached
+                    .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
+                    .unwrap_or(0)
+                    .saturating_sub(1);
+                if left == 0
+                    && sl.operator_defined.load(SeqCst) == 0
+                    && sl.state.load(SeqCst) == STATE_ACTIVE
+                {
+                    out.slices_removed.push(sl.name.get());
+                    self.free_slice_locked(s as usize);
                 }
             }
             p.pid.store(0, SeqCst);
@@ -674,6 +998,11 @@ impl Ledger {
     }
 
     /// A consistent-enough copy of everything, for display and decisions (no lock taken).
+    ///
+    /// Every index, count and name comes from shared memory and is checked before use: a
+    /// record that does not make sense (a slice on a device past the table, a process joined
+    /// to a slice index past it) is skipped and described in [`Snapshot::problems`]; sums
+    /// saturate. Nothing here panics or reads outside the mapping, whatever the file holds.
     pub fn snapshot(&self) -> Snapshot {
         let mut snap = Snapshot::default();
         for (i, d) in self.devices().iter().enumerate() {
@@ -688,17 +1017,26 @@ impl Ledger {
                 memory_reserved: d.memory_reserved.load(SeqCst),
                 memory_used: 0,
                 best_effort_used: d.best_effort_used.load(SeqCst),
-                compute_reserved_ppm: d.compute_reserved.load(SeqCst) as u32,
+                compute_reserved_ppm: d.compute_reserved.load(SeqCst).min(u32::MAX as u64) as u32,
             });
         }
         let alive: Vec<bool> = (0..MAX_PROCS)
             .map(|i| self.procs()[i].state.load(SeqCst) == STATE_ACTIVE && self.is_alive(i))
             .collect();
+        let mut good_slice = [false; MAX_SLICES];
         for (si, s) in self.slices().iter().enumerate() {
             if s.state.load(SeqCst) != STATE_ACTIVE {
                 continue;
             }
             let dev = s.device.load(SeqCst) as usize;
+            let Some(device) = self.devices().get(dev) else {
+                snap.problems.push(format!(
+                    "slice record {si} ({:?}): device index {dev} is past the device table; skipped",
+                    s.name.get()
+                ));
+                continue;
+            };
+            good_slice[si] = true;
             let limit = s.memory_limit.load(SeqCst);
             let members: Vec<&Proc> = self
                 .procs()
@@ -709,10 +1047,9 @@ impl Ledger {
                 })
                 .collect();
             let used = if limit == NO_LIMIT {
-                members
-                    .iter()
-                    .map(|p| p.devices[dev].charged.load(SeqCst))
-                    .sum()
+                members.iter().fold(0u64, |a, p| {
+                    a.saturating_add(p.devices[dev].charged.load(SeqCst))
+                })
             } else {
                 s.memory_used.0.load(SeqCst)
             };
@@ -720,7 +1057,7 @@ impl Ledger {
                 index: si,
                 name: s.name.get(),
                 device: dev,
-                device_uuid: self.devices()[dev].uuid.get(),
+                device_uuid: device.uuid.get(),
                 operator_defined: s.operator_defined.load(SeqCst) != 0,
                 private: s.private.load(SeqCst) != 0,
                 memory_limit: (limit != NO_LIMIT).then_some(limit),
@@ -732,39 +1069,53 @@ impl Ledger {
                 alloc_total: s.alloc_total.load(Relaxed),
                 alloc_denied_total: s.alloc_denied_total.load(Relaxed),
                 claim: Some(s.claim.get()).filter(|c| !c.is_empty()),
+                over_quota: s.over_quota.load(SeqCst) != 0,
+                audit_observed: s.audit_observed.load(SeqCst),
+                violations_total: s.violations_total.load(SeqCst),
+                priority: s.priority.load(SeqCst).min(1),
             });
         }
         for d in &mut snap.devices {
-            let quota: u64 = snap
+            let quota = snap
                 .slices
                 .iter()
                 .filter(|s| s.device == d.index && s.memory_limit.is_some())
-                .map(|s| s.memory_used)
-                .sum();
-            d.memory_used = quota + d.best_effort_used;
+                .fold(0u64, |a, s| a.saturating_add(s.memory_used));
+            d.memory_used = quota.saturating_add(d.best_effort_used);
         }
         for (i, p) in self.procs().iter().enumerate() {
             if p.state.load(SeqCst) == STATE_FREE {
                 continue;
             }
-            let devices: Vec<ProcDeviceInfo> = p
-                .devices
-                .iter()
-                .enumerate()
-                .filter(|(_, pd)| pd.slice.load(SeqCst) != ACCOUNT_NONE)
-                .map(|(d, pd)| ProcDeviceInfo {
+            let mut devices: Vec<ProcDeviceInfo> = vec![];
+            for (d, pd) in p.devices.iter().enumerate() {
+                let slice = pd.slice.load(SeqCst);
+                if slice == ACCOUNT_NONE {
+                    continue;
+                }
+                if !good_slice.get(slice as usize).copied().unwrap_or(false) {
+                    snap.problems.push(format!(
+                        "process record {i} (pid {}): slice index {slice} on device {d} is not \
+                         a usable slice; that part skipped",
+                        p.pid.load(SeqCst)
+                    ));
+                    continue;
+                }
+                devices.push(ProcDeviceInfo {
                     device: d,
-                    slice: pd.slice.load(SeqCst) as usize,
+                    slice: slice as usize,
                     charged: pd.charged.load(SeqCst),
-                })
-                .collect();
+                });
+            }
             snap.processes.push(ProcInfo {
                 slot: i,
                 pid: p.pid.load(SeqCst),
                 start_time: p.start_time.load(SeqCst),
                 slice: p.slice_name.get(),
                 alive: alive[i],
-                memory_used: devices.iter().map(|d| d.charged).sum(),
+                memory_used: devices
+                    .iter()
+                    .fold(0u64, |a, d| a.saturating_add(d.charged)),
                 devices,
             });
         }

@@ -10,6 +10,10 @@
 //! How the parts meet:
 //! - [`layout`]: the records (`Header`, `Device`, `Slice`, `Proc`) and their offsets, pinned by
 //!   tests; [`sched`] holds the compute scheduler's part of each record.
+//! - [`dir`]: the runtime directory opened once as a descriptor, every file in it opened with
+//!   `O_NOFOLLOW` and checked (owner, mode) before use, and the mode decision (personal or
+//!   node) from who owns the directory; [`runtime_dir_from_env`] is the one rule for
+//!   `GPUSLICE_RUNTIME_DIR` (absolute, or refused).
 //! - `file`: creation without races (build under a temporary name, `link()` into place), the
 //!   size/version checks, the robust cold-path mutex, and liveness through OFD locks (a process
 //!   holds a lock on byte `LIVENESS_LOCK_BASE + slot` of the file; the kernel drops it when the
@@ -47,23 +51,25 @@
 mod account;
 #[cfg(feature = "cdi")]
 pub mod cdi;
+pub mod dir;
 mod error;
 mod file;
 pub mod layout;
 mod ledger;
+pub mod node;
+pub mod protocol;
 pub mod quantity;
+pub mod region;
 pub mod sched;
 mod snapshot;
 pub mod view;
 
 pub use account::Account;
+pub use dir::{runtime_dir_from_env, RuntimeDir, DEFAULT_RUNTIME_DIR};
 pub use error::{human_bytes, AdmissionError, LedgerError};
 pub use file::{own_start_time, start_time_of, LOCK_TIMEOUT};
 pub use layout::{MAX_DEVICES, MAX_PROCS, MAX_SLICES, PPM};
-pub use ledger::{
-    runtime_dir_from_env, Joined, Ledger, LockGuard, OperatorSlice, ProcHandle, SliceRequest,
-    DEFAULT_RUNTIME_DIR,
-};
+pub use ledger::{Joined, Ledger, LockGuard, OperatorSlice, ProcHandle, SliceRequest};
 pub use quantity::{
     check_cap_not_below_share, check_slice_name, parse_cap, parse_cap_per_device, parse_fraction,
     parse_quota, parse_size, valid_slice_name, ComputeSetting, PerDevice, QuantityError, Size,

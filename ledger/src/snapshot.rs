@@ -10,6 +10,8 @@ pub struct Snapshot {
     pub slices: Vec<SliceInfo>,
     /// Process records in use (alive or awaiting the reaper).
     pub processes: Vec<ProcInfo>,
+    /// Records that made no sense (scribbled indices) and were skipped, one line each.
+    pub problems: Vec<String>,
 }
 
 /// A device.
@@ -64,8 +66,16 @@ pub struct SliceInfo {
     pub alloc_total: u64,
     /// Allocations refused for the quota.
     pub alloc_denied_total: u64,
-    /// The Kubernetes ResourceClaim (`namespace/name`) of an operator slice made for one.
+    /// The operator's label for the slice (Kubernetes `namespace/name`), if any.
     pub claim: Option<String>,
+    /// Scheduling priority: 0 normal, 1 latency.
+    pub priority: u32,
+    /// The monitor's audit: NVML reports more for its processes than its quota.
+    pub over_quota: bool,
+    /// The audit: bytes NVML last reported for its processes.
+    pub audit_observed: u64,
+    /// The audit: times it went over its quota.
+    pub violations_total: u64,
 }
 
 /// A process.
@@ -107,6 +117,8 @@ pub struct Reaped {
     pub bytes_returned: u64,
     /// Slices removed because they became empty.
     pub slices_removed: Vec<String>,
+    /// Records that made no sense (scribbled indices), skipped, one line each.
+    pub problems: Vec<String>,
 }
 
 /// One reaped process.

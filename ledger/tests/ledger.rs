@@ -367,6 +367,8 @@ fn a_lock_holder_killed_does_not_hang_anyone() {
     let t = Instant::now();
     let e = l.lock().err().expect("times out");
     assert!(matches!(e, LedgerError::LockTimeout { .. }), "{e}");
+    // The message names the holder, so an operator knows what to resume or end.
+    assert!(e.to_string().contains(&format!("pid {}", k.id())), "{e}");
     assert!(t.elapsed() < Duration::from_secs(30));
     k.kill().unwrap();
     k.wait().unwrap();

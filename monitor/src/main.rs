@@ -16,10 +16,13 @@
 //!
 //! Exit status (contract): 0 on success, 2 on bad usage (with a usage line), 1 on other errors.
 
+mod admission;
 mod cdi;
 mod cli;
 mod compute;
 mod daemon;
+#[cfg(test)]
+mod fuzz;
 mod http;
 mod metrics;
 mod node;

@@ -3,12 +3,15 @@
 //! slices. All state and all mutation live in `gpuslice-ledger`; this module only translates
 //! (ledger indices to NVML's, ppm to fractions, errors to messages).
 
+use crate::admission::RegionTable;
 use crate::cli::Failure;
 use crate::nvml::NvmlDevice;
 use crate::view::{Device, Process, Slice, Snapshot};
+use gpuslice_ledger::protocol::{self, Message};
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, Size, PPM};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 impl From<LedgerError> for Failure {
     fn from(e: LedgerError) -> Failure {
@@ -27,19 +30,20 @@ pub struct SliceRequest {
     pub cap_ppm: Option<u32>,
     /// `I` (NVML index where NVML is available, else ledger index) or a UUID.
     pub device: String,
+    /// Node mode: the only uid whose processes may join it (`None`: any).
+    pub owner: Option<u32>,
+}
+
+/// Whether `dir` holds a node policy (root's directory in node mode).
+pub fn is_node_dir(dir: &str) -> bool {
+    gpuslice_ledger::cdi::is_node_dir(dir)
 }
 
 /// An open ledger.
 pub struct Node {
-    ledger: Ledger,
-    /// Device and inode of the file when opened, to notice it was replaced.
-    identity: Option<(u64, u64)>,
-}
-
-/// Device and inode of the file at `path` now.
-fn identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    ledger: Arc<Ledger>,
+    /// Node mode, in the monitor: the slice regions it made and hands out.
+    regions: Option<Arc<RegionTable>>,
 }
 
 fn ratio(ppm: u32) -> f64 {
@@ -58,19 +62,75 @@ impl Node {
     }
 
     fn new(ledger: Ledger) -> Node {
-        let identity = identity(ledger.path());
-        Node { ledger, identity }
+        Node {
+            ledger: Arc::new(ledger),
+            regions: None,
+        }
+    }
+
+    /// Node mode (the root monitor): open or create the policy, recover the regions live
+    /// processes still hold (after a restart), and keep them.
+    pub fn open_or_create_node(dir: &Path) -> Result<Node, LedgerError> {
+        let ledger = Arc::new(Ledger::open_or_create_node(dir)?);
+        let regions = Arc::new(RegionTable::default());
+        ledger.set_regions(regions.clone());
+        regions.recover_all(&ledger);
+        Ok(Node {
+            ledger,
+            regions: Some(regions),
+        })
+    }
+
+    /// The ledger and the regions, for the admission socket (node mode only).
+    pub fn parts(&self) -> Option<(Arc<Ledger>, Arc<RegionTable>)> {
+        Some((self.ledger.clone(), self.regions.clone()?))
+    }
+
+    /// Whether operator commands go through the monitor: a node policy this process cannot
+    /// write (anyone but root). The monitor decides whether the caller is an operator.
+    fn via_monitor(&self) -> bool {
+        self.ledger.is_node() && !self.ledger.writable()
+    }
+
+    /// One operator request to the node's monitor; its `ok` value, or its refusal as an error.
+    fn ask_monitor(&self, m: &Message) -> Result<String, Failure> {
+        let (r, _) = protocol::call(
+            self.ledger.dir().fd(),
+            m,
+            std::time::Duration::from_secs(10),
+        )
+        .map_err(|e| Failure::Other(format!("{e} (is the node's monitor running?)")))?;
+        if let Some(e) = r.get("err") {
+            return Err(Failure::Other(e.to_string()));
+        }
+        Ok(r.get("ok").unwrap_or("").to_string())
     }
 
     /// Whether the file this maps is still the ledger in its directory (an operator may have
     /// removed a broken one, and a process created a new one since).
     pub fn is_current(&self) -> bool {
-        identity(self.ledger.path()) == self.identity
+        let (mapped, now) = self.ledger.identities();
+        mapped.is_some() && mapped == now
     }
 
     /// Whether `e` only says that no ledger exists yet.
     pub fn is_missing(e: &LedgerError) -> bool {
         matches!(e, LedgerError::NotFound(_))
+    }
+
+    /// Record the audit's rows in the ledger (for `status` and `metrics`).
+    pub fn record_audit(&self, rows: &[crate::prom::AuditRow]) {
+        let s = self.ledger.snapshot();
+        for r in rows {
+            if let Some(sl) = s
+                .slices
+                .iter()
+                .find(|sl| sl.name == r.slice && sl.device_uuid == r.device_uuid)
+            {
+                self.ledger
+                    .record_audit(sl.index, r.observed, r.over_quota());
+            }
+        }
     }
 
     /// Register (or refresh) a device NVML reports.
@@ -82,7 +142,22 @@ impl Node {
 
     /// Reap processes that are gone: how many, and log lines saying what came back.
     pub fn reap(&self) -> Result<(u64, Vec<String>), LedgerError> {
-        let r = self.ledger.reap_dead()?;
+        let r = match &self.regions {
+            Some(regions) => {
+                // The monitor's own record: the pid it saw and that pid's start time.
+                let alive = |p: &gpuslice_ledger::layout::Proc| {
+                    let st = p.start_time.load(std::sync::atomic::Ordering::SeqCst);
+                    let pid = p.host_pid.load(std::sync::atomic::Ordering::SeqCst);
+                    st != 0 && gpuslice_ledger::start_time_of(&pid.to_string()) == st
+                };
+                let r = self.ledger.reap_node(&alive, regions.as_ref())?;
+                regions.retain_live(&self.ledger);
+                self.ledger.rebalance_pools()?;
+                self.ledger.mirror_usage(regions.as_ref());
+                r
+            }
+            None => self.ledger.reap_dead()?,
+        };
         let mut lines: Vec<String> = r
             .processes
             .iter()
@@ -94,6 +169,9 @@ impl Node {
                 )
             })
             .collect();
+        for p in &r.problems {
+            lines.push(format!("skipped a bad ledger record: {p}"));
+        }
         if !r.slices_removed.is_empty() {
             lines.push(format!(
                 "removed emptied slices: {}",
@@ -158,6 +236,11 @@ impl Node {
                     allocations_denied: sl.alloc_denied_total,
                     launches: compute.launches,
                     throttled_seconds: compute.throttled_seconds,
+                    claim: sl.claim.clone(),
+                    priority: sl.priority,
+                    over_quota: sl.over_quota,
+                    audit_observed: sl.audit_observed,
+                    violations_total: sl.violations_total,
                 }
             })
             .collect();
@@ -182,6 +265,7 @@ impl Node {
             devices,
             slices,
             processes,
+            problems: s.problems,
         }
     }
 
@@ -238,14 +322,30 @@ impl Node {
                 crate::table::size(total)
             )));
         }
-        self.ledger.create_operator_slice(&OperatorSlice {
-            name: req.name.clone(),
-            device: uuid.clone(),
-            memory,
-            compute_share_ppm: req.compute_ppm,
-            compute_cap_ppm: req.cap_ppm.unwrap_or(PPM),
-            claim: None,
-        })?;
+        if self.via_monitor() {
+            let mut m = Message::new("op", "slice-create");
+            m.push("name", &req.name)
+                .push("device", &uuid)
+                .push("memory", &memory.to_string())
+                .push("share", &req.compute_ppm.to_string())
+                .push("cap", &req.cap_ppm.unwrap_or(PPM).to_string());
+            if let Some(u) = req.owner {
+                m.push("owner", &u.to_string());
+            }
+            self.ask_monitor(&m)?;
+        } else {
+            self.ledger.create_operator_slice(&OperatorSlice {
+                name: req.name.clone(),
+                device: uuid.clone(),
+                memory,
+                compute_share_ppm: req.compute_ppm,
+                compute_cap_ppm: req.cap_ppm.unwrap_or(PPM),
+                claim: None,
+            })?;
+            if let Some(u) = req.owner {
+                self.ledger.set_slice_owner(&req.name, &uuid, u)?;
+            }
+        }
         self.snapshot()
             .slices
             .into_iter()
@@ -261,6 +361,10 @@ impl Node {
     /// Remove an operator slice on every device; how many records went away at once (one with
     /// processes attached goes with its last process).
     pub fn remove_slice(&self, name: &str) -> Result<usize, Failure> {
+        if self.via_monitor() {
+            let r = self.ask_monitor(&Message::new("op", "slice-rm").push("name", name).clone())?;
+            return Ok(r.parse().unwrap_or(0));
+        }
         Ok(self.ledger.remove_slice(name)?)
     }
 }
@@ -287,6 +391,7 @@ mod tests {
             compute_ppm,
             cap_ppm,
             device: "0".into(),
+            owner: None,
         };
         let made = node
             .create_operator_slice(&req("25%", 250_000, Some(500_000)))

@@ -25,6 +25,8 @@ pub struct AuditRow {
     pub observed: u64,
     /// The slice's quota there (`None`: best effort, nothing to exceed).
     pub limit: Option<u64>,
+    /// The NVML pids counted (the monitor's PID namespace).
+    pub pids: Vec<u32>,
 }
 
 impl AuditRow {
@@ -145,7 +147,7 @@ pub fn render(snap: &Snapshot, facts: Option<&MonitorFacts>) -> String {
     }
 
     type SliceField = fn(&crate::view::Slice) -> Option<f64>;
-    let slice_families: [(&'static str, &str, &str, SliceField); 9] = [
+    let slice_families: [(&'static str, &str, &str, SliceField); 11] = [
         (
             "gpuslice_slice_memory_limit_bytes",
             "gauge",
@@ -187,6 +189,18 @@ pub fn render(snap: &Snapshot, facts: Option<&MonitorFacts>) -> String {
             "counter",
             "Allocations refused because they would exceed the slice's memory quota.",
             |s| Some(s.allocations_denied as f64),
+        ),
+        (
+            "gpuslice_slice_violations_total",
+            "counter",
+            "Times the monitor's NVML audit found the slice over its quota (memory taken around gpuslice).",
+            |s| Some(s.violations_total as f64),
+        ),
+        (
+            "gpuslice_slice_violation",
+            "gauge",
+            "1 while the monitor's NVML audit finds the slice over its quota.",
+            |s| Some(s.over_quota as u8 as f64),
         ),
         (
             "gpuslice_slice_launches_total",
@@ -264,6 +278,7 @@ mod tests {
         let facts = MonitorFacts {
             reaped_total: 2,
             audit: vec![AuditRow {
+                pids: vec![],
                 slice: "train".into(),
                 device_uuid: "GPU-x".into(),
                 observed: 5,

@@ -15,9 +15,9 @@ use gpuslice_ledger::{
 use std::ffi::OsString;
 
 const USAGE: &str =
-    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID] | slice rm NAME | slice ls [--json]";
+    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID] [--owner UID|USER] | slice rm NAME | slice ls [--json]";
 const CREATE: &str =
-    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID]";
+    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID] [--owner UID|USER]";
 const RM: &str = "gpuslice slice rm NAME";
 const LS: &str = "gpuslice slice ls [--json]";
 
@@ -44,6 +44,7 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceRequest>, Failure> {
     use lexopt::Arg::*;
     let mut p = cli::parser(args);
     let (mut name, mut memory, mut compute, mut cap, mut device) = (None, None, None, None, None);
+    let mut owner = None;
     while let Some(arg) = p.next().map_err(cli::lex(CREATE))? {
         if cli::is_help(&arg) {
             cli::outln!("usage: {CREATE}")?;
@@ -72,6 +73,18 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceRequest>, Failure> {
                 let v = value(&mut p, "--device")?;
                 cli::check_device("--device", &v, CREATE)?;
                 cli::once(&mut device, "--device", v, CREATE)?;
+            }
+            Long("owner") => {
+                let v = value(&mut p, "--owner")?;
+                if owner.is_some() {
+                    return Err(Failure::usage("--owner is given twice; give it once", CREATE));
+                }
+                owner = Some(uid_of(&v).ok_or_else(|| {
+                    Failure::usage(
+                        format!("--owner {v:?}: no such user (a uid or a user name)"),
+                        CREATE,
+                    )
+                })?);
             }
             Value(v) if name.is_none() => name = Some(cli::utf8(v, "NAME", CREATE)?),
             _ => return Err(Failure::usage(arg.unexpected().to_string(), CREATE)),
@@ -107,7 +120,20 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceRequest>, Failure> {
         compute_ppm: compute.unwrap_or(0),
         cap_ppm: cap,
         device: device.unwrap_or_else(|| "0".into()),
+        owner,
     }))
+}
+
+/// A uid given as digits or as a user name.
+fn uid_of(v: &str) -> Option<u32> {
+    if let Ok(u) = v.parse::<u32>() {
+        return (u != gpuslice_ledger::layout::ANY_UID).then_some(u);
+    }
+    let c = std::ffi::CString::new(v).ok()?;
+    // SAFETY: valid name; getpwnam returns null or a pointer to static data read at once.
+    let p = unsafe { libc::getpwnam(c.as_ptr()) };
+    // SAFETY: non-null pointer from getpwnam.
+    (!p.is_null()).then(|| unsafe { (*p).pw_uid })
 }
 
 /// The value of `flag`, as UTF-8.
@@ -119,7 +145,12 @@ fn create(args: Vec<OsString>) -> Result<(), Failure> {
     let Some(req) = parse_create(args)? else {
         return Ok(());
     };
-    let node = Node::open_or_create(&cli::runtime_dir())?;
+    let dir = cli::runtime_dir();
+    // A tenant's view of a node policy is read-only: its request goes to the monitor.
+    let node = match Node::open(&dir) {
+        Err(e) if Node::is_missing(&e) => Node::open_or_create(&dir)?,
+        other => other?,
+    };
     let s = node.create_operator_slice(&req)?;
     cli::outln!(
         "created slice {:?} on GPU {}: memory {}, compute share {}, cap {}",

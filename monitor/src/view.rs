@@ -47,6 +47,16 @@ pub struct Slice {
     pub launches: u64,
     /// Seconds launches of this slice waited for their turn (counter).
     pub throttled_seconds: f64,
+    /// The operator's label (Kubernetes `namespace/name`), if any.
+    pub claim: Option<String>,
+    /// Scheduling priority: 0 normal, 1 latency.
+    pub priority: u32,
+    /// The audit (monitor): NVML reports more for its processes than its quota.
+    pub over_quota: bool,
+    /// The audit: bytes NVML last reported for its processes.
+    pub audit_observed: u64,
+    /// The audit: times it went over its quota.
+    pub violations_total: u64,
 }
 
 /// A process attached to the ledger.
@@ -69,6 +79,8 @@ pub struct Snapshot {
     pub devices: Vec<Device>,
     pub slices: Vec<Slice>,
     pub processes: Vec<Process>,
+    /// Ledger records that made no sense and were skipped (see `Ledger::snapshot`).
+    pub problems: Vec<String>,
 }
 
 impl Snapshot {
@@ -93,6 +105,17 @@ impl Snapshot {
                 "compute_cap": s.compute_cap,
                 "compute_used": s.compute_used,
                 "pids": s.pids,
+                "claim": s.claim,
+                "priority": if s.priority == 0 { "normal" } else { "latency" },
+                "violations_total": s.violations_total,
+            })).collect::<Vec<_>>(),
+            // Slices the monitor's NVML audit finds over their quota now (memory taken around
+            // gpuslice): docs/security.md.
+            "violations": self.slices.iter().filter(|s| s.over_quota).map(|s| json!({
+                "slice": s.name,
+                "device_uuid": s.device_uuid,
+                "memory_limit": s.memory_limit,
+                "observed": s.audit_observed,
             })).collect::<Vec<_>>(),
             "processes": self.processes.iter().map(|p| json!({
                 "pid": p.pid,
@@ -100,6 +123,7 @@ impl Snapshot {
                 "memory_used": p.memory_used,
                 "alive": p.alive,
             })).collect::<Vec<_>>(),
+            "problems": self.problems,
         })
     }
 
@@ -140,6 +164,11 @@ pub(crate) mod tests {
                     allocations_denied: 3,
                     launches: 1000,
                     throttled_seconds: 1.5,
+                    claim: None,
+                    priority: 0,
+                    over_quota: false,
+                    audit_observed: 0,
+                    violations_total: 0,
                 },
                 Slice {
                     name: "infer \"a\"".into(),
@@ -154,6 +183,11 @@ pub(crate) mod tests {
                     allocations_denied: 0,
                     launches: 0,
                     throttled_seconds: 0.0,
+                    claim: None,
+                    priority: 0,
+                    over_quota: false,
+                    audit_observed: 0,
+                    violations_total: 0,
                 },
             ],
             processes: vec![
@@ -179,6 +213,7 @@ pub(crate) mod tests {
                     start_time: 7,
                 },
             ],
+            problems: vec![],
         }
     }
 

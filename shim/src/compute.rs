@@ -353,6 +353,9 @@ fn binding(dev: CUdevice) -> Option<Binding> {
     let st = crate::init::state_if_ready()?;
     let d = st.device(dev)?;
     let ledger = st.ledger;
+    if !ledger.writable() {
+        return None; // node mode: turns will be the monitor's to grant; unthrottled until then
+    }
     let proc_ = ledger.procs().get(st.me.slot)?;
     let slice = proc_.devices.get(d.ledger_dev)?.slice.load(Acquire) as usize;
     let dev_rec = ledger.devices().get(d.ledger_dev)?;

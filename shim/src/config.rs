@@ -216,14 +216,14 @@ impl Config {
             }
             None => hami_cache,
         };
+        // The ledger crate's one rule (absolute, or refused; the default depends on the user).
         let runtime_dir = match get("GPUSLICE_RUNTIME_DIR") {
-            Some(v) if !v.starts_with('/') => {
-                return Err(ConfigError(format!(
-                    "GPUSLICE_RUNTIME_DIR={v:?} is not valid; accepted: an absolute directory path"
-                )))
+            Some(v) => {
+                let p = PathBuf::from(v);
+                gpuslice_ledger::dir::check_absolute(&p).map_err(|e| ConfigError(e.to_string()))?;
+                p
             }
-            Some(v) => PathBuf::from(v),
-            None => PathBuf::from(gpuslice_ledger::DEFAULT_RUNTIME_DIR),
+            None => gpuslice_ledger::dir::default_runtime_dir(),
         };
         Ok(Config {
             memory,

@@ -13,6 +13,7 @@ use crate::log::{self, log};
 use core::ffi::{c_char, c_int};
 use core::sync::atomic::{AtomicPtr, AtomicU32, Ordering::*};
 use gpuslice_abi::*;
+use gpuslice_ledger::node::Opened;
 use gpuslice_ledger::{Account, Ledger, ProcHandle, SliceRequest};
 use std::sync::Mutex;
 
@@ -213,6 +214,9 @@ fn missing(name: &str) -> (CUresult, String) {
     )
 }
 
+/// A device found at start-up: ordinal, UUID, name, memory.
+pub type Found = (i32, String, String, u64);
+
 fn build(config: &Config) -> Result<State, (CUresult, String)> {
     let count_f = real::cuDeviceGetCount().ok_or_else(|| missing("cuDeviceGetCount"))?;
     let get_f = real::cuDeviceGet().ok_or_else(|| missing("cuDeviceGet"))?;
@@ -220,7 +224,7 @@ fn build(config: &Config) -> Result<State, (CUresult, String)> {
     let mut n: c_int = 0;
     // SAFETY: out-parameters are valid locals throughout.
     cu("cuDeviceGetCount", unsafe { count_f(&mut n) })?;
-    let mut found = vec![];
+    let mut found: Vec<Found> = vec![];
     for ord in 0..n {
         let mut dev: CUdevice = 0;
         cu("cuDeviceGet", unsafe { get_f(&mut dev, ord) })?;
@@ -248,13 +252,16 @@ fn build(config: &Config) -> Result<State, (CUresult, String)> {
             format!("cannot use the node ledger: {e}"),
         )
     };
-    let ledger: &'static Ledger = Box::leak(Box::new(
-        Ledger::open_or_create(&config.runtime_dir).map_err(io)?,
-    ));
+    let ledger = match Ledger::open_for_process(&config.runtime_dir).map_err(io)? {
+        Opened::Personal(l) => l,
+        Opened::Node(l) => return build_node(config, Box::leak(Box::new(l)), found),
+    };
+    let ledger: &'static Ledger = Box::leak(Box::new(ledger));
     let me = ledger
         .attach(config.slice.as_deref().unwrap_or(""))
         .map_err(io)?;
     let mut devices = vec![];
+    let mut reqs = vec![];
     for (ord, uuid, name, total) in found {
         let ledger_dev = ledger.ensure_device(&uuid, &name, total).map_err(io)?;
         let (memory, setting) = match config.memory.as_ref().and_then(|m| m.get(ord as u32)) {
@@ -274,12 +281,18 @@ fn build(config: &Config) -> Result<State, (CUresult, String)> {
                 .unwrap_or("GPUSLICE_COMPUTE")
                 .into(),
         };
-        let joined = ledger.join(me, ledger_dev, &req).map_err(|e| match e {
-            gpuslice_ledger::LedgerError::Admission(a) => {
-                (CUDA_ERROR_INVALID_VALUE, format!("slice refused: {a}"))
-            }
-            e => io(e),
-        })?;
+        reqs.push((ord, uuid, ledger_dev, req));
+    }
+    // One taking of the lock for every device (512 processes may start at once).
+    let items: Vec<(usize, SliceRequest)> =
+        reqs.iter().map(|(_, _, d, r)| (*d, r.clone())).collect();
+    let joins = ledger.join_all(me, &items).map_err(|e| match e {
+        gpuslice_ledger::LedgerError::Admission(a) => {
+            (CUDA_ERROR_INVALID_VALUE, format!("slice refused: {a}"))
+        }
+        e => io(e),
+    })?;
+    for ((ord, uuid, ledger_dev, _), joined) in reqs.into_iter().zip(joins) {
         for w in &joined.warnings {
             log!(Warn, "{w}");
         }
@@ -305,6 +318,150 @@ fn build(config: &Config) -> Result<State, (CUresult, String)> {
     Ok(State {
         ledger,
         me,
+        devices,
+    })
+}
+
+/// How long a node-mode process keeps trying to reach the monitor before `cuInit` fails.
+const MONITOR_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Node mode: ask the monitor to admit this process (`monitor.sock`), then charge into the
+/// slice regions it sends. The policy stays mapped read-only; nothing here takes its lock.
+fn build_node(
+    config: &Config,
+    ledger: &'static Ledger,
+    found: Vec<Found>,
+) -> Result<State, (CUresult, String)> {
+    use gpuslice_ledger::protocol::{self, Message};
+    use gpuslice_ledger::region::Region;
+    let mut req = Message::new("op", "admit");
+    req.push("slice", config.slice.as_deref().unwrap_or(""));
+    let cpu_setting = config
+        .compute
+        .as_ref()
+        .map(|c| c.1)
+        .unwrap_or("GPUSLICE_COMPUTE");
+    for (ord, uuid, _, total) in &found {
+        let (memory, setting) = match config.memory.as_ref().and_then(|m| m.get(*ord as u32)) {
+            Some((size, var)) => (Some(size.resolve(*total)), var),
+            None => (None, "GPUSLICE_MEMORY".to_string()),
+        };
+        req.push(
+            "dev",
+            &format!(
+                "{uuid}\t{}\t{}\t{}\t{setting}\t{cpu_setting}",
+                memory.map_or("-".to_string(), |m| m.to_string()),
+                config.share(*ord as u32),
+                config.cap(*ord as u32),
+            ),
+        );
+    }
+    let sock = ledger.dir().path().join(protocol::SOCKET_FILE);
+    let t0 = std::time::Instant::now();
+    let (reply, fds) = loop {
+        match protocol::call(ledger.dir().fd(), &req, std::time::Duration::from_secs(10)) {
+            Ok(r) => break r,
+            Err(e) if t0.elapsed() < MONITOR_WAIT => {
+                let _ = e;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(e) => {
+                return Err((
+                    CUDA_ERROR_OPERATING_SYSTEM,
+                    format!(
+                        "the node's monitor did not answer at {} for {} s ({e}); ask the \
+                         operator to start `gpuslice monitor`",
+                        sock.display(),
+                        MONITOR_WAIT.as_secs()
+                    ),
+                ))
+            }
+        }
+    };
+    if let Some(e) = reply.get("err") {
+        let code = if e.starts_with("admission:") || e.contains("limit") {
+            CUDA_ERROR_INVALID_VALUE
+        } else {
+            CUDA_ERROR_OPERATING_SYSTEM
+        };
+        return Err((code, format!("the node's monitor refused: {e}")));
+    }
+    let bad = |what: &str| {
+        (
+            CUDA_ERROR_OPERATING_SYSTEM,
+            format!("the node's monitor answered something unexpected ({what})"),
+        )
+    };
+    let slot: usize = reply
+        .get("slot")
+        .and_then(|v| v.parse().ok())
+        .filter(|&s| s < gpuslice_ledger::MAX_PROCS)
+        .ok_or_else(|| bad("slot"))?;
+    let devs: Vec<&str> = reply.all("dev").collect();
+    if devs.len() != found.len() || fds.len() != found.len() {
+        return Err(bad("device count"));
+    }
+    for w in reply.all("warn") {
+        log!(Warn, "{w}");
+    }
+    if config.compute.is_some() || config.compute_cap.is_some() {
+        log!(
+            Warn,
+            "node mode: compute shares and caps are not enforced yet (monitor-granted turns \
+             come later); this process launches unthrottled"
+        );
+    }
+    let mut devices = vec![];
+    for (((ord, uuid, _, _), line), fd) in found.into_iter().zip(devs).zip(fds) {
+        let f: Vec<&str> = line.split('\t').collect();
+        let [u, dev, slice, limit, pool] = f[..] else {
+            return Err(bad("device line"));
+        };
+        let ledger_dev: usize = dev
+            .parse()
+            .ok()
+            .filter(|&d| d < gpuslice_ledger::MAX_DEVICES && u == uuid)
+            .ok_or_else(|| bad("device"))?;
+        let si: usize = slice
+            .parse()
+            .ok()
+            .filter(|&s| s < gpuslice_ledger::MAX_SLICES)
+            .ok_or_else(|| bad("slice"))?;
+        let region: &'static Region = Box::leak(Box::new(
+            Region::from_fd(fd, true).map_err(|e| bad(&e.to_string()))?,
+        ));
+        let account = if limit != "-" {
+            let slice_rec = Some(&ledger.slices()[si]);
+            Account::in_region(&ledger.devices()[ledger_dev], slice_rec, region, slot)
+        } else {
+            // Best effort: this user's pool on the device, held to the monitor's grant.
+            let p = pool
+                .parse::<usize>()
+                .ok()
+                .and_then(|p| ledger.pools().get(p))
+                .ok_or_else(|| bad("pool"))?;
+            Account::in_pool(p, region, slot)
+        }
+        .ok_or_else(|| bad("slot"))?;
+        log!(
+            Info,
+            "device {ord} ({uuid}): node mode, slice {:?}, memory {}",
+            config.slice.as_deref().unwrap_or("(private)"),
+            limit
+                .parse::<u64>()
+                .map(gpuslice_ledger::human_bytes)
+                .unwrap_or_else(|_| "best effort".into())
+        );
+        devices.push(DevState {
+            ordinal: ord,
+            ledger_dev,
+            uuid,
+            account,
+        });
+    }
+    Ok(State {
+        ledger,
+        me: ProcHandle { slot },
         devices,
     })
 }

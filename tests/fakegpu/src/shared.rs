@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use std::sync::OnceLock;
 
 /// Most processes the state file has slots for.
-pub const MAX_PROCS: usize = 256;
+pub const MAX_PROCS: usize = 1024;
 const MAGIC: u64 = 0x6661_6b65_6770_7531; // "fakegpu1"
-const LAYOUT: u32 = 2;
+const LAYOUT: u32 = 3;
 /// A slot's pid while its owner's remains are being reclaimed.
 pub const RECLAIMING: u32 = u32::MAX;
 /// Utilization buckets: 16 of 100 ms.

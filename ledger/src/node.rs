@@ -1,0 +1,634 @@
+//! Node mode: the policy's cold paths, run by the root monitor only (docs/security.md).
+//!
+//! In node mode the `ledger` file is the *policy*: root-owned, mode 0644, written only by the
+//! monitor, mapped read-only by everyone else. Processes never take its mutex (they cannot:
+//! their mapping is read-only). They ask the monitor over `monitor.sock`, which runs
+//! [`Ledger::admit`] for them with the identity the kernel gives (`SO_PEERCRED`) and answers
+//! with the slice regions (`region.rs`) where their hot paths write.
+//!
+//! Liveness is the monitor's own record: the pid it saw and that pid's start time, checked
+//! by the monitor in its PID namespace (no lock a tenant could hold or fake). The reaper works
+//! as in personal mode (`account.rs`), on the counters of each slice's region.
+
+use crate::account::{dead_part, Member};
+use crate::dir::{Owner, RuntimeDir};
+use crate::error::LedgerError;
+use crate::file;
+use crate::layout::*;
+use crate::ledger::{Ledger, ProcHandle, SliceRequest};
+use crate::region::Region;
+use crate::snapshot::{Reaped, ReapedProc};
+use core::sync::atomic::Ordering::SeqCst;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Who asks, as the kernel and `/proc` tell the monitor.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    /// pid in the monitor's PID namespace (`SO_PEERCRED`).
+    pub host_pid: u32,
+    /// pid in the process's own namespace (the last `NSpid`), for display and the audit.
+    pub nspid: u32,
+    /// uid (`SO_PEERCRED`).
+    pub uid: u32,
+    /// Start time of `host_pid` (`/proc/<pid>/stat` field 22), read by the monitor.
+    pub start_time: u64,
+}
+
+/// Per-user bounds on the policy's tables (docs/security.md, "Bounds").
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Process records one uid may hold.
+    pub procs_per_uid: usize,
+    /// Slice records one uid's processes may create.
+    pub slices_per_uid: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            procs_per_uid: MAX_PROCS / 2,
+            slices_per_uid: MAX_SLICES / 2,
+        }
+    }
+}
+
+/// What a process asks for on one of its devices.
+#[derive(Debug, Clone)]
+pub struct DeviceAsk {
+    /// The device's UUID (must be one the monitor registered from NVML).
+    pub uuid: String,
+    /// Slice name and settings.
+    pub req: SliceRequest,
+}
+
+/// One device of an admitted process.
+#[derive(Debug, Clone)]
+pub struct AdmittedDevice {
+    /// The UUID asked for.
+    pub uuid: String,
+    /// Ledger device index.
+    pub device: usize,
+    /// Slice record joined.
+    pub slice: usize,
+    /// The region its allocations are charged in (`region_key`).
+    pub key: u32,
+    /// Quota (`None`: best effort).
+    pub memory_limit: Option<u64>,
+    /// Best effort: the pool (of this uid on this device) it charges into.
+    pub pool: Option<usize>,
+    /// Lines for the user.
+    pub warnings: Vec<String>,
+}
+
+/// An admitted process.
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    /// Its policy record.
+    pub slot: usize,
+    /// Per device asked for, in order.
+    pub devices: Vec<AdmittedDevice>,
+}
+
+/// The monitor's regions, by key (a slice index, or a pool's account `POOL_ACCOUNT_BASE + i`).
+pub trait Regions: Send + Sync {
+    /// The region of `key`, if the monitor has one.
+    fn get(&self, key: u32) -> Option<Arc<Region>>;
+}
+
+/// The region key of account `account` (a `ProcDevice::account`) on device `d`.
+pub fn region_key(account: u32, _d: usize) -> Option<u32> {
+    match account {
+        a if (a as usize) < MAX_SLICES => Some(a),
+        a if (POOL_ACCOUNT_BASE..POOL_ACCOUNT_BASE + MAX_POOLS as u32).contains(&a) => Some(a),
+        _ => None,
+    }
+}
+
+/// How a wrapped process found the ledger.
+pub enum Opened {
+    /// A personal ledger, mapped read-write: the process admits itself.
+    Personal(Ledger),
+    /// A node policy, mapped read-only: the process asks the monitor.
+    Node(Ledger),
+}
+
+impl Ledger {
+    /// Whether this is a node policy.
+    pub fn is_node(&self) -> bool {
+        self.header().mode.load(SeqCst) == MODE_NODE
+    }
+
+    /// What a wrapped process opens: in its own directory a personal ledger (created when
+    /// missing) or, if the directory holds the node policy, that policy read-only; in root's
+    /// directory the node policy, read-only (never creating anything).
+    pub fn open_for_process(dir: &Path) -> Result<Opened, LedgerError> {
+        let d = RuntimeDir::open_or_create(dir)?;
+        if d.owner() == Owner::Caller {
+            let l = match Ledger::open_in(d, true) {
+                Err(LedgerError::NotFound(_)) => Ledger::open_or_create(dir)?,
+                other => other?,
+            };
+            if !l.is_node() {
+                return Ok(Opened::Personal(l));
+            }
+            return Ok(Opened::Node(Ledger::open_in(
+                RuntimeDir::open(dir)?,
+                false,
+            )?));
+        }
+        let l = match Ledger::open_in(d, false) {
+            Err(LedgerError::NotFound(p)) => {
+                return Err(LedgerError::Monitor(format!(
+                    "{} holds no node policy yet: the node's monitor is not running (ask the \
+                     operator to start `gpuslice monitor` as root)",
+                    p.display()
+                )))
+            }
+            Err(LedgerError::Io { source, path, .. })
+                if source.raw_os_error() == Some(libc::EACCES) =>
+            {
+                return Err(LedgerError::Monitor(format!(
+                    "{} is root's personal ledger, not a node policy: on a shared node start \
+                     the monitor with `gpuslice monitor --mode node`; or set \
+                     GPUSLICE_RUNTIME_DIR to a directory of your own",
+                    path.display()
+                )))
+            }
+            other => other?,
+        };
+        if !l.is_node() {
+            return Err(LedgerError::Monitor(format!(
+                "{} is not a node policy; set GPUSLICE_RUNTIME_DIR to a directory of your own",
+                l.path().display()
+            )));
+        }
+        Ok(Opened::Node(l))
+    }
+
+    /// Open or create the node policy in `dir` (the root monitor, `--mode node`). Refuses a
+    /// directory root does not own and a personal ledger found there.
+    pub fn open_or_create_node(dir: &Path) -> Result<Ledger, LedgerError> {
+        if crate::dir::euid() != 0 {
+            return Err(LedgerError::Monitor(
+                "node mode needs root: the policy must be a file tenants cannot write".into(),
+            ));
+        }
+        let d = RuntimeDir::open_or_create(dir)?;
+        let m = file::open_or_create(&d, 0o644, MODE_NODE)?;
+        let l = Ledger::from_parts(m, d);
+        if !l.is_node() {
+            return Err(LedgerError::Monitor(format!(
+                "{} is a personal ledger; stop the processes using it and remove it before \
+                 starting the node's monitor there",
+                l.path().display()
+            )));
+        }
+        Ok(l)
+    }
+
+    /// Admit a process: claim a policy record for `peer`, join (or create) its slice on every
+    /// device it asked for, with admission control and the per-uid bounds. Monitor only.
+    pub fn admit(
+        &self,
+        peer: &Peer,
+        display_name: &str,
+        asks: &[DeviceAsk],
+        limits: &Limits,
+    ) -> Result<Admitted, LedgerError> {
+        let _g = self.lock()?;
+        let procs = self.procs();
+        let mine = procs
+            .iter()
+            .filter(|p| p.state.load(SeqCst) != STATE_FREE && p.uid.load(SeqCst) == peer.uid)
+            .count();
+        if mine >= limits.procs_per_uid {
+            return Err(LedgerError::Monitor(format!(
+                "uid {} already holds {mine} of the node's process records, its limit (the \
+                 operator sets it with `gpuslice monitor --max-procs-per-user`)",
+                peer.uid
+            )));
+        }
+        // One record per process: asking again cannot multiply its slots.
+        if procs.iter().any(|p| {
+            p.state.load(SeqCst) == STATE_ACTIVE
+                && p.host_pid.load(SeqCst) == peer.host_pid
+                && p.start_time.load(SeqCst) == peer.start_time
+        }) {
+            return Err(LedgerError::Monitor(format!(
+                "pid {} is admitted already (one record per process)",
+                peer.nspid
+            )));
+        }
+        let slot = procs
+            .iter()
+            .position(|p| p.state.load(SeqCst) == STATE_FREE)
+            .ok_or_else(|| self.procs_full())?;
+        let p = &procs[slot];
+        p.pid.store(peer.nspid, SeqCst);
+        p.host_pid.store(peer.host_pid, SeqCst);
+        p.uid.store(peer.uid, SeqCst);
+        p.start_time.store(peer.start_time, SeqCst);
+        // SAFETY: under the lock, record not yet published.
+        unsafe { p.slice_name.set(display_name) };
+        for pd in &p.devices {
+            pd.slice.store(ACCOUNT_NONE, SeqCst);
+            pd.account.store(ACCOUNT_NONE, SeqCst);
+            pd.charged.store(0, SeqCst);
+        }
+        p.state.store(STATE_ACTIVE, SeqCst);
+        let h = ProcHandle { slot };
+        let mut out = Admitted {
+            slot,
+            devices: vec![],
+        };
+        let result = (|| {
+            for ask in asks {
+                let dev = self
+                    .find_device(&ask.uuid)
+                    .filter(|_| !ask.uuid.bytes().all(|b| b.is_ascii_digit()))
+                    .ok_or_else(|| {
+                        LedgerError::Monitor(format!(
+                            "device {:?} is not one the node's monitor knows (NVML did not list \
+                             it)",
+                            ask.uuid
+                        ))
+                    })?;
+                let owned = self
+                    .slices()
+                    .iter()
+                    .filter(|s| {
+                        s.state.load(SeqCst) == STATE_ACTIVE && s.owner_uid.load(SeqCst) == peer.uid
+                    })
+                    .count();
+                let creates = ask.req.name.is_none()
+                    || !self.slices().iter().any(|s| {
+                        s.state.load(SeqCst) == STATE_ACTIVE
+                            && s.private.load(SeqCst) == 0
+                            && s.device.load(SeqCst) as usize == dev
+                            && Some(s.name.get()) == ask.req.name
+                    });
+                if creates && owned >= limits.slices_per_uid {
+                    return Err(LedgerError::Monitor(format!(
+                        "uid {} already owns {owned} of the node's slice records, its limit \
+                         (the operator sets it with `gpuslice monitor --max-slices-per-user`)",
+                        peer.uid
+                    )));
+                }
+                let j = self.join_locked(h, dev, &ask.req, peer.nspid, peer.uid)?;
+                let pool = if j.memory_limit.is_none() {
+                    let i = self.pool_for_locked(dev, peer.uid)?;
+                    p.devices[dev]
+                        .account
+                        .store(POOL_ACCOUNT_BASE + i as u32, SeqCst);
+                    self.pools()[i].members.fetch_add(1, SeqCst);
+                    Some(i)
+                } else {
+                    None
+                };
+                let account = p.devices[dev].account.load(SeqCst);
+                let key = region_key(account, dev).ok_or(LedgerError::Corrupt("account"))?;
+                out.devices.push(AdmittedDevice {
+                    uuid: ask.uuid.clone(),
+                    device: dev,
+                    slice: j.slice,
+                    key,
+                    memory_limit: j.memory_limit,
+                    pool,
+                    warnings: j.warnings,
+                });
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            self.release_locked(slot);
+            return Err(e);
+        }
+        for d in &out.devices {
+            if d.pool.is_some() {
+                self.rebalance_pools_locked(d.device);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The best-effort pool of `uid` on `device`, made if missing; caller holds the lock.
+    fn pool_for_locked(&self, device: usize, uid: u32) -> Result<usize, LedgerError> {
+        let pools = self.pools();
+        if let Some(i) = pools.iter().position(|p| {
+            p.state.load(SeqCst) == STATE_ACTIVE
+                && p.device.load(SeqCst) as usize == device
+                && p.uid.load(SeqCst) == uid
+        }) {
+            return Ok(i);
+        }
+        let i = pools
+            .iter()
+            .position(|p| p.state.load(SeqCst) == STATE_FREE)
+            .ok_or(LedgerError::TableFull {
+                table: "best-effort pool",
+                size: MAX_POOLS,
+                holders: "one per user and device with best-effort processes".into(),
+            })?;
+        let p = &pools[i];
+        p.device.store(device as u32, SeqCst);
+        p.uid.store(uid, SeqCst);
+        p.members.store(0, SeqCst);
+        p.grant.store(0, SeqCst);
+        p.used.store(0, SeqCst);
+        p.state.store(STATE_ACTIVE, SeqCst);
+        Ok(i)
+    }
+
+    /// A process charged to pool account `a` left: free the pool with its last member.
+    fn leave_pool_locked(&self, a: u32) {
+        let Some(p) = a
+            .checked_sub(POOL_ACCOUNT_BASE)
+            .and_then(|i| self.pools().get(i as usize))
+        else {
+            return;
+        };
+        let left = p
+            .members
+            .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
+            .unwrap_or(0)
+            .saturating_sub(1);
+        if left == 0 {
+            p.state.store(STATE_FREE, SeqCst);
+            p.grant.store(0, SeqCst);
+        }
+    }
+
+    /// Split what no slice reserved on `device` among its best-effort pools (max-min fair):
+    /// a pool holding more than an equal share keeps what it holds and cannot grow; the others
+    /// keep theirs and share the rest equally. A pool's counter is hostile (its own processes
+    /// write it), so what it is taken to hold is clamped to the grant it had: lying high keeps
+    /// a pool at most where it was, never above; lying low is a bypass (the device totals show
+    /// it). Grants are stored first, then the counters read again: a charge racing a lowered
+    /// grant is either seen here (and covered, up to the old grant) or sees the new grant and
+    /// undoes itself (`account.rs`). Monitor only (needs its regions); caller holds the lock.
+    pub(crate) fn rebalance_pools_locked(&self, device: usize) {
+        let Some(regions) = self.regions() else {
+            return;
+        };
+        let Some(d) = self.devices().get(device) else {
+            return;
+        };
+        let unreserved = d
+            .memory_total
+            .load(SeqCst)
+            .saturating_sub(d.memory_reserved.load(SeqCst));
+        // A pool just admitted has no region yet (the socket makes it next): it holds nothing.
+        let mine: Vec<(usize, Option<Arc<Region>>)> = self
+            .pools()
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                p.state.load(SeqCst) == STATE_ACTIVE && p.device.load(SeqCst) as usize == device
+            })
+            .map(|(i, _)| (i, regions.get(POOL_ACCOUNT_BASE + i as u32)))
+            .collect();
+        let counter = |r: &Option<Arc<Region>>| {
+            r.as_ref()
+                .map_or(0, |r| r.header().memory_used.load(SeqCst))
+        };
+        if mine.is_empty() {
+            return;
+        }
+        let old: Vec<u64> = mine
+            .iter()
+            .map(|(i, _)| self.pools()[*i].grant.load(SeqCst))
+            .collect();
+        let held: Vec<u64> = mine
+            .iter()
+            .zip(&old)
+            .map(|((_, r), &g)| counter(r).min(g).min(unreserved))
+            .collect();
+        let fair = unreserved / mine.len() as u64;
+        let over: u64 = held
+            .iter()
+            .filter(|&&h| h > fair)
+            .fold(0, |a, &h| a.saturating_add(h));
+        let under_held: u64 = held
+            .iter()
+            .filter(|&&h| h <= fair)
+            .fold(0, |a, &h| a.saturating_add(h));
+        let under_n = held.iter().filter(|&&h| h <= fair).count().max(1) as u64;
+        let spare = unreserved.saturating_sub(over).saturating_sub(under_held) / under_n;
+        let grants: Vec<u64> = held
+            .iter()
+            .map(|&h| if h > fair { h } else { h.saturating_add(spare) })
+            .collect();
+        for ((i, _), g) in mine.iter().zip(&grants) {
+            self.pools()[*i].grant.store(*g, SeqCst);
+        }
+        for (((i, r), &g), &o) in mine.iter().zip(&grants).zip(&old) {
+            let p = &self.pools()[*i];
+            let now = counter(r);
+            // A charge that raced the lowering succeeded against the old grant at most.
+            let covered = now.min(o.max(g));
+            if covered > g {
+                p.grant.store(covered, SeqCst);
+            }
+            p.used.store(covered.min(o.max(g)), SeqCst);
+        }
+    }
+
+    /// The monitor's tick: rebalance every device's best-effort pools.
+    pub fn rebalance_pools(&self) -> Result<(), LedgerError> {
+        let _g = self.lock()?;
+        for d in 0..MAX_DEVICES {
+            self.rebalance_pools_locked(d);
+        }
+        Ok(())
+    }
+
+    /// Undo an admission that failed half-way (nothing was charged yet).
+    fn release_locked(&self, slot: usize) {
+        let p = &self.procs()[slot];
+        for pd in &p.devices {
+            self.leave_pool_locked(pd.account.load(SeqCst));
+            let s = pd.slice.load(SeqCst);
+            pd.slice.store(ACCOUNT_NONE, SeqCst);
+            pd.account.store(ACCOUNT_NONE, SeqCst);
+            if let Some(sl) = self.slices().get(s as usize) {
+                let left = sl
+                    .attached
+                    .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
+                    .unwrap_or(0)
+                    .saturating_sub(1);
+                if left == 0 && sl.operator_defined.load(SeqCst) == 0 {
+                    self.free_slice_pub(s as usize);
+                }
+            }
+        }
+        p.pid.store(0, SeqCst);
+        p.state.store(STATE_FREE, SeqCst);
+    }
+
+    /// Node mode: find processes the monitor's liveness check says are gone (`alive`), return
+    /// what they held to their slices' regions, free their records and the slices they leave
+    /// empty. Every word read from a region is hostile: counts saturate, nothing is indexed
+    /// with it.
+    pub fn reap_node(
+        &self,
+        alive: &dyn Fn(&Proc) -> bool,
+        regions: &dyn Regions,
+    ) -> Result<Reaped, LedgerError> {
+        let _g = self.lock()?;
+        let mut out = Reaped::default();
+        let procs = self.procs();
+        for p in procs {
+            if p.state.load(SeqCst) == STATE_ACTIVE && !alive(p) {
+                p.state.store(STATE_DYING, SeqCst);
+            }
+        }
+        let dying: Vec<usize> = (0..MAX_PROCS)
+            .filter(|&i| procs[i].state.load(SeqCst) == STATE_DYING)
+            .collect();
+        if dying.is_empty() {
+            return Ok(out);
+        }
+        let mut keys: Vec<(usize, u32, u32)> = vec![]; // (device, account, region key)
+        for &i in &dying {
+            for (d, pd) in procs[i].devices.iter().enumerate() {
+                let a = pd.account.load(SeqCst);
+                if let Some(k) = region_key(a, d) {
+                    if !keys.iter().any(|x| x.2 == k) {
+                        keys.push((d, a, k));
+                    }
+                }
+            }
+        }
+        let mut unresolved: Vec<u32> = vec![];
+        for &(d, a, k) in &keys {
+            let Some(r) = regions.get(k) else {
+                continue; // no region: nothing was ever charged there
+            };
+            let live: Vec<Member<'_>> = procs
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| {
+                    p.state.load(SeqCst) == STATE_ACTIVE && p.devices[d].account.load(SeqCst) == a
+                })
+                .filter_map(|(i, _)| r.proc_(i))
+                .map(|rp| Member {
+                    begun: &rp.ops_begun,
+                    ended: &rp.ops_ended,
+                    charged: &rp.charged,
+                })
+                .collect();
+            let h = r.header();
+            match dead_part(&h.memory_used.0, &h.reaping, &live) {
+                Some(n) => {
+                    let _ = h
+                        .memory_used
+                        .0
+                        .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(n)));
+                    out.bytes_returned = out.bytes_returned.saturating_add(n);
+                }
+                None => unresolved.push(k),
+            }
+        }
+        for &i in &dying {
+            let p = &procs[i];
+            let keys_of = |d: usize, pd: &ProcDevice| region_key(pd.account.load(SeqCst), d);
+            if p.devices
+                .iter()
+                .enumerate()
+                .any(|(d, pd)| keys_of(d, pd).is_some_and(|k| unresolved.contains(&k)))
+            {
+                continue; // retried at the next reap
+            }
+            let mut bytes = 0u64;
+            for (d, pd) in p.devices.iter().enumerate() {
+                if let Some(rp) = keys_of(d, pd).and_then(|k| regions.get(k)) {
+                    if let Some(w) = rp.proc_(i) {
+                        bytes = bytes.saturating_add(w.charged.swap(0, SeqCst));
+                        w.ops_begun.store(0, SeqCst);
+                        w.ops_ended.store(0, SeqCst);
+                    }
+                }
+            }
+            out.processes.push(ReapedProc {
+                pid: p.pid.load(SeqCst),
+                bytes,
+            });
+            for pd in &p.devices {
+                let s = pd.slice.load(SeqCst);
+                self.leave_pool_locked(pd.account.load(SeqCst));
+                pd.account.store(ACCOUNT_NONE, SeqCst);
+                pd.slice.store(ACCOUNT_NONE, SeqCst);
+                pd.charged.store(0, SeqCst);
+                let Some(sl) = self.slices().get(s as usize) else {
+                    continue;
+                };
+                let left = sl
+                    .attached
+                    .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
+                    .unwrap_or(0)
+                    .saturating_sub(1);
+                if left == 0
+                    && sl.operator_defined.load(SeqCst) == 0
+                    && sl.state.load(SeqCst) == STATE_ACTIVE
+                {
+                    out.slices_removed.push(sl.name.get());
+                    self.free_slice_pub(s as usize);
+                }
+            }
+            p.pid.store(0, SeqCst);
+            p.state.store(STATE_FREE, SeqCst);
+        }
+        Ok(out)
+    }
+
+    /// Node mode: copy what the regions say into the policy's usage words, so every reader of
+    /// the policy (`status`, `metrics`, the audit, NVML-only processes) sees it, at most one
+    /// monitor tick old. Region values are clamped for display; nothing else depends on them.
+    pub fn mirror_usage(&self, regions: &dyn Regions) {
+        if !self.writable() {
+            return;
+        }
+        for (si, s) in self.slices().iter().enumerate() {
+            if s.state.load(SeqCst) != STATE_ACTIVE || s.memory_limit.load(SeqCst) == NO_LIMIT {
+                continue;
+            }
+            if let Some(r) = regions.get(si as u32) {
+                let h = r.header();
+                s.memory_used.0.store(h.memory_used.load(SeqCst), SeqCst);
+                s.alloc_total.store(h.alloc_total.load(SeqCst), SeqCst);
+                s.alloc_denied_total
+                    .store(h.alloc_denied_total.load(SeqCst), SeqCst);
+            }
+        }
+        for (d, dev) in self.devices().iter().enumerate() {
+            if dev.state.load(SeqCst) != STATE_ACTIVE {
+                continue;
+            }
+            let mut sum = 0u64;
+            for (i, p) in self.pools().iter().enumerate() {
+                if p.state.load(SeqCst) != STATE_ACTIVE || p.device.load(SeqCst) as usize != d {
+                    continue;
+                }
+                let used = regions
+                    .get(POOL_ACCOUNT_BASE + i as u32)
+                    .map_or(0, |r| r.header().memory_used.load(SeqCst));
+                p.used.store(used, SeqCst);
+                sum = sum.saturating_add(used);
+            }
+            dev.best_effort_used.store(sum, SeqCst);
+        }
+        for (i, p) in self.procs().iter().enumerate() {
+            if p.state.load(SeqCst) == STATE_FREE {
+                continue;
+            }
+            for (d, pd) in p.devices.iter().enumerate() {
+                let v = region_key(pd.account.load(SeqCst), d)
+                    .and_then(|k| regions.get(k))
+                    .and_then(|r| r.proc_(i).map(|w| w.charged.load(SeqCst)))
+                    .unwrap_or(0);
+                pd.charged.store(v, SeqCst);
+            }
+        }
+    }
+}

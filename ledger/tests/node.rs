@@ -1,0 +1,232 @@
+//! Node mode's cold paths through the ledger API (what the monitor runs for its socket):
+//! admission with per-user bounds, one record per process, reaping by the monitor's own
+//! liveness, and the best-effort pools' grants. Creating a node policy needs root; without it
+//! these tests print why and pass vacuously (CI runs as root).
+
+use gpuslice_ledger::layout::{POOL_ACCOUNT_BASE, STATE_ACTIVE};
+use gpuslice_ledger::node::{DeviceAsk, Limits, Peer, Regions};
+use gpuslice_ledger::region::Region;
+use gpuslice_ledger::{Account, Ledger, SliceRequest, PPM};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex};
+
+const GI: u64 = 1 << 30;
+const UUID: &str = "GPU-00000000-0000-0000-0000-00000000000a";
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[derive(Default)]
+struct Table(Mutex<HashMap<u32, Arc<Region>>>);
+
+impl Regions for Table {
+    fn get(&self, key: u32) -> Option<Arc<Region>> {
+        self.0.lock().unwrap().get(&key).cloned()
+    }
+}
+
+impl Table {
+    fn make(&self, key: u32) -> Arc<Region> {
+        let r = Arc::new(Region::create(key, 0).unwrap());
+        self.0.lock().unwrap().insert(key, r.clone());
+        r
+    }
+}
+
+fn node(tag: &str) -> Option<(Ledger, Arc<Table>, PathBuf)> {
+    if !is_root() {
+        println!("skipped: a node policy needs root");
+        return None;
+    }
+    let d = std::env::temp_dir().join(format!("gpuslice-node-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    let l = Ledger::open_or_create_node(&d).unwrap();
+    l.ensure_device(UUID, "Fake", 16 * GI).unwrap();
+    let t = Arc::new(Table::default());
+    l.set_regions(t.clone());
+    Some((l, t, d))
+}
+
+fn ask(name: Option<&str>, memory: Option<u64>) -> Vec<DeviceAsk> {
+    vec![DeviceAsk {
+        uuid: UUID.into(),
+        req: SliceRequest {
+            name: name.map(Into::into),
+            memory,
+            compute_share_ppm: 0,
+            compute_cap_ppm: PPM,
+            memory_setting: "GPUSLICE_MEMORY".into(),
+            compute_setting: "GPUSLICE_COMPUTE".into(),
+        },
+    }]
+}
+
+fn peer(pid: u32, uid: u32) -> Peer {
+    Peer {
+        host_pid: pid,
+        nspid: pid,
+        uid,
+        start_time: 1000 + pid as u64,
+    }
+}
+
+#[test]
+fn admission_bounds_and_one_record_per_process() {
+    let Some((l, _t, d)) = node("bounds") else {
+        return;
+    };
+    assert!(l.is_node());
+    let limits = Limits {
+        procs_per_uid: 2,
+        slices_per_uid: 8,
+    };
+    l.admit(&peer(10, 1000), "", &ask(Some("a"), Some(GI)), &limits)
+        .unwrap();
+    let e = l
+        .admit(&peer(10, 1000), "", &ask(Some("a"), Some(GI)), &limits)
+        .unwrap_err();
+    assert!(e.to_string().contains("admitted already"), "{e}");
+    l.admit(&peer(11, 1000), "", &ask(Some("a"), None), &limits)
+        .unwrap();
+    let e = l
+        .admit(&peer(12, 1000), "", &ask(Some("a"), None), &limits)
+        .unwrap_err();
+    assert!(e.to_string().contains("its limit"), "{e}");
+    // Another user: not blocked by the first, and cannot join the first's slice.
+    let e = l
+        .admit(&peer(20, 2000), "", &ask(Some("a"), None), &limits)
+        .unwrap_err();
+    assert!(e.to_string().contains("belongs to uid 1000"), "{e}");
+    l.admit(&peer(20, 2000), "", &ask(Some("b"), Some(GI)), &limits)
+        .unwrap();
+    // An unknown device is refused, not registered.
+    let mut bad = ask(None, None);
+    bad[0].uuid = "GPU-ffffffff-0000-0000-0000-000000000000".into();
+    let e = l.admit(&peer(21, 2000), "", &bad, &limits).unwrap_err();
+    assert!(
+        e.to_string().contains("not one the node's monitor knows"),
+        "{e}"
+    );
+    drop(l);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn the_monitor_reaps_by_its_own_liveness_into_the_regions() {
+    let Some((l, t, d)) = node("reap") else {
+        return;
+    };
+    let lim = Limits::default();
+    let a = l
+        .admit(&peer(30, 1000), "", &ask(Some("s"), Some(4 * GI)), &lim)
+        .unwrap();
+    let b = l
+        .admit(&peer(31, 1000), "", &ask(Some("s"), Some(4 * GI)), &lim)
+        .unwrap();
+    let key = a.devices[0].key;
+    let r = t.make(key);
+    let dev = &l.devices()[a.devices[0].device];
+    let slice = &l.slices()[a.devices[0].slice];
+    let acc_a = Account::in_region(dev, Some(slice), &r, a.slot).unwrap();
+    let acc_b = Account::in_region(dev, Some(slice), &r, b.slot).unwrap();
+    assert!(acc_a.try_charge(3 * GI));
+    assert!(
+        !acc_b.try_charge(2 * GI),
+        "the slice's quota holds across its processes"
+    );
+    assert!(acc_b.try_charge(GI));
+    // a dies (the monitor's check says so): its 3 GiB come back, b's stay.
+    let dead = a.slot;
+    let rp = l
+        .reap_node(
+            &|p| p.host_pid.load(SeqCst) != 30 || p.state.load(SeqCst) != STATE_ACTIVE,
+            t.as_ref(),
+        )
+        .unwrap();
+    assert_eq!(rp.bytes_returned, 3 * GI);
+    assert_eq!(r.header().memory_used.load(SeqCst), GI);
+    assert_eq!(r.proc_(dead).unwrap().charged.load(SeqCst), 0);
+    l.mirror_usage(t.as_ref());
+    let snap = l.snapshot();
+    assert_eq!(snap.slices[0].memory_used, GI);
+    drop(l);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn best_effort_grants_are_fair_and_a_liar_keeps_at_most_its_grant() {
+    let Some((l, t, d)) = node("pools") else {
+        return;
+    };
+    let lim = Limits::default();
+    let a = l
+        .admit(&peer(40, 1000), "", &ask(None, None), &lim)
+        .unwrap();
+    let pa = a.devices[0].pool.unwrap();
+    let ra = t.make(POOL_ACCOUNT_BASE + pa as u32);
+    l.rebalance_pools().unwrap();
+    assert_eq!(
+        l.pools()[pa].grant.load(SeqCst),
+        16 * GI,
+        "alone: everything unreserved"
+    );
+    let acc_a = Account::in_pool(&l.pools()[pa], &ra, a.slot).unwrap();
+    assert!(acc_a.try_charge(4 * GI));
+    let b = l
+        .admit(&peer(41, 2000), "", &ask(None, None), &lim)
+        .unwrap();
+    let pb = b.devices[0].pool.unwrap();
+    assert_ne!(pa, pb, "one pool per user");
+    let rb = t.make(POOL_ACCOUNT_BASE + pb as u32);
+    l.rebalance_pools().unwrap();
+    let (ga, gb) = (
+        l.pools()[pa].grant.load(SeqCst),
+        l.pools()[pb].grant.load(SeqCst),
+    );
+    assert_eq!(
+        (ga, gb),
+        (10 * GI, 6 * GI),
+        "each keeps what it holds, the rest is shared"
+    );
+    // b lies: its counter says it holds everything. It keeps at most its grant, a still grows.
+    rb.header().memory_used.store(u64::MAX, SeqCst);
+    for _ in 0..5 {
+        l.rebalance_pools().unwrap();
+    }
+    let (ga, gb) = (
+        l.pools()[pa].grant.load(SeqCst),
+        l.pools()[pb].grant.load(SeqCst),
+    );
+    assert!(
+        gb <= 9 * GI && ga >= 7 * GI && ga + gb <= 16 * GI,
+        "{ga} {gb}"
+    );
+    assert!(acc_a.try_charge(2 * GI), "a's best effort is not starved");
+    // A quota slice counts each pool for at most its grant: admitted while it fits.
+    let held = |p: usize, r: &Region| {
+        r.header()
+            .memory_used
+            .load(SeqCst)
+            .min(l.pools()[p].grant.load(SeqCst))
+    };
+    let before = held(pa, &ra) + held(pb, &rb);
+    assert!(before <= 15 * GI, "{before}");
+    l.admit(&peer(42, 3000), "", &ask(Some("q"), Some(GI)), &lim)
+        .expect("1 GiB fits beside what the pools may hold");
+    let grants = l.pools()[pa].grant.load(SeqCst) + l.pools()[pb].grant.load(SeqCst);
+    assert!(
+        grants <= 15 * GI,
+        "grants lowered to the new reservation: {grants}"
+    );
+    // A quota that does not fit beside the pools is refused, naming what is available.
+    let e = l
+        .admit(&peer(43, 3000), "", &ask(Some("big"), Some(8 * GI)), &lim)
+        .unwrap_err();
+    assert!(e.to_string().contains("requested 8 GiB"), "{e}");
+    drop(l);
+    std::fs::remove_dir_all(&d).unwrap();
+}

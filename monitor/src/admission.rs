@@ -1,0 +1,484 @@
+//! Node mode: the monitor's admission socket (`monitor.sock`) and the slice regions it hands
+//! out (docs/security.md).
+//!
+//! One thread accepts; each connection gets its own short-lived thread (at most
+//! [`MAX_CONNECTIONS`] at once, [`MAX_PER_UID`] per uid, each with a [`IO_TIMEOUT`] deadline),
+//! so a slow or silent client delays nobody else. Who asks is what the kernel says
+//! (`SO_PEERCRED`: pid and uid); the pid's start time and `NSpid` come from `/proc`, read by
+//! the monitor; nothing the client claims about itself is used for identity.
+//!
+//! Requests (see `gpuslice_ledger::protocol`): `admit` (a shim at `cuInit`), `slice-create`,
+//! `slice-rm`, `slice-priority` (the operator CLI: root, or a member of the operator group),
+//! `view` (a read-only descriptor of one slice's region, for the slice's own uid or root).
+
+use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
+use gpuslice_ledger::node::{region_key, DeviceAsk, Limits, Peer, Regions};
+use gpuslice_ledger::protocol::{self, Message, SOCKET_FILE};
+use gpuslice_ledger::region::Region;
+use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceRequest};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Connections served at once; more are closed at once (the client retries).
+pub const MAX_CONNECTIONS: usize = 64;
+/// Connections one uid may have open at once.
+pub const MAX_PER_UID: usize = 8;
+/// Deadline of every read and write on a connection.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The monitor's regions, by key.
+#[derive(Default)]
+pub struct RegionTable {
+    map: Mutex<HashMap<u32, Arc<Region>>>,
+}
+
+impl Regions for RegionTable {
+    fn get(&self, key: u32) -> Option<Arc<Region>> {
+        self.map.lock().ok()?.get(&key).cloned()
+    }
+}
+
+impl RegionTable {
+    /// The region of `key`, recovered from a live member (after a monitor restart) or created.
+    fn get_or_make(&self, ledger: &Ledger, key: u32) -> Result<Arc<Region>, LedgerError> {
+        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = m.get(&key) {
+            return Ok(r.clone());
+        }
+        let r = Arc::new(match recover(ledger, key) {
+            Some(r) => r,
+            None => Region::create(key, ledger.header().generation.load(SeqCst))?,
+        });
+        m.insert(key, r.clone());
+        Ok(r)
+    }
+
+    /// Make a region for `key` (tests).
+    #[cfg(test)]
+    pub fn make_for_test(&self, key: u32) -> Arc<Region> {
+        let r = Arc::new(Region::create(key, 0).unwrap());
+        self.map.lock().unwrap().insert(key, r.clone());
+        r
+    }
+
+    /// Drop the regions of slices that no longer exist (best-effort pools stay).
+    pub fn retain_live(&self, ledger: &Ledger) {
+        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|&k, _| match ledger.slices().get(k as usize) {
+            Some(s) => s.state.load(SeqCst) != STATE_FREE,
+            None => k
+                .checked_sub(gpuslice_ledger::layout::POOL_ACCOUNT_BASE)
+                .and_then(|i| ledger.pools().get(i as usize))
+                .is_some_and(|p| p.state.load(SeqCst) != STATE_FREE),
+        });
+    }
+
+    /// After a restart: find every region live processes still hold, so reaping and usage go
+    /// on where they were.
+    pub fn recover_all(&self, ledger: &Ledger) -> usize {
+        let mut keys = vec![];
+        for p in ledger.procs() {
+            if p.state.load(SeqCst) != STATE_ACTIVE {
+                continue;
+            }
+            for (d, pd) in p.devices.iter().enumerate() {
+                if let Some(k) = region_key(pd.account.load(SeqCst), d) {
+                    if !keys.contains(&k) {
+                        keys.push(k);
+                    }
+                }
+            }
+        }
+        let mut n = 0;
+        for k in keys {
+            if let Some(r) = recover(ledger, k) {
+                self.map
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(k, Arc::new(r));
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// Reopen the region of `key` through `/proc/<pid>/fd` of a live process the policy says is
+/// charged there (a region has no path; its members hold it). Only members are asked, so a
+/// process can offer a forged region only for a slice it belongs to.
+fn recover(ledger: &Ledger, key: u32) -> Option<Region> {
+    for p in ledger.procs() {
+        if p.state.load(SeqCst) != STATE_ACTIVE {
+            continue;
+        }
+        let member = p
+            .devices
+            .iter()
+            .enumerate()
+            .any(|(d, pd)| region_key(pd.account.load(SeqCst), d) == Some(key));
+        if !member {
+            continue;
+        }
+        let pid = p.host_pid.load(SeqCst);
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for e in fds.flatten() {
+            let Ok(target) = std::fs::read_link(e.path()) else {
+                continue;
+            };
+            if !target
+                .to_string_lossy()
+                .starts_with("/memfd:gpuslice-region")
+            {
+                continue;
+            }
+            let Ok(f) = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(e.path())
+            else {
+                continue;
+            };
+            if let Ok(r) = Region::from_fd(OwnedFd::from(f), true) {
+                if r.header().key == key {
+                    return Some(r);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// What the socket thread needs.
+pub struct Server {
+    pub ledger: Arc<Ledger>,
+    pub regions: Arc<RegionTable>,
+    pub limits: Limits,
+    /// gid of the operator group, if it exists.
+    pub operator_gid: Option<u32>,
+}
+
+/// Bind `monitor.sock` in the (checked, root-owned) runtime directory, mode 0666.
+pub fn bind(ledger: &Ledger) -> Result<OwnedFd, String> {
+    let dirfd = ledger.dir().fd();
+    let _ = ledger.dir().unlink(SOCKET_FILE);
+    // SAFETY: constants.
+    let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if s < 0 {
+        return Err(format!(
+            "cannot create the admission socket: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: just created, ours.
+    let s = unsafe { OwnedFd::from_raw_fd(s) };
+    let path = format!("/proc/self/fd/{dirfd}/{SOCKET_FILE}");
+    let addr = protocol::unix_addr(&path).map_err(|e| e.to_string())?;
+    // SAFETY: valid socket and address.
+    let r = unsafe {
+        libc::bind(
+            s.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            size_of::<libc::sockaddr_un>() as u32,
+        )
+    };
+    let name = std::ffi::CString::new(SOCKET_FILE).expect("no NUL");
+    // SAFETY: valid socket; valid dirfd and name (fchmodat never follows: the name is the
+    // socket we just bound in a directory only root writes).
+    if r != 0
+        || unsafe { libc::fchmodat(dirfd, name.as_ptr(), 0o666, 0) } != 0
+        || unsafe { libc::listen(s.as_raw_fd(), 128) } != 0
+    {
+        return Err(format!(
+            "cannot serve {}: {}",
+            ledger.dir().path().join(SOCKET_FILE).display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(s)
+}
+
+/// Accept and serve connections until the process exits.
+pub fn serve(listener: OwnedFd, server: Arc<Server>) {
+    static OPEN: AtomicUsize = AtomicUsize::new(0);
+    let per_uid: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
+    loop {
+        // SAFETY: valid listening socket; null address out-parameters are allowed.
+        let c = unsafe {
+            libc::accept4(
+                listener.as_raw_fd(),
+                core::ptr::null_mut(),
+                core::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if c < 0 {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        // SAFETY: accepted, ours.
+        let c = unsafe { OwnedFd::from_raw_fd(c) };
+        let Some((pid, uid, _)) = protocol::peer(c.as_raw_fd()) else {
+            continue;
+        };
+        if OPEN.load(SeqCst) >= MAX_CONNECTIONS {
+            continue; // dropped: the client retries
+        }
+        {
+            let mut m = per_uid.lock().unwrap_or_else(|e| e.into_inner());
+            let n = m.entry(uid).or_insert(0);
+            if *n >= MAX_PER_UID {
+                let _ = protocol::send(
+                    c.as_raw_fd(),
+                    &Message::new(
+                        "err",
+                        &format!("uid {uid} has {MAX_PER_UID} requests in flight already"),
+                    ),
+                    &[],
+                );
+                continue;
+            }
+            *n += 1;
+        }
+        OPEN.fetch_add(1, SeqCst);
+        let (server, per_uid) = (server.clone(), per_uid.clone());
+        let spawned = std::thread::Builder::new()
+            .name("admission".into())
+            .spawn(move || {
+                protocol::set_timeouts(c.as_raw_fd(), IO_TIMEOUT);
+                handle(&server, c.as_raw_fd(), pid, uid);
+                OPEN.fetch_sub(1, SeqCst);
+                if let Some(n) = per_uid
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_mut(&uid)
+                {
+                    *n = n.saturating_sub(1);
+                }
+            });
+        if spawned.is_err() {
+            OPEN.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+fn handle(server: &Server, sock: RawFd, pid: u32, uid: u32) {
+    let Ok(Some((req, _fds))) = protocol::recv(sock) else {
+        return;
+    };
+    let (reply, fds) = match answer(server, &req, pid, uid) {
+        Ok(x) => x,
+        Err(e) => (Message::new("err", &e), vec![]),
+    };
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let _ = protocol::send(sock, &reply, &raw);
+}
+
+/// The peer's identity as `/proc` shows it to the monitor.
+fn peer_of(pid: u32, uid: u32) -> Result<Peer, String> {
+    let start_time = gpuslice_ledger::start_time_of(&pid.to_string());
+    if start_time == 0 {
+        return Err(format!("cannot read /proc/{pid}: the process is gone"));
+    }
+    let nspid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|v| v.split_whitespace().last()?.parse().ok())
+        })
+        .unwrap_or(pid);
+    Ok(Peer {
+        host_pid: pid,
+        nspid,
+        uid,
+        start_time,
+    })
+}
+
+/// Whether `pid` (uid `uid`) may use the operator commands: root, or a member of the
+/// operator group (its primary or supplementary groups, from `/proc/<pid>/status`).
+fn is_operator(server: &Server, pid: u32, uid: u32) -> bool {
+    if uid == 0 {
+        return true;
+    }
+    let Some(gid) = server.operator_gid else {
+        return false;
+    };
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .is_some_and(|s| {
+            s.lines().any(|l| {
+                (l.starts_with("Groups:") || l.starts_with("Gid:"))
+                    && l.split_whitespace()
+                        .skip(1)
+                        .any(|g| g.parse::<u32>() == Ok(gid))
+            })
+        })
+}
+
+fn num<T: std::str::FromStr>(m: &Message, k: &str) -> Result<T, String> {
+    m.get(k)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("bad request: field {k:?} missing or not a number"))
+}
+
+type Answer = (Message, Vec<OwnedFd>);
+
+fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, String> {
+    let ledger = &server.ledger;
+    match req.get("op") {
+        Some("admit") => admit(server, req, pid, uid),
+        Some("ping") => Ok((Message::new("ok", &std::process::id().to_string()), vec![])),
+        Some(op @ ("slice-create" | "slice-rm" | "slice-priority")) => {
+            if !is_operator(server, pid, uid) {
+                return Err(format!(
+                    "permission denied: `gpuslice slice` changes the node's policy; only root or \
+                     members of the operator group ({}) may use it (you are uid {uid})",
+                    crate::daemon::operator_group_name()
+                ));
+            }
+            let name = req.get("name").unwrap_or("").to_string();
+            let done = match op {
+                "slice-create" => ledger
+                    .create_operator_slice(&OperatorSlice {
+                        name: name.clone(),
+                        device: req.get("device").unwrap_or("").into(),
+                        memory: num(req, "memory")?,
+                        compute_share_ppm: num::<u32>(req, "share")?.min(PPM),
+                        compute_cap_ppm: num::<u32>(req, "cap")?.min(PPM),
+                        claim: req
+                            .get("claim")
+                            .map(Into::into)
+                            .filter(|c: &String| !c.is_empty()),
+                    })
+                    .and_then(|_| match req.get("owner") {
+                        Some(u) => ledger.set_slice_owner(
+                            &name,
+                            req.get("device").unwrap_or(""),
+                            u.parse().map_err(|_| LedgerError::BadName(u.into()))?,
+                        ),
+                        None => Ok(1),
+                    }),
+                "slice-rm" => ledger.remove_slice(&name),
+                _ => ledger.set_slice_priority(&name, num(req, "priority")?),
+            }
+            .map_err(|e| e.to_string())?;
+            Ok((Message::new("ok", &done.to_string()), vec![]))
+        }
+        Some("view") => {
+            let si: usize = num(req, "slice")?;
+            let s = ledger
+                .slices()
+                .get(si)
+                .filter(|s| s.state.load(SeqCst) == STATE_ACTIVE)
+                .ok_or("no such slice")?;
+            let owner = s.owner_uid.load(SeqCst);
+            if uid != 0 && owner != uid {
+                return Err(format!("slice {si} is not yours (uid {uid})"));
+            }
+            let r = server
+                .regions
+                .get(si as u32)
+                .ok_or("that slice has no region yet")?;
+            // A read-only reopen: the receiver can map it, never write it.
+            let f = std::fs::File::open(format!("/proc/self/fd/{}", r.fd()))
+                .map_err(|e| format!("cannot reopen a region: {e}"))?;
+            Ok((Message::new("ok", "view"), vec![OwnedFd::from(f)]))
+        }
+        _ => Err("bad request: unknown op".into()),
+    }
+}
+
+fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, String> {
+    let peer = peer_of(pid, uid)?;
+    let name = req.get("slice").filter(|n| !n.is_empty()).map(String::from);
+    if let Some(n) = &name {
+        gpuslice_ledger::check_slice_name("GPUSLICE_SLICE", n).map_err(|e| e.to_string())?;
+    }
+    let mut asks = vec![];
+    for line in req.all("dev") {
+        let f: Vec<&str> = line.split('\t').collect();
+        let [uuid, memory, share, cap, mem_setting, cpu_setting] = f[..] else {
+            return Err("bad request: a dev line needs 6 fields".into());
+        };
+        let memory = match memory {
+            "-" => None,
+            m => Some(m.parse::<u64>().map_err(|_| "bad request: memory")?),
+        };
+        let share: u32 = share.parse().map_err(|_| "bad request: share")?;
+        let cap: u32 = cap.parse().map_err(|_| "bad request: cap")?;
+        if share > PPM || cap > PPM || memory == Some(0) {
+            return Err("bad request: share, cap or memory out of range".into());
+        }
+        asks.push(DeviceAsk {
+            uuid: uuid.into(),
+            req: SliceRequest {
+                name: name.clone(),
+                memory,
+                compute_share_ppm: share,
+                compute_cap_ppm: cap,
+                memory_setting: mem_setting.chars().take(64).collect(),
+                compute_setting: cpu_setting.chars().take(64).collect(),
+            },
+        });
+    }
+    if asks.len() > gpuslice_ledger::MAX_DEVICES {
+        return Err("bad request: too many devices".into());
+    }
+    for (i, a) in asks.iter().enumerate() {
+        if asks[..i].iter().any(|b| b.uuid == a.uuid) {
+            return Err(format!("bad request: device {:?} named twice", a.uuid));
+        }
+    }
+    let ledger = &server.ledger;
+    let a = ledger
+        .admit(&peer, name.as_deref().unwrap_or(""), &asks, &server.limits)
+        .map_err(|e| match e {
+            LedgerError::Admission(a) => format!("admission: slice refused: {a}"),
+            e => e.to_string(),
+        })?;
+    let mut reply = Message::new("ok", "admit");
+    reply.push("slot", &a.slot.to_string());
+    let mut fds = vec![];
+    for d in &a.devices {
+        let r = match server.regions.get_or_make(ledger, d.key) {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(format!("cannot make the slice's region: {e}"));
+            }
+        };
+        // A slot starts clean in its region (a previous holder's words were reaped).
+        if let Some(w) = r.proc_(a.slot) {
+            w.charged.store(0, SeqCst);
+            w.ops_begun.store(0, SeqCst);
+            w.ops_ended.store(0, SeqCst);
+        }
+        // SAFETY: dup of a descriptor we own; the duplicate is sent and closed after.
+        let dup = unsafe { libc::fcntl(r.fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err("cannot pass the slice's region".into());
+        }
+        // SAFETY: just duplicated, ours.
+        fds.push(unsafe { OwnedFd::from_raw_fd(dup) });
+        reply.push(
+            "dev",
+            &format!(
+                "{}\t{}\t{}\t{}\t{}",
+                d.uuid,
+                d.device,
+                d.slice,
+                d.memory_limit.map_or("-".to_string(), |l| l.to_string()),
+                d.pool.map_or("-".to_string(), |p| p.to_string())
+            ),
+        );
+        for w in &d.warnings {
+            reply.push("warn", w);
+        }
+    }
+    Ok((reply, fds))
+}

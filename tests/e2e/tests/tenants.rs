@@ -1,0 +1,1133 @@
+//! Tenants against each other (issue #10, docs/security.md): a root monitor in node mode and
+//! unprivileged users (`setpriv` to uids that exist nowhere else), each trying what the issue
+//! measured on the old main. Every test needs root (to be the node's root and to become other
+//! users); without root it prints why and passes vacuously. CI runs as root.
+//!
+//! Unprivileged users need to execute the artifacts and use the fake GPU: [`Node`] copies the
+//! binaries and the fake libraries into a world-readable directory and prepares the fake's
+//! state (`FAKEGPU_STATE_DIR`) for every user.
+//!
+//! Hostile tenants that do more than a CUDA program can are this test binary run again as
+//! another user with `TENANTS_CHILD` set (see `tenant_child`).
+
+use gpuslice_e2e::{artifact, fake_lib_dir, World};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const TENANT_A: u32 = 47001;
+const TENANT_B: u32 = 47002;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+macro_rules! need_root {
+    () => {
+        if !is_root() {
+            println!("skipped: needs root (to run the node's monitor and become other users)");
+            return;
+        }
+    };
+}
+
+fn chmod(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A node: a world whose runtime directory is root's, a root monitor in node mode, and copies
+/// of the artifacts every user can run.
+struct Node {
+    world: World,
+    bin: PathBuf,
+    monitor: Option<Child>,
+    monitor_args: Vec<String>,
+}
+
+impl Node {
+    fn new(devices: u32, memory: &str, monitor_args: &[&str]) -> Node {
+        let world = World::new(devices, memory);
+        let base = world.fake_state_dir().parent().unwrap().to_path_buf();
+        chmod(&base, 0o755);
+        chmod(&world.runtime_dir(), 0o755);
+        // The fake GPU's shared state, usable by every user of the test.
+        chmod(&world.fake_state_dir(), 0o777);
+        let state = world.fake_state_dir().join("state");
+        std::fs::write(&state, b"").unwrap();
+        chmod(&state, 0o666);
+        let bin = base.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for a in ["libgpuslice.so", "gpuslice-burn", "gpuslice"] {
+            std::fs::copy(artifact(a), bin.join(a)).unwrap();
+        }
+        let fake = std::fs::read(fake_lib_dir().join("libcuda.so.1")).unwrap();
+        for l in [
+            "libcuda.so.1",
+            "libcuda.so",
+            "libnvidia-ml.so.1",
+            "libnvidia-ml.so",
+        ] {
+            std::fs::write(bin.join(l), &fake).unwrap();
+        }
+        std::fs::copy(std::env::current_exe().unwrap(), bin.join("tenants")).unwrap();
+        for e in std::fs::read_dir(&bin).unwrap() {
+            chmod(&e.unwrap().path(), 0o755);
+        }
+        chmod(&bin, 0o755);
+        let mut n = Node {
+            world,
+            bin,
+            monitor: None,
+            monitor_args: monitor_args.iter().map(|s| s.to_string()).collect(),
+        };
+        n.start_monitor();
+        n
+    }
+
+    fn start_monitor(&mut self) {
+        let log = std::fs::File::create(self.root().join("monitor.out")).unwrap();
+        let child = self
+            .command(0, "gpuslice")
+            .args(["monitor", "--mode", "node", "--interval", "50"])
+            .args(&self.monitor_args)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.monitor = Some(child);
+        let sock = self.world.runtime_dir().join("monitor.sock");
+        let t0 = Instant::now();
+        while !sock.exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the monitor did not come up: {}",
+                self.monitor_log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop_monitor(&mut self) {
+        if let Some(mut c) = self.monitor.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.bin.parent().unwrap().to_path_buf()
+    }
+
+    fn monitor_log(&self) -> String {
+        std::fs::read_to_string(self.root().join("monitor.out")).unwrap_or_default()
+    }
+
+    /// `program` (one of the copied binaries) as `uid` (0: root) on the fake GPU.
+    fn command(&self, uid: u32, program: &str) -> Command {
+        self.command_as(uid, None, program)
+    }
+
+    /// `program` as `uid` with the supplementary groups `groups` (comma-separated gids).
+    fn command_as(&self, uid: u32, groups: Option<&str>, program: &str) -> Command {
+        let base = self.world.command(self.bin.join(program));
+        let mut c = if uid == 0 {
+            Command::new(self.bin.join(program))
+        } else {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={uid}"));
+            match groups {
+                Some(g) => c.arg(format!("--groups={g}")),
+                None => c.arg("--clear-groups"),
+            };
+            c.arg("--").arg(self.bin.join(program));
+            c
+        };
+        for (k, v) in base.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        c.env("LD_LIBRARY_PATH", &self.bin).current_dir("/");
+        c
+    }
+
+    /// `gpuslice-burn` under the shim, as `uid`.
+    fn burn(&self, uid: u32) -> Command {
+        let mut c = self.command(uid, "gpuslice-burn");
+        c.env("LD_PRELOAD", self.bin.join("libgpuslice.so"));
+        c
+    }
+
+    /// `gpuslice ARGS` as `uid`.
+    fn cli(&self, uid: u32, args: &[&str]) -> Output {
+        self.command(uid, "gpuslice").args(args).output().unwrap()
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let o = self.cli(0, &["status", "--json"]);
+        assert!(o.status.success(), "{o:?}");
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+
+    /// This test binary run as `uid` in child mode `mode`.
+    fn child(&self, uid: u32, mode: &str) -> Command {
+        let mut c = self.command(uid, "tenants");
+        c.args(["--exact", "tenant_child", "--nocapture", "--test-threads=1"])
+            .env("TENANTS_CHILD", mode)
+            .env("TENANTS_DIR", self.world.runtime_dir());
+        c
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop_monitor();
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A burn that allocates `alloc` and holds it `hold` seconds, started in the background; its
+/// stdout and stderr are kept.
+fn holder(n: &Node, uid: u32, env: &[(&str, &str)], alloc: &str, hold: &str) -> Child {
+    let mut c = n.burn(uid);
+    c.args(["--alloc", alloc, "--hold", hold, "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.spawn().unwrap()
+}
+
+/// Wait until `status` shows `n` live processes of slice `slice`.
+fn wait_for_slice(n: &Node, slice: &str, procs: usize) {
+    let t0 = Instant::now();
+    loop {
+        let s = n.status();
+        let have = s["slices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["name"] == slice)
+            .map(|x| x["pids"].as_array().unwrap().len())
+            .max()
+            .unwrap_or(0);
+        if have >= procs {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "slice {slice} never had {procs} processes: {s:#}\n{}",
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn burn_json(o: &Output) -> serde_json::Value {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON: {}", text(o)));
+    serde_json::from_str(line).unwrap()
+}
+
+/// The issue's first items: a tenant truncating or scribbling over every file it can open in
+/// the runtime directory (on main: SIGBUS for every wrapped process, quotas raised and cut)
+/// harms no other tenant's running or new process and cannot raise its own quota, even when
+/// it also scribbles over every word of its own slice's region.
+#[test]
+fn a_tenant_scribbling_everything_it_can_open_harms_no_one_else() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let a = holder(
+        &n,
+        TENANT_A,
+        &[("GPUSLICE_SLICE", "a"), ("GPUSLICE_MEMORY", "2Gi")],
+        "1Gi",
+        "6",
+    );
+    wait_for_slice(&n, "a", 1);
+    // B: the files in the directory (truncate, overwrite, append), then its own region.
+    let o = n.child(TENANT_B, "scribble-files").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let o = n.child(TENANT_B, "scribble-region").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    // A is still running and holding; its quota is what it was.
+    let s = n.status();
+    let sa = s["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == "a")
+        .unwrap_or_else(|| panic!("slice a gone: {s:#}"))
+        .clone();
+    assert_eq!(sa["memory_limit"], 2u64 << 30, "{s:#}");
+    let out = a.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "A's running process was harmed: {}",
+        text(&out)
+    );
+    assert_eq!(burn_json(&out)["allocated_bytes"], 1u64 << 30);
+    // A's new process: admitted, held to its quota.
+    let o = n
+        .burn(TENANT_A)
+        .args(["--alloc", "1Gi,1Gi,1Gi", "--json"])
+        .env("GPUSLICE_SLICE", "a2")
+        .env("GPUSLICE_MEMORY", "2Gi")
+        .output()
+        .unwrap();
+    let r = burn_json(&o);
+    assert_eq!(r["allocated_bytes"], 2u64 << 30, "{}", text(&o));
+    // B's own quota cannot be raised: a fresh B process gets exactly what it asks.
+    let o = n
+        .burn(TENANT_B)
+        .args(["--alloc", "512Mi,512Mi,512Mi", "--json"])
+        .env("GPUSLICE_SLICE", "b")
+        .env("GPUSLICE_MEMORY", "1Gi")
+        .output()
+        .unwrap();
+    assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 30, "{}", text(&o));
+    assert!(
+        n.monitor.is_some() && n.cli(0, &["status"]).status.success(),
+        "{}",
+        n.monitor_log()
+    );
+}
+
+/// Symlink plants: a directory a tenant controls is refused by root (the lock or log it links
+/// elsewhere is never followed, truncated or written); a directory writable by others too.
+#[test]
+fn root_refuses_a_runtime_dir_a_tenant_controls() {
+    need_root!();
+    let w = World::new(1, "16Gi");
+    let base = w.fake_state_dir().parent().unwrap().to_path_buf();
+    let target = base.join("root-only");
+    std::fs::write(&target, "precious\n").unwrap();
+    chmod(&target, 0o600);
+    let planted = base.join("planted");
+    std::fs::create_dir(&planted).unwrap();
+    std::os::unix::fs::symlink(&target, planted.join("monitor.lock")).unwrap();
+    std::os::unix::fs::symlink(&target, planted.join("monitor.log")).unwrap();
+    let c = |p: &Path| std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    // SAFETY: valid paths; lchown does not follow the links.
+    unsafe {
+        libc::chown(c(&planted).as_ptr(), TENANT_A, TENANT_A);
+        libc::lchown(
+            c(&planted.join("monitor.lock")).as_ptr(),
+            TENANT_A,
+            TENANT_A,
+        );
+        libc::lchown(c(&planted.join("monitor.log")).as_ptr(), TENANT_A, TENANT_A);
+    }
+    for args in [&["monitor"][..], &["run", "--", "true"]] {
+        let o = w
+            .gpuslice()
+            .args(args)
+            .env("GPUSLICE_RUNTIME_DIR", &planted)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        // `monitor` fails; `run` says why it cannot start one (and runs the command, whose
+        // CUDA start-up would refuse the directory the same way).
+        if args[0] == "monitor" {
+            assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        }
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&format!("owned by uid {TENANT_A}")),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious\n");
+    // Writable by others (the old mode 1777): refused even when root owns it.
+    let open = base.join("open");
+    std::fs::create_dir(&open).unwrap();
+    chmod(&open, 0o1777);
+    let o = w
+        .gpuslice()
+        .arg("monitor")
+        .env("GPUSLICE_RUNTIME_DIR", &open)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("writable by group or others"));
+}
+
+/// The operator CLI refuses tenants (exit 1, a clear message), works for root and for members
+/// of the operator group.
+#[test]
+fn the_operator_cli_refuses_tenants() {
+    need_root!();
+    let group = "gpuslice-tenants-test";
+    let have_group = Command::new("groupadd")
+        .args(["-f", "-g", "47100", group])
+        .status()
+        .is_ok_and(|s| s.success());
+    let n = Node::new(1, "16Gi", &["--operator-group", group]);
+    let o = n.cli(0, &["slice", "create", "ops", "--memory", "2Gi"]);
+    assert!(o.status.success(), "{}", text(&o));
+    for args in [
+        &["slice", "create", "hog", "--memory", "100%"][..],
+        &["slice", "rm", "ops"],
+    ] {
+        let o = n.cli(TENANT_A, args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("permission denied") && err.contains(group),
+            "{args:?}: {err}"
+        );
+    }
+    // An operator slice given to one user: another user's process cannot join it.
+    let o = n.cli(
+        0,
+        &[
+            "slice",
+            "create",
+            "owned",
+            "--memory",
+            "1Gi",
+            "--owner",
+            &TENANT_A.to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = n
+        .burn(TENANT_B)
+        .args(["--alloc", "1Mi", "--json"])
+        .env("GPUSLICE_SLICE", "owned")
+        .output()
+        .unwrap();
+    assert_eq!(burn_json(&o)["error"]["call"], "cuInit", "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!("belongs to uid {TENANT_A}")),
+        "{}",
+        text(&o)
+    );
+    let o = n
+        .burn(TENANT_A)
+        .args(["--alloc", "1Mi", "--json"])
+        .env("GPUSLICE_SLICE", "owned")
+        .output()
+        .unwrap();
+    assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 20, "{}", text(&o));
+    assert!(n.cli(0, &["slice", "rm", "owned"]).status.success());
+    let s = n.status();
+    let names: Vec<&str> = s["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    // The tenants' attempts changed nothing ("owned" may linger until its process is reaped).
+    assert!(names.contains(&"ops") && !names.contains(&"hog"), "{s:#}");
+    if have_group {
+        // Another tenant, a member of the operator group.
+        let o = n
+            .command_as(TENANT_B, Some("47100"), "gpuslice")
+            .args(["slice", "create", "team", "--memory", "1Gi"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "an operator was refused: {}", text(&o));
+    } else {
+        println!("groupadd unavailable: the operator-group half was not run");
+    }
+}
+
+/// One user cannot squat the process table: past its limit its processes are refused with a
+/// message naming the limit, and another user's still start. One process cannot take more
+/// than one record however often it asks.
+#[test]
+fn one_user_cannot_squat_the_process_slots() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &["--max-procs-per-user", "3"]);
+    let mut held: Vec<Child> = (0..3)
+        .map(|_| holder(&n, TENANT_A, &[("GPUSLICE_SLICE", "squat")], "1Mi", "20"))
+        .collect();
+    wait_for_slice(&n, "squat", 3);
+    let o = n
+        .burn(TENANT_A)
+        .args(["--alloc", "1Mi", "--json"])
+        .output()
+        .unwrap();
+    let r = burn_json(&o);
+    assert_eq!(r["error"]["call"], "cuInit", "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("its limit"),
+        "{}",
+        text(&o)
+    );
+    let o = n
+        .burn(TENANT_B)
+        .args(["--alloc", "1Mi", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 20, "{}", text(&o));
+    let o = n.child(TENANT_B, "admit-twice").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    for c in &mut held {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// A tenant's process stopped (SIGSTOP) while it holds memory delays no other tenant: in node
+/// mode tenants never take the policy's lock, and a slice's hot-path words are its own; others
+/// start, allocate, exit and are reaped while it stays stopped.
+#[test]
+fn a_stopped_tenant_delays_no_one() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let a = holder(
+        &n,
+        TENANT_A,
+        &[("GPUSLICE_SLICE", "a"), ("GPUSLICE_MEMORY", "1Gi")],
+        "512Mi",
+        "30",
+    );
+    wait_for_slice(&n, "a", 1);
+    let pid = a.id() as i32;
+    // SAFETY: our child (setpriv exec'd into the burn, same pid).
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let t0 = Instant::now();
+    for _ in 0..3 {
+        let o = n
+            .burn(TENANT_B)
+            .args(["--alloc", "256Mi", "--json"])
+            .env("GPUSLICE_SLICE", "b")
+            .env("GPUSLICE_MEMORY", "1Gi")
+            .output()
+            .unwrap();
+        assert_eq!(
+            burn_json(&o)["allocated_bytes"],
+            256u64 << 20,
+            "{}",
+            text(&o)
+        );
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "three short processes took {:?} beside a stopped one",
+        t0.elapsed()
+    );
+    // B's exited processes are reaped: slice b goes away while A is still stopped.
+    let t1 = Instant::now();
+    loop {
+        let s = n.status();
+        if !s["slices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["name"] == "b")
+        {
+            break;
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(10),
+            "b never reaped: {s:#}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = a.wait_with_output();
+}
+
+/// The audit catches a process that bypasses the shim (`GPUSLICE_DISABLE=1`) and allocates
+/// past its slice's quota: reported in `status --json` and metrics, and with
+/// `--on-violation kill` ended.
+#[test]
+fn the_audit_reports_and_kills_a_bypass() {
+    need_root!();
+    for kill in [false, true] {
+        let mode: &[&str] = if kill {
+            &["--on-violation", "kill"]
+        } else {
+            &[]
+        };
+        let n = Node::new(1, "16Gi", mode);
+        let o = n.cli(0, &["slice", "create", "team", "--memory", "1Gi"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let mut c = holder(
+            &n,
+            TENANT_A,
+            &[("GPUSLICE_SLICE", "team"), ("GPUSLICE_DISABLE", "1")],
+            "2Gi",
+            "20",
+        );
+        let t0 = Instant::now();
+        let found = loop {
+            let s = n.status();
+            let v = s["violations"].as_array().unwrap().clone();
+            if !v.is_empty() {
+                break v;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "no violation reported: {s:#}\n{}",
+                n.monitor_log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(found[0]["slice"], "team");
+        assert!(found[0]["observed"].as_u64().unwrap() >= 2u64 << 30);
+        let m = String::from_utf8_lossy(&n.cli(0, &["metrics"]).stdout).into_owned();
+        assert!(
+            m.lines()
+                .any(|l| l.starts_with("gpuslice_slice_violations_total{") && l.ends_with(" 1")),
+            "{m}"
+        );
+        if kill {
+            let t1 = Instant::now();
+            let status = loop {
+                if let Some(st) = c.try_wait().unwrap() {
+                    break st;
+                }
+                assert!(
+                    t1.elapsed() < Duration::from_secs(10),
+                    "--on-violation kill did not end it\n{}",
+                    n.monitor_log()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+        } else {
+            assert!(c.try_wait().unwrap().is_none(), "report mode must not kill");
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Memory enforcement keeps working while the monitor is down (running processes keep their
+/// mappings); a restarted monitor finds the regions again from the processes that hold them,
+/// so usage and reaping go on where they were.
+#[test]
+fn enforcement_survives_the_monitor_and_a_restart_recovers_regions() {
+    need_root!();
+    let mut n = Node::new(1, "16Gi", &[]);
+    let env = [("GPUSLICE_SLICE", "a"), ("GPUSLICE_MEMORY", "1Gi")];
+    let h = holder(&n, TENANT_A, &env, "512Mi", "8");
+    wait_for_slice(&n, "a", 1);
+    // A second process of the slice: waits 2 s, then allocates 512 MiB pieces (up to 8 live)
+    // for 2 s, while the monitor is gone.
+    let mut c = n.burn(TENANT_A);
+    c.args([
+        "--hold",
+        "2",
+        "--alloc-loop",
+        "--alloc",
+        "512Mi",
+        "--seconds",
+        "2",
+        "--json",
+    ]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let looper = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_slice(&n, "a", 2);
+    n.stop_monitor();
+    // Meanwhile a new process cannot be admitted: it retries briefly, then fails `cuInit` with
+    // a line naming the socket.
+    let t = Instant::now();
+    let o = n
+        .burn(TENANT_B)
+        .args(["--alloc", "1Mi", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(burn_json(&o)["error"]["call"], "cuInit", "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("monitor.sock")
+            && t.elapsed() < Duration::from_secs(30),
+        "{}",
+        text(&o)
+    );
+    let o = looper.wait_with_output().unwrap();
+    let r = burn_json(&o);
+    let l = &r["alloc_loop"];
+    assert!(
+        l["allocs"].as_u64().unwrap() > 0 && l["out_of_memory"].as_u64().unwrap() > 0,
+        "with the monitor down, the quota still holds (some allocations fit, the rest are \
+         refused): {}",
+        text(&o)
+    );
+    n.start_monitor();
+    let t0 = Instant::now();
+    loop {
+        let s = n.status();
+        let used = s["slices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == "a")
+            .map(|x| x["memory_used"].as_u64().unwrap_or(0));
+        if used == Some(512 << 20) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the restarted monitor does not see slice a's usage: {s:#}\n{}",
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = h.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // After it exits, the restarted monitor reaps it and the slice goes.
+    let t1 = Instant::now();
+    while n.status()["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["name"] == "a")
+    {
+        assert!(
+            t1.elapsed() < Duration::from_secs(10),
+            "{}",
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A container-like tenant: its own PID namespace (`unshare --pid`), as another user. The
+/// monitor admits it by what the kernel says (`SO_PEERCRED`), shows the pid it has inside
+/// (`NSpid`), tells it is alive by its host pid and start time, and reaps it after it exits.
+/// The tenant's `status` sees the node's monitor through the socket.
+#[test]
+fn a_tenant_in_its_own_pid_namespace_is_admitted_and_reaped() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let burn = n.burn(TENANT_A);
+    let mut c = Command::new("unshare");
+    c.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
+        .arg(burn.get_program())
+        .args(burn.get_args())
+        .args(["--alloc", "256Mi", "--hold", "3", "--json"])
+        .env("GPUSLICE_SLICE", "boxed")
+        .env("GPUSLICE_MEMORY", "1Gi")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in burn.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let child = c.spawn().unwrap();
+    wait_for_slice(&n, "boxed", 1);
+    let s = n.status();
+    let p = s["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["slice"] == "boxed")
+        .unwrap_or_else(|| panic!("{s:#}"))
+        .clone();
+    assert_eq!(p["pid"], 1, "the pid it has in its own namespace: {s:#}");
+    assert_eq!(p["alive"], true);
+    // The tenant's own view: the policy read-only, the monitor found through its socket.
+    let o = n.cli(TENANT_B, &["status"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("monitor running") && out.contains("boxed"),
+        "{out}"
+    );
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(
+        burn_json(&o)["allocated_bytes"],
+        256u64 << 20,
+        "{}",
+        text(&o)
+    );
+    let t0 = Instant::now();
+    while n.status()["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["name"] == "boxed")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "never reaped: {}",
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// NVML-only processes' view: a read-only descriptor of the asker's own slice's region, and
+/// nobody else's.
+#[test]
+fn a_view_is_read_only_and_only_of_ones_own_slice() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let mut a = holder(
+        &n,
+        TENANT_A,
+        &[("GPUSLICE_SLICE", "mine"), ("GPUSLICE_MEMORY", "1Gi")],
+        "1Mi",
+        "20",
+    );
+    let mut b = holder(
+        &n,
+        TENANT_B,
+        &[("GPUSLICE_SLICE", "theirs"), ("GPUSLICE_MEMORY", "1Gi")],
+        "1Mi",
+        "20",
+    );
+    wait_for_slice(&n, "mine", 1);
+    wait_for_slice(&n, "theirs", 1);
+    let o = n.child(TENANT_A, "view").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    for c in [&mut a, &mut b] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// Best-effort processes (no quota) of different users do not share one pool: each user's
+/// pool is held to a grant the monitor splits fairly, so a tenant that claims its pool holds
+/// everything starves no other user's best-effort processes.
+#[test]
+fn best_effort_users_cannot_starve_each_other() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let mut a = holder(&n, TENANT_A, &[("GPUSLICE_SLICE", "a-be")], "4Gi", "20");
+    wait_for_slice(&n, "a-be", 1);
+    let mut b = n
+        .child(TENANT_B, "scribble-pool")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        let mut out = std::io::BufReader::new(b.stdout.as_mut().unwrap());
+        while !line.contains("ready") {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "the hostile tenant died"
+            );
+        }
+    }
+    std::thread::sleep(Duration::from_millis(600)); // several monitor ticks
+    let o = n
+        .burn(TENANT_A)
+        .args(["--alloc", "2Gi", "--json"])
+        .env("GPUSLICE_SLICE", "a-be2")
+        .output()
+        .unwrap();
+    assert_eq!(
+        burn_json(&o)["allocated_bytes"],
+        2u64 << 30,
+        "another user's scribbled pool starved this one: {}\n{}",
+        text(&o),
+        n.monitor_log()
+    );
+    for c in [&mut a, &mut b] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// `gpuslice run` by a tenant on a node: no monitor of its own (the node's serves it), the
+/// program admitted through the socket and held to the quota asked for.
+#[test]
+fn gpuslice_run_by_a_tenant_uses_the_nodes_monitor() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let o = n
+        .command(TENANT_A, "gpuslice")
+        .args(["run", "--memory", "1Gi", "--compute", "0.5", "--"])
+        .arg(n.bin.join("gpuslice-burn"))
+        .args(["--alloc", "512Mi,512Mi,512Mi", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 30, "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("could not start"), "{}", text(&o));
+    assert_eq!(
+        err.matches("compute shares and caps are not enforced yet")
+            .count(),
+        1,
+        "node mode says once that compute is unthrottled: {}",
+        text(&o)
+    );
+}
+
+/// A tenant's own monitor (`gpuslice run` without `GPUSLICE_RUNTIME_DIR`) lives in the
+/// tenant's own directory, never in the node's: it cannot stand in the way of root's monitor.
+#[test]
+fn a_tenant_started_monitor_lives_in_its_own_directory() {
+    need_root!();
+    let node_dir = Path::new(gpuslice_ledger::DEFAULT_RUNTIME_DIR);
+    if node_dir.exists() {
+        println!(
+            "skipped: {} exists on this machine (a node)",
+            node_dir.display()
+        );
+        return;
+    }
+    let n = Node::new(1, "16Gi", &[]);
+    let own = PathBuf::from(format!(
+        "{}-{TENANT_A}",
+        gpuslice_ledger::DEFAULT_RUNTIME_DIR
+    ));
+    let _ = std::fs::remove_dir_all(&own);
+    let o = n
+        .command(TENANT_A, "gpuslice")
+        .env_remove("GPUSLICE_RUNTIME_DIR")
+        .args(["run", "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!node_dir.exists(), "a tenant created the node's directory");
+    use std::os::unix::fs::MetadataExt;
+    let m =
+        std::fs::metadata(&own).unwrap_or_else(|e| panic!("{}: {e}: {}", own.display(), text(&o)));
+    assert_eq!(m.uid(), TENANT_A);
+    assert_eq!(m.mode() & 0o077, 0, "the personal directory is private");
+    // End the tenant's monitor (its pid is in its lock) and clean up.
+    if let Ok(pid) = std::fs::read_to_string(own.join("monitor.lock")) {
+        if let Ok(pid) = pid.trim().parse::<i32>() {
+            // SAFETY: the pid the tenant's monitor wrote into its own lock file.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = std::fs::remove_dir_all(&own);
+}
+
+/// Capacity without an attacker: 512 unnamed processes on a 16-GPU fake run at once.
+#[test]
+fn five_hundred_twelve_unnamed_processes_on_sixteen_gpus() {
+    let w = World::new(16, "16Gi");
+    let mut kids = vec![];
+    for _ in 0..512 {
+        kids.push(
+            w.wrapped_burn()
+                .args(["--alloc", "1Mi", "--hold", "60", "--json"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    // All 512 attached at once (each holds its allocation for up to a minute).
+    let t0 = Instant::now();
+    loop {
+        let o = w.gpuslice().args(["status", "--json"]).output().unwrap();
+        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let alive = s["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["alive"] == true)
+            .count();
+        if alive == 512 {
+            break;
+        }
+        let failed: Vec<String> = kids
+            .iter_mut()
+            .filter_map(|k| {
+                k.try_wait().unwrap().map(|st| {
+                    use std::io::Read;
+                    let mut e = String::new();
+                    let _ = k.stderr.take().map(|mut r| r.read_to_string(&mut e));
+                    format!("{st:?}: {e}")
+                })
+            })
+            .collect();
+        assert!(
+            failed.is_empty() && t0.elapsed() < Duration::from_secs(300),
+            "{alive} of 512 alive after {:?}; exited: {failed:?}",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for k in &mut kids {
+        let _ = k.kill();
+    }
+    for k in &mut kids {
+        let _ = k.wait();
+    }
+}
+
+/// The hostile tenants (run as another user by the tests above). Not a test of its own: without
+/// `TENANTS_CHILD` it returns at once.
+#[test]
+fn tenant_child() {
+    let Ok(mode) = std::env::var("TENANTS_CHILD") else {
+        return;
+    };
+    let dir = PathBuf::from(std::env::var("TENANTS_DIR").unwrap());
+    match mode.as_str() {
+        "scribble-files" => {
+            // Every name in the directory: none may be opened for writing, truncated,
+            // replaced or added to.
+            for e in std::fs::read_dir(&dir).unwrap() {
+                let p = e.unwrap().path();
+                assert!(
+                    std::fs::OpenOptions::new().write(true).open(&p).is_err(),
+                    "{} opened for writing",
+                    p.display()
+                );
+                let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+                // SAFETY: valid path.
+                assert_ne!(
+                    unsafe { libc::truncate(c.as_ptr(), 0) },
+                    0,
+                    "{}",
+                    p.display()
+                );
+                assert!(std::fs::remove_file(&p).is_err(), "{} removed", p.display());
+            }
+            assert!(std::fs::write(dir.join("ledger.new"), b"x").is_err());
+            assert!(std::os::unix::fs::symlink("/etc/passwd", dir.join("monitor.log2")).is_err());
+            // The policy maps read-only, whatever is asked.
+            let f = std::fs::File::open(dir.join("ledger")).unwrap();
+            use std::os::fd::AsRawFd;
+            // SAFETY: a mapping attempt on our fd; the result is checked and unmapped.
+            let p = unsafe {
+                libc::mmap(
+                    core::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    f.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_eq!(p, libc::MAP_FAILED, "the policy mapped writable");
+        }
+        "scribble-region" => {
+            use gpuslice_ledger::protocol::{self, Message};
+            use gpuslice_ledger::region::Region;
+            use std::sync::atomic::Ordering::SeqCst;
+            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
+            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
+            let uuid = l.snapshot().devices[0].uuid.clone();
+            let mut m = Message::new("op", "admit");
+            m.push("slice", "b-hostile")
+                .push("dev", &format!("{uuid}\t{}\t0\t1000000\tX\tY", 1u64 << 30));
+            let (r, fds) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
+            assert!(r.get("err").is_none(), "{r:?}");
+            let region = Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap();
+            // Truncation is impossible (sealed); scribble every word instead.
+            // SAFETY: our fd; must fail.
+            assert_ne!(unsafe { libc::ftruncate(region.fd(), 0) }, 0);
+            let h = region.header();
+            h.memory_used.store(u64::MAX, SeqCst);
+            h.reaping.store(1, SeqCst);
+            h.alloc_total.store(u64::MAX, SeqCst);
+            for w in region.procs() {
+                w.charged.store(u64::MAX / 3, SeqCst);
+                w.ops_begun.store(7, SeqCst);
+                w.ops_ended.store(3, SeqCst);
+            }
+        }
+        "view" => {
+            use gpuslice_ledger::protocol::{self, Message};
+            use gpuslice_ledger::region::Region;
+            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
+            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
+            let snap = l.snapshot();
+            let slice_of = |name: &str| {
+                snap.slices
+                    .iter()
+                    .find(|s| s.name == name)
+                    .unwrap_or_else(|| panic!("no slice {name}: {snap:?}"))
+                    .index
+            };
+            let ask = |si: usize| {
+                let mut m = Message::new("op", "view");
+                m.push("slice", &si.to_string());
+                protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap()
+            };
+            let (r, fds) = ask(slice_of("mine"));
+            assert!(r.get("err").is_none(), "{r:?}");
+            let fd = fds.into_iter().next().expect("a descriptor");
+            assert!(
+                Region::from_fd(fd.try_clone().unwrap(), true).is_err(),
+                "a view maps writable"
+            );
+            let v = Region::from_fd(fd, false).unwrap();
+            assert!(
+                v.header()
+                    .memory_used
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                    >= 1 << 20
+            );
+            let (r, fds) = ask(slice_of("theirs"));
+            assert!(
+                r.get("err").is_some_and(|e| e.contains("not yours")),
+                "{r:?}"
+            );
+            assert!(fds.is_empty());
+        }
+        "scribble-pool" => {
+            // A best-effort process that claims its pool holds everything.
+            use gpuslice_ledger::protocol::{self, Message};
+            use gpuslice_ledger::region::Region;
+            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
+            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
+            let uuid = l.snapshot().devices[0].uuid.clone();
+            let mut m = Message::new("op", "admit");
+            m.push("dev", &format!("{uuid}\t-\t0\t1000000\tX\tY"));
+            let (r, fds) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
+            assert!(r.get("err").is_none(), "{r:?}");
+            let region = Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap();
+            region
+                .header()
+                .memory_used
+                .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+            println!("ready");
+            std::thread::sleep(Duration::from_secs(8));
+        }
+        "admit-twice" => {
+            use gpuslice_ledger::protocol::{self, Message};
+            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
+            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
+            let uuid = l.snapshot().devices[0].uuid.clone();
+            let mut m = Message::new("op", "admit");
+            m.push("dev", &format!("{uuid}\t-\t0\t1000000\tX\tY"));
+            let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
+            assert!(r.get("err").is_none(), "{r:?}");
+            let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
+            assert!(
+                r.get("err").is_some_and(|e| e.contains("admitted already")),
+                "{r:?}"
+            );
+        }
+        other => panic!("unknown TENANTS_CHILD {other}"),
+    }
+}
