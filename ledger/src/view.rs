@@ -75,9 +75,6 @@ impl ReadOnlyLedger {
         let m = match file::open_read_only(dir) {
             Ok(m) => m,
             Err(LedgerError::NotFound(_)) => return Ok(None),
-            Err(LedgerError::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOTDIR) => {
-                return Ok(None)
-            }
             Err(e) => return Err(e),
         };
         // SAFETY: st is plain data; m.fd is the open ledger.
@@ -502,10 +499,14 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         assert!(ReadOnlyLedger::open(&d).unwrap().is_none());
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
-        // A file, not a directory, where the directory should be.
+        // A file, not a directory, where the directory should be: refused like a planted
+        // symlink (the runtime directory's checks, dir.rs), not read as "no ledger".
         let f = d.join("plain");
         std::fs::write(&f, b"x").unwrap();
-        assert!(ReadOnlyLedger::open(&f).unwrap().is_none());
+        assert!(matches!(
+            ReadOnlyLedger::open(&f),
+            Err(LedgerError::UnsafeDir { .. })
+        ));
         std::fs::remove_dir_all(&d).unwrap();
     }
 
