@@ -18,8 +18,13 @@ use gpuslice_abi::*;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::Ordering::*;
 
-/// The CUDA version the fake driver reports (`cuDriverGetVersion`, NVML).
-pub const DRIVER_VERSION: c_int = 12090;
+/// The CUDA version the fake driver reports (`cuDriverGetVersion`, NVML):
+/// `FAKEGPU_DRIVER_VERSION`, default [`crate::config::DEFAULT_DRIVER_VERSION`].
+pub fn driver_version() -> c_int {
+    rtm::config()
+        .map(|c| c.driver_version)
+        .unwrap_or(crate::config::DEFAULT_DRIVER_VERSION)
+}
 
 /// Run an entry point's body; a panic becomes `CUDA_ERROR_UNKNOWN`, never unwinds into C.
 pub fn guard(f: impl FnOnce() -> CuResult<()>) -> CUresult {
@@ -421,7 +426,7 @@ fn capture_info(
     Ok(())
 }
 
-fn device_attribute(a: CUdevice_attribute, d: &rtm::Device) -> CuResult<c_int> {
+pub(crate) fn device_attribute(a: CUdevice_attribute, d: &rtm::Device) -> CuResult<c_int> {
     Ok(match a {
         1 => 1024,                 // MAX_THREADS_PER_BLOCK
         2 | 3 => 1024,             // MAX_BLOCK_DIM_X/Y
@@ -580,7 +585,8 @@ fn ctx_or_current(c: CUcontext) -> CuResult<&'static Ctx> {
 exports! {
     // --- initialisation, versions, errors -----------------------------------------------
     fn cuInit(flags: c_uint) { rtm::init(flags) }
-    fn cuDriverGetVersion(v: *mut c_int) { put(v, DRIVER_VERSION) }
+    fn cuDriverGetVersion(v: *mut c_int) { put(v, driver_version()) }
+    fn cuGetExportTable(table: *mut *const c_void, id: *const CUuuid) { crate::export::get_export_table(table, id) }
     fn cuGetErrorName(e: CUresult, out: *mut *const c_char) {
         match error_name(e) {
             Some(p) => put(out, p),

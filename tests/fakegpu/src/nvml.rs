@@ -14,6 +14,16 @@ use std::sync::atomic::{AtomicU32, Ordering::*};
 /// The driver version NVML reports (a 12.9 driver).
 pub const DRIVER_VERSION_STRING: &str = "575.57.08";
 
+/// The NVML driver version string that goes with the reported CUDA version: a 580 driver for
+/// CUDA 13, a 575 one before.
+pub fn driver_version_string() -> &'static str {
+    if crate::api::driver_version() >= 13000 {
+        "580.95.05"
+    } else {
+        DRIVER_VERSION_STRING
+    }
+}
+
 type NResult<T> = Result<T, NvmlReturn>;
 
 static INITS: AtomicU32 = AtomicU32::new(0);
@@ -225,10 +235,10 @@ nvml_exports! {
     }
     fn nvmlDeviceGetTemperature(h: nvmlDevice_t, _sensor: c_uint, t: *mut c_uint) { dev(h)?; put(t, 40) }
     fn nvmlDeviceGetPowerUsage(h: nvmlDevice_t, mw: *mut c_uint) { dev(h)?; put(mw, 100_000) }
-    fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uint) { node()?; put_str(buf, len, DRIVER_VERSION_STRING) }
-    fn nvmlSystemGetNVMLVersion(buf: *mut c_char, len: c_uint) { node()?; put_str(buf, len, "12.575.57.08") }
-    fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) { node()?; put(v, crate::api::DRIVER_VERSION) }
-    fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) { node()?; put(v, crate::api::DRIVER_VERSION) }
+    fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uint) { node()?; put_str(buf, len, driver_version_string()) }
+    fn nvmlSystemGetNVMLVersion(buf: *mut c_char, len: c_uint) { node()?; put_str(buf, len, &format!("{}.{}", crate::api::driver_version() / 1000, driver_version_string())) }
+    fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) { node()?; put(v, crate::api::driver_version()) }
+    fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) { node()?; put(v, crate::api::driver_version()) }
 }
 
 /// `nvmlErrorString`: the code's name, `Unknown Error` for a code NVML does not define.
