@@ -39,7 +39,11 @@ macro_rules! exports {
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
                 // SAFETY: the caller follows the CUDA API contract for this entry point: every
                 // pointer argument is valid for what the API documents it reads or writes.
-                guard(move || unsafe { $body })
+                let r = guard(move || unsafe { $body });
+                if r != CUDA_SUCCESS {
+                    crate::export::debug_error(stringify!($name), r);
+                }
+                r
             }
         )*
         /// Every driver entry point the fake exports, by symbol name.
@@ -612,6 +616,7 @@ exports! {
         if pfn.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         let (r, p, st) = crate::procaddr::get_proc_address(name, ver, flags);
         if r != CUDA_SUCCESS { return Err(r); }
+        if p.is_null() { crate::export::debug_missing(name, ver, flags, st); }
         put(pfn, p)?;
         put_opt(status, st);
         Ok(())
@@ -665,6 +670,21 @@ exports! {
     }
     fn cuDeviceGetDefaultMemPool(p: *mut CUmemoryPool, d: CUdevice) { put(p, device(d)?.default_pool.handle()) }
     fn cuDeviceGetMemPool(p: *mut CUmemoryPool, d: CUdevice) { put(p, device(d)?.mempool.load(Acquire) as CUmemoryPool) }
+    // CUDA 13: the same pools by location; the fake has device pools only.
+    fn cuMemGetDefaultMemPool(p: *mut CUmemoryPool, loc: *mut CUmemLocation, ty: CUmemAllocationType) {
+        put(p, device(location_device(loc, ty)?)?.default_pool.handle())
+    }
+    fn cuMemGetMemPool(p: *mut CUmemoryPool, loc: *mut CUmemLocation, ty: CUmemAllocationType) {
+        put(p, device(location_device(loc, ty)?)?.mempool.load(Acquire) as CUmemoryPool)
+    }
+    fn cuMemSetMemPool(loc: *mut CUmemLocation, ty: CUmemAllocationType, p: CUmemoryPool) {
+        let d = location_device(loc, ty)?;
+        let dev = device(d)?;
+        let pool = Pool::resolve(p)?;
+        if pool.dev != d as usize { return Err(CUDA_ERROR_INVALID_DEVICE); }
+        dev.mempool.store(p as usize, Release);
+        Ok(())
+    }
     fn cuDeviceSetMemPool(d: CUdevice, p: CUmemoryPool) {
         let dev = device(d)?;
         let pool = Pool::resolve(p)?;
@@ -673,6 +693,14 @@ exports! {
         Ok(())
     }
     fn cuDeviceGraphMemTrim(d: CUdevice) { device(d).map(|_| ()) }
+    fn cuDeviceGetGraphMemAttribute(d: CUdevice, attr: c_int, v: *mut c_void) {
+        device(d)?;
+        put(v as *mut u64, mem::graph_mem_attribute(d as usize, attr)?)
+    }
+    fn cuDeviceSetGraphMemAttribute(d: CUdevice, attr: c_int, v: *mut c_void) {
+        device(d)?;
+        mem::set_graph_mem_attribute(d as usize, attr, arg(v as *const u64)?)
+    }
 
     // --- primary contexts -----------------------------------------------------------------
     fn cuDevicePrimaryCtxRetain(c: *mut CUcontext, d: CUdevice) {
@@ -683,7 +711,7 @@ exports! {
     fn cuDevicePrimaryCtxRelease(d: CUdevice) { rtm::primary_release(d) }
     fn cuDevicePrimaryCtxReset_v2(d: CUdevice) { rtm::primary_reset(d) }
     fn cuDevicePrimaryCtxReset(d: CUdevice) { rtm::primary_reset(d) }
-    fn cuDevicePrimaryCtxGetState(flags: *mut c_uint, active: *mut c_int, d: CUdevice) {
+    fn cuDevicePrimaryCtxGetState(d: CUdevice, flags: *mut c_uint, active: *mut c_int) {
         let dev = device(d)?;
         put(flags, dev.primary.flags.load(Relaxed))?;
         put(active, dev.primary.active.load(Acquire) as c_int)
@@ -855,6 +883,25 @@ exports! {
         put(out, Pool::new(pr.location.id as usize, dev.phys, true).handle())
     }
     fn cuMemPoolDestroy(p: CUmemoryPool) { Pool::resolve(p)?.destroy() }
+    // One device per pool and no peers: the owner always has read-write access, any other
+    // location none (and cannot be given it).
+    fn cuMemPoolGetAccess(flags: *mut CUmemAccess_flags, p: CUmemoryPool, loc: *mut CUmemLocation) {
+        let pool = Pool::resolve(p)?;
+        let l = arg(loc as *const CUmemLocation)?;
+        let own = l.type_ == CU_MEM_LOCATION_TYPE_DEVICE && l.id as usize == pool.dev;
+        put(flags, if own { CU_MEM_ACCESS_FLAGS_PROT_READWRITE } else { CU_MEM_ACCESS_FLAGS_PROT_NONE })
+    }
+    fn cuMemPoolSetAccess(p: CUmemoryPool, desc: *const CUmemAccessDesc, count: usize) {
+        let pool = Pool::resolve(p)?;
+        if desc.is_null() && count > 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        for i in 0..count {
+            let d = desc.add(i).read_unaligned();
+            if d.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE { return Err(CUDA_ERROR_INVALID_VALUE); }
+            device(d.location.id)?;
+            if d.location.id as usize != pool.dev && d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE { return Err(CUDA_ERROR_INVALID_DEVICE); }
+        }
+        Ok(())
+    }
     fn cuMemPoolTrimTo(p: CUmemoryPool, keep: usize) { Pool::resolve(p)?.trim(keep as u64); Ok(()) }
     fn cuMemPoolGetAttribute(p: CUmemoryPool, attr: CUmemPool_attribute, v: *mut c_void) {
         let pool = Pool::resolve(p)?;
@@ -880,6 +927,22 @@ exports! {
         put(h, mem::vmm_create(size as u64, &prop.read_unaligned())?)
     }
     fn cuMemRelease(h: CUmemGenericAllocationHandle) { mem::vmm_release(h) }
+    fn cuMemExportToShareableHandle(out: *mut c_void, h: CUmemGenericAllocationHandle, ty: CUmemAllocationHandleType, _flags: u64) {
+        if out.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(out as *mut c_int, mem::vmm_export(h, ty)?)
+    }
+    fn cuMemImportFromShareableHandle(h: *mut CUmemGenericAllocationHandle, os: *mut c_void, ty: CUmemAllocationHandleType) {
+        if h.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        // A POSIX fd handle is passed as the fd's value cast to a pointer.
+        put(h, mem::vmm_import(os as usize as c_int, ty)?)
+    }
+    fn cuMemRetainAllocationHandle(h: *mut CUmemGenericAllocationHandle, addr: *mut c_void) {
+        if h.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(h, mem::vmm_retain(addr as u64)?)
+    }
+    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, h: CUmemGenericAllocationHandle) {
+        put(prop, mem::vmm_properties(h)?)
+    }
     fn cuMemAddressReserve(p: *mut CUdeviceptr, size: usize, align: usize, _addr: CUdeviceptr, _flags: u64) {
         if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         put(p, mem::vmm_reserve(size as u64, align as u64)?)
@@ -1039,6 +1102,11 @@ exports! {
     }
     fn cuThreadExchangeStreamCaptureMode(m: *mut CUstreamCaptureMode) { if m.is_null() { Err(CUDA_ERROR_INVALID_VALUE) } else { Ok(()) } }
 
+    fn cuStreamWriteValue32(s: CUstream, addr: CUdeviceptr, v: c_uint, _f: c_uint) { async_op(s, false, set_op(addr, 0, v, 1, 1, 4)?) }
+    fn cuStreamWriteValue32_ptsz(s: CUstream, addr: CUdeviceptr, v: c_uint, _f: c_uint) { async_op(s, true, set_op(addr, 0, v, 1, 1, 4)?) }
+    fn cuStreamWriteValue32_v2(s: CUstream, addr: CUdeviceptr, v: c_uint, _f: c_uint) { async_op(s, false, set_op(addr, 0, v, 1, 1, 4)?) }
+    fn cuStreamWriteValue32_v2_ptsz(s: CUstream, addr: CUdeviceptr, v: c_uint, _f: c_uint) { async_op(s, true, set_op(addr, 0, v, 1, 1, 4)?) }
+
     // --- events ---------------------------------------------------------------------------
     fn cuEventCreate(e: *mut CUevent, flags: c_uint) {
         cur_ctx()?;
@@ -1116,7 +1184,7 @@ exports! {
         put(k, Module::resolve(lib)?.function(cstr(name)?)?.handle() as CUkernel)
     }
     fn cuLibraryGetModule(m: *mut CUmodule, lib: CUlibrary) { put(m, Module::resolve(lib)?.handle()) }
-    fn cuLibraryGetKernelCount(n: *mut c_uint, lib: CUlibrary) { put(n, Module::resolve(lib)?.kernel_count() as c_uint) }
+    fn cuLibraryGetKernelCount(n: *mut c_uint, lib: CUlibrary) { put(n, Module::resolve(lib)?.kernel_count()? as c_uint) }
     fn cuLibraryGetGlobal(p: *mut CUdeviceptr, bytes: *mut usize, lib: CUlibrary, name: *const c_char) {
         let (ptr, size) = Module::resolve(lib)?.global(cstr(name)?)?;
         put_opt(p, ptr);
@@ -1202,6 +1270,20 @@ exports! {
         mem::lookup(p).filter(|(s, _)| *s == p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         put(node, g.push(graph::Node::Free(p)))
     }
+}
+
+/// The device a CUDA 13 pool location names: device locations of pinned memory only (the
+/// fake has no host or managed pools).
+fn location_device(loc: *mut CUmemLocation, ty: CUmemAllocationType) -> CuResult<CUdevice> {
+    rt()?;
+    let l = arg(loc as *const CUmemLocation)?;
+    if ty != CU_MEM_ALLOCATION_TYPE_PINNED {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if l.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(l.id)
 }
 
 fn func_attribute(a: CUfunction_attribute) -> CuResult<c_int> {

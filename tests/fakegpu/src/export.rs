@@ -41,6 +41,24 @@ fn debug(what: std::fmt::Arguments) {
     }
 }
 
+/// Log an entry point's error at debug level (`FAKEGPU_DEBUG=1`): the first thing to read when
+/// a framework fails on the fake.
+#[cold]
+pub fn debug_error(name: &str, r: CUresult) {
+    debug(format_args!(
+        "{name} -> {r} ({})",
+        cu_result_name(r).unwrap_or("?")
+    ));
+}
+
+/// Log a `cuGetProcAddress` lookup that found nothing (`FAKEGPU_DEBUG=1`).
+#[cold]
+pub fn debug_missing(name: &str, version: i32, flags: u64, status: i32) {
+    debug(format_args!(
+        "cuGetProcAddress({name}, {version}, flags {flags}): not found (status {status})"
+    ));
+}
+
 /// A stub slot: returns 0; with debug on, names the table and slot.
 extern "C" fn stub<const T: usize, const S: usize>() -> CUresult {
     // No panic can cross: debug only formats two integers and the table's name.

@@ -8,7 +8,7 @@ use crate::config::{device_uuid, uuid_string, MAX_DEVICES};
 use crate::runtime::{config, device_name};
 use crate::shared::{self, Node};
 use gpuslice_abi::*;
-use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicU32, Ordering::*};
 
 /// The driver version NVML reports (a 12.9 driver).
@@ -152,6 +152,37 @@ fn processes(h: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t)
     Ok(())
 }
 
+/// `nvmlProcessInfo_v1_t`, the layout of `nvmlDeviceGetComputeRunningProcesses` (no suffix).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProcessInfoV1 {
+    pid: c_uint,
+    used_gpu_memory: u64,
+}
+
+fn processes_v1(h: nvmlDevice_t, count: *mut c_uint, infos: *mut ProcessInfoV1) -> NResult<()> {
+    let (n, i) = dev(h)?;
+    if count.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let procs = shared::processes(n.state, i);
+    // SAFETY: count is non-null; infos holds *count entries by the API contract.
+    unsafe {
+        let cap = *count as usize;
+        *count = procs.len() as c_uint;
+        if cap < procs.len() || (infos.is_null() && !procs.is_empty()) {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (k, (pid, used)) in procs.into_iter().enumerate() {
+            infos.add(k).write_unaligned(ProcessInfoV1 {
+                pid,
+                used_gpu_memory: used,
+            });
+        }
+    }
+    Ok(())
+}
+
 nvml_exports! {
     fn nvmlInit_v2() { init() }
     fn nvmlInit() { init() }
@@ -214,6 +245,13 @@ nvml_exports! {
     }
     fn nvmlDeviceGetComputeRunningProcesses_v3(h: nvmlDevice_t, c: *mut c_uint, p: *mut nvmlProcessInfo_t) { processes(h, c, p) }
     fn nvmlDeviceGetComputeRunningProcesses_v2(h: nvmlDevice_t, c: *mut c_uint, p: *mut nvmlProcessInfo_t) { processes(h, c, p) }
+    fn nvmlDeviceGetComputeRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, p: *mut c_void) { processes_v1(h, c, p as *mut ProcessInfoV1) }
+    // The fake's devices have no NVLink and no fabric: what a PCIe GPU's NVML answers.
+    fn nvmlDeviceGetNvLinkRemoteDeviceType(h: nvmlDevice_t, _link: c_uint, _t: *mut c_uint) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
+    fn nvmlDeviceGetNvLinkRemotePciInfo_v2(h: nvmlDevice_t, _link: c_uint, _p: *mut nvmlPciInfo_t) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
+    fn nvmlDeviceGetNvLinkRemotePciInfo(h: nvmlDevice_t, _link: c_uint, _p: *mut nvmlPciInfo_t) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
+    fn nvmlDeviceGetGpuFabricInfo(h: nvmlDevice_t, _i: *mut c_void) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
+    fn nvmlDeviceGetGpuFabricInfoV(h: nvmlDevice_t, _i: *mut c_void) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
     fn nvmlDeviceGetGraphicsRunningProcesses_v3(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
     fn nvmlDeviceGetUtilizationRates(h: nvmlDevice_t, u: *mut nvmlUtilization_t) {
         let (n, i) = dev(h)?;
