@@ -391,6 +391,7 @@ const INTEGRITY_KEY: [u8; 16] = [
 ];
 
 /// The message the check's third answer authenticates (see the reference file).
+#[allow(clippy::too_many_arguments)]
 pub fn integrity_message(
     driver: u32,
     ver: u32,
@@ -534,7 +535,10 @@ fn hex(id: &[u8; 16]) -> String {
 }
 
 /// `cuGetExportTable(table, id)`.
-pub fn get_export_table(table: *mut *const c_void, id: *const CUuuid) -> Result<(), CUresult> {
+///
+/// # Safety
+/// `table` must be null or valid for one pointer write, `id` null or valid for 16 bytes.
+pub unsafe fn get_export_table(table: *mut *const c_void, id: *const CUuuid) -> Result<(), CUresult> {
     if table.is_null() || id.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -574,19 +578,19 @@ pub fn get_export_table(table: *mut *const c_void, id: *const CUuuid) -> Result<
 
 /// The MD2 S-box: a permutation of 0..255 built from the digits of pi (RFC 1319).
 const PI_SUBST: [u8; 256] = [
-    41, 46, 67, 201, 162, 216, 124, 1, 61, 54, 84, 161, 236, 240, 6, 19, 98, 167, 5, 243, 192,
-    199, 115, 140, 152, 147, 43, 217, 188, 76, 130, 202, 30, 155, 87, 60, 253, 212, 224, 22, 103,
-    66, 111, 24, 138, 23, 229, 18, 190, 78, 196, 214, 218, 158, 222, 73, 160, 251, 245, 142, 187,
-    47, 238, 122, 169, 104, 121, 145, 21, 178, 7, 63, 148, 194, 16, 137, 11, 34, 95, 33, 128, 127,
-    93, 154, 90, 144, 50, 39, 53, 62, 204, 231, 191, 247, 151, 3, 255, 25, 48, 179, 72, 165, 181,
-    209, 215, 94, 146, 42, 172, 86, 170, 198, 79, 184, 56, 210, 150, 164, 125, 182, 118, 252, 107,
-    226, 156, 116, 4, 241, 69, 157, 112, 89, 100, 113, 135, 32, 134, 91, 207, 101, 230, 45, 168, 2,
-    27, 96, 37, 173, 174, 176, 185, 246, 28, 70, 97, 105, 52, 64, 126, 15, 85, 71, 163, 35, 221,
-    81, 175, 58, 195, 92, 249, 206, 186, 197, 234, 38, 44, 83, 13, 110, 133, 40, 132, 9, 211, 223,
-    205, 244, 65, 129, 77, 82, 106, 220, 55, 200, 108, 193, 171, 250, 36, 225, 123, 8, 12, 189,
-    177, 74, 120, 136, 149, 139, 227, 99, 232, 109, 233, 203, 213, 254, 59, 0, 29, 57, 242, 239,
-    183, 14, 102, 88, 208, 228, 166, 119, 114, 248, 235, 117, 75, 10, 49, 68, 80, 180, 143, 237,
-    31, 26, 219, 153, 141, 51, 159, 17, 131, 20,
+    41, 46, 67, 201, 162, 216, 124, 1, 61, 54, 84, 161, 236, 240, 6, 19, 98, 167, 5, 243, 192, 199,
+    115, 140, 152, 147, 43, 217, 188, 76, 130, 202, 30, 155, 87, 60, 253, 212, 224, 22, 103, 66,
+    111, 24, 138, 23, 229, 18, 190, 78, 196, 214, 218, 158, 222, 73, 160, 251, 245, 142, 187, 47,
+    238, 122, 169, 104, 121, 145, 21, 178, 7, 63, 148, 194, 16, 137, 11, 34, 95, 33, 128, 127, 93,
+    154, 90, 144, 50, 39, 53, 62, 204, 231, 191, 247, 151, 3, 255, 25, 48, 179, 72, 165, 181, 209,
+    215, 94, 146, 42, 172, 86, 170, 198, 79, 184, 56, 210, 150, 164, 125, 182, 118, 252, 107, 226,
+    156, 116, 4, 241, 69, 157, 112, 89, 100, 113, 135, 32, 134, 91, 207, 101, 230, 45, 168, 2, 27,
+    96, 37, 173, 174, 176, 185, 246, 28, 70, 97, 105, 52, 64, 126, 15, 85, 71, 163, 35, 221, 81,
+    175, 58, 195, 92, 249, 206, 186, 197, 234, 38, 44, 83, 13, 110, 133, 40, 132, 9, 211, 223, 205,
+    244, 65, 129, 77, 82, 106, 220, 55, 200, 108, 193, 171, 250, 36, 225, 123, 8, 12, 189, 177, 74,
+    120, 136, 149, 139, 227, 99, 232, 109, 233, 203, 213, 254, 59, 0, 29, 57, 242, 239, 183, 14,
+    102, 88, 208, 228, 166, 119, 114, 248, 235, 117, 75, 10, 49, 68, 80, 180, 143, 237, 31, 26,
+    219, 153, 141, 51, 159, 17, 131, 20,
 ];
 
 /// MD2 of `data` (RFC 1319).
@@ -656,7 +660,10 @@ mod tests {
             ("a", "32ec01ec4a6dac72c0ab96fb34c0b5d1"),
             ("abc", "da853b0d3f88d99b30283a69e6ded6bb"),
             ("message digest", "ab4f496bfb2a530b219ff33031fe06b0"),
-            ("abcdefghijklmnopqrstuvwxyz", "4e8ddff3650292ab5a4108c3aa47940b"),
+            (
+                "abcdefghijklmnopqrstuvwxyz",
+                "4e8ddff3650292ab5a4108c3aa47940b",
+            ),
             (
                 "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789",
                 "da33def2a42df13975352846c30338cd",
@@ -682,7 +689,10 @@ mod tests {
         outer.extend_from_slice(&md2(&inner));
         assert_eq!(hmac_md2(&key, msg), md2(&outer));
         // A different key or message changes the answer.
-        assert_ne!(hmac_md2(&key, msg), hmac_md2(&key, b"what the runtime sent"));
+        assert_ne!(
+            hmac_md2(&key, msg),
+            hmac_md2(&key, b"what the runtime sent")
+        );
         assert_ne!(hmac_md2(&[0; 16], msg), hmac_md2(&key, msg));
         // A key longer than the block is hashed first.
         let long = [7u8; 40];
@@ -736,12 +746,11 @@ mod tests {
     fn tables_have_their_sizes_and_unknown_ids_fail() {
         assert_eq!(CUDART.0[0] as usize, 13 * 8);
         assert_eq!(T2131.0[0] as usize, 95 * 8);
-        let mut t: *const c_void = 1 as *const c_void;
+        let mut t: *const c_void = std::ptr::dangling();
         let unknown = CUuuid { bytes: [0x5a; 16] };
-        assert_eq!(
-            get_export_table(&mut t, &unknown),
-            Err(CUDA_ERROR_NOT_SUPPORTED)
-        );
+        // SAFETY: both pointers are valid locals.
+        let r = unsafe { get_export_table(&mut t, &unknown) };
+        assert_eq!(r, Err(CUDA_ERROR_NOT_SUPPORTED));
         assert!(t.is_null());
     }
 }

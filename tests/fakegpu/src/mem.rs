@@ -637,7 +637,10 @@ pub fn vmm_retain(ptr: u64) -> CuResult<u64> {
     rt()?;
     let h = {
         let g = MAPPINGS.lock().unwrap_or_else(|e| e.into_inner());
-        let (&s, &(len, h)) = g.range(..=ptr).next_back().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (&s, &(len, h)) = g
+            .range(..=ptr)
+            .next_back()
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if ptr >= s + len {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -887,7 +890,8 @@ pub fn set_graph_live(ptr: u64, live: bool) {
                 let now = GRAPH_USED[r.dev].fetch_add(r.size, AcqRel) + r.size;
                 GRAPH_HIGH[r.dev].fetch_max(now, AcqRel);
             } else {
-                let _ = GRAPH_USED[r.dev].fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(r.size)));
+                let _ = GRAPH_USED[r.dev]
+                    .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(r.size)));
             }
         }
         r.kind = Kind::Graph(live);
