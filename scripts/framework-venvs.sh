@@ -14,19 +14,36 @@ python=${PYTHON:-python3}
 mkdir -p "$cache/pip"
 export PIP_CACHE_DIR="$cache/pip" PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 pyver=$("$python" -c 'import sys; print("%d%d" % sys.version_info[:2])')
+install() {  # GROUP REQ VENV: a fresh venv with REQ installed, marked complete at the end
+    local group=$1 req=$2 venv=$3 start
+    start=$(date +%s)
+    echo "framework-venvs.sh: installing $group into $venv" >&2
+    rm -rf "$venv"
+    "$python" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q -r "$req" >&2
+    touch "$venv/.complete"
+    echo "framework-venvs.sh: $group installed in $(( $(date +%s) - start )) s" >&2
+}
+
+# Missing groups install in parallel (the downloads dominate); then one line per group.
+pids=() names=() lines=()
 for group in $groups; do
     req="$root/requirements-$group.txt"
     [ -f "$req" ] || { echo "framework-venvs.sh: no $req" >&2; exit 2; }
     sum=$(sha256sum "$req" | cut -c1-16)
     venv="$cache/venv-$group-py$pyver-$sum"
     if [ ! -f "$venv/.complete" ]; then
-        start=$(date +%s)
-        echo "framework-venvs.sh: installing $group into $venv" >&2
-        rm -rf "$venv"
-        "$python" -m venv "$venv"
-        "$venv/bin/python" -m pip install -q -r "$req" >&2
-        touch "$venv/.complete"
-        echo "framework-venvs.sh: $group installed in $(( $(date +%s) - start )) s" >&2
+        install "$group" "$req" "$venv" &
+        pids+=($!) names+=("$group")
     fi
-    echo "$group=$venv"
+    lines+=("$group=$venv")
 done
+failed=0
+for i in "${!pids[@]}"; do
+    if ! wait "${pids[$i]}"; then
+        echo "framework-venvs.sh: installing ${names[$i]} failed" >&2
+        failed=1
+    fi
+done
+[ "$failed" = 0 ] || exit 1
+printf '%s\n' "${lines[@]}"

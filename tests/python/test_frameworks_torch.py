@@ -111,7 +111,7 @@ def test_gpuslice_status_shows_the_torch_process_in_its_slice(fw_env, gpuslice_b
 
 
 def contend(fw_env, shares, seconds=6.0, graph=(False, False)):
-    start = time.time() + 25  # after every process has imported torch (slow on a busy machine)
+    start = time.time() + 18  # after every process has imported torch (slow on a busy machine)
     procs = []
     for i, share in enumerate(shares):
         env = torch_env(fw_env, "caching", GPUSLICE_COMPUTE=share, GPUSLICE_SLICE=f"c{i}")
@@ -140,7 +140,7 @@ def test_torch_compute_shares_quarter_and_three_quarters(fw_env, graph):
 def test_torch_compute_without_the_shim_splits_evenly(fw_env):
     """Control: the same two processes without gpuslice get about half each (the fake's
     time slicing), so the 0.25 / 0.75 split above is gpuslice's doing."""
-    start = time.time() + 25
+    start = time.time() + 18
     procs = [Served("torch", "fw_torch", torch_env(fw_env, "caching", preload=False), "compute", start, 6.0,
                     timeout=120, wait_ready=False) for _ in range(2)]
     try:
