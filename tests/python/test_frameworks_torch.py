@@ -157,3 +157,28 @@ def test_torch_compute_without_the_shim_splits_evenly(fw_env):
 def test_torch_lone_quarter_share_is_lent_the_idle_gpu(fw_env):
     (a,) = contend(fw_env, ["0.25"])
     assert a["engine_s"] / a["wall_s"] >= 0.85, a
+
+
+def test_torch_cudnn_conv_needs_the_cudnn_table(fw_env):
+    """cuDNN 9 only needs export table 21318c60 to exist; without it, the reference saw
+    CUDNN_STATUS_NOT_INITIALIZED, and so does the fake."""
+    r = run_framework("torch", "fw_torch", fw_env(GPUSLICE_MEMORY="2Gi"), "probe")
+    assert r["available"] and r["conv"] == {"shape": [1, 8, 30, 30]}, r
+    r = run_framework("torch", "fw_torch", fw_env(preload=False, FAKEGPU_WITHHOLD_TABLE="21318c60"), "probe")
+    assert "CUDNN_STATUS_NOT_INITIALIZED" in r["conv"]["message"], r
+
+
+def test_torch_refuses_a_wrong_integrity_answer(fw_env):
+    r = run_framework("torch", "fw_torch", fw_env(FAKEGPU_BAD_INTEGRITY="1"), "probe")
+    assert r["available"] is False, r
+    assert "integrity checks failed" in r["conv"]["message"], r
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "cuBLAS 13.4 cannot start on the fake: cublasCreate fails with CUBLAS_STATUS_NOT_INITIALIZED "
+    "inside cublasLtCtxInit, with no failing driver call, stub export-table slot or unknown "
+    "table seen (FAKEGPU_DEBUG=1); the reference's stand-in got further (NOT_SUPPORTED at the "
+    "matmul). See docs/fakegpu.md"))
+def test_torch_cublas_matmul(fw_env):
+    r = run_framework("torch", "fw_torch", fw_env(preload=False), "probe")
+    assert r["matmul"] == {"shape": [64, 64]}, r

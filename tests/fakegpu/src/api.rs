@@ -1172,12 +1172,12 @@ exports! {
     fn cuLibraryLoadData(lib: *mut CUlibrary, code: *const c_void, _jo: *mut c_int, _jv: *mut *mut c_void, _jn: c_uint, _lo: *mut c_int, _lv: *mut *mut c_void, _ln: c_uint) {
         rt()?;
         let bytes = module::image_bytes(code as *const u8)?;
-        put(lib, module::load(rtm::get_current()?, bytes)?.handle() as CUlibrary)
+        put(lib, module::load_library(rtm::get_current()?, bytes)?.handle() as CUlibrary)
     }
     fn cuLibraryLoadFromFile(lib: *mut CUlibrary, path: *const c_char, _jo: *mut c_int, _jv: *mut *mut c_void, _jn: c_uint, _lo: *mut c_int, _lv: *mut *mut c_void, _ln: c_uint) {
         rt()?;
         let bytes = read_file(path)?;
-        put(lib, module::load(rtm::get_current()?, &bytes)?.handle() as CUlibrary)
+        put(lib, module::load_library(rtm::get_current()?, &bytes)?.handle() as CUlibrary)
     }
     fn cuLibraryUnload(lib: CUlibrary) { Module::resolve(lib).map(|_| ()) }
     fn cuLibraryGetKernel(k: *mut CUkernel, lib: CUlibrary, name: *const c_char) {

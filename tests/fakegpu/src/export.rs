@@ -538,7 +538,10 @@ fn hex(id: &[u8; 16]) -> String {
 ///
 /// # Safety
 /// `table` must be null or valid for one pointer write, `id` null or valid for 16 bytes.
-pub unsafe fn get_export_table(table: *mut *const c_void, id: *const CUuuid) -> Result<(), CUresult> {
+pub unsafe fn get_export_table(
+    table: *mut *const c_void,
+    id: *const CUuuid,
+) -> Result<(), CUresult> {
     if table.is_null() || id.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }

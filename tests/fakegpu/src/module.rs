@@ -361,11 +361,31 @@ pub unsafe fn image_bytes<'a>(p: *const u8) -> CuResult<&'a [u8]> {
 }
 
 /// Load an image into `ctx` (or unbound, for a library). A fat binary's names are read at
-/// the first lookup; any other image is read now.
+/// the first lookup; any other image is read now. A library (`cuLibraryLoadData`) is not bound
+/// to a device, so a fat binary with no code for this device loads, and its lookups fail with
+/// `CUDA_ERROR_NO_BINARY_FOR_GPU` (libraries such as cuBLAS register one fat binary per
+/// architecture); a module load fails at once.
 pub fn load(ctx: Option<&'static Ctx>, img: &[u8]) -> CuResult<&'static Module> {
+    load_as(ctx, img, false)
+}
+
+/// [`load`] for `cuLibraryLoad*`.
+pub fn load_library(ctx: Option<&'static Ctx>, img: &[u8]) -> CuResult<&'static Module> {
+    load_as(ctx, img, true)
+}
+
+fn load_as(ctx: Option<&'static Ctx>, img: &[u8], library: bool) -> CuResult<&'static Module> {
     let fat = parse_elf(img).is_none() && img.len() >= 16 && img[..4] == FATBIN_MAGIC.to_le_bytes();
+    let mut deferred = None;
     let (pending, names) = if fat {
-        (fat_entries(img)?, None)
+        match fat_entries(img) {
+            Ok(e) => (e, None),
+            Err(CUDA_ERROR_NO_BINARY_FOR_GPU) if library => {
+                deferred = Some(CUDA_ERROR_NO_BINARY_FOR_GPU);
+                (Vec::new(), None)
+            }
+            Err(e) => return Err(e),
+        }
     } else {
         (Vec::new(), Some(parse_image(img)?))
     };
@@ -378,6 +398,9 @@ pub fn load(ctx: Option<&'static Ctx>, img: &[u8]) -> CuResult<&'static Module> 
     }));
     if let Some(d) = names {
         let _ = m.names.set(Ok(m.make_names(d)));
+    }
+    if let Some(e) = deferred {
+        let _ = m.names.set(Err(e));
     }
     Ok(m)
 }

@@ -110,8 +110,26 @@ def compute(start_at, seconds, graph=False):
          graph=bool(graph))
 
 
+def probe():
+    """Which libraries start: is_available, a cuDNN convolution, a cuBLAS matmul."""
+    out = dict(available=torch.cuda.is_available())
+    for name, f in (("conv", lambda: torch.nn.functional.conv2d(
+                        torch.zeros(1, 3, 32, 32, device="cuda"), torch.zeros(8, 3, 3, 3, device="cuda"))),
+                    ("matmul", lambda: torch.zeros(64, 64, device="cuda") @ torch.zeros(64, 64, device="cuda"))):
+        try:
+            y = f()
+            torch.cuda.synchronize()
+            out[name] = dict(shape=list(y.shape))
+        except Exception as e:
+            out[name] = dict(error=type(e).__name__, message=str(e)[:300])
+    emit(**out)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
+    if mode == "probe":
+        probe()
+        sys.exit(0)
     if mode == "fill":
         fill(int(sys.argv[2]))
     elif mode == "hold":
