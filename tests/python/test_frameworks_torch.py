@@ -175,10 +175,10 @@ def test_torch_refuses_a_wrong_integrity_answer(fw_env):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "cuBLAS 13.4 cannot start on the fake: cublasCreate fails with CUBLAS_STATUS_NOT_INITIALIZED "
-    "inside cublasLtCtxInit, with no failing driver call, stub export-table slot or unknown "
-    "table seen (FAKEGPU_DEBUG=1); the reference's stand-in got further (NOT_SUPPORTED at the "
-    "matmul). See docs/fakegpu.md"))
+    "cuBLAS 13.4 cannot start on the fake: cublasCreate fails with CUBLAS_STATUS_INTERNAL_ERROR "
+    "in cublasLtCtxInit right after cuLibraryGetGlobal, with no failing driver call, null entry "
+    "point, stub export-table slot or unknown table seen (FAKEGPU_DEBUG=2); the reference's "
+    "stand-in got further (NOT_SUPPORTED at the matmul). See docs/fakegpu.md"))
 def test_torch_cublas_matmul(fw_env):
     r = run_framework("torch", "fw_torch", fw_env(preload=False), "probe")
     assert r["matmul"] == {"shape": [64, 64]}, r

@@ -39,6 +39,7 @@ macro_rules! exports {
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
                 // SAFETY: the caller follows the CUDA API contract for this entry point: every
                 // pointer argument is valid for what the API documents it reads or writes.
+                crate::export::trace(stringify!($name));
                 let r = guard(move || unsafe { $body });
                 if r != CUDA_SUCCESS {
                     crate::export::debug_error(stringify!($name), r);
@@ -693,6 +694,12 @@ exports! {
         Ok(())
     }
     fn cuDeviceGraphMemTrim(d: CUdevice) { device(d).map(|_| ()) }
+    fn cuDeviceGetDevResource(d: CUdevice, r: *mut c_void, ty: c_int) { device(d)?; sm_resource(r, ty) }
+    fn cuCtxGetDevResource(c: CUcontext, r: *mut c_void, ty: c_int) {
+        rt()?;
+        Ctx::from_handle(c).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        sm_resource(r, ty)
+    }
     fn cuDeviceGetGraphMemAttribute(d: CUdevice, attr: c_int, v: *mut c_void) {
         device(d)?;
         put(v as *mut u64, mem::graph_mem_attribute(d as usize, attr)?)
@@ -1052,6 +1059,8 @@ exports! {
     fn cuStreamGetPriority_ptsz(s: CUstream, p: *mut c_int) { put(p, Stream::resolve(s, true)?.priority) }
     fn cuStreamGetFlags(s: CUstream, f: *mut c_uint) { put(f, Stream::resolve(s, false)?.flags) }
     fn cuStreamGetFlags_ptsz(s: CUstream, f: *mut c_uint) { put(f, Stream::resolve(s, true)?.flags) }
+    fn cuStreamGetDevice(s: CUstream, d: *mut CUdevice) { put(d, Stream::resolve(s, false)?.ctx.dev as CUdevice) }
+    fn cuStreamGetDevice_ptsz(s: CUstream, d: *mut CUdevice) { put(d, Stream::resolve(s, true)?.ctx.dev as CUdevice) }
     fn cuStreamGetCtx(s: CUstream, c: *mut CUcontext) { put(c, Stream::resolve(s, false)?.ctx.handle()) }
     fn cuStreamGetCtx_ptsz(s: CUstream, c: *mut CUcontext) { put(c, Stream::resolve(s, true)?.ctx.handle()) }
     fn cuStreamGetCtx_v2(s: CUstream, c: *mut CUcontext, g: *mut *mut c_void) { put(c, Stream::resolve(s, false)?.ctx.handle())?; put_opt(g, std::ptr::null_mut()); Ok(()) }
@@ -1133,6 +1142,11 @@ exports! {
     fn cuModuleLoadData(m: *mut CUmodule, img: *const c_void) { load_module(m, img) }
     fn cuModuleLoadDataEx(m: *mut CUmodule, img: *const c_void, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) { load_module(m, img) }
     fn cuModuleLoadFatBinary(m: *mut CUmodule, img: *const c_void) { load_module(m, img) }
+    // The driver's default since CUDA 12.2 is lazy loading; CUDA_MODULE_LOADING=EAGER changes it.
+    fn cuModuleGetLoadingMode(m: *mut c_int) {
+        let eager = std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v.eq_ignore_ascii_case("EAGER"));
+        put(m, if eager { 1 } else { 2 })
+    }
     fn cuModuleUnload(m: CUmodule) { Module::resolve(m).map(|_| ()) }
     fn cuModuleGetFunction(f: *mut CUfunction, m: CUmodule, name: *const c_char) {
         put(f, Module::resolve(m)?.function(cstr(name)?)?.handle())
@@ -1191,6 +1205,13 @@ exports! {
         put_opt(bytes, size as usize);
         Ok(())
     }
+    // A `__managed__` variable is a global the host can address too: the fake's globals are host memory.
+    fn cuLibraryGetManaged(p: *mut CUdeviceptr, bytes: *mut usize, lib: CUlibrary, name: *const c_char) {
+        let (ptr, size) = Module::resolve(lib)?.global(cstr(name)?)?;
+        put_opt(p, ptr);
+        put_opt(bytes, size as usize);
+        Ok(())
+    }
     fn cuKernelGetFunction(f: *mut CUfunction, k: CUkernel) { cur_ctx()?; put(f, Func::resolve(k)?.handle()) }
     fn cuKernelGetAttribute(v: *mut c_int, a: CUfunction_attribute, k: CUkernel, _d: CUdevice) { Func::resolve(k)?; put(v, func_attribute(a)?) }
     fn cuKernelSetAttribute(_a: CUfunction_attribute, _v: c_int, k: CUkernel, _d: CUdevice) { Func::resolve(k).map(|_| ()) }
@@ -1209,6 +1230,23 @@ exports! {
     fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n: *mut c_int, f: CUfunction, block: c_int, _smem: usize, _fl: c_uint) {
         Func::resolve(f)?;
         put(n, occupancy_blocks(block))
+    }
+    fn cuOccupancyAvailableDynamicSMemPerBlock(n: *mut usize, f: CUfunction, blocks: c_int, block: c_int) {
+        Func::resolve(f)?;
+        if blocks <= 0 || !(1..=1024).contains(&block) { return Err(CUDA_ERROR_INVALID_VALUE); }
+        // The opt-in per-block maximum, or the SM's shared memory split between the blocks.
+        put(n, (232_448usize).min(233_472 / blocks as usize))
+    }
+    fn cuOccupancyMaxActiveClusters(n: *mut c_int, f: CUfunction, cfg: *const CUlaunchConfig) {
+        Func::resolve(f)?;
+        let size = cluster_size(cfg)?;
+        if size > 16 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(n, (132 / size) as c_int)
+    }
+    fn cuOccupancyMaxPotentialClusterSize(n: *mut c_int, f: CUfunction, cfg: *const CUlaunchConfig) {
+        Func::resolve(f)?;
+        arg(cfg)?;
+        put(n, 8)
     }
     fn cuOccupancyMaxPotentialBlockSize(grid: *mut c_int, block: *mut c_int, f: CUfunction, _cb: *mut c_void, _smem: usize, limit: c_int) {
         Func::resolve(f)?;
@@ -1270,6 +1308,48 @@ exports! {
         mem::lookup(p).filter(|(s, _)| *s == p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         put(node, g.push(graph::Node::Free(p)))
     }
+}
+
+/// A `CUdevResource` (144 bytes in CUDA 12.4..13.x: the type, 92 bytes of padding, the union at
+/// 96, in 13.x a next pointer at 136) describing the whole device's SMs; only
+/// `CU_DEV_RESOURCE_TYPE_SM` (1) is modelled.
+fn sm_resource(r: *mut c_void, ty: c_int) -> CuResult<()> {
+    if r.is_null() || ty != 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller passes room for one CUdevResource (144 bytes).
+    unsafe {
+        let b = r as *mut u8;
+        std::ptr::write_bytes(b, 0, 144);
+        (b as *mut u32).write_unaligned(1);
+        let sm = b.add(96) as *mut u32;
+        sm.write_unaligned(132); // smCount
+        sm.add(1).write_unaligned(8); // minSmPartitionSize
+        sm.add(2).write_unaligned(2); // smCoscheduledAlignment
+    }
+    Ok(())
+}
+
+/// The number of blocks in a cluster a launch configuration asks for (1 without the attribute).
+fn cluster_size(cfg: *const CUlaunchConfig) -> CuResult<u32> {
+    const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+    let c = arg(cfg)?;
+    let mut size = 1u32;
+    for i in 0..c.numAttrs as usize {
+        if c.attrs.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: `attrs` holds `numAttrs` entries by the API contract.
+        let a = unsafe { c.attrs.add(i).read_unaligned() };
+        if a.id as u32 == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION {
+            let d = |k: usize| {
+                u32::from_le_bytes(a.value[4 * k..4 * k + 4].try_into().unwrap_or([1, 0, 0, 0]))
+                    .max(1)
+            };
+            size = d(0) * d(1) * d(2);
+        }
+    }
+    Ok(size)
 }
 
 /// The device a CUDA 13 pool location names: device locations of pinned memory only (the

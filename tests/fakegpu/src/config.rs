@@ -25,8 +25,9 @@ pub struct Config {
     pub visible: Vec<usize>,
     /// The CUDA version `cuDriverGetVersion` reports, e.g. 13000 (`FAKEGPU_DRIVER_VERSION`).
     pub driver_version: i32,
-    /// Log unknown export tables and slots on stderr (`FAKEGPU_DEBUG=1`).
-    pub debug: bool,
+    /// Log unknown export tables and slots, failing calls and missing lookups on stderr
+    /// (`FAKEGPU_DEBUG=1`); `2` also traces every driver call.
+    pub debug: u8,
     /// An export table `cuGetExportTable` refuses, by UUID hex prefix (`FAKEGPU_WITHHOLD_TABLE`),
     /// to show the runtime needs it.
     pub withhold_table: Option<String>,
@@ -115,7 +116,12 @@ impl Config {
                 Some(v) => Err(bad(var, v, "not a switch", "0 or 1")),
             }
         };
-        let debug = flag("FAKEGPU_DEBUG")?;
+        let debug = match get("FAKEGPU_DEBUG").as_deref().map(str::trim) {
+            None | Some("") | Some("0") => 0,
+            Some("1") => 1,
+            Some("2") => 2,
+            Some(v) => return Err(bad("FAKEGPU_DEBUG", v, "not a debug level", "0, 1 or 2")),
+        };
         let bad_integrity = flag("FAKEGPU_BAD_INTEGRITY")?;
         let withhold_table = match get("FAKEGPU_WITHHOLD_TABLE") {
             None => None,
@@ -235,7 +241,7 @@ mod tests {
         assert_eq!((c.devices, c.memory, c.kernel_ns), (1, 16 << 30, 100_000));
         assert_eq!(c.visible, vec![0]);
         assert_eq!(c.driver_version, DEFAULT_DRIVER_VERSION);
-        assert!(!c.debug && !c.bad_integrity && c.withhold_table.is_none());
+        assert!(c.debug == 0 && !c.bad_integrity && c.withhold_table.is_none());
     }
 
     #[test]

@@ -31,7 +31,23 @@ impl<const N: usize> Table<N> {
 }
 
 fn debug_enabled() -> bool {
-    rtm::config().map(|c| c.debug).unwrap_or(false)
+    rtm::config().map(|c| c.debug > 0).unwrap_or(false)
+}
+
+/// 0: not read yet; else the debug level + 1.
+static TRACE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Trace a driver call (`FAKEGPU_DEBUG=2`); one relaxed load when tracing is off.
+#[inline]
+pub fn trace(name: &str) {
+    let mut t = TRACE.load(Relaxed);
+    if t == 0 {
+        t = rtm::config().map(|c| c.debug).unwrap_or(0) + 1;
+        TRACE.store(t, Relaxed);
+    }
+    if t > 2 {
+        eprintln!("fakegpu: trace: {name}");
+    }
 }
 
 /// Log at debug level (`FAKEGPU_DEBUG=1`): something the fake does not model was asked for.
