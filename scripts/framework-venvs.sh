@@ -26,6 +26,19 @@ install() {  # GROUP REQ VENV: a fresh venv with REQ installed, marked complete 
 }
 
 # Missing groups install in parallel (the downloads dominate); then one line per group.
+# Each group needs about 7 GB; refuse up front, with the numbers, rather than fill the disk.
+missing=0
+for group in $groups; do
+    sum=$(sha256sum "$root/requirements-$group.txt" 2>/dev/null | cut -c1-16)
+    [ -f "$cache/venv-$group-py$pyver-$sum/.complete" ] || missing=$((missing + 1))
+done
+if [ "$missing" -gt 0 ]; then
+    avail=$(df -Pk "$cache" | awk 'NR == 2 { print int($4 / 1048576) }')
+    if [ "$avail" -lt $((missing * 8)) ]; then
+        echo "framework-venvs.sh: $missing framework venv(s) to install need about $((missing * 8)) GB in $cache, which has $avail GB free; free space there or set GPUSLICE_FRAMEWORK_CACHE" >&2
+        exit 1
+    fi
+fi
 pids=() names=() lines=()
 for group in $groups; do
     req="$root/requirements-$group.txt"
