@@ -3,7 +3,11 @@
 #   1. a Python venv (.venv, or $GPUSLICE_VENV) with requirements-test.txt installed;
 #   2. cargo build --workspace (debug), which the system tests run;
 #   3. cargo test --workspace --no-fail-fast: unit tests and the system tests of tests/e2e on the fake GPU;
-#   4. pytest tests/python: real third-party clients (numba, pynvml) on the fake GPU.
+#   4. pytest tests/python: real third-party clients (numba, pynvml, and the GPU frameworks
+#      PyTorch, CuPy, JAX, TensorFlow) on the fake GPU.
+# The frameworks are installed by scripts/framework-venvs.sh into venvs in a fixed cache
+# directory outside the checkout (GPUSLICE_FRAMEWORK_CACHE, default /var/cache/gpuslice-ci), so
+# a second run on the machine, a fresh clone's included, downloads nothing.
 # Steps 3 and 4 both run even if one fails; the exit status is non-zero if anything failed.
 # Each step has a time limit (GPUSLICE_TEST_TIMEOUT seconds, default 1200), so a hung test fails
 # the run instead of stalling CI. Extra arguments go to pytest (e.g. `scripts/test.sh -k numba`).
@@ -28,6 +32,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
     "$venv/bin/python" -m pip install --disable-pip-version-check -q -r requirements-test.txt
     echo "$sum" >"$stamp"
 fi
+
+step "GPU framework venvs (scripts/framework-venvs.sh)"
+fw_start=$(date +%s)
+bash scripts/framework-venvs.sh </dev/null
+echo "frameworks ready in $(( $(date +%s) - fw_start )) s" >&2
 
 step "cargo build --workspace"
 cargo build --workspace

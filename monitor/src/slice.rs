@@ -77,7 +77,10 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceRequest>, Failure> {
             Long("owner") => {
                 let v = value(&mut p, "--owner")?;
                 if owner.is_some() {
-                    return Err(Failure::usage("--owner is given twice; give it once", CREATE));
+                    return Err(Failure::usage(
+                        "--owner is given twice; give it once",
+                        CREATE,
+                    ));
                 }
                 owner = Some(uid_of(&v).ok_or_else(|| {
                     Failure::usage(

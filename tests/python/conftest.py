@@ -17,6 +17,7 @@ Build artifacts (``gpuslice-burn``, ``libgpuslice.so``) are looked up in ``$GPUS
 else ``$CARGO_TARGET_DIR/debug``, else ``target/debug`` of the repository.
 """
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -160,3 +161,100 @@ def run_client(name, env, *args, timeout=300):
 def client():
     """`client(name, env, *args)`: run a client script, return its JSON report."""
     return run_client
+
+
+# --- the GPU frameworks (PyTorch, CuPy, JAX, TensorFlow) ---------------------------------------
+#
+# They live in their own venvs (scripts/framework-venvs.sh), one per requirements-<group>.txt,
+# in a fixed cache directory shared by every checkout on the machine. A test that needs one and
+# does not find it fails, naming the command that installs it: never a silent skip.
+
+FRAMEWORK_CACHE = pathlib.Path(os.environ.get("GPUSLICE_FRAMEWORK_CACHE", "/var/cache/gpuslice-ci"))
+
+
+def framework_venv(group):
+    """The venv of requirements-<group>.txt, as scripts/framework-venvs.sh names it."""
+    req = REPO / f"requirements-{group}.txt"
+    digest = hashlib.sha256(req.read_bytes()).hexdigest()[:16]
+    py = "%d%d" % sys.version_info[:2]
+    venv = FRAMEWORK_CACHE / f"venv-{group}-py{py}-{digest}"
+    if not (venv / ".complete").exists():
+        pytest.fail(f"{venv} is not installed: run `bash scripts/framework-venvs.sh` "
+                    f"(scripts/test.sh does)")
+    return venv / "bin" / "python"
+
+
+@pytest.fixture
+def fw_env(gpu_env):
+    """`fw_env(preload=..., **extra)`: gpu_env for a framework process (16 GiB device, kernels of
+    FAKEGPU_KERNEL_US=1000 so launches take engine time, quiet framework logs)."""
+
+    def make(preload=True, memory="16Gi", **extra):
+        base = dict(FAKEGPU_KERNEL_US="1000", TF_CPP_MIN_LOG_LEVEL="2")
+        base.update(extra)
+        return gpu_env(memory=memory, preload=preload, **base)
+
+    return make
+
+
+def run_framework(group, name, env, *args, timeout=600):
+    """Run tests/python/clients/<name>.py with the python of framework venv `group`; return its
+    last JSON line (the test fails with the output when it exits non-zero or prints none)."""
+    cmd = [str(framework_venv(group)), str(CLIENTS / f"{name}.py"), *map(str, args)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    out = last_json(p.stdout)
+    if p.returncode != 0 or out is None:
+        pytest.fail(f"{name} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr[-6000:]}")
+    return out
+
+
+class Served:
+    """A framework client in `serve` mode: `ask("alloc 256")` sends one command and returns its
+    JSON answer. Use as a context manager; the process is killed on exit."""
+
+    def __init__(self, group, name, env, *args, timeout=300, wait_ready=True):
+        cmd = [str(framework_venv(group)), str(CLIENTS / f"{name}.py"), *map(str, args)]
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.timeout = timeout
+        self.ready = self._read() if wait_ready else None
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def read(self):
+        """The client's next JSON line."""
+        return self._read()
+
+    def _read(self):
+        import select
+        while True:
+            r, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
+            if not r:
+                self.stop()
+                pytest.fail(f"no answer within {self.timeout} s; stderr:\n{self.proc.stderr.read()[-6000:]}")
+            line = self.proc.stdout.readline()
+            if not line:
+                err = self.proc.stderr.read()
+                self.stop()
+                pytest.fail(f"client exited {self.proc.poll()}; stderr:\n{err[-6000:]}")
+            if line.lstrip().startswith("{"):
+                return json.loads(line)
+
+    def ask(self, command):
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

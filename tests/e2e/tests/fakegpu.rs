@@ -272,7 +272,10 @@ fn devices_have_stable_uuids_and_follow_cuda_visible_devices() {
     let w = World::new(3, "80Gi");
     let all = scenario(&w, &["devices"]);
     assert_eq!(all["count"], 3);
-    assert_eq!(all["driver"], 12090);
+    assert_eq!(
+        all["driver"], 13000,
+        "FAKEGPU_DRIVER_VERSION defaults to CUDA 13.0"
+    );
     assert_eq!(all["devices"][0]["cc"], "9.0");
     assert!(
         all["devices"][0]["name"].as_str().unwrap().contains("Fake"),

@@ -3,7 +3,12 @@
 
 Run once (by hand) when the reference data changes:
     python3 tests/fakegpu/gen/procaddr.py ../shared/reference/driver-535-proc-address.tsv \
-        /path/to/cuda_runtime/include > tests/fakegpu/src/procaddr.tsv
+        /path/to/cuda_runtime/include [/path/to/cuda13/include] > tests/fakegpu/src/procaddr.tsv
+
+The optional second include directory (CUDA 13's, e.g. `nvidia/cu13/include` of the
+`nvidia-cuda-runtime` wheel) adds only the entry points that are new in CUDA 13 (bases the
+12.x table lacks, such as cuMemGetDefaultMemPool), as bare symbols; versioned changes of
+existing entry points in 13.x are not taken (their `_v2` prototypes are macros there).
 
 Rows are `base flags min_version symbol` (`-` = no symbol in that range), exactly the reference
 driver's answers (CUDA 12.2), extended with the entry points that CUDA 12.3 .. 12.9 added, taken
@@ -52,6 +57,21 @@ for base in sorted(newer):
             if not rows[(base, flags)]:
                 rows[(base, flags)].append((2000, "-"))
             rows[(base, flags)].append((ver, s))
+
+if len(sys.argv) > 3:
+    known = {b for (b, _) in rows}
+    t13 = open(sys.argv[3] + "/cudaTypedefs.h").read()
+    new13 = {}
+    for m in re.finditer(r"PFN_(cu\w+?)_v(\d{4,5})(_ptsz|_ptds)?\b", t13):
+        base, ver, pt = m.group(1), int(m.group(2)), m.group(3)
+        if base not in known and ver >= 13000:
+            cur = new13.setdefault(base, [ver, None])
+            cur[0] = min(cur[0], ver)
+            if pt:
+                cur[1] = pt
+    for base, (ver, pt) in new13.items():
+        for flags in (0, 1, 2):
+            rows[(base, flags)] = [(2000, "-"), (ver, base + pt if (flags == 2 and pt) else base)]
 
 for (base, flags) in sorted(rows):
     for ver, sym in sorted(rows[(base, flags)]):

@@ -18,8 +18,13 @@ use gpuslice_abi::*;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::Ordering::*;
 
-/// The CUDA version the fake driver reports (`cuDriverGetVersion`, NVML).
-pub const DRIVER_VERSION: c_int = 12090;
+/// The CUDA version the fake driver reports (`cuDriverGetVersion`, NVML):
+/// `FAKEGPU_DRIVER_VERSION`, default [`crate::config::DEFAULT_DRIVER_VERSION`].
+pub fn driver_version() -> c_int {
+    rtm::config()
+        .map(|c| c.driver_version)
+        .unwrap_or(crate::config::DEFAULT_DRIVER_VERSION)
+}
 
 /// Run an entry point's body; a panic becomes `CUDA_ERROR_UNKNOWN`, never unwinds into C.
 pub fn guard(f: impl FnOnce() -> CuResult<()>) -> CUresult {
@@ -34,7 +39,12 @@ macro_rules! exports {
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
                 // SAFETY: the caller follows the CUDA API contract for this entry point: every
                 // pointer argument is valid for what the API documents it reads or writes.
-                guard(move || unsafe { $body })
+                crate::export::trace(stringify!($name));
+                let r = guard(move || unsafe { $body });
+                if r != CUDA_SUCCESS {
+                    crate::export::debug_error(stringify!($name), r);
+                }
+                r
             }
         )*
         /// Every driver entry point the fake exports, by symbol name.
@@ -421,7 +431,7 @@ fn capture_info(
     Ok(())
 }
 
-fn device_attribute(a: CUdevice_attribute, d: &rtm::Device) -> CuResult<c_int> {
+pub(crate) fn device_attribute(a: CUdevice_attribute, d: &rtm::Device) -> CuResult<c_int> {
     Ok(match a {
         1 => 1024,                 // MAX_THREADS_PER_BLOCK
         2 | 3 => 1024,             // MAX_BLOCK_DIM_X/Y
@@ -580,7 +590,8 @@ fn ctx_or_current(c: CUcontext) -> CuResult<&'static Ctx> {
 exports! {
     // --- initialisation, versions, errors -----------------------------------------------
     fn cuInit(flags: c_uint) { rtm::init(flags) }
-    fn cuDriverGetVersion(v: *mut c_int) { put(v, DRIVER_VERSION) }
+    fn cuDriverGetVersion(v: *mut c_int) { put(v, driver_version()) }
+    fn cuGetExportTable(table: *mut *const c_void, id: *const CUuuid) { crate::export::get_export_table(table, id) }
     fn cuGetErrorName(e: CUresult, out: *mut *const c_char) {
         match error_name(e) {
             Some(p) => put(out, p),
@@ -606,6 +617,7 @@ exports! {
         if pfn.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         let (r, p, st) = crate::procaddr::get_proc_address(name, ver, flags);
         if r != CUDA_SUCCESS { return Err(r); }
+        if p.is_null() { crate::export::debug_missing(name, ver, flags, st); }
         put(pfn, p)?;
         put_opt(status, st);
         Ok(())
@@ -659,6 +671,21 @@ exports! {
     }
     fn cuDeviceGetDefaultMemPool(p: *mut CUmemoryPool, d: CUdevice) { put(p, device(d)?.default_pool.handle()) }
     fn cuDeviceGetMemPool(p: *mut CUmemoryPool, d: CUdevice) { put(p, device(d)?.mempool.load(Acquire) as CUmemoryPool) }
+    // CUDA 13: the same pools by location; the fake has device pools only.
+    fn cuMemGetDefaultMemPool(p: *mut CUmemoryPool, loc: *mut CUmemLocation, ty: CUmemAllocationType) {
+        put(p, device(location_device(loc, ty)?)?.default_pool.handle())
+    }
+    fn cuMemGetMemPool(p: *mut CUmemoryPool, loc: *mut CUmemLocation, ty: CUmemAllocationType) {
+        put(p, device(location_device(loc, ty)?)?.mempool.load(Acquire) as CUmemoryPool)
+    }
+    fn cuMemSetMemPool(loc: *mut CUmemLocation, ty: CUmemAllocationType, p: CUmemoryPool) {
+        let d = location_device(loc, ty)?;
+        let dev = device(d)?;
+        let pool = Pool::resolve(p)?;
+        if pool.dev != d as usize { return Err(CUDA_ERROR_INVALID_DEVICE); }
+        dev.mempool.store(p as usize, Release);
+        Ok(())
+    }
     fn cuDeviceSetMemPool(d: CUdevice, p: CUmemoryPool) {
         let dev = device(d)?;
         let pool = Pool::resolve(p)?;
@@ -667,6 +694,20 @@ exports! {
         Ok(())
     }
     fn cuDeviceGraphMemTrim(d: CUdevice) { device(d).map(|_| ()) }
+    fn cuDeviceGetDevResource(d: CUdevice, r: *mut c_void, ty: c_uint) { device(d)?; sm_resource(r, ty as c_int) }
+    fn cuCtxGetDevResource(c: CUcontext, r: *mut c_void, ty: c_uint) {
+        rt()?;
+        Ctx::from_handle(c).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        sm_resource(r, ty as c_int)
+    }
+    fn cuDeviceGetGraphMemAttribute(d: CUdevice, attr: c_uint, v: *mut c_void) {
+        device(d)?;
+        put(v as *mut u64, mem::graph_mem_attribute(d as usize, attr as c_int)?)
+    }
+    fn cuDeviceSetGraphMemAttribute(d: CUdevice, attr: c_uint, v: *mut c_void) {
+        device(d)?;
+        mem::set_graph_mem_attribute(d as usize, attr as c_int, arg(v as *const u64)?)
+    }
 
     // --- primary contexts -----------------------------------------------------------------
     fn cuDevicePrimaryCtxRetain(c: *mut CUcontext, d: CUdevice) {
@@ -677,7 +718,7 @@ exports! {
     fn cuDevicePrimaryCtxRelease(d: CUdevice) { rtm::primary_release(d) }
     fn cuDevicePrimaryCtxReset_v2(d: CUdevice) { rtm::primary_reset(d) }
     fn cuDevicePrimaryCtxReset(d: CUdevice) { rtm::primary_reset(d) }
-    fn cuDevicePrimaryCtxGetState(flags: *mut c_uint, active: *mut c_int, d: CUdevice) {
+    fn cuDevicePrimaryCtxGetState(d: CUdevice, flags: *mut c_uint, active: *mut c_int) {
         let dev = device(d)?;
         put(flags, dev.primary.flags.load(Relaxed))?;
         put(active, dev.primary.active.load(Acquire) as c_int)
@@ -849,6 +890,25 @@ exports! {
         put(out, Pool::new(pr.location.id as usize, dev.phys, true).handle())
     }
     fn cuMemPoolDestroy(p: CUmemoryPool) { Pool::resolve(p)?.destroy() }
+    // One device per pool and no peers: the owner always has read-write access, any other
+    // location none (and cannot be given it).
+    fn cuMemPoolGetAccess(flags: *mut CUmemAccess_flags, p: CUmemoryPool, loc: *mut CUmemLocation) {
+        let pool = Pool::resolve(p)?;
+        let l = arg(loc as *const CUmemLocation)?;
+        let own = l.type_ == CU_MEM_LOCATION_TYPE_DEVICE && l.id as usize == pool.dev;
+        put(flags, if own { CU_MEM_ACCESS_FLAGS_PROT_READWRITE } else { CU_MEM_ACCESS_FLAGS_PROT_NONE })
+    }
+    fn cuMemPoolSetAccess(p: CUmemoryPool, desc: *const CUmemAccessDesc, count: usize) {
+        let pool = Pool::resolve(p)?;
+        if desc.is_null() && count > 0 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        for i in 0..count {
+            let d = desc.add(i).read_unaligned();
+            if d.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE { return Err(CUDA_ERROR_INVALID_VALUE); }
+            device(d.location.id)?;
+            if d.location.id as usize != pool.dev && d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE { return Err(CUDA_ERROR_INVALID_DEVICE); }
+        }
+        Ok(())
+    }
     fn cuMemPoolTrimTo(p: CUmemoryPool, keep: usize) { Pool::resolve(p)?.trim(keep as u64); Ok(()) }
     fn cuMemPoolGetAttribute(p: CUmemoryPool, attr: CUmemPool_attribute, v: *mut c_void) {
         let pool = Pool::resolve(p)?;
@@ -874,6 +934,22 @@ exports! {
         put(h, mem::vmm_create(size as u64, &prop.read_unaligned())?)
     }
     fn cuMemRelease(h: CUmemGenericAllocationHandle) { mem::vmm_release(h) }
+    fn cuMemExportToShareableHandle(out: *mut c_void, h: CUmemGenericAllocationHandle, ty: CUmemAllocationHandleType, _flags: u64) {
+        if out.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(out as *mut c_int, mem::vmm_export(h, ty)?)
+    }
+    fn cuMemImportFromShareableHandle(h: *mut CUmemGenericAllocationHandle, os: *mut c_void, ty: CUmemAllocationHandleType) {
+        if h.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        // A POSIX fd handle is passed as the fd's value cast to a pointer.
+        put(h, mem::vmm_import(os as usize as c_int, ty)?)
+    }
+    fn cuMemRetainAllocationHandle(h: *mut CUmemGenericAllocationHandle, addr: *mut c_void) {
+        if h.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(h, mem::vmm_retain(addr as u64)?)
+    }
+    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, h: CUmemGenericAllocationHandle) {
+        put(prop, mem::vmm_properties(h)?)
+    }
     fn cuMemAddressReserve(p: *mut CUdeviceptr, size: usize, align: usize, _addr: CUdeviceptr, _flags: u64) {
         if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         put(p, mem::vmm_reserve(size as u64, align as u64)?)
@@ -983,6 +1059,8 @@ exports! {
     fn cuStreamGetPriority_ptsz(s: CUstream, p: *mut c_int) { put(p, Stream::resolve(s, true)?.priority) }
     fn cuStreamGetFlags(s: CUstream, f: *mut c_uint) { put(f, Stream::resolve(s, false)?.flags) }
     fn cuStreamGetFlags_ptsz(s: CUstream, f: *mut c_uint) { put(f, Stream::resolve(s, true)?.flags) }
+    fn cuStreamGetDevice(s: CUstream, d: *mut CUdevice) { put(d, Stream::resolve(s, false)?.ctx.dev as CUdevice) }
+    fn cuStreamGetDevice_ptsz(s: CUstream, d: *mut CUdevice) { put(d, Stream::resolve(s, true)?.ctx.dev as CUdevice) }
     fn cuStreamGetCtx(s: CUstream, c: *mut CUcontext) { put(c, Stream::resolve(s, false)?.ctx.handle()) }
     fn cuStreamGetCtx_ptsz(s: CUstream, c: *mut CUcontext) { put(c, Stream::resolve(s, true)?.ctx.handle()) }
     fn cuStreamGetCtx_v2(s: CUstream, c: *mut CUcontext, g: *mut *mut c_void) { put(c, Stream::resolve(s, false)?.ctx.handle())?; put_opt(g, std::ptr::null_mut()); Ok(()) }
@@ -1033,6 +1111,11 @@ exports! {
     }
     fn cuThreadExchangeStreamCaptureMode(m: *mut CUstreamCaptureMode) { if m.is_null() { Err(CUDA_ERROR_INVALID_VALUE) } else { Ok(()) } }
 
+    fn cuStreamWriteValue32(s: CUstream, addr: CUdeviceptr, v: c_uint, _f: c_uint) { async_op(s, false, set_op(addr, 0, v, 1, 1, 4)?) }
+    fn cuStreamWriteValue32_ptsz(s: CUstream, addr: CUdeviceptr, v: c_uint, _f: c_uint) { async_op(s, true, set_op(addr, 0, v, 1, 1, 4)?) }
+    fn cuStreamWriteValue32_v2(s: CUstream, addr: CUdeviceptr, v: c_uint, _f: c_uint) { async_op(s, false, set_op(addr, 0, v, 1, 1, 4)?) }
+    fn cuStreamWriteValue32_v2_ptsz(s: CUstream, addr: CUdeviceptr, v: c_uint, _f: c_uint) { async_op(s, true, set_op(addr, 0, v, 1, 1, 4)?) }
+
     // --- events ---------------------------------------------------------------------------
     fn cuEventCreate(e: *mut CUevent, flags: c_uint) {
         cur_ctx()?;
@@ -1059,6 +1142,11 @@ exports! {
     fn cuModuleLoadData(m: *mut CUmodule, img: *const c_void) { load_module(m, img) }
     fn cuModuleLoadDataEx(m: *mut CUmodule, img: *const c_void, _n: c_uint, _o: *mut c_int, _v: *mut *mut c_void) { load_module(m, img) }
     fn cuModuleLoadFatBinary(m: *mut CUmodule, img: *const c_void) { load_module(m, img) }
+    // The driver's default since CUDA 12.2 is lazy loading; CUDA_MODULE_LOADING=EAGER changes it.
+    fn cuModuleGetLoadingMode(m: *mut c_uint) {
+        let eager = std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v.eq_ignore_ascii_case("EAGER"));
+        put(m, if eager { 1 } else { 2 })
+    }
     fn cuModuleUnload(m: CUmodule) { Module::resolve(m).map(|_| ()) }
     fn cuModuleGetFunction(f: *mut CUfunction, m: CUmodule, name: *const c_char) {
         put(f, Module::resolve(m)?.function(cstr(name)?)?.handle())
@@ -1098,20 +1186,27 @@ exports! {
     fn cuLibraryLoadData(lib: *mut CUlibrary, code: *const c_void, _jo: *mut c_int, _jv: *mut *mut c_void, _jn: c_uint, _lo: *mut c_int, _lv: *mut *mut c_void, _ln: c_uint) {
         rt()?;
         let bytes = module::image_bytes(code as *const u8)?;
-        put(lib, module::load(rtm::get_current()?, bytes)?.handle() as CUlibrary)
+        put(lib, module::load_library(rtm::get_current()?, bytes)?.handle() as CUlibrary)
     }
     fn cuLibraryLoadFromFile(lib: *mut CUlibrary, path: *const c_char, _jo: *mut c_int, _jv: *mut *mut c_void, _jn: c_uint, _lo: *mut c_int, _lv: *mut *mut c_void, _ln: c_uint) {
         rt()?;
         let bytes = read_file(path)?;
-        put(lib, module::load(rtm::get_current()?, &bytes)?.handle() as CUlibrary)
+        put(lib, module::load_library(rtm::get_current()?, &bytes)?.handle() as CUlibrary)
     }
     fn cuLibraryUnload(lib: CUlibrary) { Module::resolve(lib).map(|_| ()) }
     fn cuLibraryGetKernel(k: *mut CUkernel, lib: CUlibrary, name: *const c_char) {
         put(k, Module::resolve(lib)?.function(cstr(name)?)?.handle() as CUkernel)
     }
     fn cuLibraryGetModule(m: *mut CUmodule, lib: CUlibrary) { put(m, Module::resolve(lib)?.handle()) }
-    fn cuLibraryGetKernelCount(n: *mut c_uint, lib: CUlibrary) { put(n, Module::resolve(lib)?.kernel_count() as c_uint) }
+    fn cuLibraryGetKernelCount(n: *mut c_uint, lib: CUlibrary) { put(n, Module::resolve(lib)?.kernel_count()? as c_uint) }
     fn cuLibraryGetGlobal(p: *mut CUdeviceptr, bytes: *mut usize, lib: CUlibrary, name: *const c_char) {
+        let (ptr, size) = Module::resolve(lib)?.global(cstr(name)?)?;
+        put_opt(p, ptr);
+        put_opt(bytes, size as usize);
+        Ok(())
+    }
+    // A `__managed__` variable is a global the host can address too: the fake's globals are host memory.
+    fn cuLibraryGetManaged(p: *mut CUdeviceptr, bytes: *mut usize, lib: CUlibrary, name: *const c_char) {
         let (ptr, size) = Module::resolve(lib)?.global(cstr(name)?)?;
         put_opt(p, ptr);
         put_opt(bytes, size as usize);
@@ -1135,6 +1230,23 @@ exports! {
     fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n: *mut c_int, f: CUfunction, block: c_int, _smem: usize, _fl: c_uint) {
         Func::resolve(f)?;
         put(n, occupancy_blocks(block))
+    }
+    fn cuOccupancyAvailableDynamicSMemPerBlock(n: *mut usize, f: CUfunction, blocks: c_int, block: c_int) {
+        Func::resolve(f)?;
+        if blocks <= 0 || !(1..=1024).contains(&block) { return Err(CUDA_ERROR_INVALID_VALUE); }
+        // The opt-in per-block maximum, or the SM's shared memory split between the blocks.
+        put(n, (232_448usize).min(233_472 / blocks as usize))
+    }
+    fn cuOccupancyMaxActiveClusters(n: *mut c_int, f: CUfunction, cfg: *const CUlaunchConfig) {
+        Func::resolve(f)?;
+        let size = cluster_size(cfg)?;
+        if size > 16 { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(n, (132 / size) as c_int)
+    }
+    fn cuOccupancyMaxPotentialClusterSize(n: *mut c_int, f: CUfunction, cfg: *const CUlaunchConfig) {
+        Func::resolve(f)?;
+        arg(cfg)?;
+        put(n, 8)
     }
     fn cuOccupancyMaxPotentialBlockSize(grid: *mut c_int, block: *mut c_int, f: CUfunction, _cb: *mut c_void, _smem: usize, limit: c_int) {
         Func::resolve(f)?;
@@ -1196,6 +1308,62 @@ exports! {
         mem::lookup(p).filter(|(s, _)| *s == p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         put(node, g.push(graph::Node::Free(p)))
     }
+}
+
+/// A `CUdevResource` (144 bytes in CUDA 12.4..13.x: the type, 92 bytes of padding, the union at
+/// 96, in 13.x a next pointer at 136) describing the whole device's SMs; only
+/// `CU_DEV_RESOURCE_TYPE_SM` (1) is modelled.
+fn sm_resource(r: *mut c_void, ty: c_int) -> CuResult<()> {
+    if r.is_null() || ty != 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller passes room for one CUdevResource (144 bytes).
+    unsafe {
+        let b = r as *mut u8;
+        std::ptr::write_bytes(b, 0, 144);
+        (b as *mut u32).write_unaligned(1);
+        let sm = b.add(96) as *mut u32;
+        sm.write_unaligned(132); // smCount
+        sm.add(1).write_unaligned(8); // minSmPartitionSize
+        sm.add(2).write_unaligned(2); // smCoscheduledAlignment
+    }
+    Ok(())
+}
+
+/// The number of blocks in a cluster a launch configuration asks for (1 without the attribute).
+fn cluster_size(cfg: *const CUlaunchConfig) -> CuResult<u32> {
+    const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+    let c = arg(cfg)?;
+    let mut size = 1u32;
+    for i in 0..c.numAttrs as usize {
+        if c.attrs.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: `attrs` holds `numAttrs` entries by the API contract.
+        let a = unsafe { c.attrs.add(i).read_unaligned() };
+        if a.id as u32 == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION {
+            let d = |k: usize| {
+                u32::from_le_bytes(a.value[4 * k..4 * k + 4].try_into().unwrap_or([1, 0, 0, 0]))
+                    .max(1)
+            };
+            size = d(0) * d(1) * d(2);
+        }
+    }
+    Ok(size)
+}
+
+/// The device a CUDA 13 pool location names: device locations of pinned memory only (the
+/// fake has no host or managed pools).
+fn location_device(loc: *mut CUmemLocation, ty: CUmemAllocationType) -> CuResult<CUdevice> {
+    rt()?;
+    let l = arg(loc as *const CUmemLocation)?;
+    if ty != CU_MEM_ALLOCATION_TYPE_PINNED {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if l.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(l.id)
 }
 
 fn func_attribute(a: CUfunction_attribute) -> CuResult<c_int> {

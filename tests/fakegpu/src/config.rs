@@ -23,7 +23,22 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Physical indices of the devices CUDA sees, in CUDA's order (`CUDA_VISIBLE_DEVICES`).
     pub visible: Vec<usize>,
+    /// The CUDA version `cuDriverGetVersion` reports, e.g. 13000 (`FAKEGPU_DRIVER_VERSION`).
+    pub driver_version: i32,
+    /// Log unknown export tables and slots, failing calls and missing lookups on stderr
+    /// (`FAKEGPU_DEBUG=1`); `2` also traces every driver call.
+    pub debug: u8,
+    /// An export table `cuGetExportTable` refuses, by UUID hex prefix (`FAKEGPU_WITHHOLD_TABLE`),
+    /// to show the runtime needs it.
+    pub withhold_table: Option<String>,
+    /// Answer the runtime's integrity check wrongly (`FAKEGPU_BAD_INTEGRITY=1`), to show it is
+    /// checked.
+    pub bad_integrity: bool,
 }
+
+/// The driver version reported unless `FAKEGPU_DRIVER_VERSION` says otherwise: CUDA 13.0, which
+/// both CUDA 12.x and 13.x runtimes accept.
+pub const DEFAULT_DRIVER_VERSION: i32 = 13000;
 
 const SIZE_FORMS: &str = "bytes, or a number with Ki, Mi, Gi, Ti (binary, also KiB..TiB) or K, M, G, T (decimal), e.g. 16Gi";
 
@@ -80,6 +95,50 @@ impl Config {
             None => (0..devices).collect(),
             Some(v) => parse_visible(&v, devices),
         };
+        let driver_version = match get("FAKEGPU_DRIVER_VERSION") {
+            None => DEFAULT_DRIVER_VERSION,
+            Some(v) => match v.trim().parse::<i32>() {
+                Ok(n) if (1000..100_000).contains(&n) => n,
+                _ => {
+                    return Err(bad(
+                        "FAKEGPU_DRIVER_VERSION",
+                        &v,
+                        "not a CUDA version number",
+                        "1000 * major + 10 * minor, e.g. 12090 or 13000",
+                    ))
+                }
+            },
+        };
+        let flag = |var: &str| -> Result<bool, String> {
+            match get(var).as_deref().map(str::trim) {
+                None | Some("") | Some("0") => Ok(false),
+                Some("1") => Ok(true),
+                Some(v) => Err(bad(var, v, "not a switch", "0 or 1")),
+            }
+        };
+        let debug = match get("FAKEGPU_DEBUG").as_deref().map(str::trim) {
+            None | Some("") | Some("0") => 0,
+            Some("1") => 1,
+            Some("2") => 2,
+            Some(v) => return Err(bad("FAKEGPU_DEBUG", v, "not a debug level", "0, 1 or 2")),
+        };
+        let bad_integrity = flag("FAKEGPU_BAD_INTEGRITY")?;
+        let withhold_table = match get("FAKEGPU_WITHHOLD_TABLE") {
+            None => None,
+            Some(v) if v.is_empty() => None,
+            Some(v) => {
+                let t = v.trim().to_ascii_lowercase();
+                if t.len() < 8 || t.len() > 32 || !t.chars().all(|c| c.is_ascii_hexdigit()) {
+                    return Err(bad(
+                        "FAKEGPU_WITHHOLD_TABLE",
+                        &v,
+                        "not an export table UUID",
+                        "8 to 32 hex digits of the UUID's raw bytes, e.g. d4082055",
+                    ));
+                }
+                Some(t)
+            }
+        };
         Ok(Config {
             devices,
             memory,
@@ -87,6 +146,10 @@ impl Config {
             timeslice_ns,
             state_dir,
             visible,
+            driver_version,
+            debug,
+            withhold_table,
+            bad_integrity,
         })
     }
 }
@@ -177,6 +240,8 @@ mod tests {
         let c = cfg(&[]).unwrap();
         assert_eq!((c.devices, c.memory, c.kernel_ns), (1, 16 << 30, 100_000));
         assert_eq!(c.visible, vec![0]);
+        assert_eq!(c.driver_version, DEFAULT_DRIVER_VERSION);
+        assert!(c.debug == 0 && !c.bad_integrity && c.withhold_table.is_none());
     }
 
     #[test]
@@ -215,6 +280,22 @@ mod tests {
         assert!(cfg(&[("FAKEGPU_KERNEL_US", "1.5")]).is_err());
         assert!(cfg(&[("FAKEGPU_KERNEL_US", "-3")]).is_err());
         assert!(cfg(&[("FAKEGPU_TIMESLICE_US", "5")]).is_err());
+        assert!(cfg(&[("FAKEGPU_DRIVER_VERSION", "13.0")]).is_err());
+        assert!(cfg(&[("FAKEGPU_DEBUG", "yes")]).is_err());
+        assert!(cfg(&[("FAKEGPU_WITHHOLD_TABLE", "xyz")]).is_err());
+        assert_eq!(
+            cfg(&[("FAKEGPU_DRIVER_VERSION", "12090")])
+                .unwrap()
+                .driver_version,
+            12090
+        );
+        assert_eq!(
+            cfg(&[("FAKEGPU_WITHHOLD_TABLE", "D4082055")])
+                .unwrap()
+                .withhold_table
+                .as_deref(),
+            Some("d4082055")
+        );
         assert_eq!(
             cfg(&[("FAKEGPU_KERNEL_US", "250")]).unwrap().kernel_ns,
             250_000

@@ -10,6 +10,8 @@
 //! - [`exec`] runs streams' work with simulated time on the shared engine, time-sliced
 //!   between processes; [`graph`] records and replays captured work; [`module`] reads kernel
 //!   names from images; [`handle`] turns the opaque handles clients pass back into objects;
+//! - [`export`] serves `cuGetExportTable`: the private tables NVIDIA's CUDA runtime needs,
+//!   with its integrity check (HMAC-MD2);
 //! - [`api`] and [`nvml`] are the exports: thin wrappers, one table ([`api::EXPORTS`]) that
 //!   [`procaddr`] resolves `cuGetProcAddress` against with its version table.
 //!
@@ -20,6 +22,7 @@ mod abi_check;
 pub mod api;
 pub mod config;
 pub mod exec;
+pub mod export;
 pub mod graph;
 pub mod handle;
 pub mod mem;

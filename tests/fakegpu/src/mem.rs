@@ -474,8 +474,17 @@ struct Phys {
     size: u64,
     dev: usize,
     maps: usize,
-    released: bool,
+    /// cuMemCreate/cuMemImportFromShareableHandle and cuMemRetainAllocationHandle references
+    /// not yet released.
+    refs: u32,
+    /// Whether this handle counted the memory on the device (an imported one did not: its
+    /// exporter did).
+    counted: bool,
+    prop: CUmemAllocationProp,
 }
+
+// SAFETY: the prop's one pointer (win32HandleMetaData) is never dereferenced.
+unsafe impl Send for Phys {}
 
 static HANDLES: Mutex<Option<HashMap<u64, Phys>>> = Mutex::new(None);
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
@@ -520,7 +529,9 @@ pub fn vmm_create(size: u64, prop: &CUmemAllocationProp) -> CuResult<u64> {
                 size,
                 dev,
                 maps: 0,
-                released: false,
+                refs: 1,
+                counted: true,
+                prop: *prop,
             },
         )
     });
@@ -528,12 +539,14 @@ pub fn vmm_create(size: u64, prop: &CUmemAllocationProp) -> CuResult<u64> {
 }
 
 fn drop_phys_if_done(m: &mut HashMap<u64, Phys>, h: u64) {
-    if m.get(&h).is_some_and(|p| p.released && p.maps == 0) {
+    if m.get(&h).is_some_and(|p| p.refs == 0 && p.maps == 0) {
         let p = m.remove(&h).expect("present");
         // SAFETY: closing the memfd this handle owned.
         unsafe { libc::close(p.fd) };
-        let r = rt_unchecked();
-        r.node.unreserve(r.devices[p.dev].phys, p.size);
+        if p.counted {
+            let r = rt_unchecked();
+            r.node.unreserve(r.devices[p.dev].phys, p.size);
+        }
     }
 }
 
@@ -543,12 +556,107 @@ pub fn vmm_release(h: u64) -> CuResult<()> {
     with_handles(|m| {
         let p = m
             .get_mut(&h)
-            .filter(|p| !p.released)
+            .filter(|p| p.refs > 0)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        p.released = true;
+        p.refs -= 1;
         drop_phys_if_done(m, h);
         Ok(())
     })
+}
+
+/// `cuMemExportToShareableHandle`: a POSIX fd of the allocation (a dup of its memfd), if it
+/// was created asking for that handle type, as the driver requires.
+pub fn vmm_export(h: u64, ty: CUmemAllocationHandleType) -> CuResult<i32> {
+    rt()?;
+    with_handles(|m| {
+        let p = m
+            .get(&h)
+            .filter(|p| p.refs > 0)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if ty != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            || p.prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == 0
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: duplicating the memfd this handle owns; the caller owns the copy.
+        let fd = unsafe { libc::dup(p.fd) };
+        if fd < 0 {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        Ok(fd)
+    })
+}
+
+/// `cuMemImportFromShareableHandle`: a handle to memory another handle (maybe in another
+/// process) exported. The memory stays counted to its exporter.
+pub fn vmm_import(fd: i32, ty: CUmemAllocationHandleType) -> CuResult<u64> {
+    rt()?;
+    if ty != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fd < 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: fstat into a zeroed stat of an fd the caller passes.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size <= 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: our own copy of the caller's fd, owned by the new handle.
+    let own = unsafe { libc::dup(fd) };
+    if own < 0 {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let prop = CUmemAllocationProp {
+        type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        location: CUmemLocation {
+            type_: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: 0,
+        },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: Default::default(),
+    };
+    let h = NEXT_HANDLE.fetch_add(1, Relaxed);
+    with_handles(|m| {
+        m.insert(
+            h,
+            Phys {
+                fd: own,
+                size: st.st_size as u64,
+                dev: 0,
+                maps: 0,
+                refs: 1,
+                counted: false,
+                prop,
+            },
+        )
+    });
+    Ok(h)
+}
+
+/// `cuMemRetainAllocationHandle`: the handle mapped at `ptr`, with one more reference.
+pub fn vmm_retain(ptr: u64) -> CuResult<u64> {
+    rt()?;
+    let h = {
+        let g = MAPPINGS.lock().unwrap_or_else(|e| e.into_inner());
+        let (&s, &(len, h)) = g
+            .range(..=ptr)
+            .next_back()
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if ptr >= s + len {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        h
+    };
+    with_handles(|m| {
+        let p = m.get_mut(&h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        p.refs += 1;
+        Ok(h)
+    })
+}
+
+/// `cuMemGetAllocationPropertiesFromHandle`.
+pub fn vmm_properties(h: u64) -> CuResult<CUmemAllocationProp> {
+    rt()?;
+    with_handles(|m| m.get(&h).map(|p| p.prop).ok_or(CUDA_ERROR_INVALID_VALUE))
 }
 
 /// `cuMemAddressReserve`.
@@ -777,6 +885,43 @@ pub fn array_pitch(a: &Array) -> usize {
 /// Mark a graph memory node's range as holding (or not holding) device memory.
 pub fn set_graph_live(ptr: u64, live: bool) {
     if let Some(r) = ranges().get_mut(&ptr) {
+        if r.kind != Kind::Graph(live) && r.dev < MAX_DEVICES {
+            if live {
+                let now = GRAPH_USED[r.dev].fetch_add(r.size, AcqRel) + r.size;
+                GRAPH_HIGH[r.dev].fetch_max(now, AcqRel);
+            } else {
+                let _ = GRAPH_USED[r.dev]
+                    .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(r.size)));
+            }
+        }
         r.kind = Kind::Graph(live);
+    }
+}
+
+use crate::config::MAX_DEVICES;
+/// Graph memory in use per CUDA ordinal, and its high-water mark (`cuDeviceGetGraphMemAttribute`).
+static GRAPH_USED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+static GRAPH_HIGH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// `cuDeviceGetGraphMemAttribute`: the fake reserves exactly what graphs use, so the used and
+/// reserved figures agree.
+pub fn graph_mem_attribute(dev: usize, attr: i32) -> CuResult<u64> {
+    let d = dev.min(MAX_DEVICES - 1);
+    match attr {
+        0 | 2 => Ok(GRAPH_USED[d].load(Acquire)),
+        1 | 3 => Ok(GRAPH_HIGH[d].load(Acquire)),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuDeviceSetGraphMemAttribute`: only the high-water marks may be reset, with zero.
+pub fn set_graph_mem_attribute(dev: usize, attr: i32, v: u64) -> CuResult<()> {
+    let d = dev.min(MAX_DEVICES - 1);
+    match attr {
+        1 | 3 if v == 0 => {
+            GRAPH_HIGH[d].store(GRAPH_USED[d].load(Acquire), Release);
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
 }

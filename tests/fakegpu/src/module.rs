@@ -2,12 +2,20 @@
 //! kernel names (and the names and sizes of globals) from an image, which it reads from PTX
 //! text (`.entry NAME`, `.global ... NAME[N]`), from an ELF cubin's symbol table, or from the
 //! image `cuLinkComplete` makes (a header and the concatenated PTX of its inputs).
+//!
+//! A fat binary (what the CUDA runtime registers with `cuLibraryLoadData`, through a
+//! `__fatBinC_Wrapper_t`) holds one entry per architecture; like the driver, the fake takes
+//! the cubins built for its device (sm_90), else the newest PTX it could JIT, else refuses the
+//! image (`CUDA_ERROR_NO_BINARY_FOR_GPU`). Entries are often compressed (LZ4 or zstd, by the
+//! entry's flags); loading only reads the headers and copies the chosen entries, and the
+//! names are read (and decompressed) at the first lookup, so a framework that registers
+//! hundreds of fat binaries at start-up pays only for the few it uses.
 
 use crate::mem::{self, Kind};
 use crate::runtime::{Ctx, CuResult};
 use gpuslice_abi::*;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// The header of the images `cuLinkComplete` returns.
 pub const LINKED_MAGIC: &[u8] = b"//fakegpu-linked-image\n.version 8.0\n";
@@ -21,8 +29,16 @@ pub struct Module {
     magic: u64,
     /// Context it was loaded into (libraries: none until first use).
     pub ctx: Option<&'static Ctx>,
-    funcs: HashMap<String, &'static Func>,
+    /// Fat-binary entries not read yet (none for other images).
+    pending: Vec<FatEntry>,
+    /// Its kernels and globals, read at load or at the first lookup.
+    names: OnceLock<CuResult<Names>>,
     globals: Mutex<HashMap<String, (u64, u64)>>,
+}
+
+/// The kernels and global sizes of a module.
+struct Names {
+    funcs: HashMap<String, &'static Func>,
     global_sizes: HashMap<String, u64>,
 }
 
@@ -166,28 +182,148 @@ fn parse_elf(img: &[u8]) -> Option<Declared> {
 }
 
 /// Read what an image declares: PTX text, our linked image, an ELF cubin, or a fat binary
-/// with PTX or a cubin inside (searched for the embedded parts).
+/// (its entries for the fake's device).
 pub fn parse_image(img: &[u8]) -> CuResult<Declared> {
     if let Some(d) = parse_elf(img) {
         return Ok(d);
+    }
+    if img.len() >= 16 && img[..4] == FATBIN_MAGIC.to_le_bytes() {
+        return read_entries(&fat_entries(img)?);
     }
     let text = String::from_utf8_lossy(img);
     let d = parse_ptx(&text);
     if !d.entries.is_empty() || !d.globals.is_empty() || text.contains(".version") {
         return Ok(d);
     }
-    // A fat binary: look for embedded ELF images.
-    let mut all = Declared::default();
-    let mut i = 0;
-    while let Some(p) = img[i..].windows(4).position(|w| w == b"\x7fELF") {
-        if let Some(d) = parse_elf(&img[i + p..]) {
-            all.entries.extend(d.entries);
-            all.globals.extend(d.globals);
-        }
-        i += p + 4;
-    }
-    if all.entries.is_empty() && all.globals.is_empty() {
+    Err(CUDA_ERROR_INVALID_IMAGE)
+}
+
+/// The magic of a fat binary's header.
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+/// The compute capability the fake's devices report, as a fat binary names architectures.
+const DEVICE_ARCH: u32 = 90;
+const ENTRY_PTX: u16 = 1;
+const ENTRY_ELF: u16 = 2;
+const FLAG_LZ4: u64 = 0x2000;
+const FLAG_ZSTD: u64 = 0x8000;
+
+/// One fat-binary entry chosen for the device: its (possibly compressed) payload.
+#[derive(Debug)]
+pub struct FatEntry {
+    kind: u16,
+    flags: u64,
+    decompressed: usize,
+    payload: Vec<u8>,
+}
+
+/// The entries of a fat binary that the device would run, copied out of the image: every
+/// cubin for sm_90, else the PTX of the newest architecture not above it. Only headers are
+/// read here.
+pub fn fat_entries(img: &[u8]) -> CuResult<Vec<FatEntry>> {
+    let rd = |o: usize, n: usize| -> CuResult<u64> {
+        let b = img.get(o..o + n).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+        let mut v = [0u8; 8];
+        v[..n].copy_from_slice(b);
+        Ok(u64::from_le_bytes(v))
+    };
+    if rd(0, 4)? != FATBIN_MAGIC as u64 {
         return Err(CUDA_ERROR_INVALID_IMAGE);
+    }
+    let hsize = rd(6, 2)? as usize;
+    let fsize = rd(8, 8)? as usize;
+    let end = hsize.checked_add(fsize).ok_or(CUDA_ERROR_INVALID_IMAGE)?;
+    if end > img.len() {
+        return Err(CUDA_ERROR_INVALID_IMAGE);
+    }
+    // (kind, arch, flags, payload range, decompressed size)
+    let mut all = Vec::new();
+    let mut q = hsize;
+    while q + 64 <= end {
+        let kind = rd(q, 2)? as u16;
+        let ehs = rd(q + 4, 4)? as usize;
+        let esize = rd(q + 8, 8)? as usize;
+        let csize = rd(q + 16, 4)? as usize;
+        let arch = rd(q + 28, 4)? as u32;
+        let flags = rd(q + 40, 8)?;
+        let dsize = rd(q + 56, 8)? as usize;
+        if ehs < 64 || q + ehs + esize > end {
+            return Err(CUDA_ERROR_INVALID_IMAGE);
+        }
+        let compressed = flags & (FLAG_LZ4 | FLAG_ZSTD) != 0;
+        let len = if compressed && csize > 0 && csize <= esize {
+            csize
+        } else {
+            esize
+        };
+        all.push((kind, arch, flags, q + ehs..q + ehs + len, dsize));
+        q += ehs + esize;
+    }
+    let cubins: Vec<_> = all
+        .iter()
+        .filter(|e| e.0 == ENTRY_ELF && e.1 == DEVICE_ARCH)
+        .collect();
+    let chosen = if !cubins.is_empty() {
+        cubins
+    } else {
+        let best = all
+            .iter()
+            .filter(|e| e.0 == ENTRY_PTX && e.1 <= DEVICE_ARCH)
+            .map(|e| e.1)
+            .max();
+        let Some(best) = best else {
+            return Err(if all.is_empty() {
+                CUDA_ERROR_INVALID_IMAGE
+            } else {
+                CUDA_ERROR_NO_BINARY_FOR_GPU
+            });
+        };
+        all.iter()
+            .filter(|e| e.0 == ENTRY_PTX && e.1 == best)
+            .collect()
+    };
+    Ok(chosen
+        .into_iter()
+        .map(|(kind, _, flags, r, dsize)| FatEntry {
+            kind: *kind,
+            flags: *flags,
+            decompressed: *dsize,
+            payload: img[r.clone()].to_vec(),
+        })
+        .collect())
+}
+
+/// An entry's bytes, decompressed.
+fn entry_bytes(e: &FatEntry) -> CuResult<std::borrow::Cow<'_, [u8]>> {
+    use std::borrow::Cow;
+    if e.flags & FLAG_ZSTD != 0 {
+        let mut out = Vec::with_capacity(e.decompressed);
+        let mut dec = ruzstd::decoding::StreamingDecoder::new(&e.payload[..])
+            .map_err(|_| CUDA_ERROR_INVALID_IMAGE)?;
+        std::io::Read::read_to_end(&mut dec, &mut out).map_err(|_| CUDA_ERROR_INVALID_IMAGE)?;
+        Ok(Cow::Owned(out))
+    } else if e.flags & FLAG_LZ4 != 0 {
+        let mut out = vec![0u8; e.decompressed];
+        let n = lz4_flex::block::decompress_into(&e.payload, &mut out)
+            .map_err(|_| CUDA_ERROR_INVALID_IMAGE)?;
+        out.truncate(n);
+        Ok(Cow::Owned(out))
+    } else {
+        Ok(Cow::Borrowed(&e.payload))
+    }
+}
+
+/// The names declared by the chosen entries of a fat binary.
+fn read_entries(entries: &[FatEntry]) -> CuResult<Declared> {
+    let mut all = Declared::default();
+    for e in entries {
+        let bytes = entry_bytes(e)?;
+        let d = if e.kind == ENTRY_ELF {
+            parse_elf(&bytes).ok_or(CUDA_ERROR_INVALID_IMAGE)?
+        } else {
+            parse_ptx(&String::from_utf8_lossy(&bytes))
+        };
+        all.entries.extend(d.entries);
+        all.globals.extend(d.globals);
     }
     Ok(all)
 }
@@ -224,29 +360,50 @@ pub unsafe fn image_bytes<'a>(p: *const u8) -> CuResult<&'a [u8]> {
     }
 }
 
-/// Load an image into `ctx` (or unbound, for a library).
+/// Load an image into `ctx` (or unbound, for a library). A fat binary's names are read at
+/// the first lookup; any other image is read now. A library (`cuLibraryLoadData`) is not bound
+/// to a device, so a fat binary with no code for this device loads, and its lookups fail with
+/// `CUDA_ERROR_NO_BINARY_FOR_GPU` (libraries such as cuBLAS register one fat binary per
+/// architecture); a module load fails at once.
 pub fn load(ctx: Option<&'static Ctx>, img: &[u8]) -> CuResult<&'static Module> {
-    let d = parse_image(img)?;
-    let m: &'static mut Module = Box::leak(Box::new(Module {
+    load_as(ctx, img, false)
+}
+
+/// [`load`] for `cuLibraryLoad*`.
+pub fn load_library(ctx: Option<&'static Ctx>, img: &[u8]) -> CuResult<&'static Module> {
+    load_as(ctx, img, true)
+}
+
+fn load_as(ctx: Option<&'static Ctx>, img: &[u8], library: bool) -> CuResult<&'static Module> {
+    let fat = parse_elf(img).is_none() && img.len() >= 16 && img[..4] == FATBIN_MAGIC.to_le_bytes();
+    let mut deferred = None;
+    let (pending, names) = if fat {
+        match fat_entries(img) {
+            Ok(e) => (e, None),
+            Err(CUDA_ERROR_NO_BINARY_FOR_GPU) if library => {
+                deferred = Some(CUDA_ERROR_NO_BINARY_FOR_GPU);
+                (Vec::new(), None)
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        (Vec::new(), Some(parse_image(img)?))
+    };
+    let m: &'static Module = Box::leak(Box::new(Module {
         magic: MODULE_MAGIC,
         ctx,
-        funcs: HashMap::new(),
+        pending,
+        names: OnceLock::new(),
         globals: Mutex::new(HashMap::new()),
-        global_sizes: d.globals.into_iter().collect(),
     }));
-    let mid = m as *const Module as usize;
-    for e in d.entries {
-        let f: &'static Func = Box::leak(Box::new(Func {
-            magic: FUNC_MAGIC,
-            spin: e == "gpuslice_spin",
-            name: e.clone(),
-            module: mid,
-        }));
-        m.funcs.insert(e, f);
+    if let Some(d) = names {
+        let _ = m.names.set(Ok(m.make_names(d)));
+    }
+    if let Some(e) = deferred {
+        let _ = m.names.set(Err(e));
     }
     Ok(m)
 }
-
 impl Module {
     /// The module a handle names.
     pub fn resolve(h: *mut std::ffi::c_void) -> CuResult<&'static Module> {
@@ -259,14 +416,48 @@ impl Module {
         self as *const Module as CUmodule
     }
 
+    fn make_names(&'static self, d: Declared) -> Names {
+        let mid = self as *const Module as usize;
+        let mut funcs = HashMap::new();
+        for e in d.entries {
+            let f: &'static Func = Box::leak(Box::new(Func {
+                magic: FUNC_MAGIC,
+                spin: e == "gpuslice_spin",
+                name: e.clone(),
+                module: mid,
+            }));
+            funcs.insert(e, f);
+        }
+        Names {
+            funcs,
+            global_sizes: d.globals.into_iter().collect(),
+        }
+    }
+
+    /// Its names, read from the pending fat-binary entries on first use.
+    fn names(&'static self) -> CuResult<&'static Names> {
+        self.names
+            .get_or_init(|| Ok(self.make_names(read_entries(&self.pending)?)))
+            .as_ref()
+            .map_err(|e| *e)
+    }
+
     /// `cuModuleGetFunction`.
-    pub fn function(&self, name: &str) -> CuResult<&'static Func> {
-        self.funcs.get(name).copied().ok_or(CUDA_ERROR_NOT_FOUND)
+    pub fn function(&'static self, name: &str) -> CuResult<&'static Func> {
+        self.names()?
+            .funcs
+            .get(name)
+            .copied()
+            .ok_or(CUDA_ERROR_NOT_FOUND)
     }
 
     /// `cuModuleGetGlobal`: a small backing buffer per global, made on first use.
-    pub fn global(&self, name: &str) -> CuResult<(u64, u64)> {
-        let size = *self.global_sizes.get(name).ok_or(CUDA_ERROR_NOT_FOUND)?;
+    pub fn global(&'static self, name: &str) -> CuResult<(u64, u64)> {
+        let size = *self
+            .names()?
+            .global_sizes
+            .get(name)
+            .ok_or(CUDA_ERROR_NOT_FOUND)?;
         let mut g = self.globals.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&v) = g.get(name) {
             return Ok(v);
@@ -277,8 +468,8 @@ impl Module {
     }
 
     /// Kernel names, for cuLibraryEnumerateKernels-like queries.
-    pub fn kernel_count(&self) -> usize {
-        self.funcs.len()
+    pub fn kernel_count(&'static self) -> CuResult<usize> {
+        Ok(self.names()?.funcs.len())
     }
 }
 

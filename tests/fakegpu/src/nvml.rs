@@ -8,11 +8,21 @@ use crate::config::{device_uuid, uuid_string, MAX_DEVICES};
 use crate::runtime::{config, device_name};
 use crate::shared::{self, Node};
 use gpuslice_abi::*;
-use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicU32, Ordering::*};
 
 /// The driver version NVML reports (a 12.9 driver).
 pub const DRIVER_VERSION_STRING: &str = "575.57.08";
+
+/// The NVML driver version string that goes with the reported CUDA version: a 580 driver for
+/// CUDA 13, a 575 one before.
+pub fn driver_version_string() -> &'static str {
+    if crate::api::driver_version() >= 13000 {
+        "580.95.05"
+    } else {
+        DRIVER_VERSION_STRING
+    }
+}
 
 type NResult<T> = Result<T, NvmlReturn>;
 
@@ -305,15 +315,21 @@ nvml_exports! {
     }
     fn nvmlDeviceGetComputeRunningProcesses_v3(h: nvmlDevice_t, c: *mut c_uint, p: *mut nvmlProcessInfo_t) { processes(h, c, p) }
     fn nvmlDeviceGetComputeRunningProcesses_v2(h: nvmlDevice_t, c: *mut c_uint, p: *mut nvmlProcessInfo_t) { processes(h, c, p) }
+    fn nvmlDeviceGetComputeRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, p: *mut c_void) { processes_v1(h, c, p as *mut ProcessInfoV1) }
+    // The fake's devices have no NVLink and no fabric: what a PCIe GPU's NVML answers.
+    fn nvmlDeviceGetNvLinkRemoteDeviceType(h: nvmlDevice_t, _link: c_uint, _t: *mut c_uint) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
+    fn nvmlDeviceGetNvLinkRemotePciInfo_v2(h: nvmlDevice_t, _link: c_uint, _p: *mut nvmlPciInfo_t) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
+    fn nvmlDeviceGetNvLinkRemotePciInfo(h: nvmlDevice_t, _link: c_uint, _p: *mut nvmlPciInfo_t) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
+    fn nvmlDeviceGetGpuFabricInfo(h: nvmlDevice_t, _i: *mut c_void) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
+    fn nvmlDeviceGetGpuFabricInfoV(h: nvmlDevice_t, _i: *mut c_void) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
     fn nvmlDeviceGetGraphicsRunningProcesses_v3(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
-    fn nvmlDeviceGetComputeRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, p: *mut ProcessInfoV1) { processes_v1(h, c, p) }
     fn nvmlDeviceGetGraphicsRunningProcesses_v2(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
-    fn nvmlDeviceGetGraphicsRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, _p: *mut ProcessInfoV1) { dev(h)?; put(c, 0) }
+    fn nvmlDeviceGetGraphicsRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, _p: *mut c_void) { dev(h)?; put(c, 0) }
     // The fake runs no MPS server: its MPS lists are empty.
     fn nvmlDeviceGetMPSComputeRunningProcesses_v3(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
     fn nvmlDeviceGetMPSComputeRunningProcesses_v2(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
-    fn nvmlDeviceGetMPSComputeRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, _p: *mut ProcessInfoV1) { dev(h)?; put(c, 0) }
-    fn nvmlDeviceGetRunningProcessDetailList(h: nvmlDevice_t, l: *mut ProcessDetailList) { process_detail_list(h, l) }
+    fn nvmlDeviceGetMPSComputeRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, _p: *mut c_void) { dev(h)?; put(c, 0) }
+    fn nvmlDeviceGetRunningProcessDetailList(h: nvmlDevice_t, l: *mut c_void) { process_detail_list(h, l.cast()) }
     // The fake measures GPU time per device, not per process: it answers as a GPU without
     // per-process accounting does.
     fn nvmlDeviceGetProcessUtilization(h: nvmlDevice_t, _s: *mut std::ffi::c_void, _c: *mut c_uint, _last: u64) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
@@ -338,10 +354,10 @@ nvml_exports! {
     }
     fn nvmlDeviceGetTemperature(h: nvmlDevice_t, _sensor: c_uint, t: *mut c_uint) { dev(h)?; put(t, 40) }
     fn nvmlDeviceGetPowerUsage(h: nvmlDevice_t, mw: *mut c_uint) { dev(h)?; put(mw, 100_000) }
-    fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uint) { node()?; put_str(buf, len, DRIVER_VERSION_STRING) }
-    fn nvmlSystemGetNVMLVersion(buf: *mut c_char, len: c_uint) { node()?; put_str(buf, len, "12.575.57.08") }
-    fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) { node()?; put(v, crate::api::DRIVER_VERSION) }
-    fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) { node()?; put(v, crate::api::DRIVER_VERSION) }
+    fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uint) { node()?; put_str(buf, len, driver_version_string()) }
+    fn nvmlSystemGetNVMLVersion(buf: *mut c_char, len: c_uint) { node()?; put_str(buf, len, &format!("{}.{}", crate::api::driver_version() / 1000, driver_version_string())) }
+    fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) { node()?; put(v, crate::api::driver_version()) }
+    fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) { node()?; put(v, crate::api::driver_version()) }
 }
 
 /// `nvmlErrorString`: the code's name, `Unknown Error` for a code NVML does not define.

@@ -59,6 +59,8 @@ pub struct Ctx {
     pub legacy: OnceLock<&'static Stream>,
     /// Per-thread default streams, by thread.
     pub ptds: Mutex<HashMap<std::thread::ThreadId, &'static Stream>>,
+    /// The runtime's per-context storage (export table `c693336e`).
+    pub storage: crate::export::CtxStorage,
 }
 
 // SAFETY: #[repr(C)] with the magic first; values are only ever leaked.
@@ -76,6 +78,7 @@ impl Ctx {
             active: AtomicBool::new(active),
             legacy: OnceLock::new(),
             ptds: Mutex::new(HashMap::new()),
+            storage: crate::export::CtxStorage::new(),
         }))
     }
 
@@ -282,6 +285,7 @@ pub fn ctx_destroy(c: &'static Ctx) -> CuResult<()> {
 
 fn teardown(c: &'static Ctx) {
     let _ = crate::exec::ctx_synchronize(c);
+    crate::export::run_dtors(c);
     c.active.store(false, Release);
     crate::mem::free_all_of(c);
 }

@@ -399,3 +399,26 @@ pub fn sleep_until(t: u64) {
         );
     }
 }
+
+/// Engine time, ns, the fake has accounted to process `pid` (0: the caller) on physical device
+/// `dev`, or `u64::MAX` when this process is not attached or no such process is on the node.
+/// Exported as `fakegpu_engine_ns` so tests can measure what each process got from the fake's
+/// own accounting, independently of gpuslice's scheduler.
+#[no_mangle]
+pub extern "C" fn fakegpu_engine_ns(pid: u32, dev: u32) -> u64 {
+    let Some(n) = attached() else {
+        return u64::MAX;
+    };
+    let d = dev as usize;
+    if d >= MAX_DEVICES {
+        return u64::MAX;
+    }
+    if pid == 0 {
+        return n.state.procs[n.slot].busy_ns[d].load(Relaxed);
+    }
+    n.state
+        .procs
+        .iter()
+        .find(|p| p.pid.load(Relaxed) == pid)
+        .map_or(u64::MAX, |p| p.busy_ns[d].load(Relaxed))
+}

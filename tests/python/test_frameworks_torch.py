@@ -1,0 +1,184 @@
+"""PyTorch (the PyPI CUDA 13 wheel) on the fake GPU under libgpuslice.so, in its three allocator
+modes, each compared with a run without the shim (the control: the fake's whole device).
+
+What a slice must look like to PyTorch: `mem_get_info` is the quota; tensors fit up to it and the
+next is `torch.cuda.OutOfMemoryError`; `empty_cache` gives the memory back to the slice (where a
+neighbour process can take it); processes of one slice see each other's usage; the caching
+allocator never holds more than the quota. Compute: two processes with shares 0.25 / 0.75 get
+those parts of the fake's engine time, as the fake itself accounts it.
+"""
+import json
+import subprocess
+import time
+
+import pytest
+
+from conftest import Served, artifact, run_framework
+
+GI = 1 << 30
+MI = 1 << 20
+
+MODES = {
+    "caching": "",
+    "expandable": "expandable_segments:True",
+    "async": "backend:cudaMallocAsync",
+}
+
+
+def torch_env(fw_env, mode, preload=True, **extra):
+    return fw_env(preload=preload, PYTORCH_CUDA_ALLOC_CONF=MODES[mode], **extra)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_fills_the_quota_then_out_of_memory(fw_env, mode):
+    r = run_framework("torch", "fw_torch", torch_env(fw_env, mode, GPUSLICE_MEMORY="1Gi"), "fill", 96)
+    assert r["before"]["total"] == GI and r["before"]["free"] == GI, r
+    assert r["error"] and r["error"]["type"] == "OutOfMemoryError", r
+    # Ten 96 MiB tensors fit in 1 GiB (allocator rounding aside), the eleventh does not.
+    assert 9 <= r["allocated"] <= 10, r
+    assert r["max_reserved"] <= GI, r
+    # Deleted tensors stay in the allocator's cache; empty_cache gives them back.
+    assert r["after_empty"]["reserved"] == 0 and r["after_empty"]["free"] == GI, r
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_without_the_shim_sees_the_whole_device(fw_env, mode):
+    r = run_framework("torch", "fw_torch", torch_env(fw_env, mode, preload=False, FAKEGPU_MEMORY="4Gi"),
+                      "fill", 512)
+    assert r["before"]["total"] == 4 * GI, r
+    assert r["error"] and r["error"]["type"] == "OutOfMemoryError", r
+    assert 7 <= r["allocated"] <= 8, r
+
+
+ASYNC_POOL_GAP = pytest.mark.xfail(strict=True, reason=(
+    "gpuslice gap, not a fake limitation: the shim uncharges cuMemFreeAsync at once, while the "
+    "freed block stays reserved in the process's memory pool (torch.cuda.memory_reserved still "
+    "counts it) until the pool is trimmed; a neighbour in the slice can then take memory the "
+    "pool still holds, so the slice's processes together hold more than its quota"))
+
+
+@pytest.mark.parametrize("mode", [m if m != "async" else pytest.param(m, marks=ASYNC_POOL_GAP) for m in MODES])
+def test_torch_empty_cache_gives_memory_back_to_the_slice(fw_env, mode):
+    env = torch_env(fw_env, mode, GPUSLICE_MEMORY="1Gi", GPUSLICE_SLICE="shared")
+    with Served("torch", "fw_torch", env, "hold") as a, Served("torch", "fw_torch", env, "hold") as b:
+        got = a.ask("alloc 768")
+        assert "error" not in got and got["reserved"] >= 768 * MI, got
+        seen = b.ask("info")
+        assert seen["total"] == GI and seen["free"] <= GI - 768 * MI, ("b sees a's usage", seen)
+        got = a.ask("free")  # tensors dropped, the cache keeps the memory
+        assert got["allocated"] == 0 and got["reserved"] >= 768 * MI, got
+        refused = b.ask("alloc 512")
+        assert refused.get("error") == "OutOfMemoryError", refused
+        got = a.ask("empty")
+        assert got["reserved"] == 0, got
+        took = b.ask("alloc 512")
+        assert "error" not in took and took["reserved"] >= 512 * MI, took
+        assert a.ask("info")["free"] <= GI - 512 * MI
+
+
+def test_torch_vllm_sizing_fits_its_slice_and_leaves_neighbours_alone(fw_env, gpuslice_bin):
+    env = torch_env(fw_env, "caching", GPUSLICE_MEMORY="2Gi", GPUSLICE_SLICE="llm")
+    neighbour = torch_env(fw_env, "caching", GPUSLICE_MEMORY="1Gi", GPUSLICE_SLICE="other")
+    with Served("torch", "fw_torch", neighbour, "hold") as n:
+        assert "error" not in n.ask("alloc 512")
+        r = run_framework("torch", "fw_torch", env, "vllm")
+        assert r["total"] == 2 * GI and r["ok"], r
+        assert r["after"]["free"] <= 2 * GI - r["size"], r
+        got = n.ask("info")
+        assert got["total"] == GI and got["free"] == GI - 512 * MI, got
+        took = n.ask("alloc 256")
+        assert "error" not in took, took
+
+
+@pytest.fixture
+def gpuslice_bin(profile_dir):
+    return artifact(profile_dir, "gpuslice")
+
+
+def test_gpuslice_status_shows_the_torch_process_in_its_slice(fw_env, gpuslice_bin):
+    env = torch_env(fw_env, "caching", GPUSLICE_MEMORY="2Gi", GPUSLICE_SLICE="train")
+    with Served("torch", "fw_torch", env, "hold") as t:
+        assert "error" not in t.ask("alloc 300")
+        st = json.loads(subprocess.run([str(gpuslice_bin), "status", "--json"], env=env, check=True,
+                                       capture_output=True, text=True, timeout=60).stdout)
+        sl = {s["name"]: s for s in st["slices"]}["train"]
+        assert sl["pids"] == [t.pid], st
+        assert sl["memory_limit"] == 2 * GI, st
+        # Its real usage: the caching allocator's segments (300 MiB, rounded to its 2 MiB
+        # pages), what torch itself calls reserved.
+        reserved = t.ask("info")["reserved"]
+        assert sl["memory_used"] == reserved and 300 * MI <= reserved < 320 * MI, (reserved, st)
+
+
+def contend(fw_env, shares, seconds=6.0, graph=(False, False)):
+    start = time.time() + 18  # after every process has imported torch (slow on a busy machine)
+    procs = []
+    for i, share in enumerate(shares):
+        env = torch_env(fw_env, "caching", GPUSLICE_COMPUTE=share, GPUSLICE_SLICE=f"c{i}")
+        args = ["compute", start, seconds] + (["graph"] if graph[i] else [])
+        procs.append(Served("torch", "fw_torch", env, *args, timeout=120, wait_ready=False))
+    try:
+        for p in procs:
+            assert p.read()["event"] == "ready"
+        assert time.time() < start, "the processes were not ready before the start: a busy machine"
+        return [p.read() for p in procs]
+    finally:
+        for p in procs:
+            p.stop()
+
+
+@pytest.mark.parametrize("graph", [(False, False), (True, False)], ids=["launches", "cudagraph"])
+def test_torch_compute_shares_quarter_and_three_quarters(fw_env, graph):
+    a, b = contend(fw_env, ["0.25", "0.75"], graph=graph)
+    total = a["engine_s"] + b["engine_s"]
+    assert total > 0.8 * a["wall_s"], ("the engine stayed busy", a, b)
+    assert abs(a["engine_s"] / total - 0.25) <= 0.08, (a, b)
+    assert abs(b["engine_s"] / total - 0.75) <= 0.08, (a, b)
+    assert a["graph"] == graph[0]
+
+
+def test_torch_compute_without_the_shim_splits_evenly(fw_env):
+    """Control: the same two processes without gpuslice get about half each (the fake's
+    time slicing), so the 0.25 / 0.75 split above is gpuslice's doing."""
+    start = time.time() + 18
+    procs = [Served("torch", "fw_torch", torch_env(fw_env, "caching", preload=False), "compute", start, 6.0,
+                    timeout=120, wait_ready=False) for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.read()["event"] == "ready"
+        a, b = [p.read() for p in procs]
+    finally:
+        for p in procs:
+            p.stop()
+    total = a["engine_s"] + b["engine_s"]
+    assert abs(a["engine_s"] / total - 0.5) <= 0.12, (a, b)
+
+
+def test_torch_lone_quarter_share_is_lent_the_idle_gpu(fw_env):
+    (a,) = contend(fw_env, ["0.25"])
+    assert a["engine_s"] / a["wall_s"] >= 0.85, a
+
+
+def test_torch_cudnn_conv_needs_the_cudnn_table(fw_env):
+    """cuDNN 9 only needs export table 21318c60 to exist; without it, the reference saw
+    CUDNN_STATUS_NOT_INITIALIZED, and so does the fake."""
+    r = run_framework("torch", "fw_torch", fw_env(GPUSLICE_MEMORY="2Gi"), "probe")
+    assert r["available"] and r["conv"] == {"shape": [1, 8, 30, 30]}, r
+    r = run_framework("torch", "fw_torch", fw_env(preload=False, FAKEGPU_WITHHOLD_TABLE="21318c60"), "probe")
+    assert "CUDNN_STATUS_NOT_INITIALIZED" in r["conv"]["message"], r
+
+
+def test_torch_refuses_a_wrong_integrity_answer(fw_env):
+    r = run_framework("torch", "fw_torch", fw_env(FAKEGPU_BAD_INTEGRITY="1"), "probe")
+    assert r["available"] is False, r
+    assert "integrity checks failed" in r["conv"]["message"], r
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "cuBLAS 13.4 cannot start on the fake: cublasCreate fails with CUBLAS_STATUS_INTERNAL_ERROR "
+    "in cublasLtCtxInit right after cuLibraryGetGlobal, with no failing driver call, null entry "
+    "point, stub export-table slot or unknown table seen (FAKEGPU_DEBUG=2); the reference's "
+    "stand-in got further (NOT_SUPPORTED at the matmul). See docs/fakegpu.md"))
+def test_torch_cublas_matmul(fw_env):
+    r = run_framework("torch", "fw_torch", fw_env(preload=False), "probe")
+    assert r["matmul"] == {"shape": [64, 64]}, r
