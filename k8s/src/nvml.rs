@@ -86,8 +86,8 @@ impl Nvml {
         let need =
             |name: &CStr| sym(name).ok_or_else(|| format!("NVML lacks {}", name.to_string_lossy()));
         let built = (|| -> Result<(Nvml, InitFn), String> {
-            // SAFETY (every transmute here): each symbol is NVML's exported function of that
-            // name, whose C signature is the one the target type spells (nvml.h).
+            // SAFETY: every transmute here turns a symbol NVML exports under that name into
+            // the function type its C signature in nvml.h spells.
             unsafe {
                 let init = std::mem::transmute::<*mut c_void, InitFn>(need(c"nvmlInit_v2")?);
                 let nvml = Nvml {
@@ -144,8 +144,8 @@ impl Nvml {
     /// The driver version and every GPU, now.
     pub fn inventory(&self) -> Result<Inventory, String> {
         let driver_version = match self.driver_version {
-            // SAFETY: the closure passes a buffer of `len` writable bytes.
             Some(f) => {
+                // SAFETY: read_string passes a buffer of `l` writable bytes (plus the NUL).
                 Self::read_string("nvmlSystemGetDriverVersion", 96, |b, l| unsafe { f(b, l) })
                     .unwrap_or_default()
             }
@@ -165,15 +165,16 @@ impl Nvml {
             if r != NVML_SUCCESS {
                 return Err(failed("nvmlDeviceGetHandleByIndex_v2", r));
             }
-            // SAFETY (both): `h` is a handle NVML just gave; the buffer has `len` bytes.
             let uuid = Self::read_string(
                 "nvmlDeviceGetUUID",
                 NVML_DEVICE_UUID_V2_BUFFER_SIZE,
+                // SAFETY: `h` is a handle NVML just gave; the buffer has `l` writable bytes.
                 |b, l| unsafe { (self.uuid)(h, b, l) },
             )?;
             let name = Self::read_string(
                 "nvmlDeviceGetName",
                 NVML_DEVICE_NAME_V2_BUFFER_SIZE,
+                // SAFETY: as for the UUID just above.
                 |b, l| unsafe { (self.name)(h, b, l) },
             )?;
             let mut mem = nvmlMemory_t::default();

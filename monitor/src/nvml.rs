@@ -3,6 +3,8 @@
 //! process really holds, for the monitor's audit. Everything here is optional: when the library
 //! or a function is missing, callers fall back to what the ledger knows.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 use gpuslice_abi::{
     nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t, nvml_return_name, pfn, NvmlReturn,
     NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_UUID_V2_BUFFER_SIZE, NVML_ERROR_INSUFFICIENT_SIZE,
@@ -75,8 +77,8 @@ impl Nvml {
         let init = need(c"nvmlInit_v2");
         let built = (|| -> Result<(Nvml, *mut c_void), String> {
             let init = init?;
-            // SAFETY (all transmutes below): each symbol is NVML's exported function of that name,
-            // whose C signature is the target type (generated from nvml.h).
+            // SAFETY: every transmute below turns a symbol NVML exports under that name into the
+            // function type of its C signature (generated from nvml.h).
             unsafe {
                 let nvml = Nvml {
                     lib,

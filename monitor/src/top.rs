@@ -6,6 +6,8 @@
 //! happens. Frames never clear the screen: each one homes the cursor and overwrites lines,
 //! erasing only what is left to the right of each and below the last, so nothing flickers.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 use crate::cli::{self, Failure};
 use std::ffi::OsString;
 use std::io::Write;
@@ -40,6 +42,7 @@ impl Terminal {
     fn enter() -> Result<Terminal, Failure> {
         // SAFETY: isatty only inspects the descriptor.
         if unsafe { libc::isatty(libc::STDIN_FILENO) } != 1
+            // SAFETY: as above.
             || unsafe { libc::isatty(libc::STDOUT_FILENO) } != 1
         {
             return Err(Failure::Other(

@@ -7,6 +7,8 @@
 //! allocators keep working); for any other handle it jumps to [`dlsym_hooked`]. Nothing here
 //! allocates, locks, or initialises CUDA: it runs in every process of a node that preloads us.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 use crate::hooks::find_hooked;
 use crate::log::{self, log};
 use crate::real::{real_dlsym, real_dlsym_addr};
@@ -20,17 +22,19 @@ pub unsafe extern "C" fn dlsym_hooked(handle: *mut c_void, symbol: *const c_char
     let Some(real) = real_dlsym() else {
         return core::ptr::null_mut();
     };
-    let p = real(handle, symbol);
+    // SAFETY: the real dlsym, with the caller's arguments.
+    let p = unsafe { real(handle, symbol) };
     if p.is_null() || symbol.is_null() || crate::config::disabled() {
         return p;
     }
     // Cheap filter before comparing names: every hooked name starts with "cu" or "nvml".
-    let first = *symbol as u8;
+    // SAFETY: symbol is non-null (checked above) and NUL-terminated, so its first byte exists.
+    let first = unsafe { *symbol } as u8;
     if first != b'c' && first != b'n' {
         return p;
     }
     // SAFETY: symbol is NUL-terminated (checked non-null above).
-    let name = CStr::from_ptr(symbol).to_bytes();
+    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
     let answer = match find_hooked(name) {
         Some(s) => s.wrapper.map(|w| w.0 as *mut c_void).unwrap_or(p),
         None => p,

@@ -13,7 +13,21 @@
 //! parameter lists come from [`gpuslice_abi::signature!`], both generated from NVIDIA's headers
 //! (`abi/gen/pfn.py`). A handler whose parameters differ from the header's (a `c_uint` where
 //! `cuda.h` has `size_t`) does not build.
+//!
+//! # The handler contract
+//! Every handler named in a row is an `unsafe fn` called only by its wrapper, and may rely on:
+//! - `real` is the real function of the same name, whose C signature is the row's `pfn` type;
+//!   calling it with the program's own arguments is exactly the call the program made, under
+//!   the driver's (or NVML's) contract;
+//! - every argument is the program's, unchanged, so each pointer is what the header says it
+//!   is: null, or valid for the reads (descriptors, `const` inputs) and writes (out-pointers)
+//!   that function's documentation describes. A handler dereferences a pointer only after
+//!   checking it non-null, and reads an out-pointer only after the real call succeeded (so
+//!   the driver has written it).
+//!
+//! The SAFETY comments in the handlers name which of these they use.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use crate::real::Lib;
@@ -96,7 +110,8 @@ macro_rules! export {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             let Some(real) = real::$name() else { return Lib::$lib.missing() };
             if crate::config::disabled() {
-                return real($($arg),*);
+                // SAFETY: the real function of this signature, with the program's arguments.
+                return unsafe { real($($arg),*) };
             }
             // SAFETY: the handler gets the caller's arguments unchanged and the real function
             // of the same signature; no panic crosses the C boundary.

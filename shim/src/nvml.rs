@@ -28,6 +28,12 @@
 //! Cost: one uncontended mutex and a few atomic loads per call once warm. NVML handles are
 //! cached by address, slice lookups by the ledger's generation, pid translations for the life
 //! of each process; nothing here allocates per call (the first call builds the cache).
+//!
+//! Every `pub unsafe fn` here is a handler of the hook table, relying on the handler contract
+//! of [`crate::hooks`]: `real` is NVML's function, the arguments are the program's, and each
+//! pointer is null or valid as `nvml.h` documents it (arrays hold the count the program says).
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 use crate::config::Config;
 use crate::hooks::{pfn, real};
@@ -459,17 +465,21 @@ pub unsafe fn memory_info(
     dev: nvmlDevice_t,
     mem: *mut nvmlMemory_t,
 ) -> u32 {
-    let r = real(dev, mem);
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(dev, mem) };
     if r != NVML_SUCCESS || mem.is_null() {
         return r;
     }
-    let (total, free) = ((*mem).total, (*mem).free);
+    // SAFETY: mem is non-null (checked above), the program's struct, filled in by NVML's
+    // successful call; ours to overwrite.
+    let mem = unsafe { &mut *mem };
+    let (total, free) = (mem.total, mem.free);
     if let Some(Some((t, f, not_free, _))) =
         with_place(dev, total, |c| memory(&c.place, total, free))
     {
-        (*mem).total = t;
-        (*mem).free = f;
-        (*mem).used = not_free;
+        mem.total = t;
+        mem.free = f;
+        mem.used = not_free;
     }
     r
 }
@@ -480,18 +490,22 @@ pub unsafe fn memory_info_v2(
     dev: nvmlDevice_t,
     mem: *mut nvmlMemory_v2_t,
 ) -> u32 {
-    let r = real(dev, mem);
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(dev, mem) };
     if r != NVML_SUCCESS || mem.is_null() {
         return r;
     }
-    let (total, free) = ((*mem).total, (*mem).free);
+    // SAFETY: mem is non-null (checked above), the program's struct, filled in by NVML's
+    // successful call (which accepted its version); ours to overwrite.
+    let mem = unsafe { &mut *mem };
+    let (total, free) = (mem.total, mem.free);
     if let Some(Some((t, f, not_free, reserved))) =
         with_place(dev, total, |c| memory(&c.place, total, free))
     {
-        (*mem).total = t;
-        (*mem).free = f;
-        (*mem).used = not_free - reserved;
-        (*mem).reserved = reserved;
+        mem.total = t;
+        mem.free = f;
+        mem.used = not_free - reserved;
+        mem.reserved = reserved;
     }
     r
 }
@@ -526,6 +540,10 @@ fn with_slice_processes<R>(dev: nvmlDevice_t, f: impl FnOnce(&[(u32, u64)]) -> R
 /// One running-process query; `write(k, pid, bytes)` stores entry `k` in the caller's array.
 /// `graphics`: a graphics or MPS query, which lists nothing inside a slice (slices hold CUDA
 /// processes, listed by the compute queries; a neighbour is never shown).
+///
+/// # Safety
+/// The handler contract for the query `real` is: `count` is null or the program's in/out
+/// count, `infos` null or an array of `*count` entries of the layout `write` stores.
 unsafe fn running_processes(
     real: ProcsFn,
     graphics: bool,
@@ -534,10 +552,13 @@ unsafe fn running_processes(
     infos: *mut c_void,
     write: unsafe fn(*mut c_void, usize, u32, u64),
 ) -> u32 {
+    // SAFETY: NVML's query with the program's arguments (this function's contract).
+    let pass = || unsafe { real(dev, count, infos) };
     if count.is_null() {
-        return real(dev, count, infos);
+        return pass();
     }
-    let cap = *count as usize;
+    // SAFETY: count is non-null (checked above), the program's in/out count.
+    let cap = unsafe { *count } as usize;
     let answer = with_slice_processes(dev, |list| {
         let list = if graphics { &[][..] } else { list };
         if list.len() > cap {
@@ -553,37 +574,41 @@ unsafe fn running_processes(
         (NVML_SUCCESS, list.len())
     });
     match answer {
-        None => real(dev, count, infos),
+        None => pass(),
         Some((NVML_ERROR_INVALID_ARGUMENT, _)) => NVML_ERROR_INVALID_ARGUMENT,
         Some((r, n)) => {
-            *count = n as c_uint;
+            // SAFETY: as above: the program's non-null count, valid for writes.
+            unsafe { *count = n as c_uint };
             r
         }
     }
 }
 
-/// SAFETY (both writers): `infos` holds more than `k` entries of the version's struct (the
-/// caller's `*infoCount`, checked by `running_processes`).
+/// Store entry `k` of a v1 process array.
+///
+/// # Safety (both writers)
+/// `infos` holds more than `k` entries of the version's struct (the caller's `*infoCount`,
+/// checked by `running_processes`).
 unsafe fn write_v1(infos: *mut c_void, k: usize, pid: u32, bytes: u64) {
-    infos
-        .cast::<ProcessInfoV1>()
-        .add(k)
-        .write_unaligned(ProcessInfoV1 {
-            pid,
-            used_gpu_memory: bytes,
-        });
+    let e = ProcessInfoV1 {
+        pid,
+        used_gpu_memory: bytes,
+    };
+    // SAFETY: entry k is inside the program's array (this function's contract); unaligned
+    // writes ask nothing of the program's alignment.
+    unsafe { infos.cast::<ProcessInfoV1>().add(k).write_unaligned(e) };
 }
 
+/// Store entry `k` of a v2/v3 process array (see [`write_v1`]).
 unsafe fn write_v2(infos: *mut c_void, k: usize, pid: u32, bytes: u64) {
-    infos
-        .cast::<nvmlProcessInfo_t>()
-        .add(k)
-        .write_unaligned(nvmlProcessInfo_t {
-            pid,
-            usedGpuMemory: bytes,
-            gpuInstanceId: u32::MAX,
-            computeInstanceId: u32::MAX,
-        });
+    let e = nvmlProcessInfo_t {
+        pid,
+        usedGpuMemory: bytes,
+        gpuInstanceId: u32::MAX,
+        computeInstanceId: u32::MAX,
+    };
+    // SAFETY: as in write_v1.
+    unsafe { infos.cast::<nvmlProcessInfo_t>().add(k).write_unaligned(e) };
 }
 
 /// `nvmlDeviceGetComputeRunningProcesses` (v1 entries).
@@ -593,7 +618,8 @@ pub unsafe fn compute_processes_v1(
     count: *mut c_uint,
     infos: *mut c_void,
 ) -> u32 {
-    running_processes(real, false, dev, count, infos, write_v1)
+    // SAFETY: the handler contract; write_v1 is this query's entry layout.
+    unsafe { running_processes(real, false, dev, count, infos, write_v1) }
 }
 
 /// `nvmlDeviceGetComputeRunningProcesses_v2` and `_v3` (one layout).
@@ -603,7 +629,8 @@ pub unsafe fn compute_processes_v2(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> u32 {
-    running_processes(as_untyped(real), false, dev, count, infos.cast(), write_v2)
+    // SAFETY: the handler contract; write_v2 is this query's entry layout.
+    unsafe { running_processes(as_untyped(real), false, dev, count, infos.cast(), write_v2) }
 }
 
 /// `nvmlDeviceGetGraphicsRunningProcesses` (v1 entries).
@@ -613,7 +640,8 @@ pub unsafe fn graphics_processes_v1(
     count: *mut c_uint,
     infos: *mut c_void,
 ) -> u32 {
-    running_processes(real, true, dev, count, infos, write_v1)
+    // SAFETY: the handler contract; write_v1 is this query's entry layout.
+    unsafe { running_processes(real, true, dev, count, infos, write_v1) }
 }
 
 /// `nvmlDeviceGetGraphicsRunningProcesses_v2` and `_v3`.
@@ -623,7 +651,8 @@ pub unsafe fn graphics_processes_v2(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> u32 {
-    running_processes(as_untyped(real), true, dev, count, infos.cast(), write_v2)
+    // SAFETY: the handler contract; write_v2 is this query's entry layout.
+    unsafe { running_processes(as_untyped(real), true, dev, count, infos.cast(), write_v2) }
 }
 
 /// `nvmlDeviceGetMPSComputeRunningProcesses` (v1 entries): none inside a slice.
@@ -633,7 +662,8 @@ pub unsafe fn mps_processes_v1(
     count: *mut c_uint,
     infos: *mut c_void,
 ) -> u32 {
-    running_processes(real, true, dev, count, infos, write_v1)
+    // SAFETY: the handler contract; write_v1 is this query's entry layout.
+    unsafe { running_processes(real, true, dev, count, infos, write_v1) }
 }
 
 /// `nvmlDeviceGetMPSComputeRunningProcesses_v2` and `_v3`: none inside a slice.
@@ -643,7 +673,8 @@ pub unsafe fn mps_processes_v2(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> u32 {
-    running_processes(as_untyped(real), true, dev, count, infos.cast(), write_v2)
+    // SAFETY: the handler contract; write_v2 is this query's entry layout.
+    unsafe { running_processes(as_untyped(real), true, dev, count, infos.cast(), write_v2) }
 }
 
 /// `nvmlProcessDetailList_v1_t`.
@@ -680,16 +711,22 @@ pub unsafe fn process_detail_list(
     dev: nvmlDevice_t,
     plist: *mut c_void,
 ) -> u32 {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let pass = || unsafe { real(dev, plist) };
     let list = plist.cast::<ProcessDetailList>();
     if list.is_null() {
-        return real(dev, plist);
+        return pass();
     }
-    let (version, mode, cap, array) = (
-        (*list).version,
-        (*list).mode,
-        (*list).num_proc_array_entries as usize,
-        (*list).proc_array,
-    );
+    // SAFETY: list is non-null (checked above): the program's struct, whose first fields
+    // (version, mode, count, array) every version shares.
+    let (version, mode, cap, array) = unsafe {
+        (
+            (*list).version,
+            (*list).mode,
+            (*list).num_proc_array_entries as usize,
+            (*list).proc_array,
+        )
+    };
     let answer = with_slice_processes(dev, |procs| {
         if version != PROCESS_DETAIL_LIST_V1 {
             return (NVML_ERROR_ARGUMENT_VERSION_MISMATCH, None);
@@ -716,10 +753,11 @@ pub unsafe fn process_detail_list(
         (NVML_SUCCESS, Some(procs.len()))
     });
     match answer {
-        None => real(dev, plist),
+        None => pass(),
         Some((r, n)) => {
             if let Some(n) = n {
-                (*list).num_proc_array_entries = n as c_uint;
+                // SAFETY: the program's non-null struct (checked above), valid for writes.
+                unsafe { (*list).num_proc_array_entries = n as c_uint };
             }
             r
         }
@@ -756,18 +794,22 @@ pub unsafe fn utilization_rates(
     dev: nvmlDevice_t,
     util: *mut nvmlUtilization_t,
 ) -> u32 {
-    let r = real(dev, util);
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(dev, util) };
     if r != NVML_SUCCESS || util.is_null() {
         return r;
     }
     if let Some((mine, all)) = slice_compute(dev) {
+        // SAFETY: util is non-null (checked above), the program's struct, filled in by NVML's
+        // successful call; ours to overwrite.
+        let util = unsafe { &mut *util };
         let mem = if all > 0.0 {
-            ((*util).memory as f64 * (mine / all).min(1.0)).round() as c_uint
+            (util.memory as f64 * (mine / all).min(1.0)).round() as c_uint
         } else {
             0
         };
-        (*util).gpu = percent(mine);
-        (*util).memory = mem.min(100);
+        util.gpu = percent(mine);
+        util.memory = mem.min(100);
     }
     r
 }
@@ -822,10 +864,13 @@ pub unsafe fn process_utilization(
     count: *mut c_uint,
     last_seen: u64,
 ) -> u32 {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let pass = || unsafe { real(dev, samples, count, last_seen) };
     if count.is_null() {
-        return real(dev, samples, count, last_seen);
+        return pass();
     }
-    let cap = *count as usize;
+    // SAFETY: count is non-null (checked above), the program's in/out count.
+    let cap = unsafe { *count } as usize;
     let out = samples.cast::<ProcessUtilizationSample>();
     let answer = utilization_samples(dev, last_seen, cap, !out.is_null(), |k, pid, ts, sm| {
         let s = ProcessUtilizationSample {
@@ -840,10 +885,11 @@ pub unsafe fn process_utilization(
         unsafe { out.add(k).write_unaligned(s) };
     });
     match answer {
-        None => real(dev, samples, count, last_seen),
+        None => pass(),
         Some((r, n)) => {
             if r != NVML_ERROR_NOT_FOUND {
-                *count = n as c_uint;
+                // SAFETY: as above: the program's non-null count, valid for writes.
+                unsafe { *count = n as c_uint };
             }
             r
         }
@@ -884,21 +930,28 @@ pub unsafe fn processes_utilization_info(
     dev: nvmlDevice_t,
     info: *mut c_void,
 ) -> u32 {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let pass = || unsafe { real(dev, info) };
     let p = info.cast::<ProcessesUtilizationInfo>();
     if p.is_null() {
-        return real(dev, info);
+        return pass();
     }
     if slice_compute(dev).is_none() {
-        return real(dev, info);
+        return pass();
     }
-    if (*p).version != PROCESSES_UTILIZATION_INFO_V1 {
+    // SAFETY: p is non-null (checked above), the program's struct; every version starts with
+    // its version word.
+    if unsafe { (*p).version } != PROCESSES_UTILIZATION_INFO_V1 {
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     }
-    let (cap, last, out) = (
-        (*p).process_samples_count as usize,
-        (*p).last_seen_time_stamp,
-        (*p).proc_util_array,
-    );
+    // SAFETY: p is non-null and, by its version, a v1 struct (checked above).
+    let (cap, last, out) = unsafe {
+        (
+            (*p).process_samples_count as usize,
+            (*p).last_seen_time_stamp,
+            (*p).proc_util_array,
+        )
+    };
     let answer = utilization_samples(dev, last, cap, !out.is_null(), |k, pid, ts, sm| {
         let s = ProcessUtilizationInfo {
             time_stamp: ts,
@@ -914,10 +967,11 @@ pub unsafe fn processes_utilization_info(
         unsafe { out.add(k).write_unaligned(s) };
     });
     match answer {
-        None => real(dev, info),
+        None => pass(),
         Some((r, n)) => {
             if r != NVML_ERROR_NOT_FOUND {
-                (*p).process_samples_count = n as c_uint;
+                // SAFETY: the program's non-null v1 struct (checked above), valid for writes.
+                unsafe { (*p).process_samples_count = n as c_uint };
             }
             r
         }

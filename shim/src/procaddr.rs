@@ -6,6 +6,8 @@
 //! the real `cuMemAllocAsync_ptsz`, which maps to our `cuMemAllocAsync_ptsz` wrapper. Asked
 //! for `cuGetProcAddress` itself, the driver returns its own, which maps to ours the same way.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 use crate::dlsym::{answer_of, log_lookup};
 use crate::hooks::{pfn, SYMBOLS};
 use crate::log;
@@ -15,6 +17,10 @@ use gpuslice_abi::CUDA_SUCCESS;
 
 /// Swap the driver's answer in `*p` for our wrapper when it is a hooked function; at debug level,
 /// log the lookup.
+///
+/// # Safety
+/// Called after the real `cuGetProcAddress` succeeded with these arguments: `p` is null or the
+/// caller's out-pointer the driver has just written; `symbol` is null or NUL-terminated.
 unsafe fn swap_for_wrapper(
     how: &str,
     symbol: *const c_char,
@@ -26,16 +32,21 @@ unsafe fn swap_for_wrapper(
         return;
     }
     let mut ours = false;
-    if let Some(i) = hooked_by_address(*p) {
+    // SAFETY: p is non-null (checked above), written by the driver's successful call.
+    let found = unsafe { *p };
+    let mut answer = found;
+    if let Some(i) = hooked_by_address(found) {
         if let Some(w) = SYMBOLS[i].wrapper {
-            *p = w.0 as *mut c_void;
+            answer = w.0 as *mut c_void;
+            // SAFETY: p is the caller's non-null out-pointer, valid for writes.
+            unsafe { *p = answer };
             ours = true;
         }
     }
     if !symbol.is_null() && log::enabled(log::Level::Debug) {
         // SAFETY: the driver accepted `symbol` as a NUL-terminated name.
-        let name = CStr::from_ptr(symbol).to_bytes();
-        log_lookup(how, name, Some((version, flags)), answer_of(*p, ours));
+        let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+        log_lookup(how, name, Some((version, flags)), answer_of(answer, ours));
     }
 }
 
@@ -47,9 +58,11 @@ pub unsafe fn get_proc_address(
     version: c_int,
     flags: u64,
 ) -> u32 {
-    let r = real(symbol, p, version, flags);
+    // SAFETY: the handler contract (hooks.rs): `real` with the program's arguments.
+    let r = unsafe { real(symbol, p, version, flags) };
     if r == CUDA_SUCCESS {
-        swap_for_wrapper("cuGetProcAddress", symbol, p, version, flags);
+        // SAFETY: the real call succeeded with these arguments, as swap_for_wrapper needs.
+        unsafe { swap_for_wrapper("cuGetProcAddress", symbol, p, version, flags) };
     }
     r
 }
@@ -63,9 +76,11 @@ pub unsafe fn get_proc_address_v2(
     flags: u64,
     status: *mut c_int,
 ) -> u32 {
-    let r = real(symbol, p, version, flags, status);
+    // SAFETY: the handler contract (hooks.rs): `real` with the program's arguments.
+    let r = unsafe { real(symbol, p, version, flags, status) };
     if r == CUDA_SUCCESS {
-        swap_for_wrapper("cuGetProcAddress_v2", symbol, p, version, flags);
+        // SAFETY: the real call succeeded with these arguments, as swap_for_wrapper needs.
+        unsafe { swap_for_wrapper("cuGetProcAddress_v2", symbol, p, version, flags) };
     }
     r
 }

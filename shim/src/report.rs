@@ -3,6 +3,8 @@
 //! effort) the device's size stays the total and free is capped by what is not reserved for
 //! slices. Shared by the driver hooks here and the NVML hooks in `nvml.rs`.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 use crate::hooks::pfn;
 use crate::init::{state_if_ready, DevState};
 use gpuslice_abi::*;
@@ -35,7 +37,8 @@ pub unsafe fn mem_get_info(
     free: *mut usize,
     total: *mut usize,
 ) -> CUresult {
-    let r = real(free, total);
+    // SAFETY: the handler contract (hooks.rs): `real` with the program's arguments.
+    let r = unsafe { real(free, total) };
     if r != CUDA_SUCCESS || free.is_null() || total.is_null() {
         return r;
     }
@@ -44,10 +47,15 @@ pub unsafe fn mem_get_info(
     };
     // Not a hot path: first return pool credit the driver has released since, so "free" is
     // what an allocation could really get.
-    crate::memory::reclaim_pools(dev);
-    let (t, f) = view(dev, *total as u64, *free as u64);
-    *total = t as usize;
-    *free = f as usize;
+    // SAFETY: dev is a device of the started state, as reclaim_pools needs.
+    unsafe { crate::memory::reclaim_pools(dev) };
+    // SAFETY: both are the caller's out-pointers, non-null (checked above), written by the
+    // driver's successful call, and ours to overwrite.
+    unsafe {
+        let (t, f) = view(dev, *total as u64, *free as u64);
+        *total = t as usize;
+        *free = f as usize;
+    }
     r
 }
 
@@ -57,13 +65,16 @@ pub unsafe fn device_total_mem(
     bytes: *mut usize,
     d: CUdevice,
 ) -> CUresult {
-    let r = real(bytes, d);
+    // SAFETY: the handler contract (hooks.rs): `real` with the program's arguments.
+    let r = unsafe { real(bytes, d) };
     if r != CUDA_SUCCESS || bytes.is_null() {
         return r;
     }
     if let Some(dev) = state_if_ready().and_then(|s| s.device(d)) {
         if dev.account.is_quota() {
-            *bytes = (*bytes as u64).min(dev.account.limit()) as usize;
+            // SAFETY: the caller's out-pointer, non-null (checked above), written by the
+            // driver's successful call.
+            unsafe { *bytes = (*bytes as u64).min(dev.account.limit()) as usize };
         }
     }
     r

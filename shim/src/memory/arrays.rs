@@ -2,7 +2,9 @@
 //! depth × channels × element size, summed over mip levels) to the current device, until
 //! their destroy. No state of its own.
 
-use super::{charge_and_alloc, free_and_uncharge};
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+use super::{charge_and_alloc, free_and_uncharge, written};
 use crate::hooks::pfn;
 use crate::pointers::Kind;
 use core::ffi::c_uint;
@@ -53,6 +55,10 @@ pub fn mipmapped_bytes(desc: &CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> Option
 /// The array creators' common body: null arguments and a missing context go to the driver (it
 /// reports them); otherwise the array is charged its size from the descriptor before `create`
 /// (the real creator, writing the handle to `out`) runs.
+///
+/// # Safety
+/// `out` and `desc` are the program's arguments to the creator (null, or its out-pointer and
+/// its descriptor), under the handler contract.
 #[inline]
 unsafe fn create_array<T, D>(
     kind: Kind,
@@ -66,10 +72,18 @@ unsafe fn create_array<T, D>(
         return create();
     }
     let dev = current!(st, create());
-    let Some(bytes) = bytes(&*desc) else {
+    // SAFETY: desc is non-null (checked above): the program's descriptor, valid for reads.
+    let Some(bytes) = bytes(unsafe { &*desc }) else {
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
-    charge_and_alloc(dev, kind, bytes, 0, || (create(), *out as u64))
+    // SAFETY: dev is the started state's; out is non-null (checked above), the program's
+    // out-pointer.
+    unsafe {
+        charge_and_alloc(dev, kind, bytes, 0, || {
+            let r = create();
+            (r, written(r, out).map_or(0, |h| h as u64))
+        })
+    }
 }
 
 /// `cuArrayCreate_v2`.
@@ -80,7 +94,8 @@ pub unsafe fn array_create(
 ) -> CUresult {
     let bytes =
         |d: &CUDA_ARRAY_DESCRIPTOR| array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels);
-    create_array(Kind::Array, array, desc, bytes, || real(array, desc))
+    // SAFETY: the handler contract: `real` and the pointers are the program's.
+    unsafe { create_array(Kind::Array, array, desc, bytes, || real(array, desc)) }
 }
 
 /// `cuArray3DCreate_v2` (layered arrays: depth = layers).
@@ -92,13 +107,15 @@ pub unsafe fn array3d_create(
     let bytes = |d: &CUDA_ARRAY3D_DESCRIPTOR| {
         array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)
     };
-    create_array(Kind::Array, array, desc, bytes, || real(array, desc))
+    // SAFETY: the handler contract: `real` and the pointers are the program's.
+    unsafe { create_array(Kind::Array, array, desc, bytes, || real(array, desc)) }
 }
 
 /// `cuArrayDestroy`.
 pub unsafe fn array_destroy(real: pfn::cuArrayDestroy, array: CUarray) -> CUresult {
     let st = ready!();
-    free_and_uncharge(st, Kind::Array, array as u64, || real(array))
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    free_and_uncharge(st, Kind::Array, array as u64, || unsafe { real(array) })
 }
 
 /// `cuMipmappedArrayCreate`.
@@ -109,9 +126,12 @@ pub unsafe fn mipmapped_create(
     levels: c_uint,
 ) -> CUresult {
     let bytes = |d: &CUDA_ARRAY3D_DESCRIPTOR| mipmapped_bytes(d, levels);
-    create_array(Kind::Mipmapped, array, desc, bytes, || {
-        real(array, desc, levels)
-    })
+    // SAFETY: the handler contract: `real` and the pointers are the program's.
+    unsafe {
+        create_array(Kind::Mipmapped, array, desc, bytes, || {
+            real(array, desc, levels)
+        })
+    }
 }
 
 /// `cuMipmappedArrayDestroy`.
@@ -120,7 +140,8 @@ pub unsafe fn mipmapped_destroy(
     array: CUmipmappedArray,
 ) -> CUresult {
     let st = ready!();
-    free_and_uncharge(st, Kind::Mipmapped, array as u64, || real(array))
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    free_and_uncharge(st, Kind::Mipmapped, array as u64, || unsafe { real(array) })
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 //! of them is destroyed. Its state: the list of charges and their holders (a mutex, cold
 //! paths only) and the count of open captures (one atomic load on the async allocation path).
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 use super::{charge, oom};
 use crate::hooks::{pfn, real};
 use crate::init::DevState;
@@ -93,6 +95,9 @@ fn graph_charge_rehold(t: &mut [GraphCharge], from: Holder, to: Holder) {
 /// Graph memory of `bytes` on `dev` for a node of `graph`, around `add` (the driver call that
 /// makes the node): charged first, refused with `CUDA_ERROR_OUT_OF_MEMORY` over the quota,
 /// held by the graph (and later its executables) once the driver made the node.
+///
+/// # Safety
+/// As `charge`: `dev` is a device of the started state.
 #[cold]
 pub(super) unsafe fn graph_alloc(
     dev: &DevState,
@@ -100,7 +105,8 @@ pub(super) unsafe fn graph_alloc(
     bytes: u64,
     add: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    if !charge(dev, bytes) {
+    // SAFETY: dev is a device of the started state (this function's contract).
+    if !unsafe { charge(dev, bytes) } {
         return oom(dev, bytes);
     }
     let r = add();
@@ -113,17 +119,26 @@ pub(super) unsafe fn graph_alloc(
 }
 
 /// A memory allocation node described by `p`, on a device: see [`graph_alloc`].
+///
+/// # Safety
+/// `p` is null or the program's node parameters, valid for reads (handler contract).
 unsafe fn mem_alloc_node(
     graph: CUgraph,
     p: *const CUDA_MEM_ALLOC_NODE_PARAMS,
     add: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let st = ready!();
-    if p.is_null() || (*p).poolProps.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+    if p.is_null() {
         return add();
     }
-    match st.device((*p).poolProps.location.id) {
-        Some(dev) => graph_alloc(dev, graph, (*p).bytesize as u64, add),
+    // SAFETY: p is non-null (checked above) and readable (this function's contract).
+    let (location, bytes) = unsafe { ((*p).poolProps.location, (*p).bytesize as u64) };
+    if location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+        return add();
+    }
+    match st.device(location.id) {
+        // SAFETY: dev is a device of the started state.
+        Some(dev) => unsafe { graph_alloc(dev, graph, bytes, add) },
         None => add(),
     }
 }
@@ -139,12 +154,16 @@ pub unsafe fn graph_add_mem_alloc_node(
     ndeps: usize,
     params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
 ) -> CUresult {
-    mem_alloc_node(graph, params, || real(node, graph, deps, ndeps, params))
+    // SAFETY: the handler contract: `real` and `params` are the program's.
+    unsafe { mem_alloc_node(graph, params, || real(node, graph, deps, ndeps, params)) }
 }
 
 /// `cuGraphAddNode` (CUDA 12.2) and `_v2`: a memory allocation node is charged as by
 /// `cuGraphAddMemAllocNode`; a child graph moved into its parent (the only way a graph with
 /// memory nodes can be a child) hands its graph memory to the parent.
+///
+/// # Safety
+/// `params` is null or the program's node parameters, valid for reads (handler contract).
 unsafe fn graph_add_any_node(
     graph: CUgraph,
     params: *mut CUgraphNodeParams,
@@ -153,12 +172,16 @@ unsafe fn graph_add_any_node(
     if params.is_null() {
         return add();
     }
-    match (*params).type_ {
+    // SAFETY: params is non-null (checked above) and readable (this function's contract).
+    match unsafe { (*params).type_ } {
         CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
-            mem_alloc_node(graph, core::ptr::addr_of!((*params).u.alloc), add)
+            // SAFETY: the type says the union holds `alloc`; the pointer stays within the
+            // program's readable parameters.
+            unsafe { mem_alloc_node(graph, core::ptr::addr_of!((*params).u.alloc), add) }
         }
         CU_GRAPH_NODE_TYPE_GRAPH => {
-            let child = (*params).u.graph;
+            // SAFETY: the type says the union holds `graph`; params is readable.
+            let child = unsafe { (*params).u.graph };
             let r = add();
             if r == CUDA_SUCCESS && child.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE {
                 graph_charge_rehold(
@@ -182,7 +205,8 @@ pub unsafe fn graph_add_node(
     ndeps: usize,
     params: *mut CUgraphNodeParams,
 ) -> CUresult {
-    graph_add_any_node(graph, params, || real(node, graph, deps, ndeps, params))
+    // SAFETY: the handler contract: `real` and `params` are the program's.
+    unsafe { graph_add_any_node(graph, params, || real(node, graph, deps, ndeps, params)) }
 }
 
 /// `cuGraphAddNode_v2` (CUDA 12.3: with edge data, passed through unread).
@@ -195,15 +219,24 @@ pub unsafe fn graph_add_node_v2(
     ndeps: usize,
     params: *mut CUgraphNodeParams,
 ) -> CUresult {
-    graph_add_any_node(graph, params, || {
-        real(node, graph, deps, edges, ndeps, params)
-    })
+    // SAFETY: the handler contract: `real` and `params` are the program's.
+    unsafe {
+        graph_add_any_node(graph, params, || {
+            real(node, graph, deps, edges, ndeps, params)
+        })
+    }
 }
 
 /// After a successful instantiation: the executable holds the graph's memory charges.
+///
+/// # Safety
+/// `r` is the status of the real instantiation given `exec`, the program's out-pointer (or
+/// null).
 unsafe fn instantiated(r: CUresult, exec: *mut CUgraphExec, graph: CUgraph) -> CUresult {
     if r == CUDA_SUCCESS && !exec.is_null() {
-        graph_charge_share(&mut graphs(), graph as usize, *exec as usize);
+        // SAFETY: non-null (checked above), written by the driver's successful call.
+        let exec = unsafe { *exec };
+        graph_charge_share(&mut graphs(), graph as usize, exec as usize);
     }
     r
 }
@@ -215,7 +248,9 @@ pub unsafe fn graph_instantiate_with_flags(
     graph: CUgraph,
     flags: u64,
 ) -> CUresult {
-    instantiated(real(exec, graph, flags), exec, graph)
+    // SAFETY: the handler contract: `real` with the program's arguments; `r` is its status
+    // for `exec`.
+    unsafe { instantiated(real(exec, graph, flags), exec, graph) }
 }
 
 /// `cuGraphInstantiate` (the exported symbol keeps the CUDA 10 signature) and `_v2`.
@@ -227,7 +262,9 @@ pub unsafe fn graph_instantiate(
     log: *mut core::ffi::c_char,
     len: usize,
 ) -> CUresult {
-    instantiated(real(exec, graph, err, log, len), exec, graph)
+    // SAFETY: the handler contract: `real` with the program's arguments; `r` is its status
+    // for `exec`.
+    unsafe { instantiated(real(exec, graph, err, log, len), exec, graph) }
 }
 
 /// `cuGraphInstantiateWithParams(_ptsz)`: the parameters pass through unread.
@@ -237,7 +274,9 @@ pub unsafe fn graph_instantiate_with_params(
     graph: CUgraph,
     params: *mut core::ffi::c_void,
 ) -> CUresult {
-    instantiated(real(exec, graph, params), exec, graph)
+    // SAFETY: the handler contract: `real` with the program's arguments; `r` is its status
+    // for `exec`.
+    unsafe { instantiated(real(exec, graph, params), exec, graph) }
 }
 
 /// Return the charges `h` was the last holder of.
@@ -254,7 +293,8 @@ fn graph_released(h: Holder) {
 
 /// `cuGraphDestroy`: the graph's memory goes back unless an executable still holds it.
 pub unsafe fn graph_destroy(real: pfn::cuGraphDestroy, graph: CUgraph) -> CUresult {
-    let r = real(graph);
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(graph) };
     if r == CUDA_SUCCESS {
         graph_released(Holder::Graph(graph as usize));
     }
@@ -263,7 +303,8 @@ pub unsafe fn graph_destroy(real: pfn::cuGraphDestroy, graph: CUgraph) -> CUresu
 
 /// `cuGraphExecDestroy`: as `cuGraphDestroy`, for the executable's hold.
 pub unsafe fn graph_exec_destroy(real: pfn::cuGraphExecDestroy, exec: CUgraphExec) -> CUresult {
-    let r = real(exec);
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(exec) };
     if r == CUDA_SUCCESS {
         graph_released(Holder::Exec(exec as usize));
     }
@@ -279,14 +320,22 @@ static CAPTURES: AtomicUsize = AtomicUsize::new(0);
 /// a memory node of that graph: charged as its graph memory ([`graph_alloc`]), not as pool
 /// memory, and kept out of the pointer table, so the free that pairs with it (captured or not)
 /// moves nothing into a pool's retained credit.
+///
+/// # Safety
+/// `stream` is a stream handle the program passed to the driver (handler contract).
 #[inline]
 pub(super) unsafe fn capture_graph(stream: CUstream) -> Option<CUgraph> {
     if CAPTURES.load(Acquire) == 0 {
         return None;
     }
-    capture_graph_query(stream)
+    // SAFETY: the program's stream (this function's contract).
+    unsafe { capture_graph_query(stream) }
 }
 
+/// Ask the driver which graph `stream` captures into.
+///
+/// # Safety
+/// As [`capture_graph`].
 #[cold]
 unsafe fn capture_graph_query(stream: CUstream) -> Option<CUgraph> {
     let f = real::cuStreamGetCaptureInfo_v2()?;
@@ -295,7 +344,9 @@ unsafe fn capture_graph_query(stream: CUstream) -> Option<CUgraph> {
     let mut graph: CUgraph = core::ptr::null_mut();
     let mut deps: *const CUgraphNode = core::ptr::null();
     let mut n = 0usize;
-    let r = f(stream, &mut status, &mut id, &mut graph, &mut deps, &mut n);
+    // SAFETY: the real cuStreamGetCaptureInfo_v2 with the program's stream and out-pointers
+    // to our locals.
+    let r = unsafe { f(stream, &mut status, &mut id, &mut graph, &mut deps, &mut n) };
     (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE && !graph.is_null())
         .then_some(graph)
 }
@@ -306,7 +357,8 @@ pub unsafe fn begin_capture(
     stream: CUstream,
     mode: CUstreamCaptureMode,
 ) -> CUresult {
-    let r = real(stream, mode);
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(stream, mode) };
     if r == CUDA_SUCCESS {
         CAPTURES.fetch_add(1, AcqRel);
     }
@@ -315,7 +367,8 @@ pub unsafe fn begin_capture(
 
 /// `cuStreamBeginCapture(_ptsz)`: the CUDA 10 export, without a mode.
 pub unsafe fn begin_capture_v1(real: pfn::cuStreamBeginCapture, stream: CUstream) -> CUresult {
-    let r = real(stream);
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(stream) };
     if r == CUDA_SUCCESS {
         CAPTURES.fetch_add(1, AcqRel);
     }
@@ -332,15 +385,19 @@ pub unsafe fn end_capture(
     let capturing = if CAPTURES.load(Acquire) == 0 {
         None
     } else {
-        capture_graph_query(stream)
+        // SAFETY: the program's stream (handler contract).
+        unsafe { capture_graph_query(stream) }
     };
-    let r = real(stream, out);
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(stream, out) };
     let Some(g) = capturing else {
         return r;
     };
     let _ = CAPTURES.fetch_update(AcqRel, Acquire, |n| n.checked_sub(1));
     let made = if r == CUDA_SUCCESS && !out.is_null() {
-        *out
+        // SAFETY: the program's out-pointer, non-null (checked), written by the driver's
+        // successful call.
+        unsafe { *out }
     } else {
         core::ptr::null_mut()
     };

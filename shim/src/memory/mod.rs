@@ -15,6 +15,12 @@
 //! - [`graph`]: graph memory nodes and captured allocations (held by graphs and executables).
 //!
 //! This file holds what they share: the charge/allocate/record and forget/free/return steps.
+//!
+//! Every `pub unsafe fn` in these files is a handler of the hook table, relying on the handler
+//! contract of [`crate::hooks`]: `real` is the driver's function, the arguments are the
+//! program's, pointers are null or valid as `cuda.h` documents them.
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 use crate::init::{DevState, State};
 use crate::log::log;
@@ -78,13 +84,33 @@ fn oom(dev: &DevState, bytes: u64) -> CUresult {
 }
 
 /// Charge `n` bytes; when they do not fit, first take back pool credit the driver released.
+///
+/// # Safety
+/// As [`reclaim_pools`]: `dev` is a device of the started state.
 #[inline]
 unsafe fn charge(dev: &DevState, n: u64) -> bool {
-    dev.account.try_charge(n) || (reclaim_pools(dev) && dev.account.try_charge(n))
+    // SAFETY: dev is a device of the started state (this function's contract).
+    dev.account.try_charge(n) || (unsafe { reclaim_pools(dev) } && dev.account.try_charge(n))
+}
+
+/// What an allocation closure gives [`charge_and_alloc`]: the driver's status and, only when
+/// it succeeded, the handle it wrote to `out` (0 otherwise: never read unwritten memory).
+///
+/// # Safety
+/// `out` is non-null and, once the driver succeeded, holds the handle it wrote (the
+/// program's out-pointer, under the handler contract).
+#[inline]
+unsafe fn written<T: Copy>(r: CUresult, out: *const T) -> Option<T> {
+    // SAFETY: read only after success, when the driver has written it (this function's
+    // contract).
+    (r == CUDA_SUCCESS).then(|| unsafe { *out })
 }
 
 /// Charge, allocate, record. `alloc` returns the driver's status and the new handle; `pool` is
 /// the pool slot the memory comes from (0: none), whose retained credit is spent first.
+///
+/// # Safety
+/// As [`charge`]: `dev` is a device of the started state.
 #[inline]
 unsafe fn charge_and_alloc(
     dev: &DevState,
@@ -97,7 +123,8 @@ unsafe fn charge_and_alloc(
     // reaches 2^48 bytes, so a larger request is refused by `charge` below.
     let from_credit = pools::take_credit(pool, bytes);
     let need = bytes - from_credit;
-    if need > 0 && !charge(dev, need) {
+    // SAFETY: dev is a device of the started state (this function's contract).
+    if need > 0 && !unsafe { charge(dev, need) } {
         pools::give_credit(pool, from_credit);
         return oom(dev, bytes);
     }
@@ -120,12 +147,7 @@ unsafe fn charge_and_alloc(
 
 /// Forget `h`, call the real free, return the charge (or retain it in its pool).
 #[inline]
-unsafe fn free_and_uncharge(
-    st: &State,
-    kind: Kind,
-    h: u64,
-    free: impl FnOnce() -> CUresult,
-) -> CUresult {
+fn free_and_uncharge(st: &State, kind: Kind, h: u64, free: impl FnOnce() -> CUresult) -> CUresult {
     let Some(c) = pointers::remove(kind, h) else {
         return free();
     };

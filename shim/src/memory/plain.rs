@@ -2,7 +2,9 @@
 //! `cuMemFree_v2`, charged to the calling thread's current device. No state of its own: what
 //! each pointer was charged lives in the pointer table.
 
-use super::{charge, charge_and_alloc, free_and_uncharge, oom};
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+use super::{charge, charge_and_alloc, free_and_uncharge, oom, written};
 use crate::hooks::{pfn, real};
 use crate::pointers::{self, Charge, Kind};
 use core::ffi::c_uint;
@@ -15,14 +17,21 @@ pub unsafe fn mem_alloc(
     dptr: *mut CUdeviceptr,
     bytes: usize,
 ) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let pass = || unsafe { real(dptr, bytes) };
     let st = ready!();
     if dptr.is_null() || bytes == 0 {
-        return real(dptr, bytes);
+        return pass();
     }
-    let dev = current!(st, real(dptr, bytes));
-    charge_and_alloc(dev, Kind::Ptr, bytes as u64, 0, || {
-        (real(dptr, bytes), *dptr)
-    })
+    let dev = current!(st, pass());
+    // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
+    // out-pointer.
+    unsafe {
+        charge_and_alloc(dev, Kind::Ptr, bytes as u64, 0, || {
+            let r = pass();
+            (r, written(r, dptr).unwrap_or(0))
+        })
+    }
 }
 
 /// `cuMemAllocPitch_v2`: charged an upper estimate first (rows padded to 512 bytes), then
@@ -35,36 +44,43 @@ pub unsafe fn mem_alloc_pitch(
     h: usize,
     elem: c_uint,
 ) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let pass = || unsafe { real(dptr, pitch, w, h, elem) };
     let st = ready!();
     if dptr.is_null() || pitch.is_null() || w == 0 || h == 0 {
-        return real(dptr, pitch, w, h, elem);
+        return pass();
     }
-    let dev = current!(st, real(dptr, pitch, w, h, elem));
+    let dev = current!(st, pass());
     let Some(est) = (w as u64)
         .checked_next_multiple_of(512)
         .and_then(|r| r.checked_mul(h as u64))
     else {
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
-    if !charge(dev, est) {
+    // SAFETY: dev is a device of the started state.
+    if !unsafe { charge(dev, est) } {
         return oom(dev, est);
     }
-    let r = real(dptr, pitch, w, h, elem);
+    let r = pass();
     if r != CUDA_SUCCESS {
         dev.account.uncharge(est);
         return r;
     }
-    let actual = (*pitch as u64).saturating_mul(h as u64);
+    // SAFETY: both are the program's out-pointers, non-null (checked above), written by the
+    // driver's successful call.
+    let (ptr, pitch) = unsafe { (*dptr, *pitch) };
+    let actual = (pitch as u64).saturating_mul(h as u64);
     if actual > est && !dev.account.try_charge(actual - est) {
         if let Some(free) = real::cuMemFree_v2() {
-            free(*dptr);
+            // SAFETY: the real cuMemFree_v2, freeing the pointer the driver just allocated.
+            unsafe { free(ptr) };
         }
         dev.account.uncharge(est);
         return oom(dev, actual);
     } else if actual < est {
         dev.account.uncharge(est - actual);
     }
-    pointers::insert(Kind::Ptr, *dptr, Charge::new(actual, dev, 0));
+    pointers::insert(Kind::Ptr, ptr, Charge::new(actual, dev, 0));
     r
 }
 
@@ -75,22 +91,31 @@ pub unsafe fn mem_alloc_managed(
     bytes: usize,
     flags: c_uint,
 ) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let pass = || unsafe { real(dptr, bytes, flags) };
     let st = ready!();
     if dptr.is_null() || bytes == 0 {
-        return real(dptr, bytes, flags);
+        return pass();
     }
-    let dev = current!(st, real(dptr, bytes, flags));
-    charge_and_alloc(dev, Kind::Ptr, bytes as u64, 0, || {
-        (real(dptr, bytes, flags), *dptr)
-    })
+    let dev = current!(st, pass());
+    // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
+    // out-pointer.
+    unsafe {
+        charge_and_alloc(dev, Kind::Ptr, bytes as u64, 0, || {
+            let r = pass();
+            (r, written(r, dptr).unwrap_or(0))
+        })
+    }
 }
 
 /// `cuMemFree_v2`. Inlined into its wrapper, as `mem_alloc`.
 #[inline]
 pub unsafe fn mem_free(real: pfn::cuMemFree_v2, dptr: CUdeviceptr) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let pass = || unsafe { real(dptr) };
     let st = ready!();
     if dptr == 0 {
-        return real(dptr);
+        return pass();
     }
-    free_and_uncharge(st, Kind::Ptr, dptr, || real(dptr))
+    free_and_uncharge(st, Kind::Ptr, dptr, pass)
 }

@@ -11,7 +11,9 @@
 //! memory is charged to and credited on the pool's own device, whatever the calling thread's
 //! current device is: a device's pools are reconciled only against that device.
 
-use super::{charge_and_alloc, free_and_uncharge, graph};
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+use super::{charge_and_alloc, free_and_uncharge, graph, written};
 use crate::hooks::{pfn, real};
 use crate::init::{DevState, State};
 use crate::pointers::Kind;
@@ -112,20 +114,27 @@ pub(super) fn default_slot(dev: &DevState) -> usize {
 }
 
 /// What the driver says pool `p` holds beyond live allocations; `None` if it cannot say.
+///
+/// # Safety
+/// `p` is a pool handle the driver gave (a program's, or a device's default pool).
 unsafe fn pool_slack(p: CUmemoryPool) -> Option<u64> {
     let get = real::cuMemPoolGetAttribute()?;
     let (mut reserved, mut used) = (0u64, 0u64);
-    if get(
-        p,
-        CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-        (&mut reserved as *mut u64).cast(),
-    ) != CUDA_SUCCESS
-        || get(
+    // SAFETY: the real cuMemPoolGetAttribute on a driver's pool handle; both attributes are
+    // `cuuint64_t`, written to our own u64s.
+    let ok = unsafe {
+        get(
             p,
-            CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-            (&mut used as *mut u64).cast(),
-        ) != CUDA_SUCCESS
-    {
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+            (&mut reserved as *mut u64).cast(),
+        ) == CUDA_SUCCESS
+            && get(
+                p,
+                CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                (&mut used as *mut u64).cast(),
+            ) == CUDA_SUCCESS
+    };
+    if !ok {
         return None;
     }
     Some(reserved.saturating_sub(used))
@@ -133,8 +142,17 @@ unsafe fn pool_slack(p: CUmemoryPool) -> Option<u64> {
 
 /// Return retained credit of `slot` beyond what pool `p` still reserves. A driver that cannot
 /// tell is taken to have released it (never a permanent loss of quota).
+///
+/// # Safety
+/// `p` is null or a pool handle the driver gave.
 unsafe fn reconcile(dev: &DevState, slot: usize, p: CUmemoryPool) -> bool {
-    let slack = if p.is_null() { Some(0) } else { pool_slack(p) }.unwrap_or(0);
+    let slack = if p.is_null() {
+        Some(0)
+    } else {
+        // SAFETY: a driver's pool handle (this function's contract).
+        unsafe { pool_slack(p) }
+    }
+    .unwrap_or(0);
     let mut excess = 0;
     let _ = POOLS[slot].retained.fetch_update(SeqCst, SeqCst, |r| {
         excess = r.saturating_sub(slack);
@@ -156,15 +174,20 @@ pub unsafe fn reclaim_pools(dev: &DevState) -> bool {
     let mut any = false;
     let d = default_slot(dev);
     if d != 0 && POOLS[d].retained.load(SeqCst) > 0 {
-        let p = default_pool_of(dev).unwrap_or(core::ptr::null_mut());
-        any |= reconcile(dev, d, p);
+        // SAFETY: dev is the started state's; the pool (or null) is the driver's answer.
+        unsafe {
+            let p = default_pool_of(dev).unwrap_or(core::ptr::null_mut());
+            any |= reconcile(dev, d, p);
+        }
     }
     // The explicit pools of this device whose credit is positive (another device's credit
     // would never make room here).
     for (i, p) in explicit_pools() {
         let h = p.handle.load(Acquire);
         if h != 0 && p.ordinal.load(Acquire) == dev.ordinal && p.retained.load(SeqCst) > 0 {
-            any |= reconcile(dev, i, h as CUmemoryPool);
+            // SAFETY: h is a handle the driver returned to the program's cuMemPoolCreate or
+            // took in an allocation from it; the slot is cleared when the pool is destroyed.
+            any |= unsafe { reconcile(dev, i, h as CUmemoryPool) };
         }
     }
     any
@@ -177,17 +200,26 @@ pub unsafe fn mem_alloc_async(
     bytes: usize,
     stream: CUstream,
 ) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let pass = || unsafe { real(dptr, bytes, stream) };
     let st = ready!();
     if dptr.is_null() || bytes == 0 {
-        return real(dptr, bytes, stream);
+        return pass();
     }
-    let dev = current!(st, real(dptr, bytes, stream));
-    if let Some(g) = graph::capture_graph(stream) {
-        return graph::graph_alloc(dev, g, bytes as u64, || real(dptr, bytes, stream));
+    let dev = current!(st, pass());
+    // SAFETY: the program's stream; dev is the started state's.
+    if let Some(g) = unsafe { graph::capture_graph(stream) } {
+        // SAFETY: dev is the started state's.
+        return unsafe { graph::graph_alloc(dev, g, bytes as u64, pass) };
     }
-    charge_and_alloc(dev, Kind::Ptr, bytes as u64, default_slot(dev), || {
-        (real(dptr, bytes, stream), *dptr)
-    })
+    // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
+    // out-pointer.
+    unsafe {
+        charge_and_alloc(dev, Kind::Ptr, bytes as u64, default_slot(dev), || {
+            let r = pass();
+            (r, written(r, dptr).unwrap_or(0))
+        })
+    }
 }
 
 /// `cuMemAllocFromPoolAsync(_ptsz)`.
@@ -198,20 +230,29 @@ pub unsafe fn mem_alloc_from_pool(
     pool: CUmemoryPool,
     stream: CUstream,
 ) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let pass = || unsafe { real(dptr, bytes, pool, stream) };
     let st = ready!();
     if dptr.is_null() || bytes == 0 {
-        return real(dptr, bytes, pool, stream);
+        return pass();
     }
-    let current = current!(st, real(dptr, bytes, pool, stream));
+    let current = current!(st, pass());
     let slot = explicit_slot(pool);
     // The pool's device, not the calling thread's: that is where the driver takes the memory.
     let dev = pool_device(st, slot, current);
-    if let Some(g) = graph::capture_graph(stream) {
-        return graph::graph_alloc(dev, g, bytes as u64, || real(dptr, bytes, pool, stream));
+    // SAFETY: the program's stream.
+    if let Some(g) = unsafe { graph::capture_graph(stream) } {
+        // SAFETY: dev is the started state's.
+        return unsafe { graph::graph_alloc(dev, g, bytes as u64, pass) };
     }
-    charge_and_alloc(dev, Kind::Ptr, bytes as u64, slot, || {
-        (real(dptr, bytes, pool, stream), *dptr)
-    })
+    // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
+    // out-pointer.
+    unsafe {
+        charge_and_alloc(dev, Kind::Ptr, bytes as u64, slot, || {
+            let r = pass();
+            (r, written(r, dptr).unwrap_or(0))
+        })
+    }
 }
 
 /// `cuMemFreeAsync(_ptsz)`.
@@ -220,11 +261,13 @@ pub unsafe fn mem_free_async(
     dptr: CUdeviceptr,
     stream: CUstream,
 ) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let pass = || unsafe { real(dptr, stream) };
     let st = ready!();
     if dptr == 0 {
-        return real(dptr, stream);
+        return pass();
     }
-    free_and_uncharge(st, Kind::Ptr, dptr, || real(dptr, stream))
+    free_and_uncharge(st, Kind::Ptr, dptr, pass)
 }
 
 /// `cuMemPoolTrimTo`: after the trim, return the credit the pool no longer holds.
@@ -233,7 +276,8 @@ pub unsafe fn pool_trim_to(
     pool: CUmemoryPool,
     keep: usize,
 ) -> CUresult {
-    let r = real(pool, keep);
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(pool, keep) };
     if r != CUDA_SUCCESS {
         return r;
     }
@@ -242,16 +286,19 @@ pub unsafe fn pool_trim_to(
     };
     if let Some((i, p)) = explicit_pools().find(|(_, p)| p.handle.load(Acquire) == pool as usize) {
         if let Some(dev) = st.device(p.ordinal.load(Acquire)) {
-            reconcile(dev, i, pool);
+            // SAFETY: the driver has just trimmed this pool: a live handle.
+            unsafe { reconcile(dev, i, pool) };
         }
         return r;
     }
     // Not an explicit pool we know: the default pool of whichever device it is.
     for dev in &st.devices {
-        if default_pool_of(dev) == Some(pool) {
+        // SAFETY: dev is the started state's.
+        if unsafe { default_pool_of(dev) } == Some(pool) {
             let slot = default_slot(dev);
             if slot != 0 {
-                reconcile(dev, slot, pool);
+                // SAFETY: the driver has just trimmed this pool: a live handle.
+                unsafe { reconcile(dev, slot, pool) };
             }
         }
     }
@@ -259,10 +306,15 @@ pub unsafe fn pool_trim_to(
 }
 
 /// The device's current default pool, as the driver says.
+///
+/// # Safety
+/// Calls the real driver; `dev` is a device of the started state.
 unsafe fn default_pool_of(dev: &DevState) -> Option<CUmemoryPool> {
     let mut p: CUmemoryPool = core::ptr::null_mut();
     let f = real::cuDeviceGetMemPool()?;
-    (f(&mut p, dev.ordinal) == CUDA_SUCCESS).then_some(p)
+    // SAFETY: the real cuDeviceGetMemPool, writing to our local, for a device ordinal the
+    // driver reported.
+    (unsafe { f(&mut p, dev.ordinal) } == CUDA_SUCCESS).then_some(p)
 }
 
 /// `cuMemPoolCreate`: remember the pool's device (its location), where allocations from it
@@ -272,14 +324,18 @@ pub unsafe fn pool_create(
     pool: *mut CUmemoryPool,
     props: *const CUmemPoolProps,
 ) -> CUresult {
-    let r = real(pool, props);
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(pool, props) };
     if r != CUDA_SUCCESS || pool.is_null() || props.is_null() {
         return r;
     }
-    if (*props).location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
-        let slot = explicit_slot(*pool);
+    // SAFETY: both non-null (checked above): the program's properties (readable) and its
+    // out-pointer, written by the driver's successful call.
+    let (location, pool) = unsafe { ((*props).location, *pool) };
+    if location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+        let slot = explicit_slot(pool);
         if slot != 0 {
-            POOLS[slot].ordinal.store((*props).location.id, Release);
+            POOLS[slot].ordinal.store(location.id, Release);
         }
     }
     r
@@ -287,7 +343,8 @@ pub unsafe fn pool_create(
 
 /// `cuMemPoolDestroy`: everything the pool retained goes back.
 pub unsafe fn pool_destroy(real: pfn::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
-    let r = real(pool);
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(pool) };
     if r != CUDA_SUCCESS {
         return r;
     }

@@ -2,7 +2,9 @@
 //! charged to that device (not the current one) until `cuMemRelease`. Mapping and unmapping
 //! (`cuMemMap`, `cuMemUnmap`) take no memory and pass through.
 
-use super::{charge_and_alloc, free_and_uncharge};
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+use super::{charge_and_alloc, free_and_uncharge, written};
 use crate::hooks::pfn;
 use crate::pointers::Kind;
 use gpuslice_abi::*;
@@ -16,20 +18,28 @@ pub unsafe fn mem_create(
     prop: *const CUmemAllocationProp,
     flags: u64,
 ) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let pass = || unsafe { real(handle, size, prop, flags) };
     let st = ready!();
-    if handle.is_null()
-        || prop.is_null()
-        || size == 0
-        || (*prop).location.type_ != CU_MEM_LOCATION_TYPE_DEVICE
-    {
-        return real(handle, size, prop, flags);
+    if handle.is_null() || prop.is_null() || size == 0 {
+        return pass();
     }
-    let Some(dev) = st.device((*prop).location.id) else {
-        return real(handle, size, prop, flags);
+    // SAFETY: prop is non-null (checked above), the program's descriptor for the driver to read.
+    let location = unsafe { (*prop).location };
+    if location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+        return pass();
+    }
+    let Some(dev) = st.device(location.id) else {
+        return pass();
     };
-    charge_and_alloc(dev, Kind::Vmm, size as u64, 0, || {
-        (real(handle, size, prop, flags), *handle)
-    })
+    // SAFETY: dev is the started state's; handle is non-null (checked above), the program's
+    // out-pointer.
+    unsafe {
+        charge_and_alloc(dev, Kind::Vmm, size as u64, 0, || {
+            let r = pass();
+            (r, written(r, handle).unwrap_or(0))
+        })
+    }
 }
 
 /// `cuMemRelease`.
@@ -38,5 +48,6 @@ pub unsafe fn mem_release(
     handle: CUmemGenericAllocationHandle,
 ) -> CUresult {
     let st = ready!();
-    free_and_uncharge(st, Kind::Vmm, handle, || real(handle))
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    free_and_uncharge(st, Kind::Vmm, handle, || unsafe { real(handle) })
 }
