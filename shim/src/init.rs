@@ -95,6 +95,9 @@ pub unsafe fn cu_init(real: pfn::cuInit, flags: core::ffi::c_uint) -> CUresult {
     if !STATE.load(Acquire).is_null() {
         return real(flags);
     }
+    // Before anything of ours can panic: a panic caught at the FFI boundary prints one
+    // `gpuslice:` line instead of Rust's default message.
+    crate::log::install_panic_hook();
     match start(Some((real, flags))) {
         Ok(_) => CUDA_SUCCESS,
         Err(e) => e,

@@ -155,9 +155,6 @@ impl fmt::Display for InternalError<'_> {
 ///
 /// The hook formats into [`line`]'s stack buffer and allocates nothing itself; a panic with a
 /// formatted message has had its `String` built by `std` before any hook runs.
-// The call at the start of `init::cu_init` comes with the integration of init.rs; drop this
-// allow then.
-#[allow(dead_code)]
 pub fn install_panic_hook() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
