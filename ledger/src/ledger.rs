@@ -414,7 +414,7 @@ impl Ledger {
             .ok_or(LedgerError::Full("slice"))?;
         // Compute first: it has no hot-path counterpart, so a plain check under the lock is exact.
         let cpu = d.compute_reserved.load(SeqCst);
-        if cpu + share as u64 > PPM as u64 {
+        if !crate::sched::admits(cpu, share) {
             return Err(AdmissionError {
                 setting: cpu_setting.into(),
                 device: uuid,
@@ -627,7 +627,7 @@ impl Ledger {
                 bytes: p.devices.iter().map(|pd| pd.charged.load(SeqCst)).sum(),
             });
             // Its compute lease and place in the queue go before its slices do.
-            crate::sched::reap_proc(self.devices(), self.slices(), p);
+            crate::tenants::reap_proc(self.devices(), self.slices(), p);
             for pd in &p.devices {
                 let s = pd.slice.load(SeqCst);
                 pd.account.store(ACCOUNT_NONE, SeqCst);

@@ -9,7 +9,8 @@
 //!
 //! How the parts meet:
 //! - [`layout`]: the records (`Header`, `Device`, `Slice`, `Proc`) and their offsets, pinned by
-//!   tests; [`sched`] holds the compute scheduler's part of each record.
+//!   tests; [`sched`] holds the compute scheduler's part of each record and its policy;
+//!   [`tenants`] adapts the ledger's records to it; `sys` holds the OS calls (clock, futex, OFD locks).
 //! - `file`: creation without races (build under a temporary name, `link()` into place), the
 //!   size/version checks, the robust cold-path mutex, and liveness through OFD locks (a process
 //!   holds a lock on byte `LIVENESS_LOCK_BASE + slot` of the file; the kernel drops it when the
@@ -52,6 +53,8 @@ mod ledger;
 pub mod quantity;
 pub mod sched;
 mod snapshot;
+mod sys;
+pub mod tenants;
 
 pub use account::Account;
 pub use error::{human_bytes, AdmissionError, LedgerError};

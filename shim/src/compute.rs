@@ -26,7 +26,8 @@ use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
 use gpuslice_abi::*;
-use gpuslice_ledger::sched::{self, Client, LedgerTenants, Work};
+use gpuslice_ledger::sched::{self, Client, Work};
+use gpuslice_ledger::tenants::LedgerTenants;
 
 use crate::hooks::real;
 
@@ -273,6 +274,41 @@ pub fn after_launch(gate: Gate, stream: CUstream, result: CUresult) {
     inner.events.push(gate.start, stream, gate.kind);
 }
 
+/// The process stops using device ordinal `dev` (its context is about to be destroyed, or
+/// its primary context released or reset): hand the lease back now if its slice holds it
+/// (after the queued work completes, so the next holder starts on an idle engine), and forget
+/// the events, which belong to the context about to go. Never binds a gate.
+pub fn release_device(dev: CUdevice) {
+    let Some(g) = usize::try_from(dev).ok().and_then(|d| GATES.get(d)) else {
+        return;
+    };
+    if g.state.load(Acquire) != 1 {
+        return;
+    }
+    let mut guard = match g.inner.lock() {
+        Ok(i) => i,
+        Err(p) => p.into_inner(),
+    };
+    let Some(inner) = guard.as_mut() else { return };
+    inner.client.release(&mut inner.events);
+    inner.events.forget();
+    let anchor = core::mem::replace(&mut inner.anchor, null_mut());
+    inner.events.recycle(anchor);
+    if let Some((s, e, _, _)) = inner.probe.take() {
+        inner.events.recycle(s);
+        inner.events.recycle(e);
+    }
+    inner.events.destroy_spares();
+}
+
+/// The device of the calling thread's current context, if any.
+pub fn current_device() -> Option<CUdevice> {
+    let f = real::cuCtxGetDevice()?;
+    let mut dev: CUdevice = 0;
+    // SAFETY: real driver function, valid out-pointer.
+    (unsafe { f(&mut dev) } == CUDA_SUCCESS).then_some(dev)
+}
+
 /// Whether `stream` is capturing a graph (then nothing may wait on it, and it runs nothing).
 fn capturing(stream: CUstream) -> bool {
     let Some(f) = real::cuStreamIsCapturing() else {
@@ -288,12 +324,7 @@ fn capturing(stream: CUstream) -> bool {
 /// The gate of the calling thread's current device, bound on first use; None when this
 /// process's launches there are not gated.
 fn current_gate() -> Option<&'static DevGate> {
-    let f = real::cuCtxGetDevice()?;
-    let mut dev: CUdevice = 0;
-    // SAFETY: real driver function, valid out-pointer.
-    if unsafe { f(&mut dev) } != CUDA_SUCCESS {
-        return None;
-    }
+    let dev = current_device()?;
     let g = GATES.get(usize::try_from(dev).ok()?)?;
     match g.state.load(Acquire) {
         1 => Some(g),
@@ -321,8 +352,14 @@ fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
         slices: b.slices,
         device: b.device as u32,
     }));
-    let Some(client) = Client::new(b.sched, b.device, tenants, b.slice as u32 + 1, b.proc_sched)
-    else {
+    let Some(client) = Client::new(
+        b.sched,
+        b.device,
+        tenants,
+        b.slice as u32 + 1,
+        b.proc_sched,
+        &sched::SYSTEM,
+    ) else {
         g.state.store(2, Release);
         return None;
     };
@@ -602,6 +639,30 @@ impl Events {
             self.len -= 1;
         }
         false
+    }
+
+    /// Drop every tracked launch (their events go to the spares).
+    fn forget(&mut self) {
+        while self.len > 0 {
+            let e = self.ring[self.head];
+            self.head = (self.head + 1) % RING;
+            self.len -= 1;
+            self.recycle(e.start);
+            self.recycle(e.end);
+        }
+        self.tail_end = 0;
+    }
+
+    /// Destroy the spare events (their context is going away).
+    fn destroy_spares(&mut self) {
+        let Some(f) = real::cuEventDestroy_v2() else {
+            self.spare.clear();
+            return;
+        };
+        for e in self.spare.drain(..) {
+            // SAFETY: an event we created and no longer reference.
+            unsafe { f(e) };
+        }
     }
 
     /// Sleep (never spin) until the oldest launch completes.

@@ -159,6 +159,9 @@ hook_table! {
         Cuda cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative;
         Cuda cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => launch::graph_launch;
         Cuda cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph_launch;
+        Cuda cuCtxDestroy_v2(ctx: CUcontext) => launch::ctx_destroy;
+        Cuda cuDevicePrimaryCtxRelease_v2(dev: CUdevice) => launch::primary_ctx_release;
+        Cuda cuDevicePrimaryCtxReset_v2(dev: CUdevice) => launch::primary_ctx_reset;
 
         Nvml nvmlDeviceGetMemoryInfo(dev: nvmlDevice_t, mem: *mut nvmlMemory_t) => nvml::memory_info;
         Nvml nvmlDeviceGetMemoryInfo_v2(dev: nvmlDevice_t, mem: *mut nvmlMemory_v2_t) => nvml::memory_info_v2;
