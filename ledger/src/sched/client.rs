@@ -224,7 +224,22 @@ impl<'a> Client<'a> {
             let (share, cap) = self.share_cap();
             let busy = core::mem::take(&mut self.admitted_ns);
             let end = end.max(start);
-            charge(self.dev, self.me, share, cap, start, end, busy);
+            // This process's part, then the slice's: the processes of a slice share one turn,
+            // and together pay at most its span (what their launches measured includes time
+            // spent queued behind each other's kernels).
+            let mine = end.saturating_sub(start).min(busy);
+            let paid = if self.me.turn_key.load(Acquire) == self.held_turn {
+                let span = end.saturating_sub(self.me.turn_start_ns.load(Acquire));
+                match self.me.turn_used_ns.fetch_update(AcqRel, Acquire, |u| {
+                    Some(u.saturating_add(mine).min(span.max(u)))
+                }) {
+                    Ok(u) => u.saturating_add(mine).min(span.max(u)) - u,
+                    Err(_) => mine,
+                }
+            } else {
+                mine // the slice moved on to a later turn: this one's bookkeeping is gone
+            };
+            charge(self.dev, self.me, share, cap, start, end, paid);
             self.charged_until = end;
             self.proc.holding_mask.fetch_and(!self.bit(), AcqRel);
         }
@@ -251,8 +266,22 @@ impl<'a> Client<'a> {
                 }
                 if self.held_since.is_none() {
                     // Not before the end of what was already charged (a handoff lead).
-                    self.held_since = Some(now.max(self.charged_until));
+                    let since = now.max(self.charged_until);
+                    self.held_since = Some(since);
                     self.held_turn = turn;
+                    // The first process of the slice to launch in this turn starts the slice's
+                    // account of it.
+                    let key = self.me.turn_key.load(Acquire);
+                    if key != turn
+                        && self
+                            .me
+                            .turn_key
+                            .compare_exchange(key, turn, AcqRel, Acquire)
+                            .is_ok()
+                    {
+                        self.me.turn_used_ns.store(0, Release);
+                        self.me.turn_start_ns.store(since, Release);
+                    }
                     self.proc.holding_mask.fetch_or(self.bit(), AcqRel);
                 }
                 self.me.want_ns.store(now, Release);

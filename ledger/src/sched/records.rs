@@ -176,7 +176,16 @@ pub struct SchedSlice {
     /// Recent GPU time.
     pub window: Window,
     /// Room to grow without moving the ledger layout.
-    pub reserved: [u64; 6],
+    /// The device turn (`SchedDevice::turn`) the three words below are about: the slice's
+    /// current or latest turn. The processes of a slice together are charged at most the
+    /// turn's span, so a process waiting behind a sibling is not charged for that wait.
+    pub turn_key: AtomicU64,
+    /// When the slice's turn `turn_key` began (ns).
+    pub turn_start_ns: AtomicU64,
+    /// GPU ns charged to the slice for turn `turn_key` so far.
+    pub turn_used_ns: AtomicU64,
+    /// Room to grow without moving the ledger layout.
+    pub reserved: [u64; 3],
 }
 
 /// Per-process scheduler state (in the ledger's `Proc` record), for the reaper.
@@ -229,6 +238,9 @@ impl SchedSlice {
             &self.throttled_ns_total,
             &self.launches_total,
             &self.leases_total,
+            &self.turn_key,
+            &self.turn_start_ns,
+            &self.turn_used_ns,
             &self.window.start_ns,
             &self.window.cur_ns,
             &self.window.prev_ns,

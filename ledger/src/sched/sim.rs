@@ -276,8 +276,14 @@ pub struct Queue<'a, 'w> {
     engine: &'a Engine,
     /// Completion times of every launch in flight (what the program paces itself on).
     pub all: VecDeque<u64>,
-    /// Completion times of the tracked launches (admitted off the solo path).
-    tracked: VecDeque<u64>,
+    /// (submitted, completes) of the tracked launches (admitted off the solo path).
+    tracked: VecDeque<(u64, u64)>,
+    /// Learn the estimate from completions, as the shim does from its events: a launch's
+    /// measured time runs from when its stream reached it (its submission, or the process's
+    /// previous kernel's end) to its end, so it includes time queued behind other processes.
+    pub learn: bool,
+    /// Completion of this process's previous launch.
+    last_end: u64,
     /// The estimate of one launch.
     pub est_ns: u64,
     /// Estimated end of the tracked work.
@@ -292,6 +298,8 @@ impl<'a, 'w> Queue<'a, 'w> {
             engine,
             all: VecDeque::new(),
             tracked: VecDeque::new(),
+            learn: false,
+            last_end: 0,
             est_ns,
             tail_end: 0,
         }
@@ -303,8 +311,10 @@ impl<'a, 'w> Queue<'a, 'w> {
         let now = self.cpu.peek();
         let end = self.engine.launch(now, ns);
         self.all.push_back(end);
+        let reached = now.max(self.last_end);
+        self.last_end = end;
         if tracked {
-            self.tracked.push_back(end);
+            self.tracked.push_back((reached, end));
             self.tail_end = self.tail_end.max(now) + self.est_ns;
         }
         end
@@ -313,8 +323,11 @@ impl<'a, 'w> Queue<'a, 'w> {
     /// Retire completed tracked launches; whether any is still pending.
     fn poll(&mut self) -> bool {
         let now = self.cpu.peek();
-        while self.tracked.front().is_some_and(|&e| e <= now) {
+        while let Some(&(reached, end)) = self.tracked.front().filter(|t| t.1 <= now) {
             self.tracked.pop_front();
+            if self.learn {
+                self.est_ns = (3 * self.est_ns + (end - reached)) / 4;
+            }
         }
         !self.tracked.is_empty()
     }
@@ -337,7 +350,7 @@ impl Work for Queue<'_, '_> {
 
     fn drain(&mut self) -> u64 {
         while self.poll() {
-            let last = *self.tracked.back().expect("pending");
+            let last = self.tracked.back().expect("pending").1;
             self.cpu.sleep_until(last);
         }
         self.cpu.peek()

@@ -68,6 +68,8 @@ struct Tenant {
     stalls: Vec<(u64, u64)>,
     /// Delay from a futex wake-up to running.
     wake_latency_ns: u64,
+    /// Learns its estimate from completions, like the shim (default: the exact figure).
+    learn: bool,
     /// Dies (SIGKILL) right after its first launch past this time: no release, no exit path.
     dies_ns: Option<u64>,
 }
@@ -85,6 +87,7 @@ fn tenant(id: u32, kernel_us: u64) -> Tenant {
         stalls: Vec::new(),
         wake_latency_ns: 50_000,
         dies_ns: None,
+        learn: false,
     }
 }
 
@@ -157,6 +160,7 @@ fn simulate_with(
             body: Box::new(move |cpu: &Cpu| {
                 let mut c = Client::new(dev, 0, t, ten.id, proc, cpu).unwrap();
                 let mut q = Queue::new(cpu, engine, ten.est_ns.unwrap_or(ten.kernel_ns));
+                q.learn = ten.learn;
                 let mut pauses = ten.pauses.iter().copied().peekable();
                 let mut mine = Vec::new();
                 loop {
@@ -775,4 +779,25 @@ fn a_waiter_wrongly_reaped_still_competes() {
     );
     assert_no_gap(&r, S, 2 * S, 50 * MS);
     assert_split(&r, 1100 * MS, 2 * S, &[0.5, 0.5], 0.04);
+}
+
+/// Charge by slice: two processes of one slice at 0.5 next to one process of another slice
+/// at 0.5 get 0.5 together. Their launches measure time queued behind each other (the shim's
+/// events do), which each process used to pay for on its own, leaving the slice well short.
+#[test]
+fn a_slice_of_two_processes_gets_its_share() {
+    let t = Table::new(&[(0.5, 0.0), (0.5, 0.0)]);
+    let learning = |id| Tenant {
+        learn: true,
+        ..tenant(id, 1000)
+    };
+    let r = simulate(&t, &[learning(1), learning(1), learning(2)], 10.5);
+    let (a, b) = (S / 2, 10 * S + S / 2);
+    let slice = r.fraction(0, a, b) + r.fraction(1, a, b);
+    let other = r.fraction(2, a, b);
+    assert!(slice + other >= 0.9, "{slice} {other}");
+    assert!(
+        (slice - 0.5).abs() <= 0.04,
+        "the slice of two got {slice:.3}, the other {other:.3}"
+    );
 }
