@@ -11,6 +11,13 @@
 //!   costs one load of the ledger's lease word, plus process-local loads and a countdown that,
 //!   every few ms of GPU work ([`SAMPLE_GPU_NS`]), takes the slow path once to keep
 //!   `compute_used` current and to notice a launch on another device;
+//! - **credit**: a launch the scheduler admitted under an ordinary lease may be followed by up
+//!   to [`CREDIT_MAX`] kernel launches while the lease word is unchanged and the clock is before
+//!   the lease's end less the handoff lead, each costing a load of the lease word, a compare and
+//!   a clock read (no event, no lock, no syscall): an unmeasured launch can never start past the
+//!   turn. They are charged at the measured estimate at the next admission, which records one
+//!   event after them (so the handoff waits for them), so a contended launch costs one slow path
+//!   per `CREDIT_MAX + 1` launches;
 //! - **slow path**: skip streams that are capturing (capture is never throttled: the replay
 //!   is), ask the client for admission (it may sleep on the ledger's futex), and after the launch
 //!   record an event pair around it, so the time the queued work takes is known (estimates that
@@ -42,6 +49,9 @@ const SAMPLE_GPU_NS: u64 = 2_000_000;
 /// Bounds of that period, in launches.
 const SAMPLE_MIN: u32 = 4;
 const SAMPLE_MAX: u32 = 4096;
+/// Launches a holder may make after one admitted by the scheduler before asking again (each
+/// of them costs a load and a compare; the one asked for carries the events).
+const CREDIT_MAX: u32 = 255;
 /// Estimate of a launch never measured yet.
 const DEFAULT_EST_NS: u64 = 100_000;
 /// What pending work counts for once its estimated end has passed.
@@ -66,6 +76,8 @@ enum Kind {
     Pass,
     /// Launched under a solo lease.
     Solo,
+    /// Launched on credit under an ordinary lease (unmeasured; charged at its estimate).
+    Credit,
     /// Admitted by the scheduler: track the work.
     Kernel,
     /// A graph replay admitted by the scheduler.
@@ -117,6 +129,12 @@ struct DevGate {
     solo_period: AtomicU32,
     /// 0 unbound, 1 bound, 2 never gated (no ledger, or not joined).
     state: AtomicU32,
+    /// The ordinary lease word under which `credit` launches may go without asking (0: none).
+    held_word: AtomicU64,
+    /// Launches left on credit, and how many were granted; none at or after `credit_until`.
+    credit: AtomicU32,
+    credit_until: AtomicU64,
+    granted: AtomicU32,
     inner: Mutex<Option<Inner>>,
 }
 
@@ -141,6 +159,10 @@ static GATES: [DevGate; MAX_ORDINALS] = [const {
         solo_left: AtomicU32::new(0),
         solo_period: AtomicU32::new(0),
         state: AtomicU32::new(0),
+        held_word: AtomicU64::new(0),
+        credit: AtomicU32::new(0),
+        credit_until: AtomicU64::new(0),
+        granted: AtomicU32::new(0),
         inner: Mutex::new(None),
     }
 }; MAX_ORDINALS];
@@ -170,14 +192,30 @@ fn before(stream: CUstream, kind: Kind) -> Gate {
         // SAFETY: a bound lease pointer points into the ledger mapping, mapped for the life of
         // the process.
         if let Some(lease) = unsafe { g.lease.load(Relaxed).as_ref() } {
-            // A plain load and store, not a locked add: threads racing here only lose a count
-            // of a statistic, and the fast path stays free of read-modify-writes.
+            // Plain loads and stores, not locked adds: threads racing here only lose a count
+            // (a statistic, or one launch of credit), and the fast path stays free of
+            // read-modify-writes.
+            let w = lease.load(Relaxed);
             let left = g.solo_left.load(Relaxed);
-            if lease.load(Relaxed) == g.solo_word.load(Relaxed) && left > 0 {
+            if w == g.solo_word.load(Relaxed) && left > 0 {
                 g.solo_left.store(left - 1, Relaxed);
                 return Gate {
                     gate: Some(g),
                     kind: Kind::Solo,
+                    start: null_mut(),
+                };
+            }
+            let credit = g.credit.load(Relaxed);
+            // Graph replays always ask: their length is per executable, and they are few.
+            if credit > 0
+                && matches!(kind, Kind::Kernel)
+                && w == g.held_word.load(Acquire)
+                && sched::now_ns() < g.credit_until.load(Relaxed)
+            {
+                g.credit.store(credit - 1, Relaxed);
+                return Gate {
+                    gate: Some(g),
+                    kind: Kind::Credit,
                     start: null_mut(),
                 };
             }
@@ -224,6 +262,21 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
             start,
         };
     }
+    // The launches made on credit since the last admission count in this turn's charge.
+    g.held_word.store(0, Release);
+    let used = g
+        .granted
+        .swap(0, Relaxed)
+        .saturating_sub(g.credit.swap(0, Relaxed));
+    let est = inner.events.estimate(Kind::Kernel);
+    if used > 0 {
+        inner.client.credited(used as u64, est);
+        // One event after them stands for their completion (stream order), recorded before
+        // the admission so that a handoff in it waits for them: they are paid inside the turn.
+        inner
+            .events
+            .push_marker(stream, (used as u64).saturating_mul(est));
+    }
     inner.events.next = inner.events.estimate(kind);
     inner.client.acquire(&mut inner.events);
     if inner.client.solo() {
@@ -234,6 +287,18 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
         };
     }
     let start = inner.events.record(stream);
+    // This launch carries the events; the next few go on credit, as long as they fit in the
+    // lease (so the gate's cost is one slow path per CREDIT_MAX + 1 launches).
+    let (n, word, until) = match kind {
+        Kind::Kernel => inner.client.credit(CREDIT_MAX),
+        _ => (0, 0, 0),
+    };
+    if n > 0 {
+        g.granted.store(n, Relaxed);
+        g.credit.store(n, Relaxed);
+        g.credit_until.store(until, Relaxed);
+        g.held_word.store(word, Release);
+    }
     Gate {
         gate: Some(g),
         kind,
@@ -244,7 +309,7 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
 /// Called after the launch returned `result`.
 pub fn after_launch(gate: Gate, stream: CUstream, result: CUresult) {
     let Some(g) = gate.gate else { return };
-    if matches!(gate.kind, Kind::Pass | Kind::Solo) {
+    if matches!(gate.kind, Kind::Pass | Kind::Solo | Kind::Credit) {
         return;
     }
     let mut guard = match g.inner.lock() {
@@ -639,6 +704,26 @@ impl Events {
             self.len -= 1;
         }
         false
+    }
+
+    /// Track launches made without events (on credit) by one event recorded after them on
+    /// `stream`, estimated at `ns` in all.
+    fn push_marker(&mut self, stream: CUstream, ns: u64) {
+        if self.len == RING {
+            self.wait_oldest();
+        }
+        let end = self.record(stream);
+        if end.is_null() {
+            return;
+        }
+        self.tail_end = self.tail_end.max(sched::now_ns()).saturating_add(ns);
+        self.ring[(self.head + self.len) % RING] = Entry {
+            start: null_mut(),
+            end,
+            est: ns,
+            kind: Kind::Credit,
+        };
+        self.len += 1;
     }
 
     /// Drop every tracked launch (their events go to the spares).

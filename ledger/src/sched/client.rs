@@ -6,7 +6,7 @@
 use core::sync::atomic::{AtomicU32, Ordering::*};
 
 use super::policy::*;
-use super::records::{Lease, SchedDevice, SchedProc, SchedSlice, MAX_SLICE_ID};
+use super::records::{Lease, SchedDevice, SchedProc, SchedSlice, CLASS_LATENCY, MAX_SLICE_ID};
 use crate::layout::PPM;
 
 /// What the scheduler needs from the operating system: one clock for every process of the
@@ -206,6 +206,53 @@ impl<'a> Client<'a> {
         self.solo_word
     }
 
+    /// Right after an admission under an ordinary lease: how many more launches (at most
+    /// `max`) this process may make without asking again, the lease word they are valid under,
+    /// and the time before which they must start (the lease's end less [`HANDOFF_LEAD_NS`]), so
+    /// an unmeasured launch never starts past the turn; (0, 0, 0) when not holding an ordinary
+    /// lease with time left. Until then the slice counts as busy (no idle takeover); the
+    /// launches are charged by [`Client::credited`] at the next admission.
+    pub fn credit(&mut self, max: u32) -> (u32, u64, u64) {
+        let w = self.dev.lease.load(Acquire);
+        let l = Lease::unpack(w);
+        let until = l.end_ns.saturating_sub(HANDOFF_LEAD_NS);
+        if l.holder != self.id
+            || l.solo
+            || self.held_since.is_none()
+            || until <= self.busy_until
+            || (!self.latency() && self.latency_active(self.os.now_ns()))
+        {
+            return (0, 0, 0);
+        }
+        self.busy_until = until;
+        self.me.busy_until_ns.fetch_max(until, AcqRel);
+        (max, w, until)
+    }
+
+    /// `n` launches of about `est_ns` each were made on credit (see [`Client::credit`]): they
+    /// count in what this process pays for its turn.
+    pub fn credited(&mut self, n: u64, est_ns: u64) {
+        if n > 0 {
+            self.admitted_ns = self.admitted_ns.saturating_add(n.saturating_mul(est_ns));
+            self.me.launches_total.fetch_add(n, Relaxed);
+        }
+    }
+
+    /// Set the slice's priority class ([`super::CLASS_NORMAL`] or [`CLASS_LATENCY`]).
+    pub fn set_class(&self, class: u32) {
+        self.me.class.store(class, Release);
+    }
+
+    fn latency(&self) -> bool {
+        self.me.class.load(Relaxed) == CLASS_LATENCY
+    }
+
+    /// Whether a latency slice waited or launched on the device recently.
+    fn latency_active(&self, now: u64) -> bool {
+        let at = self.dev.latency_ns.load(Acquire);
+        at != 0 && now.saturating_sub(at) < LATENCY_ACTIVE_NS
+    }
+
     fn share_cap(&self) -> (u32, u32) {
         self.tenants
             .get(self.id)
@@ -287,6 +334,14 @@ impl<'a> Client<'a> {
                 self.me.want_ns.store(now, Release);
                 let queued = work.outstanding_ns();
                 let next = work.next_ns();
+                if self.latency() {
+                    self.dev.latency_ns.store(now, Release);
+                } else if queued > LATENCY_QUEUE_NS && now < l.end_ns && self.latency_active(now) {
+                    // A latency slice is active: keep the queue short, so that when it wants
+                    // the device it waits for about one kernel of ours, not the whole queue.
+                    work.wait_below(LATENCY_QUEUE_NS);
+                    continue;
+                }
                 // `queued` and `next` are estimates from the driver's timings: saturate.
                 let need = queued.saturating_add(next);
                 let done_at = now.saturating_add(need);
@@ -360,6 +415,27 @@ impl<'a> Client<'a> {
                 self.proc.waiting_mask.fetch_or(self.bit(), AcqRel);
             }
             self.me.want_ns.store(now, Release);
+            let urgent = self.latency();
+            if urgent {
+                self.dev.latency_ns.store(now, Release);
+            }
+            if urgent && l.holder != 0 && !l.solo && l.end_ns > now {
+                // A latency slice gets the device at the holder's next launch boundary: end the
+                // holder's lease now (unless it is latency-class itself); it hands over when it
+                // next asks, after at most its short queue.
+                let h_latency = self
+                    .tenants
+                    .get(l.holder)
+                    .is_some_and(|(h, _, _)| h.class.load(Relaxed) == CLASS_LATENCY);
+                if !h_latency {
+                    let nl = Lease { end_ns: now, ..l };
+                    let _ = self
+                        .dev
+                        .lease
+                        .compare_exchange(w, nl.pack(), AcqRel, Acquire);
+                    continue;
+                }
+            }
             if l.solo {
                 // Someone is alone on the device: give it one more ordinary lease, then compete
                 // from its virtual time on (it was not charged while alone).
@@ -370,7 +446,8 @@ impl<'a> Client<'a> {
                 let nl = Lease {
                     holder: l.holder,
                     solo: false,
-                    end_ns: now + LEASE_NS,
+                    // A latency newcomer takes the device at the holder's next launch.
+                    end_ns: if urgent { now } else { now + LEASE_NS },
                 };
                 let _ = self
                     .dev

@@ -56,12 +56,12 @@ mod tests;
 pub use client::{on_process_dead, Admission, Client, Os, SystemOs, Work, SYSTEM};
 pub use policy::{
     admits, charge, charge_solo, pick, recheck_at, takeover_due, Tenants, BEST_EFFORT_PPM,
-    CAP_SLACK_NS, GRACE_NS, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LEASE_NS, MAX_LEASE_NS, MAX_SLEEP_NS,
-    WAKE_ALLOW_NS, WANT_STALE_NS,
+    CAP_SLACK_NS, GRACE_NS, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LATENCY_ACTIVE_NS, LATENCY_LEAD_NS,
+    LATENCY_QUEUE_NS, LEASE_NS, MAX_LEASE_NS, MAX_SLEEP_NS, WAKE_ALLOW_NS, WANT_STALE_NS,
 };
 pub use records::{
     slice_stats, Lease, SchedDevice, SchedProc, SchedSlice, SliceComputeStats, Window,
-    MAX_SLICE_ID, WINDOW_NS,
+    CLASS_LATENCY, CLASS_NORMAL, MAX_SLICE_ID, WINDOW_NS,
 };
 
 /// CLOCK_MONOTONIC in ns, the clock of every timestamp here ([`SYSTEM`]'s).

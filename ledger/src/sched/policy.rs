@@ -11,7 +11,7 @@
 
 use core::sync::atomic::Ordering::*;
 
-use super::records::{Lease, SchedDevice, SchedSlice};
+use super::records::{Lease, SchedDevice, SchedSlice, CLASS_LATENCY};
 use crate::layout::PPM;
 
 /// Length of an ordinary lease: long enough that handoffs (futex wake + first launch, 0.1-1 ms
@@ -39,6 +39,16 @@ pub const BEST_EFFORT_PPM: u64 = 10_000;
 /// How late a capped slice may start a turn and still keep the budget of its previous one
 /// (covers wake-up latency, so a cap is met, not undershot).
 pub const CAP_SLACK_NS: u64 = 1_000_000;
+/// A latency slice that waited or launched this recently is active.
+pub const LATENCY_ACTIVE_NS: u64 = 100_000_000;
+/// While a latency slice is active, a normal holder keeps at most this much work queued (so
+/// the latency slice waits about one of its kernels, not its whole queue).
+pub const LATENCY_QUEUE_NS: u64 = 500_000;
+/// A latency slice's lease is idle this soon after its queued work ran out.
+pub const LATENCY_IDLE_GRACE_NS: u64 = 300_000;
+/// How far (virtual ns) a latency slice may be ahead of the least virtual time of the others
+/// and still be served first: the bound on what priority can take from their guarantees.
+pub const LATENCY_LEAD_NS: u64 = 20_000_000;
 /// The slices that may compete for one device, as the scheduler sees them.
 pub trait Tenants {
     /// Calls `f(id, state, share_ppm, cap_ppm)` for every live slice on the device; `id` is the
@@ -125,10 +135,20 @@ pub fn charge_solo(dev: &SchedDevice, s: &SchedSlice, end: u64, ns: u64, launche
 /// The next lease for the device at `now`: the competing, cap-eligible slice with the least
 /// virtual time (`renewing`: a slice that wants it without a fresh heartbeat, i.e. the holder
 /// asking; `exclude`: a holder being taken over, which competes again once it waits).
+///
+/// A competing latency-class slice goes first, unless its virtual time is more than
+/// [`LATENCY_LEAD_NS`] ahead of the least one (priority decides the order, never more than
+/// that much of the others' guarantees).
 pub fn pick(t: &dyn Tenants, now: u64, renewing: u32, exclude: u32) -> Lease {
     let mut best: Option<(u64, u32, u32)> = None; // (vt, id, cap)
+    let mut urgent: Option<(u64, u32, u32)> = None; // the same among latency slices
     let mut competing = 0;
+    let mut latency_recent = false;
     t.each(&mut |id, s, _share, cap| {
+        let latency = s.class.load(Relaxed) == CLASS_LATENCY;
+        if latency && now.saturating_sub(s.want_ns.load(Acquire)) < LATENCY_ACTIVE_NS {
+            latency_recent = true;
+        }
         if id == exclude || !(id == renewing || wants(s, now)) {
             return;
         }
@@ -140,22 +160,50 @@ pub fn pick(t: &dyn Tenants, now: u64, renewing: u32, exclude: u32) -> Lease {
         if best.is_none_or(|(bvt, _, _)| vt < bvt) {
             best = Some((vt, id, cap));
         }
+        if latency && urgent.is_none_or(|(uvt, _, _)| vt < uvt) {
+            urgent = Some((vt, id, cap));
+        }
     });
+    if let (Some(u), Some(b)) = (urgent, best) {
+        if u.0 <= b.0.saturating_add(LATENCY_LEAD_NS) {
+            best = Some(u);
+        }
+    }
     match best {
         None => Lease::FREE,
         // Never solo over a holder being taken over: it may well come back, and a solo lease
         // is not charged. A holder that is really gone stops competing once its heartbeat is
         // stale, and the next renewal is solo.
-        Some((_, id, cap)) if competing == 1 && exclude == 0 && !capped(cap) => Lease {
-            holder: id,
-            solo: true,
-            end_ns: 0,
-        },
+        // Nor for a normal slice while a latency slice is active: a solo holder's queue is
+        // not bounded, and the latency slice would wait behind all of it.
+        Some((_, id, cap))
+            if competing == 1
+                && exclude == 0
+                && !capped(cap)
+                && (!latency_recent || urgent.is_some_and(|u| u.1 == id)) =>
+        {
+            Lease {
+                holder: id,
+                solo: true,
+                end_ns: 0,
+            }
+        }
         Some((_, id, _)) => Lease {
             holder: id,
             solo: false,
             end_ns: now + LEASE_NS,
         },
+    }
+}
+
+/// How long a holder's queued work must have run out before its lease counts as idle: a
+/// latency slice's requests are short bursts, so its turn ends soon after a burst does (it
+/// gets the device back at its next launch).
+fn idle_grace(s: &SchedSlice) -> u64 {
+    if s.class.load(Relaxed) == CLASS_LATENCY {
+        LATENCY_IDLE_GRACE_NS
+    } else {
+        IDLE_GRACE_NS
     }
 }
 
@@ -172,7 +220,7 @@ pub fn takeover_due(t: &dyn Tenants, l: Lease, now: u64) -> bool {
     }
     match t.get(l.holder) {
         None => true, // the slice is gone
-        Some((s, _, _)) => now > s.busy_until_ns.load(Acquire).saturating_add(IDLE_GRACE_NS),
+        Some((s, _, _)) => now > s.busy_until_ns.load(Acquire).saturating_add(idle_grace(s)),
     }
 }
 
@@ -183,7 +231,7 @@ pub fn recheck_at(t: &dyn Tenants, me: &SchedSlice, l: Lease, now: u64) -> u64 {
         me.cap_tat_ns.load(Acquire).max(now + 100_000)
     } else {
         let idle = t.get(l.holder).map_or(now, |(s, _, _)| {
-            s.busy_until_ns.load(Acquire).saturating_add(IDLE_GRACE_NS)
+            s.busy_until_ns.load(Acquire).saturating_add(idle_grace(s))
         });
         (l.end_ns + GRACE_NS).min(idle)
     };

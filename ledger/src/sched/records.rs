@@ -6,6 +6,11 @@
 
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
+/// Priority class of an ordinary slice.
+pub const CLASS_NORMAL: u32 = 0;
+/// Priority class of a latency-sensitive slice: it gets the device at the next launch boundary.
+pub const CLASS_LATENCY: u32 = 1;
+
 /// Width of the statistics window behind `compute_used`.
 pub const WINDOW_NS: u64 = 1_000_000_000;
 
@@ -144,8 +149,11 @@ pub struct SchedDevice {
     /// The `turn` whose lease was stretched for a launch longer than it: at most one stretch a
     /// turn, so no holder can keep the device by stretching launch after launch.
     pub stretched: AtomicU64,
+    /// Latest heartbeat of a latency-class slice waiting or launching here (ns): while it is
+    /// recent, normal holders keep their queues short and launch nothing on credit.
+    pub latency_ns: AtomicU64,
     /// Room to grow without moving the ledger layout.
-    pub reserved: [u64; 6],
+    pub reserved: [u64; 5],
 }
 
 /// Per-slice scheduler state (in the ledger's `Slice` record). The share and cap themselves are
@@ -161,8 +169,8 @@ pub struct SchedSlice {
     pub want_ns: AtomicU64,
     /// Processes of this slice waiting for the lease (a hint; the heartbeat decides).
     pub waiters: AtomicU32,
-    /// Padding.
-    pub _pad: u32,
+    /// Priority class ([`CLASS_NORMAL`] or [`CLASS_LATENCY`]), set when the slice is joined.
+    pub class: AtomicU32,
     /// While holding: when the holder's queued work is estimated to complete (ns).
     pub busy_until_ns: AtomicU64,
     /// GPU ns charged (time the slice held the device with work queued).
@@ -248,5 +256,6 @@ impl SchedSlice {
             a.store(0, Release);
         }
         self.waiters.store(0, Release);
+        self.class.store(CLASS_NORMAL, Release);
     }
 }
