@@ -428,6 +428,7 @@ fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
         g.state.store(2, Release);
         return None;
     };
+    client.set_class(priority_class());
     g.solo_word.store(client.solo_word(), Relaxed);
     g.lease.store(
         &b.sched.lease as *const AtomicU64 as *mut AtomicU64,
@@ -447,6 +448,26 @@ fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
         SINGLE.store(null_mut(), Release); // several devices: find the device per launch
     }
     Some(g)
+}
+
+/// The priority class `GPUSLICE_PRIORITY` asks for (`latency` or `normal`, the default). Read
+/// when a device's gate is bound (first launch there, a cold path); a value that is neither
+/// is reported once and treated as `normal`.
+fn priority_class() -> u32 {
+    match std::env::var("GPUSLICE_PRIORITY").as_deref() {
+        Ok("latency") => sched::CLASS_LATENCY,
+        Ok("normal") | Ok("") | Err(_) => sched::CLASS_NORMAL,
+        Ok(other) => {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                crate::log::log!(
+                    Warn,
+                    "GPUSLICE_PRIORITY '{other}' is neither 'latency' nor 'normal': normal"
+                )
+            });
+            sched::CLASS_NORMAL
+        }
+    }
 }
 
 /// Where this process's compute state lives in the ledger for device ordinal `dev`; None before
@@ -811,6 +832,21 @@ impl Work for Events {
 
     fn next_ns(&mut self) -> u64 {
         self.next
+    }
+
+    fn pending(&mut self) -> usize {
+        self.poll();
+        self.len
+    }
+
+    fn wait_pending(&mut self, n: usize) {
+        let t0 = sched::now_ns();
+        while self.poll() && self.len > n {
+            if sched::now_ns().saturating_sub(t0) > DRAIN_LIMIT_NS {
+                return;
+            }
+            nap(self.ring[self.head].est);
+        }
     }
 
     fn drain(&mut self) -> u64 {

@@ -126,6 +126,11 @@ pub trait Work {
     fn drain(&mut self) -> u64;
     /// Wait until the queued work is estimated to need at most `ns` more; returns that estimate.
     fn wait_below(&mut self, ns: u64) -> u64;
+    /// Launches queued and not yet complete (may poll completions).
+    fn pending(&mut self) -> usize;
+    /// Wait until at most `n` launches are pending (never spins; gives up after a while on a
+    /// launch that never completes).
+    fn wait_pending(&mut self, n: usize);
 }
 
 /// What an admission cost.
@@ -253,6 +258,48 @@ impl<'a> Client<'a> {
         at != 0 && now.saturating_sub(at) < LATENCY_ACTIVE_NS
     }
 
+    /// A latency slice launches at once, beside whoever holds the lease (whose queue is kept
+    /// short meanwhile, and who gets no solo lease): its work meets at most about one kernel
+    /// of the holder's in the engine. It pays for each launch as it goes, and overtakes only
+    /// while its virtual time is at most [`LATENCY_LEAD_NS`] ahead of the others' least (and
+    /// its cap allows): past that it waits for a turn like any slice, so the others keep their
+    /// guarantees. Returns whether the launch was admitted so.
+    fn overtake(&mut self, work: &mut dyn Work, now: u64) -> bool {
+        self.dev.latency_ns.store(now, Release);
+        self.me.want_ns.store(now, Release);
+        let (share, cap) = self.share_cap();
+        if capped(cap) && self.me.cap_tat_ns.load(Acquire) > now {
+            return false;
+        }
+        let mine = self.me.vt.load(Acquire);
+        let mut least = u64::MAX;
+        let l = Lease::unpack(self.dev.lease.load(Acquire));
+        self.tenants.each(&mut |id, s, _, _| {
+            if id != self.id && (id == l.holder || wants(s, now)) {
+                least = least.min(s.vt.load(Acquire));
+            }
+        });
+        if least != u64::MAX && mine > least.saturating_add(LATENCY_LEAD_NS) {
+            return false;
+        }
+        if l.solo && l.holder != self.id {
+            // End a normal slice's solo lease: its queue must be bounded from now on.
+            let nl = Lease {
+                holder: l.holder,
+                solo: false,
+                end_ns: now + LEASE_NS,
+            };
+            let _ = self
+                .dev
+                .lease
+                .compare_exchange(l.pack(), nl.pack(), AcqRel, Acquire);
+        }
+        let next = work.next_ns().min(MAX_LEASE_NS);
+        charge(self.dev, self.me, share, cap, now, now + next, next);
+        self.me.launches_total.fetch_add(1, Relaxed);
+        true
+    }
+
     fn share_cap(&self) -> (u32, u32) {
         self.tenants
             .get(self.id)
@@ -296,6 +343,9 @@ impl<'a> Client<'a> {
     /// queued work there. Never spins: waits sleep on the ledger's futex with a timeout.
     pub fn acquire(&mut self, work: &mut dyn Work) -> Admission {
         let t0 = self.os.now_ns();
+        if self.latency() && self.overtake(work, t0) {
+            return Admission::default();
+        }
         let mut registered = false;
         let mut out = Admission::default();
         loop {
@@ -336,10 +386,16 @@ impl<'a> Client<'a> {
                 let next = work.next_ns();
                 if self.latency() {
                     self.dev.latency_ns.store(now, Release);
-                } else if queued > LATENCY_QUEUE_NS && now < l.end_ns && self.latency_active(now) {
-                    // A latency slice is active: keep the queue short, so that when it wants
-                    // the device it waits for about one kernel of ours, not the whole queue.
-                    work.wait_below(LATENCY_QUEUE_NS);
+                } else if self.latency_active(now)
+                    && (queued > LATENCY_QUEUE_NS || work.pending() > 1)
+                {
+                    // A latency slice is active: keep the queue short (one kernel running, one
+                    // more queued at most), so that the latency slice's work, launched beside
+                    // ours, waits for about one kernel of ours, not the whole queue.
+                    work.wait_pending(1);
+                    if work.pending() > 1 {
+                        work.wait_below(LATENCY_QUEUE_NS);
+                    }
                     continue;
                 }
                 // `queued` and `next` are estimates from the driver's timings: saturate.
@@ -418,23 +474,6 @@ impl<'a> Client<'a> {
             let urgent = self.latency();
             if urgent {
                 self.dev.latency_ns.store(now, Release);
-            }
-            if urgent && l.holder != 0 && !l.solo && l.end_ns > now {
-                // A latency slice gets the device at the holder's next launch boundary: end the
-                // holder's lease now (unless it is latency-class itself); it hands over when it
-                // next asks, after at most its short queue.
-                let h_latency = self
-                    .tenants
-                    .get(l.holder)
-                    .is_some_and(|(h, _, _)| h.class.load(Relaxed) == CLASS_LATENCY);
-                if !h_latency {
-                    let nl = Lease { end_ns: now, ..l };
-                    let _ = self
-                        .dev
-                        .lease
-                        .compare_exchange(w, nl.pack(), AcqRel, Acquire);
-                    continue;
-                }
             }
             if l.solo {
                 // Someone is alone on the device: give it one more ordinary lease, then compete

@@ -356,6 +356,20 @@ impl Work for Queue<'_, '_> {
         self.cpu.peek()
     }
 
+    fn pending(&mut self) -> usize {
+        self.poll();
+        self.tracked.len()
+    }
+
+    fn wait_pending(&mut self, n: usize) {
+        self.poll();
+        if self.tracked.len() > n {
+            let at = self.tracked[self.tracked.len() - 1 - n].1;
+            self.cpu.sleep_until(at);
+            self.poll();
+        }
+    }
+
     fn wait_below(&mut self, ns: u64) -> u64 {
         let t0 = self.cpu.peek();
         loop {

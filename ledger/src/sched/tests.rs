@@ -430,6 +430,10 @@ impl Work for Fixed {
     fn wait_below(&mut self, _ns: u64) -> u64 {
         self.left
     }
+    fn pending(&mut self) -> usize {
+        usize::from(self.queued > 0)
+    }
+    fn wait_pending(&mut self, _n: usize) {}
 }
 
 fn ordinary(dev: &SchedDevice, holder: u32, end_ns: u64) -> u64 {

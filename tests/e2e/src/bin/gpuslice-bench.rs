@@ -12,6 +12,9 @@
 //!   admitted calls, so time spent waiting for a turn is not counted as overhead).
 //! - `gpuslice-bench freeze [--runs N] [--seconds S]`: issue 14's pair started together and
 //!   0-300 ms apart, N times: longest gap without a completed kernel and worst 5 s split.
+//! - `gpuslice-bench latency [--seconds S]`: a request/response client (bursts of 20 kernels)
+//!   alone, next to a trainer, and next to it with `GPUSLICE_PRIORITY=latency`: p50/p99 burst
+//!   latency and the trainer's GPU fraction (`burst-loop` is the client it runs).
 //! - `gpuslice-bench launch-loop N`: the client `overhead` runs (times N launch calls).
 //!
 //! Artifacts (`gpuslice-burn`, `libgpuslice.so`, `libfakegpu.so`) are looked up beside this
@@ -459,8 +462,131 @@ fn freeze(runs: usize, seconds: f64) {
     );
 }
 
-/// `launch-loop N`: time N launches of a 1 µs kernel (in batches that never fill the queue).
-fn launch_loop(n: usize) {
+/// The driver entry points a benchmark client needs, with one kernel loaded and one stream.
+struct Client {
+    launch: LaunchFn,
+    sync: unsafe extern "C" fn(gpuslice_abi::CUstream) -> gpuslice_abi::CUresult,
+    f: gpuslice_abi::CUfunction,
+    s: gpuslice_abi::CUstream,
+}
+
+type LaunchFn = unsafe extern "C" fn(
+    gpuslice_abi::CUfunction,
+    core::ffi::c_uint,
+    core::ffi::c_uint,
+    core::ffi::c_uint,
+    core::ffi::c_uint,
+    core::ffi::c_uint,
+    core::ffi::c_uint,
+    core::ffi::c_uint,
+    gpuslice_abi::CUstream,
+    *mut *mut core::ffi::c_void,
+    *mut *mut core::ffi::c_void,
+) -> gpuslice_abi::CUresult;
+
+impl Client {
+    /// Launch the spin kernel for `ns` on the stream.
+    fn launch(&self, ns: u64) {
+        use core::ffi::c_void;
+        let mut ns = ns;
+        let mut params: [*mut c_void; 1] = [(&mut ns as *mut u64).cast()];
+        // SAFETY: a loaded kernel taking one u64, its parameter array, our stream.
+        let r = unsafe {
+            (self.launch)(
+                self.f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                self.s,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, gpuslice_abi::CUDA_SUCCESS, "cuLaunchKernel");
+    }
+
+    fn sync(&self) {
+        // SAFETY: our stream.
+        unsafe { (self.sync)(self.s) };
+    }
+}
+
+/// `burst-loop SECONDS KERNEL_US`: a request/response client: bursts of 20 kernels, each burst
+/// waited for, 10 ms apart; prints the p50/p99 of the burst latency (first launch to done).
+fn burst_loop(seconds: f64, kernel_us: u64) {
+    let c = client();
+    let t0 = Instant::now();
+    let mut lat = Vec::new();
+    while t0.elapsed().as_secs_f64() < seconds {
+        let t = Instant::now();
+        for _ in 0..20 {
+            c.launch(kernel_us * 1000);
+        }
+        c.sync();
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let warm = lat.len() / 10;
+    let mut v = lat[warm..].to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    println!(
+        "{}",
+        serde_json::json!({ "bursts": v.len(), "p50_ms": q(0.5), "p99_ms": q(0.99) })
+    );
+}
+
+/// `latency`: the request/response client (20 kernels of 50 us a burst) alone, next to a
+/// trainer (burn, 2 ms kernels 16 deep, share 0.6) without priority, and with
+/// `GPUSLICE_PRIORITY=latency`; its p50/p99 burst latency and the trainer's GPU fraction.
+fn latency(seconds: f64) {
+    let me = std::env::current_exe().unwrap();
+    println!(
+        "{:<26} {:>8} {:>8} {:>10}",
+        "case", "p50 ms", "p99 ms", "trainer"
+    );
+    for case in ["alone", "colocated, normal", "colocated, latency"] {
+        let env = Env::new("latency");
+        let trainer = (case != "alone").then(|| {
+            let spec = Spec::share(0.6);
+            let mut args = burn_args(2000, "plain", seconds + 1.0);
+            let d = args.iter().position(|a| a == "--depth").unwrap();
+            args[d + 1] = "16".into();
+            spawn_burn(&env, "trainer", &spec, &args)
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let mut c = env.command(&me, true);
+        c.args(["burst-loop", &seconds.to_string(), "50"])
+            .env("GPUSLICE_SLICE", "server")
+            .env("GPUSLICE_COMPUTE", "0.2");
+        if case.ends_with("latency") {
+            c.env("GPUSLICE_PRIORITY", "latency");
+        }
+        let out = c.output().expect("spawn burst-loop");
+        let v: Value = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or(Value::Null);
+        let tf = trainer
+            .map(collect)
+            .map_or(f64::NAN, |r| window(&r, 1.0, seconds, 0.6).0);
+        println!(
+            "{:<26} {:>8.2} {:>8.2} {:>10.3}",
+            case,
+            v["p50_ms"].as_f64().unwrap_or(f64::NAN),
+            v["p99_ms"].as_f64().unwrap_or(f64::NAN),
+            tf
+        );
+    }
+}
+
+/// Load the driver, the spin kernel and a stream.
+fn client() -> Client {
     use core::ffi::{c_char, c_int, c_uint, c_void};
     use gpuslice_abi::*;
     use std::ptr::null_mut;
@@ -476,19 +602,6 @@ fn launch_loop(n: usize) {
             unsafe { core::mem::transmute::<*mut c_void, $t>(p) }
         }};
     }
-    type Launch = unsafe extern "C" fn(
-        CUfunction,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        CUstream,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> CUresult;
     let init = sym!("cuInit", unsafe extern "C" fn(c_uint) -> CUresult);
     let dev_get = sym!(
         "cuDeviceGet",
@@ -518,7 +631,7 @@ fn launch_loop(n: usize) {
         "cuStreamSynchronize",
         unsafe extern "C" fn(CUstream) -> CUresult
     );
-    let launch = sym!("cuLaunchKernel", Launch);
+    let launch = sym!("cuLaunchKernel", LaunchFn);
     const PTX: &str = concat!(include_str!("../../../burn/src/spin.ptx"), "\0");
     let (mut dev, mut ctx, mut m, mut f, mut s) =
         (0, null_mut(), null_mut(), null_mut(), null_mut());
@@ -536,7 +649,12 @@ fn launch_loop(n: usize) {
         assert_eq!(get_fn(&mut f, m, c"gpuslice_spin".as_ptr()), CUDA_SUCCESS);
         assert_eq!(stream_create(&mut s, 0), CUDA_SUCCESS);
     }
-    let mut ns: u64 = 1000;
+    Client { launch, sync, f, s }
+}
+
+/// `launch-loop N`: time N launches of a 1 µs kernel (in batches that never fill the queue).
+fn launch_loop(n: usize) {
+    let c = client();
     // Per-launch time of each batch of 64 (one clock read per batch, not per call, so the
     // clock's own cost and granularity do not drown a difference of a few ns).
     let mut times = Vec::with_capacity(n / 64 + 1);
@@ -545,15 +663,11 @@ fn launch_loop(n: usize) {
         let batch = 64.min(n - done);
         let t = Instant::now();
         for _ in 0..batch {
-            let mut params: [*mut c_void; 1] = [(&mut ns as *mut u64).cast()];
-            // SAFETY: a loaded kernel taking one u64, its parameter array, our stream.
-            let r = unsafe { launch(f, 1, 1, 1, 1, 1, 1, 0, s, params.as_mut_ptr(), null_mut()) };
-            assert_eq!(r, CUDA_SUCCESS, "cuLaunchKernel");
+            c.launch(1000);
         }
         times.push(t.elapsed().as_nanos() as f64 / batch as f64);
         done += batch;
-        // SAFETY: our stream.
-        unsafe { sync(s) };
+        c.sync();
     }
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let k = times.len();
@@ -645,6 +759,7 @@ fn usage() -> ! {
         "usage: gpuslice-bench shares [--scenario pair,article,eight,cap,idle,alone] \
          [--kernel-us 20,1000,5000] [--launch plain,ex,graph] [--seconds S] [--all]\n       \
          gpuslice-bench overhead [--launches N]\n       gpuslice-bench freeze [--runs N] [--seconds S]\n       \
+         gpuslice-bench latency [--seconds S]\n       \
          gpuslice-bench launch-loop N"
     );
     std::process::exit(2)
@@ -696,6 +811,21 @@ fn main() {
             let runs = value("--runs").map_or(50, |v| v.parse().unwrap_or_else(|_| usage()));
             let secs = value("--seconds").map_or(6.0, |v| v.parse().unwrap_or_else(|_| usage()));
             freeze(runs, secs);
+        }
+        "latency" => {
+            let secs = value("--seconds").map_or(8.0, |v| v.parse().unwrap_or_else(|_| usage()));
+            latency(secs);
+        }
+        "burst-loop" => {
+            let secs: f64 = args
+                .get(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage());
+            let us: u64 = args
+                .get(2)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage());
+            burst_loop(secs, us);
         }
         "launch-loop" => {
             let n = args
