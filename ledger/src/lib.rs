@@ -51,6 +51,7 @@ mod file;
 pub mod layout;
 mod ledger;
 pub mod quantity;
+mod reslice;
 pub mod sched;
 mod snapshot;
 mod sys;
@@ -68,4 +69,5 @@ pub use quantity::{
     check_cap_not_below_share, check_slice_name, parse_cap, parse_cap_per_device, parse_fraction,
     parse_size, valid_slice_name, ComputeSetting, PerDevice, QuantityError, Size,
 };
+pub use reslice::SliceChange;
 pub use snapshot::{DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, SliceInfo, Snapshot};

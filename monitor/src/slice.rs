@@ -15,10 +15,12 @@ use gpuslice_ledger::{
 use std::ffi::OsString;
 
 const USAGE: &str =
-    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID] | slice rm NAME | slice ls [--json]";
+    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID] | slice set NAME [--memory Q] [--compute F] [--compute-cap F] [--priority P] | slice rm NAME | slice ls [--json]";
 const CREATE: &str =
     "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID]";
 const RM: &str = "gpuslice slice rm NAME";
+const SET: &str =
+    "gpuslice slice set NAME [--memory Q] [--compute F] [--compute-cap F] [--priority latency|normal]";
 const LS: &str = "gpuslice slice ls [--json]";
 
 /// Entry point of `gpuslice slice`.
@@ -29,11 +31,12 @@ pub fn main(mut args: Vec<OsString>) -> i32 {
     let sub = args.remove(0);
     cli::exit_status(match sub.to_str() {
         Some("create") => create(args),
+        Some("set") => set(args),
         Some("rm" | "remove" | "delete") => rm(args),
         Some("ls" | "list") => ls(args),
         Some("--help" | "-h" | "help") => cli::outln!("usage: {USAGE}"),
         _ => Err(Failure::usage(
-            format!("unknown subcommand {sub:?}: expected create, rm or ls"),
+            format!("unknown subcommand {sub:?}: expected create, set, rm or ls"),
             USAGE,
         )),
     })
@@ -105,6 +108,89 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceRequest>, Failure> {
         cap_ppm: cap,
         device: device.unwrap_or_else(|| "0".into()),
     }))
+}
+
+/// Parse `slice set`'s arguments (no side effects), `None` for `--help`.
+fn parse_set(
+    args: Vec<OsString>,
+) -> Result<Option<(String, gpuslice_ledger::SliceChange)>, Failure> {
+    use lexopt::Arg::*;
+    let mut p = cli::parser(args);
+    let mut name = None;
+    let mut c = gpuslice_ledger::SliceChange::default();
+    let bad = |e: &dyn std::fmt::Display| Failure::usage(e.to_string(), SET);
+    while let Some(arg) = p.next().map_err(cli::lex(SET))? {
+        if cli::is_help(&arg) {
+            cli::outln!("usage: {SET}")?;
+            return Ok(None);
+        }
+        match arg {
+            Long("memory") => {
+                let v = set_value(&mut p, "--memory")?;
+                c.memory = Some(match parse_size("--memory", &v).map_err(|e| bad(&e))? {
+                    gpuslice_ledger::Size::Bytes(b) => b,
+                    other => {
+                        return Err(Failure::usage(
+                            format!(
+                                "--memory {v:?}: slice set takes bytes (e.g. 4Gi), got {other:?}"
+                            ),
+                            SET,
+                        ))
+                    }
+                });
+            }
+            Long("compute") => {
+                let v = set_value(&mut p, "--compute")?;
+                c.compute_share_ppm = Some(parse_fraction("--compute", &v).map_err(|e| bad(&e))?);
+            }
+            Long("compute-cap") => {
+                let v = set_value(&mut p, "--compute-cap")?;
+                c.compute_cap_ppm = Some(parse_cap("--compute-cap", &v).map_err(|e| bad(&e))?);
+            }
+            Long("priority") => {
+                let v = set_value(&mut p, "--priority")?;
+                c.class = Some(match v.as_str() {
+                    "latency" => gpuslice_ledger::sched::CLASS_LATENCY,
+                    "normal" => gpuslice_ledger::sched::CLASS_NORMAL,
+                    _ => {
+                        return Err(Failure::usage(
+                            format!("--priority {v:?}: expected latency or normal"),
+                            SET,
+                        ))
+                    }
+                });
+            }
+            Value(v) if name.is_none() => name = Some(cli::utf8(v, "NAME", SET)?),
+            _ => return Err(Failure::usage(arg.unexpected().to_string(), SET)),
+        }
+    }
+    let name = name.ok_or_else(|| Failure::usage("missing the slice's NAME", SET))?;
+    if c == gpuslice_ledger::SliceChange::default() {
+        return Err(Failure::usage(
+            format!("nothing to change for slice {name:?}: give --memory, --compute, --compute-cap or --priority"),
+            SET,
+        ));
+    }
+    Ok(Some((name, c)))
+}
+
+/// The value of `flag`, as UTF-8 (for `slice set`).
+fn set_value(p: &mut lexopt::Parser, flag: &str) -> Result<String, Failure> {
+    cli::utf8(p.value().map_err(cli::lex(SET))?, flag, SET)
+}
+
+/// `slice set`: change a slice live (running processes see it at their next allocation or
+/// turn); admission is re-checked by the ledger.
+fn set(args: Vec<OsString>) -> Result<(), Failure> {
+    let Some((name, change)) = parse_set(args)? else {
+        return Ok(());
+    };
+    let ledger = gpuslice_ledger::Ledger::open(&cli::runtime_dir())?;
+    let n = ledger.set_slice(&name, &change)?;
+    cli::outln!(
+        "changed slice {name:?} ({n} device{})",
+        if n == 1 { "" } else { "s" }
+    )
 }
 
 /// The value of `flag`, as UTF-8.

@@ -469,3 +469,66 @@ fn shares_hold_with_every_cpu_busy() {
         );
     }
 }
+
+/// `gpuslice slice set` on running tenants: 0.25/0.75 swapped to 0.75/0.25 after 2.5 s. The
+/// tenants' own throughput shows the new split from 1 s after the change on (within 8 points),
+/// and `status` shows the new shares at once.
+#[test]
+fn slice_set_changes_running_shares_within_a_second() {
+    let _serial = serial();
+    let w = World::new(1, "8Gi");
+    let args = ["--kernel-us", "1000", "--seconds", "7", "--depth", "4"];
+    let a = spawn(&w, "t0", &[("GPUSLICE_COMPUTE", "0.25")], &args);
+    let b = spawn(&w, "t1", &[("GPUSLICE_COMPUTE", "0.75")], &args);
+    std::thread::sleep(Duration::from_millis(2500));
+    let set = |name: &str, share: &str| {
+        let out = w
+            .gpuslice()
+            .args(["slice", "set", name, "--compute", share])
+            .output()
+            .expect("gpuslice slice set");
+        assert!(
+            out.status.success(),
+            "slice set {name} --compute {share}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // Lower first, so the raise is admitted (guarantees never sum past 1).
+    set("t1", "0.25");
+    set("t0", "0.75");
+    let changed = gpuslice_ledger::sched::now_ns() as f64 / 1e9;
+    let out = w
+        .gpuslice()
+        .args(["status", "--json"])
+        .output()
+        .expect("gpuslice status");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("status --json");
+    let share_of = |n: &str| {
+        v["slices"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["name"] == n))
+            .map_or(-1.0, |s| s["compute_share"].as_f64().unwrap_or(-1.0))
+    };
+    assert!(
+        (share_of("t0") - 0.75).abs() < 1e-6 && (share_of("t1") - 0.25).abs() < 1e-6,
+        "status does not show the new shares: {v:#}"
+    );
+    // Refused with both figures: raising past what the device has left.
+    let out = w
+        .gpuslice()
+        .args(["slice", "set", "t1", "--compute", "0.5"])
+        .output()
+        .expect("gpuslice slice set");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("requested 0.50, available 0.25"),
+        "{err}"
+    );
+    let (a, b) = (finish(a), finish(b));
+    let (_, to) = all_ran(&[&a, &b], 0.0, 0.5);
+    let (fa, fb) = (
+        fraction_in(&a, changed + 1.0, to),
+        fraction_in(&b, changed + 1.0, to),
+    );
+    assert_within("t0 after slice set to 0.75", fa / (fa + fb), 0.75, 0.08, &a);
+}
