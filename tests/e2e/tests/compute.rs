@@ -459,6 +459,11 @@ fn shares_hold_with_every_cpu_busy() {
         let _ = l.join();
     }
     let total: f64 = got.iter().map(|g| g.0).sum();
+    eprintln!(
+        "CPUs busy ({cpus} busy loops): parts {:.3} / {:.3} of {total:.3}",
+        got[0].0 / total,
+        got[1].0 / total
+    );
     for ((f, r), w) in got.iter().zip([0.25, 0.75]) {
         assert_within(
             &format!("CPUs busy, share {w}: part of the GPU time"),
