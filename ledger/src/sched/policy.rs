@@ -8,6 +8,14 @@
 //! [`BEST_EFFORT_PPM`]); the lease goes to the competing slice with the least virtual time. A cap
 //! is a GCRA budget (`cap_tat_ns`): a slice is eligible once the GPU time it used, divided by
 //! its cap, has been "paid" by the clock.
+//!
+//! Node mode (monitor-granted turns, not built yet) drives the same functions from a scheduler
+//! thread per device in the monitor: [`Tenants`] over the slice regions it mapped (clamping
+//! every word it reads: they are tenant-written), [`pick`] when a grant ends or
+//! [`takeover_due`] says so, the grant written to the slice's region and futex-woken, and the
+//! demand (`waiters`, `want_ns`) read from the regions. Virtual time and the cap budget must
+//! then live on the monitor's side and be charged by it ([`charge`] on its own copy, from the
+//! spans it granted), since a tenant could write any virtual time into its own region.
 
 use core::sync::atomic::Ordering::*;
 
