@@ -909,3 +909,25 @@ fn a_latency_slice_gets_the_device_at_the_next_launch() {
         trainer_share(&latency)
     );
 }
+
+/// A share changed while the tenants run (what `gpuslice slice set` does to the record) is in
+/// force from the next turn: the new split holds from 100 ms after the change.
+#[test]
+fn a_share_changed_live_applies_from_the_next_turn() {
+    let t = Table::new(&[(0.25, 0.0), (0.75, 0.0)]);
+    let dev = SchedDevice::default();
+    let r = simulate_with(
+        &t,
+        &[tenant(1, 1000), tenant(2, 1000)],
+        3.0,
+        &dev,
+        |cpu, t, _, _| {
+            cpu.sleep_until(S);
+            t.0[1].1.store(250_000, Relaxed);
+            t.0[0].1.store(750_000, Relaxed);
+        },
+    );
+    assert_split(&r, S / 2, S, &[0.25, 0.75], 0.04);
+    assert_split(&r, S + 100 * MS, 3 * S, &[0.75, 0.25], 0.04);
+    assert_no_gap(&r, S / 2, 3 * S, 50 * MS);
+}
