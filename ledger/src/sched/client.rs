@@ -387,13 +387,13 @@ impl<'a> Client<'a> {
                 if self.latency() {
                     self.dev.latency_ns.store(now, Release);
                 } else if self.latency_active(now)
-                    && (queued > LATENCY_QUEUE_NS || work.pending() > 1)
+                    && (queued > LATENCY_QUEUE_NS || work.pending() > 0)
                 {
-                    // A latency slice is active: keep the queue short (one kernel running, one
-                    // more queued at most), so that the latency slice's work, launched beside
-                    // ours, waits for about one kernel of ours, not the whole queue.
-                    work.wait_pending(1);
-                    if work.pending() > 1 {
+                    // A latency slice is active: keep at most one kernel of ours in flight, so
+                    // that the latency slice's work, launched beside ours, waits for about one
+                    // kernel of ours, not the whole queue.
+                    work.wait_pending(0);
+                    if work.pending() > 0 {
                         work.wait_below(LATENCY_QUEUE_NS);
                     }
                     continue;

@@ -49,8 +49,9 @@ pub const BEST_EFFORT_PPM: u64 = 10_000;
 pub const CAP_SLACK_NS: u64 = 1_000_000;
 /// A latency slice that waited or launched this recently is active.
 pub const LATENCY_ACTIVE_NS: u64 = 100_000_000;
-/// While a latency slice is active, a normal holder keeps at most this much work queued (so
-/// the latency slice waits about one of its kernels, not its whole queue).
+/// While a latency slice is active, a normal holder keeps at most one launch in flight, and
+/// none estimated at more than this (so the latency slice waits about one of its kernels, not
+/// its whole queue).
 pub const LATENCY_QUEUE_NS: u64 = 500_000;
 /// A latency slice's lease is idle this soon after its queued work ran out.
 pub const LATENCY_IDLE_GRACE_NS: u64 = 300_000;
