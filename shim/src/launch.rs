@@ -1,4 +1,4 @@
-//! Launch hooks: every kernel and graph launch passes the compute gate (`compute.rs`, owned by
+//! Launch hooks: every kernel and graph launch passes the compute gate (`compute/`, owned by
 //! the compute engineer) and nothing else happens here: no syscalls, no locks.
 
 use crate::compute;
