@@ -158,9 +158,9 @@ fn check_value(flag: &str, value: &str) -> Result<(), String> {
         "--compute-cap" => parse_cap_per_device(flag, value).map(drop),
         "--slice" => check_slice_name(flag, value),
         "--priority" => {
-            return match value {
-                "latency" | "normal" => Ok(()),
-                _ => Err(format!("--priority {value:?}: expected latency or normal")),
+            return match gpuslice_ledger::sched::parse_class(value) {
+                Some(_) => Ok(()),
+                None => Err(format!("--priority {value:?}: expected latency or normal")),
             }
         }
         _ => Ok(()),

@@ -149,16 +149,9 @@ fn parse_set(
             }
             Long("priority") => {
                 let v = set_value(&mut p, "--priority")?;
-                c.class = Some(match v.as_str() {
-                    "latency" => gpuslice_ledger::sched::CLASS_LATENCY,
-                    "normal" => gpuslice_ledger::sched::CLASS_NORMAL,
-                    _ => {
-                        return Err(Failure::usage(
-                            format!("--priority {v:?}: expected latency or normal"),
-                            SET,
-                        ))
-                    }
-                });
+                c.class = Some(gpuslice_ledger::sched::parse_class(&v).ok_or_else(|| {
+                    Failure::usage(format!("--priority {v:?}: expected latency or normal"), SET)
+                })?);
             }
             Value(v) if name.is_none() => name = Some(cli::utf8(v, "NAME", SET)?),
             _ => return Err(Failure::usage(arg.unexpected().to_string(), SET)),

@@ -60,8 +60,8 @@ pub use policy::{
     LATENCY_QUEUE_NS, LEASE_NS, MAX_LEASE_NS, MAX_SLEEP_NS, WAKE_ALLOW_NS, WANT_STALE_NS,
 };
 pub use records::{
-    slice_stats, Lease, SchedDevice, SchedProc, SchedSlice, SliceComputeStats, Window,
-    CLASS_LATENCY, CLASS_NORMAL, MAX_SLICE_ID, WINDOW_NS,
+    class_name, parse_class, slice_stats, Lease, SchedDevice, SchedProc, SchedSlice,
+    SliceComputeStats, Window, CLASS_LATENCY, CLASS_NORMAL, MAX_SLICE_ID, WINDOW_NS,
 };
 
 /// CLOCK_MONOTONIC in ns, the clock of every timestamp here ([`SYSTEM`]'s).

@@ -11,6 +11,24 @@ pub const CLASS_NORMAL: u32 = 0;
 /// Priority class of a latency-sensitive slice: it gets the device at the next launch boundary.
 pub const CLASS_LATENCY: u32 = 1;
 
+/// The class a priority name means (`latency`, `normal`), for variables, flags and JSON.
+pub fn parse_class(name: &str) -> Option<u32> {
+    match name {
+        "latency" => Some(CLASS_LATENCY),
+        "normal" => Some(CLASS_NORMAL),
+        _ => None,
+    }
+}
+
+/// The name of a class (any value that is not [`CLASS_LATENCY`] reads as `normal`).
+pub fn class_name(class: u32) -> &'static str {
+    if class == CLASS_LATENCY {
+        "latency"
+    } else {
+        "normal"
+    }
+}
+
 /// Width of the statistics window behind `compute_used`.
 pub const WINDOW_NS: u64 = 1_000_000_000;
 

@@ -447,21 +447,19 @@ fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
 /// when a device's gate is bound (first launch there, a cold path); a value that is neither
 /// is reported once and treated as `normal`.
 fn priority_class() -> Option<u32> {
-    Some(match std::env::var("GPUSLICE_PRIORITY").as_deref() {
-        Err(_) | Ok("") => return None,
-        Ok("latency") => sched::CLASS_LATENCY,
-        Ok("normal") => sched::CLASS_NORMAL,
-        Ok(other) => {
-            static ONCE: std::sync::Once = std::sync::Once::new();
-            ONCE.call_once(|| {
-                crate::log::log!(
-                    Warn,
-                    "GPUSLICE_PRIORITY '{other}' is neither 'latency' nor 'normal': normal"
-                )
-            });
-            sched::CLASS_NORMAL
-        }
-    })
+    let v = std::env::var("GPUSLICE_PRIORITY")
+        .ok()
+        .filter(|v| !v.is_empty())?;
+    Some(sched::parse_class(&v).unwrap_or_else(|| {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            crate::log::log!(
+                Warn,
+                "GPUSLICE_PRIORITY '{v}' is neither 'latency' nor 'normal': normal"
+            )
+        });
+        sched::CLASS_NORMAL
+    }))
 }
 
 /// Where this process's compute state lives in the ledger for device ordinal `dev`; None before
