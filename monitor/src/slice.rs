@@ -15,9 +15,9 @@ use gpuslice_ledger::{
 use std::ffi::OsString;
 
 const USAGE: &str =
-    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID] | slice set NAME [--memory Q] [--compute F] [--compute-cap F] [--priority P] | slice rm NAME | slice ls [--json]";
+    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--priority P] [--device I|UUID] | slice set NAME [--memory Q] [--compute F] [--compute-cap F] [--priority P] | slice rm NAME | slice ls [--json]";
 const CREATE: &str =
-    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID]";
+    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--priority P] [--device I|UUID]";
 const RM: &str = "gpuslice slice rm NAME";
 const SET: &str =
     "gpuslice slice set NAME [--memory Q] [--compute F] [--compute-cap F] [--priority latency|normal]";
@@ -191,12 +191,49 @@ fn value(p: &mut lexopt::Parser, flag: &str) -> Result<String, Failure> {
     cli::utf8(p.value().map_err(cli::lex(CREATE))?, flag, CREATE)
 }
 
-fn create(args: Vec<OsString>) -> Result<(), Failure> {
+/// Take `--priority P` (or `--priority=P`) out of `slice create`'s arguments: the class is set
+/// on the new slice right after it is created.
+fn take_priority(args: &mut Vec<OsString>) -> Result<Option<u32>, Failure> {
+    let mut class = None;
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].to_string_lossy().into_owned();
+        let v = if a == "--priority" {
+            let v = args.get(i + 1).map(|v| v.to_string_lossy().into_owned());
+            args.drain(i..(i + 2).min(args.len()));
+            v.ok_or_else(|| Failure::usage("--priority needs a value: latency or normal", CREATE))?
+        } else if let Some(v) = a.strip_prefix("--priority=") {
+            let v = v.to_string();
+            args.remove(i);
+            v
+        } else {
+            i += 1;
+            continue;
+        };
+        class = Some(gpuslice_ledger::sched::parse_class(&v).ok_or_else(|| {
+            Failure::usage(
+                format!("--priority {v:?}: expected latency or normal"),
+                CREATE,
+            )
+        })?);
+    }
+    Ok(class)
+}
+
+fn create(mut args: Vec<OsString>) -> Result<(), Failure> {
+    let class = take_priority(&mut args)?;
     let Some(req) = parse_create(args)? else {
         return Ok(());
     };
     let node = Node::open_or_create(&cli::runtime_dir())?;
     let s = node.create_operator_slice(&req)?;
+    if let Some(class) = class {
+        let change = gpuslice_ledger::SliceChange {
+            class: Some(class),
+            ..Default::default()
+        };
+        gpuslice_ledger::Ledger::open(&cli::runtime_dir())?.set_slice(&s.name, &change)?;
+    }
     cli::outln!(
         "created slice {:?} on GPU {}: memory {}, compute share {}, cap {}",
         s.name,
@@ -284,6 +321,30 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<OsString> {
         a.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn create_and_set_take_a_priority() {
+        let mut a = args(&["s", "--memory", "1Gi", "--priority", "latency"]);
+        assert_eq!(
+            take_priority(&mut a).unwrap(),
+            Some(gpuslice_ledger::sched::CLASS_LATENCY)
+        );
+        assert_eq!(a, args(&["s", "--memory", "1Gi"]));
+        let mut a = args(&["s", "--priority=normal"]);
+        assert_eq!(
+            take_priority(&mut a).unwrap(),
+            Some(gpuslice_ledger::sched::CLASS_NORMAL)
+        );
+        assert!(take_priority(&mut args(&["s", "--priority", "high"])).is_err());
+        assert!(take_priority(&mut args(&["s", "--priority"])).is_err());
+        let (name, c) = parse_set(args(&["s", "--priority", "latency", "--compute", "0.5"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(name, "s");
+        assert_eq!(c.class, Some(gpuslice_ledger::sched::CLASS_LATENCY));
+        assert_eq!(c.compute_share_ppm, Some(500_000));
+        assert!(parse_set(args(&["s"])).is_err(), "nothing to change");
     }
 
     fn usage_error(a: &[&str]) -> String {
