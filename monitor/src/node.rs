@@ -158,6 +158,7 @@ impl Node {
                     allocations_denied: sl.alloc_denied_total,
                     launches: compute.launches,
                     throttled_seconds: compute.throttled_seconds,
+                    priority: compute.priority,
                 }
             })
             .collect();

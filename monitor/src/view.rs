@@ -47,6 +47,8 @@ pub struct Slice {
     pub launches: u64,
     /// Seconds launches of this slice waited for their turn (counter).
     pub throttled_seconds: f64,
+    /// Priority class: `latency` or `normal`.
+    pub priority: &'static str,
 }
 
 /// A process attached to the ledger.
@@ -92,6 +94,7 @@ impl Snapshot {
                 "compute_share": s.compute_share,
                 "compute_cap": s.compute_cap,
                 "compute_used": s.compute_used,
+                "priority": s.priority,
                 "pids": s.pids,
             })).collect::<Vec<_>>(),
             "processes": self.processes.iter().map(|p| json!({
@@ -140,6 +143,7 @@ pub(crate) mod tests {
                     allocations_denied: 3,
                     launches: 1000,
                     throttled_seconds: 1.5,
+                    priority: "normal",
                 },
                 Slice {
                     name: "infer \"a\"".into(),
@@ -154,6 +158,7 @@ pub(crate) mod tests {
                     allocations_denied: 0,
                     launches: 0,
                     throttled_seconds: 0.0,
+                    priority: "latency",
                 },
             ],
             processes: vec![
@@ -206,6 +211,7 @@ pub(crate) mod tests {
             "compute_share",
             "compute_cap",
             "compute_used",
+            "priority",
             "pids",
         ] {
             assert!(!s[k].is_null(), "slice field {k}");

@@ -265,7 +265,6 @@ impl<'a> Client<'a> {
     /// its cap allows): past that it waits for a turn like any slice, so the others keep their
     /// guarantees. Returns whether the launch was admitted so.
     fn overtake(&mut self, work: &mut dyn Work, now: u64) -> bool {
-        self.dev.latency_ns.store(now, Release);
         self.me.want_ns.store(now, Release);
         let (share, cap) = self.share_cap();
         if capped(cap) && self.me.cap_tat_ns.load(Acquire) > now {
@@ -294,6 +293,9 @@ impl<'a> Client<'a> {
                 .lease
                 .compare_exchange(l.pack(), nl.pack(), AcqRel, Acquire);
         }
+        // Only a latency slice that is served first makes the others keep their queues short:
+        // one past its lead queues like any slice.
+        self.dev.latency_ns.store(now, Release);
         let next = work.next_ns().min(MAX_LEASE_NS);
         charge(self.dev, self.me, share, cap, now, now + next, next);
         self.me.launches_total.fetch_add(1, Relaxed);
@@ -384,9 +386,8 @@ impl<'a> Client<'a> {
                 self.me.want_ns.store(now, Release);
                 let queued = work.outstanding_ns();
                 let next = work.next_ns();
-                if self.latency() {
-                    self.dev.latency_ns.store(now, Release);
-                } else if self.latency_active(now)
+                if !self.latency()
+                    && self.latency_active(now)
                     && (queued > LATENCY_QUEUE_NS || work.pending() > 0)
                 {
                     // A latency slice is active: keep at most one kernel of ours in flight, so
@@ -472,9 +473,6 @@ impl<'a> Client<'a> {
             }
             self.me.want_ns.store(now, Release);
             let urgent = self.latency();
-            if urgent {
-                self.dev.latency_ns.store(now, Release);
-            }
             if l.solo {
                 // Someone is alone on the device: give it one more ordinary lease, then compete
                 // from its virtual time on (it was not charged while alone).

@@ -931,3 +931,16 @@ fn a_share_changed_live_applies_from_the_next_turn() {
     assert_split(&r, S + 100 * MS, 3 * S, &[0.75, 0.25], 0.04);
     assert_no_gap(&r, S / 2, 3 * S, 50 * MS);
 }
+
+/// A latency slice that saturates the device does not take the others' guarantees: past its
+/// lead it queues like any slice, and the split is the shares'.
+#[test]
+fn a_saturating_latency_slice_keeps_to_its_share() {
+    let t = Table::new(&[(0.25, 0.0), (0.75, 0.0)]);
+    let hungry = Tenant {
+        class: CLASS_LATENCY,
+        ..tenant(1, 1000)
+    };
+    let r = simulate(&t, &[hungry, tenant(2, 1000)], 4.0);
+    assert_split(&r, S / 2, 4 * S, &[0.25, 0.75], 0.04);
+}

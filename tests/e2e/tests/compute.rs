@@ -518,6 +518,41 @@ fn slice_set_changes_running_shares_within_a_second() {
         (share_of("t0") - 0.75).abs() < 1e-6 && (share_of("t1") - 0.25).abs() < 1e-6,
         "status does not show the new shares: {v:#}"
     );
+    assert_eq!(
+        v["slices"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["name"] == "t0"))
+            .map(|s| s["priority"].clone()),
+        Some(Value::from("normal")),
+        "{v:#}"
+    );
+    // The class too is shown at once (and set back: this test is about shares).
+    for class in ["latency", "normal"] {
+        let out = w
+            .gpuslice()
+            .args(["slice", "set", "t1", "--priority", class])
+            .output()
+            .expect("gpuslice slice set --priority");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = w
+            .gpuslice()
+            .args(["status", "--json"])
+            .output()
+            .expect("gpuslice status");
+        let v2: Value = serde_json::from_slice(&out.stdout).expect("status --json");
+        assert_eq!(
+            v2["slices"]
+                .as_array()
+                .and_then(|a| a.iter().find(|s| s["name"] == "t1"))
+                .map(|s| s["priority"].clone()),
+            Some(Value::from(class)),
+            "{v2:#}"
+        );
+    }
     // Refused with both figures: raising past what the device has left.
     let out = w
         .gpuslice()
