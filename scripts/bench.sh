@@ -9,6 +9,9 @@
 #   scripts/bench.sh shares ARGS...  one `gpuslice-bench shares` run, e.g.
 #                                    --scenario pair,eight --kernel-us 20,5000 --launch graph --seconds 12
 #   scripts/bench.sh overhead        the launch overhead only
+#   scripts/bench.sh freeze [--runs N] [--seconds S]
+#                                    issue 14's pair (0.25/0.75, 1 ms, depth 2) N times (50),
+#                                    started together and 0-300 ms apart: gaps and 5 s splits
 #
 # Builds the release artifacts, then runs target/release/gpuslice-bench (tests/e2e/src/bin/) on
 # the fake GPU (FAKEGPU=0: on the machine's real libcuda.so.1). Each scenario gets its own fake
@@ -34,6 +37,7 @@ echo "# gpuslice compute-share benchmark, $(date -u '+%Y-%m-%d %H:%M UTC'), $(np
 case "${1:-}" in
     shares) shift; exec "$bench" shares "$@" ;;
     overhead) shift; exec "$bench" overhead "$@" ;;
+    freeze) shift; exec "$bench" freeze "$@" ;;
     --all)
         "$bench" shares --all
         "$bench" overhead
@@ -44,5 +48,5 @@ case "${1:-}" in
         "$bench" shares --scenario pair --kernel-us 1000 --launch ex,graph
         "$bench" overhead
         ;;
-    *) echo "usage: scripts/bench.sh [--all | shares ARGS... | overhead]" >&2; exit 2 ;;
+    *) echo "usage: scripts/bench.sh [--all | shares ARGS... | overhead | freeze ARGS...]" >&2; exit 2 ;;
 esac

@@ -451,17 +451,7 @@ pub(crate) fn is_alive(fd: libc::c_int, slot: usize) -> bool {
 }
 
 fn ofd(fd: libc::c_int, cmd: libc::c_int, l_type: i16, slot: usize) -> Result<i16, ()> {
-    // SAFETY: flock is plain data; l_pid must be 0 for OFD locks.
-    let mut fl: libc::flock = unsafe { core::mem::zeroed() };
-    fl.l_type = l_type;
-    fl.l_whence = libc::SEEK_SET as i16;
-    fl.l_start = LIVENESS_LOCK_BASE + slot as i64;
-    fl.l_len = 1;
-    // SAFETY: fd is open; fl is valid for the call.
-    if unsafe { libc::fcntl(fd, cmd, &mut fl) } != 0 {
-        return Err(());
-    }
-    Ok(fl.l_type)
+    crate::sys::ofd_lock(fd, cmd, l_type, LIVENESS_LOCK_BASE + slot as i64)
 }
 
 /// Field 22 of `/proc/self/stat`: the start time of this process in clock ticks since boot.

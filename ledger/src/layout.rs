@@ -173,8 +173,6 @@ pub struct Slice {
     pub memory_used: CacheLine<AtomicU64>,
     /// Scheduler state (compute).
     pub sched: SchedSlice,
-    /// Scheduling priority: 0 normal, 1 latency (values above are read as 1).
-    pub priority: AtomicU32,
     /// The operator's label for the slice (Kubernetes `namespace/name`), NUL-padded; empty
     /// for none.
     pub claim: Text<CLAIM_LEN>,

@@ -638,7 +638,7 @@ impl Ledger {
             .ok_or_else(|| self.slices_full())?;
         // Compute first: it has no hot-path counterpart, so a plain check under the lock is exact.
         let cpu = d.compute_reserved.load(SeqCst);
-        if cpu.saturating_add(share as u64) > PPM as u64 {
+        if !crate::sched::admits(cpu, share) {
             return Err(AdmissionError {
                 setting: cpu_setting.into(),
                 device: uuid,
@@ -688,7 +688,6 @@ impl Ledger {
         s.alloc_denied_total.store(0, SeqCst);
         s.alloc_total.store(0, SeqCst);
         s.sched.reset();
-        s.priority.store(0, SeqCst);
         s.owner_uid.store(ANY_UID, SeqCst);
         s.over_quota.store(0, SeqCst);
         s.audit_observed.store(0, SeqCst);
@@ -780,7 +779,9 @@ impl Ledger {
                 && s.private.load(SeqCst) == 0
                 && s.name.get() == name
             {
-                s.priority.store(priority.min(1), SeqCst);
+                s.sched
+                    .class
+                    .store(priority.min(crate::sched::CLASS_LATENCY), SeqCst);
                 n += 1;
             }
         }
@@ -963,7 +964,7 @@ impl Ledger {
                     .fold(0u64, |a, pd| a.saturating_add(pd.charged.load(SeqCst))),
             });
             // Its compute lease and place in the queue go before its slices do.
-            crate::sched::reap_proc(self.devices(), self.slices(), p);
+            crate::tenants::reap_proc(self.devices(), self.slices(), p);
             for (d, pd) in p.devices.iter().enumerate() {
                 let s = pd.slice.load(SeqCst);
                 pd.account.store(ACCOUNT_NONE, SeqCst);
@@ -1072,7 +1073,7 @@ impl Ledger {
                 over_quota: s.over_quota.load(SeqCst) != 0,
                 audit_observed: s.audit_observed.load(SeqCst),
                 violations_total: s.violations_total.load(SeqCst),
-                priority: s.priority.load(SeqCst).min(1),
+                priority: s.sched.class.load(SeqCst).min(crate::sched::CLASS_LATENCY),
             });
         }
         for d in &mut snap.devices {

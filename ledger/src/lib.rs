@@ -9,7 +9,8 @@
 //!
 //! How the parts meet:
 //! - [`layout`]: the records (`Header`, `Device`, `Slice`, `Proc`) and their offsets, pinned by
-//!   tests; [`sched`] holds the compute scheduler's part of each record.
+//!   tests; [`sched`] holds the compute scheduler's part of each record and its policy;
+//!   [`tenants`] adapts the ledger's records to it; `sys` holds the OS calls (clock, futex, OFD locks).
 //! - [`dir`]: the runtime directory opened once as a descriptor, every file in it opened with
 //!   `O_NOFOLLOW` and checked (owner, mode) before use, and the mode decision (personal or
 //!   node) from who owns the directory; [`runtime_dir_from_env`] is the one rule for
@@ -60,8 +61,11 @@ pub mod node;
 pub mod protocol;
 pub mod quantity;
 pub mod region;
+mod reslice;
 pub mod sched;
 mod snapshot;
+mod sys;
+pub mod tenants;
 pub mod view;
 
 pub use account::Account;
@@ -74,4 +78,5 @@ pub use quantity::{
     check_cap_not_below_share, check_slice_name, parse_cap, parse_cap_per_device, parse_fraction,
     parse_quota, parse_size, valid_slice_name, ComputeSetting, PerDevice, QuantityError, Size,
 };
+pub use reslice::SliceChange;
 pub use snapshot::{DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, SliceInfo, Snapshot};

@@ -68,7 +68,8 @@ pub struct SliceInfo {
     pub alloc_denied_total: u64,
     /// The operator's label for the slice (Kubernetes `namespace/name`), if any.
     pub claim: Option<String>,
-    /// Scheduling priority: 0 normal, 1 latency.
+    /// Scheduling priority class (`sched::CLASS_NORMAL` or `CLASS_LATENCY`): the scheduler's own
+    /// word, `SchedSlice::class`.
     pub priority: u32,
     /// The monitor's audit: NVML reports more for its processes than its quota.
     pub over_quota: bool,

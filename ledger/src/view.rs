@@ -238,7 +238,7 @@ impl<'a> View<'a> {
             memory_total: total,
             memory_reserved: reserved,
             best_effort_used: d.best_effort_used.load(Relaxed).min(total - reserved),
-            compute_used: sched::device_stats(&d.sched, sched::now_ns()).used_fraction,
+            compute_used: d.sched.window.fraction(sched::now_ns()),
         })
     }
 

@@ -237,10 +237,10 @@ impl Node {
                     launches: compute.launches,
                     throttled_seconds: compute.throttled_seconds,
                     claim: sl.claim.clone(),
-                    priority: sl.priority,
                     over_quota: sl.over_quota,
                     audit_observed: sl.audit_observed,
                     violations_total: sl.violations_total,
+                    priority: compute.priority,
                 }
             })
             .collect();

@@ -199,7 +199,7 @@ pub fn render(snap: &Snapshot, facts: Option<&MonitorFacts>) -> String {
             |s| Some(s.violations_total as f64),
         ),
         (
-            "gpuslice_slice_violation",
+            "gpuslice_slice_over_quota",
             "gauge",
             "1 while the monitor's NVML audit finds the slice over its quota.",
             |s| Some(s.over_quota as u8 as f64),

@@ -33,7 +33,8 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::cli::{self, Failure};
 
-const USAGE: &str = "gpuslice run [--memory Q] [--compute F] [--compute-cap F] [--slice NAME] \
+const USAGE: &str =
+    "gpuslice run [--memory Q] [--compute F] [--compute-cap F] [--priority P] [--slice NAME] \
                      [--] CMD ARGS...";
 
 /// File name of the shim, as built by cargo and as installed.
@@ -74,6 +75,8 @@ pub struct Limits {
     pub compute_cap: Option<String>,
     /// `--slice`: `GPUSLICE_SLICE`.
     pub slice: Option<String>,
+    /// `--priority`: `GPUSLICE_PRIORITY` (`latency` or `normal`).
+    pub priority: Option<String>,
 }
 
 impl Limits {
@@ -85,6 +88,7 @@ impl Limits {
             ("GPUSLICE_COMPUTE", &self.compute),
             ("GPUSLICE_COMPUTE_CAP", &self.compute_cap),
             ("GPUSLICE_SLICE", &self.slice),
+            ("GPUSLICE_PRIORITY", &self.priority),
         ] {
             if let Some(value) = value {
                 v.push((name, value.as_str()));
@@ -94,7 +98,7 @@ impl Limits {
     }
 
     /// The flags (without `--`) that [`Limits::set`] takes; `gpuslice cdi` shares them.
-    pub const FLAGS: [&'static str; 4] = ["memory", "compute", "compute-cap", "slice"];
+    pub const FLAGS: [&'static str; 5] = ["memory", "compute", "compute-cap", "slice", "priority"];
 
     /// Set one of [`Limits::FLAGS`] from its value, validating it.
     pub fn set(&mut self, name: &str, value: OsString, usage: &'static str) -> Result<(), Failure> {
@@ -105,6 +109,7 @@ impl Limits {
             "memory" => &mut self.memory,
             "compute" => &mut self.compute,
             "compute-cap" => &mut self.compute_cap,
+            "priority" => &mut self.priority,
             _ => &mut self.slice,
         };
         cli::once(slot, &flag, value, usage)
@@ -157,6 +162,12 @@ fn check_value(flag: &str, value: &str) -> Result<(), String> {
         "--compute" => parse_fraction_per_device(flag, value).map(drop),
         "--compute-cap" => parse_cap_per_device(flag, value).map(drop),
         "--slice" => check_slice_name(flag, value),
+        "--priority" => {
+            return match gpuslice_ledger::sched::parse_class(value) {
+                Some(_) => Ok(()),
+                None => Err(format!("--priority {value:?}: expected latency or normal")),
+            }
+        }
         _ => Ok(()),
     }
     .map_err(|e| e.to_string())
@@ -261,10 +272,11 @@ Runs CMD with libgpuslice.so preloaded and these limits on its GPU use:
   --memory Q        VRAM quota per device: 4Gi, 4096Mi, 4G, 4GiB, bytes, 25%, or 0=4Gi,1=8Gi
   --compute F       guaranteed compute share: 0.25 or 25%
   --compute-cap F   hard compute ceiling, same syntax
+  --priority P      latency or normal: a latency slice launches at once, ahead of normal work
   --slice NAME      share one quota with every process naming the same slice
                     (default: CMD and every process it starts form one slice, named
                     run-<pid>-<random>, removed with its last process)
-Flags set GPUSLICE_MEMORY, GPUSLICE_COMPUTE, GPUSLICE_COMPUTE_CAP and GPUSLICE_SLICE for CMD;
+Flags set GPUSLICE_MEMORY, GPUSLICE_COMPUTE, GPUSLICE_COMPUTE_CAP, GPUSLICE_PRIORITY and GPUSLICE_SLICE for CMD;
 variables already in the environment apply when a flag is not given.
 Starts the node monitor in the background when none is running.
 The library is $GPUSLICE_LIBRARY, else libgpuslice.so beside this binary, else ../lib/.

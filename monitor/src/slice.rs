@@ -15,10 +15,12 @@ use gpuslice_ledger::{
 use std::ffi::OsString;
 
 const USAGE: &str =
-    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID] [--owner UID|USER] | slice rm NAME | slice ls [--json]";
+    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--priority P] [--device I|UUID] [--owner UID|USER] | slice set NAME [--memory Q] [--compute F] [--compute-cap F] [--priority P] | slice rm NAME | slice ls [--json]";
 const CREATE: &str =
-    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID] [--owner UID|USER]";
+    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--priority P] [--device I|UUID] [--owner UID|USER]";
 const RM: &str = "gpuslice slice rm NAME";
+const SET: &str =
+    "gpuslice slice set NAME [--memory Q] [--compute F] [--compute-cap F] [--priority latency|normal]";
 const LS: &str = "gpuslice slice ls [--json]";
 
 /// Entry point of `gpuslice slice`.
@@ -29,11 +31,12 @@ pub fn main(mut args: Vec<OsString>) -> i32 {
     let sub = args.remove(0);
     cli::exit_status(match sub.to_str() {
         Some("create") => create(args),
+        Some("set") => set(args),
         Some("rm" | "remove" | "delete") => rm(args),
         Some("ls" | "list") => ls(args),
         Some("--help" | "-h" | "help") => cli::outln!("usage: {USAGE}"),
         _ => Err(Failure::usage(
-            format!("unknown subcommand {sub:?}: expected create, rm or ls"),
+            format!("unknown subcommand {sub:?}: expected create, set, rm or ls"),
             USAGE,
         )),
     })
@@ -139,12 +142,120 @@ fn uid_of(v: &str) -> Option<u32> {
     (!p.is_null()).then(|| unsafe { (*p).pw_uid })
 }
 
+/// Parse `slice set`'s arguments (no side effects), `None` for `--help`.
+fn parse_set(
+    args: Vec<OsString>,
+) -> Result<Option<(String, gpuslice_ledger::SliceChange)>, Failure> {
+    use lexopt::Arg::*;
+    let mut p = cli::parser(args);
+    let mut name = None;
+    let mut c = gpuslice_ledger::SliceChange::default();
+    let bad = |e: &dyn std::fmt::Display| Failure::usage(e.to_string(), SET);
+    while let Some(arg) = p.next().map_err(cli::lex(SET))? {
+        if cli::is_help(&arg) {
+            cli::outln!("usage: {SET}")?;
+            return Ok(None);
+        }
+        match arg {
+            Long("memory") => {
+                let v = set_value(&mut p, "--memory")?;
+                c.memory = Some(
+                    match gpuslice_ledger::parse_quota("--memory", &v).map_err(|e| bad(&e))? {
+                        gpuslice_ledger::Size::Bytes(b) => b,
+                        other => {
+                            return Err(Failure::usage(
+                                format!(
+                                "--memory {v:?}: slice set takes bytes (e.g. 4Gi), got {other:?}"
+                            ),
+                                SET,
+                            ))
+                        }
+                    },
+                );
+            }
+            Long("compute") => {
+                let v = set_value(&mut p, "--compute")?;
+                c.compute_share_ppm = Some(parse_fraction("--compute", &v).map_err(|e| bad(&e))?);
+            }
+            Long("compute-cap") => {
+                let v = set_value(&mut p, "--compute-cap")?;
+                c.compute_cap_ppm = Some(parse_cap("--compute-cap", &v).map_err(|e| bad(&e))?);
+            }
+            Long("priority") => {
+                let v = set_value(&mut p, "--priority")?;
+                c.class = Some(gpuslice_ledger::sched::parse_class(&v).ok_or_else(|| {
+                    Failure::usage(format!("--priority {v:?}: expected latency or normal"), SET)
+                })?);
+            }
+            Value(v) if name.is_none() => name = Some(cli::utf8(v, "NAME", SET)?),
+            _ => return Err(Failure::usage(arg.unexpected().to_string(), SET)),
+        }
+    }
+    let name = name.ok_or_else(|| Failure::usage("missing the slice's NAME", SET))?;
+    if c == gpuslice_ledger::SliceChange::default() {
+        return Err(Failure::usage(
+            format!("nothing to change for slice {name:?}: give --memory, --compute, --compute-cap or --priority"),
+            SET,
+        ));
+    }
+    Ok(Some((name, c)))
+}
+
+/// The value of `flag`, as UTF-8 (for `slice set`).
+fn set_value(p: &mut lexopt::Parser, flag: &str) -> Result<String, Failure> {
+    cli::utf8(p.value().map_err(cli::lex(SET))?, flag, SET)
+}
+
+/// `slice set`: change a slice live (running processes see it at their next allocation or
+/// turn); admission is re-checked by the ledger.
+fn set(args: Vec<OsString>) -> Result<(), Failure> {
+    let Some((name, change)) = parse_set(args)? else {
+        return Ok(());
+    };
+    let ledger = gpuslice_ledger::Ledger::open(&cli::runtime_dir())?;
+    let n = ledger.set_slice(&name, &change)?;
+    cli::outln!(
+        "changed slice {name:?} ({n} device{})",
+        if n == 1 { "" } else { "s" }
+    )
+}
+
 /// The value of `flag`, as UTF-8.
 fn value(p: &mut lexopt::Parser, flag: &str) -> Result<String, Failure> {
     cli::utf8(p.value().map_err(cli::lex(CREATE))?, flag, CREATE)
 }
 
-fn create(args: Vec<OsString>) -> Result<(), Failure> {
+/// Take `--priority P` (or `--priority=P`) out of `slice create`'s arguments: the class is set
+/// on the new slice right after it is created.
+fn take_priority(args: &mut Vec<OsString>) -> Result<Option<u32>, Failure> {
+    let mut class = None;
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].to_string_lossy().into_owned();
+        let v = if a == "--priority" {
+            let v = args.get(i + 1).map(|v| v.to_string_lossy().into_owned());
+            args.drain(i..(i + 2).min(args.len()));
+            v.ok_or_else(|| Failure::usage("--priority needs a value: latency or normal", CREATE))?
+        } else if let Some(v) = a.strip_prefix("--priority=") {
+            let v = v.to_string();
+            args.remove(i);
+            v
+        } else {
+            i += 1;
+            continue;
+        };
+        class = Some(gpuslice_ledger::sched::parse_class(&v).ok_or_else(|| {
+            Failure::usage(
+                format!("--priority {v:?}: expected latency or normal"),
+                CREATE,
+            )
+        })?);
+    }
+    Ok(class)
+}
+
+fn create(mut args: Vec<OsString>) -> Result<(), Failure> {
+    let class = take_priority(&mut args)?;
     let Some(req) = parse_create(args)? else {
         return Ok(());
     };
@@ -155,6 +266,13 @@ fn create(args: Vec<OsString>) -> Result<(), Failure> {
         other => other?,
     };
     let s = node.create_operator_slice(&req)?;
+    if let Some(class) = class {
+        let change = gpuslice_ledger::SliceChange {
+            class: Some(class),
+            ..Default::default()
+        };
+        gpuslice_ledger::Ledger::open(&cli::runtime_dir())?.set_slice(&s.name, &change)?;
+    }
     cli::outln!(
         "created slice {:?} on GPU {}: memory {}, compute share {}, cap {}",
         s.name,
@@ -242,6 +360,30 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<OsString> {
         a.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn create_and_set_take_a_priority() {
+        let mut a = args(&["s", "--memory", "1Gi", "--priority", "latency"]);
+        assert_eq!(
+            take_priority(&mut a).unwrap(),
+            Some(gpuslice_ledger::sched::CLASS_LATENCY)
+        );
+        assert_eq!(a, args(&["s", "--memory", "1Gi"]));
+        let mut a = args(&["s", "--priority=normal"]);
+        assert_eq!(
+            take_priority(&mut a).unwrap(),
+            Some(gpuslice_ledger::sched::CLASS_NORMAL)
+        );
+        assert!(take_priority(&mut args(&["s", "--priority", "high"])).is_err());
+        assert!(take_priority(&mut args(&["s", "--priority"])).is_err());
+        let (name, c) = parse_set(args(&["s", "--priority", "latency", "--compute", "0.5"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(name, "s");
+        assert_eq!(c.class, Some(gpuslice_ledger::sched::CLASS_LATENCY));
+        assert_eq!(c.compute_share_ppm, Some(500_000));
+        assert!(parse_set(args(&["s"])).is_err(), "nothing to change");
     }
 
     fn usage_error(a: &[&str]) -> String {

@@ -49,14 +49,14 @@ pub struct Slice {
     pub throttled_seconds: f64,
     /// The operator's label (Kubernetes `namespace/name`), if any.
     pub claim: Option<String>,
-    /// Scheduling priority: 0 normal, 1 latency.
-    pub priority: u32,
     /// The audit (monitor): NVML reports more for its processes than its quota.
     pub over_quota: bool,
     /// The audit: bytes NVML last reported for its processes.
     pub audit_observed: u64,
     /// The audit: times it went over its quota.
     pub violations_total: u64,
+    /// Priority class: `latency` or `normal`.
+    pub priority: &'static str,
 }
 
 /// A process attached to the ledger.
@@ -104,9 +104,9 @@ impl Snapshot {
                 "compute_share": s.compute_share,
                 "compute_cap": s.compute_cap,
                 "compute_used": s.compute_used,
+                "priority": s.priority,
                 "pids": s.pids,
                 "claim": s.claim,
-                "priority": if s.priority == 0 { "normal" } else { "latency" },
                 "violations_total": s.violations_total,
             })).collect::<Vec<_>>(),
             // Slices the monitor's NVML audit finds over their quota now (memory taken around
@@ -165,10 +165,10 @@ pub(crate) mod tests {
                     launches: 1000,
                     throttled_seconds: 1.5,
                     claim: None,
-                    priority: 0,
                     over_quota: false,
                     audit_observed: 0,
                     violations_total: 0,
+                    priority: "normal",
                 },
                 Slice {
                     name: "infer \"a\"".into(),
@@ -184,10 +184,10 @@ pub(crate) mod tests {
                     launches: 0,
                     throttled_seconds: 0.0,
                     claim: None,
-                    priority: 0,
                     over_quota: false,
                     audit_observed: 0,
                     violations_total: 0,
+                    priority: "latency",
                 },
             ],
             processes: vec![
@@ -241,6 +241,7 @@ pub(crate) mod tests {
             "compute_share",
             "compute_cap",
             "compute_used",
+            "priority",
             "pids",
         ] {
             assert!(!s[k].is_null(), "slice field {k}");

@@ -179,6 +179,9 @@ hook_table! {
         Cuda cuLaunchCooperativeKernel_ptsz => launch::launch_cooperative;
         Cuda cuGraphLaunch => launch::graph_launch;
         Cuda cuGraphLaunch_ptsz => launch::graph_launch;
+        Cuda cuCtxDestroy_v2 => launch::ctx_destroy;
+        Cuda cuDevicePrimaryCtxRelease_v2 => launch::primary_ctx_release;
+        Cuda cuDevicePrimaryCtxReset_v2 => launch::primary_ctx_reset;
 
         Nvml nvmlDeviceGetMemoryInfo => nvml::memory_info;
         Nvml nvmlDeviceGetMemoryInfo_v2 => nvml::memory_info_v2;

@@ -1,4 +1,4 @@
-//! Launch hooks: every kernel and graph launch passes the compute gate (`compute.rs`, owned by
+//! Launch hooks: every kernel and graph launch passes the compute gate (`compute/`, owned by
 //! the compute engineer) and nothing else happens here: no syscalls, no locks.
 
 use crate::compute;
@@ -84,4 +84,31 @@ pub unsafe fn graph_launch(
     let r = real(exec, stream);
     compute::after_launch(gate, stream, r);
     r
+}
+
+/// `cuCtxDestroy_v2`: the process's compute lease on the context's device is handed back
+/// first (the current context's device: the usual case of destroying the current context).
+#[inline]
+pub unsafe fn ctx_destroy(real: pfn::cuCtxDestroy_v2, ctx: CUcontext) -> CUresult {
+    if let Some(dev) = compute::current_device() {
+        compute::release_device(dev);
+    }
+    real(ctx)
+}
+
+/// `cuDevicePrimaryCtxRelease_v2`: as [`ctx_destroy`], for the device's primary context.
+#[inline]
+pub unsafe fn primary_ctx_release(
+    real: pfn::cuDevicePrimaryCtxRelease_v2,
+    dev: CUdevice,
+) -> CUresult {
+    compute::release_device(dev);
+    real(dev)
+}
+
+/// `cuDevicePrimaryCtxReset_v2`: as [`ctx_destroy`], for the device's primary context.
+#[inline]
+pub unsafe fn primary_ctx_reset(real: pfn::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> CUresult {
+    compute::release_device(dev);
+    real(dev)
 }

@@ -11,7 +11,7 @@
 //!   ledger, admission), then one read-only [`init::State`].
 //! - [`memory`] (quotas on every allocation path, with [`pointers`] remembering sizes),
 //!   [`report`] and [`nvml`] (what the program is told), [`launch`] (the compute gate of
-//!   `compute.rs`, owned by the compute scheduler).
+//!   `compute/`, owned by the compute scheduler).
 //! - [`log`]: non-allocating `gpuslice:` lines on stderr.
 //!
 //! Nothing runs in a constructor; a process that never calls CUDA pays only for the `dlsym`

@@ -10,6 +10,11 @@
 //! - `gpuslice-bench overhead [--launches N]`: ns per `cuLaunchKernel` call, direct, under the
 //!   shim alone on the device, and under the shim while another slice contends (median of the
 //!   admitted calls, so time spent waiting for a turn is not counted as overhead).
+//! - `gpuslice-bench freeze [--runs N] [--seconds S]`: issue 14's pair started together and
+//!   0-300 ms apart, N times: longest gap without a completed kernel and worst 5 s split.
+//! - `gpuslice-bench latency [--seconds S]`: a request/response client (bursts of 20 kernels)
+//!   alone, next to a trainer, and next to it with `GPUSLICE_PRIORITY=latency`: p50/p99 burst
+//!   latency and the trainer's GPU fraction (`burst-loop` is the client it runs).
 //! - `gpuslice-bench launch-loop N`: the client `overhead` runs (times N launch calls).
 //!
 //! Artifacts (`gpuslice-burn`, `libgpuslice.so`, `libfakegpu.so`) are looked up beside this
@@ -342,8 +347,235 @@ fn shares(opts: &Opts) {
     }
 }
 
-/// `launch-loop N`: time N launches of a 1 µs kernel (in batches that never fill the queue).
-fn launch_loop(n: usize) {
+/// One tenant's interval lines on CLOCK_MONOTONIC: (start, end, kernels, gpu_seconds).
+fn mono_spans(child: Child) -> Vec<(f64, f64, u64, f64)> {
+    let out = child.wait_with_output().expect("wait gpuslice-burn");
+    let mut prev: Option<f64> = None;
+    let mut spans = Vec::new();
+    for v in String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == "interval")
+    {
+        let (t, mono) = (
+            v["t"].as_f64().unwrap_or(0.0),
+            v["mono"].as_f64().unwrap_or(0.0),
+        );
+        let start = prev.unwrap_or(mono - t);
+        let k = v["kernels"].as_u64().unwrap_or(0);
+        spans.push((start, mono, k, v["gpu_seconds"].as_f64().unwrap_or(0.0)));
+        prev = Some(mono);
+    }
+    if !out.status.success() {
+        eprintln!(
+            "gpuslice-bench: a tenant failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    spans
+}
+
+/// `freeze`: issue 14's pair (0.25/0.75, 1 ms kernels, depth 2) `runs` times, the second tenant
+/// started 0-300 ms after the first (every fifth run together); per run, over the window in
+/// which both ran: each tenant's longest stretch without a completed kernel, and the worst
+/// deviation of the 0.25 tenant's part from 0.25 over any 5 s window (stepped by 0.2 s).
+fn freeze(runs: usize, seconds: f64) {
+    println!(
+        "{:>4} {:>9} {:>9} {:>9} {:>10} {:>9}",
+        "run", "delay_ms", "gap_0.25", "gap_0.75", "worst_5s", "part_all"
+    );
+    let (mut worst_gap, mut worst_dev, mut bad) = (0.0f64, 0.0f64, 0);
+    for i in 0..runs {
+        // A fixed sequence, so two benchmark runs try the same delays.
+        let delay_ms = if i % 5 == 0 { 0 } else { (i as u64 * 97) % 301 };
+        let env = Env::new(&format!("freeze{i}"));
+        let args: Vec<String> = [
+            "--kernel-us",
+            "1000",
+            "--depth",
+            "2",
+            "--seconds",
+            &seconds.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let spawn = |name: &str, share: f64| {
+            let mut c = env.command(&bin_dir().join("gpuslice-burn"), true);
+            c.args(&args)
+                .args(["--json", "--report-interval", "0.2"])
+                .env("GPUSLICE_SLICE", name)
+                .env("GPUSLICE_COMPUTE", share.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            c.spawn().expect("spawn gpuslice-burn")
+        };
+        let a = spawn("quarter", 0.25);
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let b = spawn("three-quarters", 0.75);
+        let (a, b) = (mono_spans(a), mono_spans(b));
+        let (Some(fa), Some(fb), Some(la), Some(lb)) = (a.first(), b.first(), a.last(), b.last())
+        else {
+            println!("{i:>4} {delay_ms:>9} no intervals");
+            bad += 1;
+            continue;
+        };
+        let (from, to) = (fa.0.max(fb.0) + 0.2, la.1.min(lb.1) - 0.2);
+        let gap = |sp: &[(f64, f64, u64, f64)]| {
+            let (mut last, mut g) = (from, 0.0f64);
+            for &(_, e, k, _) in sp.iter().filter(|s| s.1 >= from && s.1 <= to) {
+                if k > 0 {
+                    g = g.max(e - last);
+                    last = e;
+                }
+            }
+            g.max(to - last)
+        };
+        let gpu = |sp: &[(f64, f64, u64, f64)], x: f64, y: f64| -> f64 {
+            sp.iter()
+                .filter(|s| s.0 >= x - 1e-6 && s.1 <= y + 1e-6)
+                .map(|s| s.3)
+                .sum()
+        };
+        let (ga, gb) = (gap(&a), gap(&b));
+        let mut dev = 0.0f64;
+        let mut w = from;
+        while w + 5.0 <= to + 1e-6 {
+            let (x, y) = (gpu(&a, w, w + 5.0), gpu(&b, w, w + 5.0));
+            if x + y > 0.0 {
+                dev = dev.max((x / (x + y) - 0.25).abs());
+            }
+            w += 0.2;
+        }
+        let (x, y) = (gpu(&a, from, to), gpu(&b, from, to));
+        let part = x / (x + y).max(1e-9);
+        println!("{i:>4} {delay_ms:>9} {ga:>9.3} {gb:>9.3} {dev:>10.3} {part:>9.3}");
+        worst_gap = worst_gap.max(ga.max(gb));
+        worst_dev = worst_dev.max(dev);
+        if ga.max(gb) > 1.2 || dev > 0.04 {
+            bad += 1;
+        }
+    }
+    println!(
+        "freeze: {runs} runs, longest gap {worst_gap:.3} s (limit 1.2), worst 5 s deviation \
+         {worst_dev:.3} (limit 0.04), runs over a limit: {bad}"
+    );
+}
+
+/// The driver entry points a benchmark client needs, with one kernel loaded and one stream.
+struct Client {
+    launch: LaunchFn,
+    sync: unsafe extern "C" fn(gpuslice_abi::CUstream) -> gpuslice_abi::CUresult,
+    f: gpuslice_abi::CUfunction,
+    s: gpuslice_abi::CUstream,
+}
+
+/// `cuLaunchKernel`, typed from the headers (`gpuslice_abi::pfn`).
+type LaunchFn = gpuslice_abi::pfn::cuLaunchKernel;
+
+impl Client {
+    /// Launch the spin kernel for `ns` on the stream.
+    fn launch(&self, ns: u64) {
+        use core::ffi::c_void;
+        let mut ns = ns;
+        let mut params: [*mut c_void; 1] = [(&mut ns as *mut u64).cast()];
+        // SAFETY: a loaded kernel taking one u64, its parameter array, our stream.
+        let r = unsafe {
+            (self.launch)(
+                self.f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                self.s,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, gpuslice_abi::CUDA_SUCCESS, "cuLaunchKernel");
+    }
+
+    fn sync(&self) {
+        // SAFETY: our stream.
+        unsafe { (self.sync)(self.s) };
+    }
+}
+
+/// `burst-loop SECONDS KERNEL_US`: a request/response client: bursts of 20 kernels, each burst
+/// waited for, 10 ms apart; prints the p50/p99 of the burst latency (first launch to done).
+fn burst_loop(seconds: f64, kernel_us: u64) {
+    let c = client();
+    let t0 = Instant::now();
+    let mut lat = Vec::new();
+    while t0.elapsed().as_secs_f64() < seconds {
+        let t = Instant::now();
+        for _ in 0..20 {
+            c.launch(kernel_us * 1000);
+        }
+        c.sync();
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let warm = lat.len() / 10;
+    let mut v = lat[warm..].to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    println!(
+        "{}",
+        serde_json::json!({ "bursts": v.len(), "p50_ms": q(0.5), "p99_ms": q(0.99) })
+    );
+}
+
+/// `latency`: the request/response client (20 kernels of 50 us a burst) alone, next to a
+/// trainer (burn, 2 ms kernels 16 deep, share 0.6) without priority, and with
+/// `GPUSLICE_PRIORITY=latency`; its p50/p99 burst latency and the trainer's GPU fraction.
+fn latency(seconds: f64) {
+    let me = std::env::current_exe().unwrap();
+    println!(
+        "{:<26} {:>8} {:>8} {:>10}",
+        "case", "p50 ms", "p99 ms", "trainer"
+    );
+    for case in ["alone", "colocated, normal", "colocated, latency"] {
+        let env = Env::new("latency");
+        let trainer = (case != "alone").then(|| {
+            let spec = Spec::share(0.6);
+            let mut args = burn_args(2000, "plain", seconds + 1.0);
+            let d = args.iter().position(|a| a == "--depth").unwrap();
+            args[d + 1] = "16".into();
+            spawn_burn(&env, "trainer", &spec, &args)
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let mut c = env.command(&me, true);
+        c.args(["burst-loop", &seconds.to_string(), "50"])
+            .env("GPUSLICE_SLICE", "server")
+            .env("GPUSLICE_COMPUTE", "0.2");
+        if case.ends_with("latency") {
+            c.env("GPUSLICE_PRIORITY", "latency");
+        }
+        let out = c.output().expect("spawn burst-loop");
+        let v: Value = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or(Value::Null);
+        let tf = trainer
+            .map(collect)
+            .map_or(f64::NAN, |r| window(&r, 1.0, seconds, 0.6).0);
+        println!(
+            "{:<26} {:>8.2} {:>8.2} {:>10.3}",
+            case,
+            v["p50_ms"].as_f64().unwrap_or(f64::NAN),
+            v["p99_ms"].as_f64().unwrap_or(f64::NAN),
+            tf
+        );
+    }
+}
+
+/// Load the driver, the spin kernel and a stream.
+fn client() -> Client {
     use core::ffi::c_void;
     use gpuslice_abi::*;
     use std::ptr::null_mut;
@@ -386,7 +618,12 @@ fn launch_loop(n: usize) {
         assert_eq!(get_fn(&mut f, m, c"gpuslice_spin".as_ptr()), CUDA_SUCCESS);
         assert_eq!(stream_create(&mut s, 0), CUDA_SUCCESS);
     }
-    let mut ns: u64 = 1000;
+    Client { launch, sync, f, s }
+}
+
+/// `launch-loop N`: time N launches of a 1 µs kernel (in batches that never fill the queue).
+fn launch_loop(n: usize) {
+    let c = client();
     // Per-launch time of each batch of 64 (one clock read per batch, not per call, so the
     // clock's own cost and granularity do not drown a difference of a few ns).
     let mut times = Vec::with_capacity(n / 64 + 1);
@@ -395,15 +632,11 @@ fn launch_loop(n: usize) {
         let batch = 64.min(n - done);
         let t = Instant::now();
         for _ in 0..batch {
-            let mut params: [*mut c_void; 1] = [(&mut ns as *mut u64).cast()];
-            // SAFETY: a loaded kernel taking one u64, its parameter array, our stream.
-            let r = unsafe { launch(f, 1, 1, 1, 1, 1, 1, 0, s, params.as_mut_ptr(), null_mut()) };
-            assert_eq!(r, CUDA_SUCCESS, "cuLaunchKernel");
+            c.launch(1000);
         }
         times.push(t.elapsed().as_nanos() as f64 / batch as f64);
         done += batch;
-        // SAFETY: our stream.
-        unsafe { sync(s) };
+        c.sync();
     }
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let k = times.len();
@@ -494,7 +727,9 @@ fn usage() -> ! {
     eprintln!(
         "usage: gpuslice-bench shares [--scenario pair,article,eight,cap,idle,alone] \
          [--kernel-us 20,1000,5000] [--launch plain,ex,graph] [--seconds S] [--all]\n       \
-         gpuslice-bench overhead [--launches N]\n       gpuslice-bench launch-loop N"
+         gpuslice-bench overhead [--launches N]\n       gpuslice-bench freeze [--runs N] [--seconds S]\n       \
+         gpuslice-bench latency [--seconds S]\n       \
+         gpuslice-bench launch-loop N"
     );
     std::process::exit(2)
 }
@@ -540,6 +775,26 @@ fn main() {
         "overhead" => {
             let n = value("--launches").map_or(20_000, |v| v.parse().unwrap_or_else(|_| usage()));
             overhead(n);
+        }
+        "freeze" => {
+            let runs = value("--runs").map_or(50, |v| v.parse().unwrap_or_else(|_| usage()));
+            let secs = value("--seconds").map_or(6.0, |v| v.parse().unwrap_or_else(|_| usage()));
+            freeze(runs, secs);
+        }
+        "latency" => {
+            let secs = value("--seconds").map_or(8.0, |v| v.parse().unwrap_or_else(|_| usage()));
+            latency(secs);
+        }
+        "burst-loop" => {
+            let secs: f64 = args
+                .get(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage());
+            let us: u64 = args
+                .get(2)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage());
+            burst_loop(secs, us);
         }
         "launch-loop" => {
             let n = args

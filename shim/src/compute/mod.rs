@@ -11,29 +11,36 @@
 //!   costs one load of the ledger's lease word, plus process-local loads and a countdown that,
 //!   every few ms of GPU work ([`SAMPLE_GPU_NS`]), takes the slow path once to keep
 //!   `compute_used` current and to notice a launch on another device;
+//! - **credit**: a launch the scheduler admitted under an ordinary lease may be followed by up
+//!   to [`CREDIT_MAX`] kernel launches while the lease word is unchanged and the clock is before
+//!   the lease's end less the handoff lead, each costing a load of the lease word, a compare and
+//!   a clock read (no event, no lock, no syscall): an unmeasured launch can never start past the
+//!   turn. They are charged at the measured estimate at the next admission, which records one
+//!   event after them (so the handoff waits for them), so a contended launch costs one slow path
+//!   per `CREDIT_MAX + 1` launches;
 //! - **slow path**: skip streams that are capturing (capture is never throttled: the replay
 //!   is), ask the client for admission (it may sleep on the ledger's futex), and after the launch
 //!   record an event pair around it, so the time the queued work takes is known (estimates that
 //!   keep a lease on time) and the lease's holder can drain its queue before handing over (so a
 //!   deep asynchronous queue is paid for by whoever queued it).
 //!
-//! Events are created in the launching context and recycled; an event whose context was
-//! destroyed answers an error, which counts as completed, so nothing waits on it.
+//! `events.rs` is the process's queued work as the events show it (the scheduler's `Work`).
 
-use core::ffi::c_void;
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
 use gpuslice_abi::*;
-use gpuslice_ledger::sched::{self, Client, LedgerTenants, Work};
+use gpuslice_ledger::sched::{self, Client};
+
+mod events;
+use events::Events;
+use gpuslice_ledger::tenants::LedgerTenants;
 
 use crate::hooks::real;
 
 /// Device ordinals this process can gate (the ledger's device count).
 const MAX_ORDINALS: usize = gpuslice_ledger::MAX_DEVICES;
-/// Launches tracked per device; one more waits for the oldest to complete.
-const RING: usize = 128;
 /// GPU time between two samples of the slow path while solo: the sampling period in launches is
 /// this over the launch's measured time, so tiny kernels are sampled rarely (their launch rate
 /// is high) and long ones often enough that `compute_used` stays current.
@@ -41,15 +48,9 @@ const SAMPLE_GPU_NS: u64 = 2_000_000;
 /// Bounds of that period, in launches.
 const SAMPLE_MIN: u32 = 4;
 const SAMPLE_MAX: u32 = 4096;
-/// Estimate of a launch never measured yet.
-const DEFAULT_EST_NS: u64 = 100_000;
-/// What pending work counts for once its estimated end has passed.
-const MIN_PENDING_NS: u64 = 10_000;
-/// Graph executables whose replay time is remembered.
-const GRAPHS: usize = 16;
-/// Longest a holder waits for its own queued work before handing over anyway (a hung kernel
-/// must not hang the process's other threads on our lock).
-const DRAIN_LIMIT_NS: u64 = 1_000_000_000;
+/// Launches a holder may make after one admitted by the scheduler before asking again (each
+/// of them costs a load and a compare; the one asked for carries the events).
+const CREDIT_MAX: u32 = 255;
 
 /// What `before_*` hands to [`after_launch`].
 pub struct Gate {
@@ -65,6 +66,8 @@ enum Kind {
     Pass,
     /// Launched under a solo lease.
     Solo,
+    /// Launched on credit under an ordinary lease (unmeasured; charged at its estimate).
+    Credit,
     /// Admitted by the scheduler: track the work.
     Kernel,
     /// A graph replay admitted by the scheduler.
@@ -116,6 +119,12 @@ struct DevGate {
     solo_period: AtomicU32,
     /// 0 unbound, 1 bound, 2 never gated (no ledger, or not joined).
     state: AtomicU32,
+    /// The ordinary lease word under which `credit` launches may go without asking (0: none).
+    held_word: AtomicU64,
+    /// Launches left on credit, and how many were granted; none at or after `credit_until`.
+    credit: AtomicU32,
+    credit_until: AtomicU64,
+    granted: AtomicU32,
     inner: Mutex<Option<Inner>>,
 }
 
@@ -140,6 +149,10 @@ static GATES: [DevGate; MAX_ORDINALS] = [const {
         solo_left: AtomicU32::new(0),
         solo_period: AtomicU32::new(0),
         state: AtomicU32::new(0),
+        held_word: AtomicU64::new(0),
+        credit: AtomicU32::new(0),
+        credit_until: AtomicU64::new(0),
+        granted: AtomicU32::new(0),
         inner: Mutex::new(None),
     }
 }; MAX_ORDINALS];
@@ -169,14 +182,30 @@ fn before(stream: CUstream, kind: Kind) -> Gate {
         // SAFETY: a bound lease pointer points into the ledger mapping, mapped for the life of
         // the process.
         if let Some(lease) = unsafe { g.lease.load(Relaxed).as_ref() } {
-            // A plain load and store, not a locked add: threads racing here only lose a count
-            // of a statistic, and the fast path stays free of read-modify-writes.
+            // Plain loads and stores, not locked adds: threads racing here only lose a count
+            // (a statistic, or one launch of credit), and the fast path stays free of
+            // read-modify-writes.
+            let w = lease.load(Relaxed);
             let left = g.solo_left.load(Relaxed);
-            if lease.load(Relaxed) == g.solo_word.load(Relaxed) && left > 0 {
+            if w == g.solo_word.load(Relaxed) && left > 0 {
                 g.solo_left.store(left - 1, Relaxed);
                 return Gate {
                     gate: Some(g),
                     kind: Kind::Solo,
+                    start: null_mut(),
+                };
+            }
+            let credit = g.credit.load(Relaxed);
+            // Graph replays always ask: their length is per executable, and they are few.
+            if credit > 0
+                && matches!(kind, Kind::Kernel)
+                && w == g.held_word.load(Acquire)
+                && sched::now_ns() < g.credit_until.load(Relaxed)
+            {
+                g.credit.store(credit - 1, Relaxed);
+                return Gate {
+                    gate: Some(g),
+                    kind: Kind::Credit,
                     start: null_mut(),
                 };
             }
@@ -223,6 +252,21 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
             start,
         };
     }
+    // The launches made on credit since the last admission count in this turn's charge.
+    g.held_word.store(0, Release);
+    let used = g
+        .granted
+        .swap(0, Relaxed)
+        .saturating_sub(g.credit.swap(0, Relaxed));
+    let est = inner.events.estimate(Kind::Kernel);
+    if used > 0 {
+        inner.client.credited(used as u64, est);
+        // One event after them stands for their completion (stream order), recorded before
+        // the admission so that a handoff in it waits for them: they are paid inside the turn.
+        inner
+            .events
+            .push_marker(stream, (used as u64).saturating_mul(est));
+    }
     inner.events.next = inner.events.estimate(kind);
     inner.client.acquire(&mut inner.events);
     if inner.client.solo() {
@@ -233,6 +277,18 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
         };
     }
     let start = inner.events.record(stream);
+    // This launch carries the events; the next few go on credit, as long as they fit in the
+    // lease (so the gate's cost is one slow path per CREDIT_MAX + 1 launches).
+    let (n, word, until) = match kind {
+        Kind::Kernel => inner.client.credit(CREDIT_MAX),
+        _ => (0, 0, 0),
+    };
+    if n > 0 {
+        g.granted.store(n, Relaxed);
+        g.credit.store(n, Relaxed);
+        g.credit_until.store(until, Relaxed);
+        g.held_word.store(word, Release);
+    }
     Gate {
         gate: Some(g),
         kind,
@@ -243,7 +299,7 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
 /// Called after the launch returned `result`.
 pub fn after_launch(gate: Gate, stream: CUstream, result: CUresult) {
     let Some(g) = gate.gate else { return };
-    if matches!(gate.kind, Kind::Pass | Kind::Solo) {
+    if matches!(gate.kind, Kind::Pass | Kind::Solo | Kind::Credit) {
         return;
     }
     let mut guard = match g.inner.lock() {
@@ -273,6 +329,41 @@ pub fn after_launch(gate: Gate, stream: CUstream, result: CUresult) {
     inner.events.push(gate.start, stream, gate.kind);
 }
 
+/// The process stops using device ordinal `dev` (its context is about to be destroyed, or
+/// its primary context released or reset): hand the lease back now if its slice holds it
+/// (after the queued work completes, so the next holder starts on an idle engine), and forget
+/// the events, which belong to the context about to go. Never binds a gate.
+pub fn release_device(dev: CUdevice) {
+    let Some(g) = usize::try_from(dev).ok().and_then(|d| GATES.get(d)) else {
+        return;
+    };
+    if g.state.load(Acquire) != 1 {
+        return;
+    }
+    let mut guard = match g.inner.lock() {
+        Ok(i) => i,
+        Err(p) => p.into_inner(),
+    };
+    let Some(inner) = guard.as_mut() else { return };
+    inner.client.release(&mut inner.events);
+    inner.events.forget();
+    let anchor = core::mem::replace(&mut inner.anchor, null_mut());
+    inner.events.recycle(anchor);
+    if let Some((s, e, _, _)) = inner.probe.take() {
+        inner.events.recycle(s);
+        inner.events.recycle(e);
+    }
+    inner.events.destroy_spares();
+}
+
+/// The device of the calling thread's current context, if any.
+pub fn current_device() -> Option<CUdevice> {
+    let f = real::cuCtxGetDevice()?;
+    let mut dev: CUdevice = 0;
+    // SAFETY: real driver function, valid out-pointer.
+    (unsafe { f(&mut dev) } == CUDA_SUCCESS).then_some(dev)
+}
+
 /// Whether `stream` is capturing a graph (then nothing may wait on it, and it runs nothing).
 fn capturing(stream: CUstream) -> bool {
     let Some(f) = real::cuStreamIsCapturing() else {
@@ -288,12 +379,7 @@ fn capturing(stream: CUstream) -> bool {
 /// The gate of the calling thread's current device, bound on first use; None when this
 /// process's launches there are not gated.
 fn current_gate() -> Option<&'static DevGate> {
-    let f = real::cuCtxGetDevice()?;
-    let mut dev: CUdevice = 0;
-    // SAFETY: real driver function, valid out-pointer.
-    if unsafe { f(&mut dev) } != CUDA_SUCCESS {
-        return None;
-    }
+    let dev = current_device()?;
     let g = GATES.get(usize::try_from(dev).ok()?)?;
     match g.state.load(Acquire) {
         1 => Some(g),
@@ -321,11 +407,20 @@ fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
         slices: b.slices,
         device: b.device as u32,
     }));
-    let Some(client) = Client::new(b.sched, b.device, tenants, b.slice as u32 + 1, b.proc_sched)
-    else {
+    let Some(client) = Client::new(
+        b.sched,
+        b.device,
+        tenants,
+        b.slice as u32 + 1,
+        b.proc_sched,
+        &sched::SYSTEM,
+    ) else {
         g.state.store(2, Release);
         return None;
     };
+    if let Some(class) = priority_class() {
+        client.set_class(class);
+    }
     g.solo_word.store(client.solo_word(), Relaxed);
     g.lease.store(
         &b.sched.lease as *const AtomicU64 as *mut AtomicU64,
@@ -345,6 +440,26 @@ fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
         SINGLE.store(null_mut(), Release); // several devices: find the device per launch
     }
     Some(g)
+}
+
+/// The priority class `GPUSLICE_PRIORITY` asks for (`latency` or `normal`); None when unset,
+/// so a slice whose class an operator set (`gpuslice slice set --priority`) keeps it. Read
+/// when a device's gate is bound (first launch there, a cold path); a value that is neither
+/// is reported once and treated as `normal`.
+fn priority_class() -> Option<u32> {
+    let v = std::env::var("GPUSLICE_PRIORITY")
+        .ok()
+        .filter(|v| !v.is_empty())?;
+    Some(sched::parse_class(&v).unwrap_or_else(|| {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            crate::log::log!(
+                Warn,
+                "GPUSLICE_PRIORITY '{v}' is neither 'latency' nor 'normal': normal"
+            )
+        });
+        sched::CLASS_NORMAL
+    }))
 }
 
 /// Where this process's compute state lives in the ledger for device ordinal `dev`; None before
@@ -419,270 +534,3 @@ impl Inner {
         self.events.record(stream)
     }
 }
-
-/// One launch in flight: events before and after it, and its estimated GPU time.
-#[derive(Clone, Copy)]
-struct Entry {
-    start: CUevent,
-    end: CUevent,
-    est: u64,
-    kind: Kind,
-}
-
-/// This process's queued work on one device, seen through events (the scheduler's [`Work`]).
-struct Events {
-    ring: [Entry; RING],
-    head: usize,
-    len: usize,
-    /// Spare events (recycled, so the launch path does not create one each time).
-    spare: Vec<CUevent>,
-    /// Measured GPU time of a kernel launch (moving average).
-    kernel_ns: u64,
-    /// Measured GPU time of graph replays, per executable.
-    graphs: [(CUgraphExec, u64); GRAPHS],
-    graph_next: usize,
-    /// Estimate of the launch being admitted.
-    next: u64,
-    /// When the tracked work is expected to complete (ns; 0 when nothing is tracked).
-    tail_end: u64,
-}
-
-const NO_ENTRY: Entry = Entry {
-    start: null_mut(),
-    end: null_mut(),
-    est: 0,
-    kind: Kind::Pass,
-};
-
-impl Events {
-    fn new() -> Events {
-        Events {
-            ring: [NO_ENTRY; RING],
-            head: 0,
-            len: 0,
-            spare: Vec::with_capacity(2 * RING + 8),
-            kernel_ns: DEFAULT_EST_NS,
-            graphs: [(null_mut(), 0); GRAPHS],
-            graph_next: 0,
-            next: DEFAULT_EST_NS,
-            tail_end: 0,
-        }
-    }
-
-    fn estimate(&self, kind: Kind) -> u64 {
-        match kind {
-            Kind::Graph(x) => self
-                .graphs
-                .iter()
-                .find(|g| g.0 == x)
-                .map_or(DEFAULT_EST_NS, |g| g.1),
-            _ => self.kernel_ns,
-        }
-    }
-
-    fn learn(&mut self, kind: Kind, ns: u64) {
-        // In u128: a measurement (f32 ms, saturated into u64) may be huge; never overflow.
-        let avg = |old: u64| {
-            if old == 0 {
-                ns
-            } else {
-                ((3 * old as u128 + ns as u128) / 4) as u64
-            }
-        };
-        match kind {
-            Kind::Graph(x) => match self.graphs.iter_mut().find(|g| g.0 == x) {
-                Some(g) => g.1 = avg(g.1),
-                None => {
-                    self.graphs[self.graph_next] = (x, ns);
-                    self.graph_next = (self.graph_next + 1) % GRAPHS;
-                }
-            },
-            _ => self.kernel_ns = avg(self.kernel_ns),
-        }
-    }
-
-    /// A spare event, or a new one in the current context (null if that fails).
-    fn take(&mut self) -> CUevent {
-        if let Some(e) = self.spare.pop() {
-            return e;
-        }
-        let Some(f) = real::cuEventCreate() else {
-            return null_mut();
-        };
-        let mut e: CUevent = null_mut();
-        // SAFETY: real driver function, valid out-pointer.
-        if unsafe { f(&mut e, CU_EVENT_DEFAULT) } != CUDA_SUCCESS {
-            return null_mut();
-        }
-        e
-    }
-
-    fn recycle(&mut self, e: CUevent) {
-        if e.is_null() {
-            return;
-        }
-        if self.spare.len() < self.spare.capacity() {
-            self.spare.push(e);
-        } else if let Some(f) = real::cuEventDestroy_v2() {
-            // SAFETY: an event we created and no longer reference.
-            unsafe { f(e) };
-        }
-    }
-
-    fn record_into(&mut self, e: CUevent, stream: CUstream) -> bool {
-        let Some(f) = real::cuEventRecord() else {
-            return false;
-        };
-        // SAFETY: real driver function on our event and the caller's stream.
-        unsafe { f(e, stream) == CUDA_SUCCESS }
-    }
-
-    /// Record a fresh event on `stream` (null when that fails: the launch is then tracked by
-    /// its end event alone).
-    fn record(&mut self, stream: CUstream) -> CUevent {
-        let e = self.take();
-        if !e.is_null() && !self.record_into(e, stream) {
-            self.recycle(e);
-            return null_mut();
-        }
-        e
-    }
-
-    /// Track a launch made after `start` was recorded.
-    fn push(&mut self, start: CUevent, stream: CUstream, kind: Kind) {
-        if self.len == RING {
-            self.wait_oldest();
-        }
-        let end = self.record(stream);
-        if end.is_null() {
-            self.recycle(start);
-            return;
-        }
-        let est = self.estimate(kind);
-        self.tail_end = self.tail_end.max(sched::now_ns()).saturating_add(est);
-        self.ring[(self.head + self.len) % RING] = Entry {
-            start,
-            end,
-            est,
-            kind,
-        };
-        self.len += 1;
-    }
-
-    /// Whether `e` completed (an error, e.g. its context is gone, counts as completed).
-    fn done(e: CUevent) -> bool {
-        let Some(f) = real::cuEventQuery() else {
-            return true;
-        };
-        // SAFETY: real driver function on our event.
-        unsafe { f(e) != CUDA_ERROR_NOT_READY }
-    }
-
-    /// ms between two completed events; None while `end` is pending or on error.
-    fn elapsed_when_done(&self, start: CUevent, end: CUevent) -> Option<f32> {
-        let f = real::cuEventElapsedTime()?;
-        let mut ms = 0f32;
-        // SAFETY: real driver function on our events, valid out-pointer.
-        (unsafe { f(&mut ms, start, end) } == CUDA_SUCCESS && ms >= 0.0).then_some(ms)
-    }
-
-    /// Retire completed launches from the front (learning their GPU time); true if the oldest
-    /// is still pending.
-    fn poll(&mut self) -> bool {
-        while self.len > 0 {
-            let e = self.ring[self.head];
-            if !Self::done(e.end) {
-                return true;
-            }
-            if !e.start.is_null() {
-                if let Some(ms) = self.elapsed_when_done(e.start, e.end) {
-                    self.learn(e.kind, (ms as f64 * 1e6) as u64);
-                }
-            }
-            self.recycle(e.start);
-            self.recycle(e.end);
-            self.head = (self.head + 1) % RING;
-            self.len -= 1;
-        }
-        false
-    }
-
-    /// Sleep (never spin) until the oldest launch completes.
-    fn wait_oldest(&mut self) {
-        let t0 = sched::now_ns();
-        while self.poll() && self.len == RING {
-            if sched::now_ns().saturating_sub(t0) > DRAIN_LIMIT_NS {
-                // Give up on it: forget the oldest rather than block forever.
-                let e = self.ring[self.head];
-                self.head = (self.head + 1) % RING;
-                self.len -= 1;
-                self.recycle(e.start);
-                self.recycle(e.end);
-                return;
-            }
-            nap(self.ring[self.head].est);
-        }
-    }
-}
-
-/// Sleep a fraction of `est_ns` (bounded: short enough to notice completion promptly, long
-/// enough not to burn a CPU).
-fn nap(est_ns: u64) {
-    let ns = (est_ns / 4).clamp(20_000, 1_000_000);
-    std::thread::sleep(std::time::Duration::from_nanos(ns));
-}
-
-impl Work for Events {
-    fn outstanding_ns(&mut self) -> u64 {
-        if !self.poll() {
-            self.tail_end = 0;
-            return 0;
-        }
-        // Pending but overdue by the estimate: still something, so a holder keeps waiting.
-        self.tail_end
-            .saturating_sub(sched::now_ns())
-            .max(MIN_PENDING_NS)
-    }
-
-    fn wait_below(&mut self, ns: u64) -> u64 {
-        let t0 = sched::now_ns();
-        loop {
-            if !self.poll() {
-                self.tail_end = 0;
-                return 0;
-            }
-            let now = sched::now_ns();
-            let left = self.tail_end.saturating_sub(now);
-            // Past its estimated end the rest is unknown: wait for it to complete.
-            if (left > 0 && left <= ns) || now.saturating_sub(t0) > DRAIN_LIMIT_NS {
-                return left.max(MIN_PENDING_NS);
-            }
-            let nap_ns = if left > ns {
-                left - ns
-            } else {
-                MIN_PENDING_NS * 2
-            };
-            std::thread::sleep(std::time::Duration::from_nanos(nap_ns.min(1_000_000)));
-        }
-    }
-
-    fn next_ns(&mut self) -> u64 {
-        self.next
-    }
-
-    fn drain(&mut self) -> u64 {
-        let t0 = sched::now_ns();
-        while self.poll() {
-            if sched::now_ns().saturating_sub(t0) > DRAIN_LIMIT_NS {
-                break;
-            }
-            let left = self.outstanding_ns();
-            nap(left);
-        }
-        sched::now_ns()
-    }
-}
-
-/// Silence "unused" for the c_void import where no handle type needs it.
-#[allow(dead_code)]
-type _Unused = c_void;

@@ -1,0 +1,551 @@
+//! One process's side of one device: [`Client`] asks for admission before each launch, sleeps
+//! on the device's futex while another slice holds the lease, waits for its own queued work
+//! when its lease ends, charges what it used and hands the lease on. [`Os`] is everything it
+//! needs from the operating system (clock, futex), so tests run it on a simulated clock.
+
+use core::sync::atomic::{AtomicU32, Ordering::*};
+
+use super::policy::*;
+use super::records::{Lease, SchedDevice, SchedProc, SchedSlice, CLASS_LATENCY, MAX_SLICE_ID};
+use crate::layout::PPM;
+
+/// What the scheduler needs from the operating system: one clock for every process of the
+/// node, and a futex in shared memory. [`SYSTEM`] is the real one; the unit tests use a
+/// simulated clock and scheduler.
+pub trait Os: Sync {
+    /// CLOCK_MONOTONIC in ns.
+    fn now_ns(&self) -> u64;
+    /// Sleep while `word` equals `val`, at most `timeout_ns` (any return means "look again").
+    fn futex_wait(&self, word: &AtomicU32, val: u32, timeout_ns: u64);
+    /// Wake every sleeper on `word`.
+    fn futex_wake(&self, word: &AtomicU32);
+}
+
+/// The operating system itself ([`crate::sys`]).
+pub struct SystemOs;
+
+/// The one [`SystemOs`].
+pub static SYSTEM: SystemOs = SystemOs;
+
+impl Os for SystemOs {
+    fn now_ns(&self) -> u64 {
+        crate::sys::now_ns()
+    }
+    fn futex_wait(&self, word: &AtomicU32, val: u32, timeout_ns: u64) {
+        crate::sys::futex_wait(word, val, timeout_ns)
+    }
+    fn futex_wake(&self, word: &AtomicU32) {
+        crate::sys::futex_wake(word)
+    }
+}
+
+/// Replace lease word `old` by `new` (one CAS) and wake sleepers if the holder changed.
+pub(super) fn install(
+    os: &dyn Os,
+    dev: &SchedDevice,
+    t: &dyn Tenants,
+    old: u64,
+    new: Lease,
+    now: u64,
+) -> bool {
+    if let Some((s, _, _)) = t.get(new.holder) {
+        // Before the CAS, so a waiter never sees the new holder with a stale estimate. A failed
+        // CAS leaves a harmless later estimate (it only delays an idle takeover).
+        s.busy_until_ns.fetch_max(now + WAKE_ALLOW_NS, AcqRel);
+    }
+    // Before the CAS (a failed one only costs a spare settle), so whoever sees the new word
+    // sees the new turn.
+    dev.turn.fetch_add(1, AcqRel);
+    if dev
+        .lease
+        .compare_exchange(old, new.pack(), AcqRel, Acquire)
+        .is_err()
+    {
+        return false;
+    }
+    if let Some((s, _, _)) = t.get(new.holder) {
+        dev.vt_floor.fetch_max(s.vt.load(Acquire), AcqRel);
+        s.leases_total.fetch_add(1, Relaxed);
+        dev.leases_total.fetch_add(1, Relaxed);
+    }
+    if Lease::unpack(old).holder != new.holder {
+        dev.seq.fetch_add(1, Release);
+        if dev.sleepers.load(Acquire) > 0 {
+            os.futex_wake(&dev.seq);
+        }
+    }
+    true
+}
+
+/// Revoke what a dead process held on one device: its place among its slice's waiters and, when
+/// its slice holds the lease and no other process of the slice is launching under it, the lease.
+/// Called by the reaper (ledger/monitor) with the dead process's records; idempotent. Waiters do
+/// not depend on it (they take over an overdue lease themselves), it only makes the handoff
+/// immediate.
+pub fn on_process_dead(
+    os: &dyn Os,
+    dev: &SchedDevice,
+    dev_index: usize,
+    t: &dyn Tenants,
+    slice_id: u32,
+    slice: &SchedSlice,
+    proc: &SchedProc,
+) {
+    let bit = 1u32 << (dev_index % 32);
+    if proc.waiting_mask.fetch_and(!bit, AcqRel) & bit != 0 {
+        let _ = slice
+            .waiters
+            .fetch_update(AcqRel, Acquire, |w| w.checked_sub(1));
+    }
+    let holding = proc.holding_mask.fetch_and(!bit, AcqRel) & bit != 0;
+    let w = dev.lease.load(Acquire);
+    let l = Lease::unpack(w);
+    // A solo lease is not tracked per process: give it up too (a surviving process of the slice
+    // takes it back at its next launch).
+    if (holding || l.solo) && l.holder == slice_id {
+        let now = os.now_ns();
+        // Other processes of the slice waiting for it: the slice may keep competing.
+        let next = if slice.waiters.load(Acquire) > 0 {
+            pick(t, now, 0, 0)
+        } else {
+            pick(t, now, 0, slice_id)
+        };
+        if install(os, dev, t, w, next, now) {
+            dev.takeovers_total.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// The process's queued GPU work on one device, as the [`Client`] needs to see it.
+pub trait Work {
+    /// Estimated GPU ns of work queued and not yet complete (may poll completions).
+    fn outstanding_ns(&mut self) -> u64;
+    /// Estimated GPU ns of the launch about to be admitted.
+    fn next_ns(&mut self) -> u64;
+    /// Wait until all queued work is complete; returns when it completed (ns, ≤ now).
+    fn drain(&mut self) -> u64;
+    /// Wait until the queued work is estimated to need at most `ns` more; returns that estimate.
+    fn wait_below(&mut self, ns: u64) -> u64;
+    /// Launches queued and not yet complete (may poll completions).
+    fn pending(&mut self) -> usize;
+    /// Wait until at most `n` launches are pending (never spins; gives up after a while on a
+    /// launch that never completes).
+    fn wait_pending(&mut self, n: usize);
+}
+
+/// What an admission cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Admission {
+    /// ns spent waiting for the lease.
+    pub throttled_ns: u64,
+}
+
+/// One process's side of one device: process-local (the shim keeps one per device under a
+/// process-local lock, taken only off the solo fast path).
+pub struct Client<'a> {
+    os: &'a dyn Os,
+    dev: &'a SchedDevice,
+    dev_index: usize,
+    tenants: &'a dyn Tenants,
+    id: u32,
+    me: &'a SchedSlice,
+    proc: &'a SchedProc,
+    /// First launch of this process under its slice's current lease (its charge starts there).
+    pub(super) held_since: Option<u64>,
+    /// The device's turn counter when `held_since` was set.
+    pub(super) held_turn: u64,
+    /// This process's latest estimate of when its queued work completes.
+    pub(super) busy_until: u64,
+    /// End of the last span charged (a handoff charges a little ahead of the clock).
+    pub(super) charged_until: u64,
+    /// Estimated GPU time of the launches admitted under the current lease.
+    admitted_ns: u64,
+    solo_word: u64,
+}
+
+impl<'a> Client<'a> {
+    /// The client of slice `id` (ledger slice index + 1) on ledger device `dev_index`.
+    pub fn new(
+        dev: &'a SchedDevice,
+        dev_index: usize,
+        tenants: &'a dyn Tenants,
+        id: u32,
+        proc: &'a SchedProc,
+        os: &'a dyn Os,
+    ) -> Option<Client<'a>> {
+        if id == 0 || id > MAX_SLICE_ID {
+            return None;
+        }
+        let (me, _, _) = tenants.get(id)?;
+        Some(Client {
+            os,
+            dev,
+            dev_index,
+            tenants,
+            id,
+            me,
+            proc,
+            held_since: None,
+            held_turn: 0,
+            busy_until: 0,
+            charged_until: 0,
+            admitted_ns: 0,
+            solo_word: Lease::solo_word(id),
+        })
+    }
+
+    /// The launch fast path: true when this slice holds a solo lease (one atomic load). The
+    /// shim launches directly then, and calls [`Client::acquire`] otherwise.
+    #[inline]
+    pub fn solo(&self) -> bool {
+        self.dev.lease.load(Relaxed) == self.solo_word
+    }
+
+    /// The device's and the slice's scheduler records (for statistics the caller gathers).
+    pub fn parts(&self) -> (&'a SchedDevice, &'a SchedSlice) {
+        (self.dev, self.me)
+    }
+
+    /// Lease word to compare against in a caller's own fast path.
+    pub fn solo_word(&self) -> u64 {
+        self.solo_word
+    }
+
+    /// Right after an admission under an ordinary lease: how many more launches (at most
+    /// `max`) this process may make without asking again, the lease word they are valid under,
+    /// and the time before which they must start (the lease's end less [`HANDOFF_LEAD_NS`]), so
+    /// an unmeasured launch never starts past the turn; (0, 0, 0) when not holding an ordinary
+    /// lease with time left. Until then the slice counts as busy (no idle takeover); the
+    /// launches are charged by [`Client::credited`] at the next admission.
+    pub fn credit(&mut self, max: u32) -> (u32, u64, u64) {
+        let w = self.dev.lease.load(Acquire);
+        let l = Lease::unpack(w);
+        let until = l.end_ns.saturating_sub(HANDOFF_LEAD_NS);
+        if l.holder != self.id
+            || l.solo
+            || self.held_since.is_none()
+            || until <= self.busy_until
+            || (!self.latency() && self.latency_active(self.os.now_ns()))
+        {
+            return (0, 0, 0);
+        }
+        self.busy_until = until;
+        self.me.busy_until_ns.fetch_max(until, AcqRel);
+        (max, w, until)
+    }
+
+    /// `n` launches of about `est_ns` each were made on credit (see [`Client::credit`]): they
+    /// count in what this process pays for its turn.
+    pub fn credited(&mut self, n: u64, est_ns: u64) {
+        if n > 0 {
+            self.admitted_ns = self.admitted_ns.saturating_add(n.saturating_mul(est_ns));
+            self.me.launches_total.fetch_add(n, Relaxed);
+        }
+    }
+
+    /// Set the slice's priority class ([`super::CLASS_NORMAL`] or [`CLASS_LATENCY`]).
+    pub fn set_class(&self, class: u32) {
+        self.me.class.store(class, Release);
+    }
+
+    fn latency(&self) -> bool {
+        self.me.class.load(Relaxed) == CLASS_LATENCY
+    }
+
+    /// Whether a latency slice waited or launched on the device recently.
+    fn latency_active(&self, now: u64) -> bool {
+        let at = self.dev.latency_ns.load(Acquire);
+        at != 0 && now.saturating_sub(at) < LATENCY_ACTIVE_NS
+    }
+
+    /// A latency slice launches at once, beside whoever holds the lease (whose queue is kept
+    /// short meanwhile, and who gets no solo lease): its work meets at most about one kernel
+    /// of the holder's in the engine. It pays for each launch as it goes, and overtakes only
+    /// while its virtual time is at most [`LATENCY_LEAD_NS`] ahead of the others' least (and
+    /// its cap allows): past that it waits for a turn like any slice, so the others keep their
+    /// guarantees. Returns whether the launch was admitted so.
+    fn overtake(&mut self, work: &mut dyn Work, now: u64) -> bool {
+        self.me.want_ns.store(now, Release);
+        let (share, cap) = self.share_cap();
+        if capped(cap) && self.me.cap_tat_ns.load(Acquire) > now {
+            return false;
+        }
+        let mine = self.me.vt.load(Acquire);
+        let mut least = u64::MAX;
+        let l = Lease::unpack(self.dev.lease.load(Acquire));
+        self.tenants.each(&mut |id, s, _, _| {
+            if id != self.id && (id == l.holder || wants(s, now)) {
+                least = least.min(s.vt.load(Acquire));
+            }
+        });
+        if least != u64::MAX && mine > least.saturating_add(LATENCY_LEAD_NS) {
+            return false;
+        }
+        if l.solo && l.holder != self.id {
+            // End a normal slice's solo lease: its queue must be bounded from now on.
+            let nl = Lease {
+                holder: l.holder,
+                solo: false,
+                end_ns: now + LEASE_NS,
+            };
+            let _ = self
+                .dev
+                .lease
+                .compare_exchange(l.pack(), nl.pack(), AcqRel, Acquire);
+        }
+        // Only a latency slice that is served first makes the others keep their queues short:
+        // one past its lead queues like any slice.
+        self.dev.latency_ns.store(now, Release);
+        let next = work.next_ns().min(MAX_LEASE_NS);
+        charge(self.dev, self.me, share, cap, now, now + next, next);
+        self.me.launches_total.fetch_add(1, Relaxed);
+        true
+    }
+
+    fn share_cap(&self) -> (u32, u32) {
+        self.tenants
+            .get(self.id)
+            .map_or((0, PPM), |(_, s, c)| (s, c))
+    }
+
+    fn bit(&self) -> u32 {
+        1u32 << (self.dev_index % 32)
+    }
+
+    /// Charge what this process held under its current lease, up to `end`. A turn can start
+    /// after the clock (it begins where the previous charge ended, which may lie ahead), so `end`
+    /// may precede it: that charges nothing rather than wrapping or panicking.
+    pub(super) fn settle(&mut self, end: u64) {
+        if let Some(start) = self.held_since.take() {
+            let (share, cap) = self.share_cap();
+            let busy = core::mem::take(&mut self.admitted_ns);
+            let end = end.max(start);
+            // This process's part, then the slice's: the processes of a slice share one turn,
+            // and together pay at most its span (what their launches measured includes time
+            // spent queued behind each other's kernels).
+            let mine = end.saturating_sub(start).min(busy);
+            let paid = if self.me.turn_key.load(Acquire) == self.held_turn {
+                let span = end.saturating_sub(self.me.turn_start_ns.load(Acquire));
+                match self.me.turn_used_ns.fetch_update(AcqRel, Acquire, |u| {
+                    Some(u.saturating_add(mine).min(span.max(u)))
+                }) {
+                    Ok(u) => u.saturating_add(mine).min(span.max(u)) - u,
+                    Err(_) => mine,
+                }
+            } else {
+                mine // the slice moved on to a later turn: this one's bookkeeping is gone
+            };
+            charge(self.dev, self.me, share, cap, start, end, paid);
+            self.charged_until = end;
+            self.proc.holding_mask.fetch_and(!self.bit(), AcqRel);
+        }
+    }
+
+    /// Block until this process may launch one more piece of work on the device; `work` is its
+    /// queued work there. Never spins: waits sleep on the ledger's futex with a timeout.
+    pub fn acquire(&mut self, work: &mut dyn Work) -> Admission {
+        let t0 = self.os.now_ns();
+        if self.latency() && self.overtake(work, t0) {
+            return Admission::default();
+        }
+        let mut registered = false;
+        let mut out = Admission::default();
+        loop {
+            let now = self.os.now_ns();
+            let w = self.dev.lease.load(Acquire);
+            let turn = self.dev.turn.load(Acquire);
+            let l = Lease::unpack(w);
+            if l.holder == self.id {
+                if l.solo {
+                    break;
+                }
+                if self.held_since.is_some() && self.held_turn != turn {
+                    // A renewal by another process of the slice: charge the old lease apart.
+                    self.settle(self.busy_until.min(now));
+                }
+                if self.held_since.is_none() {
+                    // Not before the end of what was already charged (a handoff lead).
+                    let since = now.max(self.charged_until);
+                    self.held_since = Some(since);
+                    self.held_turn = turn;
+                    // The first process of the slice to launch in this turn starts the slice's
+                    // account of it.
+                    let key = self.me.turn_key.load(Acquire);
+                    if key != turn
+                        && self
+                            .me
+                            .turn_key
+                            .compare_exchange(key, turn, AcqRel, Acquire)
+                            .is_ok()
+                    {
+                        self.me.turn_used_ns.store(0, Release);
+                        self.me.turn_start_ns.store(since, Release);
+                    }
+                    self.proc.holding_mask.fetch_or(self.bit(), AcqRel);
+                }
+                self.me.want_ns.store(now, Release);
+                let queued = work.outstanding_ns();
+                let next = work.next_ns();
+                if !self.latency()
+                    && self.latency_active(now)
+                    && (queued > LATENCY_QUEUE_NS || work.pending() > 0)
+                {
+                    // A latency slice is active: keep at most one kernel of ours in flight, so
+                    // that the latency slice's work, launched beside ours, waits for about one
+                    // kernel of ours, not the whole queue.
+                    work.wait_pending(0);
+                    if work.pending() > 0 {
+                        work.wait_below(LATENCY_QUEUE_NS);
+                    }
+                    continue;
+                }
+                // `queued` and `next` are estimates from the driver's timings: saturate.
+                let need = queued.saturating_add(next);
+                let done_at = now.saturating_add(need);
+                // The first launch of a turn is always admitted (what is left of an earlier
+                // turn's handoff lead is in `queued`); when it runs past the lease, the lease is
+                // stretched to cover it, once a turn. Never again in the same turn: a holder
+                // whose queue stays short would otherwise stretch it launch after launch and
+                // keep the device for good (the freeze of issue 14, `a_shallow_queue_...`).
+                let first = self.admitted_ns == 0 && self.dev.stretched.load(Acquire) != turn;
+                if now < l.end_ns && (first || done_at <= l.end_ns) {
+                    if done_at > l.end_ns {
+                        // One launch longer than what is left of the lease: stretch the lease
+                        // to cover it, so waiters do not take over mid-kernel.
+                        let end = now + need.min(MAX_LEASE_NS);
+                        let nl = Lease { end_ns: end, ..l };
+                        self.dev.stretched.store(turn, Release);
+                        if self
+                            .dev
+                            .lease
+                            .compare_exchange(w, nl.pack(), AcqRel, Acquire)
+                            .is_err()
+                        {
+                            continue;
+                        }
+                    }
+                    self.admitted_ns = self.admitted_ns.saturating_add(next);
+                    // No further than a stretched lease reaches: `busy_until_ns` only grows
+                    // (fetch_max), so one absurd estimate would end idle takeovers for good.
+                    self.busy_until = now + need.min(MAX_LEASE_NS);
+                    self.me.busy_until_ns.fetch_max(self.busy_until, AcqRel);
+                    break;
+                }
+                // The lease is over for us: pay for everything queued, then hand over, a little
+                // before our last kernel ends so the next holder's first launch meets an engine
+                // that is still busy rather than idle.
+                // Draining is not idling: waiters must not take over before the lease's grace.
+                self.me
+                    .busy_until_ns
+                    .fetch_max(l.end_ns.max(now) + GRACE_NS, AcqRel);
+                let left = work.wait_below(HANDOFF_LEAD_NS);
+                let now = self.os.now_ns();
+                // `left` should be about the lead, but a drain that gave up on a hung kernel
+                // reports the whole rest: charge at most a lease ahead, or `charged_until`
+                // would hold the start of this process's next turns far beyond the clock.
+                self.settle(now + left.min(MAX_LEASE_NS));
+                if self.dev.lease.load(Acquire) == w {
+                    let next = pick(self.tenants, now, self.id, 0);
+                    install(self.os, self.dev, self.tenants, w, next, now);
+                }
+                continue;
+            }
+            if self.held_since.is_some() {
+                // Our lease was taken over (we overran it or looked idle): pay what we held.
+                self.settle(self.busy_until.min(now));
+            }
+            if registered && self.proc.waiting_mask.load(Acquire) & self.bit() == 0 {
+                // The reaper took us for dead and dropped our place among the waiters (a
+                // liveness check that misfired): take it again, or the slice would never
+                // compete while this process waits.
+                registered = false;
+            }
+            if !registered {
+                registered = true;
+                if self.me.waiters.fetch_add(1, AcqRel) == 0 && !fresh(self.me, now) {
+                    // Coming back after idling: start from the device's current virtual time,
+                    // so the idle time earns no burst that would starve the others.
+                    self.me
+                        .vt
+                        .fetch_max(self.dev.vt_floor.load(Acquire), AcqRel);
+                }
+                self.proc.waiting_mask.fetch_or(self.bit(), AcqRel);
+            }
+            self.me.want_ns.store(now, Release);
+            let urgent = self.latency();
+            if l.solo {
+                // Someone is alone on the device: give it one more ordinary lease, then compete
+                // from its virtual time on (it was not charged while alone).
+                if let Some((h, _, _)) = self.tenants.get(l.holder) {
+                    self.me.vt.fetch_max(h.vt.load(Acquire), AcqRel);
+                    h.busy_until_ns.fetch_max(now + WAKE_ALLOW_NS, AcqRel);
+                }
+                let nl = Lease {
+                    holder: l.holder,
+                    solo: false,
+                    // A latency newcomer takes the device at the holder's next launch.
+                    end_ns: if urgent { now } else { now + LEASE_NS },
+                };
+                let _ = self
+                    .dev
+                    .lease
+                    .compare_exchange(w, nl.pack(), AcqRel, Acquire);
+                continue;
+            }
+            if takeover_due(self.tenants, l, now) {
+                let next = pick(self.tenants, now, 0, l.holder);
+                if install(self.os, self.dev, self.tenants, w, next, now) && l.holder != 0 {
+                    self.dev.takeovers_total.fetch_add(1, Relaxed);
+                }
+                if next.holder == self.id || next.holder != 0 {
+                    continue;
+                }
+            }
+            // Sleep until the lease changes hands, or until it is due for takeover.
+            let seq = self.dev.seq.load(Acquire);
+            if self.dev.lease.load(Acquire) != w {
+                continue;
+            }
+            let deadline = recheck_at(self.tenants, self.me, Lease::unpack(w), now);
+            self.dev.sleepers.fetch_add(1, AcqRel);
+            self.os
+                .futex_wait(&self.dev.seq, seq, deadline.saturating_sub(now));
+            self.dev.sleepers.fetch_sub(1, AcqRel);
+        }
+        if registered {
+            let _ = self
+                .me
+                .waiters
+                .fetch_update(AcqRel, Acquire, |w| w.checked_sub(1));
+            self.proc.waiting_mask.fetch_and(!self.bit(), AcqRel);
+            out.throttled_ns = self.os.now_ns().saturating_sub(t0);
+            self.me
+                .throttled_ns_total
+                .fetch_add(out.throttled_ns, Relaxed);
+            self.proc
+                .throttled_ns_total
+                .fetch_add(out.throttled_ns, Relaxed);
+        }
+        self.me.launches_total.fetch_add(1, Relaxed);
+        out
+    }
+
+    /// Give the lease back now if this process holds it (it stops using the device: context
+    /// destroyed, process exiting). Drains first, so the next holder starts on an idle engine.
+    pub fn release(&mut self, work: &mut dyn Work) {
+        let w = self.dev.lease.load(Acquire);
+        let l = Lease::unpack(w);
+        if l.holder != self.id {
+            return;
+        }
+        let done = if l.solo {
+            self.os.now_ns()
+        } else {
+            work.drain()
+        };
+        let now = self.os.now_ns();
+        self.settle(done.min(now));
+        let next = pick(self.tenants, now, 0, self.id);
+        install(self.os, self.dev, self.tenants, w, next, now);
+    }
+}

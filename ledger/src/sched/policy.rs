@@ -1,0 +1,248 @@
+//! The pure policy: which slice gets the device next, what a turn costs, and when a lease is
+//! overdue. Functions of the records and an explicit `now`, no clock and no syscall, so the
+//! same code can run in a tenant (personal mode) or in a monitor granting turns (node mode),
+//! and tests drive it with any time they like.
+//!
+//! Weighted fair queuing over GPU time: a slice's virtual time grows by the GPU time its
+//! launches used during its turns, divided by its share (best-effort slices weigh
+//! [`BEST_EFFORT_PPM`]); the lease goes to the competing slice with the least virtual time. A cap
+//! is a GCRA budget (`cap_tat_ns`): a slice is eligible once the GPU time it used, divided by
+//! its cap, has been "paid" by the clock.
+//!
+//! Node mode (monitor-granted turns, not built yet) drives the same functions from a scheduler
+//! thread per device in the monitor: [`Tenants`] over the slice regions it mapped (clamping
+//! every word it reads: they are tenant-written), [`pick`] when a grant ends or
+//! [`takeover_due`] says so, the grant written to the slice's region and futex-woken, and the
+//! demand (`waiters`, `want_ns`) read from the regions. Virtual time and the cap budget must
+//! then live on the monitor's side and be charged by it ([`charge`] on its own copy, from the
+//! spans it granted), since a tenant could write any virtual time into its own region.
+
+use core::sync::atomic::Ordering::*;
+
+use super::records::{Lease, SchedDevice, SchedSlice, CLASS_LATENCY};
+use crate::layout::PPM;
+
+/// Length of an ordinary lease: long enough that handoffs (futex wake + first launch, 0.1-1 ms
+/// on a loaded machine, mostly hidden by [`HANDOFF_LEAD_NS`]) cost little, short enough that
+/// shares hold over 1 s windows (200 turns a second).
+pub const LEASE_NS: u64 = 5_000_000;
+/// Longest a lease may be extended for a single kernel longer than [`LEASE_NS`].
+pub const MAX_LEASE_NS: u64 = 200_000_000;
+/// A holder hands over when its queued work needs about this much more: about a wake-up and a
+/// launch of the next holder, so the engine does not idle between turns.
+pub const HANDOFF_LEAD_NS: u64 = 300_000;
+/// A lease this far past its end is taken over (its holder is dead, hung or descheduled).
+pub const GRACE_NS: u64 = 5_000_000;
+/// A holder whose queued work ran out this long ago, and which launched nothing since, is idle:
+/// its lease is taken over.
+pub const IDLE_GRACE_NS: u64 = 2_000_000;
+/// Time a newly granted slice has to make its first launch before it counts as idle.
+pub const WAKE_ALLOW_NS: u64 = 3_000_000;
+/// A slice whose waiters have not refreshed their heartbeat for this long does not compete.
+pub const WANT_STALE_NS: u64 = 200_000_000;
+/// Longest single futex sleep (waiters wake to refresh their heartbeat).
+pub const MAX_SLEEP_NS: u64 = 50_000_000;
+/// Weight of a slice without a guaranteed share: it gets only what the others leave.
+pub const BEST_EFFORT_PPM: u64 = 10_000;
+/// How late a capped slice may start a turn and still keep the budget of its previous one
+/// (covers wake-up latency, so a cap is met, not undershot).
+pub const CAP_SLACK_NS: u64 = 1_000_000;
+/// A latency slice that waited or launched this recently is active.
+pub const LATENCY_ACTIVE_NS: u64 = 100_000_000;
+/// While a latency slice is active, a normal holder keeps at most one launch in flight, and
+/// none estimated at more than this (so the latency slice waits about one of its kernels, not
+/// its whole queue).
+pub const LATENCY_QUEUE_NS: u64 = 500_000;
+/// A latency slice's lease is idle this soon after its queued work ran out.
+pub const LATENCY_IDLE_GRACE_NS: u64 = 300_000;
+/// How far (virtual ns) a latency slice may be ahead of the least virtual time of the others
+/// and still be served first: the bound on what priority can take from their guarantees.
+pub const LATENCY_LEAD_NS: u64 = 20_000_000;
+/// The slices that may compete for one device, as the scheduler sees them.
+pub trait Tenants {
+    /// Calls `f(id, state, share_ppm, cap_ppm)` for every live slice on the device; `id` is the
+    /// ledger slice index + 1, `cap_ppm` is [`PPM`] (or more) for "no cap".
+    fn each(&self, f: &mut dyn FnMut(u32, &SchedSlice, u32, u32));
+    /// The slice with id `id`, if it is live and on the device.
+    fn get(&self, id: u32) -> Option<(&SchedSlice, u32, u32)>;
+}
+
+pub(crate) fn capped(cap_ppm: u32) -> bool {
+    cap_ppm != 0 && cap_ppm < PPM
+}
+
+pub(crate) fn weight(share_ppm: u32) -> u64 {
+    if share_ppm == 0 {
+        BEST_EFFORT_PPM
+    } else {
+        share_ppm as u64
+    }
+}
+
+/// Whether a process of the slice waited or launched recently (its heartbeat is fresh).
+pub(crate) fn fresh(s: &SchedSlice, now: u64) -> bool {
+    now.saturating_sub(s.want_ns.load(Acquire)) < WANT_STALE_NS
+}
+
+/// Whether the slice competes for the lease: a process of it is waiting now (the count) and
+/// alive (the heartbeat: a waiter killed asleep leaves the count high but stops refreshing).
+/// A slice that just stopped launching does not compete, so its turn is not offered to it.
+pub(crate) fn wants(s: &SchedSlice, now: u64) -> bool {
+    s.waiters.load(Acquire) > 0 && fresh(s, now)
+}
+
+/// Admission of compute guarantees: whether a slice guaranteeing `new_ppm` fits on a device
+/// whose slices already guarantee `reserved_ppm` in all (Σ ≤ 1.0). The ledger's attach path
+/// applies this rule when it reserves `Device::compute_reserved`.
+pub fn admits(reserved_ppm: u64, new_ppm: u32) -> bool {
+    reserved_ppm.saturating_add(new_ppm as u64) <= PPM as u64
+}
+
+/// Charge slice `s` (share `share_ppm`, cap `cap_ppm`) for a turn on the device from `start` to
+/// `end` during which its launches used `busy` ns of GPU time: it pays the GPU time, at most the
+/// span (a launcher that leaves the engine idle during its turn is not charged for the idle
+/// time; concurrent streams are not charged more than the device).
+pub fn charge(
+    dev: &SchedDevice,
+    s: &SchedSlice,
+    share_ppm: u32,
+    cap_ppm: u32,
+    start: u64,
+    end: u64,
+    busy: u64,
+) {
+    let d = end.saturating_sub(start).min(busy);
+    if d == 0 {
+        return;
+    }
+    // `busy` sums the shim's estimates (anything a driver measured): saturate, never wrap.
+    s.vt.fetch_add(d.saturating_mul(PPM as u64) / weight(share_ppm), AcqRel);
+    if capped(cap_ppm) {
+        let inc = d.saturating_mul(PPM as u64) / cap_ppm as u64;
+        let floor = start.saturating_sub(CAP_SLACK_NS);
+        // Lock-free read-modify-write: retried only when another process charged meanwhile.
+        let _ = s
+            .cap_tat_ns
+            .fetch_update(AcqRel, Acquire, |t| Some(t.max(floor).saturating_add(inc)));
+    }
+    s.gpu_ns_total.fetch_add(d, Relaxed);
+    s.window.add(end, d);
+    dev.gpu_ns_total.fetch_add(d, Relaxed);
+    dev.window.add(end, d);
+}
+
+/// Account GPU time used by a slice holding a solo lease (sampled by the shim from events): the
+/// statistics only, since nobody competes.
+pub fn charge_solo(dev: &SchedDevice, s: &SchedSlice, end: u64, ns: u64, launches: u64) {
+    s.gpu_ns_total.fetch_add(ns, Relaxed);
+    s.launches_total.fetch_add(launches, Relaxed);
+    s.window.add(end, ns);
+    dev.gpu_ns_total.fetch_add(ns, Relaxed);
+    dev.window.add(end, ns);
+}
+
+/// The next lease for the device at `now`: the competing, cap-eligible slice with the least
+/// virtual time (`renewing`: a slice that wants it without a fresh heartbeat, i.e. the holder
+/// asking; `exclude`: a holder being taken over, which competes again once it waits).
+///
+/// A competing latency-class slice goes first, unless its virtual time is more than
+/// [`LATENCY_LEAD_NS`] ahead of the least one (priority decides the order, never more than
+/// that much of the others' guarantees).
+pub fn pick(t: &dyn Tenants, now: u64, renewing: u32, exclude: u32) -> Lease {
+    let mut best: Option<(u64, u32, u32)> = None; // (vt, id, cap)
+    let mut urgent: Option<(u64, u32, u32)> = None; // the same among latency slices
+    let mut competing = 0;
+    let mut latency_recent = false;
+    t.each(&mut |id, s, _share, cap| {
+        let latency = s.class.load(Relaxed) == CLASS_LATENCY;
+        if latency && now.saturating_sub(s.want_ns.load(Acquire)) < LATENCY_ACTIVE_NS {
+            latency_recent = true;
+        }
+        if id == exclude || !(id == renewing || wants(s, now)) {
+            return;
+        }
+        competing += 1;
+        if capped(cap) && s.cap_tat_ns.load(Acquire) > now {
+            return;
+        }
+        let vt = s.vt.load(Acquire);
+        if best.is_none_or(|(bvt, _, _)| vt < bvt) {
+            best = Some((vt, id, cap));
+        }
+        if latency && urgent.is_none_or(|(uvt, _, _)| vt < uvt) {
+            urgent = Some((vt, id, cap));
+        }
+    });
+    if let (Some(u), Some(b)) = (urgent, best) {
+        if u.0 <= b.0.saturating_add(LATENCY_LEAD_NS) {
+            best = Some(u);
+        }
+    }
+    match best {
+        None => Lease::FREE,
+        // Never solo over a holder being taken over: it may well come back, and a solo lease
+        // is not charged. A holder that is really gone stops competing once its heartbeat is
+        // stale, and the next renewal is solo.
+        // Nor for a normal slice while a latency slice is active: a solo holder's queue is
+        // not bounded, and the latency slice would wait behind all of it.
+        Some((_, id, cap))
+            if competing == 1
+                && exclude == 0
+                && !capped(cap)
+                && (!latency_recent || urgent.is_some_and(|u| u.1 == id)) =>
+        {
+            Lease {
+                holder: id,
+                solo: true,
+                end_ns: 0,
+            }
+        }
+        Some((_, id, _)) => Lease {
+            holder: id,
+            solo: false,
+            end_ns: now + LEASE_NS,
+        },
+    }
+}
+
+/// How long a holder's queued work must have run out before its lease counts as idle: a
+/// latency slice's requests are short bursts, so its turn ends soon after a burst does (it
+/// gets the device back at its next launch).
+fn idle_grace(s: &SchedSlice) -> u64 {
+    if s.class.load(Relaxed) == CLASS_LATENCY {
+        LATENCY_IDLE_GRACE_NS
+    } else {
+        IDLE_GRACE_NS
+    }
+}
+
+/// Whether a waiter may take the lease from its holder at `now`, if it may.
+pub fn takeover_due(t: &dyn Tenants, l: Lease, now: u64) -> bool {
+    if l.holder == 0 {
+        return true;
+    }
+    if l.solo {
+        return false; // turned into an ordinary lease first (see `Client::acquire`)
+    }
+    if now > l.end_ns + GRACE_NS {
+        return true;
+    }
+    match t.get(l.holder) {
+        None => true, // the slice is gone
+        Some((s, _, _)) => now > s.busy_until_ns.load(Acquire).saturating_add(idle_grace(s)),
+    }
+}
+
+/// When a waiter should look again at lease `l` if nothing wakes it.
+pub fn recheck_at(t: &dyn Tenants, me: &SchedSlice, l: Lease, now: u64) -> u64 {
+    let by = if l.holder == 0 {
+        // Nobody eligible: the earliest a cap budget frees, ours at least.
+        me.cap_tat_ns.load(Acquire).max(now + 100_000)
+    } else {
+        let idle = t.get(l.holder).map_or(now, |(s, _, _)| {
+            s.busy_until_ns.load(Acquire).saturating_add(idle_grace(s))
+        });
+        (l.end_ns + GRACE_NS).min(idle)
+    };
+    by.clamp(now + 50_000, now + MAX_SLEEP_NS)
+}

@@ -1,0 +1,279 @@
+//! The scheduler's records in the ledger file: the per-device lease word, and the per-device,
+//! per-slice and per-process counters. They are part of the file format (`layout.rs` embeds
+//! them; any change here bumps its `LAYOUT_VERSION`): `#[repr(C)]`, atomics only, all-zero is
+//! idle. Every value may have been written by any process of the node, so readers saturate and
+//! clamp, never index with one.
+
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+/// Priority class of an ordinary slice.
+pub const CLASS_NORMAL: u32 = 0;
+/// Priority class of a latency-sensitive slice: it gets the device at the next launch boundary.
+pub const CLASS_LATENCY: u32 = 1;
+
+/// The class a priority name means (`latency`, `normal`), for variables, flags and JSON.
+pub fn parse_class(name: &str) -> Option<u32> {
+    match name {
+        "latency" => Some(CLASS_LATENCY),
+        "normal" => Some(CLASS_NORMAL),
+        _ => None,
+    }
+}
+
+/// The name of a class (any value that is not [`CLASS_LATENCY`] reads as `normal`).
+pub fn class_name(class: u32) -> &'static str {
+    if class == CLASS_LATENCY {
+        "latency"
+    } else {
+        "normal"
+    }
+}
+
+/// Width of the statistics window behind `compute_used`.
+pub const WINDOW_NS: u64 = 1_000_000_000;
+
+// The lease word: [holder: 15 bits][solo: 1 bit][end: 48 bits, µs of CLOCK_MONOTONIC].
+// One word, so a lease is read and replaced atomically (no torn holder/end pairs); 48 bits of
+// µs last 8.9 years of uptime.
+const END_BITS: u32 = 48;
+const END_MASK: u64 = (1 << END_BITS) - 1;
+const SOLO_BIT: u64 = 1 << END_BITS;
+const HOLDER_SHIFT: u32 = END_BITS + 1;
+/// The largest slice id a lease can name (slice index + 1).
+pub const MAX_SLICE_ID: u32 = (1 << (64 - HOLDER_SHIFT)) - 1;
+
+/// A decoded lease word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// Slice id (ledger slice index + 1); 0: nobody holds the device.
+    pub holder: u32,
+    /// The holder is alone and uncapped: it launches without asking until someone else wants in.
+    pub solo: bool,
+    /// End of the lease, CLOCK_MONOTONIC ns (µs resolution); 0 for a solo lease.
+    pub end_ns: u64,
+}
+
+impl Lease {
+    /// Nobody holds the device.
+    pub const FREE: Lease = Lease {
+        holder: 0,
+        solo: false,
+        end_ns: 0,
+    };
+
+    /// Decode a lease word.
+    pub fn unpack(w: u64) -> Lease {
+        Lease {
+            holder: (w >> HOLDER_SHIFT) as u32,
+            solo: w & SOLO_BIT != 0,
+            end_ns: (w & END_MASK) * 1000,
+        }
+    }
+
+    /// Encode (end rounded up to the µs).
+    pub fn pack(self) -> u64 {
+        let end_us = self.end_ns.div_ceil(1000) & END_MASK;
+        ((self.holder as u64) << HOLDER_SHIFT) | if self.solo { SOLO_BIT } else { 0 } | end_us
+    }
+
+    /// The solo lease word of slice `id`: what the launch fast path compares against.
+    pub fn solo_word(id: u32) -> u64 {
+        Lease {
+            holder: id,
+            solo: true,
+            end_ns: 0,
+        }
+        .pack()
+    }
+}
+
+/// Time-bucketed GPU time, for "fraction of the device over the last window".
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Window {
+    /// Start of the current bucket (ns).
+    pub start_ns: AtomicU64,
+    /// GPU ns charged in the current bucket.
+    pub cur_ns: AtomicU64,
+    /// GPU ns charged in the previous bucket.
+    pub prev_ns: AtomicU64,
+}
+
+impl Window {
+    pub(crate) fn add(&self, now: u64, ns: u64) {
+        let start = self.start_ns.load(Acquire);
+        // `start` may be anything a record held (saturate), or ahead of `now` when another
+        // process charged a span ending past the clock (then this one adds to that bucket).
+        if now >= start.saturating_add(WINDOW_NS) {
+            let new_start = now - now % WINDOW_NS;
+            if self
+                .start_ns
+                .compare_exchange(start, new_start, AcqRel, Relaxed)
+                .is_ok()
+            {
+                let cur = self.cur_ns.swap(0, AcqRel);
+                let adjacent = start != 0 && new_start == start.saturating_add(WINDOW_NS);
+                self.prev_ns.store(if adjacent { cur } else { 0 }, Release);
+            }
+        }
+        self.cur_ns.fetch_add(ns, AcqRel);
+    }
+
+    /// Fraction of `WINDOW_NS` charged over the last `WINDOW_NS` before `now` (the previous
+    /// bucket weighted by how much of it is still inside the window).
+    pub(crate) fn fraction(&self, now: u64) -> f64 {
+        let start = self.start_ns.load(Acquire);
+        let (cur, prev) = (
+            self.cur_ns.load(Acquire) as f64,
+            self.prev_ns.load(Acquire) as f64,
+        );
+        let w = WINDOW_NS as f64;
+        let into = now.saturating_sub(start) as f64;
+        let ns = if into < w {
+            cur + prev * (w - into) / w
+        } else if into < 2.0 * w {
+            cur * (2.0 * w - into) / w
+        } else {
+            0.0
+        };
+        (ns / w).clamp(0.0, 1.0)
+    }
+}
+
+/// Per-device scheduler state (in the ledger's `Device` record).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct SchedDevice {
+    /// The lease word (see [`Lease`]). 0: free.
+    pub lease: AtomicU64,
+    /// Futex word: bumped on every change of holder, so sleepers wake.
+    pub seq: AtomicU32,
+    /// Processes asleep on `seq` (a hint: one killed asleep only costs a spare wake).
+    pub sleepers: AtomicU32,
+    /// Virtual time of the latest slice granted the lease: where a returning slice restarts.
+    pub vt_floor: AtomicU64,
+    /// GPU ns charged on this device, all slices.
+    pub gpu_ns_total: AtomicU64,
+    /// Leases granted (handoffs and renewals).
+    pub leases_total: AtomicU64,
+    /// Leases taken over from a holder that overran, went idle or died.
+    pub takeovers_total: AtomicU64,
+    /// Recent GPU time, all slices.
+    pub window: Window,
+    /// Turn counter: bumped before every attempt to install a lease (a grant or a renewal),
+    /// never by a stretch, so the processes of the holding slice can tell a new turn from the
+    /// same turn stretched.
+    pub turn: AtomicU64,
+    /// The `turn` whose lease was stretched for a launch longer than it: at most one stretch a
+    /// turn, so no holder can keep the device by stretching launch after launch.
+    pub stretched: AtomicU64,
+    /// Latest heartbeat of a latency-class slice waiting or launching here (ns): while it is
+    /// recent, normal holders keep their queues short and launch nothing on credit.
+    pub latency_ns: AtomicU64,
+    /// Room to grow without moving the ledger layout.
+    pub reserved: [u64; 5],
+}
+
+/// Per-slice scheduler state (in the ledger's `Slice` record). The share and cap themselves are
+/// the slice record's `compute_share_ppm` / `compute_cap_ppm`.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct SchedSlice {
+    /// Virtual time: GPU ns held × 10⁶ / weight (ppm).
+    pub vt: AtomicU64,
+    /// Cap budget (GCRA theoretical arrival time, ns): eligible once the clock passes it.
+    pub cap_tat_ns: AtomicU64,
+    /// Heartbeat of this slice's waiting or launching processes (ns).
+    pub want_ns: AtomicU64,
+    /// Processes of this slice waiting for the lease (a hint; the heartbeat decides).
+    pub waiters: AtomicU32,
+    /// Priority class ([`CLASS_NORMAL`] or [`CLASS_LATENCY`]), set when the slice is joined.
+    pub class: AtomicU32,
+    /// While holding: when the holder's queued work is estimated to complete (ns).
+    pub busy_until_ns: AtomicU64,
+    /// GPU ns charged (time the slice held the device with work queued).
+    pub gpu_ns_total: AtomicU64,
+    /// ns its processes spent waiting for a lease before a launch.
+    pub throttled_ns_total: AtomicU64,
+    /// Launches admitted.
+    pub launches_total: AtomicU64,
+    /// Leases granted to it.
+    pub leases_total: AtomicU64,
+    /// Recent GPU time.
+    pub window: Window,
+    /// Room to grow without moving the ledger layout.
+    /// The device turn (`SchedDevice::turn`) the three words below are about: the slice's
+    /// current or latest turn. The processes of a slice together are charged at most the
+    /// turn's span, so a process waiting behind a sibling is not charged for that wait.
+    pub turn_key: AtomicU64,
+    /// When the slice's turn `turn_key` began (ns).
+    pub turn_start_ns: AtomicU64,
+    /// GPU ns charged to the slice for turn `turn_key` so far.
+    pub turn_used_ns: AtomicU64,
+    /// Room to grow without moving the ledger layout.
+    pub reserved: [u64; 3],
+}
+
+/// Per-process scheduler state (in the ledger's `Proc` record), for the reaper.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct SchedProc {
+    /// Bit `d`: the process counts in its slice's `waiters` on ledger device `d`.
+    pub waiting_mask: AtomicU32,
+    /// Bit `d`: the process is launching under its slice's lease on ledger device `d`.
+    pub holding_mask: AtomicU32,
+    /// ns this process spent throttled.
+    pub throttled_ns_total: AtomicU64,
+    /// Room to grow without moving the ledger layout.
+    pub reserved: [u64; 6],
+}
+
+/// What the monitor shows for one slice.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SliceComputeStats {
+    /// Fraction of the device the slice held over the last [`WINDOW_NS`] (`compute_used`).
+    pub used_fraction: f64,
+    /// GPU ns charged since the slice was created.
+    pub gpu_ns_total: u64,
+    /// ns its processes spent throttled (waiting for a lease).
+    pub throttled_ns_total: u64,
+    /// Launches admitted through the scheduler's slow path, plus sampled fast-path launches.
+    pub launches_total: u64,
+}
+
+/// The statistics of one slice at `now_ns` (CLOCK_MONOTONIC, see [`crate::sched::Os::now_ns`]).
+pub fn slice_stats(s: &SchedSlice, now_ns: u64) -> SliceComputeStats {
+    SliceComputeStats {
+        used_fraction: s.window.fraction(now_ns),
+        gpu_ns_total: s.gpu_ns_total.load(Relaxed),
+        throttled_ns_total: s.throttled_ns_total.load(Relaxed),
+        launches_total: s.launches_total.load(Relaxed),
+    }
+}
+
+impl SchedSlice {
+    /// Forget everything of a previous slice that used this record: the ledger calls it when it
+    /// creates a slice in a freed record, before publishing it.
+    pub fn reset(&self) {
+        for a in [
+            &self.vt,
+            &self.cap_tat_ns,
+            &self.want_ns,
+            &self.busy_until_ns,
+            &self.gpu_ns_total,
+            &self.throttled_ns_total,
+            &self.launches_total,
+            &self.leases_total,
+            &self.turn_key,
+            &self.turn_start_ns,
+            &self.turn_used_ns,
+            &self.window.start_ns,
+            &self.window.cur_ns,
+            &self.window.prev_ns,
+        ] {
+            a.store(0, Release);
+        }
+        self.waiters.store(0, Release);
+        self.class.store(CLASS_NORMAL, Release);
+    }
+}

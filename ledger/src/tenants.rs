@@ -1,0 +1,57 @@
+//! The ledger's side of the compute scheduler: the slices of one device as [`sched`] sees them
+//! ([`LedgerTenants`]), and what the reaper does for a dead process ([`reap_proc`]). Here, not in
+//! `sched`, so the scheduler does not depend on the ledger's layout.
+
+use core::sync::atomic::Ordering::*;
+
+use crate::layout::{Device, Proc, Slice, STATE_ACTIVE};
+use crate::sched::{on_process_dead, SchedSlice, Tenants, SYSTEM};
+
+/// The ledger's slices on one device.
+pub struct LedgerTenants<'a> {
+    /// The ledger's slice array.
+    pub slices: &'a [Slice],
+    /// Ledger index of the device.
+    pub device: u32,
+}
+
+impl Tenants for LedgerTenants<'_> {
+    fn each(&self, f: &mut dyn FnMut(u32, &SchedSlice, u32, u32)) {
+        for (i, s) in self.slices.iter().enumerate() {
+            if s.state.load(Acquire) == STATE_ACTIVE && s.device.load(Relaxed) == self.device {
+                let share = s.compute_share_ppm.load(Relaxed);
+                let cap = s.compute_cap_ppm.load(Relaxed);
+                f(i as u32 + 1, &s.sched, share, cap);
+            }
+        }
+    }
+
+    fn get(&self, id: u32) -> Option<(&SchedSlice, u32, u32)> {
+        let s = self.slices.get(id.checked_sub(1)? as usize)?;
+        (s.state.load(Acquire) == STATE_ACTIVE && s.device.load(Relaxed) == self.device).then(
+            || {
+                (
+                    &s.sched,
+                    s.compute_share_ppm.load(Relaxed),
+                    s.compute_cap_ppm.load(Relaxed),
+                )
+            },
+        )
+    }
+}
+
+/// What the reaper calls for each dead process record, before it clears the record's
+/// per-device slices: [`on_process_dead`] on every device the process had joined.
+pub fn reap_proc(devices: &[Device], slices: &[Slice], p: &Proc) {
+    for (d, pd) in p.devices.iter().enumerate() {
+        let si = pd.slice.load(Acquire);
+        let (Some(dev), Some(slice)) = (devices.get(d), slices.get(si as usize)) else {
+            continue; // ACCOUNT_NONE (not joined) is past the end of `slices`
+        };
+        let t = LedgerTenants {
+            slices,
+            device: d as u32,
+        };
+        on_process_dead(&SYSTEM, &dev.sched, d, &t, si + 1, &slice.sched, &p.sched);
+    }
+}
