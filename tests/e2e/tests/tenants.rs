@@ -1002,9 +1002,10 @@ fn tenant_child() {
                     p.display()
                 );
                 let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-                // SAFETY: valid path.
+                // SAFETY: c is a valid NUL-terminated path; truncate only reads it.
+                let r = unsafe { libc::truncate(c.as_ptr(), 0) };
                 assert_ne!(
-                    unsafe { libc::truncate(c.as_ptr(), 0) },
+                    r,
                     0,
                     "{}",
                     p.display()
