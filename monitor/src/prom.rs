@@ -217,6 +217,25 @@ pub fn render(snap: &Snapshot, facts: Option<&MonitorFacts>) -> String {
             |s| Some(s.throttled_seconds),
         ),
     ];
+    // What a slice is for, as labels: the scheduler's priority class and, for a slice the DRA
+    // plugin made, the Kubernetes claim (`namespace/name`; empty otherwise).
+    let mut f = family(
+        &mut out,
+        "gpuslice_slice_info",
+        "gauge",
+        "Always 1; labels: the slice's priority class and its Kubernetes claim (namespace/name), if any.",
+    );
+    for s in &snap.slices {
+        f.sample(
+            &[
+                ("slice", &s.name),
+                ("device_uuid", &s.device_uuid),
+                ("priority", s.priority),
+                ("claim", s.claim.as_deref().unwrap_or("")),
+            ],
+            1.0,
+        );
+    }
     for (name, kind, help, get) in slice_families {
         let mut f = family(&mut out, name, kind, help);
         for s in &snap.slices {
@@ -237,18 +256,6 @@ pub fn render(snap: &Snapshot, facts: Option<&MonitorFacts>) -> String {
             f.sample(
                 &[("slice", &a.slice), ("device_uuid", &a.device_uuid)],
                 a.observed as f64,
-            );
-        }
-        let mut f = family(
-            &mut out,
-            "gpuslice_slice_over_quota",
-            "gauge",
-            "1 when NVML reports more device memory for the slice's processes than its quota.",
-        );
-        for a in &facts.audit {
-            f.sample(
-                &[("slice", &a.slice), ("device_uuid", &a.device_uuid)],
-                a.over_quota() as u8 as f64,
             );
         }
         let mut f = family(
@@ -307,8 +314,15 @@ mod tests {
         assert_eq!(helps, types);
         assert!(text.contains("slice=\"infer \\\"a\\\"\""), "{text}");
         assert!(text.contains("gpuslice_slice_memory_limit_bytes{slice=\"train\",device_uuid=\"GPU-00000000-0000-0000-0000-000000000000\"} 4294967296"), "{text}");
+        // One family per name: the audit's verdict is read from the ledger, where the monitor
+        // keeps it, never written twice.
+        assert_eq!(
+            text.matches("# TYPE gpuslice_slice_over_quota ").count(),
+            1,
+            "{text}"
+        );
         assert!(
-            text.contains("gpuslice_slice_over_quota{slice=\"train\",device_uuid=\"GPU-x\"} 1"),
+            text.contains("gpuslice_slice_info{slice=\"train\",device_uuid=\"GPU-00000000-0000-0000-0000-000000000000\",priority=\"normal\",claim=\"\"} 1"),
             "{text}"
         );
         assert!(text.contains("gpuslice_slice_throttled_seconds_total{slice=\"train\",device_uuid=\"GPU-00000000-0000-0000-0000-000000000000\"} 1.5"), "{text}");
