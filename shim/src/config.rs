@@ -216,6 +216,14 @@ impl Config {
             }
             None => hami_cache,
         };
+        // Checked here so a bad value fails cuInit; the compute gate reads it when it binds.
+        if let Some(v) = get("GPUSLICE_PRIORITY") {
+            gpuslice_ledger::sched::parse_class(v).ok_or_else(|| {
+                ConfigError(format!(
+                    "GPUSLICE_PRIORITY={v:?} is not valid; accepted: latency, normal"
+                ))
+            })?;
+        }
         // The ledger crate's one rule (absolute, or refused; the default depends on the user).
         let runtime_dir = match get("GPUSLICE_RUNTIME_DIR") {
             Some(v) => {
@@ -310,6 +318,8 @@ mod tests {
             ("GPUSLICE_SLICE", "a b"),
             ("GPUSLICE_SLICE", ""),
             ("GPUSLICE_SLICE", "pid-7"),
+            ("GPUSLICE_PRIORITY", "urgent"),
+            ("GPUSLICE_PRIORITY", ""),
             ("GPUSLICE_RUNTIME_DIR", "relative"),
             ("GPUSLICE_LOG", "loud"),
             ("GPUSLICE_DISABLE", "yes"),

@@ -444,22 +444,11 @@ fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
 
 /// The priority class `GPUSLICE_PRIORITY` asks for (`latency` or `normal`); None when unset,
 /// so a slice whose class an operator set (`gpuslice slice set --priority`) keeps it. Read
-/// when a device's gate is bound (first launch there, a cold path); a value that is neither
-/// is reported once and treated as `normal`.
+/// when a device's gate is bound (first launch there, a cold path); `cuInit` has already
+/// refused any other value (config.rs), so one that fails to parse here cannot occur.
 fn priority_class() -> Option<u32> {
-    let v = std::env::var("GPUSLICE_PRIORITY")
-        .ok()
-        .filter(|v| !v.is_empty())?;
-    Some(sched::parse_class(&v).unwrap_or_else(|| {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| {
-            crate::log::log!(
-                Warn,
-                "GPUSLICE_PRIORITY '{v}' is neither 'latency' nor 'normal': normal"
-            )
-        });
-        sched::CLASS_NORMAL
-    }))
+    let v = std::env::var("GPUSLICE_PRIORITY").ok()?;
+    sched::parse_class(&v)
 }
 
 /// Where this process's compute state lives in the ledger for device ordinal `dev`; None before

@@ -45,6 +45,7 @@ fn bad_values_of_every_variable_fail_cuinit_with_one_clear_line() {
         ("GPUSLICE_COMPUTE_CAP", "120%"),
         ("GPUSLICE_SLICE", "has space"),
         ("GPUSLICE_SLICE", "pid-7"),
+        ("GPUSLICE_PRIORITY", "urgent"),
         ("GPUSLICE_RUNTIME_DIR", "relative/dir"),
         ("GPUSLICE_LOG", "verbose"),
         ("GPUSLICE_DISABLE", "true"),
