@@ -1004,12 +1004,7 @@ fn tenant_child() {
                 let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
                 // SAFETY: c is a valid NUL-terminated path; truncate only reads it.
                 let r = unsafe { libc::truncate(c.as_ptr(), 0) };
-                assert_ne!(
-                    r,
-                    0,
-                    "{}",
-                    p.display()
-                );
+                assert_ne!(r, 0, "{}", p.display());
                 assert!(std::fs::remove_file(&p).is_err(), "{} removed", p.display());
             }
             assert!(std::fs::write(dir.join("ledger.new"), b"x").is_err());
