@@ -9,8 +9,6 @@
 //! and set `LD_PRELOAD`, `GPUSLICE_RUNTIME_DIR` and the caller's variables (`GPUSLICE_SLICE`,
 //! ...). JSON is valid CDI (runtimes read `.json` and `.yaml` from `/etc/cdi` and `/var/run/cdi`).
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 /// The CDI version written: the lowest that has everything this spec uses (env and mounts need
 /// 0.3.0; 0.5.0 is understood by every CDI-enabled runtime release, newer ones too).
 pub const CDI_VERSION: &str = "0.5.0";

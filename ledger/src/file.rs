@@ -165,6 +165,7 @@ fn create(dir: &RuntimeDir, perm: u32, mode: u32) -> Result<Option<Mapping>, Led
     };
     // SAFETY: fd is ours. fchmod: the umask must not decide who may read a node policy.
     if unsafe { libc::fchmod(fd, perm as libc::mode_t) } != 0
+        // SAFETY: fd is ours, open for writing.
         || unsafe { libc::ftruncate(fd, FILE_SIZE as libc::off_t) } != 0
     {
         let e = io("size", &tmp);
@@ -234,23 +235,35 @@ fn map(fd: libc::c_int, path: &Path, write: bool) -> Result<*mut u8, LedgerError
 /// SAFETY: `base` must be a fresh, zeroed, writable mapping of FILE_SIZE bytes nobody else sees.
 unsafe fn init_header(base: *mut u8, mode: u32) -> Result<(), LedgerError> {
     let h = base.cast::<Header>();
-    (*h).magic = MAGIC;
-    (*h).layout_version = LAYOUT_VERSION;
-    (*h).header_size = core::mem::size_of::<Header>() as u32;
-    (*h).device_size = core::mem::size_of::<Device>() as u32;
-    (*h).slice_size = core::mem::size_of::<Slice>() as u32;
-    (*h).proc_size = core::mem::size_of::<Proc>() as u32;
-    (*h).max_devices = MAX_DEVICES as u32;
-    (*h).max_slices = MAX_SLICES as u32;
-    (*h).max_procs = MAX_PROCS as u32;
-    (*h).total_size = FILE_SIZE as u64;
-    (*h).mode.store(mode, core::sync::atomic::Ordering::Relaxed);
-    let mut attr: libc::pthread_mutexattr_t = core::mem::zeroed();
-    libc::pthread_mutexattr_init(&mut attr);
-    libc::pthread_mutexattr_setpshared(&mut attr, libc::PTHREAD_PROCESS_SHARED);
-    libc::pthread_mutexattr_setrobust(&mut attr, libc::PTHREAD_MUTEX_ROBUST);
-    let rc = libc::pthread_mutex_init((*h).mutex.0.get(), &attr);
-    libc::pthread_mutexattr_destroy(&mut attr);
+    // SAFETY: by the contract `h` points at a writable, page-aligned Header (FILE_SIZE covers
+    // it) that no other thread or process sees yet, so plain writes cannot race.
+    unsafe {
+        (*h).magic = MAGIC;
+        (*h).layout_version = LAYOUT_VERSION;
+        (*h).header_size = core::mem::size_of::<Header>() as u32;
+        (*h).device_size = core::mem::size_of::<Device>() as u32;
+        (*h).slice_size = core::mem::size_of::<Slice>() as u32;
+        (*h).proc_size = core::mem::size_of::<Proc>() as u32;
+        (*h).max_devices = MAX_DEVICES as u32;
+        (*h).max_slices = MAX_SLICES as u32;
+        (*h).max_procs = MAX_PROCS as u32;
+        (*h).total_size = FILE_SIZE as u64;
+        (*h).mode.store(mode, core::sync::atomic::Ordering::Relaxed);
+    }
+    // SAFETY: pthread_mutexattr_t is a plain C struct; all-zero is a valid value to pass to
+    // pthread_mutexattr_init, which is what happens next.
+    let mut attr: libc::pthread_mutexattr_t = unsafe { core::mem::zeroed() };
+    // SAFETY: `attr` is a live local, initialised by the first call and set by the others.
+    unsafe {
+        libc::pthread_mutexattr_init(&mut attr);
+        libc::pthread_mutexattr_setpshared(&mut attr, libc::PTHREAD_PROCESS_SHARED);
+        libc::pthread_mutexattr_setrobust(&mut attr, libc::PTHREAD_MUTEX_ROBUST);
+    }
+    // SAFETY: the mutex lies in the unshared Header of the contract, not yet initialised, so
+    // nobody can be using it; `attr` was initialised just above.
+    let rc = unsafe { libc::pthread_mutex_init((*h).mutex.0.get(), &attr) };
+    // SAFETY: `attr` was initialised above and is not used after this.
+    unsafe { libc::pthread_mutexattr_destroy(&mut attr) };
     if rc != 0 {
         return Err(LedgerError::Io {
             what: "initialise the lock of".into(),
@@ -258,8 +271,10 @@ unsafe fn init_header(base: *mut u8, mode: u32) -> Result<(), LedgerError> {
             source: std::io::Error::from_raw_os_error(rc),
         });
     }
-    (*h).ready
-        .store(READY, core::sync::atomic::Ordering::Release);
+    // SAFETY: `h` is the Header of the contract; `ready` is an atomic, published last so
+    // readers see the fields above.
+    let ready = unsafe { &(*h).ready };
+    ready.store(READY, core::sync::atomic::Ordering::Release);
     Ok(())
 }
 

@@ -317,7 +317,9 @@ impl<const N: usize> Text<N> {
     pub unsafe fn set(&self, s: &str) {
         let mut bytes = [0u8; N];
         put_str(&mut bytes, s);
-        core::ptr::write_volatile(self.0.get(), bytes);
+        // SAFETY: the pointer is our own cell, valid and aligned; the caller holds the ledger
+        // lock on a record nobody else writes, so no write races this one.
+        unsafe { core::ptr::write_volatile(self.0.get(), bytes) };
     }
 }
 

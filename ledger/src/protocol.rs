@@ -299,11 +299,10 @@ mod tests {
     #[test]
     fn descriptors_travel_with_a_message() {
         let mut sv = [0; 2];
-        // SAFETY: valid out-parameter.
-        assert_eq!(
-            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) },
-            0
-        );
+        // SAFETY: `sv` is a valid out-parameter for two fds.
+        let rc =
+            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) };
+        assert_eq!(rc, 0);
         let r = crate::region::Region::create(1, 0).unwrap();
         send(sv[0], &Message::new("op", "x"), &[r.fd()]).unwrap();
         let (m, fds) = recv(sv[1]).unwrap().unwrap();

@@ -18,8 +18,6 @@
 //! Nothing here ever turns a bad value into "unlimited": every function returns an error that
 //! names the variable, the value and the accepted forms.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use std::fmt;
 
 /// A parsed size: bytes, or a share of the device's memory.

@@ -224,10 +224,8 @@ mod tests {
         // SAFETY: our fd; the call must fail because of the seals.
         assert_ne!(unsafe { libc::ftruncate(r.fd(), 0) }, 0);
         // SAFETY: our fd; growing is sealed too.
-        assert_ne!(
-            unsafe { libc::ftruncate(r.fd(), (REGION_SIZE * 2) as i64) },
-            0
-        );
+        let rc = unsafe { libc::ftruncate(r.fd(), (REGION_SIZE * 2) as i64) };
+        assert_ne!(rc, 0);
         // SAFETY: dup of our fd for a second mapping.
         let dup = unsafe { OwnedFd::from_raw_fd(libc::dup(r.fd())) };
         let other = Region::from_fd(dup, true).unwrap();

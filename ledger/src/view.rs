@@ -53,8 +53,6 @@
 //! # std::fs::remove_dir_all(&dir).unwrap();
 //! ```
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use crate::file::{self, Mapping};
 use crate::layout::*;
 use crate::sched;

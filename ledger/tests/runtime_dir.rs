@@ -108,11 +108,10 @@ fn files_or_directories_of_another_user_are_refused() {
     let rt = d.join("rt");
     drop(Ledger::open_or_create(&rt).unwrap());
     let c = |p: &std::path::Path| std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-    // SAFETY: valid paths.
-    assert_eq!(
-        unsafe { libc::chown(c(&rt.join("ledger")).as_ptr(), 4242, 4242) },
-        0
-    );
+    let path = c(&rt.join("ledger"));
+    // SAFETY: `path` is a valid NUL-terminated path that outlives the call.
+    let rc = unsafe { libc::chown(path.as_ptr(), 4242, 4242) };
+    assert_eq!(rc, 0);
     let e = Ledger::open(&rt).err().expect("refused").to_string();
     assert!(e.contains("owned by uid 4242"), "{e}");
     // SAFETY: valid path.

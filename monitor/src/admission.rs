@@ -190,7 +190,9 @@ pub fn bind(ledger: &Ledger) -> Result<OwnedFd, String> {
     // SAFETY: valid socket; valid dirfd and name (fchmodat never follows: the name is the
     // socket we just bound in a directory only root writes).
     if r != 0
+        // SAFETY: as above: valid dirfd and NUL-terminated name, no link followed.
         || unsafe { libc::fchmodat(dirfd, name.as_ptr(), 0o666, 0) } != 0
+        // SAFETY: `s` is our open, bound socket.
         || unsafe { libc::listen(s.as_raw_fd(), 128) } != 0
     {
         return Err(format!(

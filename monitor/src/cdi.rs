@@ -14,8 +14,6 @@
 //! with the CDI parser's rules, so a spec this writes is one a runtime accepts. JSON is valid CDI
 //! (runtimes read `.json` and `.yaml` from `/etc/cdi` and `/var/run/cdi`).
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;

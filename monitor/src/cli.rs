@@ -1,8 +1,6 @@
 //! What every subcommand shares: the exit statuses of the contract, the error type that carries
 //! them, and the runtime directory.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -15,8 +15,6 @@
 //! Memory is therefore at most about `MAX_CONNECTIONS × (MAX_REQUEST + one exposition)`. The
 //! server runs on its own thread, so nothing here can stall the monitor's reaping.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;

@@ -1,8 +1,6 @@
 //! `gpuslice metrics`: the Prometheus exposition of the node, once, on stdout (for a textfile
 //! collector or a quick look; the monitor serves the same at `/metrics`).
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use crate::cli::{self, Failure};
 use std::ffi::OsString;
 

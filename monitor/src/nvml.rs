@@ -3,8 +3,6 @@
 //! process really holds, for the monitor's audit. Everything here is optional: when the library
 //! or a function is missing, callers fall back to what the ledger knows.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use gpuslice_abi::{
     nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t, nvml_return_name, pfn, NvmlReturn,
     NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_UUID_V2_BUFFER_SIZE, NVML_ERROR_INSUFFICIENT_SIZE,

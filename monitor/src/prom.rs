@@ -2,8 +2,6 @@
 //! units (bytes, seconds), ratios 0..1, `_total` counters, `# HELP` and `# TYPE` for every
 //! family. `gpuslice metrics` prints it once; the monitor serves it at `/metrics`.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use crate::view::Snapshot;
 use std::fmt::Write;
 

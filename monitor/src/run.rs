@@ -23,8 +23,6 @@
 //!   `CUDA_DEVICE_MEMORY_SHARED_CACHE` in the environment) CMD gets a generated
 //!   `GPUSLICE_SLICE` ([`generated_slice_name`]), so its workers share one quota.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};

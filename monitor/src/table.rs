@@ -2,8 +2,6 @@
 //! percentages, as `nvidia-smi` and `nvtop` users read them. `status` prints these lines once;
 //! `top` redraws them in place.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use crate::view::Snapshot;
 
 /// A size for people (`16 GiB`, `1.50 GiB`, `512 MiB`): the ledger's one rendering, so

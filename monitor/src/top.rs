@@ -6,8 +6,6 @@
 //! happens. Frames never clear the screen: each one homes the cursor and overwrites lines,
 //! erasing only what is left to the right of each and below the last, so nothing flickers.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use crate::cli::{self, Failure};
 use std::ffi::OsString;
 use std::io::Write;

@@ -40,11 +40,16 @@ macro_rules! sym {
     };
 }
 
+/// # Safety
+/// `h` is a live `dlopen` handle and `T` is the function pointer type of the export `name`.
 unsafe fn sym<T>(h: *mut c_void, name: &str) -> T {
     let c = std::ffi::CString::new(name).unwrap();
-    let p = libc::dlsym(h, c.as_ptr());
+    // SAFETY: `h` is a live handle (the contract); `c` is NUL-terminated and outlives the call.
+    let p = unsafe { libc::dlsym(h, c.as_ptr()) };
     assert!(!p.is_null(), "{name} missing");
-    core::mem::transmute_copy(&p)
+    // SAFETY: `p` is a non-null address of `name`, whose pointer type is `T` (the contract);
+    // a function pointer has the size of a data pointer on the platforms we build for.
+    unsafe { core::mem::transmute_copy(&p) }
 }
 
 macro_rules! ck {

@@ -7,8 +7,6 @@
 //! allocators keep working); for any other handle it jumps to [`dlsym_hooked`]. Nothing here
 //! allocates, locks, or initialises CUDA: it runs in every process of a node that preloads us.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use crate::hooks::find_hooked;
 use crate::log::{self, log};
 use crate::real::{real_dlsym, real_dlsym_addr};

@@ -27,7 +27,6 @@
 //!
 //! The SAFETY comments in the handlers name which of these they use.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use crate::real::Lib;

@@ -93,7 +93,8 @@ pub unsafe fn cu_init(real: pfn::cuInit, flags: core::ffi::c_uint) -> CUresult {
         return start(None).err().unwrap_or(f);
     }
     if !STATE.load(Acquire).is_null() {
-        return real(flags);
+        // SAFETY: the handler contract: `real` with the program's arguments.
+        return unsafe { real(flags) };
     }
     // Before anything of ours can panic: a panic caught at the FFI boundary prints one
     // `gpuslice:` line instead of Rust's default message.
@@ -230,14 +231,20 @@ fn build(config: &Config) -> Result<State, (CUresult, String)> {
     let mut found: Vec<Found> = vec![];
     for ord in 0..n {
         let mut dev: CUdevice = 0;
+        // SAFETY: the real cuDeviceGet; `dev` is a valid local out-parameter and `ord` is
+        // below the count the driver gave.
         cu("cuDeviceGet", unsafe { get_f(&mut dev, ord) })?;
         let mut uuid = CUuuid::default();
         let uf = real::cuDeviceGetUuid_v2()
             .or_else(real::cuDeviceGetUuid)
             .ok_or_else(|| missing("cuDeviceGetUuid"))?;
+        // SAFETY: the real cuDeviceGetUuid; `uuid` is a valid local out-parameter, `dev` the
+        // driver's.
         cu("cuDeviceGetUuid", unsafe { uf(&mut uuid, dev) })?;
         let mut name = [0 as c_char; 96];
         if let Some(nf) = real::cuDeviceGetName() {
+            // SAFETY: the real cuDeviceGetName; it writes at most len - 1 bytes into the local
+            // buffer, whose last byte stays NUL.
             unsafe { nf(name.as_mut_ptr(), name.len() as c_int - 1, dev) };
         }
         let name: String = name
@@ -246,6 +253,7 @@ fn build(config: &Config) -> Result<State, (CUresult, String)> {
             .map(|&c| c as u8 as char)
             .collect();
         let mut total: usize = 0;
+        // SAFETY: the real cuDeviceTotalMem_v2; `total` is a valid local out-parameter.
         cu("cuDeviceTotalMem_v2", unsafe { total_f(&mut total, dev) })?;
         found.push((ord, uuid_text(&uuid), name, total as u64));
     }

@@ -33,7 +33,8 @@ pub unsafe fn launch_kernel(
     extra: *mut *mut c_void,
 ) -> CUresult {
     gated(stream, || {
-        real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
+        // SAFETY: the handler contract: `real` with the program's arguments.
+        unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) }
     })
 }
 
@@ -47,9 +48,15 @@ pub unsafe fn launch_kernel_ex(
     extra: *mut *mut c_void,
 ) -> CUresult {
     if config.is_null() {
-        return real(config, f, params, extra); // the driver reports the error
+        // SAFETY: the handler contract: `real` with the program's arguments.
+        return unsafe { real(config, f, params, extra) }; // the driver reports the error
     }
-    gated((*config).hStream, || real(config, f, params, extra))
+    // SAFETY: `config` is non-null (checked above), so the program's valid launch config.
+    let stream = unsafe { (*config).hStream };
+    gated(stream, || {
+        // SAFETY: the handler contract: `real` with the program's arguments.
+        unsafe { real(config, f, params, extra) }
+    })
 }
 
 /// `cuLaunchCooperativeKernel` and `_ptsz`.
@@ -69,7 +76,8 @@ pub unsafe fn launch_cooperative(
     params: *mut *mut c_void,
 ) -> CUresult {
     gated(stream, || {
-        real(f, gx, gy, gz, bx, by, bz, shmem, stream, params)
+        // SAFETY: the handler contract: `real` with the program's arguments.
+        unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params) }
     })
 }
 
@@ -81,7 +89,8 @@ pub unsafe fn graph_launch(
     stream: CUstream,
 ) -> CUresult {
     let gate = compute::before_graph_launch(exec, stream);
-    let r = real(exec, stream);
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(exec, stream) };
     compute::after_launch(gate, stream, r);
     r
 }
@@ -93,7 +102,8 @@ pub unsafe fn ctx_destroy(real: pfn::cuCtxDestroy_v2, ctx: CUcontext) -> CUresul
     if let Some(dev) = compute::current_device() {
         compute::release_device(dev);
     }
-    real(ctx)
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    unsafe { real(ctx) }
 }
 
 /// `cuDevicePrimaryCtxRelease_v2`: as [`ctx_destroy`], for the device's primary context.
@@ -103,12 +113,14 @@ pub unsafe fn primary_ctx_release(
     dev: CUdevice,
 ) -> CUresult {
     compute::release_device(dev);
-    real(dev)
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    unsafe { real(dev) }
 }
 
 /// `cuDevicePrimaryCtxReset_v2`: as [`ctx_destroy`], for the device's primary context.
 #[inline]
 pub unsafe fn primary_ctx_reset(real: pfn::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> CUresult {
     compute::release_device(dev);
-    real(dev)
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    unsafe { real(dev) }
 }

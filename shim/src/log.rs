@@ -2,8 +2,6 @@
 //! buffer and written with one `write(2)`, so logging never allocates and never interleaves
 //! mid-line with other threads.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use core::fmt::{self, Write};
 use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
 

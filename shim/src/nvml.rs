@@ -33,8 +33,6 @@
 //! of [`crate::hooks`]: `real` is NVML's function, the arguments are the program's, and each
 //! pointer is null or valid as `nvml.h` documents it (arrays hold the count the program says).
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use crate::config::Config;
 use crate::hooks::{pfn, real};
 use crate::init::{state_if_ready, State};

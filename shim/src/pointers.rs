@@ -12,8 +12,6 @@
 //! happens after the insert finished; and a free removes its entry *before* calling the real
 //! free, so a reused address is never in the table twice.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use core::sync::atomic::{AtomicU64, Ordering::*};
 
 /// What a handle is.

@@ -6,8 +6,6 @@
 //! the real `cuMemAllocAsync_ptsz`, which maps to our `cuMemAllocAsync_ptsz` wrapper. Asked
 //! for `cuGetProcAddress` itself, the driver returns its own, which maps to ours the same way.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use crate::dlsym::{answer_of, log_lookup};
 use crate::hooks::{pfn, SYMBOLS};
 use crate::log;

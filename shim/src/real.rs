@@ -10,8 +10,6 @@
 //! holding that lock (a library constructor calling CUDA from inside `dlopen`), and neither
 //! would ever go on.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use crate::hooks::{COUNT, SYMBOLS};
 use core::ffi::{c_char, c_void};
 use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};

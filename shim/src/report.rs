@@ -3,8 +3,6 @@
 //! effort) the device's size stays the total and free is capped by what is not reserved for
 //! slices. Shared by the driver hooks here and the NVML hooks in `nvml.rs`.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use crate::hooks::pfn;
 use crate::init::{state_if_ready, DevState};
 use gpuslice_abi::*;

@@ -2,8 +2,6 @@
 //! depth × channels × element size, summed over mip levels) to the current device, until
 //! their destroy. No state of its own.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use super::{charge_and_alloc, free_and_uncharge, written};
 use crate::hooks::pfn;
 use crate::pointers::Kind;

@@ -4,8 +4,6 @@
 //! of them is destroyed. Its state: the list of charges and their holders (a mutex, cold
 //! paths only) and the count of open captures (one atomic load on the async allocation path).
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use super::{charge, oom};
 use crate::hooks::{pfn, real};
 use crate::init::DevState;

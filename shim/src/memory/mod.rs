@@ -20,8 +20,6 @@
 //! contract of [`crate::hooks`]: `real` is the driver's function, the arguments are the
 //! program's, pointers are null or valid as `cuda.h` documents them.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use crate::init::{DevState, State};
 use crate::log::log;
 use crate::pointers::{self, Charge, Kind};

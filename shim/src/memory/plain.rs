@@ -2,8 +2,6 @@
 //! `cuMemFree_v2`, charged to the calling thread's current device. No state of its own: what
 //! each pointer was charged lives in the pointer table.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use super::{charge, charge_and_alloc, free_and_uncharge, oom, written};
 use crate::hooks::{pfn, real};
 use crate::pointers::{self, Charge, Kind};

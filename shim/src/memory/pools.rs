@@ -11,8 +11,6 @@
 //! memory is charged to and credited on the pool's own device, whatever the calling thread's
 //! current device is: a device's pools are reconciled only against that device.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use super::{charge_and_alloc, free_and_uncharge, graph, written};
 use crate::hooks::{pfn, real};
 use crate::init::{DevState, State};

@@ -2,8 +2,6 @@
 //! charged to that device (not the current one) until `cuMemRelease`. Mapping and unmapping
 //! (`cuMemMap`, `cuMemUnmap`) take no memory and pass through.
 
-#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use super::{charge_and_alloc, free_and_uncharge, written};
 use crate::hooks::pfn;
 use crate::pointers::Kind;

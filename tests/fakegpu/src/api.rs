@@ -37,9 +37,9 @@ macro_rules! exports {
             #[no_mangle]
             #[allow(unused_unsafe)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                crate::export::trace(stringify!($name));
                 // SAFETY: the caller follows the CUDA API contract for this entry point: every
                 // pointer argument is valid for what the API documents it reads or writes.
-                crate::export::trace(stringify!($name));
                 let r = guard(move || unsafe { $body });
                 if r != CUDA_SUCCESS {
                     crate::export::debug_error(stringify!($name), r);

@@ -594,8 +594,9 @@ pub fn vmm_import(fd: i32, ty: CUmemAllocationHandleType) -> CuResult<u64> {
     if ty != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fd < 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    // SAFETY: fstat into a zeroed stat of an fd the caller passes.
+    // SAFETY: libc::stat is a plain C struct; all-zero is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat into a valid local stat; a bad fd is an error return, not UB.
     if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size <= 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
