@@ -54,9 +54,13 @@ const SAMPLE_MAX: u32 = 4096;
 /// 0: credit is switched off. With credit on (255, and even 16), two PyTorch processes at
 /// 0.25 / 0.75 on the fake split the engine 50/50
 /// (`tests/python/test_frameworks_torch.py::test_torch_compute_shares_quarter_and_three_quarters`),
-/// while `gpuslice-burn` tenants keep their shares: PyTorch's pattern (bursts of 20 short
-/// kernels, then a stream synchronize) escapes the credited charge. Until that is found, every
-/// contended launch asks the scheduler (docs/benchmarks.md, "Contended gate cost").
+/// while `gpuslice-burn` tenants keep their shares. The cause: credit bounds when a launch is
+/// *submitted*, not how much work is queued, so a holder that queues a burst (PyTorch's 20
+/// kernels, or `gpuslice-burn --kernel-us 1000 --depth 20`) puts several leases of work into one;
+/// it runs on into the next holder's turn, and the charge, capped at the turn's span, never pays
+/// for it. A fix must bound the credited count by what fits (`(until - busy_until) / estimate`)
+/// and keep a two-process slice at its share; until then every contended launch asks the
+/// scheduler (docs/benchmarks.md, "Contended gate cost").
 const CREDIT_MAX: u32 = 0;
 
 /// What `before_*` hands to [`after_launch`].
