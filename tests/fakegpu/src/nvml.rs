@@ -138,26 +138,10 @@ pub struct ProcessInfoV1 {
 
 /// The v1 form of [`processes`] (16-byte entries).
 fn processes_v1(h: nvmlDevice_t, count: *mut c_uint, infos: *mut ProcessInfoV1) -> NResult<()> {
-    let (n, i) = dev(h)?;
-    if count.is_null() {
-        return Err(NVML_ERROR_INVALID_ARGUMENT);
-    }
-    let procs = shared::processes(n.state, i);
-    // SAFETY: count is non-null; infos holds *count entries by the API contract.
-    unsafe {
-        let cap = *count as usize;
-        *count = procs.len() as c_uint;
-        if cap < procs.len() || (infos.is_null() && !procs.is_empty()) {
-            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
-        }
-        for (k, (pid, used)) in procs.into_iter().enumerate() {
-            infos.add(k).write_unaligned(ProcessInfoV1 {
-                pid,
-                used_gpu_memory: used,
-            });
-        }
-    }
-    Ok(())
+    fill_processes(h, count, infos, |pid, used| ProcessInfoV1 {
+        pid,
+        used_gpu_memory: used,
+    })
 }
 
 /// `nvmlProcessDetailList_v1_t`.
@@ -229,6 +213,22 @@ fn process_detail_list(h: nvmlDevice_t, l: *mut ProcessDetailList) -> NResult<()
 }
 
 fn processes(h: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> NResult<()> {
+    fill_processes(h, count, infos, |pid, used| nvmlProcessInfo_t {
+        pid,
+        usedGpuMemory: used,
+        gpuInstanceId: u32::MAX,
+        computeInstanceId: u32::MAX,
+    })
+}
+
+/// The process-list protocol of every version: `*count` in is the room in `infos`, out the
+/// number of processes; too little room is `INSUFFICIENT_SIZE`. `entry` builds one entry.
+fn fill_processes<T>(
+    h: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut T,
+    entry: impl Fn(c_uint, u64) -> T,
+) -> NResult<()> {
     let (n, i) = dev(h)?;
     if count.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
@@ -242,12 +242,7 @@ fn processes(h: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t)
             return Err(NVML_ERROR_INSUFFICIENT_SIZE);
         }
         for (k, (pid, used)) in procs.into_iter().enumerate() {
-            infos.add(k).write_unaligned(nvmlProcessInfo_t {
-                pid,
-                usedGpuMemory: used,
-                gpuInstanceId: u32::MAX,
-                computeInstanceId: u32::MAX,
-            });
+            infos.add(k).write_unaligned(entry(pid, used));
         }
     }
     Ok(())
