@@ -818,8 +818,23 @@ impl Ledger {
         Ok(removed)
     }
 
-    pub(crate) fn free_slice_pub(&self, si: usize) {
-        self.free_slice_locked(si)
+    /// A reaped process leaves slice `si` (record `sl`), under the lock: one fewer attached, and
+    /// a slice no operator made is freed when its last process goes (its name is returned).
+    pub(crate) fn leave_slice_locked(&self, si: usize, sl: &Slice) -> Option<String> {
+        let left = sl
+            .attached
+            .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
+            .unwrap_or(0)
+            .saturating_sub(1);
+        let free = left == 0
+            && sl.operator_defined.load(SeqCst) == 0
+            && sl.state.load(SeqCst) == STATE_ACTIVE;
+        if !free {
+            return None;
+        }
+        let name = sl.name.get();
+        self.free_slice_locked(si);
+        Some(name)
     }
 
     fn free_slice_locked(&self, si: usize) {
@@ -979,18 +994,8 @@ impl Ledger {
                     ));
                     continue;
                 };
-                let left = sl
-                    .attached
-                    .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
-                    .unwrap_or(0)
-                    .saturating_sub(1);
-                if left == 0
-                    && sl.operator_defined.load(SeqCst) == 0
-                    && sl.state.load(SeqCst) == STATE_ACTIVE
-                {
-                    out.slices_removed.push(sl.name.get());
-                    self.free_slice_locked(s as usize);
-                }
+                out.slices_removed
+                    .extend(self.leave_slice_locked(s as usize, sl));
             }
             p.pid.store(0, SeqCst);
             p.state.store(STATE_FREE, SeqCst);

@@ -452,14 +452,7 @@ impl Ledger {
             pd.slice.store(ACCOUNT_NONE, SeqCst);
             pd.account.store(ACCOUNT_NONE, SeqCst);
             if let Some(sl) = self.slices().get(s as usize) {
-                let left = sl
-                    .attached
-                    .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
-                    .unwrap_or(0)
-                    .saturating_sub(1);
-                if left == 0 && sl.operator_defined.load(SeqCst) == 0 {
-                    self.free_slice_pub(s as usize);
-                }
+                self.leave_slice_locked(s as usize, sl);
             }
         }
         p.pid.store(0, SeqCst);
@@ -563,18 +556,8 @@ impl Ledger {
                 let Some(sl) = self.slices().get(s as usize) else {
                     continue;
                 };
-                let left = sl
-                    .attached
-                    .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
-                    .unwrap_or(0)
-                    .saturating_sub(1);
-                if left == 0
-                    && sl.operator_defined.load(SeqCst) == 0
-                    && sl.state.load(SeqCst) == STATE_ACTIVE
-                {
-                    out.slices_removed.push(sl.name.get());
-                    self.free_slice_pub(s as usize);
-                }
+                out.slices_removed
+                    .extend(self.leave_slice_locked(s as usize, sl));
             }
             p.pid.store(0, SeqCst);
             p.state.store(STATE_FREE, SeqCst);
