@@ -315,7 +315,9 @@ impl<'a> Client<'a> {
     /// Charge what this process held under its current lease, up to `end`. A turn can start
     /// after the clock (it begins where the previous charge ended, which may lie ahead), so `end`
     /// may precede it: that charges nothing rather than wrapping or panicking.
-    pub(super) fn settle(&mut self, end: u64) {
+    /// Returns how many other processes of the slice still hold queued work in that turn.
+    pub(super) fn settle(&mut self, end: u64) -> u64 {
+        let mut others = 0;
         if let Some(start) = self.held_since.take() {
             let (share, cap) = self.share_cap();
             let busy = core::mem::take(&mut self.admitted_ns);
@@ -338,6 +340,38 @@ impl<'a> Client<'a> {
             charge(self.dev, self.me, share, cap, start, end, paid);
             self.charged_until = end;
             self.proc.holding_mask.fetch_and(!self.bit(), AcqRel);
+            others = self.me.turn_holders.leave(self.held_turn);
+        }
+        others
+    }
+
+    /// After finishing its own queue at the end of turn `turn` (lease word `w`): sleep until
+    /// the last sibling still holding work in the turn hands the lease on, or until the slice's
+    /// queued work is estimated to be within [`HANDOFF_LEAD_NS`] of its end, at most half the
+    /// lease's grace past its end (waiters take over at the whole grace).
+    fn await_siblings(&mut self, w: u64, turn: u64) {
+        let l = Lease::unpack(w);
+        let until = self
+            .me
+            .tail_ns
+            .load(Acquire)
+            .saturating_sub(HANDOFF_LEAD_NS)
+            .min(l.end_ns.saturating_add(GRACE_NS / 2));
+        loop {
+            let seq = self.dev.seq.load(Acquire);
+            let now = self.os.now_ns();
+            if now >= until
+                || self.dev.lease.load(Acquire) != w
+                || self.me.turn_holders.count(turn) == 0
+            {
+                return;
+            }
+            self.dev.sleepers.fetch_add(1, AcqRel);
+            // Woken when the holder changes (the sibling handed over); at most 1 ms at a time
+            // to look at the count again (a sibling whose lease was renewed leaves silently).
+            self.os
+                .futex_wait(&self.dev.seq, seq, (until - now).min(1_000_000));
+            self.dev.sleepers.fetch_sub(1, AcqRel);
         }
     }
 
@@ -382,6 +416,7 @@ impl<'a> Client<'a> {
                         self.me.turn_start_ns.store(since, Release);
                     }
                     self.proc.holding_mask.fetch_or(self.bit(), AcqRel);
+                    self.me.turn_holders.join(turn);
                 }
                 self.me.want_ns.store(now, Release);
                 let queued = work.outstanding_ns();
@@ -429,6 +464,7 @@ impl<'a> Client<'a> {
                     // (fetch_max), so one absurd estimate would end idle takeovers for good.
                     self.busy_until = now + need.min(MAX_LEASE_NS);
                     self.me.busy_until_ns.fetch_max(self.busy_until, AcqRel);
+                    self.me.tail_ns.fetch_max(self.busy_until, AcqRel);
                     break;
                 }
                 // The lease is over for us: pay for everything queued, then hand over, a little
@@ -443,7 +479,17 @@ impl<'a> Client<'a> {
                 // `left` should be about the lead, but a drain that gave up on a hung kernel
                 // reports the whole rest: charge at most a lease ahead, or `charged_until`
                 // would hold the start of this process's next turns far beyond the clock.
-                self.settle(now + left.min(MAX_LEASE_NS));
+                let others = self.settle(now + left.min(MAX_LEASE_NS));
+                if others > 0 {
+                    // Siblings of this slice still have work queued in the turn (the engine
+                    // runs it after or between ours): the last of them hands over, so the next
+                    // slice's turn starts on an engine the slice has left, not behind its
+                    // queue (which would have the next slice pay for it). Wait for that, but
+                    // no longer than the slice's queued work is estimated to last (a sibling
+                    // that never comes back to launch must not hold the device).
+                    self.await_siblings(w, turn);
+                }
+                let now = self.os.now_ns();
                 if self.dev.lease.load(Acquire) == w {
                     let next = pick(self.tenants, now, self.id, 0);
                     install(self.os, self.dev, self.tenants, w, next, now);

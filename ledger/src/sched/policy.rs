@@ -28,9 +28,11 @@ use crate::layout::PPM;
 pub const LEASE_NS: u64 = 5_000_000;
 /// Longest a lease may be extended for a single kernel longer than [`LEASE_NS`].
 pub const MAX_LEASE_NS: u64 = 200_000_000;
-/// A holder hands over when its queued work needs about this much more: about a wake-up and a
-/// launch of the next holder, so the engine does not idle between turns.
-pub const HANDOFF_LEAD_NS: u64 = 300_000;
+/// A holder hands over when its queued work needs about this much more: a wake-up and a first
+/// launch of the next holder, so the engine does not idle between turns. 300 µs was too short
+/// on a busy 2-core host (the engine idled at most handovers, and a two-process slice next to a
+/// one-process slice got 0.52-0.55 of the device at equal shares, `docs/benchmarks.md`).
+pub const HANDOFF_LEAD_NS: u64 = 1_000_000;
 /// A lease this far past its end is taken over (its holder is dead, hung or descheduled).
 pub const GRACE_NS: u64 = 5_000_000;
 /// A holder whose queued work ran out this long ago, and which launched nothing since, is idle:

@@ -201,7 +201,6 @@ pub struct SchedSlice {
     pub leases_total: AtomicU64,
     /// Recent GPU time.
     pub window: Window,
-    /// Room to grow without moving the ledger layout.
     /// The device turn (`SchedDevice::turn`) the three words below are about: the slice's
     /// current or latest turn. The processes of a slice together are charged at most the
     /// turn's span, so a process waiting behind a sibling is not charged for that wait.
@@ -210,8 +209,69 @@ pub struct SchedSlice {
     pub turn_start_ns: AtomicU64,
     /// GPU ns charged to the slice for turn `turn_key` so far.
     pub turn_used_ns: AtomicU64,
+    /// Processes of the slice with work queued in a turn: `[turn: 40 bits][count: 24 bits]`
+    /// (see [`TurnHolders`]). The last of them to finish its queue hands the lease on, so the
+    /// next slice's turn does not begin behind a sibling's queued work.
+    pub turn_holders: TurnHolders,
+    /// Latest estimated end of the work its processes queued (ns): how long a process that
+    /// finished its own queue waits, at most, for a sibling that never comes back to hand over.
+    pub tail_ns: AtomicU64,
     /// Room to grow without moving the ledger layout.
-    pub reserved: [u64; 3],
+    pub reserved: [u64; 1],
+}
+
+/// How many processes of a slice hold queued work in one turn: one word, so a process joining
+/// a new turn resets the count and joins it in one atomic step (no reset racing a join).
+#[repr(transparent)]
+#[derive(Debug, Default)]
+pub struct TurnHolders(AtomicU64);
+
+const HOLDER_COUNT_BITS: u32 = 24;
+const HOLDER_COUNT_MASK: u64 = (1 << HOLDER_COUNT_BITS) - 1;
+
+impl TurnHolders {
+    fn turn_bits(turn: u64) -> u64 {
+        turn << HOLDER_COUNT_BITS
+    }
+
+    /// A process starts holding in device turn `turn`.
+    pub(crate) fn join(&self, turn: u64) {
+        let key = Self::turn_bits(turn);
+        let _ = self.0.fetch_update(AcqRel, Acquire, |w| {
+            Some(if w & !HOLDER_COUNT_MASK == key {
+                key | ((w & HOLDER_COUNT_MASK) + 1).min(HOLDER_COUNT_MASK)
+            } else {
+                key | 1
+            })
+        });
+    }
+
+    /// A process that joined turn `turn` is done with it; returns how many still hold in it
+    /// (0 when the word moved on to another turn: nobody to wait for). The count is a hint
+    /// (a process killed while holding stays counted for that turn only).
+    pub(crate) fn leave(&self, turn: u64) -> u64 {
+        let key = Self::turn_bits(turn);
+        match self.0.fetch_update(AcqRel, Acquire, |w| {
+            (w & !HOLDER_COUNT_MASK == key && w & HOLDER_COUNT_MASK > 0).then(|| w - 1)
+        }) {
+            Ok(w) => (w & HOLDER_COUNT_MASK) - 1,
+            Err(_) => 0,
+        }
+    }
+
+    /// Processes holding in turn `turn`.
+    pub(crate) fn count(&self, turn: u64) -> u64 {
+        let w = self.0.load(Acquire);
+        if w & !HOLDER_COUNT_MASK == Self::turn_bits(turn) {
+            w & HOLDER_COUNT_MASK
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn clear(&self) {
+        self.0.store(0, Release);
+    }
 }
 
 /// Per-process scheduler state (in the ledger's `Proc` record), for the reaper.
@@ -267,12 +327,14 @@ impl SchedSlice {
             &self.turn_key,
             &self.turn_start_ns,
             &self.turn_used_ns,
+            &self.tail_ns,
             &self.window.start_ns,
             &self.window.cur_ns,
             &self.window.prev_ns,
         ] {
             a.store(0, Release);
         }
+        self.turn_holders.clear();
         self.waiters.store(0, Release);
         self.class.store(CLASS_NORMAL, Release);
     }
