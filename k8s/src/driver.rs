@@ -15,6 +15,7 @@
 
 use crate::claims::ClaimSource;
 use crate::config::{Config, LedgerMode, NvidiaCdiName};
+use crate::health::GpuHealth;
 use crate::nvml::{Gpu, Inventory, Nvml};
 use crate::quantity;
 use crate::slice::{self, COMPUTE, COMPUTE_WHOLE, MEMORY};
@@ -22,7 +23,7 @@ use gpuslice_ledger::layout::STATE_ACTIVE;
 use gpuslice_ledger::protocol::{self, Message};
 use gpuslice_ledger::{human_bytes, Ledger, LedgerError, OperatorSlice, Snapshot, PPM};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Mutex;
@@ -82,6 +83,10 @@ pub struct Driver {
     claims: Box<dyn ClaimSource>,
     inventory: Mutex<Inventory>,
     serial: tokio::sync::Mutex<()>,
+    /// Every GPU's health, for the kubelet's health streams (`health.rs`).
+    health: tokio::sync::watch::Sender<Vec<GpuHealth>>,
+    /// The device names of every GPU seen since start (one that vanishes stays, unhealthy).
+    seen: Mutex<BTreeSet<String>>,
 }
 
 fn ledger_err(e: LedgerError) -> String {
@@ -173,7 +178,10 @@ impl Driver {
             claims,
             inventory: Mutex::new(inventory.clone()),
             serial: tokio::sync::Mutex::new(()),
+            health: tokio::sync::watch::channel(vec![]).0,
+            seen: Mutex::new(BTreeSet::new()),
         };
+        d.update_health(Ok(&inventory));
         d.register(&inventory)?;
         Ok(d)
     }
@@ -277,10 +285,55 @@ impl Driver {
         Ok(())
     }
 
+    /// The GPUs' health, kept current by [`Driver::devices`] (every resync).
+    pub fn health(&self) -> tokio::sync::watch::Receiver<Vec<GpuHealth>> {
+        self.health.subscribe()
+    }
+
+    /// Determine every GPU's health from NVML's answer now and (node mode) the monitor's.
+    fn update_health(&self, inv: Result<&Inventory, &str>) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let here: BTreeSet<String> = match inv {
+            Ok(inv) => inv
+                .gpus
+                .iter()
+                .map(|g| slice::device_name(&g.uuid))
+                .collect(),
+            Err(_) => BTreeSet::new(),
+        };
+        seen.extend(here.iter().cloned());
+        let monitor = if self.node && inv.is_ok() {
+            self.ask_monitor(&Message::new("op", "ping")).err()
+        } else {
+            None
+        };
+        let now = crate::health::judge(&seen, inv.map(|_| &here), monitor.as_deref());
+        self.health.send_if_modified(|h| {
+            let changed = *h != now;
+            if changed {
+                for g in now.iter().filter(|g| !h.contains(g)) {
+                    match g.healthy {
+                        Some(true) => eprintln!("gpuslice-dra: {} is healthy", g.device),
+                        Some(false) => {
+                            eprintln!("gpuslice-dra: {} is unhealthy: {}", g.device, g.message)
+                        }
+                        None => {
+                            eprintln!("gpuslice-dra: {} health unknown: {}", g.device, g.message)
+                        }
+                    }
+                }
+                *h = now;
+            }
+            changed
+        });
+    }
+
     /// Read GPUs and reservations again; the devices this node publishes now.
     pub async fn devices(&self) -> Result<Vec<k8s_openapi::api::resource::v1::Device>, String> {
         let _g = self.serial.lock().await;
-        let inv = self.nvml.inventory()?;
+        let inv = self.nvml.inventory();
+        self.update_health(inv.as_ref().map_err(|e| e.as_str()));
+        let inv = inv?;
         self.register(&inv)?;
         *self.inventory.lock().unwrap_or_else(|p| p.into_inner()) = inv.clone();
         let snap = self.ledger.snapshot();

@@ -8,6 +8,7 @@
 //! Needs root (to be the node's root and to become another user); without root it prints why
 //! and passes vacuously, like tests/e2e/tests/tenants.rs. CI runs as root.
 
+use gpuslice_dra::proto::health_v1alpha1::HealthStatus;
 use gpuslice_dra::proto::v1;
 use gpuslice_e2e::{artifact, fake_lib_dir, World};
 use gpuslice_ledger::Ledger;
@@ -304,7 +305,18 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
         uid: "3b3b3b3b-0000-4000-8000-00000000003b",
     };
     b.write(&dirs, &dev0, "2Gi", "100");
+    let mut health = health_watch(&endpoint).await;
+    next_health(&mut health, "a healthy GPU", |h| {
+        h.get(&dev0).is_some_and(|g| g.0 == HealthStatus::Healthy)
+    })
+    .await;
     node.stop_monitor();
+    // The kubelet hears that the GPU cannot take new processes now, and why.
+    let h = next_health(&mut health, "the GPU unhealthy", |h| {
+        h.get(&dev0).is_some_and(|g| g.0 == HealthStatus::Unhealthy)
+    })
+    .await;
+    assert!(h[&dev0].1.contains("monitor does not answer"), "{h:?}");
     let r = prepare(&endpoint, &[&b]).await;
     let err = &r.claims[b.uid].error;
     assert!(r.claims[b.uid].devices.is_empty());
@@ -319,6 +331,12 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
     assert!(slice_of(&policy, &b).is_none());
     // ... and the monitor back: the kubelet's retry succeeds.
     node.start_monitor();
+    next_health(&mut health, "the GPU healthy again", |h| {
+        h.get(&dev0)
+            .is_some_and(|g| g.0 == HealthStatus::Healthy && g.1.is_empty())
+    })
+    .await;
+    drop(health);
     let r = prepare(&endpoint, &[&b]).await;
     prepared_ids(&r, b.uid);
     assert_eq!(

@@ -6,6 +6,7 @@
 //! Claims come from a directory (`--claims dir:`) and the slice goes to a file (`--publish
 //! file:`): the same code paths as in a cluster except the API client itself.
 
+use gpuslice_dra::proto::health_v1alpha1::HealthStatus;
 use gpuslice_dra::proto::{v1, v1beta1};
 use gpuslice_e2e::World;
 use gpuslice_ledger::{human_bytes, Ledger, OperatorSlice, PPM};
@@ -56,6 +57,32 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
         assert_eq!(policy.default.as_ref().unwrap().0, "1Gi");
     }
     assert_eq!(capacities(&s0)[&dev0], ("16Gi".into(), "1000".into()));
+
+    // Device health, as a kubelet with ResourceHealthStatus watches it: both GPUs healthy.
+    let mut health = health_watch(&endpoint).await;
+    let h = next_health(&mut health, "both GPUs", |h| h.len() == 2).await;
+    for d in [&dev0, &dev1] {
+        assert_eq!(h[d].0, HealthStatus::Healthy, "{h:?}");
+    }
+    // The same service as v1.
+    let v1h =
+        gpuslice_dra::proto::health_v1::dra_resource_health_client::DraResourceHealthClient::new(
+            channel(endpoint.clone()).await,
+        )
+        .node_watch_resources(gpuslice_dra::proto::health_v1::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .message()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v1h.devices.len(), 2);
+    assert!(v1h
+        .devices
+        .iter()
+        .all(|d| d.health == gpuslice_dra::proto::health_v1::HealthStatus::Healthy as i32));
+    drop(health);
 
     // An operator slice made outside Kubernetes: the slice is republished without it.
     let ledger = Ledger::open(&world.runtime_dir()).expect("the plugin created the ledger");

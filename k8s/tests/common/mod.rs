@@ -4,7 +4,7 @@
 
 #![allow(dead_code)] // each test binary uses a part
 
-use gpuslice_dra::proto::{registration, v1};
+use gpuslice_dra::proto::{health_v1alpha1, registration, v1};
 use gpuslice_e2e::{artifact, World};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
@@ -143,6 +143,10 @@ pub async fn register(dirs: &Dirs) -> PathBuf {
     assert!(info
         .supported_versions
         .contains(&"v1beta1.DRAPlugin".to_string()));
+    // The optional device-health service, in both versions (health.rs).
+    for s in ["v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth"] {
+        assert!(info.supported_versions.contains(&s.to_string()), "{s}");
+    }
     reg.notify_registration_status(registration::RegistrationStatus {
         plugin_registered: true,
         error: String::new(),
@@ -314,4 +318,58 @@ pub fn prepared_ids(r: &v1::NodePrepareResourcesResponse, uid: &str) -> Vec<Stri
     assert_eq!(e.error, "", "claim {uid}");
     assert_eq!(e.devices.len(), 1);
     e.devices[0].cdi_device_ids.clone()
+}
+
+/// The kubelet's device-health watch (v1alpha1, what kubelets 1.34 on open).
+pub async fn health_watch(
+    endpoint: &Path,
+) -> tonic::Streaming<health_v1alpha1::NodeWatchResourcesResponse> {
+    health_v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(
+        channel(endpoint.to_path_buf()).await,
+    )
+    .node_watch_resources(health_v1alpha1::NodeWatchResourcesRequest {})
+    .await
+    .expect("NodeWatchResources")
+    .into_inner()
+}
+
+/// The health of each device as (status, message), by device name.
+pub fn health_of(
+    r: &health_v1alpha1::NodeWatchResourcesResponse,
+) -> BTreeMap<String, (health_v1alpha1::HealthStatus, String)> {
+    r.devices
+        .iter()
+        .map(|d| {
+            let id = d.device.as_ref().expect("a device identifier");
+            assert_eq!(id.pool_name, NODE);
+            assert!(d.last_updated_time > 0 && d.health_check_timeout_seconds > 0);
+            (
+                id.device_name.clone(),
+                (
+                    health_v1alpha1::HealthStatus::try_from(d.health).expect("a known status"),
+                    d.message.clone(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The next health message for which `cond` holds (within 60 s).
+pub async fn next_health(
+    s: &mut tonic::Streaming<health_v1alpha1::NodeWatchResourcesResponse>,
+    what: &str,
+    mut cond: impl FnMut(&BTreeMap<String, (health_v1alpha1::HealthStatus, String)>) -> bool,
+) -> BTreeMap<String, (health_v1alpha1::HealthStatus, String)> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = tokio::time::timeout_at(deadline, s.message())
+            .await
+            .unwrap_or_else(|_| panic!("no health message with {what} in 60 s"))
+            .expect("the health stream")
+            .expect("the health stream stays open");
+        let h = health_of(&m);
+        if cond(&h) {
+            return h;
+        }
+    }
 }
