@@ -372,12 +372,21 @@ impl Driver {
     /// Prepare claims, one result per claim (in order).
     pub async fn prepare(&self, claims: &[ClaimRef]) -> Vec<Result<Vec<PreparedDevice>, String>> {
         let _g = self.serial.lock().await;
+        // Nothing is prepared while the node's monitor is down: a container started now would
+        // fail cuInit (no admission), so the pod waits with this message instead. Asked once
+        // per call, so a hung monitor costs one timeout, not one per claim.
+        let down = if self.node {
+            self.ask_monitor(&Message::new("op", "ping")).err()
+        } else {
+            None
+        };
         let mut out = Vec::with_capacity(claims.len());
         for c in claims {
-            let r = self
-                .prepare_one(c)
-                .await
-                .map_err(|e| format!("claim {} (uid {}): {e}", c.label(), c.uid));
+            let r = match &down {
+                Some(e) => Err(e.clone()),
+                None => self.prepare_one(c).await,
+            }
+            .map_err(|e| format!("claim {} (uid {}): {e}", c.label(), c.uid));
             match &r {
                 Ok(d) => eprintln!(
                     "gpuslice-dra: prepared claim {} as slice {} ({} device(s))",
@@ -472,11 +481,6 @@ impl Driver {
                  empty: not scheduled yet?)",
                 self.cfg.driver
             ));
-        }
-        if self.node {
-            // Nothing is prepared while the monitor is down: a container started now would
-            // fail cuInit (no admission), so the pod waits with this message instead.
-            self.ask_monitor(&Message::new("op", "ping"))?;
         }
         let gpus = self.gpus();
         let snap = self.ledger.snapshot();
