@@ -6,6 +6,8 @@ fn main() {
         "proto/pluginregistration/v1/api.proto",
         "proto/dra/v1/api.proto",
         "proto/dra/v1beta1/api.proto",
+        "proto/dra-health/v1alpha1/api.proto",
+        "proto/dra-health/v1/api.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

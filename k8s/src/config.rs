@@ -37,6 +37,19 @@ pub enum NvidiaCdiName {
     None,
 }
 
+/// Which kind of gpuslice runtime directory the plugin works in (docs/security.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerMode {
+    /// An existing ledger's own mode; with none yet, node mode for root on the node's default
+    /// directory (the root monitor's own rule), else personal.
+    Auto,
+    /// A node policy made by the root `gpuslice monitor`: the plugin never writes it; slices
+    /// are created and removed over `monitor.sock`. It waits for the monitor to create it.
+    Node,
+    /// A personal ledger the plugin opens (or creates) and writes itself.
+    Personal,
+}
+
 /// Everything the plugin is told.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -70,13 +83,19 @@ pub struct Config {
     pub memory_step: u64,
     /// Memory a request that names no memory consumes (bytes).
     pub memory_default: u64,
+    /// Node or personal mode.
+    pub mode: LedgerMode,
+    /// Leave the published ResourceSlice in place at a clean exit (the kubelet then deletes
+    /// it 30 s after the plugin unregistered, unless a new plugin registers first).
+    pub keep_slice_on_exit: bool,
 }
 
 /// Usage line.
 pub const USAGE: &str = "gpuslice-dra [--node-name NAME] [--driver NAME] [--registry-dir DIR] \
 [--plugin-dir DIR] [--cdi-dir DIR] [--runtime-dir DIR] [--library PATH] [--cdi-kind VENDOR/CLASS] \
 [--nvidia-cdi-kind VENDOR/CLASS] [--nvidia-cdi-name uuid|index|none] [--claims api|dir:DIR] \
-[--publish api|file:PATH] [--resync SECONDS] [--memory-step Q] [--memory-default Q]";
+[--publish api|file:PATH] [--resync SECONDS] [--memory-step Q] [--memory-default Q] \
+[--mode auto|node|personal] [--keep-slice-on-exit]";
 
 /// Help text.
 pub const HELP: &str = "\
@@ -97,7 +116,11 @@ The gpuslice DRA kubelet plugin: publishes this node's GPUs as shareable devices
   --publish DST          api (default) or file:PATH (the ResourceSlice as JSON)
   --resync SECONDS       how often GPUs and reservations are re-read (default 10)
   --memory-step Q        memory request step and minimum (default 256Mi)
-  --memory-default Q     memory of a request that asks for none (default 1Gi)";
+  --memory-default Q     memory of a request that asks for none (default 1Gi)
+  --mode M               node: the root monitor's policy, slices made over monitor.sock;
+                         personal: a ledger the plugin writes itself; auto (default): an
+                         existing ledger's mode, else node for root on /dev/shm/gpuslice
+  --keep-slice-on-exit   leave the ResourceSlice at a clean exit (default: delete it)";
 
 /// Why the flags were refused.
 #[derive(Debug)]
@@ -139,6 +162,8 @@ impl Config {
         let mut resync = Duration::from_secs(10);
         let mut memory_step = 256 << 20;
         let mut memory_default = 1 << 30;
+        let mut mode = LedgerMode::Auto;
+        let mut keep_slice_on_exit = false;
         let usage = |e: lexopt::Error| ConfigError::Usage(e.to_string());
         while let Some(arg) = p.next().map_err(usage)? {
             let val = |p: &mut lexopt::Parser| -> Result<String, ConfigError> {
@@ -209,6 +234,19 @@ impl Config {
                 }
                 Long("memory-step") => memory_step = size("--memory-step", &val(&mut p)?)?,
                 Long("memory-default") => memory_default = size("--memory-default", &val(&mut p)?)?,
+                Long("mode") => {
+                    mode = match val(&mut p)?.as_str() {
+                        "auto" => LedgerMode::Auto,
+                        "node" => LedgerMode::Node,
+                        "personal" => LedgerMode::Personal,
+                        v => {
+                            return Err(ConfigError::Usage(format!(
+                                "--mode {v:?}: one of auto, node, personal"
+                            )))
+                        }
+                    }
+                }
+                Long("keep-slice-on-exit") => keep_slice_on_exit = true,
                 other => return Err(ConfigError::Usage(other.unexpected().to_string())),
             }
         }
@@ -256,6 +294,8 @@ impl Config {
             resync,
             memory_step,
             memory_default,
+            mode,
+            keep_slice_on_exit,
         })
     }
 
@@ -312,6 +352,9 @@ mod tests {
         assert_eq!(c.claims, ClaimsFrom::Dir("/x".into()));
         assert_eq!(c.publish, PublishTo::File("/y.json".into()));
         assert_eq!(c.nvidia_cdi_name, NvidiaCdiName::Index);
+        assert_eq!((c.mode, c.keep_slice_on_exit), (LedgerMode::Auto, false));
+        let c = parse(&["--node-name=n", "--mode", "node", "--keep-slice-on-exit"]).unwrap();
+        assert_eq!((c.mode, c.keep_slice_on_exit), (LedgerMode::Node, true));
     }
 
     #[test]
@@ -334,6 +377,10 @@ mod tests {
                 "uuid, index, none",
             ),
             (&["--node-name", "n", "--bogus"][..], "bogus"),
+            (
+                &["--node-name", "n", "--mode", "shared"][..],
+                "auto, node, personal",
+            ),
         ] {
             let e = parse(args).unwrap_err();
             assert!(e.contains(says), "{args:?}: {e}");

@@ -5,17 +5,29 @@
 //! Nothing lives only in memory: whether a claim is prepared is read from the ledger (the
 //! slice) and the CDI directory (the spec), so a restarted plugin carries on where the last
 //! one stopped, and every call is idempotent. Calls are serialized by one lock.
+//!
+//! Two kinds of runtime directory (docs/security.md): in a **personal** one the plugin writes
+//! the ledger itself (`Ledger::create_operator_slice`); in a **node** one the policy belongs to
+//! the root `gpuslice monitor`, and the plugin only reads it: slices are created and removed
+//! by operator requests over `monitor.sock` (`op=slice-create`, `op=slice-rm`, authorized by
+//! `SO_PEERCRED` as root), the monitor registers the GPUs and reaps dead processes, and a
+//! prepare while the monitor is down fails with a retryable per-claim error.
 
 use crate::claims::ClaimSource;
-use crate::config::{Config, NvidiaCdiName};
+use crate::config::{Config, LedgerMode, NvidiaCdiName};
+use crate::health::GpuHealth;
 use crate::nvml::{Gpu, Inventory, Nvml};
 use crate::quantity;
 use crate::slice::{self, COMPUTE, COMPUTE_WHOLE, MEMORY};
+use gpuslice_ledger::layout::STATE_ACTIVE;
+use gpuslice_ledger::protocol::{self, Message};
 use gpuslice_ledger::{human_bytes, Ledger, LedgerError, OperatorSlice, Snapshot, PPM};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,31 +77,111 @@ struct Want {
 pub struct Driver {
     cfg: Config,
     ledger: Ledger,
+    /// Node mode: the policy is the monitor's; every change goes over `monitor.sock`.
+    node: bool,
     nvml: Nvml,
     claims: Box<dyn ClaimSource>,
     inventory: Mutex<Inventory>,
     serial: tokio::sync::Mutex<()>,
+    /// Every GPU's health, for the kubelet's health streams (`health.rs`).
+    health: tokio::sync::watch::Sender<Vec<GpuHealth>>,
+    /// The device names of every GPU seen since start (one that vanishes stays, unhealthy).
+    seen: Mutex<BTreeSet<String>>,
 }
 
 fn ledger_err(e: LedgerError) -> String {
     e.to_string()
 }
 
+/// How long one request to the node's monitor may take.
+const MONITOR_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Open the runtime directory's ledger as `mode` says. Node mode never creates anything: it
+/// waits (logging once) until the root monitor has made its policy, so a plugin that starts
+/// first cannot leave a personal ledger where the monitor's policy belongs.
+fn open_ledger(dir: &Path, mode: LedgerMode) -> Result<Ledger, String> {
+    let what = |e: LedgerError| format!("the gpuslice ledger in {}: {e}", dir.display());
+    let node = match mode {
+        LedgerMode::Node => true,
+        LedgerMode::Personal => false,
+        LedgerMode::Auto => match Ledger::open(dir) {
+            Ok(l) => return Ok(l),
+            Err(LedgerError::NotFound(_)) => {
+                // The root monitor's own rule: node mode for root on the node's directory.
+                gpuslice_ledger::dir::euid() == 0
+                    && dir == Path::new(gpuslice_ledger::DEFAULT_RUNTIME_DIR)
+            }
+            Err(e) => return Err(what(e)),
+        },
+    };
+    if !node {
+        let l = Ledger::open_or_create(dir).map_err(what)?;
+        if l.is_node() {
+            return Err(format!(
+                "--mode personal, but {} is the node monitor's policy: run with --mode node \
+                 (or auto), so slices are made through the monitor",
+                l.path().display()
+            ));
+        }
+        return Ok(l);
+    }
+    let mut said = false;
+    loop {
+        match Ledger::open(dir) {
+            Ok(l) if l.is_node() => return Ok(l),
+            Ok(l) => {
+                return Err(format!(
+                    "--mode node, but {} is a personal ledger, not the policy of a root \
+                     `gpuslice monitor`: stop what uses it, remove it, and start the monitor \
+                     as root (or run the plugin with --mode personal)",
+                    l.path().display()
+                ))
+            }
+            Err(LedgerError::NotFound(_)) => {
+                if !said {
+                    eprintln!(
+                        "gpuslice-dra: waiting for the node's gpuslice monitor (root) to create \
+                         its policy in {}",
+                        dir.display()
+                    );
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(what(e)),
+        }
+    }
+}
+
 impl Driver {
-    /// Open the ledger (creating it if needed), read the GPUs, register them in the ledger.
+    /// Open the ledger (personal mode: creating it if needed; node mode: waiting for the
+    /// monitor's policy), read the GPUs, register them in a personal ledger.
     pub fn new(cfg: Config, claims: Box<dyn ClaimSource>) -> Result<Driver, String> {
         let nvml = Nvml::load()?;
-        let ledger = Ledger::open_or_create(&cfg.runtime_dir)
-            .map_err(|e| format!("the gpuslice ledger in {}: {e}", cfg.runtime_dir.display()))?;
+        let ledger = open_ledger(&cfg.runtime_dir, cfg.mode)?;
+        let node = ledger.is_node();
+        eprintln!(
+            "gpuslice-dra: {} in {}",
+            if node {
+                "node mode: slices are made by the node's monitor (monitor.sock)"
+            } else {
+                "personal mode: slices are written to the ledger by this plugin"
+            },
+            cfg.runtime_dir.display()
+        );
         let inventory = nvml.inventory()?;
         let d = Driver {
             cfg,
             ledger,
+            node,
             nvml,
             claims,
             inventory: Mutex::new(inventory.clone()),
             serial: tokio::sync::Mutex::new(()),
+            health: tokio::sync::watch::channel(vec![]).0,
+            seen: Mutex::new(BTreeSet::new()),
         };
+        d.update_health(Ok(&inventory));
         d.register(&inventory)?;
         Ok(d)
     }
@@ -99,7 +191,92 @@ impl Driver {
         &self.cfg
     }
 
+    /// Whether the ledger is a node policy (slices go through the monitor).
+    pub fn node_mode(&self) -> bool {
+        self.node
+    }
+
+    /// One operator request to the node's monitor: its `ok` value, or why not, worded for the
+    /// cluster operator (a monitor that does not answer is retried by the kubelet).
+    fn ask_monitor(&self, m: &Message) -> Result<String, String> {
+        let (r, _) = protocol::call(self.ledger.dir().fd(), m, MONITOR_TIMEOUT).map_err(|e| {
+            format!(
+                "the node's gpuslice monitor does not answer on {} ({e}): start it as root \
+                 (`gpuslice monitor`, the monitor container of the gpuslice-dra DaemonSet); \
+                 nothing was changed, and the kubelet retries",
+                self.ledger
+                    .dir()
+                    .path()
+                    .join(protocol::SOCKET_FILE)
+                    .display()
+            )
+        })?;
+        match r.get("err") {
+            Some(e) => Err(format!("the node's gpuslice monitor refused: {e}")),
+            None => Ok(r.get("ok").unwrap_or("").to_string()),
+        }
+    }
+
+    /// Create one claim slice: over the socket in node mode, in the ledger otherwise.
+    fn create_slice(&self, spec: &OperatorSlice) -> Result<(), String> {
+        if !self.node {
+            return self
+                .ledger
+                .create_operator_slice(spec)
+                .map(|_| ())
+                .map_err(ledger_err);
+        }
+        let mut m = Message::new("op", "slice-create");
+        m.push("name", &spec.name)
+            .push("device", &spec.device)
+            .push("memory", &spec.memory.to_string())
+            .push("share", &spec.compute_share_ppm.to_string())
+            .push("cap", &spec.compute_cap_ppm.to_string())
+            .push("claim", spec.claim.as_deref().unwrap_or(""));
+        self.ask_monitor(&m).map(|_| ())
+    }
+
+    /// Remove a claim's slice on every device.
+    fn remove_slice(&self, name: &str) -> Result<(), String> {
+        if !self.node {
+            return match self.ledger.remove_slice(name) {
+                Ok(_) | Err(LedgerError::NoSuchSlice(_)) => Ok(()),
+                Err(e) => Err(ledger_err(e)),
+            };
+        }
+        match self.ask_monitor(Message::new("op", "slice-rm").push("name", name)) {
+            Ok(_) => Ok(()),
+            Err(e) if e.contains("no slice named") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Node mode: the live processes of the slice records `slices`, by the monitor's own
+    /// record of each (its pid in the host's PID namespace and that pid's start time; the
+    /// DaemonSet runs the plugin with `hostPID`). Dead ones await the monitor's reaper.
+    fn live_members(&self, slices: &[usize]) -> Vec<u32> {
+        let mut pids = vec![];
+        for p in self.ledger.procs() {
+            if p.state.load(SeqCst) != STATE_ACTIVE {
+                continue;
+            }
+            let member = p
+                .devices
+                .iter()
+                .any(|d| slices.contains(&(d.slice.load(SeqCst) as usize)));
+            let (pid, start) = (p.host_pid.load(SeqCst), p.start_time.load(SeqCst));
+            if member && start != 0 && gpuslice_ledger::start_time_of(&pid.to_string()) == start {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
     fn register(&self, inv: &Inventory) -> Result<(), String> {
+        if self.node {
+            // The monitor registers the GPUs it sees (admission trusts only those).
+            return Ok(());
+        }
         for g in &inv.gpus {
             self.ledger
                 .ensure_device(&g.uuid, &g.name, g.memory_total)
@@ -108,10 +285,55 @@ impl Driver {
         Ok(())
     }
 
+    /// The GPUs' health, kept current by [`Driver::devices`] (every resync).
+    pub fn health(&self) -> tokio::sync::watch::Receiver<Vec<GpuHealth>> {
+        self.health.subscribe()
+    }
+
+    /// Determine every GPU's health from NVML's answer now and (node mode) the monitor's.
+    fn update_health(&self, inv: Result<&Inventory, &str>) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let here: BTreeSet<String> = match inv {
+            Ok(inv) => inv
+                .gpus
+                .iter()
+                .map(|g| slice::device_name(&g.uuid))
+                .collect(),
+            Err(_) => BTreeSet::new(),
+        };
+        seen.extend(here.iter().cloned());
+        let monitor = if self.node && inv.is_ok() {
+            self.ask_monitor(&Message::new("op", "ping")).err()
+        } else {
+            None
+        };
+        let now = crate::health::judge(&seen, inv.map(|_| &here), monitor.as_deref());
+        self.health.send_if_modified(|h| {
+            let changed = *h != now;
+            if changed {
+                for g in now.iter().filter(|g| !h.contains(g)) {
+                    match g.healthy {
+                        Some(true) => eprintln!("gpuslice-dra: {} is healthy", g.device),
+                        Some(false) => {
+                            eprintln!("gpuslice-dra: {} is unhealthy: {}", g.device, g.message)
+                        }
+                        None => {
+                            eprintln!("gpuslice-dra: {} health unknown: {}", g.device, g.message)
+                        }
+                    }
+                }
+                *h = now;
+            }
+            changed
+        });
+    }
+
     /// Read GPUs and reservations again; the devices this node publishes now.
     pub async fn devices(&self) -> Result<Vec<k8s_openapi::api::resource::v1::Device>, String> {
         let _g = self.serial.lock().await;
-        let inv = self.nvml.inventory()?;
+        let inv = self.nvml.inventory();
+        self.update_health(inv.as_ref().map_err(|e| e.as_str()));
+        let inv = inv?;
         self.register(&inv)?;
         *self.inventory.lock().unwrap_or_else(|p| p.into_inner()) = inv.clone();
         let snap = self.ledger.snapshot();
@@ -150,12 +372,21 @@ impl Driver {
     /// Prepare claims, one result per claim (in order).
     pub async fn prepare(&self, claims: &[ClaimRef]) -> Vec<Result<Vec<PreparedDevice>, String>> {
         let _g = self.serial.lock().await;
+        // Nothing is prepared while the node's monitor is down: a container started now would
+        // fail cuInit (no admission), so the pod waits with this message instead. Asked once
+        // per call, so a hung monitor costs one timeout, not one per claim.
+        let down = if self.node {
+            self.ask_monitor(&Message::new("op", "ping")).err()
+        } else {
+            None
+        };
         let mut out = Vec::with_capacity(claims.len());
         for c in claims {
-            let r = self
-                .prepare_one(c)
-                .await
-                .map_err(|e| format!("claim {} (uid {}): {e}", c.label(), c.uid));
+            let r = match &down {
+                Some(e) => Err(e.clone()),
+                None => self.prepare_one(c).await,
+            }
+            .map_err(|e| format!("claim {} (uid {}): {e}", c.label(), c.uid));
             match &r {
                 Ok(d) => eprintln!(
                     "gpuslice-dra: prepared claim {} as slice {} ({} device(s))",
@@ -317,7 +548,17 @@ impl Driver {
                 .devices
                 .iter()
                 .find(|d| &d.uuid == uuid)
-                .ok_or_else(|| format!("{uuid} is not in the gpuslice ledger"))?;
+                .ok_or_else(|| {
+                    if self.node {
+                        format!(
+                            "{uuid} is not registered in the node's policy: the gpuslice \
+                             monitor registers the GPUs NVML shows it (is its container given \
+                             the GPUs, NVIDIA_VISIBLE_DEVICES=all?); retried"
+                        )
+                    } else {
+                        format!("{uuid} is not in the gpuslice ledger")
+                    }
+                })?;
             let avail = dev
                 .memory_total
                 .saturating_sub(dev.memory_reserved)
@@ -354,18 +595,17 @@ impl Driver {
         }
         let created_any = !to_create.is_empty();
         for spec in &to_create {
-            if let Err(e) = self.ledger.create_operator_slice(spec) {
-                let _ = self.ledger.remove_slice(&name);
+            if let Err(e) = self.create_slice(spec) {
+                let _ = self.remove_slice(&name);
                 return Err(format!(
-                    "creating slice {name} on {}: {}; nothing was kept",
-                    spec.device,
-                    ledger_err(e)
+                    "creating slice {name} on {}: {e}; nothing was kept",
+                    spec.device
                 ));
             }
         }
         if let Err(e) = self.write_spec(&c.uid) {
             if created_any {
-                let _ = self.ledger.remove_slice(&name);
+                let _ = self.remove_slice(&name);
             }
             return Err(e);
         }
@@ -393,7 +633,8 @@ impl Driver {
 
     fn unprepare_one(&self, c: &ClaimRef) -> Result<(), String> {
         let name = slice_name(&c.uid);
-        // Processes that died are returned first, so a finished pod's slice is free to go.
+        // Processes that died are returned first, so a finished pod's slice is free to go
+        // (personal mode; in node mode the monitor reaps, and its record says who lives).
         let _ = self.ledger.reap_dead();
         let snap = self.ledger.snapshot();
         let mine: Vec<_> = snap
@@ -401,9 +642,18 @@ impl Driver {
             .iter()
             .filter(|s| s.name == name && !s.private)
             .collect();
-        let live: u32 = mine.iter().map(|s| s.attached).sum();
+        let (live, mut pids) = if self.node {
+            let indices: Vec<usize> = mine.iter().map(|s| s.index).collect();
+            let pids = self.live_members(&indices);
+            (pids.len() as u32, pids)
+        } else {
+            let live: u32 = mine.iter().map(|s| s.attached).sum();
+            (
+                live,
+                mine.iter().flat_map(|s| s.pids.iter().copied()).collect(),
+            )
+        };
         if live > 0 {
-            let mut pids: Vec<u32> = mine.iter().flat_map(|s| s.pids.iter().copied()).collect();
             pids.sort_unstable();
             pids.dedup();
             return Err(format!(
@@ -421,9 +671,9 @@ impl Driver {
         if mine.is_empty() {
             return Ok(());
         }
-        match self.ledger.remove_slice(&name) {
-            Ok(_) | Err(LedgerError::NoSuchSlice(_)) => Ok(()),
-            Err(e) => Err(format!("removing slice {name}: {}", ledger_err(e))),
-        }
+        // Node mode: a dead process the monitor has not reaped yet keeps the record until its
+        // next tick; the monitor removes the slice then (it never yanks a live one).
+        self.remove_slice(&name)
+            .map_err(|e| format!("removing slice {name}: {e}"))
     }
 }

@@ -11,12 +11,14 @@
 //! - [`driver`]: prepare and unprepare, with state only in the ledger and the CDI directory;
 //! - [`slice`]: the ResourceSlice; [`publish`]: where it goes, and the resync loop;
 //! - [`claims`]: where ResourceClaims are read (API server, or a directory for tests);
-//! - [`server`]: the two unix-socket gRPC servers;
+//! - [`server`]: the two unix-socket gRPC servers; [`health`]: the device-health stream the
+//!   kubelet watches (`DRAResourceHealth`);
 //! - [`nvml`], [`quantity`], [`config`].
 
 pub mod claims;
 pub mod config;
 pub mod driver;
+pub mod health;
 pub mod nvml;
 pub mod publish;
 pub mod quantity;
@@ -36,5 +38,13 @@ pub mod proto {
     /// `k8s.io.kubelet.pkg.apis.dra.v1beta1`.
     pub mod v1beta1 {
         tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
+    }
+    /// Device health (k8s.io/kubelet/pkg/apis/dra-health), gRPC package `v1alpha1`.
+    pub mod health_v1alpha1 {
+        tonic::include_proto!("v1alpha1");
+    }
+    /// Device health, gRPC package `v1` (the same messages).
+    pub mod health_v1 {
+        tonic::include_proto!("v1");
     }
 }

@@ -69,16 +69,28 @@ async fn run(cfg: Config) -> Result<(), String> {
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("SIGTERM handler: {e}"))?;
-    let result = tokio::select! {
-        r = server::serve_dra(driver.clone(), dra) => r,
-        r = server::serve_registration(registration, reg) => r,
-        () = publish::run(driver.clone(), sink) => Ok(()),
-        _ = term.recv() => Ok(()),
-        _ = tokio::signal::ctrl_c() => Ok(()),
+    let (result, signalled) = tokio::select! {
+        r = server::serve_dra(driver.clone(), dra) => (r, false),
+        r = server::serve_registration(registration, reg) => (r, false),
+        () = publish::run(driver.clone(), sink.clone()) => (Ok(()), false),
+        _ = term.recv() => (Ok(()), true),
+        _ = tokio::signal::ctrl_c() => (Ok(()), true),
     };
     // The registration socket goes first, so the kubelet stops calling; prepared claims stay
     // prepared (their slices and CDI specs are on disk) for the next plugin.
     let _ = std::fs::remove_file(cfg.registration_socket());
     let _ = std::fs::remove_file(cfg.dra_socket());
+    // A clean stop (SIGTERM: the DaemonSet deleted, or its pod replaced) takes the node's
+    // devices off the scheduler's list: no claim is placed on a node whose plugin is gone. The
+    // next plugin publishes them again. (The kubelet would also delete the slice, 30 s after
+    // the plugin unregistered; a plugin killed without a clean stop leaves that to it.)
+    if signalled && !cfg.keep_slice_on_exit {
+        let name = gpuslice_dra::slice::object_name(&cfg.node_name, &cfg.driver);
+        match tokio::time::timeout(std::time::Duration::from_secs(10), sink.delete(&name)).await {
+            Ok(Ok(())) => eprintln!("gpuslice-dra: deleted ResourceSlice {name}"),
+            Ok(Err(e)) => eprintln!("gpuslice-dra: {e}"),
+            Err(_) => eprintln!("gpuslice-dra: deleting ResourceSlice {name}: no answer in 10 s"),
+        }
+    }
     result
 }

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// A ResourceSlice destination.
+#[derive(Clone)]
 pub enum Sink {
     /// Server-side apply (field manager `gpuslice-dra`).
     Api(kube::Client),
@@ -55,6 +56,26 @@ impl Sink {
                 );
                 None
             }
+        }
+    }
+
+    /// Delete the published slice `name` (at a clean exit: an uninstalled driver leaves no
+    /// devices behind for the scheduler). One that is gone already is fine.
+    pub async fn delete(&self, name: &str) -> Result<(), String> {
+        match self {
+            Sink::Api(c) => {
+                let api: kube::Api<ResourceSlice> = kube::Api::all(c.clone());
+                match api.delete(name, &kube::api::DeleteParams::default()).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                    Err(e) => Err(format!("deleting ResourceSlice {name}: {e}")),
+                }
+            }
+            Sink::File(p) => match std::fs::remove_file(p) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(format!("removing {}: {e}", p.display())),
+            },
         }
     }
 

@@ -10,8 +10,15 @@ use tonic::{Request, Response, Status};
 
 /// The plugin type a DRA driver registers as.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
-/// The service versions served, newest first (the kubelet's names for them).
-pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+/// The services served, as the registration names them: the DRA service (newest first) and
+/// the optional device-health service (`health.rs`). A kubelet picks the DRA version both
+/// know and ignores names it does not know.
+pub const SUPPORTED_VERSIONS: [&str; 4] = [
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    crate::health::SERVICES[0],
+    crate::health::SERVICES[1],
+];
 
 /// The registration service.
 pub struct Registration {
@@ -184,10 +191,18 @@ pub async fn serve_dra(
     driver: Arc<Driver>,
     listener: tokio::net::UnixListener,
 ) -> Result<(), String> {
+    let health = crate::health::Health(driver.clone());
     let dra = Dra(driver);
+    use crate::proto::{health_v1, health_v1alpha1};
     tonic::transport::Server::builder()
         .add_service(v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
         .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(dra))
+        .add_service(
+            health_v1::dra_resource_health_server::DraResourceHealthServer::new(health.clone()),
+        )
+        .add_service(
+            health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health),
+        )
         .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
         .await
         .map_err(|e| format!("the DRA service: {e}"))

@@ -273,4 +273,15 @@ fn deploy_objects_are_valid_and_agree() {
         host_path("host-lib"),
         cfg.library.parent().unwrap().to_string_lossy()
     );
+    // Node mode on both sides: the plugin asks the monitor, the monitor owns the policy in the
+    // same directory.
+    assert_eq!(cfg.mode, gpuslice_dra::config::LedgerMode::Node);
+    let monitor = pod.containers.iter().find(|c| c.name == "monitor").unwrap();
+    let cmd = monitor.command.as_ref().unwrap();
+    assert!(cmd.windows(2).any(|w| w == ["--mode", "node"]), "{cmd:?}");
+    assert!(monitor.volume_mounts.iter().flatten().any(|m| {
+        host_path(&m.name) == cfg.runtime_dir.to_string_lossy()
+            && m.mount_path == cfg.runtime_dir.to_string_lossy()
+    }));
+    assert_eq!(pod.host_pid, Some(true), "the monitor checks host pids");
 }

@@ -103,6 +103,10 @@ async fn serve(listener: tokio::net::TcpListener, state: Arc<Mutex<State>>) {
                             s.objects.insert(path.clone(), (200, body.clone()));
                             (200, body)
                         }
+                        "DELETE" => match s.objects.remove(&path) {
+                            Some((200, obj)) => (200, obj),
+                            _ => (404, status(404, "NotFound", &format!("{path} not found"))),
+                        },
                         _ => (405, status(405, "MethodNotAllowed", "not in the fake")),
                     }
                 };
@@ -147,6 +151,22 @@ async fn wait_until(what: &str, log: &std::path::Path, mut cond: impl FnMut() ->
     }
 }
 
+/// Wait for `child` without blocking this thread (the fake API server runs on it and must
+/// answer the plugin's last requests).
+async fn exited(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the plugin did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn the_plugin_talks_to_the_api_server() {
     let world = World::new(1, "16Gi");
@@ -173,25 +193,35 @@ async fn the_plugin_talks_to_the_api_server() {
     )
     .unwrap();
     let log = root.join("plugin.log");
-    let mut plugin = world
-        .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
-        .env("KUBECONFIG", &kubeconfig)
-        .env("NODE_NAME", "node-k")
-        .arg("--registry-dir")
-        .arg(root.join("reg"))
-        .arg("--plugin-dir")
-        .arg(root.join("plugin"))
-        .arg("--cdi-dir")
-        .arg(root.join("cdi"))
-        .arg("--runtime-dir")
-        .arg(world.runtime_dir())
-        .arg("--library")
-        .arg(artifact("libgpuslice.so"))
-        .args(["--resync", "0.1"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let start = |extra: &[&str]| {
+        world
+            .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
+            .env("KUBECONFIG", &kubeconfig)
+            .env("NODE_NAME", "node-k")
+            .arg("--registry-dir")
+            .arg(root.join("reg"))
+            .arg("--plugin-dir")
+            .arg(root.join("plugin"))
+            .arg("--cdi-dir")
+            .arg(root.join("cdi"))
+            .arg("--runtime-dir")
+            .arg(world.runtime_dir())
+            .arg("--library")
+            .arg(artifact("libgpuslice.so"))
+            .args(["--resync", "0.1"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap()
+    };
+    let mut plugin = start(&[]);
 
     // The slice, by server-side apply: PATCH with the apply content type, as field manager
     // gpuslice-dra, forced; a ResourceSlice of this node.
@@ -353,11 +383,13 @@ async fn the_plugin_talks_to_the_api_server() {
     );
     assert_eq!(snap.slices.len(), 1, "nothing made for the refused claims");
 
-    // SIGTERM (a DaemonSet rollout): a clean exit that takes the sockets away, so the kubelet
-    // stops calling, and leaves prepared claims prepared for the next plugin.
+    // SIGTERM (the DaemonSet deleted, or a rollout): a clean exit that takes the sockets away,
+    // so the kubelet stops calling, deletes the node's ResourceSlice (no devices of a driver
+    // that is gone stay on the scheduler's list), and leaves prepared claims prepared for the
+    // next plugin.
     // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
     assert_eq!(unsafe { libc::kill(plugin.id() as i32, libc::SIGTERM) }, 0);
-    let st = plugin.wait().unwrap();
+    let st = exited(&mut plugin).await;
     assert!(
         st.success(),
         "{st:?}\n{}",
@@ -365,9 +397,42 @@ async fn the_plugin_talks_to_the_api_server() {
     );
     assert!(!root.join("reg/gpuslice.dev-reg.sock").exists());
     assert!(!root.join("plugin/dra.sock").exists());
+    let deletes: Vec<Seen> = state
+        .lock()
+        .unwrap()
+        .seen
+        .iter()
+        .filter(|s| s.method == "DELETE")
+        .cloned()
+        .collect();
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert_eq!(deletes[0].target.split('?').next(), Some(slice_path));
+    assert!(
+        !state.lock().unwrap().objects.contains_key(slice_path),
+        "the fake holds no slice any more"
+    );
+    assert!(std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("deleted ResourceSlice node-k-gpuslice.dev"));
     assert!(ledger
         .snapshot()
         .slices
         .iter()
         .any(|s| s.claim.as_deref() == Some("team-a/a")));
+
+    // With --keep-slice-on-exit the slice stays (the kubelet's own clean-up, 30 s after the
+    // plugin unregistered, is left to remove it).
+    let patches = |st: &State| st.seen.iter().filter(|s| s.method == "PATCH").count();
+    let before = patches(&state.lock().unwrap());
+    let mut plugin = start(&["--keep-slice-on-exit"]);
+    wait_until("the ResourceSlice applied again", &log, || {
+        patches(&state.lock().unwrap()) > before
+    })
+    .await;
+    // SAFETY: as above, our unreaped child.
+    assert_eq!(unsafe { libc::kill(plugin.id() as i32, libc::SIGTERM) }, 0);
+    assert!(exited(&mut plugin).await.success());
+    let s = state.lock().unwrap();
+    assert_eq!(s.seen.iter().filter(|s| s.method == "DELETE").count(), 1);
+    assert!(s.objects.contains_key(slice_path));
 }

@@ -1,0 +1,375 @@
+//! What the plugin's system tests share: its directories inside a test's world, starting it,
+//! the kubelet's side of registration over its real sockets, the claims an API server would
+//! hold (as files, `--claims dir:`), and what a container runtime makes of a CDI device.
+
+#![allow(dead_code)] // each test binary uses a part
+
+use gpuslice_dra::proto::{health_v1alpha1, registration, v1};
+use gpuslice_e2e::{artifact, World};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimStatus, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const NODE: &str = "node-a";
+pub const DRIVER: &str = "gpuslice.dev";
+
+/// The plugin's directories, inside the test's world.
+pub struct Dirs {
+    pub root: PathBuf,
+}
+
+impl Dirs {
+    pub fn new(world: &World) -> Dirs {
+        let root = world.runtime_dir().parent().unwrap().join("k8s");
+        for d in ["reg", "plugin", "cdi", "claims"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        Dirs { root }
+    }
+    pub fn reg_socket(&self) -> PathBuf {
+        self.root.join("reg").join(format!("{DRIVER}-reg.sock"))
+    }
+    pub fn dra_socket(&self) -> PathBuf {
+        self.root.join("plugin/dra.sock")
+    }
+    pub fn cdi(&self) -> PathBuf {
+        self.root.join("cdi")
+    }
+    pub fn slice_file(&self) -> PathBuf {
+        self.root.join("slice.json")
+    }
+    pub fn log(&self) -> PathBuf {
+        self.root.join("plugin.log")
+    }
+}
+
+pub fn start_plugin(world: &World, dirs: &Dirs) -> Child {
+    start_plugin_with(world, dirs, &artifact("libgpuslice.so"), &[])
+}
+
+/// The plugin with `library` as the host's libgpuslice.so and `extra` flags.
+pub fn start_plugin_with(world: &World, dirs: &Dirs, library: &Path, extra: &[&str]) -> Child {
+    let _ = std::fs::remove_file(dirs.reg_socket());
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dirs.log())
+        .unwrap();
+    let child = world
+        .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
+        .arg("--node-name")
+        .arg(NODE)
+        .arg("--registry-dir")
+        .arg(dirs.root.join("reg"))
+        .arg("--plugin-dir")
+        .arg(dirs.root.join("plugin"))
+        .arg("--cdi-dir")
+        .arg(dirs.cdi())
+        .arg("--runtime-dir")
+        .arg(world.runtime_dir())
+        .arg("--library")
+        .arg(library)
+        .arg("--claims")
+        .arg(format!("dir:{}", dirs.root.join("claims").display()))
+        .arg("--publish")
+        .arg(format!("file:{}", dirs.slice_file().display()))
+        .args(["--resync", "0.1"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn gpuslice-dra");
+    wait_for(dirs, "the registration socket", || {
+        dirs.reg_socket().exists()
+    });
+    child
+}
+
+pub fn log_of(dirs: &Dirs) -> String {
+    std::fs::read_to_string(dirs.log()).unwrap_or_default()
+}
+
+/// Wait (generously: the machine may be busy) for `cond`, failing with the plugin's log.
+pub fn wait_for(dirs: &Dirs, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}; plugin log:\n{}",
+            log_of(dirs)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub async fn channel(path: PathBuf) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::try_from("http://localhost")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("connect to the plugin's socket")
+}
+
+/// The kubelet's registration: GetInfo, check, NotifyRegistrationStatus; returns the endpoint.
+pub async fn register(dirs: &Dirs) -> PathBuf {
+    let mut reg = registration::registration_client::RegistrationClient::new(
+        channel(dirs.reg_socket()).await,
+    );
+    let info = reg
+        .get_info(registration::InfoRequest {})
+        .await
+        .expect("GetInfo")
+        .into_inner();
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, DRIVER);
+    assert_eq!(PathBuf::from(&info.endpoint), dirs.dra_socket());
+    assert!(info
+        .supported_versions
+        .contains(&"v1.DRAPlugin".to_string()));
+    assert!(info
+        .supported_versions
+        .contains(&"v1beta1.DRAPlugin".to_string()));
+    // The optional device-health service, in both versions (health.rs).
+    for s in ["v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth"] {
+        assert!(info.supported_versions.contains(&s.to_string()), "{s}");
+    }
+    reg.notify_registration_status(registration::RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    })
+    .await
+    .expect("NotifyRegistrationStatus");
+    PathBuf::from(info.endpoint)
+}
+
+pub fn read_slice(dirs: &Dirs) -> Option<ResourceSlice> {
+    let text = std::fs::read_to_string(dirs.slice_file()).ok()?;
+    Some(serde_json::from_str(&text).expect("the published ResourceSlice deserializes"))
+}
+
+/// (memory, compute) capacity quantities of each device, by device name.
+pub fn capacities(s: &ResourceSlice) -> BTreeMap<String, (String, String)> {
+    s.spec
+        .devices
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let c = d.capacity.as_ref().unwrap();
+            (
+                d.name.clone(),
+                (c["memory"].value.0.clone(), c["compute"].value.0.clone()),
+            )
+        })
+        .collect()
+}
+
+pub fn uuid_attr(s: &ResourceSlice, i: usize) -> String {
+    let d = &s.spec.devices.as_ref().unwrap()[i];
+    d.attributes.as_ref().unwrap()["uuid"]
+        .string
+        .clone()
+        .unwrap()
+}
+
+pub struct TestClaim {
+    pub namespace: &'static str,
+    pub name: &'static str,
+    pub uid: &'static str,
+}
+
+impl TestClaim {
+    pub fn proto(&self) -> v1::Claim {
+        v1::Claim {
+            namespace: self.namespace.into(),
+            uid: self.uid.into(),
+            name: self.name.into(),
+        }
+    }
+
+    /// Write the claim as the API server would hold it after allocation.
+    pub fn write(&self, dirs: &Dirs, device: &str, memory: &str, compute: &str) {
+        let mut consumed = BTreeMap::new();
+        consumed.insert("memory".to_string(), Quantity(memory.into()));
+        consumed.insert("compute".to_string(), Quantity(compute.into()));
+        self.write_consumed(dirs, device, Some(consumed));
+    }
+
+    /// `consumed`: None as a cluster without consumable capacity allocates (the whole device).
+    pub fn write_consumed(
+        &self,
+        dirs: &Dirs,
+        device: &str,
+        consumed: Option<BTreeMap<String, Quantity>>,
+    ) {
+        let rc = ResourceClaim {
+            metadata: ObjectMeta {
+                name: Some(self.name.into()),
+                namespace: Some(self.namespace.into()),
+                uid: Some(self.uid.into()),
+                ..Default::default()
+            },
+            spec: None,
+            status: Some(ResourceClaimStatus {
+                allocation: Some(AllocationResult {
+                    devices: Some(DeviceAllocationResult {
+                        results: Some(vec![DeviceRequestAllocationResult {
+                            driver: DRIVER.into(),
+                            pool: NODE.into(),
+                            device: device.into(),
+                            request: "gpu".into(),
+                            consumed_capacity: consumed,
+                            share_id: Some(format!("share-{}", self.uid)),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        };
+        let dir = dirs.root.join("claims").join(self.namespace);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join(format!("{}.json", self.name)),
+            serde_json::to_string(&rc).unwrap(),
+        )
+        .unwrap();
+    }
+}
+
+/// What a container runtime does with a CDI device: its env, with paths under its mounts'
+/// container paths mapped to their host paths (what the bind mounts make them).
+pub fn container_env(cdi_dir: &Path, id: &str) -> Vec<(String, String)> {
+    let (kind, name) = id.split_once('=').unwrap();
+    for entry in std::fs::read_dir(cdi_dir).unwrap() {
+        let spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(entry.unwrap().path()).unwrap()).unwrap();
+        if spec["kind"] != kind {
+            continue;
+        }
+        let Some(dev) = spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+        else {
+            continue;
+        };
+        let edits = &dev["containerEdits"];
+        let mounts: Vec<(String, String)> = edits["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["containerPath"].as_str().unwrap().to_string(),
+                    m["hostPath"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        return edits["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let (k, v) = e.as_str().unwrap().split_once('=').unwrap();
+                let v = mounts
+                    .iter()
+                    .find_map(|(c, h)| v.strip_prefix(c.as_str()).map(|rest| format!("{h}{rest}")))
+                    .unwrap_or_else(|| v.to_string());
+                (k.to_string(), v)
+            })
+            .collect();
+    }
+    panic!("no CDI device {id} in {}", cdi_dir.display());
+}
+
+/// `gpuslice-burn` as a container of a pod with this prepared claim would run it: the env of
+/// the claim's CDI device, and only the allocated GPU visible (what the NVIDIA CDI device does).
+pub fn burn_in_claim(world: &World, dirs: &Dirs, ids: &[String]) -> Command {
+    let mut c = world.burn();
+    for (k, v) in container_env(&dirs.cdi(), &ids[0]) {
+        c.env(k, v);
+    }
+    let (kind, gpu) = ids[1].split_once('=').unwrap();
+    assert_eq!(kind, "nvidia.com/gpu");
+    c.env("CUDA_VISIBLE_DEVICES", gpu);
+    c
+}
+
+pub fn prepared_ids(r: &v1::NodePrepareResourcesResponse, uid: &str) -> Vec<String> {
+    let e = &r.claims[uid];
+    assert_eq!(e.error, "", "claim {uid}");
+    assert_eq!(e.devices.len(), 1);
+    e.devices[0].cdi_device_ids.clone()
+}
+
+/// The kubelet's device-health watch (v1alpha1, what kubelets 1.34 on open).
+pub async fn health_watch(
+    endpoint: &Path,
+) -> tonic::Streaming<health_v1alpha1::NodeWatchResourcesResponse> {
+    health_v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(
+        channel(endpoint.to_path_buf()).await,
+    )
+    .node_watch_resources(health_v1alpha1::NodeWatchResourcesRequest {})
+    .await
+    .expect("NodeWatchResources")
+    .into_inner()
+}
+
+/// The health of each device as (status, message), by device name.
+pub fn health_of(
+    r: &health_v1alpha1::NodeWatchResourcesResponse,
+) -> BTreeMap<String, (health_v1alpha1::HealthStatus, String)> {
+    r.devices
+        .iter()
+        .map(|d| {
+            let id = d.device.as_ref().expect("a device identifier");
+            assert_eq!(id.pool_name, NODE);
+            assert!(d.last_updated_time > 0 && d.health_check_timeout_seconds > 0);
+            (
+                id.device_name.clone(),
+                (
+                    health_v1alpha1::HealthStatus::try_from(d.health).expect("a known status"),
+                    d.message.clone(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The next health message for which `cond` holds (within 60 s).
+pub async fn next_health(
+    s: &mut tonic::Streaming<health_v1alpha1::NodeWatchResourcesResponse>,
+    what: &str,
+    mut cond: impl FnMut(&BTreeMap<String, (health_v1alpha1::HealthStatus, String)>) -> bool,
+) -> BTreeMap<String, (health_v1alpha1::HealthStatus, String)> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = tokio::time::timeout_at(deadline, s.message())
+            .await
+            .unwrap_or_else(|_| panic!("no health message with {what} in 60 s"))
+            .expect("the health stream")
+            .expect("the health stream stays open");
+        let h = health_of(&m);
+        if cond(&h) {
+            return h;
+        }
+    }
+}

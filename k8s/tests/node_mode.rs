@@ -1,0 +1,426 @@
+//! The plugin on a node-mode runtime directory (docs/security.md), as on a real GPU node: the
+//! directory is root's, a root `gpuslice monitor --mode node` owns the policy, registers the
+//! GPUs and admits processes over `monitor.sock`; the plugin (`--mode node`) only reads the
+//! policy and makes and removes claim slices by operator requests over that socket. The
+//! claim's processes run as an unprivileged user (`setpriv` to a uid that exists nowhere), in
+//! the environment the claim's CDI device gives a container.
+//!
+//! Needs root (to be the node's root and to become another user); without root it prints why
+//! and passes vacuously, like tests/e2e/tests/tenants.rs. CI runs as root.
+
+use gpuslice_dra::proto::health_v1alpha1::HealthStatus;
+use gpuslice_dra::proto::v1;
+use gpuslice_e2e::{artifact, fake_lib_dir, World};
+use gpuslice_ledger::Ledger;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::*;
+
+const GI: u64 = 1 << 30;
+/// The tenant: a uid with no account anywhere.
+const TENANT: u32 = 47101;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn chmod(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A node: the world's runtime directory root's, the artifacts copied where every user can run
+/// them, and the root monitor in node mode.
+struct Node {
+    world: World,
+    bin: PathBuf,
+    monitor: Option<Child>,
+}
+
+impl Node {
+    fn new(devices: u32, memory: &str) -> Node {
+        let world = World::new(devices, memory);
+        let base = world.fake_state_dir().parent().unwrap().to_path_buf();
+        chmod(&base, 0o755);
+        chmod(&world.runtime_dir(), 0o755);
+        // The fake GPU's shared state, usable by every user of the test.
+        chmod(&world.fake_state_dir(), 0o777);
+        let state = world.fake_state_dir().join("state");
+        std::fs::write(&state, b"").unwrap();
+        chmod(&state, 0o666);
+        let bin = base.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for a in ["libgpuslice.so", "gpuslice-burn", "gpuslice"] {
+            std::fs::copy(artifact(a), bin.join(a)).unwrap();
+        }
+        let fake = std::fs::read(fake_lib_dir().join("libcuda.so.1")).unwrap();
+        for l in [
+            "libcuda.so.1",
+            "libcuda.so",
+            "libnvidia-ml.so.1",
+            "libnvidia-ml.so",
+        ] {
+            std::fs::write(bin.join(l), &fake).unwrap();
+        }
+        for e in std::fs::read_dir(&bin).unwrap() {
+            chmod(&e.unwrap().path(), 0o755);
+        }
+        chmod(&bin, 0o755);
+        let mut n = Node {
+            world,
+            bin,
+            monitor: None,
+        };
+        n.start_monitor();
+        n
+    }
+
+    fn root(&self) -> PathBuf {
+        self.bin.parent().unwrap().to_path_buf()
+    }
+
+    fn monitor_log(&self) -> String {
+        std::fs::read_to_string(self.root().join("monitor.out")).unwrap_or_default()
+    }
+
+    fn start_monitor(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root().join("monitor.out"))
+            .unwrap();
+        let child = self
+            .world
+            .command(self.bin.join("gpuslice"))
+            .env("LD_LIBRARY_PATH", &self.bin)
+            .args(["monitor", "--mode", "node", "--interval", "50"])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.monitor = Some(child);
+        let sock = self.world.runtime_dir().join("monitor.sock");
+        let t0 = Instant::now();
+        while !sock.exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the monitor did not come up: {}",
+                self.monitor_log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop_monitor(&mut self) {
+        if let Some(mut c) = self.monitor.take() {
+            // SAFETY: kill(2) on the pid of our unreaped child: a clean stop.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+
+    /// `gpuslice-burn` as the tenant, in the container environment of the claim's CDI device
+    /// (`ids`: the gpuslice device, then the NVIDIA one, whose UUID is the visible GPU).
+    fn tenant_burn(&self, dirs: &Dirs, ids: &[String]) -> Command {
+        let base = self.world.command(self.bin.join("gpuslice-burn"));
+        let mut c = Command::new("setpriv");
+        c.arg(format!("--reuid={TENANT}"))
+            .arg(format!("--regid={TENANT}"))
+            .arg("--clear-groups")
+            .arg("--")
+            .arg(self.bin.join("gpuslice-burn"));
+        for (k, v) in base.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        c.env("LD_LIBRARY_PATH", &self.bin).current_dir("/");
+        for (k, v) in container_env(&dirs.cdi(), &ids[0]) {
+            c.env(k, v);
+        }
+        let (kind, gpu) = ids[1].split_once('=').unwrap();
+        assert_eq!(kind, "nvidia.com/gpu");
+        c.env("CUDA_VISIBLE_DEVICES", gpu);
+        c
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop_monitor();
+    }
+}
+
+fn plugin(node: &Node, dirs: &Dirs) -> Child {
+    start_plugin_with(
+        &node.world,
+        dirs,
+        &node.bin.join("libgpuslice.so"),
+        &["--mode", "node"],
+    )
+}
+
+async fn prepare(endpoint: &Path, claims: &[&TestClaim]) -> v1::NodePrepareResourcesResponse {
+    let mut dra =
+        v1::dra_plugin_client::DraPluginClient::new(channel(endpoint.to_path_buf()).await);
+    dra.node_prepare_resources(v1::NodePrepareResourcesRequest {
+        claims: claims.iter().map(|c| c.proto()).collect(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+async fn unprepare(endpoint: &Path, claim: &TestClaim) -> String {
+    let mut dra =
+        v1::dra_plugin_client::DraPluginClient::new(channel(endpoint.to_path_buf()).await);
+    let r = dra
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![claim.proto()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    r.claims[claim.uid].error.clone()
+}
+
+fn spec_file(dirs: &Dirs, c: &TestClaim) -> PathBuf {
+    dirs.cdi()
+        .join(format!("gpuslice.dev-slice_k8s-{}.json", c.uid))
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
+    if !is_root() {
+        println!("skipped: needs root (to run the node's monitor and become another user)");
+        return;
+    }
+    let mut node = Node::new(1, "16Gi");
+    let dirs = Dirs::new(&node.world);
+    let mut p = plugin(&node, &dirs);
+    let endpoint = register(&dirs).await;
+    wait_for(&dirs, "the ResourceSlice", || read_slice(&dirs).is_some());
+    let s = read_slice(&dirs).unwrap();
+    let dev0 = s.spec.devices.as_ref().unwrap()[0].name.clone();
+    assert_eq!(capacities(&s)[&dev0], ("16Gi".into(), "1000".into()));
+    assert!(
+        log_of(&dirs).contains("node mode: slices are made by the node's monitor"),
+        "{}",
+        log_of(&dirs)
+    );
+    let policy = Ledger::open(&node.world.runtime_dir()).unwrap();
+    assert!(policy.is_node());
+
+    // A claim prepared: its slice is in the monitor's policy, made by the monitor (the
+    // plugin never writes the policy: see the monitor-down case below).
+    let a = TestClaim {
+        namespace: "team-a",
+        name: "a",
+        uid: "3a3a3a3a-0000-4000-8000-00000000003a",
+    };
+    a.write(&dirs, &dev0, "4Gi", "250");
+    let r1 = prepare(&endpoint, &[&a]).await;
+    let ids = prepared_ids(&r1, a.uid);
+    let slice_of = |l: &Ledger, c: &TestClaim| {
+        l.snapshot()
+            .slices
+            .into_iter()
+            .find(|s| s.name == format!("k8s-{}", c.uid))
+    };
+    let sa = slice_of(&policy, &a).expect("the claim's slice in the policy");
+    assert_eq!(
+        (sa.memory_limit, sa.compute_share_ppm, sa.claim.as_deref()),
+        (Some(4 * GI), 250_000, Some("team-a/a"))
+    );
+    assert!(sa.operator_defined);
+    // The claim's CDI spec mounts the node's policy read-only (tenants reach the socket).
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(spec_file(&dirs, &a)).unwrap()).unwrap();
+    let mounts = &spec["devices"][0]["containerEdits"]["mounts"];
+    let dir_mount = mounts
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["hostPath"] == node.world.runtime_dir().to_str().unwrap())
+        .unwrap_or_else(|| panic!("{mounts}"));
+    assert_eq!(dir_mount["options"][0], "ro", "{mounts}");
+
+    // The tenant, in the claim's container environment, is admitted by the monitor into the
+    // claim's slice and held to its memory.
+    let v = gpuslice_e2e::run_json(node.tenant_burn(&dirs, &ids).args([
+        "--alloc",
+        "3Gi,1Gi,512Mi",
+        "--json",
+    ]));
+    assert_eq!(v["mem_total"], 4 * GI, "{v}");
+    assert_eq!(v["allocated_bytes"], 4 * GI, "{v}");
+    assert_eq!(v["alloc_errors"], serde_json::json!([2]), "{v}"); // CUDA_ERROR_OUT_OF_MEMORY
+
+    // A pod of the claim runs (3 GiB held) while the plugin is killed and restarted.
+    let mut holder = node
+        .tenant_burn(&dirs, &ids)
+        .args(["--alloc", "3Gi", "--hold", "60", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert!(line.contains("holding"), "{line}");
+    p.kill().unwrap();
+    p.wait().unwrap();
+    let mut p = plugin(&node, &dirs);
+    let endpoint = register(&dirs).await;
+    let r2 = prepare(&endpoint, &[&a]).await;
+    assert_eq!(
+        r2.claims[a.uid], r1.claims[a.uid],
+        "prepared before the restart"
+    );
+    assert_eq!(
+        slice_of(&policy, &a).unwrap().index,
+        sa.index,
+        "the same slice"
+    );
+
+    // Unprepare while the tenant's process lives: refused, nothing removed.
+    let e = unprepare(&endpoint, &a).await;
+    assert!(
+        e.contains("live process") && e.contains(&holder.id().to_string()),
+        "{e}"
+    );
+    assert!(spec_file(&dirs, &a).exists());
+    assert!(slice_of(&policy, &a).is_some());
+
+    // The monitor down: a new claim is refused with a retryable error naming the monitor,
+    // and nothing is made for it (no slice, no spec). The running process keeps its quota.
+    let b = TestClaim {
+        namespace: "team-b",
+        name: "b",
+        uid: "3b3b3b3b-0000-4000-8000-00000000003b",
+    };
+    b.write(&dirs, &dev0, "2Gi", "100");
+    let mut health = health_watch(&endpoint).await;
+    next_health(&mut health, "a healthy GPU", |h| {
+        h.get(&dev0).is_some_and(|g| g.0 == HealthStatus::Healthy)
+    })
+    .await;
+    node.stop_monitor();
+    // The kubelet hears that the GPU cannot take new processes now, and why.
+    let h = next_health(&mut health, "the GPU unhealthy", |h| {
+        h.get(&dev0).is_some_and(|g| g.0 == HealthStatus::Unhealthy)
+    })
+    .await;
+    assert!(h[&dev0].1.contains("monitor does not answer"), "{h:?}");
+    let r = prepare(&endpoint, &[&b]).await;
+    let err = &r.claims[b.uid].error;
+    assert!(r.claims[b.uid].devices.is_empty());
+    assert!(
+        err.contains("team-b/b")
+            && err.contains("monitor does not answer")
+            && err.contains("monitor.sock")
+            && err.contains("retries"),
+        "{err}"
+    );
+    assert!(!spec_file(&dirs, &b).exists());
+    assert!(slice_of(&policy, &b).is_none());
+    // ... and the monitor back: the kubelet's retry succeeds.
+    node.start_monitor();
+    next_health(&mut health, "the GPU healthy again", |h| {
+        h.get(&dev0)
+            .is_some_and(|g| g.0 == HealthStatus::Healthy && g.1.is_empty())
+    })
+    .await;
+    drop(health);
+    let r = prepare(&endpoint, &[&b]).await;
+    prepared_ids(&r, b.uid);
+    assert_eq!(
+        slice_of(&policy, &b).unwrap().memory_limit,
+        Some(2 * GI),
+        "made by the restarted monitor"
+    );
+
+    // The pod ends: the claim is unprepared, its slice leaves the policy (at the monitor's
+    // reaping of the process, at the latest) and its spec the CDI directory.
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    for c in [&a, &b] {
+        assert_eq!(unprepare(&endpoint, c).await, "", "claim {}", c.name);
+        assert!(!spec_file(&dirs, c).exists());
+        wait_for(&dirs, "the slice gone from the policy", || {
+            slice_of(&policy, c).is_none()
+        });
+        assert_eq!(unprepare(&endpoint, c).await, "", "a repeat is a no-op");
+    }
+    let dev = policy.snapshot().devices[0].clone();
+    assert_eq!((dev.memory_reserved, dev.compute_reserved_ppm), (0, 0));
+    p.kill().unwrap();
+    p.wait().unwrap();
+}
+
+#[test]
+fn a_plugin_started_before_the_monitor_waits_for_its_policy() {
+    if !is_root() {
+        println!("skipped: needs root (to run the node's monitor)");
+        return;
+    }
+    // The DaemonSet starts both containers at once: a plugin in node mode that comes first
+    // creates nothing (a personal ledger there would keep the monitor from starting), and
+    // serves once the monitor's policy is there.
+    let world = World::new(1, "8Gi");
+    std::fs::remove_dir(world.runtime_dir()).unwrap();
+    let dirs = Dirs::new(&world);
+    let mut p = start_plugin_waiting(&world, &dirs);
+    wait_for(&dirs, "the plugin to say it waits", || {
+        log_of(&dirs).contains("waiting for the node's gpuslice monitor")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!world.runtime_dir().exists(), "the plugin created nothing");
+    assert!(!dirs.reg_socket().exists(), "and does not register yet");
+    let mut monitor = world
+        .gpuslice()
+        .args(["monitor", "--mode", "node", "--interval", "50"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&dirs, "the registration socket", || {
+        dirs.reg_socket().exists()
+    });
+    assert!(Ledger::open(&world.runtime_dir()).unwrap().is_node());
+    p.kill().unwrap();
+    p.wait().unwrap();
+    // SAFETY: kill(2) on our unreaped child.
+    unsafe { libc::kill(monitor.id() as i32, libc::SIGTERM) };
+    monitor.wait().unwrap();
+}
+
+/// The plugin in node mode, not waiting for its registration socket.
+fn start_plugin_waiting(world: &World, dirs: &Dirs) -> Child {
+    world
+        .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
+        .args(["--node-name", NODE, "--mode", "node", "--resync", "0.1"])
+        .arg("--registry-dir")
+        .arg(dirs.root.join("reg"))
+        .arg("--plugin-dir")
+        .arg(dirs.root.join("plugin"))
+        .arg("--cdi-dir")
+        .arg(dirs.cdi())
+        .arg("--runtime-dir")
+        .arg(world.runtime_dir())
+        .arg("--library")
+        .arg(artifact("libgpuslice.so"))
+        .arg("--claims")
+        .arg(format!("dir:{}", dirs.root.join("claims").display()))
+        .arg("--publish")
+        .arg(format!("file:{}", dirs.slice_file().display()))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dirs.log()).unwrap())
+        .spawn()
+        .unwrap()
+}
