@@ -175,7 +175,8 @@ def parse_pairs(pairs):
 
 
 def intervals(base):
-    """burn's `--report-interval` lines: (t at the end of the interval, its length, gpu_seconds)."""
+    """burn's `--report-interval` lines: (t at the end of the interval, its length, gpu_seconds,
+    CLOCK_MONOTONIC seconds at its end or None)."""
     out, prev = [], 0.0
     for ln in _read(base + ".out").splitlines():
         if '"interval"' not in ln:
@@ -185,19 +186,40 @@ def intervals(base):
         except ValueError:
             continue
         if o.get("event") == "interval":
-            out.append((float(o["t"]), float(o["t"]) - prev, float(o["gpu_seconds"])))
-            prev = float(o["t"])
+            mono = o.get("mono")
+            t = float(o["t"])
+            out.append((t, t - prev, float(o["gpu_seconds"]), float(mono) if mono is not None else None))
+            prev = t
     return out
 
 
-def window_share(base, o, margin):
-    """The share a burn tenant achieved while all tenants ran: its interval reports with the
-    first and last `margin` seconds left out (start-up skew between tenants), or the whole run
-    when it printed no intervals. Also the worst 1-interval share inside that window."""
+def common_window(bases, margin):
+    """The CLOCK_MONOTONIC window in which every tenant ran (the latest first interval start to
+    the earliest last interval end), less `margin` seconds at each side; None when a tenant
+    printed no timestamped intervals."""
+    froms, tos = [], []
+    for base in bases:
+        iv = [x for x in intervals(base) if x[3] is not None]
+        if not iv:
+            return None
+        froms.append(iv[0][3] - iv[0][1])
+        tos.append(iv[-1][3])
+    return max(froms) + margin, min(tos) - margin
+
+
+def window_share(base, o, margin, window=None):
+    """The share a burn tenant achieved while all tenants ran: its interval reports inside the
+    common `window` (CLOCK_MONOTONIC, see `common_window`), or, without one, inside its own run
+    less the first and last `margin` seconds, or the whole run when it printed no intervals.
+    Also the worst and best 1-interval shares inside that window."""
     iv = intervals(base)
-    end = float(o.get("wall_seconds") or (iv[-1][0] if iv else 0))
     slack = 0.25  # interval lines come a little after each whole second
-    inside = [x for x in iv if x[0] - x[1] >= margin - slack and x[0] <= end - margin + slack]
+    if window is not None:
+        lo, hi = window
+        inside = [x for x in iv if x[3] - x[1] >= lo - slack and x[3] <= hi + slack]
+    else:
+        end = float(o.get("wall_seconds") or (iv[-1][0] if iv else 0))
+        inside = [x for x in iv if x[0] - x[1] >= margin - slack and x[0] <= end - margin + slack]
     if len(inside) >= 2:
         span = sum(x[1] for x in inside)
         shares = [x[2] / x[1] for x in inside if x[1] > 0]
@@ -208,15 +230,16 @@ def window_share(base, o, margin):
 
 @judged
 def burn_shares(rec, a):
-    """Each tenant's achieved share of the device (GPU time done over the common window) within
-    `tol` of its target."""
+    """Each tenant's achieved share of the device (GPU time done over the wall-clock window in
+    which all tenants ran) within `tol` of its target."""
     tenants = parse_pairs(a.pair)
+    window = common_window([b for b, _ in tenants], a.margin)
     nums = {}
     ok = True
     shown = []
     for base, target in tenants:
         o = load(base)
-        share, span, lo, hi = window_share(base, o, a.margin)
+        share, span, lo, hi = window_share(base, o, a.margin, window)
         nums[os.path.basename(base)] = {
             "target": target,
             "share": share,

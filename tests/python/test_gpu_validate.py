@@ -181,3 +181,29 @@ def test_wrong_results_fail_with_the_reason(tmp_path):
     assert checks["shares 0.25/0.75: burn plain"]["status"] == "PASS"
     text = (tmp_path / "res" / "run.txt").read_text()
     assert text.rstrip().splitlines()[-1] == p.stdout.rstrip().splitlines()[-1]
+
+
+def test_burn_shares_are_measured_over_the_window_all_tenants_ran(tmp_path):
+    """A tenant that starts 3 s after its neighbour had the device alone meanwhile: its share
+    counts only while both ran (CLOCK_MONOTONIC from burn's interval lines), not over its own
+    run less a margin, which would credit the neighbour's solo seconds to the pair."""
+    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    import verdict
+
+    def burn_out(name, start, per_second):
+        lines = [json.dumps({"event": "interval", "t": i + 1.0, "mono": start + i + 1.0,
+                             "gpu_seconds": g}) for i, g in enumerate(per_second)]
+        (tmp_path / f"{name}.out").write_text("\n".join(lines) + "\n")
+        return str(tmp_path / name)
+
+    # early: alone for 3 s (1.0 of the device), then 0.75 for 8 s; late: 0.25 for 8 s.
+    early = burn_out("early", 100.0, [1.0] * 3 + [0.75] * 8)
+    late = burn_out("late", 103.0, [0.25] * 8)
+    lo, hi = verdict.common_window([early, late], 1.0)
+    assert (lo, hi) == (104.0, 110.0)
+    share, span, worst, best = verdict.window_share(early, {}, 1.0, (lo, hi))
+    assert share == pytest.approx(0.75) and span == pytest.approx(6.0) and worst == best
+    # Its own run less the margin would have mixed in the solo seconds.
+    own, _, _, _ = verdict.window_share(early, {"wall_seconds": 11.0}, 1.0)
+    assert own > 0.8
+    assert verdict.common_window([early, str(tmp_path / "absent")], 1.0) is None
