@@ -5,7 +5,7 @@
 
 use crate::admission::RegionTable;
 use crate::cli::Failure;
-use crate::nvml::NvmlDevice;
+use crate::nvml::Gpu;
 use crate::view::{Device, Process, Slice, Snapshot};
 use gpuslice_ledger::protocol::{self, Message};
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, Size, PPM};
@@ -134,7 +134,7 @@ impl Node {
     }
 
     /// Register (or refresh) a device NVML reports.
-    pub fn register_device(&self, d: &NvmlDevice) -> Result<(), LedgerError> {
+    pub fn register_device(&self, d: &Gpu) -> Result<(), LedgerError> {
         self.ledger
             .ensure_device(&d.uuid, &d.name, d.memory_total)
             .map(|_| ())
