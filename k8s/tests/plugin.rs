@@ -6,6 +6,9 @@
 //! Claims come from a directory (`--claims dir:`) and the slice goes to a file (`--publish
 //! file:`): the same code paths as in a cluster except the API client itself.
 
+mod common;
+
+use common::channel;
 use gpuslice_dra::proto::{registration, v1, v1beta1};
 use gpuslice_e2e::{artifact, World};
 use gpuslice_ledger::{human_bytes, Ledger, OperatorSlice, PPM};
@@ -105,21 +108,6 @@ fn wait_for(dirs: &Dirs, what: &str, mut cond: impl FnMut() -> bool) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-async fn channel(path: PathBuf) -> tonic::transport::Channel {
-    tonic::transport::Endpoint::try_from("http://localhost")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
-        .expect("connect to the plugin's socket")
 }
 
 /// The kubelet's registration: GetInfo, check, NotifyRegistrationStatus; returns the endpoint.

@@ -77,3 +77,4 @@ pub use quantity::{
 };
 pub use reslice::SliceChange;
 pub use snapshot::{DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, SliceInfo, Snapshot};
+pub use view::innermost_pid_of;

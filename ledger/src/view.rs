@@ -359,6 +359,12 @@ fn ns_pids(pid: &str) -> Option<Vec<u32>> {
     line.split_whitespace().map(|x| x.parse().ok()).collect()
 }
 
+/// The pid `pid` (of this process's `/proc`) has in its own PID namespace: the last `NSpid`
+/// entry of `/proc/<pid>/status`; `None` when that cannot be read.
+pub fn innermost_pid_of(pid: u32) -> Option<u32> {
+    ns_pids(&pid.to_string())?.last().copied()
+}
+
 /// Translates ledger processes to pids as the calling process sees them, and remembers the
 /// answers (a process's namespace never changes, so neither does the answer: each process
 /// costs a look in `/proc` once, then nothing).

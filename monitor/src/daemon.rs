@@ -668,14 +668,7 @@ type ProcKey = (u32, u64);
 /// The [`ProcKey`] of a pid NVML reports (a pid of the monitor's namespace, normally the
 /// host's): the last `NSpid` of `/proc/<pid>/status` and field 22 of `/proc/<pid>/stat`.
 fn proc_key(pid: u32) -> ProcKey {
-    let inner = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|v| v.split_whitespace().last()?.parse().ok())
-        })
-        .unwrap_or(pid);
+    let inner = gpuslice_ledger::innermost_pid_of(pid).unwrap_or(pid);
     (inner, gpuslice_ledger::start_time_of(&pid.to_string()))
 }
 
