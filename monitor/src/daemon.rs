@@ -18,7 +18,7 @@ use crate::cli::{self, Failure};
 use crate::node::Node;
 use crate::nvml::Nvml;
 use crate::prom::{AuditRow, MonitorFacts};
-use crate::view::Snapshot;
+use crate::view::NodeView;
 use gpuslice_ledger::dir::{OpenHow, Owner, RuntimeDir};
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -676,7 +676,7 @@ fn proc_key(pid: u32) -> ProcKey {
 /// A process is matched by its pid and start time, or by pid alone where the start time could
 /// not be read; NVML processes the ledger does not know count in the slice their environment
 /// names. Each row keeps the NVML pids it counted (what `--on-violation kill` ends).
-fn audit_rows(snap: &Snapshot, held: &[(String, Vec<Held>)]) -> Vec<AuditRow> {
+fn audit_rows(snap: &NodeView, held: &[(String, Vec<Held>)]) -> Vec<AuditRow> {
     let start: HashMap<u32, u64> = snap
         .processes
         .iter()
