@@ -6,15 +6,10 @@
 
 mod common;
 
-use common::channel;
+use common::{allocated_claim, channel, consumed};
 use gpuslice_dra::proto::{registration, v1};
 use gpuslice_e2e::{artifact, World};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimStatus, ResourceSlice,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -232,35 +227,12 @@ async fn the_plugin_talks_to_the_api_server() {
         .any(|s| s.method == "GET" && s.target == slice_path));
 
     // A claim the API server holds, allocated on that GPU; and one it refuses to show.
-    let claim = ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some("a".into()),
-            namespace: Some("team-a".into()),
-            uid: Some("2a2a2a2a-0000-4000-8000-00000000002a".into()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        driver: "gpuslice.dev".into(),
-                        pool: "node-k".into(),
-                        device: gpu.name.clone(),
-                        request: "gpu".into(),
-                        consumed_capacity: Some(BTreeMap::from([
-                            ("memory".to_string(), Quantity("4Gi".into())),
-                            ("compute".to_string(), Quantity("250".into())),
-                        ])),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    };
+    let claim = allocated_claim(
+        ("team-a", "a", "2a2a2a2a-0000-4000-8000-00000000002a"),
+        "node-k",
+        &gpu.name,
+        Some(consumed("4Gi", "250")),
+    );
     {
         let mut s = state.lock().unwrap();
         s.objects.insert(

@@ -8,16 +8,12 @@
 
 mod common;
 
-use common::channel;
+use common::{allocated_claim, channel, consumed};
 use gpuslice_dra::proto::{registration, v1, v1beta1};
 use gpuslice_e2e::{artifact, World};
 use gpuslice_ledger::{human_bytes, Ledger, OperatorSlice, PPM};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimStatus, ResourceSlice,
-};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -185,10 +181,7 @@ impl TestClaim {
 
     /// Write the claim as the API server would hold it after allocation.
     fn write(&self, dirs: &Dirs, device: &str, memory: &str, compute: &str) {
-        let mut consumed = BTreeMap::new();
-        consumed.insert("memory".to_string(), Quantity(memory.into()));
-        consumed.insert("compute".to_string(), Quantity(compute.into()));
-        self.write_consumed(dirs, device, Some(consumed));
+        self.write_consumed(dirs, device, Some(consumed(memory, compute)));
     }
 
     /// `consumed`: None as a cluster without consumable capacity allocates (the whole device).
@@ -198,33 +191,12 @@ impl TestClaim {
         device: &str,
         consumed: Option<BTreeMap<String, Quantity>>,
     ) {
-        let rc = ResourceClaim {
-            metadata: ObjectMeta {
-                name: Some(self.name.into()),
-                namespace: Some(self.namespace.into()),
-                uid: Some(self.uid.into()),
-                ..Default::default()
-            },
-            spec: None,
-            status: Some(ResourceClaimStatus {
-                allocation: Some(AllocationResult {
-                    devices: Some(DeviceAllocationResult {
-                        results: Some(vec![DeviceRequestAllocationResult {
-                            driver: DRIVER.into(),
-                            pool: NODE.into(),
-                            device: device.into(),
-                            request: "gpu".into(),
-                            consumed_capacity: consumed,
-                            share_id: Some(format!("share-{}", self.uid)),
-                            ..Default::default()
-                        }]),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-        };
+        let rc = allocated_claim(
+            (self.namespace, self.name, self.uid),
+            NODE,
+            device,
+            consumed,
+        );
         let dir = dirs.root.join("claims").join(self.namespace);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
