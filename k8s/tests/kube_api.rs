@@ -4,13 +4,16 @@
 //! prepares from `/apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME`; the API's
 //! refusals become per-claim errors an operator can act on.
 
-mod common;
-
-use common::{allocated_claim, channel, consumed};
 use gpuslice_dra::proto::{registration, v1};
 use gpuslice_e2e::{artifact, World};
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimStatus, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -115,6 +118,21 @@ async fn serve(listener: tokio::net::TcpListener, state: Arc<Mutex<State>>) {
             }
         });
     }
+}
+
+async fn channel(path: PathBuf) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::try_from("http://localhost")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("connect to the plugin's socket")
 }
 
 async fn wait_until(what: &str, log: &std::path::Path, mut cond: impl FnMut() -> bool) {
@@ -227,12 +245,35 @@ async fn the_plugin_talks_to_the_api_server() {
         .any(|s| s.method == "GET" && s.target == slice_path));
 
     // A claim the API server holds, allocated on that GPU; and one it refuses to show.
-    let claim = allocated_claim(
-        ("team-a", "a", "2a2a2a2a-0000-4000-8000-00000000002a"),
-        "node-k",
-        &gpu.name,
-        Some(consumed("4Gi", "250")),
-    );
+    let claim = ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some("a".into()),
+            namespace: Some("team-a".into()),
+            uid: Some("2a2a2a2a-0000-4000-8000-00000000002a".into()),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![DeviceRequestAllocationResult {
+                        driver: "gpuslice.dev".into(),
+                        pool: "node-k".into(),
+                        device: gpu.name.clone(),
+                        request: "gpu".into(),
+                        consumed_capacity: Some(BTreeMap::from([
+                            ("memory".to_string(), Quantity("4Gi".into())),
+                            ("compute".to_string(), Quantity("250".into())),
+                        ])),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    };
     {
         let mut s = state.lock().unwrap();
         s.objects.insert(

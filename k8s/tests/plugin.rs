@@ -6,14 +6,15 @@
 //! Claims come from a directory (`--claims dir:`) and the slice goes to a file (`--publish
 //! file:`): the same code paths as in a cluster except the API client itself.
 
-mod common;
-
-use common::{allocated_claim, channel, consumed};
 use gpuslice_dra::proto::{registration, v1, v1beta1};
 use gpuslice_e2e::{artifact, World};
 use gpuslice_ledger::{human_bytes, Ledger, OperatorSlice, PPM};
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimStatus, ResourceSlice,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -106,6 +107,21 @@ fn wait_for(dirs: &Dirs, what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+async fn channel(path: PathBuf) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::try_from("http://localhost")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("connect to the plugin's socket")
+}
+
 /// The kubelet's registration: GetInfo, check, NotifyRegistrationStatus; returns the endpoint.
 async fn register(dirs: &Dirs) -> PathBuf {
     let mut reg = registration::registration_client::RegistrationClient::new(
@@ -181,7 +197,10 @@ impl TestClaim {
 
     /// Write the claim as the API server would hold it after allocation.
     fn write(&self, dirs: &Dirs, device: &str, memory: &str, compute: &str) {
-        self.write_consumed(dirs, device, Some(consumed(memory, compute)));
+        let mut consumed = BTreeMap::new();
+        consumed.insert("memory".to_string(), Quantity(memory.into()));
+        consumed.insert("compute".to_string(), Quantity(compute.into()));
+        self.write_consumed(dirs, device, Some(consumed));
     }
 
     /// `consumed`: None as a cluster without consumable capacity allocates (the whole device).
@@ -191,12 +210,33 @@ impl TestClaim {
         device: &str,
         consumed: Option<BTreeMap<String, Quantity>>,
     ) {
-        let rc = allocated_claim(
-            (self.namespace, self.name, self.uid),
-            NODE,
-            device,
-            consumed,
-        );
+        let rc = ResourceClaim {
+            metadata: ObjectMeta {
+                name: Some(self.name.into()),
+                namespace: Some(self.namespace.into()),
+                uid: Some(self.uid.into()),
+                ..Default::default()
+            },
+            spec: None,
+            status: Some(ResourceClaimStatus {
+                allocation: Some(AllocationResult {
+                    devices: Some(DeviceAllocationResult {
+                        results: Some(vec![DeviceRequestAllocationResult {
+                            driver: DRIVER.into(),
+                            pool: NODE.into(),
+                            device: device.into(),
+                            request: "gpu".into(),
+                            consumed_capacity: consumed,
+                            share_id: Some(format!("share-{}", self.uid)),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        };
         let dir = dirs.root.join("claims").join(self.namespace);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
