@@ -11,6 +11,18 @@
 //!
 //! This is the monitor's and the DRA plugin's NVML, not the shim's: the shim *is* an NVML (it
 //! interposes on `libnvidia-ml.so.1`) and resolves the real one through its own hook table.
+//!
+//! ```
+//! // On a machine without a driver this prints why; with one (or the fake GPU), the GPUs.
+//! match gpuslice_nvml::Nvml::load() {
+//!     Ok(nvml) => {
+//!         for g in nvml.devices().unwrap_or_default() {
+//!             println!("{} {} {} ({} bytes)", g.index, g.uuid, g.name, g.memory_total);
+//!         }
+//!     }
+//!     Err(e) => println!("no NVML: {e}"),
+//! }
+//! ```
 
 #![deny(missing_docs)]
 
