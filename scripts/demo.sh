@@ -77,7 +77,9 @@ field() {
     grep '"event":"interval"' "$1" 2>/dev/null | tail -n 1 | grep -o "\"$2\":[^,}]*" |
         cut -d: -f2 || true
 }
-pct() { awk -v x="${1:-0}" 'BEGIN { if (x == "") x = 0; printf "%5.1f%%", 100 * x }'; }
+# A fraction as a percentage, never above 100% (a tenant's window can catch a kernel begun in
+# the window before, so a lone tenant's own figure can read a hair over 1).
+pct() { awk -v x="${1:-0}" 'BEGIN { if (x == "") x = 0; if (x > 1) x = 1; printf "%5.1f%%", 100 * x }'; }
 
 say "two tenants share one GPU: tenant-a has a 0.25 share, tenant-b 0.75 (both want all of it)"
 burn_args=(--seconds $((seconds + 6)) --kernel-us 1000 --report-interval 1 --json)

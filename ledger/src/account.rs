@@ -108,21 +108,11 @@ impl<'a> Account<'a> {
         region: &'a crate::region::Region,
         slot: usize,
     ) -> Option<Account<'a>> {
-        let h = region.header();
-        let rp = region.proc_(slot)?;
-        Some(Account {
-            counter: &h.memory_used.0,
-            cap: match slice {
-                Some(s) => Cap::Quota(&s.memory_limit),
-                None => Cap::BestEffort(device),
-            },
-            charged: &rp.charged,
-            begun: &rp.ops_begun,
-            ended: &rp.ops_ended,
-            denied: &h.alloc_denied_total,
-            charges: Some(&h.alloc_total),
-            reaping: &h.reaping,
-        })
+        let cap = match slice {
+            Some(s) => Cap::Quota(&s.memory_limit),
+            None => Cap::BestEffort(device),
+        };
+        Self::over_region(cap, region, slot)
     }
 
     /// A node-mode best-effort account: the counters in the pool's region, the limit the
@@ -132,11 +122,20 @@ impl<'a> Account<'a> {
         region: &'a crate::region::Region,
         slot: usize,
     ) -> Option<Account<'a>> {
+        Self::over_region(Cap::Grant(&pool.grant), region, slot)
+    }
+
+    /// The account of process `slot` over a region's counters, limited by `cap`.
+    fn over_region(
+        cap: Cap<'a>,
+        region: &'a crate::region::Region,
+        slot: usize,
+    ) -> Option<Account<'a>> {
         let h = region.header();
         let rp = region.proc_(slot)?;
         Some(Account {
             counter: &h.memory_used.0,
-            cap: Cap::Grant(&pool.grant),
+            cap,
             charged: &rp.charged,
             begun: &rp.ops_begun,
             ended: &rp.ops_ended,

@@ -210,26 +210,7 @@ fn create(dir: &RuntimeDir, perm: u32, mode: u32) -> Result<Option<Mapping>, Led
 }
 
 fn map(fd: libc::c_int, path: &Path, write: bool) -> Result<*mut u8, LedgerError> {
-    let prot = if write {
-        libc::PROT_READ | libc::PROT_WRITE
-    } else {
-        libc::PROT_READ
-    };
-    // SAFETY: fd is open (read-write when `write`); the result is checked.
-    let p = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            FILE_SIZE,
-            prot,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io("map", path));
-    }
-    Ok(p.cast())
+    crate::sys::map_shared(fd, FILE_SIZE, write).ok_or_else(|| io("map", path))
 }
 
 /// SAFETY: `base` must be a fresh, zeroed, writable mapping of FILE_SIZE bytes nobody else sees.

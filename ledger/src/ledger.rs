@@ -65,6 +65,22 @@ pub struct SliceRequest {
     pub compute_setting: String,
 }
 
+impl SliceRequest {
+    /// A request for memory alone: slice `name` (`None`: a private slice) with quota `memory`
+    /// (`None`: best effort), no compute share, no cap, and the settings named as the
+    /// variables that carry them (`GPUSLICE_MEMORY`, `GPUSLICE_COMPUTE`).
+    pub fn new(name: Option<&str>, memory: Option<u64>) -> SliceRequest {
+        SliceRequest {
+            name: name.map(Into::into),
+            memory,
+            compute_share_ppm: 0,
+            compute_cap_ppm: PPM,
+            memory_setting: "GPUSLICE_MEMORY".into(),
+            compute_setting: "GPUSLICE_COMPUTE".into(),
+        }
+    }
+}
+
 /// The outcome of joining a slice on a device.
 #[derive(Debug, Clone)]
 pub struct Joined {

@@ -28,15 +28,12 @@
 //!   returns exactly what a SIGKILLed process held.
 //!
 //! ```
-//! use gpuslice_ledger::{Ledger, SliceRequest, PPM};
+//! use gpuslice_ledger::{Ledger, SliceRequest};
 //! let dir = std::env::temp_dir().join(format!("gpuslice-doctest-{}", std::process::id()));
 //! let ledger = Ledger::open_or_create(&dir).unwrap();
 //! let dev = ledger.ensure_device("GPU-00000000-0000-0000-0000-000000000001", "Fake", 8 << 30).unwrap();
 //! let me = ledger.attach("").unwrap();
-//! let req = SliceRequest {
-//!     name: None, memory: Some(1 << 30), compute_share_ppm: 0, compute_cap_ppm: PPM,
-//!     memory_setting: "GPUSLICE_MEMORY".into(), compute_setting: "GPUSLICE_COMPUTE".into(),
-//! };
+//! let req = SliceRequest::new(None, Some(1 << 30)); // a 1 GiB quota, no compute share
 //! ledger.join(me, dev, &req).unwrap();
 //! let acct = ledger.account(me, dev).unwrap();
 //! assert!(acct.try_charge(1 << 30));
@@ -80,3 +77,4 @@ pub use quantity::{
 };
 pub use reslice::SliceChange;
 pub use snapshot::{DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, SliceInfo, Snapshot};
+pub use view::innermost_pid_of;

@@ -167,25 +167,9 @@ impl Region {
     }
 
     fn map(fd: OwnedFd, write: bool) -> Result<Region, LedgerError> {
-        let prot = if write {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
-        // SAFETY: valid fd of REGION_SIZE bytes that cannot shrink; result checked.
-        let p = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                REGION_SIZE,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(os("map a region"));
-        }
+        // A region is REGION_SIZE bytes and sealed against shrinking.
+        let p = crate::sys::map_shared(fd.as_raw_fd(), REGION_SIZE, write)
+            .ok_or_else(|| os("map a region"))?;
         Ok(Region { fd, base: p.cast() })
     }
 

@@ -268,14 +268,7 @@ mod tests {
     fn lowering_a_quota_below_its_use_is_refused_with_both_figures() {
         let (l, dir, dev) = ledger();
         let me = l.attach("").unwrap();
-        let req = SliceRequest {
-            name: Some("m".into()),
-            memory: Some(2 << 30),
-            compute_share_ppm: 0,
-            compute_cap_ppm: PPM,
-            memory_setting: "GPUSLICE_MEMORY".into(),
-            compute_setting: "GPUSLICE_COMPUTE".into(),
-        };
+        let req = SliceRequest::new(Some("m"), Some(2 << 30));
         l.join(me, dev, &req).unwrap();
         let acct = l.account(me, dev).unwrap();
         assert!(acct.try_charge(1 << 30));

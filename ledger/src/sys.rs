@@ -1,6 +1,7 @@
 //! The operating-system calls of the ledger, in one place: the clock every timestamp uses,
 //! the process-shared futex the compute scheduler sleeps on, and the OFD record locks that
-//! carry liveness. Nothing here allocates; each call is one syscall.
+//! carry liveness, and the shared mapping of a ledger file or slice region. Nothing here
+//! allocates; each call is one syscall.
 
 use core::sync::atomic::AtomicU32;
 
@@ -73,4 +74,20 @@ pub(crate) fn ofd_lock(
         return Err(());
     }
     Ok(fl.l_type)
+}
+
+/// Map the first `len` bytes of `fd` shared, readable, and writable too when `write`; `None`
+/// when the kernel refuses (`errno` says why). Using the pointer is the caller's business: it is
+/// valid for `len` bytes only as long as the file is at least that long (the ledger and the
+/// sealed regions cannot shrink).
+pub(crate) fn map_shared(fd: libc::c_int, len: usize, write: bool) -> Option<*mut u8> {
+    let prot = if write {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: a new mapping at an address the kernel picks (never over an existing one) of a
+    // descriptor the caller holds; the result is checked.
+    let p = unsafe { libc::mmap(core::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
+    (p != libc::MAP_FAILED).then(|| p.cast())
 }

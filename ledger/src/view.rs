@@ -28,17 +28,14 @@
 //!
 //! ```
 //! use gpuslice_ledger::view::{ReadOnlyLedger, View};
-//! use gpuslice_ledger::{Ledger, SliceRequest, PPM};
+//! use gpuslice_ledger::{Ledger, SliceRequest};
 //! let dir = std::env::temp_dir().join(format!("gpuslice-viewdoc-{}", std::process::id()));
 //! assert!(ReadOnlyLedger::open(&dir).unwrap().is_none()); // no ledger: nothing created
 //! assert!(!dir.exists());
 //! let ledger = Ledger::open_or_create(&dir).unwrap();
 //! let dev = ledger.ensure_device("GPU-00000000-0000-0000-0000-000000000007", "Fake", 8 << 30).unwrap();
 //! let me = ledger.attach("job").unwrap();
-//! let req = SliceRequest {
-//!     name: Some("job".into()), memory: Some(1 << 30), compute_share_ppm: 0, compute_cap_ppm: PPM,
-//!     memory_setting: "GPUSLICE_MEMORY".into(), compute_setting: "GPUSLICE_COMPUTE".into(),
-//! };
+//! let req = SliceRequest::new(Some("job"), Some(1 << 30));
 //! ledger.join(me, dev, &req).unwrap();
 //! assert!(ledger.account(me, dev).unwrap().try_charge(256 << 20));
 //!
@@ -362,6 +359,12 @@ fn ns_pids(pid: &str) -> Option<Vec<u32>> {
     line.split_whitespace().map(|x| x.parse().ok()).collect()
 }
 
+/// The pid `pid` (of this process's `/proc`) has in its own PID namespace: the last `NSpid`
+/// entry of `/proc/<pid>/status`; `None` when that cannot be read.
+pub fn innermost_pid_of(pid: u32) -> Option<u32> {
+    ns_pids(&pid.to_string())?.last().copied()
+}
+
 /// Translates ledger processes to pids as the calling process sees them, and remembers the
 /// answers (a process's namespace never changes, so neither does the answer: each process
 /// costs a look in `/proc` once, then nothing).
@@ -477,17 +480,6 @@ mod tests {
         std::env::temp_dir().join(format!("gpuslice-view-{tag}-{}", std::process::id()))
     }
 
-    fn req(name: Option<&str>, memory: Option<u64>) -> SliceRequest {
-        SliceRequest {
-            name: name.map(Into::into),
-            memory,
-            compute_share_ppm: 0,
-            compute_cap_ppm: PPM,
-            memory_setting: "GPUSLICE_MEMORY".into(),
-            compute_setting: "GPUSLICE_COMPUTE".into(),
-        }
-    }
-
     const UUID: &str = "GPU-00000000-0000-0000-0000-0000000000aa";
 
     #[test]
@@ -526,7 +518,8 @@ mod tests {
         })
         .unwrap();
         let me = l.attach("op").unwrap();
-        l.join(me, dev, &req(Some("op"), None)).unwrap();
+        l.join(me, dev, &SliceRequest::new(Some("op"), None))
+            .unwrap();
         assert!(l.account(me, dev).unwrap().try_charge(300 << 20));
 
         let before = std::fs::read(l.path()).unwrap();
@@ -590,7 +583,9 @@ mod tests {
         let l = Ledger::open_or_create(&d).unwrap();
         let dev = l.ensure_device(UUID, "Fake", 8 << 30).unwrap();
         let me = l.attach("x").unwrap();
-        let j = l.join(me, dev, &req(Some("x"), Some(1 << 30))).unwrap();
+        let j = l
+            .join(me, dev, &SliceRequest::new(Some("x"), Some(1 << 30)))
+            .unwrap();
         // What a hostile writer could leave: usage past the quota, a slice on device 9999,
         // a process pointing at slice 70000, reserved past the device, a share past 1.0.
         let s = &l.slices()[j.slice];

@@ -3,7 +3,7 @@
 //! reported, never a panic, and new processes still attach and join.
 
 use gpuslice_ledger::layout::*;
-use gpuslice_ledger::{Ledger, SliceRequest, PPM};
+use gpuslice_ledger::{Ledger, SliceRequest};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 
@@ -15,17 +15,6 @@ fn dir(tag: &str) -> PathBuf {
     d
 }
 
-fn req(name: Option<&str>, memory: Option<u64>) -> SliceRequest {
-    SliceRequest {
-        name: name.map(Into::into),
-        memory,
-        compute_share_ppm: 0,
-        compute_cap_ppm: PPM,
-        memory_setting: "GPUSLICE_MEMORY".into(),
-        compute_setting: "GPUSLICE_COMPUTE".into(),
-    }
-}
-
 #[test]
 fn a_slice_on_device_9999_is_skipped_and_reported() {
     let d = dir("device");
@@ -34,7 +23,9 @@ fn a_slice_on_device_9999_is_skipped_and_reported() {
         .ensure_device("GPU-00000000-0000-0000-0000-000000000001", "Fake", 8 << 30)
         .unwrap();
     let me = l.attach("").unwrap();
-    let j = l.join(me, dev, &req(Some("bad"), Some(MI))).unwrap();
+    let j = l
+        .join(me, dev, &SliceRequest::new(Some("bad"), Some(MI)))
+        .unwrap();
     l.slices()[j.slice].device.store(9999, SeqCst);
     let snap = l.snapshot();
     assert!(snap.slices.is_empty(), "{:?}", snap.slices);
@@ -50,7 +41,9 @@ fn a_slice_on_device_9999_is_skipped_and_reported() {
     l.detach(me).unwrap();
     let other = Ledger::open(&d).unwrap();
     let p = other.attach("").unwrap();
-    other.join(p, dev, &req(None, Some(MI))).unwrap();
+    other
+        .join(p, dev, &SliceRequest::new(None, Some(MI)))
+        .unwrap();
     assert!(other.account(p, dev).unwrap().try_charge(MI));
     other.detach(p).unwrap();
     drop((l, other));
@@ -93,7 +86,7 @@ fn a_dead_process_with_account_70000_does_not_stop_new_processes() {
         "the bad record is freed"
     );
     let me = l.attach("").unwrap();
-    l.join(me, dev, &req(None, Some(MI))).unwrap();
+    l.join(me, dev, &SliceRequest::new(None, Some(MI))).unwrap();
     assert!(l.account(me, dev).unwrap().try_charge(MI));
     l.detach(me).unwrap();
     drop(l);
@@ -112,7 +105,7 @@ fn an_own_record_with_a_bad_slice_index_is_refused_not_used() {
     l.procs()[me.slot].devices[dev]
         .account
         .store(50_000, SeqCst);
-    assert!(l.join(me, dev, &req(None, Some(MI))).is_err());
+    assert!(l.join(me, dev, &SliceRequest::new(None, Some(MI))).is_err());
     assert!(l.account(me, dev).is_none());
     l.detach(me).unwrap();
     drop(l);

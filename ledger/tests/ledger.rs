@@ -20,17 +20,6 @@ fn dir(tag: &str) -> PathBuf {
     d
 }
 
-fn req(name: Option<&str>, memory: Option<u64>) -> SliceRequest {
-    SliceRequest {
-        name: name.map(Into::into),
-        memory,
-        compute_share_ppm: 0,
-        compute_cap_ppm: PPM,
-        memory_setting: "GPUSLICE_MEMORY".into(),
-        compute_setting: "GPUSLICE_COMPUTE".into(),
-    }
-}
-
 fn child(dir: &Path, mode: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_ledger-test-child"))
         .arg(dir)
@@ -117,15 +106,18 @@ fn admission_reservations_and_best_effort() {
     let l = Ledger::open_or_create(&d).unwrap();
     let dev = l.ensure_device(UUID, "test", 1000 * MI).unwrap();
     let p1 = l.attach("").unwrap();
-    l.join(p1, dev, &req(None, Some(600 * MI))).unwrap();
+    l.join(p1, dev, &SliceRequest::new(None, Some(600 * MI)))
+        .unwrap();
     let p2 = l.attach("").unwrap();
-    let e = l.join(p2, dev, &req(None, Some(500 * MI))).unwrap_err();
+    let e = l
+        .join(p2, dev, &SliceRequest::new(None, Some(500 * MI)))
+        .unwrap_err();
     assert_eq!(
         e.to_string(),
         format!("GPUSLICE_MEMORY: requested 500 MiB, available 400 MiB on {UUID}")
     );
     // Best effort: capped at what is not reserved.
-    l.join(p2, dev, &req(None, None)).unwrap();
+    l.join(p2, dev, &SliceRequest::new(None, None)).unwrap();
     let be = l.account(p2, dev).unwrap();
     assert!(!be.is_quota());
     assert_eq!(be.limit(), 400 * MI);
@@ -133,18 +125,20 @@ fn admission_reservations_and_best_effort() {
     assert!(!be.try_charge(101 * MI));
     // A new reservation cannot take what best effort holds.
     let p3 = l.attach("").unwrap();
-    let e = l.join(p3, dev, &req(None, Some(200 * MI))).unwrap_err();
+    let e = l
+        .join(p3, dev, &SliceRequest::new(None, Some(200 * MI)))
+        .unwrap_err();
     assert!(
         e.to_string()
             .contains("requested 200 MiB, available 100 MiB"),
         "{e}"
     );
     // Compute guarantees add up to at most 1.
-    let mut r = req(Some("cpu"), None);
+    let mut r = SliceRequest::new(Some("cpu"), None);
     r.compute_share_ppm = 700_000;
     l.join(p3, dev, &r).unwrap();
     let p4 = l.attach("").unwrap();
-    let mut r = req(Some("cpu2"), None);
+    let mut r = SliceRequest::new(Some("cpu2"), None);
     r.compute_share_ppm = 400_000;
     let e = l.join(p4, dev, &r).unwrap_err();
     assert!(
@@ -154,7 +148,8 @@ fn admission_reservations_and_best_effort() {
     );
     // Leaving returns reservations.
     l.detach(p1).unwrap();
-    l.join(p4, dev, &req(None, Some(500 * MI))).unwrap();
+    l.join(p4, dev, &SliceRequest::new(None, Some(500 * MI)))
+        .unwrap();
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -184,7 +179,9 @@ fn operator_slices_persist_and_win() {
         })
         .is_err());
     let p = l.attach("team").unwrap();
-    let j = l.join(p, dev, &req(Some("team"), Some(900 * MI))).unwrap();
+    let j = l
+        .join(p, dev, &SliceRequest::new(Some("team"), Some(900 * MI)))
+        .unwrap();
     assert_eq!(
         j.memory_limit,
         Some(100 * MI),
@@ -220,7 +217,8 @@ fn threads_of_many_processes_never_exceed_the_quota() {
                 let l = Ledger::open_or_create(d).unwrap();
                 let dev = l.find_device(UUID).unwrap();
                 let me = l.attach("shared").unwrap();
-                l.join(me, dev, &req(Some("shared"), Some(quota))).unwrap();
+                l.join(me, dev, &SliceRequest::new(Some("shared"), Some(quota)))
+                    .unwrap();
                 let a = l.account(me, dev).unwrap();
                 let mut held = vec![];
                 let mut x = t * 7919 + 1;
@@ -281,7 +279,8 @@ fn sigkill_at_any_instruction_returns_exactly_what_the_dead_held() {
     // A live member of the slice keeps churning in this process while others die and are
     // reaped: the reaper must not take anything from it.
     let me = l.attach("s").unwrap();
-    l.join(me, dev, &req(Some("s"), None)).unwrap();
+    l.join(me, dev, &SliceRequest::new(Some("s"), None))
+        .unwrap();
     let stop = AtomicBool::new(false);
     std::thread::scope(|sc| {
         let live = sc.spawn(|| {

@@ -6,7 +6,7 @@
 use gpuslice_ledger::layout::{POOL_ACCOUNT_BASE, STATE_ACTIVE};
 use gpuslice_ledger::node::{DeviceAsk, Limits, Peer, Regions};
 use gpuslice_ledger::region::Region;
-use gpuslice_ledger::{Account, Ledger, SliceRequest, PPM};
+use gpuslice_ledger::{Account, Ledger, SliceRequest};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
@@ -54,14 +54,7 @@ fn node(tag: &str) -> Option<(Ledger, Arc<Table>, PathBuf)> {
 fn ask(name: Option<&str>, memory: Option<u64>) -> Vec<DeviceAsk> {
     vec![DeviceAsk {
         uuid: UUID.into(),
-        req: SliceRequest {
-            name: name.map(Into::into),
-            memory,
-            compute_share_ppm: 0,
-            compute_cap_ppm: PPM,
-            memory_setting: "GPUSLICE_MEMORY".into(),
-            compute_setting: "GPUSLICE_COMPUTE".into(),
-        },
+        req: SliceRequest::new(name, memory),
     }]
 }
 

@@ -286,14 +286,7 @@ fn peer_of(pid: u32, uid: u32) -> Result<Peer, String> {
     if start_time == 0 {
         return Err(format!("cannot read /proc/{pid}: the process is gone"));
     }
-    let nspid = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|v| v.split_whitespace().last()?.parse().ok())
-        })
-        .unwrap_or(pid);
+    let nspid = gpuslice_ledger::innermost_pid_of(pid).unwrap_or(pid);
     Ok(Peer {
         host_pid: pid,
         nspid,

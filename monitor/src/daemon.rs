@@ -18,7 +18,7 @@ use crate::cli::{self, Failure};
 use crate::node::Node;
 use crate::nvml::Nvml;
 use crate::prom::{AuditRow, MonitorFacts};
-use crate::view::Snapshot;
+use crate::view::NodeView;
 use gpuslice_ledger::dir::{OpenHow, Owner, RuntimeDir};
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -668,14 +668,7 @@ type ProcKey = (u32, u64);
 /// The [`ProcKey`] of a pid NVML reports (a pid of the monitor's namespace, normally the
 /// host's): the last `NSpid` of `/proc/<pid>/status` and field 22 of `/proc/<pid>/stat`.
 fn proc_key(pid: u32) -> ProcKey {
-    let inner = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|v| v.split_whitespace().last()?.parse().ok())
-        })
-        .unwrap_or(pid);
+    let inner = gpuslice_ledger::innermost_pid_of(pid).unwrap_or(pid);
     (inner, gpuslice_ledger::start_time_of(&pid.to_string()))
 }
 
@@ -683,7 +676,7 @@ fn proc_key(pid: u32) -> ProcKey {
 /// A process is matched by its pid and start time, or by pid alone where the start time could
 /// not be read; NVML processes the ledger does not know count in the slice their environment
 /// names. Each row keeps the NVML pids it counted (what `--on-violation kill` ends).
-fn audit_rows(snap: &Snapshot, held: &[(String, Vec<Held>)]) -> Vec<AuditRow> {
+fn audit_rows(snap: &NodeView, held: &[(String, Vec<Held>)]) -> Vec<AuditRow> {
     let start: HashMap<u32, u64> = snap
         .processes
         .iter()

@@ -124,14 +124,6 @@ fn build_template(dir: &Path) {
         claim: Some("ns/claim".into()),
     })
     .unwrap();
-    let req = |name: Option<&str>, memory: Option<u64>| SliceRequest {
-        name: name.map(Into::into),
-        memory,
-        compute_share_ppm: 0,
-        compute_cap_ppm: PPM,
-        memory_setting: "GPUSLICE_MEMORY".into(),
-        compute_setting: "GPUSLICE_COMPUTE".into(),
-    };
     for (name, mem) in [
         (Some("ops"), None),
         (Some("team"), Some(1 << 30)),
@@ -140,7 +132,7 @@ fn build_template(dir: &Path) {
     ] {
         let me = l.attach(name.unwrap_or("")).unwrap();
         for &d in &devs {
-            l.join(me, d, &req(name, mem)).unwrap();
+            l.join(me, d, &SliceRequest::new(name, mem)).unwrap();
             assert!(l.account(me, d).unwrap().try_charge(64 * MI));
         }
         // Left attached: the copies hold records of processes that are gone.
@@ -272,14 +264,7 @@ fn exercise(dir: &Path) -> bool {
                     .load(core::sync::atomic::Ordering::SeqCst)
                     == STATE_ACTIVE
                 {
-                    let req = SliceRequest {
-                        name: Some("team".into()),
-                        memory: Some(MI),
-                        compute_share_ppm: 0,
-                        compute_cap_ppm: PPM,
-                        memory_setting: "GPUSLICE_MEMORY".into(),
-                        compute_setting: "GPUSLICE_COMPUTE".into(),
-                    };
+                    let req = SliceRequest::new(Some("team"), Some(MI));
                     let _ = l.join(me, d, &req);
                     if let Some(a) = l.account(me, d) {
                         if a.try_charge(4096) {

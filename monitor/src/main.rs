@@ -6,7 +6,7 @@
 //! - [`daemon`]: `gpuslice monitor`, the node daemon (reaping, NVML audit, metrics server), and
 //!   the monitor lock other commands use to find or start it.
 //! - [`status`], [`top`], [`slice`], [`metrics`]: the operator's views and controls; all read
-//!   one [`view::Snapshot`] of the ledger, rendered by [`table`] (people), [`view`] (JSON) or
+//!   one [`view::NodeView`] of the ledger, rendered by [`table`] (people), [`view`] (JSON) or
 //!   [`prom`] (Prometheus text, served by [`http`]).
 //! - [`node`]: the only module that talks to `gpuslice-ledger` (which owns all state and every
 //!   mutation); [`compute`] reads the scheduler's figures there; [`nvml`] loads NVML at run

@@ -1,12 +1,12 @@
 //! The `gpuslice` binary's window on the ledger: opening it, turning the ledger's snapshot into
-//! the [`Snapshot`] every view renders, registering NVML's devices, reaping, and operator
+//! the [`NodeView`] every view renders, registering NVML's devices, reaping, and operator
 //! slices. All state and all mutation live in `gpuslice-ledger`; this module only translates
 //! (ledger indices to NVML's, ppm to fractions, errors to messages).
 
 use crate::admission::RegionTable;
 use crate::cli::Failure;
-use crate::nvml::NvmlDevice;
-use crate::view::{Device, Process, Slice, Snapshot};
+use crate::nvml::Gpu;
+use crate::view::{DeviceView, NodeView, ProcessView, SliceView};
 use gpuslice_ledger::protocol::{self, Message};
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, Size, PPM};
 use std::collections::HashMap;
@@ -21,7 +21,7 @@ impl From<LedgerError> for Failure {
 
 /// What `slice create` asks for, parsed but not yet resolved against a device.
 #[derive(Debug, Clone)]
-pub struct SliceRequest {
+pub struct SliceSpec {
     pub name: String,
     pub memory: Size,
     /// Guarantee, ppm.
@@ -134,7 +134,7 @@ impl Node {
     }
 
     /// Register (or refresh) a device NVML reports.
-    pub fn register_device(&self, d: &NvmlDevice) -> Result<(), LedgerError> {
+    pub fn register_device(&self, d: &Gpu) -> Result<(), LedgerError> {
         self.ledger
             .ensure_device(&d.uuid, &d.name, d.memory_total)
             .map(|_| ())
@@ -183,7 +183,7 @@ impl Node {
 
     /// The node as every view shows it. Device indices are NVML's where NVML is available
     /// (what `nvidia-smi` shows), else the ledger's.
-    pub fn snapshot(&self) -> Snapshot {
+    pub fn snapshot(&self) -> NodeView {
         let s = self.ledger.snapshot();
         let nvml = crate::nvml::indices();
         let index = |uuid: &str, ledger_index: usize| {
@@ -192,7 +192,7 @@ impl Node {
         let devices = s
             .devices
             .iter()
-            .map(|d| Device {
+            .map(|d| DeviceView {
                 uuid: d.uuid.clone(),
                 index: index(&d.uuid, d.index),
                 name: d.name.clone(),
@@ -213,7 +213,7 @@ impl Node {
             .iter()
             .map(|sl| {
                 let compute = crate::compute::slice_compute(&self.ledger, sl.index);
-                Slice {
+                SliceView {
                     name: sl.name.clone(),
                     device_uuid: sl.device_uuid.clone(),
                     memory_limit: sl.memory_limit,
@@ -244,10 +244,10 @@ impl Node {
                 }
             })
             .collect();
-        let mut processes: Vec<Process> = s
+        let mut processes: Vec<ProcessView> = s
             .processes
             .iter()
-            .map(|p| Process {
+            .map(|p| ProcessView {
                 pid: p.pid,
                 start_time: p.start_time,
                 // The slice it joined (a private one is `pid-N`), else the name it asked for.
@@ -261,7 +261,7 @@ impl Node {
             })
             .collect();
         processes.sort_by_key(|p| p.pid);
-        Snapshot {
+        NodeView {
             devices,
             slices,
             processes,
@@ -313,7 +313,7 @@ impl Node {
     }
 
     /// Create an operator slice; returns it as views show it.
-    pub fn create_operator_slice(&self, req: &SliceRequest) -> Result<Slice, Failure> {
+    pub fn create_operator_slice(&self, req: &SliceSpec) -> Result<SliceView, Failure> {
         let (uuid, total) = self.resolve_device(&req.device)?;
         let memory = req.memory.resolve(total);
         if memory == 0 {
@@ -372,7 +372,7 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuslice_ledger::SliceRequest as Join;
+    use gpuslice_ledger::SliceRequest;
 
     const GI: u64 = 1 << 30;
 
@@ -385,7 +385,7 @@ mod tests {
         node.ledger
             .ensure_device(uuid, "Test GPU", 16 * GI)
             .unwrap();
-        let req = |memory: &str, compute_ppm, cap_ppm| SliceRequest {
+        let req = |memory: &str, compute_ppm, cap_ppm| SliceSpec {
             name: "op".into(),
             memory: gpuslice_ledger::parse_size("--memory", memory).unwrap(),
             compute_ppm,
@@ -404,7 +404,7 @@ mod tests {
 
         // This test process joins the slice asking for more; it gets the operator's quota.
         let me = node.ledger.attach("op").unwrap();
-        let join = Join {
+        let join = SliceRequest {
             name: Some("op".into()),
             memory: Some(8 * GI),
             compute_share_ppm: 0,
@@ -438,7 +438,7 @@ mod tests {
         );
 
         // Admission names requested and available; a second slice too big is refused.
-        let big = node.create_operator_slice(&SliceRequest {
+        let big = node.create_operator_slice(&SliceSpec {
             name: "big".into(),
             ..req("13Gi", 0, None)
         });
@@ -449,7 +449,7 @@ mod tests {
             msg.contains("requested 13 GiB") && msg.contains("available 12 GiB"),
             "{msg}"
         );
-        let unknown = node.create_operator_slice(&SliceRequest {
+        let unknown = node.create_operator_slice(&SliceSpec {
             device: "5".into(),
             ..req("1Gi", 0, None)
         });

@@ -1,8 +1,8 @@
-//! Prometheus text exposition (format 0.0.4) of a [`Snapshot`]: one `gpuslice_` prefix, base
+//! Prometheus text exposition (format 0.0.4) of a [`NodeView`]: one `gpuslice_` prefix, base
 //! units (bytes, seconds), ratios 0..1, `_total` counters, `# HELP` and `# TYPE` for every
 //! family. `gpuslice metrics` prints it once; the monitor serves it at `/metrics`.
 
-use crate::view::Snapshot;
+use crate::view::NodeView;
 use std::fmt::Write;
 
 /// Extra facts only the running monitor knows, appended to the node's families.
@@ -97,7 +97,7 @@ fn number(v: f64) -> String {
 }
 
 /// The exposition of the node, plus what the monitor knows when it is the one serving it.
-pub fn render(snap: &Snapshot, facts: Option<&MonitorFacts>) -> String {
+pub fn render(snap: &NodeView, facts: Option<&MonitorFacts>) -> String {
     let mut out = String::new();
     family(
         &mut out,
@@ -116,7 +116,7 @@ pub fn render(snap: &Snapshot, facts: Option<&MonitorFacts>) -> String {
             ("name", d.name.as_str()),
         ]
     };
-    type DevField = fn(&crate::view::Device) -> f64;
+    type DevField = fn(&crate::view::DeviceView) -> f64;
     let dev_families: [(&'static str, &str, DevField); 4] = [
         (
             "gpuslice_device_memory_total_bytes",
@@ -146,7 +146,7 @@ pub fn render(snap: &Snapshot, facts: Option<&MonitorFacts>) -> String {
         }
     }
 
-    type SliceField = fn(&crate::view::Slice) -> Option<f64>;
+    type SliceField = fn(&crate::view::SliceView) -> Option<f64>;
     let slice_families: [(&'static str, &str, &str, SliceField); 11] = [
         (
             "gpuslice_slice_memory_limit_bytes",

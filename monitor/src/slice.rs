@@ -6,8 +6,8 @@
 //! memory of all slices on a device never exceeds it, nor do compute guarantees sum past 1.
 
 use crate::cli::{self, Failure};
-use crate::node::{Node, SliceRequest};
-use crate::view::Slice;
+use crate::node::{Node, SliceSpec};
+use crate::view::SliceView;
 use gpuslice_ledger::{
     check_cap_not_below_share, check_slice_name, parse_cap, parse_fraction, parse_quota,
     ComputeSetting, PerDevice,
@@ -43,7 +43,7 @@ pub fn main(mut args: Vec<OsString>) -> i32 {
 }
 
 /// Parse `slice create`'s arguments (no side effects), `None` for `--help`.
-fn parse_create(args: Vec<OsString>) -> Result<Option<SliceRequest>, Failure> {
+fn parse_create(args: Vec<OsString>) -> Result<Option<SliceSpec>, Failure> {
     use lexopt::Arg::*;
     let mut p = cli::parser(args);
     let (mut name, mut memory, mut compute, mut cap, mut device) = (None, None, None, None, None);
@@ -120,7 +120,7 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceRequest>, Failure> {
         .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
     }
     let (compute, cap) = (compute.map(|c| c.0), cap.map(|c| c.0));
-    Ok(Some(SliceRequest {
+    Ok(Some(SliceSpec {
         name,
         memory,
         compute_ppm: compute.unwrap_or(0),
@@ -334,7 +334,7 @@ fn ls(args: Vec<OsString>) -> Result<(), Failure> {
         }
     }
     let mut snap = crate::status::load(&cli::runtime_dir())?;
-    snap.slices.retain(|s: &Slice| s.operator);
+    snap.slices.retain(|s: &SliceView| s.operator);
     snap.processes.clear();
     if json {
         return cli::outln!(

@@ -3,7 +3,7 @@
 
 use crate::cli::{self, Failure};
 use crate::node::Node;
-use crate::view::Snapshot;
+use crate::view::NodeView;
 use std::ffi::OsString;
 use std::path::Path;
 
@@ -38,10 +38,10 @@ pub fn main(args: Vec<OsString>) -> i32 {
 
 /// The node's snapshot; an absent ledger is an empty node (nothing has run yet), a broken one
 /// is an error naming the file and what is wrong with it.
-pub fn load(dir: &Path) -> Result<Snapshot, Failure> {
+pub fn load(dir: &Path) -> Result<NodeView, Failure> {
     match Node::open(dir) {
         Ok(node) => Ok(node.snapshot()),
-        Err(e) if Node::is_missing(&e) => Ok(Snapshot::default()),
+        Err(e) if Node::is_missing(&e) => Ok(NodeView::default()),
         Err(e) => Err(e.into()),
     }
 }

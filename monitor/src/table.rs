@@ -1,8 +1,8 @@
-//! The human view of a [`Snapshot`]: aligned tables with sizes in GiB/MiB and fractions as
+//! The human view of a [`NodeView`]: aligned tables with sizes in GiB/MiB and fractions as
 //! percentages, as `nvidia-smi` and `nvtop` users read them. `status` prints these lines once;
 //! `top` redraws them in place.
 
-use crate::view::Snapshot;
+use crate::view::NodeView;
 
 /// A size for people (`16 GiB`, `1.50 GiB`, `512 MiB`): the ledger's one rendering, so
 /// admission errors and tables read alike.
@@ -105,13 +105,13 @@ fn layout(headers: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<String> {
 }
 
 /// The device index of a slice's device, or `?` when the device is unknown.
-fn device_index(snap: &Snapshot, uuid: &str) -> String {
+fn device_index(snap: &NodeView, uuid: &str) -> String {
     snap.device(uuid)
         .map_or("?".into(), |d| d.index.to_string())
 }
 
 /// The three tables (devices, slices, processes) as lines, without a trailing newline.
-pub fn render(snap: &Snapshot) -> Vec<String> {
+pub fn render(snap: &NodeView) -> Vec<String> {
     use Align::*;
     let mut out = Vec::new();
     let devices: Vec<Vec<String>> = snap

@@ -1,7 +1,7 @@
 //! One consistent picture of the node, as every view shows it: devices, slices, processes.
 //!
-//! [`Snapshot`] is plain data, built from the ledger by [`Node::snapshot`](crate::node::Node::snapshot)
-//! and rendered by [`table`](crate::table) for people, [`Snapshot::to_json`] for `status --json`
+//! [`NodeView`] is plain data, built from the ledger by [`Node::snapshot`](crate::node::Node::snapshot)
+//! and rendered by [`table`](crate::table) for people, [`NodeView::to_json`] for `status --json`
 //! (the contract's field names, sizes in bytes, fractions 0..1) and [`prom`](crate::prom) for
 //! Prometheus.
 
@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 /// A device as the ledger knows it (keyed by UUID; `index` is NVML's where known).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Device {
+pub struct DeviceView {
     pub uuid: String,
     pub index: u32,
     pub name: String,
@@ -24,7 +24,7 @@ pub struct Device {
 
 /// A slice on one device.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Slice {
+pub struct SliceView {
     pub name: String,
     pub device_uuid: String,
     /// Quota in bytes; `None` for a best-effort slice (no quota: it takes from what the
@@ -61,7 +61,7 @@ pub struct Slice {
 
 /// A process attached to the ledger.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Process {
+pub struct ProcessView {
     pub pid: u32,
     pub slice: String,
     /// Device memory it holds, over all devices.
@@ -75,15 +75,15 @@ pub struct Process {
 
 /// The node at one instant.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Snapshot {
-    pub devices: Vec<Device>,
-    pub slices: Vec<Slice>,
-    pub processes: Vec<Process>,
+pub struct NodeView {
+    pub devices: Vec<DeviceView>,
+    pub slices: Vec<SliceView>,
+    pub processes: Vec<ProcessView>,
     /// Ledger records that made no sense and were skipped (see `Ledger::snapshot`).
     pub problems: Vec<String>,
 }
 
-impl Snapshot {
+impl NodeView {
     /// The `status --json` object of the contract.
     pub fn to_json(&self) -> Value {
         json!({
@@ -128,7 +128,7 @@ impl Snapshot {
     }
 
     /// The device with this UUID.
-    pub fn device(&self, uuid: &str) -> Option<&Device> {
+    pub fn device(&self, uuid: &str) -> Option<&DeviceView> {
         self.devices.iter().find(|d| d.uuid == uuid)
     }
 }
@@ -138,10 +138,10 @@ pub(crate) mod tests {
     use super::*;
 
     /// A small node: one 16 GiB device, two slices, three processes.
-    pub fn sample() -> Snapshot {
+    pub fn sample() -> NodeView {
         const GI: u64 = 1 << 30;
-        Snapshot {
-            devices: vec![Device {
+        NodeView {
+            devices: vec![DeviceView {
                 uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
                 index: 0,
                 name: "Fake GPU".into(),
@@ -151,7 +151,7 @@ pub(crate) mod tests {
                 compute_reserved: 0.75,
             }],
             slices: vec![
-                Slice {
+                SliceView {
                     name: "train".into(),
                     device_uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
                     memory_limit: Some(4 * GI),
@@ -170,7 +170,7 @@ pub(crate) mod tests {
                     violations_total: 0,
                     priority: "normal",
                 },
-                Slice {
+                SliceView {
                     name: "infer \"a\"".into(),
                     device_uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
                     memory_limit: None,
@@ -191,21 +191,21 @@ pub(crate) mod tests {
                 },
             ],
             processes: vec![
-                Process {
+                ProcessView {
                     pid: 100,
                     slice: "train".into(),
                     memory_used: GI,
                     alive: true,
                     start_time: 7,
                 },
-                Process {
+                ProcessView {
                     pid: 101,
                     slice: "train".into(),
                     memory_used: GI,
                     alive: true,
                     start_time: 7,
                 },
-                Process {
+                ProcessView {
                     pid: 102,
                     slice: "infer \"a\"".into(),
                     memory_used: GI,

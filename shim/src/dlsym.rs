@@ -9,7 +9,7 @@
 
 use crate::hooks::find_hooked;
 use crate::log::{self, log};
-use crate::real::{real_dlsym, real_dlsym_addr};
+use crate::resolve::{real_dlsym, real_dlsym_addr};
 use core::ffi::{c_char, c_void, CStr};
 
 /// The handle-other-than-`RTLD_NEXT` path of our `dlsym`.

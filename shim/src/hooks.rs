@@ -29,7 +29,7 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use crate::real::Lib;
+use crate::resolve::Lib;
 use core::ffi::c_void;
 
 /// The function pointer types of the driver and NVML, from the headers.
@@ -78,7 +78,7 @@ macro_rules! hook_table {
             $(
                 #[inline]
                 pub fn $name() -> Option<pfn::$name> {
-                    let p = crate::real::get(Sym::$name as usize);
+                    let p = crate::resolve::get(Sym::$name as usize);
                     // SAFETY: p was returned by the real dlsym for this exact name, whose C
                     // signature is pfn's, generated from the header.
                     (!p.is_null()).then(|| unsafe { core::mem::transmute::<*mut c_void, pfn::$name>(p) })
@@ -87,7 +87,7 @@ macro_rules! hook_table {
             $(
                 #[inline]
                 pub fn $rname() -> Option<pfn::$rname> {
-                    let p = crate::real::get(Sym::$rname as usize);
+                    let p = crate::resolve::get(Sym::$rname as usize);
                     // SAFETY: as above.
                     (!p.is_null()).then(|| unsafe { core::mem::transmute::<*mut c_void, pfn::$rname>(p) })
                 }

@@ -141,7 +141,7 @@ fn start(cu_init: Option<(pfn::cuInit, core::ffi::c_uint)>) -> Result<&'static S
     // Resolve the driver's functions before the lock: resolving takes the loader's lock, and a
     // thread inside dlopen (a library constructor calling CUDA) may hold that one while it
     // waits for ours.
-    crate::real::resolve_all(crate::real::Lib::Cuda);
+    crate::resolve::resolve_all(crate::resolve::Lib::Cuda);
     let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
     let f = FAILED.load(Acquire);
     if f != 0 {

@@ -4,7 +4,9 @@
 //!
 //! How the parts meet:
 //! - [`hooks`]: the one table of hooked symbols; it generates the exported wrappers, the
-//!   name → wrapper map used by [`dlsym`], and the real-function accessors ([`real`]).
+//!   name → wrapper map used by [`dlsym`], and the accessors of the real driver's functions
+//!   (`hooks::real::cuMemAlloc_v2()`; a handler gets the same function as its `real`
+//!   parameter). [`resolve`] finds them, one symbol at a time, and the real `dlsym`.
 //! - [`dlsym`] and [`procaddr`]: how clients that look functions up (rather than link to
 //!   them) still get our wrappers; `procaddr` maps by the real function's address.
 //! - [`init`]: start-up at the first `cuInit` (configuration from [`config`], devices, the
@@ -28,5 +30,5 @@ mod memory;
 mod nvml;
 mod pointers;
 mod procaddr;
-mod real;
 mod report;
+mod resolve;

@@ -9,7 +9,7 @@
 use crate::dlsym::{answer_of, log_lookup};
 use crate::hooks::{pfn, SYMBOLS};
 use crate::log;
-use crate::real::hooked_by_address;
+use crate::resolve::hooked_by_address;
 use core::ffi::{c_char, c_int, c_void, CStr};
 use gpuslice_abi::CUDA_SUCCESS;
 

@@ -22,6 +22,10 @@ GiB = 1 << 30
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
+class Skipped(Exception):
+    """A workload said it cannot run here (its result has `skip`): the check is a SKIP."""
+
+
 class Failed(Exception):
     """A workload did not produce a usable result."""
 
@@ -88,6 +92,10 @@ class Recorder:
             f.write(json.dumps(rec, sort_keys=True) + "\n")
         print(f"[{status}] {check}: " + " -- ".join(x for x in (measured, note) if x), file=sys.stderr)
 
+    def verdict(self, check, notes, measured, target, numbers):
+        """PASS when nothing was noted against the result, else FAIL with the notes."""
+        self.add(check, "FAIL" if notes else "PASS", measured, target, "; ".join(notes), numbers)
+
 
 def judged(fn):
     """Turns a workload failure or an unexpected shape into a FAIL record instead of a trace."""
@@ -95,6 +103,8 @@ def judged(fn):
     def run(rec, a):
         try:
             fn(rec, a)
+        except Skipped as e:
+            rec.add(a.name, "SKIP", note=str(e))
         except Failed as e:
             rec.add(a.name, "FAIL", "no result", note=str(e))
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
@@ -103,8 +113,11 @@ def judged(fn):
     return run
 
 
-def skipped(objs):
-    return next((o["skip"] for o in objs if isinstance(o, dict) and "skip" in o), None)
+def unless_skipped(*objs):
+    """Raises Skipped with the first `skip` reason among the workload results."""
+    why = next((o["skip"] for o in objs if isinstance(o, dict) and "skip" in o), None)
+    if why:
+        raise Skipped(why)
 
 
 # ---- burn-based checks (fake and real GPU) ----
@@ -155,13 +168,12 @@ def burn_alloc(rec, a):
             notes.append(f"{tag}: cuMemGetInfo total {total}, not the quota {a.quota}")
     if nums["second"]["allocated_bytes"] != nums["first"]["allocated_bytes"]:
         notes.append("the second process got a different amount: memory not returned")
-    rec.add(
+    rec.verdict(
         a.name,
-        "FAIL" if notes else "PASS",
+        notes,
         f"total {gib(first.get('mem_total') or 0)}; {gib(nums['first']['allocated_bytes'])} then OOM; "
         f"again {gib(nums['second']['allocated_bytes'])}",
         f"total {gib(a.quota)}, OOM at it, same again",
-        "; ".join(notes),
         nums,
     )
 
@@ -273,10 +285,7 @@ def symbols(rec, a):
     """The shim's debug lines about symbol resolution, for a workload that completed. The lines
     go to `--log-out` (the record for docs/architecture.md)."""
     o = load(a.base)
-    why = skipped([o])
-    if why:
-        rec.add(a.name, "SKIP", note=why)
-        return
+    unless_skipped(o)
     lines = [ln for ln in _read(a.base + ".err").splitlines() if ln.startswith("gpuslice:")]
     resolution = [ln for ln in lines if RESOLVE.search(ln)]
     with open(a.log_out, "w") as f:
@@ -316,10 +325,7 @@ def _oom_ok(oom, flag):
 @judged
 def torch_memory(rec, a):
     o = load(a.base)
-    why = skipped([o])
-    if why:
-        rec.add(a.name, "SKIP", note=why)
-        return
+    unless_skipped(o)
     q = a.quota
     notes = []
     total = o["mem_get_info"]["total"]
@@ -353,13 +359,12 @@ def torch_memory(rec, a):
             notes.append(f"real usage grew by {delta} bytes, over the quota")
     else:
         notes.append(f"nvidia-smi real usage: {real1.get('error', real1)}")
-    rec.add(
+    rec.verdict(
         a.name,
-        "FAIL" if notes else "PASS",
+        notes,
         f"total {gib(total)}/{gib(props)}; {n}x1GiB, "
         f"{(o['oom'] or {}).get('type', 'no error').rsplit('.', 1)[-1]}; again {n2}{smi_txt}",
         f"total {gib(q)}, torch OOM, again; smi",
-        "; ".join(notes),
         o,
     )
 
@@ -367,10 +372,7 @@ def torch_memory(rec, a):
 @judged
 def jax_memory(rec, a):
     o = load(a.base)
-    why = skipped([o])
-    if why:
-        rec.add(a.name, "SKIP", note=why)
-        return
+    unless_skipped(o)
     notes = []
     lim = o.get("bytes_limit")
     if lim is None or lim > a.quota:
@@ -380,12 +382,11 @@ def jax_memory(rec, a):
         notes.append(f"the 6 GiB computation ended with {err}, not RESOURCE_EXHAUSTED")
     if not (o.get("small_ok") and o.get("after_ok")):
         notes.append("small computations before/after gave wrong results")
-    rec.add(
+    rec.verdict(
         a.name,
-        "FAIL" if notes else "PASS",
+        notes,
         f"limit {gib(lim or 0)}; 6GiB -> {'RESOURCE_EXHAUSTED' if not notes or err else err}",
         f"limit <= {gib(a.quota)}; RESOURCE_EXHAUSTED; still computes",
-        "; ".join(notes),
         o,
     )
 
@@ -393,10 +394,7 @@ def jax_memory(rec, a):
 @judged
 def cupy_memory(rec, a):
     o = load(a.base)
-    why = skipped([o])
-    if why:
-        rec.add(a.name, "SKIP", note=why)
-        return
+    unless_skipped(o)
     notes = []
     total = o["mem_get_info"]["total"]
     n, n2 = o["tensors"], o["tensors_again"]
@@ -408,12 +406,11 @@ def cupy_memory(rec, a):
         notes.append(f"stopped by {o['oom']} / {o['oom_again']}")
     if n2 != n:
         notes.append(f"after free_all_blocks {n2} arrays fit, not {n}")
-    rec.add(
+    rec.verdict(
         a.name,
-        "FAIL" if notes else "PASS",
+        notes,
         f"total {gib(total)}; {n}x1GiB then OOM; again {n2}",
         f"total {gib(a.quota)}; OOM at quota; again after free",
-        "; ".join(notes),
         o,
     )
 
@@ -423,10 +420,7 @@ def torch_shares(rec, a):
     """Shares of two PyTorch matmul tenants: their rates over the common window divided by the
     rate of a solo, unwrapped run of the same loop."""
     solo = load(a.solo)
-    why = skipped([solo])
-    if why:
-        rec.add(a.name, "SKIP", note=why)
-        return
+    unless_skipped(solo)
     nums = {"solo_rate": solo["rate"]}
     ok = True
     shown = []
@@ -454,10 +448,7 @@ def overhead(rec, a):
     """Median step time with the shim over without, from interleaved runs."""
     plain = [load(b) for b in a.plain]
     shim = [load(b) for b in a.shim]
-    why = skipped(plain + shim)
-    if why:
-        rec.add(a.name, "SKIP", note=why)
-        return
+    unless_skipped(*plain, *shim)
     p = statistics.median(o["step_seconds_median"] for o in plain)
     s = statistics.median(o["step_seconds_median"] for o in shim)
     pct = 100 * (s / p - 1)

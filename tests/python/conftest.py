@@ -148,12 +148,19 @@ def run_client(name, env, *args, timeout=300):
 
     Fails the test with the client's output when it exits non-zero or prints no JSON.
     """
-    cmd = [sys.executable, str(CLIENTS / f"{name}.py"), *map(str, args)]
+    return run_script(sys.executable, name, env, args, timeout)
+
+
+def run_script(python, name, env, args, timeout):
+    """Run tests/python/clients/<name>.py with interpreter `python`; return its last JSON line,
+    failing the test with its output (stderr's last 6000 characters) when it exits non-zero or
+    prints none."""
+    cmd = [str(python), str(CLIENTS / f"{name}.py"), *map(str, args)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
                        stdin=subprocess.DEVNULL)
     out = last_json(p.stdout)
     if p.returncode != 0 or out is None:
-        pytest.fail(f"{name} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+        pytest.fail(f"{name} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr[-6000:]}")
     return out
 
 
@@ -200,13 +207,7 @@ def fw_env(gpu_env):
 def run_framework(group, name, env, *args, timeout=600):
     """Run tests/python/clients/<name>.py with the python of framework venv `group`; return its
     last JSON line (the test fails with the output when it exits non-zero or prints none)."""
-    cmd = [str(framework_venv(group)), str(CLIENTS / f"{name}.py"), *map(str, args)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
-    out = last_json(p.stdout)
-    if p.returncode != 0 or out is None:
-        pytest.fail(f"{name} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr[-6000:]}")
-    return out
+    return run_script(framework_venv(group), name, env, args, timeout)
 
 
 class Served:

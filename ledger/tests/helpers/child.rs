@@ -8,7 +8,7 @@
 //!
 //! It dies with the test that started it (`PR_SET_PDEATHSIG`).
 
-use gpuslice_ledger::{Ledger, SliceRequest, PPM};
+use gpuslice_ledger::{Ledger, SliceRequest};
 use std::path::Path;
 use std::time::Duration;
 
@@ -31,19 +31,8 @@ fn main() {
             // instructions of the hot path.
             let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
             let me = l.attach("s").unwrap();
-            l.join(
-                me,
-                dev,
-                &SliceRequest {
-                    name: Some("s".into()),
-                    memory: Some(64 * MI),
-                    compute_share_ppm: 0,
-                    compute_cap_ppm: PPM,
-                    memory_setting: "GPUSLICE_MEMORY".into(),
-                    compute_setting: "GPUSLICE_COMPUTE".into(),
-                },
-            )
-            .unwrap();
+            l.join(me, dev, &SliceRequest::new(Some("s"), Some(64 * MI)))
+                .unwrap();
             let a = l.account(me, dev).unwrap();
             println!("ready");
             let mut held: Vec<u64> = vec![];

@@ -1,7 +1,9 @@
 //! The reference docs name everything the product exposes: every metric family `gpuslice`
 //! emits (`gpuslice metrics`, and the monitor's `/metrics`) is in docs/operations.md, and
 //! every variable the shim's configuration reads is in docs/configuration.md. A new metric or
-//! variable without its documentation fails here.
+//! variable without its documentation fails here. And docs/architecture.md's map matches the
+//! folders: every workspace crate is in it, and every path it names exists (a rename or move
+//! that leaves the map behind fails here).
 
 use gpuslice_e2e::World;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -116,5 +118,85 @@ fn every_variable_the_shim_reads_is_documented_in_configuration_md() {
     assert!(
         missing.is_empty(),
         "variables shim/src/config.rs reads that docs/configuration.md does not name: {missing:?}"
+    );
+}
+
+/// The `code` spans of a Markdown text.
+fn code_spans(md: &str) -> Vec<&str> {
+    md.split('`').skip(1).step_by(2).collect()
+}
+
+/// Whether `path` (under `root`) exists; with a `*`, whether anything matches what comes before
+/// it (`tests/python/test_frameworks_*.py`).
+fn exists(root: &Path, path: &str) -> bool {
+    let Some((before, _)) = path.split_once('*') else {
+        return root.join(path).exists();
+    };
+    let (dir, stem) = before.rsplit_once('/').unwrap_or(("", before));
+    std::fs::read_dir(root.join(dir)).is_ok_and(|entries| {
+        entries
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().starts_with(stem))
+    })
+}
+
+#[test]
+fn architecture_md_names_every_crate_and_only_paths_that_exist() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let md = repo_file("docs/architecture.md");
+    let spans = code_spans(&md);
+    // Every workspace member, as `dir/`.
+    let manifest = repo_file("Cargo.toml");
+    let members: Vec<&str> = manifest
+        .split("members = [")
+        .nth(1)
+        .and_then(|m| m.split(']').next())
+        .expect("Cargo.toml lists workspace members")
+        .split(',')
+        .map(|m| m.trim().trim_matches('"'))
+        .filter(|m| !m.is_empty())
+        .collect();
+    assert!(members.contains(&"shim"), "{members:?}");
+    let unnamed: Vec<&&str> = members
+        .iter()
+        .filter(|m| !spans.contains(&format!("{m}/").as_str()))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "workspace crates docs/architecture.md does not name (as `dir/`): {unnamed:?}"
+    );
+    // Every path from the top of the repository.
+    let tops = [
+        "abi/", "deploy/", "docs/", "k8s/", "ledger/", "monitor/", "nvml/", "scripts/", "shim/",
+        "tests/",
+    ];
+    let mut missing: Vec<String> = spans
+        .iter()
+        .filter(|s| tops.iter().any(|t| s.starts_with(t)) && !s.contains(' '))
+        .filter(|s| !exists(&repo, s))
+        .map(|s| s.to_string())
+        .collect();
+    // A section heading names its files relative to its first path: `shim/src/hooks.rs`,
+    // `dlsym.rs` is shim/src/dlsym.rs (or beside the first path's folder).
+    for heading in md.lines().filter(|l| l.starts_with("## ")) {
+        let names = code_spans(heading);
+        let Some(first) = names.first().filter(|f| f.contains('/')) else {
+            continue;
+        };
+        let base = repo.join(first.trim_end_matches('/'));
+        let dir = if first.ends_with('/') {
+            base.clone()
+        } else {
+            base.parent().unwrap().to_path_buf()
+        };
+        for n in names.iter().skip(1).filter(|n| !n.contains('/')) {
+            if !exists(&dir, n) && !exists(dir.parent().unwrap(), n) {
+                missing.push(format!("{n} (in {heading:?})"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "paths docs/architecture.md names that do not exist: {missing:?}"
     );
 }

@@ -469,6 +469,17 @@ fn fails(w: &World, args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
+/// `gpuslice ARGS` is bad usage: exit status 2 and one `gpuslice:` message that contains
+/// `says` and the usage line.
+fn bad_usage(w: &World, args: &[&str], says: &str) {
+    let (code, err) = fails(w, args);
+    assert_eq!(code, Some(2), "gpuslice {args:?}: {err}");
+    assert!(
+        err.starts_with("gpuslice: ") && err.contains(says) && err.contains("usage: gpuslice"),
+        "gpuslice {args:?}: {err}"
+    );
+}
+
 #[test]
 fn bad_usage_exits_2_with_a_usage_line_and_other_failures_exit_1_naming_what_failed() {
     let w = World::new(1, "16Gi");
@@ -512,10 +523,7 @@ fn bad_usage_exits_2_with_a_usage_line_and_other_failures_exit_1_naming_what_fai
             "a:1",
         ],
     ] {
-        let (code, err) = fails(&w, args);
-        assert_eq!(code, Some(2), "gpuslice {args:?}: {err}");
-        assert!(err.starts_with("gpuslice: "), "gpuslice {args:?}: {err}");
-        assert!(err.contains("usage: gpuslice"), "gpuslice {args:?}: {err}");
+        bad_usage(&w, args, "");
     }
     let (_, err) = fails(&w, &["slice", "create", "x", "--memory", "12XB"]);
     assert!(err.contains("--memory") && err.contains("12XB"), "{err}");
@@ -556,12 +564,7 @@ fn bad_usage_exits_2_with_a_usage_line_and_other_failures_exit_1_naming_what_fai
             "--compute=\"0.5\"",
         ),
     ] {
-        let (code, err) = fails(&w, args);
-        assert_eq!(code, Some(2), "gpuslice {args:?}: {err}");
-        assert!(
-            err.contains(says) && err.contains("usage: gpuslice"),
-            "gpuslice {args:?}: {err}"
-        );
+        bad_usage(&w, args, says);
     }
 
     // A device that does not exist is an error naming it.

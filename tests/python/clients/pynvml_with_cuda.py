@@ -7,6 +7,7 @@ import json
 import sys
 
 import pynvml
+from cuda_ctx import alloc, primary_context
 
 hold = int(sys.argv[1]) if len(sys.argv) > 1 else 0
 
@@ -26,16 +27,11 @@ def cuda_info(cuda, dev):
 pynvml.nvmlInit()
 h = pynvml.nvmlDeviceGetHandleByIndex(0)
 out = {"nvml_before": nvml(h)}
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
-assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
+cuda, dev = primary_context()
 out["cuda"] = cuda_info(cuda, dev)
 out["nvml_attached"] = nvml(h)
 if hold:
-    assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(hold)) == 0
+    alloc(cuda, hold)
 out["cuda_after"] = cuda_info(cuda, dev)
 out["nvml_after"] = nvml(h)
 out["processes"] = sorted([p.pid, p.usedGpuMemory] for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h))

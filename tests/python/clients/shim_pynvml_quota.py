@@ -4,21 +4,16 @@ Optional argv: bytes to allocate through the driver first (ctypes), to see them 
 Prints one JSON line.
 """
 
-import ctypes
 import json
 import sys
 
 import pynvml
+from cuda_ctx import alloc, primary_context
 
 hold = int(sys.argv[1]) if len(sys.argv) > 1 else 0
 if hold:
-    cuda = ctypes.CDLL("libcuda.so.1")
-    assert cuda.cuInit(0) == 0
-    dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
-    assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
-    assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
-    assert cuda.cuCtxSetCurrent(ctx) == 0
-    assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(hold)) == 0
+    cuda, _ = primary_context()
+    alloc(cuda, hold)
 
 pynvml.nvmlInit()
 h = pynvml.nvmlDeviceGetHandleByIndex(0)

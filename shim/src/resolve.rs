@@ -1,6 +1,7 @@
-//! The real driver's functions: the real `dlsym` (found with `dlvsym`, since ours shadows it),
-//! the real libraries' handles, and the table's function pointers, each resolved on its first
-//! use.
+//! Resolution of the real driver's functions: the real `dlsym` (found with `dlvsym`, since ours
+//! shadows it), the real libraries' handles, and the table's function pointers, each resolved
+//! on its first use. (Everywhere else in the shim, "real" is the function this finds: the
+//! accessor `hooks::real::NAME()` and a handler's `real` parameter.)
 //!
 //! Nothing here runs inside our `dlsym` except [`real_dlsym_addr`], which only resolves one
 //! pointer with `dlvsym` and caches it. Each table entry is resolved by whichever thread needs

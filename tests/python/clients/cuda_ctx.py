@@ -1,0 +1,23 @@
+"""The driver API through ctypes, for clients that need a CUDA context and no framework.
+
+- `primary_context(ordinal=0)`: `cuInit`, then device `ordinal`'s primary context made current;
+  returns `(cuda, dev)`, the loaded `libcuda.so.1` and the `CUdevice`.
+- `alloc(cuda, size)`: `cuMemAlloc_v2` of `size` bytes (asserted to succeed); the pointer.
+"""
+import ctypes
+
+
+def primary_context(ordinal=0):
+    cuda = ctypes.CDLL("libcuda.so.1")
+    assert cuda.cuInit(0) == 0
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    assert cuda.cuDeviceGet(ctypes.byref(dev), ordinal) == 0
+    assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+    assert cuda.cuCtxSetCurrent(ctx) == 0
+    return cuda, dev
+
+
+def alloc(cuda, size):
+    ptr = ctypes.c_uint64()
+    assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size)) == 0
+    return ptr.value
