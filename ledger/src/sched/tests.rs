@@ -417,6 +417,34 @@ struct Fixed {
     left: u64,
 }
 
+impl Fixed {
+    fn new(queued: u64, next: u64, left: u64) -> Fixed {
+        Fixed { queued, next, left }
+    }
+}
+
+/// A device and its slices, for the tests that drive one client's `acquire` by hand.
+struct Hand {
+    t: Table,
+    dev: SchedDevice,
+    proc: SchedProc,
+}
+
+impl Hand {
+    fn new(slices: &[(f64, f64)]) -> Hand {
+        Hand {
+            t: Table::new(slices),
+            dev: SchedDevice::default(),
+            proc: SchedProc::default(),
+        }
+    }
+
+    /// Slice 1's client, on the real clock.
+    fn client(&self) -> Client<'_> {
+        Client::new(&self.dev, 0, &self.t, 1, &self.proc, &SYSTEM).unwrap()
+    }
+}
+
 impl Work for Fixed {
     fn outstanding_ns(&mut self) -> u64 {
         self.queued
@@ -451,21 +479,16 @@ fn ordinary(dev: &SchedDevice, holder: u32, end_ns: u64) -> u64 {
 fn a_turn_starting_ahead_of_the_clock_charges_nothing_and_does_not_panic() {
     // The e2e panic: `held_since` (where the previous charge ended, ahead of the clock) was
     // later than `now` when another process of the slice renewed the lease.
-    let t = Table::new(&[(0.5, 1.0), (0.5, 1.0)]);
-    let dev = SchedDevice::default();
-    let proc = SchedProc::default();
-    let mut c = Client::new(&dev, 0, &t, 1, &proc, &SYSTEM).unwrap();
+    let h = Hand::new(&[(0.5, 1.0), (0.5, 1.0)]);
+    let (t, dev) = (&h.t, &h.dev);
+    let mut c = h.client();
     let now = now_ns();
     c.charged_until = now + 1_000_000_000;
     c.held_since = Some(c.charged_until);
     c.held_turn = 12345; // not the current turn: a renewal by another process
     c.busy_until = now;
-    ordinary(&dev, 1, now + LEASE_NS);
-    let mut w = Fixed {
-        queued: 0,
-        next: 1000,
-        left: 0,
-    };
+    ordinary(dev, 1, now + LEASE_NS);
+    let mut w = Fixed::new(0, 1000, 0);
     c.acquire(&mut w);
     assert_eq!(
         t.0[0].0.gpu_ns_total.load(Relaxed),
@@ -482,20 +505,15 @@ fn a_turn_starting_ahead_of_the_clock_charges_nothing_and_does_not_panic() {
 fn a_lease_taken_over_while_ahead_of_the_clock_does_not_panic() {
     // Slice 1 held a turn starting ahead of the clock; slice 2 took the lease over, and its
     // end is already past its grace: slice 1 pays nothing and takes the lease back.
-    let t = Table::new(&[(0.5, 1.0), (0.5, 1.0)]);
-    let dev = SchedDevice::default();
-    let proc = SchedProc::default();
-    let mut c = Client::new(&dev, 0, &t, 1, &proc, &SYSTEM).unwrap();
+    let h = Hand::new(&[(0.5, 1.0), (0.5, 1.0)]);
+    let (t, dev) = (&h.t, &h.dev);
+    let mut c = h.client();
     let now = now_ns();
     c.charged_until = now + 1_000_000_000;
     c.held_since = Some(c.charged_until);
     c.busy_until = now + 2_000_000_000;
-    ordinary(&dev, 2, 1000); // ended long ago
-    c.acquire(&mut Fixed {
-        queued: 0,
-        next: 1000,
-        left: 0,
-    });
+    ordinary(dev, 2, 1000); // ended long ago
+    c.acquire(&mut Fixed::new(0, 1000, 0));
     assert_eq!(t.0[0].0.gpu_ns_total.load(Relaxed), 0);
     assert_eq!(Lease::unpack(dev.lease.load(Acquire)).holder, 1);
 }
@@ -504,25 +522,16 @@ fn a_lease_taken_over_while_ahead_of_the_clock_does_not_panic() {
 fn huge_estimates_saturate() {
     // A measurement can be anything (an f32 of ms saturated into u64): admitting, stretching
     // the lease, draining and charging must not overflow.
-    let t = Table::new(&[(0.5, 1.0)]);
-    let dev = SchedDevice::default();
-    let proc = SchedProc::default();
-    let mut c = Client::new(&dev, 0, &t, 1, &proc, &SYSTEM).unwrap();
+    let h = Hand::new(&[(0.5, 1.0)]);
+    let (t, dev) = (&h.t, &h.dev);
+    let mut c = h.client();
     let now = now_ns();
-    ordinary(&dev, 1, now + LEASE_NS);
-    c.acquire(&mut Fixed {
-        queued: 0,
-        next: u64::MAX,
-        left: 0,
-    });
+    ordinary(dev, 1, now + LEASE_NS);
+    c.acquire(&mut Fixed::new(0, u64::MAX, 0));
     let l = Lease::unpack(dev.lease.load(Acquire));
     assert!(l.end_ns <= now_ns() + MAX_LEASE_NS + 1000, "{l:?}");
     assert!(t.0[0].0.busy_until_ns.load(Relaxed) <= now_ns() + MAX_LEASE_NS);
-    c.acquire(&mut Fixed {
-        queued: u64::MAX,
-        next: u64::MAX,
-        left: u64::MAX,
-    });
+    c.acquire(&mut Fixed::new(u64::MAX, u64::MAX, u64::MAX));
     // Alone and uncapped: the handoff renewed the lease to itself, solo.
     assert!(c.solo());
     assert!(c.charged_until <= now_ns() + MAX_LEASE_NS);
@@ -531,16 +540,11 @@ fn huge_estimates_saturate() {
 
 #[test]
 fn a_lease_already_over_hands_over_at_once() {
-    let t = Table::new(&[(0.5, 1.0)]);
-    let dev = SchedDevice::default();
-    let proc = SchedProc::default();
-    let mut c = Client::new(&dev, 0, &t, 1, &proc, &SYSTEM).unwrap();
-    ordinary(&dev, 1, 1000);
-    c.acquire(&mut Fixed {
-        queued: 0,
-        next: 1000,
-        left: 0,
-    });
+    let h = Hand::new(&[(0.5, 1.0)]);
+    let dev = &h.dev;
+    let mut c = h.client();
+    ordinary(dev, 1, 1000);
+    c.acquire(&mut Fixed::new(0, 1000, 0));
     assert!(c.solo());
 }
 
