@@ -464,6 +464,15 @@ impl Work for Fixed {
     fn wait_pending(&mut self, _n: usize) {}
 }
 
+/// `c` holds a turn that starts a second ahead of the clock (where its previous charge ended,
+/// a handoff lead that ran long); returns the clock.
+fn held_from_ahead(c: &mut Client) -> u64 {
+    let now = now_ns();
+    c.charged_until = now + 1_000_000_000;
+    c.held_since = Some(c.charged_until);
+    now
+}
+
 fn ordinary(dev: &SchedDevice, holder: u32, end_ns: u64) -> u64 {
     let w = Lease {
         holder,
@@ -482,9 +491,7 @@ fn a_turn_starting_ahead_of_the_clock_charges_nothing_and_does_not_panic() {
     let h = Hand::new(&[(0.5, 1.0), (0.5, 1.0)]);
     let (t, dev) = (&h.t, &h.dev);
     let mut c = h.client();
-    let now = now_ns();
-    c.charged_until = now + 1_000_000_000;
-    c.held_since = Some(c.charged_until);
+    let now = held_from_ahead(&mut c);
     c.held_turn = 12345; // not the current turn: a renewal by another process
     c.busy_until = now;
     ordinary(dev, 1, now + LEASE_NS);
@@ -508,9 +515,7 @@ fn a_lease_taken_over_while_ahead_of_the_clock_does_not_panic() {
     let h = Hand::new(&[(0.5, 1.0), (0.5, 1.0)]);
     let (t, dev) = (&h.t, &h.dev);
     let mut c = h.client();
-    let now = now_ns();
-    c.charged_until = now + 1_000_000_000;
-    c.held_since = Some(c.charged_until);
+    let now = held_from_ahead(&mut c);
     c.busy_until = now + 2_000_000_000;
     ordinary(dev, 2, 1000); // ended long ago
     c.acquire(&mut Fixed::new(0, 1000, 0));
