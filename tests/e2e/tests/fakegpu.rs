@@ -300,8 +300,11 @@ fn graphs_capture_and_replay_with_memory_nodes() {
     assert_eq!(v["sync_while_capturing"], 900, "{v}");
     assert_eq!(v["end_invalidated"], 901, "{v}");
     let ms = v["elapsed_ms"].as_f64().unwrap();
+    // At least the ten kernels' time; the fake's executor plans kernels when it gets a CPU, so
+    // on a loaded host the replay can take longer (13 ms seen with every CPU busy), but not
+    // twice as long, which would mean each kernel ran twice or at double length.
     assert!(
-        (9.0..=11.0).contains(&ms),
+        (9.0..19.0).contains(&ms),
         "ten 1 ms kernels replayed in {ms} ms"
     );
     assert_eq!(v["graph_mem_returned"], true, "{v}");
