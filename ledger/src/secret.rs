@@ -66,23 +66,22 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 impl Secret {
     /// Parse a secret given by `what` (a variable or a file, for the message).
     pub fn parse(what: &str, s: &str) -> Result<Secret, LedgerError> {
-        let bad = |why: String| LedgerError::BadSecret(format!("{what}: {why}"));
-        if s.len() < MIN_LEN || s.len() > MAX_LEN {
-            return Err(bad(format!(
-                "a secret has {MIN_LEN} to {MAX_LEN} characters, this one {} (make one with \
-                 `head -c 32 /dev/urandom | base64`, or let `gpuslice slice create \
-                 --new-secret-file` make it)",
-                s.len()
-            )));
-        }
-        if let Some(p) = s.bytes().position(|b| !allowed(b)) {
-            return Err(bad(format!(
-                "character {} is not printable ASCII (spaces and control characters are not \
-                 allowed)",
+        let why = if s.len() < MIN_LEN || s.len() > MAX_LEN {
+            format!("it has {} characters", s.len())
+        } else if let Some(p) = s.bytes().position(|b| !allowed(b)) {
+            format!(
+                "character {} is a space, a control character or not ASCII",
                 p + 1
-            )));
-        }
-        Ok(Secret(s.to_string()))
+            )
+        } else {
+            return Ok(Secret(s.to_string()));
+        };
+        // Never the value itself: a near miss is still most of a secret.
+        Err(LedgerError::BadSecret(format!(
+            "{what} is not a valid secret ({why}); accepted: {MIN_LEN} to {MAX_LEN} printable \
+             ASCII characters without spaces (make one with `head -c 32 /dev/urandom | base64`, \
+             or let `gpuslice slice create --new-secret-file PATH` make it)"
+        )))
     }
 
     /// A new random secret: 256 bits from the kernel (`getrandom`), as 64 hex digits.
