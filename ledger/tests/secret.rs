@@ -37,7 +37,7 @@ fn dir(tag: &str) -> PathBuf {
     d
 }
 
-fn node(d: &PathBuf) -> Ledger {
+fn node(d: &std::path::Path) -> Ledger {
     let l = Ledger::open_or_create_node(d).unwrap();
     l.ensure_device(UUID, "Fake", 16 * GI).unwrap();
     l.ensure_device(UUID2, "Fake", 16 * GI).unwrap();

@@ -381,7 +381,7 @@ impl Node {
         if self.via_monitor() {
             let mut m = Message::new("op", "slice-create");
             m.push("name", &req.name)
-                .push("device", &uuid)
+                .push("device", uuid)
                 .push("memory", &memory.to_string())
                 .push("share", &req.compute_ppm.to_string())
                 .push("cap", &req.cap_ppm.unwrap_or(PPM).to_string());
