@@ -626,7 +626,12 @@ impl Driver {
         if !self.node {
             return Ok(None);
         }
-        let exists = snap.slices.iter().any(|s| s.name == name && !s.private);
+        // Only the plugin (an operator) makes operator slices: a process slice of the name (a
+        // squatter, on another GPU) must not make the claim's slice go without a secret.
+        let exists = snap
+            .slices
+            .iter()
+            .any(|s| s.name == name && s.operator_defined);
         if !exists {
             return Secret::generate().map(Some).map_err(|e| e.to_string());
         }
