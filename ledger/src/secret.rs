@@ -529,6 +529,32 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 2000,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// The store's text is read from disk: any text parses or is refused, never a panic,
+        /// and what it writes it reads back.
+        #[test]
+        fn any_store_text_parses_or_is_refused(text in "(?s).{0,400}", name in "[a-z][a-z0-9-]{0,20}") {
+            let _ = Store::parse(&text);
+            let mut st = Store::default();
+            st.set(&name, Some(Secret::generate().unwrap()));
+            proptest::prop_assert_eq!(Store::parse(&st.text()), Ok(st));
+        }
+
+        /// Any string is a valid secret or a refusal that does not contain it.
+        #[test]
+        fn any_value_is_a_secret_or_a_refusal_without_it(v in "(?s).{0,300}") {
+            match Secret::parse("V", &v) {
+                Ok(s) => proptest::prop_assert!(s.matches(&v)),
+                Err(e) => proptest::prop_assert!(v.len() < MIN_LEN || !e.to_string().contains(&v)),
+            }
+        }
+    }
+
     #[test]
     fn the_store_is_one_private_file_replaced_whole() {
         let d = tmpdir("store");
