@@ -21,6 +21,7 @@ use crate::quantity;
 use crate::slice::{self, COMPUTE, COMPUTE_WHOLE, MEMORY};
 use gpuslice_ledger::layout::STATE_ACTIVE;
 use gpuslice_ledger::protocol::{self, Message};
+use gpuslice_ledger::secret::{Secret, SECRET_VAR};
 use gpuslice_ledger::{human_bytes, Ledger, LedgerError, OperatorSlice, Snapshot, PPM};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use std::collections::{BTreeMap, BTreeSet};
@@ -217,8 +218,9 @@ impl Driver {
         }
     }
 
-    /// Create one claim slice: over the socket in node mode, in the ledger otherwise.
-    fn create_slice(&self, spec: &OperatorSlice) -> Result<(), String> {
+    /// Create one claim slice: over the socket in node mode (with its join secret), in the
+    /// ledger otherwise.
+    fn create_slice(&self, spec: &OperatorSlice, secret: Option<&Secret>) -> Result<(), String> {
         if !self.node {
             return self
                 .ledger
@@ -233,6 +235,9 @@ impl Driver {
             .push("share", &spec.compute_share_ppm.to_string())
             .push("cap", &spec.compute_cap_ppm.to_string())
             .push("claim", spec.claim.as_deref().unwrap_or(""));
+        if let Some(s) = secret {
+            m.push("secret", s.expose());
+        }
         self.ask_monitor(&m).map(|_| ())
     }
 
@@ -593,9 +598,10 @@ impl Driver {
                 claim: Some(c.label()),
             });
         }
+        let secret = self.claim_secret(&name, &snap)?;
         let created_any = !to_create.is_empty();
         for spec in &to_create {
-            if let Err(e) = self.create_slice(spec) {
+            if let Err(e) = self.create_slice(spec, secret.as_ref()) {
                 let _ = self.remove_slice(&name);
                 return Err(format!(
                     "creating slice {name} on {}: {e}; nothing was kept",
@@ -603,7 +609,7 @@ impl Driver {
                 ));
             }
         }
-        if let Err(e) = self.write_spec(&c.uid) {
+        if let Err(e) = self.write_spec(&c.uid, secret.as_ref()) {
             if created_any {
                 let _ = self.remove_slice(&name);
             }
@@ -612,12 +618,49 @@ impl Driver {
         Ok(devices)
     }
 
-    fn write_spec(&self, uid: &str) -> Result<(), String> {
+    /// Node mode: the join secret of claim slice `name` (docs/security.md). A claim prepared
+    /// before (a repeated call, a plugin restart) keeps the secret its slice was made with,
+    /// read from the monitor's root-only file; a new claim gets a new random one. Personal
+    /// mode: none (one user; nothing to keep out).
+    fn claim_secret(&self, name: &str, snap: &Snapshot) -> Result<Option<Secret>, String> {
+        if !self.node {
+            return Ok(None);
+        }
+        // Only the plugin (an operator) makes operator slices: a process slice of the name (a
+        // squatter, on another GPU) must not make the claim's slice go without a secret.
+        let exists = snap
+            .slices
+            .iter()
+            .any(|s| s.name == name && s.operator_defined);
+        if !exists {
+            return Secret::generate().map(Some).map_err(|e| e.to_string());
+        }
+        match self.ledger.slice_secret(name) {
+            Ok(Some(s)) => Ok(Some(s)),
+            Ok(None) => {
+                eprintln!(
+                    "gpuslice-dra: slice {name} was made without a join secret (by an older \
+                     gpuslice-dra): any process that names it may join it until the claim is \
+                     prepared anew"
+                );
+                Ok(None)
+            }
+            Err(e) => Err(format!(
+                "reading slice {name}'s join secret: {e} (the plugin runs as root to read it)"
+            )),
+        }
+    }
+
+    fn write_spec(&self, uid: &str, secret: Option<&Secret>) -> Result<(), String> {
         let name = slice_name(uid);
+        let mut env = vec![("GPUSLICE_SLICE".to_string(), name.clone())];
+        if let Some(s) = secret {
+            env.push((SECRET_VAR.to_string(), s.expose().to_string()));
+        }
         let spec = gpuslice_ledger::cdi::spec(
             &self.cfg.cdi_kind,
             &name,
-            &[("GPUSLICE_SLICE".to_string(), name.clone())],
+            &env,
             &self.cfg.library.to_string_lossy(),
             &self.cfg.runtime_dir.to_string_lossy(),
         );
@@ -626,8 +669,14 @@ impl Driver {
         if std::fs::read(&path).is_ok_and(|b| b == text.as_bytes()) {
             return Ok(());
         }
+        // A spec with a secret is root's alone (the container runtime reads it as root).
+        let write = if secret.is_some() {
+            gpuslice_ledger::cdi::write_private_atomically
+        } else {
+            gpuslice_ledger::cdi::write_atomically
+        };
         std::fs::create_dir_all(&self.cfg.cdi_dir)
-            .and_then(|()| gpuslice_ledger::cdi::write_atomically(&path, text.as_bytes()))
+            .and_then(|()| write(&path, text.as_bytes()))
             .map_err(|e| format!("writing the CDI spec {}: {e}", path.display()))
     }
 

@@ -261,6 +261,23 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
     assert_eq!(v["allocated_bytes"], 4 * GI, "{v}");
     assert_eq!(v["alloc_errors"], serde_json::json!([2]), "{v}"); // CUDA_ERROR_OUT_OF_MEMORY
 
+    // The claim's slice has a join secret: the spec (root's alone) carries it to the claim's
+    // containers; it is not in the policy every tenant reads; a process that names the slice
+    // without it (any pod can reach monitor.sock and knows claim UIDs) is refused at cuInit.
+    let secret = spec_secret(&dirs, &a);
+    assert_eq!(secret.len(), 64, "256 random bits as hex");
+    assert_eq!(
+        std::fs::metadata(spec_file(&dirs, &a))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    let bytes = std::fs::read(node.world.runtime_dir().join("ledger")).unwrap();
+    assert!(!bytes.windows(64).any(|w| w == secret.as_bytes()));
+    assert_refused_without_secret(&node, &dirs, &ids, &a);
+
     // A pod of the claim runs (3 GiB held) while the plugin is killed and restarted.
     let mut holder = node
         .tenant_burn(&dirs, &ids)
@@ -281,6 +298,11 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
     assert_eq!(
         r2.claims[a.uid], r1.claims[a.uid],
         "prepared before the restart"
+    );
+    assert_eq!(
+        spec_secret(&dirs, &a),
+        secret,
+        "the restarted plugin keeps the secret"
     );
     assert_eq!(
         slice_of(&policy, &a).unwrap().index,
@@ -344,6 +366,15 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
         Some(2 * GI),
         "made by the restarted monitor"
     );
+    assert_ne!(spec_secret(&dirs, &b), secret, "one secret per claim");
+    // The restarted monitor still holds claim a's secret: refused without, admitted with.
+    assert_refused_without_secret(&node, &dirs, &ids, &a);
+    let v = gpuslice_e2e::run_json(node.tenant_burn(&dirs, &ids).args([
+        "--alloc",
+        "512Mi,1Gi",
+        "--json",
+    ]));
+    assert_eq!(v["allocated_bytes"], GI / 2, "3 GiB of 4 are held: {v}");
 
     // The pod ends: the claim is unprepared, its slice leaves the policy (at the monitor's
     // reaping of the process, at the latest) and its spec the CDI directory.
@@ -361,6 +392,41 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
     assert_eq!((dev.memory_reserved, dev.compute_reserved_ppm), (0, 0));
     p.kill().unwrap();
     p.wait().unwrap();
+}
+
+/// The join secret the claim's CDI spec gives its containers.
+fn spec_secret(dirs: &Dirs, c: &TestClaim) -> String {
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(spec_file(dirs, c)).unwrap()).unwrap();
+    spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|e| e.as_str()?.strip_prefix("GPUSLICE_SLICE_SECRET="))
+        .unwrap_or_else(|| panic!("no GPUSLICE_SLICE_SECRET in {spec}"))
+        .to_string()
+}
+
+/// Another pod's process naming claim `c`'s slice, without its secret or with a wrong one:
+/// refused at cuInit, with the line the shim prints.
+fn assert_refused_without_secret(node: &Node, dirs: &Dirs, ids: &[String], c: &TestClaim) {
+    for wrong in [None, Some("0".repeat(64))] {
+        let mut cmd = node.tenant_burn(dirs, ids);
+        cmd.env_remove("GPUSLICE_SLICE_SECRET")
+            .env("GPUSLICE_SLICE", format!("k8s-{}", c.uid))
+            .args(["--alloc", "1Mi", "--json"]);
+        if let Some(w) = &wrong {
+            cmd.env("GPUSLICE_SLICE_SECRET", w);
+        }
+        let o = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success()
+                && err.contains("cuInit")
+                && err.contains(&format!("slice \"k8s-{}\" requires its secret", c.uid)),
+            "{wrong:?}: {o:?}"
+        );
+    }
 }
 
 #[test]

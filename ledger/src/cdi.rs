@@ -80,6 +80,34 @@ pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result
     })
 }
 
+/// [`write_atomically`] for a spec that carries a secret (a claim slice's join secret): the
+/// file is mode 0600 from its creation, readable by root (the container runtime) only, and the
+/// temporary file is created exclusively, never through a symlink.
+pub fn write_private_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let _ = std::fs::remove_file(&tmp);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()));
+    written
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+}
+
 /// Whether `dir` holds a node-mode policy (root's monitor owns it; containers mount it
 /// read-only).
 pub fn is_node_dir(dir: &str) -> bool {

@@ -84,6 +84,9 @@ pub enum LedgerError {
     Corrupt(&'static str),
     /// The ledger is mapped read-only here (root's node directory seen by another user).
     ReadOnly(PathBuf),
+    /// A slice's join secret that cannot be used, or a join without the right one (the
+    /// message, for the user; never the secret itself).
+    BadSecret(String),
 }
 
 /// A slice that does not fit on its device.
@@ -175,6 +178,7 @@ impl fmt::Display for LedgerError {
             ),
             LedgerError::Region(m) => write!(f, "slice region: {m}"),
             LedgerError::Monitor(m) => f.write_str(m),
+            LedgerError::BadSecret(m) => f.write_str(m),
             LedgerError::Corrupt(what) => write!(
                 f,
                 "the ledger holds an impossible {what} (scribbled over?); it was not used"

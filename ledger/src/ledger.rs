@@ -717,10 +717,32 @@ impl Ledger {
     /// Create an operator-defined slice (persists when empty; processes naming it get its
     /// values). Errors: unknown device, bad name, already exists, admission.
     pub fn create_operator_slice(&self, spec: &OperatorSlice) -> Result<usize, LedgerError> {
+        self.create_operator_slice_with_secret(spec, None)
+    }
+
+    /// [`Ledger::create_operator_slice`] with a join secret (node mode only; `secret.rs`): the
+    /// secret is stored, root-only, before the slice exists, and is required of every non-root
+    /// process that names the slice from then on.
+    pub fn create_operator_slice_with_secret(
+        &self,
+        spec: &OperatorSlice,
+        secret: Option<&crate::secret::Secret>,
+    ) -> Result<usize, LedgerError> {
         if !crate::quantity::valid_slice_name(&spec.name) {
             return Err(LedgerError::BadName(spec.name.clone()));
         }
         let _g = self.lock()?;
+        let undo = self.set_secret_for_new_slice_locked(&spec.name, secret)?;
+        let r = self.create_operator_slice_locked(spec);
+        if r.is_err() {
+            if let Some(old) = undo {
+                let _ = old.save(self.dir());
+            }
+        }
+        r
+    }
+
+    fn create_operator_slice_locked(&self, spec: &OperatorSlice) -> Result<usize, LedgerError> {
         let dev = self
             .find_device(&spec.device)
             .ok_or_else(|| LedgerError::NoSuchDevice(spec.device.clone()))?;
@@ -831,6 +853,7 @@ impl Ledger {
         if found == 0 {
             return Err(LedgerError::NoSuchSlice(name.into()));
         }
+        self.prune_secrets_locked();
         Ok(removed)
     }
 

@@ -60,6 +60,7 @@ pub mod quantity;
 pub mod region;
 mod reslice;
 pub mod sched;
+pub mod secret;
 mod snapshot;
 mod sys;
 pub mod tenants;

@@ -196,7 +196,22 @@ impl Ledger {
         asks: &[DeviceAsk],
         limits: &Limits,
     ) -> Result<Admitted, LedgerError> {
+        self.admit_with_secret(peer, display_name, asks, limits, None)
+    }
+
+    /// [`Ledger::admit`] for a process that gave a join secret (`GPUSLICE_SLICE_SECRET`): a
+    /// slice made with a secret admits a non-root process only with that secret (`secret.rs`).
+    pub fn admit_with_secret(
+        &self,
+        peer: &Peer,
+        display_name: &str,
+        asks: &[DeviceAsk],
+        limits: &Limits,
+        secret: Option<&str>,
+    ) -> Result<Admitted, LedgerError> {
         let _g = self.lock()?;
+        let names: Vec<&str> = asks.iter().filter_map(|a| a.req.name.as_deref()).collect();
+        self.check_join_secret_locked(peer.uid, &names, secret)?;
         let procs = self.procs();
         let mine = procs
             .iter()
@@ -561,6 +576,9 @@ impl Ledger {
             }
             p.pid.store(0, SeqCst);
             p.state.store(STATE_FREE, SeqCst);
+        }
+        if !out.slices_removed.is_empty() {
+            self.prune_secrets_locked();
         }
         Ok(out)
     }

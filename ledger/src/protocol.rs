@@ -10,6 +10,10 @@
 //! `op=slice-ls` (the operator CLI), `op=view` (a read-only descriptor of one slice's region,
 //! for NVML-only processes of the same uid). Replies: `ok` with fields (and for `admit` one
 //! region descriptor per `dev` line, in order), or `err=<one line for the user>`.
+//!
+//! Optional fields, added later (a monitor ignores a field it does not know; a request without
+//! one means what it always meant): `secret=` on `admit` (the process's
+//! `GPUSLICE_SLICE_SECRET`) and on `slice-create` (the new slice's join secret; `secret.rs`).
 
 use crate::error::LedgerError;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -15,6 +15,7 @@ use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
 use gpuslice_ledger::node::{region_key, DeviceAsk, Limits, Peer, Regions};
 use gpuslice_ledger::protocol::{self, Message, SOCKET_FILE};
 use gpuslice_ledger::region::Region;
+use gpuslice_ledger::secret::Secret;
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceRequest};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -338,19 +339,28 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
                 ));
             }
             let name = req.get("name").unwrap_or("").to_string();
+            // Optional: the slice's join secret (gpuslice_ledger::secret), never logged.
+            let secret = req
+                .get("secret")
+                .map(|v| Secret::parse("the request's secret", v))
+                .transpose()
+                .map_err(|e| e.to_string())?;
             let done = match op {
                 "slice-create" => ledger
-                    .create_operator_slice(&OperatorSlice {
-                        name: name.clone(),
-                        device: req.get("device").unwrap_or("").into(),
-                        memory: num(req, "memory")?,
-                        compute_share_ppm: num::<u32>(req, "share")?.min(PPM),
-                        compute_cap_ppm: num::<u32>(req, "cap")?.min(PPM),
-                        claim: req
-                            .get("claim")
-                            .map(Into::into)
-                            .filter(|c: &String| !c.is_empty()),
-                    })
+                    .create_operator_slice_with_secret(
+                        &OperatorSlice {
+                            name: name.clone(),
+                            device: req.get("device").unwrap_or("").into(),
+                            memory: num(req, "memory")?,
+                            compute_share_ppm: num::<u32>(req, "share")?.min(PPM),
+                            compute_cap_ppm: num::<u32>(req, "cap")?.min(PPM),
+                            claim: req
+                                .get("claim")
+                                .map(Into::into)
+                                .filter(|c: &String| !c.is_empty()),
+                        },
+                        secret.as_ref(),
+                    )
                     .and_then(|_| match req.get("owner") {
                         Some(u) => ledger.set_slice_owner(
                             &name,
@@ -432,7 +442,13 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, S
     }
     let ledger = &server.ledger;
     let a = ledger
-        .admit(&peer, name.as_deref().unwrap_or(""), &asks, &server.limits)
+        .admit_with_secret(
+            &peer,
+            name.as_deref().unwrap_or(""),
+            &asks,
+            &server.limits,
+            req.get("secret"),
+        )
         .map_err(|e| match e {
             LedgerError::Admission(a) => format!("admission: slice refused: {a}"),
             e => e.to_string(),

@@ -22,7 +22,7 @@ use crate::cli::{self, Failure};
 use crate::run::{self, Limits};
 
 const USAGE: &str = "gpuslice cdi --slice NAME [--memory Q] [--compute F] [--compute-cap F] \
-                     [--kind VENDOR/CLASS] [--library PATH] [--output FILE]";
+                     [--secret-file PATH] [--kind VENDOR/CLASS] [--library PATH] [--output FILE]";
 
 // The spec builder, its constants and the atomic write live in `gpuslice_ledger::cdi`, shared
 // with gpuslice-dra.
@@ -34,6 +34,8 @@ Writes a Container Device Interface spec for one slice (stdout, or FILE; put it 
   --memory Q            VRAM quota (GPUSLICE_MEMORY), as for `gpuslice run`
   --compute F           guaranteed compute share (GPUSLICE_COMPUTE)
   --compute-cap F       compute ceiling (GPUSLICE_COMPUTE_CAP)
+  --secret-file PATH    the slice's join secret (GPUSLICE_SLICE_SECRET; `slice create
+                        --secret-file`); the spec is then written mode 0600
   --kind VENDOR/CLASS   the CDI kind (default gpuslice.dev/slice)
   --library PATH        the host's libgpuslice.so (default: found as `gpuslice run` finds it)
   --output FILE         write FILE (atomically) instead of stdout
@@ -53,6 +55,7 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
     let mut kind: Option<String> = None;
     let mut library: Option<PathBuf> = None;
     let mut output: Option<PathBuf> = None;
+    let mut secret_file: Option<PathBuf> = None;
     let mut parser = cli::parser(args);
     while let Some(arg) = parser.next().map_err(cli::lex(USAGE))? {
         if cli::is_help(&arg) {
@@ -73,6 +76,10 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
             lexopt::Arg::Long("library") => {
                 let v = parser.value().map_err(cli::lex(USAGE))?.into();
                 cli::once(&mut library, "--library", v, USAGE)?;
+            }
+            lexopt::Arg::Long("secret-file") => {
+                let v = parser.value().map_err(cli::lex(USAGE))?.into();
+                cli::once(&mut secret_file, "--secret-file", v, USAGE)?;
             }
             lexopt::Arg::Long("output") | lexopt::Arg::Short('o') => {
                 let v = parser.value().map_err(cli::lex(USAGE))?.into();
@@ -115,20 +122,39 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
             runtime_dir.display()
         );
     }
-    let spec = spec(
+    let secret = secret_file
+        .map(|p| gpuslice_ledger::secret::Secret::read_file(&p))
+        .transpose()?;
+    let mut spec = spec(
         &kind,
         &slice,
         &limits,
         &library.to_string_lossy(),
         &runtime_dir.to_string_lossy(),
     );
+    if let (Some(s), Some(env)) = (
+        &secret,
+        spec["devices"][0]["containerEdits"]["env"].as_array_mut(),
+    ) {
+        env.push(serde_json::Value::String(format!(
+            "{}={}",
+            gpuslice_ledger::secret::SECRET_VAR,
+            s.expose()
+        )));
+    }
     let text = serde_json::to_string_pretty(&spec).expect("a JSON value serializes") + "\n";
     match output {
         None => std::io::stdout()
             .write_all(text.as_bytes())
             .map_err(|e| Failure::Other(format!("cdi: writing the spec to stdout: {e}")))?,
         Some(path) => {
-            write_atomically(&path, text.as_bytes())
+            // A spec with a secret is root's alone (the container runtime reads it as root).
+            let write = if secret.is_some() {
+                gpuslice_ledger::cdi::write_private_atomically
+            } else {
+                write_atomically
+            };
+            write(&path, text.as_bytes())
                 .map_err(|e| Failure::Other(format!("cdi: writing {}: {e}", path.display())))?;
             eprintln!(
                 "gpuslice: wrote {}; run containers with --device nvidia.com/gpu=<N> --device \
@@ -252,6 +278,44 @@ mod tests {
                 other => panic!("{flag} twice gave {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_secret_goes_into_a_private_spec() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("gpuslice-cdi-secret-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let secret = gpuslice_ledger::secret::Secret::generate().unwrap();
+        let sf = d.join("s");
+        secret.write_new_file(&sf).unwrap();
+        let out = d.join("spec.json");
+        let exe = std::env::current_exe().unwrap();
+        let args = [
+            "--slice".into(),
+            "team".into(),
+            "--secret-file".into(),
+            sf.clone().into_os_string(),
+            "--library".into(),
+            exe.into_os_string(),
+            "--output".into(),
+            out.clone().into_os_string(),
+        ];
+        assert_eq!(cdi(args.to_vec()).unwrap(), 0);
+        let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert!(
+            text.contains(&format!("GPUSLICE_SLICE_SECRET={}", secret.expose())),
+            "{text}"
+        );
+        // A secret file others can read is refused.
+        std::fs::set_permissions(&sf, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut again = args.to_vec();
+        again[7] = d.join("other.json").into_os_string();
+        assert!(cdi(again).is_err());
+        assert!(!d.join("other.json").exists());
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

@@ -8,6 +8,7 @@ use crate::cli::Failure;
 use crate::nvml::Gpu;
 use crate::view::{DeviceView, NodeView, ProcessView, SliceView};
 use gpuslice_ledger::protocol::{self, Message};
+use gpuslice_ledger::secret::Secret;
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, Size, PPM};
 use std::collections::HashMap;
 use std::path::Path;
@@ -32,6 +33,18 @@ pub struct SliceSpec {
     pub device: String,
     /// Node mode: the only uid whose processes may join it (`None`: any).
     pub owner: Option<u32>,
+    /// Node mode: the slice's join secret (`None`: none).
+    pub secret: Option<SecretArg>,
+}
+
+/// Where `slice create` takes a join secret from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretArg {
+    /// `--secret-file PATH`: an existing file (mode 0600 or stricter).
+    File(std::path::PathBuf),
+    /// `--new-secret-file PATH`: a new random secret, written to PATH (mode 0600, never over an
+    /// existing file).
+    New(std::path::PathBuf),
 }
 
 /// Whether `dir` holds a node policy (root's directory in node mode).
@@ -322,30 +335,30 @@ impl Node {
                 crate::table::size(total)
             )));
         }
-        if self.via_monitor() {
-            let mut m = Message::new("op", "slice-create");
-            m.push("name", &req.name)
-                .push("device", &uuid)
-                .push("memory", &memory.to_string())
-                .push("share", &req.compute_ppm.to_string())
-                .push("cap", &req.cap_ppm.unwrap_or(PPM).to_string());
-            if let Some(u) = req.owner {
-                m.push("owner", &u.to_string());
+        let (secret, written) = match &req.secret {
+            None => (None, None),
+            Some(_) if !self.ledger.is_node() => {
+                return Err(Failure::Other(format!(
+                    "--secret-file: {} is a personal runtime directory; join secrets apply to \
+                     node mode only (a root monitor's directory): in a personal one every \
+                     process is its one user's (docs/security.md)",
+                    self.ledger.dir().path().display()
+                )))
             }
-            self.ask_monitor(&m)?;
-        } else {
-            self.ledger.create_operator_slice(&OperatorSlice {
-                name: req.name.clone(),
-                device: uuid.clone(),
-                memory,
-                compute_share_ppm: req.compute_ppm,
-                compute_cap_ppm: req.cap_ppm.unwrap_or(PPM),
-                claim: None,
-            })?;
-            if let Some(u) = req.owner {
-                self.ledger.set_slice_owner(&req.name, &uuid, u)?;
+            Some(SecretArg::File(p)) => (Some(Secret::read_file(p)?), None),
+            Some(SecretArg::New(p)) => {
+                let s = Secret::generate()?;
+                s.write_new_file(p)?;
+                (Some(s), Some(p.clone()))
+            }
+        };
+        let made = self.create_with(req, &uuid, memory, secret.as_ref());
+        if made.is_err() {
+            if let Some(p) = written {
+                let _ = std::fs::remove_file(p);
             }
         }
+        made?;
         self.snapshot()
             .slices
             .into_iter()
@@ -356,6 +369,46 @@ impl Node {
                     req.name
                 ))
             })
+    }
+
+    fn create_with(
+        &self,
+        req: &SliceSpec,
+        uuid: &str,
+        memory: u64,
+        secret: Option<&Secret>,
+    ) -> Result<(), Failure> {
+        if self.via_monitor() {
+            let mut m = Message::new("op", "slice-create");
+            m.push("name", &req.name)
+                .push("device", uuid)
+                .push("memory", &memory.to_string())
+                .push("share", &req.compute_ppm.to_string())
+                .push("cap", &req.cap_ppm.unwrap_or(PPM).to_string());
+            if let Some(u) = req.owner {
+                m.push("owner", &u.to_string());
+            }
+            if let Some(s) = secret {
+                m.push("secret", s.expose());
+            }
+            self.ask_monitor(&m)?;
+        } else {
+            self.ledger.create_operator_slice_with_secret(
+                &OperatorSlice {
+                    name: req.name.clone(),
+                    device: uuid.to_string(),
+                    memory,
+                    compute_share_ppm: req.compute_ppm,
+                    compute_cap_ppm: req.cap_ppm.unwrap_or(PPM),
+                    claim: None,
+                },
+                secret,
+            )?;
+            if let Some(u) = req.owner {
+                self.ledger.set_slice_owner(&req.name, uuid, u)?;
+            }
+        }
+        Ok(())
     }
 
     /// Remove an operator slice on every device; how many records went away at once (one with
@@ -392,6 +445,7 @@ mod tests {
             cap_ppm,
             device: "0".into(),
             owner: None,
+            secret: None,
         };
         let made = node
             .create_operator_slice(&req("25%", 250_000, Some(500_000)))

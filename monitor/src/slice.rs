@@ -6,7 +6,7 @@
 //! memory of all slices on a device never exceeds it, nor do compute guarantees sum past 1.
 
 use crate::cli::{self, Failure};
-use crate::node::{Node, SliceSpec};
+use crate::node::{Node, SecretArg, SliceSpec};
 use crate::view::SliceView;
 use gpuslice_ledger::{
     check_cap_not_below_share, check_slice_name, parse_cap, parse_fraction, parse_quota,
@@ -15,9 +15,9 @@ use gpuslice_ledger::{
 use std::ffi::OsString;
 
 const USAGE: &str =
-    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--priority P] [--device I|UUID] [--owner UID|USER] | slice set NAME [--memory Q] [--compute F] [--compute-cap F] [--priority P] | slice rm NAME | slice ls [--json]";
+    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--priority P] [--device I|UUID] [--owner UID|USER] [--secret-file PATH | --new-secret-file PATH] | slice set NAME [--memory Q] [--compute F] [--compute-cap F] [--priority P] | slice rm NAME | slice ls [--json]";
 const CREATE: &str =
-    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--priority P] [--device I|UUID] [--owner UID|USER]";
+    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--priority P] [--device I|UUID] [--owner UID|USER] [--secret-file PATH | --new-secret-file PATH]";
 const RM: &str = "gpuslice slice rm NAME";
 const SET: &str =
     "gpuslice slice set NAME [--memory Q] [--compute F] [--compute-cap F] [--priority latency|normal]";
@@ -48,6 +48,7 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceSpec>, Failure> {
     let mut p = cli::parser(args);
     let (mut name, mut memory, mut compute, mut cap, mut device) = (None, None, None, None, None);
     let mut owner = None;
+    let mut secret: Option<SecretArg> = None;
     while let Some(arg) = p.next().map_err(cli::lex(CREATE))? {
         if cli::is_help(&arg) {
             cli::outln!("usage: {CREATE}")?;
@@ -92,6 +93,24 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceSpec>, Failure> {
                     )
                 })?);
             }
+            Long(flag @ ("secret-file" | "new-secret-file")) => {
+                let flag = format!("--{flag}");
+                let v = std::path::PathBuf::from(p.value().map_err(cli::lex(CREATE))?);
+                if v.as_os_str().is_empty() {
+                    return Err(Failure::usage(format!("{flag} needs a file path"), CREATE));
+                }
+                if secret.is_some() {
+                    return Err(Failure::usage(
+                        "one secret per slice: give --secret-file or --new-secret-file, once",
+                        CREATE,
+                    ));
+                }
+                secret = Some(if flag == "--secret-file" {
+                    SecretArg::File(v)
+                } else {
+                    SecretArg::New(v)
+                });
+            }
             Value(v) if name.is_none() => name = Some(cli::utf8(v, "NAME", CREATE)?),
             _ => return Err(Failure::usage(arg.unexpected().to_string(), CREATE)),
         }
@@ -127,6 +146,7 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceSpec>, Failure> {
         cap_ppm: cap,
         device: device.unwrap_or_else(|| "0".into()),
         owner,
+        secret,
     }))
 }
 
@@ -293,7 +313,16 @@ fn create(mut args: Vec<OsString>) -> Result<(), Failure> {
         } else {
             "none".into()
         },
-    )
+    )?;
+    if let Some(SecretArg::File(p) | SecretArg::New(p)) = &req.secret {
+        cli::outln!(
+            "joining it needs the secret in {} (as {} in the process's environment; root \
+             joins without)",
+            p.display(),
+            gpuslice_ledger::secret::SECRET_VAR
+        )?;
+    }
+    Ok(())
 }
 
 fn rm(args: Vec<OsString>) -> Result<(), Failure> {
@@ -453,5 +482,33 @@ mod tests {
         for good in ["0", "12", "GPU-fa4e0000-0000-4000-8000-000000000000"] {
             assert!(parse_create(args(&["a", "--memory", "1Gi", "--device", good])).is_ok());
         }
+    }
+
+    #[test]
+    fn create_takes_one_secret_source() {
+        let r = parse_create(args(&["a", "--memory", "1Gi", "--secret-file", "/s"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.secret, Some(SecretArg::File("/s".into())));
+        let r = parse_create(args(&["a", "--memory", "1Gi", "--new-secret-file=/n"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.secret, Some(SecretArg::New("/n".into())));
+        let r = parse_create(args(&["a", "--memory", "1Gi"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.secret, None);
+        let msg = usage_error(&[
+            "a",
+            "--memory",
+            "1Gi",
+            "--secret-file",
+            "/s",
+            "--new-secret-file",
+            "/n",
+        ]);
+        assert!(msg.contains("one secret"), "{msg}");
+        assert!(usage_error(&["a", "--memory", "1Gi", "--secret-file", ""]).contains("path"));
+        assert!(usage_error(&["a", "--memory", "1Gi", "--secret-file"]).contains("secret-file"));
     }
 }

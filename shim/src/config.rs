@@ -1,8 +1,8 @@
 //! The environment of a wrapped process, as typed configuration (read once, at `cuInit`).
 //!
 //! Variables (see docs/configuration.md): `GPUSLICE_MEMORY`, `GPUSLICE_COMPUTE`,
-//! `GPUSLICE_COMPUTE_CAP`, `GPUSLICE_SLICE`, `GPUSLICE_RUNTIME_DIR`, `GPUSLICE_LOG`,
-//! `GPUSLICE_DISABLE`, and HAMi's `CUDA_DEVICE_MEMORY_LIMIT`, `CUDA_DEVICE_MEMORY_LIMIT_<i>`,
+//! `GPUSLICE_COMPUTE_CAP`, `GPUSLICE_SLICE`, `GPUSLICE_SLICE_SECRET`, `GPUSLICE_RUNTIME_DIR`,
+//! `GPUSLICE_LOG`, `GPUSLICE_DISABLE`, and HAMi's `CUDA_DEVICE_MEMORY_LIMIT`, `CUDA_DEVICE_MEMORY_LIMIT_<i>`,
 //! `CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`. gpuslice's own variables win
 //! over HAMi's; every variable that is set is validated, even one that is overridden, so a
 //! typo is never silently ignored. Sizes and fractions use the ledger crate's one parser.
@@ -63,6 +63,8 @@ pub struct Config {
     pub compute_cap: Option<(PerDevice<u32>, &'static str)>,
     /// Slice name (`None`: private).
     pub slice: Option<String>,
+    /// Node mode: the slice's join secret (`GPUSLICE_SLICE_SECRET`), sent at admission.
+    pub secret: Option<gpuslice_ledger::secret::Secret>,
     /// Ledger directory.
     pub runtime_dir: PathBuf,
     /// Log threshold.
@@ -216,6 +218,10 @@ impl Config {
             }
             None => hami_cache,
         };
+        let secret = get(gpuslice_ledger::secret::SECRET_VAR)
+            .map(|v| gpuslice_ledger::secret::Secret::parse(gpuslice_ledger::secret::SECRET_VAR, v))
+            .transpose()
+            .map_err(|e| ConfigError(e.to_string()))?;
         // Checked here so a bad value fails cuInit; the compute gate reads it when it binds.
         if let Some(v) = get("GPUSLICE_PRIORITY") {
             gpuslice_ledger::sched::parse_class(v).ok_or_else(|| {
@@ -238,6 +244,7 @@ impl Config {
             compute,
             compute_cap,
             slice,
+            secret,
             runtime_dir,
             log,
         })
@@ -298,6 +305,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.cap(0), 300_000);
         assert!(c.slice.unwrap().starts_with("hami-"));
+        let secret = "Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFy";
+        let c = cfg(&[("GPUSLICE_SLICE", "s"), ("GPUSLICE_SLICE_SECRET", secret)]).unwrap();
+        assert_eq!(c.secret.as_ref().map(|s| s.expose()), Some(secret));
+        assert!(!format!("{c:?}").contains(secret), "Debug never shows it");
         let c = cfg(&[
             ("GPUSLICE_COMPUTE", "0.25"),
             ("GPUSLICE_COMPUTE_CAP", "50%"),
@@ -318,6 +329,9 @@ mod tests {
             ("GPUSLICE_SLICE", "a b"),
             ("GPUSLICE_SLICE", ""),
             ("GPUSLICE_SLICE", "pid-7"),
+            ("GPUSLICE_SLICE_SECRET", "short"),
+            ("GPUSLICE_SLICE_SECRET", ""),
+            ("GPUSLICE_SLICE_SECRET", "0123456789abcdef 0123456789abcdef"),
             ("GPUSLICE_PRIORITY", "urgent"),
             ("GPUSLICE_PRIORITY", ""),
             ("GPUSLICE_RUNTIME_DIR", "relative"),

@@ -347,6 +347,9 @@ fn build_node(
     use gpuslice_ledger::region::Region;
     let mut req = Message::new("op", "admit");
     req.push("slice", config.slice.as_deref().unwrap_or(""));
+    if let (Some(_), Some(s)) = (&config.slice, &config.secret) {
+        req.push("secret", s.expose());
+    }
     let cpu_setting = config
         .compute
         .as_ref()

@@ -982,6 +982,165 @@ fn five_hundred_twelve_unnamed_processes_on_sixteen_gpus() {
     }
 }
 
+/// A slice made with a join secret (docs/security.md, "Who may join a slice"): a process of
+/// any other user that names it without the secret, or with a wrong one, is refused at
+/// `cuInit` with a line saying so; with the secret it is admitted and held to the slice's
+/// quota; root joins without. The secret is nowhere a tenant can read, and a restarted
+/// monitor keeps it. An operator-group member makes one through the monitor; in a personal
+/// runtime directory secrets are refused (they would protect nothing).
+#[test]
+fn a_secret_slice_admits_only_with_its_secret() {
+    need_root!();
+    let group = "gpuslice-tenants-test";
+    let have_group = Command::new("groupadd")
+        .args(["-f", "-g", "47100", group])
+        .status()
+        .is_ok_and(|s| s.success());
+    let mut n = Node::new(1, "16Gi", &["--operator-group", group]);
+    let file = n.root().join("sec.secret");
+    let o = n.cli(
+        0,
+        &[
+            "slice",
+            "create",
+            "sec",
+            "--memory",
+            "1Gi",
+            "--new-secret-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("GPUSLICE_SLICE_SECRET"),
+        "{}",
+        text(&o)
+    );
+    let secret = std::fs::read_to_string(&file).unwrap().trim().to_string();
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // Nowhere a tenant reads: not in the policy; the secrets file is root's, 0600.
+    let policy = std::fs::read(n.world.runtime_dir().join("ledger")).unwrap();
+    assert!(!policy.windows(secret.len()).any(|w| w == secret.as_bytes()));
+    let sf = std::fs::metadata(n.world.runtime_dir().join("slice-secrets")).unwrap();
+    assert_eq!(
+        (
+            std::os::unix::fs::MetadataExt::uid(&sf),
+            sf.permissions().mode() & 0o777
+        ),
+        (0, 0o600)
+    );
+    let refused = |n: &Node, uid: u32, secret: Option<&str>, why: &str| {
+        let mut c = n.burn(uid);
+        c.args(["--alloc", "1Mi", "--json"])
+            .env("GPUSLICE_SLICE", "sec");
+        if let Some(s) = secret {
+            c.env("GPUSLICE_SLICE_SECRET", s);
+        }
+        let o = c.output().unwrap();
+        assert_eq!(burn_json(&o)["error"]["call"], "cuInit", "{}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("slice \"sec\" requires its secret") && err.contains(why),
+            "{}",
+            text(&o)
+        );
+        if let Some(s) = secret {
+            assert!(!err.contains(s), "never echoed: {err}");
+        }
+    };
+    let admitted = |n: &Node, uid: u32, secret: Option<&str>| {
+        let mut c = n.burn(uid);
+        c.args(["--alloc", "768Mi,512Mi", "--json"])
+            .env("GPUSLICE_SLICE", "sec");
+        if let Some(s) = secret {
+            c.env("GPUSLICE_SLICE_SECRET", s);
+        }
+        let o = c.output().unwrap();
+        let v = burn_json(&o);
+        assert_eq!(v["mem_total"], 1u64 << 30, "{}", text(&o));
+        assert_eq!(v["allocated_bytes"], 768u64 << 20, "{}", text(&o));
+        assert_eq!(v["alloc_errors"], serde_json::json!([2]), "{}", text(&o));
+    };
+    let wrong = "x".repeat(secret.len());
+    refused(&n, TENANT_A, None, "GPUSLICE_SLICE_SECRET is not set");
+    refused(&n, TENANT_A, Some(&wrong), "does not match");
+    admitted(&n, TENANT_A, Some(&secret));
+    admitted(&n, TENANT_B, Some(&secret));
+    admitted(&n, 0, None);
+    // A restarted monitor keeps the secret.
+    n.stop_monitor();
+    n.start_monitor();
+    refused(&n, TENANT_B, None, "is not set");
+    admitted(&n, TENANT_B, Some(&secret));
+    // The operator CLI of a tenant cannot give itself the slice, or remove it.
+    let o = n.cli(TENANT_A, &["slice", "rm", "sec"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    if have_group {
+        // An operator-group member makes a secret slice through the monitor.
+        let mine = n.root().join("team");
+        std::fs::create_dir_all(&mine).unwrap();
+        std::os::unix::fs::chown(&mine, Some(TENANT_B), Some(TENANT_B)).unwrap();
+        let tfile = mine.join("team.secret");
+        let o = n
+            .command_as(TENANT_B, Some("47100"), "gpuslice")
+            .args(["slice", "create", "team", "--memory", "1Gi"])
+            .arg("--new-secret-file")
+            .arg(&tfile)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let tsecret = std::fs::read_to_string(&tfile).unwrap().trim().to_string();
+        let o = n
+            .burn(TENANT_A)
+            .args(["--alloc", "1Mi", "--json"])
+            .env("GPUSLICE_SLICE", "team")
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("slice \"team\" requires its secret"),
+            "{}",
+            text(&o)
+        );
+        let o = n
+            .burn(TENANT_A)
+            .args(["--alloc", "1Mi", "--json"])
+            .env("GPUSLICE_SLICE", "team")
+            .env("GPUSLICE_SLICE_SECRET", &tsecret)
+            .output()
+            .unwrap();
+        assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 20, "{}", text(&o));
+    }
+    // A personal runtime directory (a tenant's own): secrets are refused, nothing is made.
+    let own = n.root().join("own");
+    std::fs::create_dir_all(&own).unwrap();
+    std::os::unix::fs::chown(&own, Some(TENANT_A), Some(TENANT_A)).unwrap();
+    chmod(&own, 0o700);
+    let o = n
+        .command(TENANT_A, "gpuslice")
+        .env("GPUSLICE_RUNTIME_DIR", own.join("rt"))
+        .args([
+            "slice",
+            "create",
+            "p",
+            "--memory",
+            "1Gi",
+            "--new-secret-file",
+        ])
+        .arg(own.join("p.secret"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("node mode only"),
+        "{}",
+        text(&o)
+    );
+    assert!(!own.join("p.secret").exists());
+}
+
 /// The hostile tenants (run as another user by the tests above). Not a test of its own: without
 /// `TENANTS_CHILD` it returns at once.
 #[test]

@@ -1,0 +1,603 @@
+//! Node mode: join secrets of operator slices (docs/security.md, "Who may join a slice").
+//!
+//! An operator slice made without `--owner` is open to every uid that names it, and names are
+//! not secret (a Kubernetes claim slice is `k8s-<claim uid>`). A slice made with a secret
+//! (`gpuslice slice create --secret-file`, and every claim slice of `gpuslice-dra`) admits a
+//! process only if its admission request carries the same secret (`GPUSLICE_SLICE_SECRET`),
+//! compared in constant time ([`ct_eq`]); root joins without it.
+//!
+//! The policy is readable by every tenant, so no secret is in it. The secrets live in
+//! [`SECRETS_FILE`] in the runtime directory: root's, mode 0600, opened through the
+//! directory's descriptor without following a symlink, owner and mode checked on the open
+//! descriptor, replaced whole by `rename` (never half-written). It survives a monitor restart
+//! like the policy does. Every change and every check runs under the policy's mutex, so a
+//! slice and its secret appear together: the secret is written before the slice exists and
+//! removed only when no slice of that name is left.
+
+use crate::dir::{OpenHow, RuntimeDir};
+use crate::error::LedgerError;
+use crate::ledger::Ledger;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// The variable a process gives its slice's secret in.
+pub const SECRET_VAR: &str = "GPUSLICE_SLICE_SECRET";
+/// The monitor's root-only file of slice secrets, in the runtime directory.
+pub const SECRETS_FILE: &str = "slice-secrets";
+/// Shortest secret accepted (characters): 128 bits as hex, more as base64.
+pub const MIN_LEN: usize = 32;
+/// Longest secret accepted (characters).
+pub const MAX_LEN: usize = 256;
+/// Random bytes in a generated secret (256 bits; written as 64 hex digits).
+const GENERATED_BYTES: usize = 32;
+/// Largest secrets file read (bytes): every slice record with a longest secret, and room.
+const MAX_FILE: usize = 1 << 20;
+
+/// A slice's join secret: 32 to 256 printable ASCII characters without spaces. Its `Debug`
+/// never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret({} characters)", self.0.len())
+    }
+}
+
+/// Whether `b` may be in a secret (printable ASCII, no space: it travels in an environment
+/// variable, a `key=value` line and a tab-separated file).
+fn allowed(b: u8) -> bool {
+    b.is_ascii_graphic()
+}
+
+/// Compare two byte strings in time that depends only on the longer one's length, never on
+/// where they differ (a client probing the monitor learns nothing from how fast it refuses).
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len().max(b.len());
+    let mut diff = (a.len() ^ b.len()) as u64;
+    for i in 0..n {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= core::hint::black_box((x ^ y) as u64);
+    }
+    core::hint::black_box(diff) == 0
+}
+
+impl Secret {
+    /// Parse a secret given by `what` (a variable or a file, for the message).
+    pub fn parse(what: &str, s: &str) -> Result<Secret, LedgerError> {
+        let why = if s.len() < MIN_LEN || s.len() > MAX_LEN {
+            format!("it has {} characters", s.len())
+        } else if let Some(p) = s.bytes().position(|b| !allowed(b)) {
+            format!(
+                "character {} is a space, a control character or not ASCII",
+                p + 1
+            )
+        } else {
+            return Ok(Secret(s.to_string()));
+        };
+        // Never the value itself: a near miss is still most of a secret.
+        Err(LedgerError::BadSecret(format!(
+            "{what} is not a valid secret ({why}); accepted: {MIN_LEN} to {MAX_LEN} printable \
+             ASCII characters without spaces (make one with `head -c 32 /dev/urandom | base64`, \
+             or let `gpuslice slice create --new-secret-file PATH` make it)"
+        )))
+    }
+
+    /// A new random secret: 256 bits from the kernel (`getrandom`), as 64 hex digits.
+    pub fn generate() -> Result<Secret, LedgerError> {
+        let mut b = [0u8; GENERATED_BYTES];
+        let mut got = 0;
+        while got < b.len() {
+            // SAFETY: writes at most `b.len() - got` bytes into `b[got..]`, which we own.
+            let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                return Err(LedgerError::BadSecret(format!(
+                    "cannot get random bytes from the kernel (getrandom): {e}"
+                )));
+            }
+            got += n as usize;
+        }
+        Ok(Secret(b.iter().map(|x| format!("{x:02x}")).collect()))
+    }
+
+    /// Read a secret from a file (one line; a trailing newline is dropped). The file must not
+    /// be readable by group or others: a secret anyone can read protects nothing.
+    pub fn read_file(path: &std::path::Path) -> Result<Secret, LedgerError> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let what = path.display().to_string();
+        let io = |e: std::io::Error| LedgerError::BadSecret(format!("{what}: {e}"));
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(io)?;
+        let md = f.metadata().map_err(io)?;
+        if !md.is_file() {
+            return Err(LedgerError::BadSecret(format!(
+                "{what}: not a regular file"
+            )));
+        }
+        if md.mode() & 0o077 != 0 {
+            return Err(LedgerError::BadSecret(format!(
+                "{what}: mode {:o} lets group or others read it; `chmod 600 {what}`",
+                md.mode() & 0o7777
+            )));
+        }
+        let mut s = String::new();
+        Read::take(&mut f, MAX_LEN as u64 + 2)
+            .read_to_string(&mut s)
+            .map_err(io)?;
+        let s = s
+            .strip_suffix('\n')
+            .map(|s| s.strip_suffix('\r').unwrap_or(s))
+            .unwrap_or(&s);
+        Secret::parse(&what, s)
+    }
+
+    /// Write a new secret to `path`, mode 0600, refusing a file that exists (never replaces
+    /// another secret, never follows a symlink).
+    pub fn write_new_file(&self, path: &std::path::Path) -> Result<(), LedgerError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let io = |e: std::io::Error| LedgerError::BadSecret(format!("{}: {e}", path.display()));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(io)?;
+        f.write_all(format!("{}\n", self.0).as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(io)
+    }
+
+    /// The secret's text (to hand to the slice's processes).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `given` is this secret (constant time).
+    pub fn matches(&self, given: &str) -> bool {
+        ct_eq(self.0.as_bytes(), given.as_bytes())
+    }
+}
+
+/// The secrets of a runtime directory, as read from [`SECRETS_FILE`]: slice name and secret.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Store {
+    entries: Vec<(String, Secret)>,
+}
+
+fn bad_file(dir: &RuntimeDir, problem: String) -> LedgerError {
+    LedgerError::UnsafeFile {
+        path: dir.path().join(SECRETS_FILE),
+        problem,
+    }
+}
+
+impl Store {
+    /// Read the directory's secrets (none when the file does not exist). The file must be the
+    /// directory owner's, a regular file, mode 0600 or stricter; anything else is refused.
+    pub(crate) fn load(dir: &RuntimeDir) -> Result<Store, LedgerError> {
+        let fd = match dir.open_file(SECRETS_FILE, OpenHow::READ) {
+            Ok(fd) => fd,
+            Err(LedgerError::NotFound(_)) => return Ok(Store::default()),
+            Err(e) => return Err(e),
+        };
+        let st = crate::dir::fstat(fd.as_raw_fd())
+            .map_err(|_| bad_file(dir, "cannot be examined (fstat)".into()))?;
+        if st.st_mode & 0o077 != 0 {
+            return Err(bad_file(
+                dir,
+                format!(
+                    "is readable by group or others (mode {:o}); only its owner may read it: \
+                     `chmod 600` it, and replace the secrets of its slices (they may be known)",
+                    st.st_mode & 0o7777
+                ),
+            ));
+        }
+        let mut text = String::new();
+        std::fs::File::from(fd)
+            .take(MAX_FILE as u64)
+            .read_to_string(&mut text)
+            .map_err(|e| bad_file(dir, format!("cannot be read: {e}")))?;
+        Store::parse(&text).map_err(|line| bad_file(dir, format!("line {line} is not valid")))
+    }
+
+    /// The file's text: `name<TAB>secret` lines. A bad line is the error (its number).
+    fn parse(text: &str) -> Result<Store, usize> {
+        let mut s = Store::default();
+        for (i, line) in text.lines().enumerate() {
+            let (name, secret) = line.split_once('\t').ok_or(i + 1)?;
+            if !crate::quantity::valid_slice_name(name) {
+                return Err(i + 1);
+            }
+            let secret = Secret::parse("", secret).map_err(|_| i + 1)?;
+            s.set(name, Some(secret));
+        }
+        Ok(s)
+    }
+
+    fn text(&self) -> String {
+        self.entries
+            .iter()
+            .map(|(n, s)| format!("{n}\t{}\n", s.0))
+            .collect()
+    }
+
+    /// The secret of slice `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<&Secret> {
+        self.entries.iter().find(|(n, _)| n == name).map(|(_, s)| s)
+    }
+
+    /// Set (or with `None` remove) the secret of `name`; whether anything changed.
+    pub(crate) fn set(&mut self, name: &str, secret: Option<Secret>) -> bool {
+        let i = self.entries.iter().position(|(n, _)| n == name);
+        match (i, secret) {
+            (Some(i), Some(s)) if self.entries[i].1 == s => false,
+            (Some(i), Some(s)) => {
+                self.entries[i].1 = s;
+                true
+            }
+            (Some(i), None) => {
+                self.entries.remove(i);
+                true
+            }
+            (None, Some(s)) => {
+                self.entries.push((name.into(), s));
+                true
+            }
+            (None, None) => false,
+        }
+    }
+
+    /// Keep only the secrets of the names `keep` says are still in use; whether any went.
+    pub(crate) fn retain(&mut self, keep: impl Fn(&str) -> bool) -> bool {
+        let n = self.entries.len();
+        self.entries.retain(|(name, _)| keep(name));
+        self.entries.len() != n
+    }
+
+    /// Replace the file with these secrets: written to a temporary file (mode 0600, created
+    /// exclusively through the directory's descriptor, never following a symlink), synced, and
+    /// renamed over the old one, so a reader sees the old file or the new one, never a part.
+    pub(crate) fn save(&self, dir: &RuntimeDir) -> Result<(), LedgerError> {
+        let tmp = format!("{SECRETS_FILE}.tmp");
+        let _ = dir.unlink(&tmp);
+        let how = OpenHow {
+            write: true,
+            create: Some(0o600),
+            exclusive: true,
+            append: false,
+        };
+        let fd: OwnedFd = dir.open_file(&tmp, how)?;
+        // SAFETY: `fd` is an open descriptor we own; `File` takes it over.
+        let mut f = unsafe { std::fs::File::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
+        let io = |e: std::io::Error| LedgerError::Io {
+            what: "write".into(),
+            path: dir.path().join(&tmp),
+            source: e,
+        };
+        f.write_all(self.text().as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(io)?;
+        let (a, b) = (
+            std::ffi::CString::new(tmp.as_str()).expect("no NUL"),
+            std::ffi::CString::new(SECRETS_FILE).expect("no NUL"),
+        );
+        // SAFETY: valid directory descriptor and NUL-terminated names; renameat never follows
+        // a symlink (it renames the link itself), and only root writes this directory.
+        if unsafe { libc::renameat(dir.fd(), a.as_ptr(), dir.fd(), b.as_ptr()) } != 0 {
+            let e = std::io::Error::last_os_error();
+            let _ = dir.unlink(&tmp);
+            return Err(LedgerError::Io {
+                what: "rename into place".into(),
+                path: dir.path().join(SECRETS_FILE),
+                source: e,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Whether slice record `s` is one a process can join by name (not a private one).
+fn named(s: &crate::layout::Slice) -> bool {
+    use core::sync::atomic::Ordering::SeqCst;
+    s.state.load(SeqCst) == crate::layout::STATE_ACTIVE && s.private.load(SeqCst) == 0
+}
+
+impl Ledger {
+    /// The join secret of slice `name` (node mode; `None` for a slice without one, and always
+    /// in personal mode). Reads the root-only file: root only.
+    pub fn slice_secret(&self, name: &str) -> Result<Option<Secret>, LedgerError> {
+        if !self.is_node() {
+            return Ok(None);
+        }
+        Ok(Store::load(self.dir())?.get(name).cloned())
+    }
+
+    /// Before operator slice `name` is created (caller holds the lock): make the stored secret
+    /// of `name` be `secret`. Another operator slice of that name (on another device) must have
+    /// the same secret, or none with none: one name, one secret. A secret left by slices that
+    /// are gone is replaced. Returns the store as it was when it was changed (to put back if
+    /// the creation fails).
+    pub(crate) fn set_secret_for_new_slice_locked(
+        &self,
+        name: &str,
+        secret: Option<&Secret>,
+    ) -> Result<Option<Store>, LedgerError> {
+        use core::sync::atomic::Ordering::SeqCst;
+        if !self.is_node() {
+            if secret.is_some() {
+                return Err(LedgerError::BadSecret(format!(
+                    "slice {name:?}: join secrets apply to node mode only (a runtime directory \
+                     of root's node monitor); in a personal runtime directory every process is \
+                     its one user's, so there is nothing to keep out (see docs/security.md)"
+                )));
+            }
+            return Ok(None);
+        }
+        let mut store = Store::load(self.dir())?;
+        let old = store.get(name).cloned();
+        let operator_elsewhere = self
+            .slices()
+            .iter()
+            .any(|s| named(s) && s.operator_defined.load(SeqCst) != 0 && s.name.get() == name);
+        if operator_elsewhere {
+            let same = match (&old, secret) {
+                (None, None) => true,
+                (Some(a), Some(b)) => a.matches(b.expose()),
+                _ => false,
+            };
+            if same {
+                return Ok(None);
+            }
+            return Err(LedgerError::BadSecret(format!(
+                "an operator slice named {name:?} exists already {}; one name has one secret \
+                 on every device: {}",
+                if old.is_some() {
+                    "with a secret"
+                } else {
+                    "without a secret"
+                },
+                if old.is_some() {
+                    "give the same --secret-file"
+                } else {
+                    "give no secret, or remove the slice first"
+                }
+            )));
+        }
+        let before = Store {
+            entries: store.entries.clone(),
+        };
+        if store.set(name, secret.cloned()) {
+            store.save(self.dir())?;
+            return Ok(Some(before));
+        }
+        Ok(None)
+    }
+
+    /// Refuse a non-root process (uid `uid`) that names a slice with a secret in `names`
+    /// without giving that secret (caller holds the lock). Root joins without it.
+    pub(crate) fn check_join_secret_locked(
+        &self,
+        uid: u32,
+        names: &[&str],
+        given: Option<&str>,
+    ) -> Result<(), LedgerError> {
+        if uid == 0 || names.is_empty() || !self.is_node() {
+            return Ok(());
+        }
+        let store = Store::load(self.dir()).map_err(|e| {
+            LedgerError::BadSecret(format!(
+                "cannot check the secrets of the node's slices ({e}); ask the operator"
+            ))
+        })?;
+        for name in names {
+            let Some(s) = store.get(name) else {
+                continue;
+            };
+            let why = match given {
+                None => format!(
+                    "{SECRET_VAR} is not set (the slice's operator hands it out: the claim's \
+                     CDI device in Kubernetes, the file of `gpuslice slice create \
+                     --secret-file` otherwise)"
+                ),
+                Some(g) if s.matches(g) => continue,
+                Some(_) => format!("{SECRET_VAR} does not match"),
+            };
+            return Err(LedgerError::BadSecret(format!(
+                "slice {name:?} requires its secret: {why}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Forget the secrets of names no slice record carries any more (caller holds the lock).
+    /// A slice removed while processes use it keeps its secret until its last one is gone.
+    /// Best effort: a secret left behind only keeps a new slice of that name closed.
+    pub(crate) fn prune_secrets_locked(&self) {
+        if !self.is_node() || !self.writable() {
+            return;
+        }
+        let Ok(mut store) = Store::load(self.dir()) else {
+            return;
+        };
+        let live: Vec<String> = self
+            .slices()
+            .iter()
+            .filter(|s| named(s))
+            .map(|s| s.name.get())
+            .collect();
+        if store.retain(|n| live.iter().any(|l| l == n)) {
+            let _ = store.save(self.dir());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn tmpdir(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("gpuslice-secret-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        d
+    }
+
+    #[test]
+    fn secrets_are_parsed_strictly_and_never_shown_by_debug() {
+        let good = "0123456789abcdef0123456789abcdef";
+        let s = Secret::parse("X", good).unwrap();
+        assert_eq!(s.expose(), good);
+        assert!(!format!("{s:?}").contains("0123"), "{s:?}");
+        for bad in [
+            "",
+            "short",
+            &good[1..],
+            &"a".repeat(MAX_LEN + 1),
+            "0123456789abcdef 0123456789abcdef",
+            "0123456789abcdef\t0123456789abcdef",
+            "0123456789abcdef\n0123456789abcdef",
+            "0123456789abcdef0123456789abcdeé",
+        ] {
+            let e = Secret::parse("GPUSLICE_SLICE_SECRET", bad).unwrap_err();
+            assert!(
+                e.to_string().contains("GPUSLICE_SLICE_SECRET"),
+                "{bad:?}: {e}"
+            );
+        }
+        assert!(Secret::parse("X", "aGVsbG8gd29ybGQsIGhlbGxvIHdvcmxkIQ==+/").is_ok());
+    }
+
+    #[test]
+    fn generated_secrets_are_256_random_bits() {
+        let a = Secret::generate().unwrap();
+        let b = Secret::generate().unwrap();
+        assert_eq!(a.expose().len(), 64);
+        assert!(a.expose().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+        assert!(Secret::parse("x", a.expose()).is_ok());
+    }
+
+    #[test]
+    fn comparison_is_exact_and_constant_time_shaped() {
+        let s = Secret::parse("x", &"k".repeat(40)).unwrap();
+        assert!(s.matches(&"k".repeat(40)));
+        assert!(!s.matches(&"k".repeat(39)));
+        assert!(!s.matches(&"k".repeat(41)));
+        assert!(!s.matches(&format!("{}j", "k".repeat(39))));
+        assert!(!s.matches(""));
+        assert!(ct_eq(b"", b""));
+        assert!(!ct_eq(b"a", b""));
+        // A longer string that agrees on the shorter one's bytes plus NULs is still different.
+        assert!(!ct_eq(b"ab", b"ab\0"));
+    }
+
+    #[test]
+    fn secret_files_must_be_private_and_are_written_private() {
+        let d = tmpdir("file");
+        let p = d.join("s");
+        let s = Secret::generate().unwrap();
+        s.write_new_file(&p).unwrap();
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(Secret::read_file(&p).unwrap(), s);
+        // Never overwrites.
+        assert!(Secret::generate().unwrap().write_new_file(&p).is_err());
+        // A readable file is refused, naming the fix.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = Secret::read_file(&p).unwrap_err().to_string();
+        assert!(e.contains("chmod 600"), "{e}");
+        // A symlink is not followed.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&p, d.join("link")).unwrap();
+        assert!(Secret::read_file(&d.join("link")).is_err());
+        // One trailing newline (and CR) is dropped; a second line is not a secret.
+        std::fs::write(&p, format!("{}\r\n", s.expose())).unwrap();
+        assert_eq!(Secret::read_file(&p).unwrap(), s);
+        std::fs::write(&p, format!("{}\nmore\n", s.expose())).unwrap();
+        assert!(Secret::read_file(&p).is_err());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 2000,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// The store's text is read from disk: any text parses or is refused, never a panic,
+        /// and what it writes it reads back.
+        #[test]
+        fn any_store_text_parses_or_is_refused(text in "(?s).{0,400}", name in "[a-z][a-z0-9-]{0,20}") {
+            let _ = Store::parse(&text);
+            let mut st = Store::default();
+            st.set(&name, Some(Secret::generate().unwrap()));
+            proptest::prop_assert_eq!(Store::parse(&st.text()), Ok(st));
+        }
+
+        /// Any string is a valid secret or a refusal that does not contain it.
+        #[test]
+        fn any_value_is_a_secret_or_a_refusal_without_it(v in "(?s).{0,300}") {
+            match Secret::parse("V", &v) {
+                Ok(s) => proptest::prop_assert!(s.matches(&v)),
+                Err(e) => proptest::prop_assert!(v.len() < MIN_LEN || !e.to_string().contains(&v)),
+            }
+        }
+    }
+
+    #[test]
+    fn the_store_is_one_private_file_replaced_whole() {
+        let d = tmpdir("store");
+        let dir = RuntimeDir::open(&d).unwrap();
+        assert_eq!(Store::load(&dir).unwrap(), Store::default());
+        let mut st = Store::default();
+        let (a, b) = (Secret::generate().unwrap(), Secret::generate().unwrap());
+        assert!(st.set("a", Some(a.clone())));
+        assert!(!st.set("a", Some(a.clone())));
+        assert!(st.set("b", Some(b.clone())));
+        st.save(&dir).unwrap();
+        let path = d.join(SECRETS_FILE);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(!d.join(format!("{SECRETS_FILE}.tmp")).exists());
+        let back = Store::load(&dir).unwrap();
+        assert_eq!(back.get("a"), Some(&a));
+        assert_eq!(back.get("b"), Some(&b));
+        assert!(back.get("c").is_none());
+        let mut back = back;
+        assert!(back.retain(|n| n == "b"));
+        assert!(back.set("b", None));
+        back.save(&dir).unwrap();
+        assert_eq!(Store::load(&dir).unwrap(), Store::default());
+        // Readable by others: refused, never used.
+        st.save(&dir).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = Store::load(&dir).unwrap_err().to_string();
+        assert!(e.contains("readable by group or others"), "{e}");
+        // A symlink planted in its place is refused.
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", &path).unwrap();
+        assert!(Store::load(&dir).is_err());
+        // A stale temporary file (a crash mid-save) does not block the next save.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(d.join(format!("{SECRETS_FILE}.tmp")), b"junk").unwrap();
+        st.save(&dir).unwrap();
+        assert_eq!(Store::load(&dir).unwrap().get("a"), Some(&a));
+        // Garbage is refused with its line, never half-used.
+        std::fs::write(&path, format!("a\t{}\nno-tab\n", a.expose())).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = Store::load(&dir).unwrap_err().to_string();
+        assert!(e.contains("line 2"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
