@@ -279,17 +279,11 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
     assert_refused_without_secret(&node, &dirs, &ids, &a);
 
     // A pod of the claim runs (3 GiB held) while the plugin is killed and restarted.
-    let mut holder = node
-        .tenant_burn(&dirs, &ids)
-        .args(["--alloc", "3Gi", "--hold", "60", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    assert!(line.contains("holding"), "{line}");
+    let (mut holder, _) = gpuslice_e2e::spawn_holding(
+        node.tenant_burn(&dirs, &ids)
+            .args(["--alloc", "3Gi", "--hold", "60", "--json"])
+            .stderr(Stdio::null()),
+    );
     p.kill().unwrap();
     p.wait().unwrap();
     let mut p = plugin(&node, &dirs);

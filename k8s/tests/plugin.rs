@@ -296,16 +296,11 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
     assert_eq!(v["alloc_errors"], serde_json::json!([2]), "{v}");
 
     // B's pod is running (a process holds 3 GiB) when the plugin is killed and restarted.
-    let mut holder = burn_in_claim(&world, &dirs, &ids_b)
-        .args(["--alloc", "3Gi", "--hold", "60", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    assert!(line.contains("holding"), "{line}");
+    let (mut holder, _) = gpuslice_e2e::spawn_holding(
+        burn_in_claim(&world, &dirs, &ids_b)
+            .args(["--alloc", "3Gi", "--hold", "60", "--json"])
+            .stderr(Stdio::null()),
+    );
     // A second process of the same claim shares its one quota: 1 GiB left, not 4.
     let v = gpuslice_e2e::run_json(burn_in_claim(&world, &dirs, &ids_b).args([
         "--alloc",

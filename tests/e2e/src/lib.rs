@@ -187,6 +187,28 @@ impl Drop for World {
 
 /// Run a command to completion and parse the last line of its stdout as JSON, panicking with the
 /// command's stderr when it fails or prints no JSON.
+/// Spawn `cmd`, a `gpuslice-burn ... --hold S --json`, and return once it reports that it
+/// holds its allocations (its first line, `{"event":"holding",...}`), with that report. Its
+/// stdout stays open in the returned child, so the burn does not die of SIGPIPE when it prints
+/// its final report.
+pub fn spawn_holding(cmd: &mut Command) -> (std::process::Child, serde_json::Value) {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn gpuslice-burn");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).expect("read burn's stdout");
+    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or(serde_json::Value::Null);
+    if v["event"] != "holding" {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("burn did not report holding: {line:?}");
+    }
+    child.stdout = Some(out.into_inner());
+    (child, v)
+}
+
 pub fn run_json(cmd: &mut Command) -> serde_json::Value {
     let out = cmd.output().expect("spawn");
     last_json(

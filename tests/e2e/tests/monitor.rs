@@ -82,29 +82,13 @@ fn start_monitor(w: &World) -> Proc {
 /// A wrapped `gpuslice-burn` that allocates `alloc` in `slice` (quota `memory`) and holds it;
 /// returns once it says it holds its allocations, with the bytes it got.
 fn start_burn(w: &World, slice: &str, memory: &str, alloc: &str) -> (Proc, u64) {
-    let child = w
-        .wrapped_burn()
-        .env("GPUSLICE_SLICE", slice)
-        .env("GPUSLICE_MEMORY", memory)
-        .args(["--alloc", alloc, "--hold", "120", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn wrapped gpuslice-burn");
-    let mut p = Proc(child);
-    let mut out = BufReader::new(p.0.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).expect("read burn's stdout");
-    let v: Value = serde_json::from_str(line.trim()).unwrap_or_else(|_| {
-        let mut err = String::new();
-        let _ = p.0.stderr.take().unwrap().read_to_string(&mut err);
-        panic!("burn in slice {slice} did not report holding: {line:?}\nstderr: {err}")
-    });
-    assert_eq!(v["event"], "holding", "{v}");
-    let got = v["allocated_bytes"].as_u64().unwrap();
-    // Keep the pipe open (the burn would die of SIGPIPE when it prints its report otherwise).
-    std::mem::forget(out);
-    (p, got)
+    let (child, v) = gpuslice_e2e::spawn_holding(
+        w.wrapped_burn()
+            .env("GPUSLICE_SLICE", slice)
+            .env("GPUSLICE_MEMORY", memory)
+            .args(["--alloc", alloc, "--hold", "120", "--json"]),
+    );
+    (Proc(child), v["allocated_bytes"].as_u64().unwrap())
 }
 
 fn status(w: &World) -> Value {

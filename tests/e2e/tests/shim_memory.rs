@@ -321,15 +321,11 @@ fn a_slice_that_does_not_fit_is_refused_with_requested_and_available() {
     );
 
     // Reservations add up: two 10 GiB slices do not fit on 16 GiB while the first is alive.
-    let mut holder = w.wrapped_burn();
-    holder
-        .env("GPUSLICE_MEMORY", "10Gi")
-        .args(["--hold", "30", "--json"])
-        .stdout(std::process::Stdio::piped());
-    let mut holder = holder.spawn().unwrap();
-    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap(); // {"event":"holding"}: attached
+    let (holder, _) = gpuslice_e2e::spawn_holding(
+        w.wrapped_burn()
+            .env("GPUSLICE_MEMORY", "10Gi")
+            .args(["--hold", "30", "--json"]),
+    );
     let mut c = w.wrapped_burn();
     c.env("GPUSLICE_MEMORY", "10Gi");
     let (v, _, err) = run(c, &["--alloc", "1Mi"]);
@@ -338,14 +334,7 @@ fn a_slice_that_does_not_fit_is_refused_with_requested_and_available() {
     // Compute guarantees too.
     let mut c = w.wrapped_burn();
     c.env("GPUSLICE_COMPUTE", "0.7");
-    let mut h2 = c
-        .args(["--hold", "30", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out2 = std::io::BufReader::new(h2.stdout.take().unwrap());
-    line.clear();
-    std::io::BufRead::read_line(&mut out2, &mut line).unwrap();
+    let (h2, _) = gpuslice_e2e::spawn_holding(c.args(["--hold", "30", "--json"]));
     let mut c = w.wrapped_burn();
     c.env("GPUSLICE_COMPUTE", "0.5");
     let (v, _, err) = run(c, &[]);
@@ -369,16 +358,12 @@ fn a_slice_that_does_not_fit_is_refused_with_requested_and_available() {
 #[test]
 fn a_named_slice_is_shared_and_its_values_win() {
     let w = World::new(1, "16Gi");
-    let mut holder = w.wrapped_burn();
-    holder
-        .env("GPUSLICE_MEMORY", "1Gi")
-        .env("GPUSLICE_SLICE", "team")
-        .args(["--alloc", "768Mi", "--hold", "30", "--json"])
-        .stdout(std::process::Stdio::piped());
-    let mut holder = holder.spawn().unwrap();
-    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let (mut holder, _) = gpuslice_e2e::spawn_holding(
+        w.wrapped_burn()
+            .env("GPUSLICE_MEMORY", "1Gi")
+            .env("GPUSLICE_SLICE", "team")
+            .args(["--alloc", "768Mi", "--hold", "30", "--json"]),
+    );
     // Asks for 4Gi, gets the slice's 1Gi (with a warning), of which 768Mi are taken.
     let mut c = w.wrapped_burn();
     c.env("GPUSLICE_MEMORY", "4Gi")
