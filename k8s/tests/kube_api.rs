@@ -4,6 +4,8 @@
 //! prepares from `/apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME`; the API's
 //! refusals become per-claim errors an operator can act on.
 
+mod common;
+use common::channel;
 use gpuslice_dra::proto::{registration, v1};
 use gpuslice_e2e::{artifact, World};
 use k8s_openapi::api::resource::v1::{
@@ -13,7 +15,6 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -122,21 +123,6 @@ async fn serve(listener: tokio::net::TcpListener, state: Arc<Mutex<State>>) {
             }
         });
     }
-}
-
-async fn channel(path: PathBuf) -> tonic::transport::Channel {
-    tonic::transport::Endpoint::try_from("http://localhost")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
-        .expect("connect to the plugin's socket")
 }
 
 async fn wait_until(what: &str, log: &std::path::Path, mut cond: impl FnMut() -> bool) {
