@@ -462,25 +462,10 @@ fn a_plugin_started_before_the_monitor_waits_for_its_policy() {
 
 /// The plugin in node mode, not waiting for its registration socket.
 fn start_plugin_waiting(world: &World, dirs: &Dirs) -> Child {
-    world
-        .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
-        .args(["--node-name", NODE, "--mode", "node", "--resync", "0.1"])
-        .arg("--registry-dir")
-        .arg(dirs.root.join("reg"))
-        .arg("--plugin-dir")
-        .arg(dirs.root.join("plugin"))
-        .arg("--cdi-dir")
-        .arg(dirs.cdi())
-        .arg("--runtime-dir")
-        .arg(world.runtime_dir())
-        .arg("--library")
-        .arg(artifact("libgpuslice.so"))
-        .arg("--claims")
-        .arg(format!("dir:{}", dirs.root.join("claims").display()))
-        .arg("--publish")
-        .arg(format!("file:{}", dirs.slice_file().display()))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dirs.log()).unwrap())
-        .spawn()
-        .unwrap()
+    spawn_plugin(
+        world,
+        dirs,
+        &artifact("libgpuslice.so"),
+        &["--mode", "node"],
+    )
 }

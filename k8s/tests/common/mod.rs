@@ -54,15 +54,26 @@ pub fn start_plugin(world: &World, dirs: &Dirs) -> Child {
     start_plugin_with(world, dirs, &artifact("libgpuslice.so"), &[])
 }
 
-/// The plugin with `library` as the host's libgpuslice.so and `extra` flags.
+/// The plugin with `library` as the host's libgpuslice.so and `extra` flags; returns once its
+/// registration socket exists.
 pub fn start_plugin_with(world: &World, dirs: &Dirs, library: &Path, extra: &[&str]) -> Child {
     let _ = std::fs::remove_file(dirs.reg_socket());
+    let child = spawn_plugin(world, dirs, library, extra);
+    wait_for(dirs, "the registration socket", || {
+        dirs.reg_socket().exists()
+    });
+    child
+}
+
+/// The plugin started in the test's directories (its log appended to `dirs.log()`), not
+/// waiting for anything.
+pub fn spawn_plugin(world: &World, dirs: &Dirs, library: &Path, extra: &[&str]) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dirs.log())
         .unwrap();
-    let child = world
+    world
         .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
         .arg("--node-name")
         .arg(NODE)
@@ -85,11 +96,7 @@ pub fn start_plugin_with(world: &World, dirs: &Dirs, library: &Path, extra: &[&s
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
-        .expect("spawn gpuslice-dra");
-    wait_for(dirs, "the registration socket", || {
-        dirs.reg_socket().exists()
-    });
-    child
+        .expect("spawn gpuslice-dra")
 }
 
 pub fn log_of(dirs: &Dirs) -> String {
