@@ -65,25 +65,20 @@ pub fn spec(
 }
 
 /// Write `bytes` to `path` through a temporary file in the same directory and rename it, so a
-/// runtime watching the CDI directory never reads half a spec.
+/// runtime watching the CDI directory never reads half a spec (mode 0644 less the umask).
 pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp{}", std::process::id()));
-    let tmp = path.with_file_name(tmp_name);
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+    write_via_temporary(path, bytes, 0o644)
 }
 
 /// [`write_atomically`] for a spec that carries a secret (a claim slice's join secret): the
-/// file is mode 0600 from its creation, readable by root (the container runtime) only, and the
-/// temporary file is created exclusively, never through a symlink.
+/// file is mode 0600 from its creation, readable by root (the container runtime) only.
 pub fn write_private_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_via_temporary(path, bytes, 0o600)
+}
+
+/// The temporary file is created exclusively with `mode`, never through a symlink, synced,
+/// then renamed over `path`; removed on any failure.
+fn write_via_temporary(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let name = path
@@ -97,7 +92,7 @@ pub fn write_private_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(mode)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)
         .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()));

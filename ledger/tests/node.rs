@@ -3,39 +3,18 @@
 //! liveness, and the best-effort pools' grants. Creating a node policy needs root; without it
 //! these tests print why and pass vacuously (CI runs as root).
 
+mod common;
+use common::{is_root, peer, Table};
 use gpuslice_ledger::layout::{POOL_ACCOUNT_BASE, STATE_ACTIVE};
-use gpuslice_ledger::node::{DeviceAsk, Limits, Peer, Regions};
+use gpuslice_ledger::node::{DeviceAsk, Limits};
 use gpuslice_ledger::region::Region;
 use gpuslice_ledger::{Account, Ledger, SliceRequest};
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 const GI: u64 = 1 << 30;
 const UUID: &str = "GPU-00000000-0000-0000-0000-00000000000a";
-
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-#[derive(Default)]
-struct Table(Mutex<HashMap<u32, Arc<Region>>>);
-
-impl Regions for Table {
-    fn get(&self, key: u32) -> Option<Arc<Region>> {
-        self.0.lock().unwrap().get(&key).cloned()
-    }
-}
-
-impl Table {
-    fn make(&self, key: u32) -> Arc<Region> {
-        let r = Arc::new(Region::create(key, 0).unwrap());
-        self.0.lock().unwrap().insert(key, r.clone());
-        r
-    }
-}
 
 fn node(tag: &str) -> Option<(Ledger, Arc<Table>, PathBuf)> {
     if !is_root() {
@@ -56,15 +35,6 @@ fn ask(name: Option<&str>, memory: Option<u64>) -> Vec<DeviceAsk> {
         uuid: UUID.into(),
         req: SliceRequest::new(name, memory),
     }]
-}
-
-fn peer(pid: u32, uid: u32) -> Peer {
-    Peer {
-        host_pid: pid,
-        nspid: pid,
-        uid,
-        start_time: 1000 + pid as u64,
-    }
 }
 
 #[test]

@@ -4,32 +4,18 @@
 //! reopen (a monitor restart), and goes with the last slice of its name. A node policy needs
 //! root; without it these tests print why and pass vacuously (CI runs as root).
 
-use gpuslice_ledger::node::{DeviceAsk, Limits, Peer, Regions};
-use gpuslice_ledger::region::Region;
+mod common;
+use common::{is_root, peer, Table};
+use gpuslice_ledger::node::{DeviceAsk, Limits};
 use gpuslice_ledger::secret::{Secret, SECRETS_FILE};
 use gpuslice_ledger::{Ledger, OperatorSlice, SliceRequest, PPM};
-use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 const GI: u64 = 1 << 30;
 const UUID: &str = "GPU-00000000-0000-0000-0000-00000000005a";
 const UUID2: &str = "GPU-00000000-0000-0000-0000-00000000005b";
-
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-#[derive(Default)]
-struct Table(Mutex<HashMap<u32, Arc<Region>>>);
-
-impl Regions for Table {
-    fn get(&self, key: u32) -> Option<Arc<Region>> {
-        self.0.lock().unwrap().get(&key).cloned()
-    }
-}
 
 fn dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("gpuslice-secret-{}-{tag}", std::process::id()));
@@ -59,24 +45,8 @@ fn op(name: &str, device: &str) -> OperatorSlice {
 fn ask(name: &str, uuid: &str) -> Vec<DeviceAsk> {
     vec![DeviceAsk {
         uuid: uuid.into(),
-        req: SliceRequest {
-            name: Some(name.into()),
-            memory: None,
-            compute_share_ppm: 0,
-            compute_cap_ppm: PPM,
-            memory_setting: "GPUSLICE_MEMORY".into(),
-            compute_setting: "GPUSLICE_COMPUTE".into(),
-        },
+        req: SliceRequest::new(Some(name), None),
     }]
-}
-
-fn peer(pid: u32, uid: u32) -> Peer {
-    Peer {
-        host_pid: pid,
-        nspid: pid,
-        uid,
-        start_time: 1000 + pid as u64,
-    }
 }
 
 #[test]
