@@ -36,6 +36,10 @@ use crate::admission::RegionTable;
 pub const POLL_NS: u64 = 1_000_000;
 /// The same while a slice holds the device alone (solo) or nobody wants it.
 pub const POLL_SOLO_NS: u64 = 2_000_000;
+/// The end of a lease, where a hand-back is looked for more often.
+pub const HAND_BACK_WINDOW_NS: u64 = 1_500_000;
+/// How often, then.
+pub const HAND_BACK_POLL_NS: u64 = 100_000;
 /// Longest lease granted for a slice's stated need (a kernel longer than [`LEASE_NS`]): a slice
 /// lying about its need gets turns this long at most (paid in full), so the others wait at most
 /// this long for a turn.
@@ -58,6 +62,32 @@ fn waiting(m: &Member, now: u64) -> bool {
     w != 0 && now - w.min(now) < WANT_STALE_NS
 }
 
+/// When to look again at an ordinary lease ending at `end`: every `poll` until its last
+/// [`HAND_BACK_WINDOW_NS`], then every [`HAND_BACK_POLL_NS`] (an honest holder hands back about
+/// [`HANDOFF_LEAD_NS`] before the end: the next turn is granted while the engine still runs
+/// the holder's last kernel, not a poll later), and at the end itself.
+fn next_look(end: u64, now: u64, poll: u64) -> u64 {
+    if now.saturating_add(HAND_BACK_WINDOW_NS) >= end {
+        end.min(now + HAND_BACK_POLL_NS)
+    } else {
+        (end - HAND_BACK_WINDOW_NS).min(now + poll)
+    }
+}
+
+/// A slice gets a solo lease only once the others have neither waited nor held the device for
+/// this long (`SchedSlice::want_ns`, the monitor's record of it).
+pub const SOLO_QUIET_NS: u64 = 50_000_000;
+
+fn recently_active_other(t: &dyn Tenants, id: u32, now: u64) -> bool {
+    let mut active = false;
+    t.each(&mut |other, s, _, _| {
+        if other != id && now.saturating_sub(s.want_ns.load(Acquire)) < SOLO_QUIET_NS {
+            active = true;
+        }
+    });
+    active
+}
+
 /// Per-slice demand seen in one pass.
 #[derive(Clone, Copy)]
 struct Ask {
@@ -70,9 +100,6 @@ struct Ask {
 pub struct DeviceTurns {
     /// When the current ordinary turn was granted (monitor clock).
     start_ns: u64,
-    /// Slices that were waiting at the last pass (a slice starting to wait again restarts at
-    /// the device's virtual-time floor: idling earns no burst).
-    wanted: Vec<u32>,
     /// Per slot, the last `solo_gpu_ns` seen.
     solo_seen: Vec<u64>,
     last_ns: u64,
@@ -82,7 +109,6 @@ impl Default for DeviceTurns {
     fn default() -> DeviceTurns {
         DeviceTurns {
             start_ns: 0,
-            wanted: vec![],
             solo_seen: vec![0; MAX_PROCS],
             last_ns: 0,
         }
@@ -102,6 +128,27 @@ impl DeviceTurns {
     ) -> u64 {
         let elapsed = now.saturating_sub(self.last_ns).min(MAX_LEASE_NS);
         self.last_ns = now;
+        // Whether the holder of an ordinary lease is done with its turn: every process of its
+        // slice handed it back or is idle (launched nothing for IDLE_GRACE_NS since its queued
+        // work ran out, or since the turn began; and does not wait to start in it). Read before
+        // the demand: a process says it wants more before it hands back, so a hand-back seen
+        // here comes with its demand below.
+        let l0 = Lease::unpack(dev.lease.load(Acquire));
+        let turn = dev.turn.load(Acquire);
+        let mut done = true;
+        for m in members.iter().filter(|m| m.slice == l0.holder) {
+            let handed_back = m.words.done_turn.load(Acquire) == turn;
+            let busy = m
+                .words
+                .busy_until_ns
+                .load(Acquire)
+                .min(l0.end_ns)
+                .max(self.start_ns);
+            let idle = !waiting(m, now) && now > busy.saturating_add(IDLE_GRACE_NS);
+            if !(handed_back || idle) {
+                done = false;
+            }
+        }
         // Demand, per slice: only slices live on this device count (the member's slice is the
         // policy's word; `t.get` checks it again).
         let mut asks: Vec<Ask> = vec![];
@@ -136,21 +183,26 @@ impl DeviceTurns {
             }
         }
         let floor = dev.vt_floor.load(Acquire);
+        let holder = l0.holder;
         let mut latency_waits = false;
         t.each(&mut |id, s, _, _| {
             let a = asks.iter().find(|a| a.id == id);
             s.waiters.store(a.map_or(0, |a| a.waiters), Release);
             if a.is_some() {
-                s.want_ns.store(now, Release);
-                if !self.wanted.contains(&id) {
+                // Coming back after idling (no demand and no turn for WANT_STALE_NS): start
+                // from the device's current virtual time, so idling earns no burst.
+                if now.saturating_sub(s.want_ns.load(Acquire)) >= WANT_STALE_NS {
                     s.vt.fetch_max(floor, AcqRel);
                 }
                 if s.class.load(Relaxed) == CLASS_LATENCY {
                     latency_waits = true;
                 }
             }
+            // `want_ns` here is the monitor's: when the slice last waited or held the device.
+            if a.is_some() || id == holder {
+                s.want_ns.store(now, Release);
+            }
         });
-        self.wanted = asks.iter().map(|a| a.id).collect();
         if latency_waits {
             dev.latency_ns.store(now, Release);
         }
@@ -167,17 +219,18 @@ impl DeviceTurns {
         } else {
             POLL_NS
         };
-        let l = Lease::unpack(dev.lease.load(Acquire));
+        let l = l0;
         let need_of = |id: u32| asks.iter().find(|a| a.id == id).map_or(0, |a| a.need);
         if l.holder != 0 && t.get(l.holder).is_none() {
             // The holder's slice is gone.
-            self.grant(os, dev, t, now, &need_of);
+            self.grant(os, dev, t, now, 0, &need_of);
             return now + poll;
         }
         if l.solo {
             let (_, _, cap) = t.get(l.holder).expect("checked above");
             let others = asks.iter().any(|a| a.id != l.holder);
-            if !others && !(cap != 0 && cap < gpuslice_ledger::PPM) {
+            let capped = cap != 0 && cap < gpuslice_ledger::PPM;
+            if !others && !capped {
                 return now + POLL_SOLO_NS.max(poll);
             }
             // Someone else wants in (or a cap was set): the solo holder gets one ordinary lease,
@@ -199,20 +252,8 @@ impl DeviceTurns {
             return now + poll;
         }
         if l.holder == 0 {
-            self.grant(os, dev, t, now, &need_of);
+            self.grant(os, dev, t, now, 0, &need_of);
             return now + poll;
-        }
-        // An ordinary lease: over at its end, or early once every process of the holder is
-        // done with the turn or idle (and none of them waits to start in it).
-        let turn = dev.turn.load(Acquire);
-        let mut done = true;
-        for m in members.iter().filter(|m| m.slice == l.holder) {
-            let handed_back = m.words.done_turn.load(Acquire) == turn;
-            let busy = m.words.busy_until_ns.load(Acquire).min(l.end_ns);
-            let idle = !waiting(m, now) && now > busy.saturating_add(IDLE_GRACE_NS);
-            if !(handed_back || idle) {
-                done = false;
-            }
         }
         let preempt = latency_waits && {
             let (h, _, _) = t.get(l.holder).expect("checked above");
@@ -223,7 +264,7 @@ impl DeviceTurns {
             }
         };
         if now < l.end_ns && !done && !preempt {
-            return l.end_ns.min(now + poll);
+            return next_look(l.end_ns, now, poll);
         }
         if now >= l.end_ns && !done {
             dev.takeovers_total.fetch_add(1, Relaxed); // overstayed (or kept busy to its end)
@@ -234,10 +275,16 @@ impl DeviceTurns {
             let start = self.start_ns.min(stop);
             charge(dev, s, share, cap, start, stop, stop - start);
         }
-        self.grant(os, dev, t, now, &need_of);
+        // A holder still at work at its end (draining its last kernels late, on a busy CPU)
+        // competes for the next turn by its virtual time like a waiting slice, and nobody gets
+        // a solo lease over it; it was charged its whole lease, so a holder that is stopped or
+        // hung gets at most one more turn, which ends as idle after IDLE_GRACE_NS (charged
+        // too), and then stops competing: it does not wait for a turn.
+        let renewing = if done { 0 } else { l.holder };
+        self.grant(os, dev, t, now, renewing, &need_of);
         let l = Lease::unpack(dev.lease.load(Acquire));
         if l.holder != 0 && !l.solo {
-            l.end_ns.min(now + poll)
+            next_look(l.end_ns, now, poll)
         } else {
             now + poll
         }
@@ -250,9 +297,19 @@ impl DeviceTurns {
         dev: &SchedDevice,
         t: &dyn Tenants,
         now: u64,
+        renewing: u32,
         need_of: &dyn Fn(u32) -> u64,
     ) {
-        let mut next = pick(t, now, 0, 0);
+        let mut next = pick(t, now, renewing, 0);
+        if next.solo && recently_active_other(t, next.holder, now) {
+            // Another slice waited or held the device moments ago (between two of its
+            // launches, on a busy CPU): an ordinary lease, so its return does not start from
+            // the virtual time of a solo holder that was not charged.
+            next = Lease {
+                solo: false,
+                ..next
+            };
+        }
         if next.holder != 0 && !next.solo {
             // Long enough for the launch the slice waits to make (a kernel longer than a
             // lease), at most MAX_GRANT_NS; it pays for the whole span either way.

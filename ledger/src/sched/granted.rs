@@ -14,7 +14,7 @@
 //!
 //! [`Granted`] is one process's side of one device: the same [`Work`]-driven admission as
 //! [`Client`] (launch while the queued work fits before the lease's end, then drain to
-//! [`HANDOFF_LEAD_NS`] and hand back), but it never writes the policy. A slice alone and
+//! [`NODE_HANDOFF_LEAD_NS`] and hand back), but it never writes the policy. A slice alone and
 //! uncapped gets a solo lease: launches cost one load of the lease word ([`Granted::solo`]).
 //!
 //! While the monitor is down (its heartbeat, `Header::monitor_beat_ns`, older than
@@ -25,9 +25,14 @@
 use core::sync::atomic::{AtomicU64, Ordering::*};
 
 use super::client::{Admission, Client, Os, Work};
-use super::policy::{HANDOFF_LEAD_NS, LATENCY_QUEUE_NS, MAX_LEASE_NS, MAX_SLEEP_NS};
+use super::policy::{LATENCY_QUEUE_NS, MAX_LEASE_NS, MAX_SLEEP_NS};
 use super::records::{Lease, SchedDevice, CLASS_LATENCY, MAX_SLICE_ID};
 
+/// A holder hands its turn back when its queued work needs about this much more: a hand-back
+/// travels to the monitor (which looks every 0.1 ms near a lease's end), then
+/// to the next holder's futex wake and first launch, so the lead is longer than personal mode's
+/// `HANDOFF_LEAD_NS`, where holders hand over to each other directly.
+pub const NODE_HANDOFF_LEAD_NS: u64 = 500_000;
 /// A monitor heartbeat older than this means no monitor grants turns: launch unthrottled.
 pub const MONITOR_STALE_NS: u64 = 1_000_000_000;
 /// The monitor refreshes its heartbeat at least this often.
@@ -157,11 +162,16 @@ impl<'a> Granted<'a> {
                 }
                 // The turn is over for us: let the queue run down to the handoff lead (the
                 // next holder's first kernel then meets a busy engine), then hand back.
-                let left = work.wait_below(HANDOFF_LEAD_NS);
-                self.me.busy_until_ns.store(
-                    self.os.now_ns().saturating_add(left.min(MAX_LEASE_NS)),
-                    Release,
-                );
+                let left = work.wait_below(NODE_HANDOFF_LEAD_NS);
+                let now = self.os.now_ns();
+                self.me
+                    .busy_until_ns
+                    .store(now.saturating_add(left.min(MAX_LEASE_NS)), Release);
+                // Still wanting (the launch waits): said before the hand-back, so the monitor
+                // never sees the slice done and not waiting, which would hand the other slice
+                // a solo lease for a moment.
+                self.me.need_ns.store(next.min(MAX_LEASE_NS), Release);
+                self.me.want_ns.store(now.max(1), Release);
                 self.me.done_turn.store(turn, Release);
                 continue;
             }

@@ -57,7 +57,9 @@ mod sim;
 mod tests;
 
 pub use client::{on_process_dead, Admission, Client, Os, SystemOs, Work, SYSTEM};
-pub use granted::{GrantProc, Granted, Scheduler, MONITOR_BEAT_NS, MONITOR_STALE_NS};
+pub use granted::{
+    GrantProc, Granted, Scheduler, MONITOR_BEAT_NS, MONITOR_STALE_NS, NODE_HANDOFF_LEAD_NS,
+};
 pub use policy::{
     admits, charge, charge_solo, pick, recheck_at, takeover_due, Tenants, BEST_EFFORT_PPM,
     CAP_SLACK_NS, GRACE_NS, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LATENCY_ACTIVE_NS, LATENCY_LEAD_NS,
