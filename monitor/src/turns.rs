@@ -98,8 +98,9 @@ struct Ask {
 
 /// The monitor's state for one device (process-local; the shared state is the policy's).
 pub struct DeviceTurns {
-    /// When the current ordinary turn was granted (monitor clock).
+    /// When the current ordinary turn was granted (monitor clock), and its turn number.
     start_ns: u64,
+    granted: Option<u64>,
     /// Per slot, the last `solo_gpu_ns` seen.
     solo_seen: Vec<u64>,
     last_ns: u64,
@@ -109,6 +110,7 @@ impl Default for DeviceTurns {
     fn default() -> DeviceTurns {
         DeviceTurns {
             start_ns: 0,
+            granted: None,
             solo_seen: vec![0; MAX_PROCS],
             last_ns: 0,
         }
@@ -270,8 +272,10 @@ impl DeviceTurns {
             dev.takeovers_total.fetch_add(1, Relaxed); // overstayed (or kept busy to its end)
         }
         // Charge the span granted, then the next turn.
+        // Only a turn this monitor granted: one found in the policy after a restart began at an
+        // unknown time (and was not granted by anyone while the monitor was down).
         let stop = now.min(l.end_ns);
-        if let Some((s, share, cap)) = t.get(l.holder) {
+        if let (Some((s, share, cap)), true) = (t.get(l.holder), self.granted == Some(turn)) {
             let start = self.start_ns.min(stop);
             charge(dev, s, share, cap, start, stop, stop - start);
         }
@@ -324,7 +328,7 @@ impl DeviceTurns {
     }
 
     fn install(&mut self, os: &dyn Os, dev: &SchedDevice, t: &dyn Tenants, l: Lease, now: u64) {
-        dev.turn.fetch_add(1, AcqRel);
+        self.granted = Some(dev.turn.fetch_add(1, AcqRel).wrapping_add(1));
         dev.lease.store(l.pack(), Release);
         self.start_ns = now;
         if let Some((s, _, _)) = t.get(l.holder) {
@@ -691,6 +695,48 @@ mod tests {
         assert_eq!(one(&dev).holder as usize - 1, 1 - h);
         let vt = t.get(h as u32 + 1).unwrap().0.vt.load(SeqCst);
         assert_eq!(vt, (at - T0) * 2);
+    }
+
+    #[test]
+    fn a_lease_found_after_a_restart_is_not_charged() {
+        let os = Clock {
+            now: AtomicU64::new(T0),
+            wakes: AtomicU32::new(0),
+        };
+        let dev = SchedDevice::default();
+        let t = slices(&[(0.5, 1.0), (0.5, 1.0)]);
+        dev.lease.store(
+            Lease {
+                holder: 1,
+                solo: false,
+                end_ns: T0 - MS,
+            }
+            .pack(),
+            SeqCst,
+        );
+        dev.turn.store(77, SeqCst);
+        let w = [GrantProc::default(), GrantProc::default()];
+        w[1].want_ns.store(T0, SeqCst);
+        let m = [
+            Member {
+                slot: 0,
+                slice: 1,
+                words: &w[0],
+            },
+            Member {
+                slot: 1,
+                slice: 2,
+                words: &w[1],
+            },
+        ];
+        let mut dt = DeviceTurns::default();
+        dt.step(&os, &dev, &t, &m, T0);
+        assert_eq!(
+            t.get(1).unwrap().0.vt.load(SeqCst),
+            0,
+            "charged for the outage"
+        );
+        assert_eq!(one(&dev).holder, 2);
     }
 
     #[test]

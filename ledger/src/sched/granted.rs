@@ -34,7 +34,7 @@ use super::records::{Lease, SchedDevice, CLASS_LATENCY, MAX_SLICE_ID};
 /// `HANDOFF_LEAD_NS`, where holders hand over to each other directly.
 pub const NODE_HANDOFF_LEAD_NS: u64 = 500_000;
 /// A monitor heartbeat older than this means no monitor grants turns: launch unthrottled.
-pub const MONITOR_STALE_NS: u64 = 1_000_000_000;
+pub const MONITOR_STALE_NS: u64 = 500_000_000;
 /// The monitor refreshes its heartbeat at least this often.
 pub const MONITOR_BEAT_NS: u64 = 50_000_000;
 

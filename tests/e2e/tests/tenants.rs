@@ -1209,6 +1209,65 @@ fn a_stopped_compute_holder_costs_the_other_about_a_lease() {
     assert!(f >= 0.45, "{f:.2}: {:?}", per_interval(&b));
 }
 
+/// While the monitor is down nobody grants turns: within about a second (`MONITOR_STALE_NS`)
+/// both tenants launch unthrottled rather than freeze, and a restarted monitor grants turns
+/// again, the shares back from its first second.
+#[test]
+fn compute_goes_unthrottled_while_the_monitor_is_down_and_shares_come_back() {
+    need_root!();
+    let _serial = compute_serial();
+    let mut n = Node::new(1, "16Gi", &[]);
+    let a = compute_tenant(&n, TENANT_A, "q", "0.25", "10");
+    let b = compute_tenant(&n, TENANT_B, "tq", "0.75", "10");
+    wait_for_slice(&n, "q", 1);
+    wait_for_slice(&n, "tq", 1);
+    let mono = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid out-parameter.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let down = mono();
+    n.stop_monitor();
+    std::thread::sleep(Duration::from_secs(4));
+    let up = mono();
+    n.start_monitor();
+    let (a, b) = (ran(a), ran(b));
+    let detail = format!("a: {:?}\nb: {:?}", per_interval(&a), per_interval(&b));
+    // Nobody froze for long: without grants, waiting tenants go on after MONITOR_STALE_NS
+    // (0.5 s); no two half-second intervals in a row without work.
+    for r in [&a, &b] {
+        for w in r.spans[..r.spans.len() - 1].windows(2) {
+            let f = |s: &(f64, f64, f64)| s.2 / (s.1 - s.0);
+            assert!(f(&w[0]) > 0.05 || f(&w[1]) > 0.05, "frozen\n{detail}");
+        }
+    }
+    let part = |from: f64, to: f64| {
+        let (fa, fb) = (fraction_in(&a, from, to), fraction_in(&b, from, to));
+        fa / (fa + fb)
+    };
+    // Unthrottled: the fake engine splits about evenly between the two.
+    let unthrottled = part(down + 1.5, up);
+    // Granted again: the quarter.
+    let granted = part(
+        up + 1.0,
+        a.spans.last().unwrap().1.min(b.spans.last().unwrap().1) - 0.5,
+    );
+    println!("monitor down: part {unthrottled:.3}; back: {granted:.3}");
+    assert!(
+        unthrottled > 0.35,
+        "still throttled without a monitor: {unthrottled:.3}\n{detail}"
+    );
+    assert!(
+        (granted - 0.25).abs() <= 0.08,
+        "after the restart: {granted:.3}\n{detail}"
+    );
+}
+
 /// A slice alone and uncapped holds a solo lease: its launches cost one load of the policy's
 /// lease word, and the monitor grants nothing while it runs.
 #[test]
