@@ -40,9 +40,9 @@ pub const POLL_SOLO_NS: u64 = 2_000_000;
 pub const HAND_BACK_WINDOW_NS: u64 = 1_500_000;
 /// How often, then.
 pub const HAND_BACK_POLL_NS: u64 = 100_000;
-/// Longest lease granted for a slice's stated need (a kernel longer than [`LEASE_NS`]): a slice
-/// lying about its need gets turns this long at most (paid in full), so the others wait at most
-/// this long for a turn.
+/// Longest lease granted for the slices' stated needs (a kernel longer than [`LEASE_NS`]): a
+/// slice lying about its need makes every turn on the device this long at most (its own paid in
+/// full), so the others wait at most this long for a turn.
 pub const MAX_GRANT_NS: u64 = 50_000_000;
 /// How often the members of the devices are looked up again even without a policy change.
 const REFRESH_NS: u64 = 100_000_000;
@@ -222,10 +222,14 @@ impl DeviceTurns {
             POLL_NS
         };
         let l = l0;
-        let need_of = |id: u32| asks.iter().find(|a| a.id == id).map_or(0, |a| a.need);
+        // One lease length for every slice of the device: long enough for the longest launch
+        // any of them waits to make (a kernel longer than a lease), at most MAX_GRANT_NS. The
+        // same for all, so a slice that lies about its need lengthens everyone's turns alike
+        // (fewer hand-overs are no advantage of its own) and pays for its whole span.
+        let need = asks.iter().map(|a| a.need).max().unwrap_or(0);
         if l.holder != 0 && t.get(l.holder).is_none() {
             // The holder's slice is gone.
-            self.grant(os, dev, t, now, 0, &need_of);
+            self.grant(os, dev, t, now, 0, need);
             return now + poll;
         }
         if l.solo {
@@ -254,7 +258,7 @@ impl DeviceTurns {
             return now + poll;
         }
         if l.holder == 0 {
-            self.grant(os, dev, t, now, 0, &need_of);
+            self.grant(os, dev, t, now, 0, need);
             return now + poll;
         }
         let preempt = latency_waits && {
@@ -285,7 +289,7 @@ impl DeviceTurns {
         // hung gets at most one more turn, which ends as idle after IDLE_GRACE_NS (charged
         // too), and then stops competing: it does not wait for a turn.
         let renewing = if done { 0 } else { l.holder };
-        self.grant(os, dev, t, now, renewing, &need_of);
+        self.grant(os, dev, t, now, renewing, need);
         let l = Lease::unpack(dev.lease.load(Acquire));
         if l.holder != 0 && !l.solo {
             next_look(l.end_ns, now, poll)
@@ -302,7 +306,7 @@ impl DeviceTurns {
         t: &dyn Tenants,
         now: u64,
         renewing: u32,
-        need_of: &dyn Fn(u32) -> u64,
+        need: u64,
     ) {
         let mut next = pick(t, now, renewing, 0);
         if next.solo && recently_active_other(t, next.holder, now) {
@@ -315,9 +319,7 @@ impl DeviceTurns {
             };
         }
         if next.holder != 0 && !next.solo {
-            // Long enough for the launch the slice waits to make (a kernel longer than a
-            // lease), at most MAX_GRANT_NS; it pays for the whole span either way.
-            let len = LEASE_NS.max(need_of(next.holder).saturating_add(HANDOFF_LEAD_NS));
+            let len = LEASE_NS.max(need.saturating_add(HANDOFF_LEAD_NS));
             next.end_ns = now + len.min(MAX_GRANT_NS);
         }
         let cur = Lease::unpack(dev.lease.load(Acquire));
