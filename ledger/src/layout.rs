@@ -107,6 +107,9 @@ pub struct Header {
     /// Node mode: the monitor's turns thread's heartbeat (CLOCK_MONOTONIC ns). Older than
     /// `sched::MONITOR_STALE_NS`: nobody grants compute turns, processes launch unthrottled.
     pub monitor_beat_ns: AtomicU64,
+    /// Node mode: the turns thread sleeps on this futex word; a process handing a turn back
+    /// wakes it (`FUTEX_WAKE` needs no write access). Nobody writes it.
+    pub turns_bell: AtomicU32,
 }
 
 /// `Header::mode` of a personal ledger: one user's processes share it read-write.
@@ -372,6 +375,7 @@ mod tests {
         assert_eq!(size_of::<Proc>(), 448);
         // Layout 4 added the monitor's heartbeat in what was Header's tail padding.
         assert_eq!(offset_of!(Header, monitor_beat_ns), 136);
+        assert_eq!(offset_of!(Header, turns_bell), 144);
         assert_eq!(size_of::<Header>(), 192);
         for s in [
             size_of::<Header>(),

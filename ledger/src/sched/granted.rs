@@ -22,7 +22,7 @@
 //! rather than freezing every tenant of the node. [`Scheduler`] is what the shim holds: either
 //! client behind one set of methods.
 
-use core::sync::atomic::{AtomicU64, Ordering::*};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 use super::client::{Admission, Client, Os, Work};
 use super::policy::{LATENCY_QUEUE_NS, MAX_LEASE_NS, MAX_SLEEP_NS};
@@ -68,7 +68,8 @@ pub struct Granted<'a> {
     os: &'a dyn Os,
     dev: &'a SchedDevice,
     beat: &'a AtomicU64,
-    class: &'a core::sync::atomic::AtomicU32,
+    bell: &'a AtomicU32,
+    class: &'a AtomicU32,
     me: &'a GrantProc,
     id: u32,
     solo_word: u64,
@@ -78,12 +79,14 @@ pub struct Granted<'a> {
 
 impl<'a> Granted<'a> {
     /// The client of slice `id` (policy slice index + 1): `dev` is the policy's (read-only)
-    /// device record, `beat` the monitor's heartbeat, `class` the policy slice's class word,
-    /// `me` this process's words in the region.
+    /// device record, `beat` the monitor's heartbeat and `bell` its futex word (both in the
+    /// policy's header), `class` the policy slice's class word, `me` this process's words in
+    /// the region.
     pub fn new(
         dev: &'a SchedDevice,
         beat: &'a AtomicU64,
-        class: &'a core::sync::atomic::AtomicU32,
+        bell: &'a AtomicU32,
+        class: &'a AtomicU32,
         me: &'a GrantProc,
         id: u32,
         os: &'a dyn Os,
@@ -96,6 +99,7 @@ impl<'a> Granted<'a> {
             os,
             dev,
             beat,
+            bell,
             class,
             me,
             id,
@@ -173,6 +177,8 @@ impl<'a> Granted<'a> {
                 self.me.need_ns.store(next.min(MAX_LEASE_NS), Release);
                 self.me.want_ns.store(now.max(1), Release);
                 self.me.done_turn.store(turn, Release);
+                // The monitor grants the next turn as soon as it sees this.
+                self.os.futex_wake(self.bell);
                 continue;
             }
             // Not ours (or handed back, or over): say we want a turn, and sleep until the lease
@@ -209,6 +215,7 @@ impl<'a> Granted<'a> {
         let done = work.drain();
         self.me.busy_until_ns.store(done, Release);
         self.me.done_turn.store(turn, Release);
+        self.os.futex_wake(self.bell);
     }
 
     /// GPU time sampled while solo (statistics: the monitor folds it into the policy's).
@@ -377,6 +384,22 @@ mod tests {
         assert!(
             took >= Duration::from_millis(90) && took < Duration::from_secs(5),
             "slept {took:?}: not woken by the wake through the other mapping"
+        );
+        // And the other way: the monitor sleeps on its read-write mapping, a tenant wakes it
+        // through its read-only one (`FUTEX_WAKE` needs no write access).
+        let t0 = Instant::now();
+        let sleeper = std::thread::spawn(move || {
+            // SAFETY: as above.
+            let w = unsafe { &*(rw as *const AtomicU32) };
+            crate::sys::futex_wait(w, 1, 10_000_000_000);
+            t0.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        crate::sys::futex_wake(ro_word);
+        let took = sleeper.join().unwrap();
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(5),
+            "slept {took:?}: not woken through the read-only mapping"
         );
     }
 }

@@ -416,8 +416,16 @@ fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
     };
     let client = match b {
         Bound::Personal(b) => personal_client(b),
-        Bound::Node(n) => Granted::new(n.sched, n.beat, n.class, n.grant, n.id, &sched::SYSTEM)
-            .map(Scheduler::Granted),
+        Bound::Node(n) => Granted::new(
+            n.sched,
+            n.beat,
+            n.bell,
+            n.class,
+            n.grant,
+            n.id,
+            &sched::SYSTEM,
+        )
+        .map(Scheduler::Granted),
     };
     let Some(client) = client else {
         g.state.store(2, Release);
@@ -488,6 +496,7 @@ fn binding(dev: CUdevice) -> Option<Bound> {
         return Some(Bound::Node(NodeBinding {
             sched: &dev_rec.sched,
             beat: &ledger.header().monitor_beat_ns,
+            bell: &ledger.header().turns_bell,
             class: &slice_rec.sched.class,
             grant: &d.region?.proc_(st.me.slot)?.grant,
             id: slice as u32 + 1,
@@ -512,6 +521,7 @@ enum Bound {
 struct NodeBinding {
     sched: &'static sched::SchedDevice,
     beat: &'static AtomicU64,
+    bell: &'static AtomicU32,
     class: &'static AtomicU32,
     grant: &'static sched::GrantProc,
     id: u32,

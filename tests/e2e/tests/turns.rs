@@ -332,6 +332,79 @@ fn a_solo_slice_in_node_mode_launches_on_the_fast_path() {
     assert!(f >= 0.9, "alone it got {f:.3}: {:?}", per_interval(&a));
 }
 
+/// The same pair (0.25 / 0.75, `--kernel-us 1000 --depth 4`, 6 s) in personal mode (the
+/// tenant-run scheduler) and in node mode (the monitor's turns), alternately, `TURNS_BENCH_ROUNDS`
+/// times (default 3): the device time both got over the window they ran together, the turns
+/// granted per second, and the device time lost per turn (hand-over cost). A measurement for
+/// docs/benchmarks.md, not a test: `cargo test -p gpuslice-e2e --test turns -- --ignored
+/// --nocapture handover_cost`.
+#[test]
+#[ignore]
+fn handover_cost_personal_vs_node() {
+    need_root!();
+    let _serial = compute_serial();
+    use std::sync::atomic::Ordering::SeqCst;
+    let rounds: usize = std::env::var("TURNS_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let measure = |a: Ran, b: Ran, leases: u64| {
+        let (from, to) = all_ran(&[&a, &b], 1.0);
+        let used = fraction_in(&a, from, to) + fraction_in(&b, from, to);
+        let secs = a.spans.last().unwrap().1 - a.spans[0].0;
+        let per_s = leases as f64 / secs;
+        (used, per_s, (1.0 - used).max(0.0) / per_s * 1e6)
+    };
+    let mut rows: Vec<(&str, (f64, f64, f64))> = vec![];
+    for _ in 0..rounds {
+        let w = gpuslice_e2e::World::new(1, "16Gi");
+        let t = |slice: &str, share: &str| {
+            w.wrapped_burn()
+                .args(["--seconds", "6", "--kernel-us", "1000", "--depth", "4"])
+                .args(["--json", "--report-interval", "0.5"])
+                .env("GPUSLICE_SLICE", slice)
+                .env("GPUSLICE_COMPUTE", share)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let (a, b) = (t("q", "0.25"), t("tq", "0.75"));
+        let (a, b) = (ran(a), ran(b));
+        let l = gpuslice_ledger::Ledger::open(&w.runtime_dir()).unwrap();
+        rows.push((
+            "personal",
+            measure(a, b, l.devices()[0].sched.leases_total.load(SeqCst)),
+        ));
+        let n = Node::new(1, "16Gi", &[]);
+        let a = compute_tenant(&n, TENANT_A, "q", "0.25", "6");
+        let b = compute_tenant(&n, TENANT_B, "tq", "0.75", "6");
+        let (a, b) = (ran(a), ran(b));
+        let l = gpuslice_ledger::Ledger::open(&n.world.runtime_dir()).unwrap();
+        rows.push((
+            "node",
+            measure(a, b, l.devices()[0].sched.leases_total.load(SeqCst)),
+        ));
+    }
+    for mode in ["personal", "node"] {
+        let mut r: Vec<(f64, f64, f64)> =
+            rows.iter().filter(|x| x.0 == mode).map(|x| x.1).collect();
+        let each: Vec<String> = r
+            .iter()
+            .map(|x| format!("{:.3}/{:.0}/{:.0}", x.0, x.1, x.2))
+            .collect();
+        r.sort_by(|x, y| x.2.total_cmp(&y.2));
+        let m = r[r.len() / 2];
+        println!(
+            "{mode}: device used / turns per s / µs lost per turn, each run: {}; median run: {:.3} / {:.0} / {:.0}",
+            each.join(", "),
+            m.0,
+            m.1,
+            m.2
+        );
+    }
+}
+
 /// Child modes of this binary (see `node/mod.rs`); without `TENANTS_CHILD` it returns at once.
 #[test]
 fn tenant_child() {
