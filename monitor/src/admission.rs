@@ -444,6 +444,20 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, S
             LedgerError::Admission(a) => format!("admission: slice refused: {a}"),
             e => e.to_string(),
         })?;
+    // GPUSLICE_PRIORITY: the class of the process's own slices (an operator's slice keeps the
+    // class the operator gave it). Priority orders turns within the guarantees (the latency
+    // lead is bounded), so it is the tenant's to choose for its own slice.
+    if let Some(class) = req.get("priority").and_then(|v| v.parse::<u32>().ok()) {
+        for d in &a.devices {
+            if let Some(s) = ledger.slices().get(d.slice) {
+                if s.operator_defined.load(SeqCst) == 0 {
+                    s.sched
+                        .class
+                        .store(class.min(gpuslice_ledger::sched::CLASS_LATENCY), SeqCst);
+                }
+            }
+        }
+    }
     let mut reply = Message::new("ok", "admit");
     reply.push("slot", &a.slot.to_string());
     let mut fds = vec![];

@@ -350,6 +350,13 @@ fn build_node(
     use gpuslice_ledger::region::Region;
     let mut req = Message::new("op", "admit");
     req.push("slice", config.slice.as_deref().unwrap_or(""));
+    // The slice's compute class (the monitor sets it on slices that are not an operator's).
+    if let Some(class) = std::env::var("GPUSLICE_PRIORITY")
+        .ok()
+        .and_then(|v| gpuslice_ledger::sched::parse_class(&v))
+    {
+        req.push("priority", &class.to_string());
+    }
     let cpu_setting = config
         .compute
         .as_ref()

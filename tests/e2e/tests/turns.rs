@@ -332,6 +332,46 @@ fn a_solo_slice_in_node_mode_launches_on_the_fast_path() {
     assert!(f >= 0.9, "alone it got {f:.3}: {:?}", per_interval(&a));
 }
 
+/// `GPUSLICE_PRIORITY=latency` in node mode: carried by the admission request, the monitor sets
+/// the class of the tenant's own slice (the policy's word, which the turns read); an operator's
+/// slice keeps its own class.
+#[test]
+fn a_tenant_sets_its_own_slices_priority_in_node_mode() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let o = n.cli(0, &["slice", "create", "op", "--memory", "1Gi"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let run = |slice: &str| {
+        n.burn(TENANT_A)
+            .args(["--alloc", "1Mi", "--hold", "3", "--json"])
+            .env("GPUSLICE_SLICE", slice)
+            .env("GPUSLICE_MEMORY", "512Mi")
+            .env("GPUSLICE_PRIORITY", "latency")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (run("mine"), run("op"));
+    wait_for_slice(&n, "mine", 1);
+    wait_for_slice(&n, "op", 1);
+    let s = n.status();
+    let prio = |name: &str| {
+        s["slices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == name)
+            .map(|x| x["priority"].clone())
+    };
+    assert_eq!(prio("mine"), Some("latency".into()), "{s:#}");
+    assert_eq!(prio("op"), Some("normal".into()), "{s:#}");
+    for c in [a, b] {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+    }
+}
+
 /// The same pair (0.25 / 0.75, `--kernel-us 1000 --depth 4`, 6 s) in personal mode (the
 /// tenant-run scheduler) and in node mode (the monitor's turns), alternately, `TURNS_BENCH_ROUNDS`
 /// times (default 3): the device time both got over the window they ran together, the turns
