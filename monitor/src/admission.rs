@@ -473,6 +473,17 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, S
             w.charged.store(0, SeqCst);
             w.ops_begun.store(0, SeqCst);
             w.ops_ended.store(0, SeqCst);
+            let g = &w.grant;
+            for x in [
+                &g.want_ns,
+                &g.need_ns,
+                &g.done_turn,
+                &g.busy_until_ns,
+                &g.solo_gpu_ns,
+                &g.launches,
+            ] {
+                x.store(0, SeqCst);
+            }
         }
         // SAFETY: dup of a descriptor we own; the duplicate is sent and closed after.
         let dup = unsafe { libc::fcntl(r.fd(), libc::F_DUPFD_CLOEXEC, 0) };

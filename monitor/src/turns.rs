@@ -23,8 +23,9 @@ use gpuslice_ledger::layout::{STATE_ACTIVE, STATE_FREE};
 use gpuslice_ledger::node::{region_key, Regions};
 use gpuslice_ledger::region::Region;
 use gpuslice_ledger::sched::{
-    self, charge, charge_solo, pick, GrantProc, Lease, Os, SchedDevice, Tenants, CLASS_LATENCY,
-    HANDOFF_LEAD_NS, IDLE_GRACE_NS, LEASE_NS, MAX_LEASE_NS, MONITOR_BEAT_NS, WANT_STALE_NS,
+    self, charge, charge_solo, pick, GrantProc, Lease, Os, SchedDevice, SchedSlice, Tenants,
+    CLASS_LATENCY, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LEASE_NS, MAX_LEASE_NS, MONITOR_BEAT_NS,
+    WANT_STALE_NS,
 };
 use gpuslice_ledger::tenants::LedgerTenants;
 use gpuslice_ledger::{Ledger, MAX_DEVICES, MAX_PROCS, MAX_SLICES};
@@ -347,6 +348,25 @@ impl DeviceTurns {
     }
 }
 
+/// The policy's slices of one device, restricted to a few ids.
+struct Listed<'a> {
+    all: LedgerTenants<'a>,
+    ids: Vec<u32>,
+}
+
+impl Tenants for Listed<'_> {
+    fn each(&self, f: &mut dyn FnMut(u32, &SchedSlice, u32, u32)) {
+        for &id in &self.ids {
+            if let Some((s, share, cap)) = self.all.get(id) {
+                f(id, s, share, cap);
+            }
+        }
+    }
+    fn get(&self, id: u32) -> Option<(&SchedSlice, u32, u32)> {
+        self.all.get(id)
+    }
+}
+
 /// The member cache: (slot, device, slice id, region).
 type Cache = Vec<(usize, usize, u32, Arc<Region>)>;
 
@@ -418,9 +438,18 @@ fn run(ledger: &Ledger, regions: &RegionTable) {
                     })
                 })
                 .collect();
-            let t = LedgerTenants {
-                slices: &ledger.slices()[..],
-                device: d as u32,
+            // Only the slices with processes here (and the holder) can compete: the policy has
+            // 8192 slice records, and the policy's functions visit every slice they are shown.
+            let mut ids: Vec<u32> = members.iter().map(|m| m.slice).collect();
+            ids.push(Lease::unpack(dev.sched.lease.load(Acquire)).holder);
+            ids.sort_unstable();
+            ids.dedup();
+            let t = Listed {
+                all: LedgerTenants {
+                    slices: &ledger.slices()[..],
+                    device: d as u32,
+                },
+                ids,
             };
             next = next.min(dt.step(os, &dev.sched, &t, &members, now));
         }
