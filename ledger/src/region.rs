@@ -48,7 +48,8 @@ pub struct RegionHeader {
     pub alloc_total: AtomicU64,
     /// Bytes held by the slice's processes (the hot-path word).
     pub memory_used: CacheLine<AtomicU64>,
-    /// Compute scheduler, per slice (the compute helper's; the monitor grants turns).
+    /// Compute scheduler, per slice: unused in node mode, where the monitor keeps each
+    /// slice's scheduler state in the policy and processes ask for turns in [`GrantProc`].
     pub sched: SchedSlice,
 }
 

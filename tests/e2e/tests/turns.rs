@@ -332,6 +332,30 @@ fn a_solo_slice_in_node_mode_launches_on_the_fast_path() {
     assert!(f >= 0.9, "alone it got {f:.3}: {:?}", per_interval(&a));
 }
 
+/// A cap holds in node mode too: a slice alone at `GPUSLICE_COMPUTE_CAP=0.3` gets about 0.3 of
+/// the device (never a solo lease: its budget is the monitor's).
+#[test]
+fn a_capped_slice_alone_is_held_to_its_cap_in_node_mode() {
+    need_root!();
+    let _serial = compute_serial();
+    let n = Node::new(1, "16Gi", &[]);
+    let a = n
+        .burn(TENANT_A)
+        .args(["--seconds", "5", "--kernel-us", "1000", "--depth", "4"])
+        .args(["--json", "--report-interval", "0.5"])
+        .env("GPUSLICE_SLICE", "capped")
+        .env("GPUSLICE_MEMORY", "1Gi")
+        .env("GPUSLICE_COMPUTE_CAP", "0.3")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let a = ran(a);
+    let f = fraction_in(&a, a.spans[0].0 + 1.0, a.spans.last().unwrap().1 - 0.5);
+    println!("capped at 0.3, alone: {f:.3}");
+    assert!((f - 0.3).abs() <= 0.05, "{f:.3}: {:?}", per_interval(&a));
+}
+
 /// `GPUSLICE_PRIORITY=latency` in node mode: carried by the admission request, the monitor sets
 /// the class of the tenant's own slice (the policy's word, which the turns read); an operator's
 /// slice keeps its own class.
