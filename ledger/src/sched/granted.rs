@@ -148,8 +148,16 @@ impl<'a> Granted<'a> {
                     && self.latency_active(now)
                     && (queued > LATENCY_QUEUE_NS || work.pending() > 1)
                 {
-                    // A latency slice waits: keep our queue short so it gets the device soon.
-                    work.wait_below(LATENCY_QUEUE_NS);
+                    // A latency slice waits: keep our queue short so it gets the device soon
+                    // (at most one launch in flight, none long). Both waits block (events);
+                    // neither spins.
+                    work.wait_pending(1);
+                    if work.outstanding_ns() > LATENCY_QUEUE_NS {
+                        work.wait_below(LATENCY_QUEUE_NS);
+                    }
+                    if work.pending() > 1 {
+                        break; // a launch that never completes: do not wait on it again
+                    }
                     continue;
                 }
                 let need = queued.saturating_add(next);

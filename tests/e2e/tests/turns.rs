@@ -22,16 +22,19 @@ fn compute_serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// A compute tenant: `gpuslice-burn` saturating the device for `secs` with interval lines.
 fn compute_tenant(n: &Node, uid: u32, slice: &str, share: &str, secs: &str) -> Child {
-    n.burn(uid)
-        .args(["--seconds", secs, "--kernel-us", "1000", "--depth", "4"])
+    let mut c = n.burn(uid);
+    c.args(["--seconds", secs, "--kernel-us", "1000", "--depth", "4"])
         .args(["--json", "--report-interval", "0.5"])
         .env("GPUSLICE_SLICE", slice)
-        .env("GPUSLICE_MEMORY", "1Gi")
         .env("GPUSLICE_COMPUTE", share)
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .stderr(Stdio::piped());
+    // A slice name starting with "be-" has no memory quota: its processes charge into their
+    // user's best-effort pool, whose region is where they ask for turns.
+    if !slice.starts_with("be-") {
+        c.env("GPUSLICE_MEMORY", "1Gi");
+    }
+    c.spawn().unwrap()
 }
 
 /// A finished compute tenant: `(start, end, gpu_seconds)` per interval on CLOCK_MONOTONIC.
@@ -142,6 +145,28 @@ fn node_mode_compute_shares_are_granted_by_the_monitor() {
         "{}{}",
         a.stderr,
         b.stderr
+    );
+}
+
+/// Slices without a memory quota (best-effort memory: their processes' region is their user's
+/// pool, shared by that user's best-effort slices) get their compute shares the same way.
+#[test]
+fn best_effort_memory_slices_get_their_compute_shares() {
+    need_root!();
+    let _serial = compute_serial();
+    let n = Node::new(1, "16Gi", &[]);
+    let a = compute_tenant(&n, TENANT_A, "be-q", "0.25", "6.5");
+    let b = compute_tenant(&n, TENANT_B, "be-tq", "0.75", "6.5");
+    let (a, b) = (ran(a), ran(b));
+    let (from, to) = all_ran(&[&a, &b], 1.0);
+    let (fa, fb) = (fraction_in(&a, from, to), fraction_in(&b, from, to));
+    let part = fa / (fa + fb);
+    println!("best-effort memory, 0.25/0.75: {fa:.3} + {fb:.3}, part {part:.3}");
+    assert!(
+        (part - 0.25).abs() <= 0.04,
+        "{part:.3}\na: {:?}\nb: {:?}",
+        per_interval(&a),
+        per_interval(&b)
     );
 }
 
