@@ -46,7 +46,7 @@ pub const HAND_BACK_POLL_NS: u64 = 100_000;
 /// Longest lease granted for the slices' stated needs (a kernel longer than [`LEASE_NS`]): a
 /// slice lying about its need makes every turn on the device this long at most (its own paid in
 /// full), so the others wait at most this long for a turn.
-pub const MAX_GRANT_NS: u64 = 50_000_000;
+pub const MAX_GRANT_NS: u64 = 20_000_000;
 /// How often the members of the devices are looked up again even without a policy change.
 const REFRESH_NS: u64 = 100_000_000;
 
