@@ -29,9 +29,9 @@ use super::policy::{LATENCY_QUEUE_NS, MAX_LEASE_NS, MAX_SLEEP_NS};
 use super::records::{Lease, SchedDevice, CLASS_LATENCY, MAX_SLICE_ID};
 
 /// A holder hands its turn back when its queued work needs about this much more: a hand-back
-/// travels to the monitor (which looks every 0.1 ms near a lease's end), then
-/// to the next holder's futex wake and first launch, so the lead is longer than personal mode's
-/// `HANDOFF_LEAD_NS`, where holders hand over to each other directly.
+/// travels to the monitor (woken through the policy's `turns_bell`), then to the next holder's
+/// futex wake and first launch, so the lead is longer than personal mode's `HANDOFF_LEAD_NS`,
+/// where holders hand over to each other directly.
 pub const NODE_HANDOFF_LEAD_NS: u64 = 500_000;
 /// A monitor heartbeat older than this means no monitor grants turns: launch unthrottled.
 pub const MONITOR_STALE_NS: u64 = 500_000_000;
@@ -47,8 +47,9 @@ pub const MONITOR_BEAT_NS: u64 = 50_000_000;
 pub struct GrantProc {
     /// Heartbeat while the process waits for a turn (CLOCK_MONOTONIC ns); 0: not waiting.
     pub want_ns: AtomicU64,
-    /// GPU ns the process wants to queue at the start of its next turn (the lease is made at
-    /// least this long, at most [`MAX_LEASE_NS`]).
+    /// GPU ns the process wants to queue at the start of its next turn: the device's leases are
+    /// made as long as the longest need of its waiting slices, at most the monitor's
+    /// `MAX_GRANT_NS` (20 ms), the same length for every slice.
     pub need_ns: AtomicU64,
     /// The device turn (`SchedDevice::turn`) the process handed back (it stopped launching
     /// in it); the monitor ends a turn early once every process of the slice is done or idle.
