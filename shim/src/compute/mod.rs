@@ -24,6 +24,10 @@
 //!   keep a lease on time) and the lease's holder can drain its queue before handing over (so a
 //!   deep asynchronous queue is paid for by whoever queued it).
 //!
+//! In node mode the lease word is the policy's (read-only here) and the client is
+//! `sched::Granted`: the monitor grants the turns (`bind`, `binding`); everything else is the
+//! same.
+//!
 //! `events.rs` is the process's queued work as the events show it (the scheduler's `Work`).
 
 use core::ptr::null_mut;
