@@ -18,7 +18,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 /// The first 8 bytes of every ledger file.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 /// Bumped on every layout change (including `sched.rs`).
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Devices per node.
 pub const MAX_DEVICES: usize = 16;
 /// Slice records per node (a slice is per device: `(name, device)`). Sized so that every
@@ -104,6 +104,12 @@ pub struct Header {
     pub mode: AtomicU32,
     /// pid of the current holder of `mutex` (0: none), to name it when the lock times out.
     pub lock_holder: AtomicU32,
+    /// Node mode: the monitor's turns thread's heartbeat (CLOCK_MONOTONIC ns). Older than
+    /// `sched::MONITOR_STALE_NS`: nobody grants compute turns, processes launch unthrottled.
+    pub monitor_beat_ns: AtomicU64,
+    /// Node mode: the turns thread sleeps on this futex word; a process handing a turn back
+    /// wakes it (`FUTEX_WAKE` needs no write access). Nobody writes it.
+    pub turns_bell: AtomicU32,
 }
 
 /// `Header::mode` of a personal ledger: one user's processes share it read-write.
@@ -367,6 +373,10 @@ mod tests {
         assert_eq!(offset_of!(Proc, pid_ns), 416);
         assert_eq!(offset_of!(Proc, outer_pid), 424);
         assert_eq!(size_of::<Proc>(), 448);
+        // Layout 4 added the monitor's heartbeat in what was Header's tail padding.
+        assert_eq!(offset_of!(Header, monitor_beat_ns), 136);
+        assert_eq!(offset_of!(Header, turns_bell), 144);
+        assert_eq!(size_of::<Header>(), 192);
         for s in [
             size_of::<Header>(),
             size_of::<Device>(),

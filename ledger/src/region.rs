@@ -12,11 +12,13 @@
 //! allocation statistics, the reaper's `reaping` flag, and per process slot (the slot index is
 //! the process's record in the policy, which the monitor chose) its `charged` bytes and its
 //! `ops_begun`/`ops_ended` counters (see `account.rs`), plus the compute scheduler's per-slice
-//! and per-process words ([`SchedSlice`], [`SchedProc`]).
+//! and per-process words ([`SchedSlice`], [`SchedProc`]; in node mode the turns the monitor
+//! grants are asked for in [`GrantProc`], per process, since a best-effort process's region is
+//! its user's pool, shared by several slices).
 
 use crate::error::LedgerError;
 use crate::layout::{CacheLine, MAX_PROCS};
-use crate::sched::{SchedProc, SchedSlice};
+use crate::sched::{GrantProc, SchedProc, SchedSlice};
 use core::mem::size_of;
 use core::sync::atomic::{AtomicU32, AtomicU64};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -46,7 +48,8 @@ pub struct RegionHeader {
     pub alloc_total: AtomicU64,
     /// Bytes held by the slice's processes (the hot-path word).
     pub memory_used: CacheLine<AtomicU64>,
-    /// Compute scheduler, per slice (the compute helper's; the monitor grants turns).
+    /// Compute scheduler, per slice: unused in node mode, where the monitor keeps each
+    /// slice's scheduler state in the policy and processes ask for turns in [`GrantProc`].
     pub sched: SchedSlice,
 }
 
@@ -61,6 +64,8 @@ pub struct RegionProc {
     pub charged: AtomicU64,
     /// Compute scheduler, per process.
     pub sched: SchedProc,
+    /// Node-mode compute turns: what the process asks of the monitor (`sched/granted.rs`).
+    pub grant: GrantProc,
 }
 
 /// The whole region.

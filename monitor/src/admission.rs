@@ -453,6 +453,20 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, S
             LedgerError::Admission(a) => format!("admission: slice refused: {a}"),
             e => e.to_string(),
         })?;
+    // GPUSLICE_PRIORITY: the class of the process's own slices (an operator's slice keeps the
+    // class the operator gave it). Priority orders turns within the guarantees (the latency
+    // lead is bounded), so it is the tenant's to choose for its own slice.
+    if let Some(class) = req.get("priority").and_then(|v| v.parse::<u32>().ok()) {
+        for d in &a.devices {
+            if let Some(s) = ledger.slices().get(d.slice) {
+                if s.operator_defined.load(SeqCst) == 0 {
+                    s.sched
+                        .class
+                        .store(class.min(gpuslice_ledger::sched::CLASS_LATENCY), SeqCst);
+                }
+            }
+        }
+    }
     let mut reply = Message::new("ok", "admit");
     reply.push("slot", &a.slot.to_string());
     let mut fds = vec![];
@@ -468,6 +482,17 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, S
             w.charged.store(0, SeqCst);
             w.ops_begun.store(0, SeqCst);
             w.ops_ended.store(0, SeqCst);
+            let g = &w.grant;
+            for x in [
+                &g.want_ns,
+                &g.need_ns,
+                &g.done_turn,
+                &g.busy_until_ns,
+                &g.solo_gpu_ns,
+                &g.launches,
+            ] {
+                x.store(0, SeqCst);
+            }
         }
         // SAFETY: dup of a descriptor we own; the duplicate is sent and closed after.
         let dup = unsafe { libc::fcntl(r.fd(), libc::F_DUPFD_CLOEXEC, 0) };

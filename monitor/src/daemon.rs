@@ -406,6 +406,8 @@ fn run(opts: Options) -> Result<(), Failure> {
             }
         }
         let (ledger, regions) = node.parts().expect("node mode has regions");
+        // Compute turns: granted by this monitor from here on (tenants cannot write leases).
+        crate::turns::spawn(ledger.clone(), regions.clone())?;
         let listener = crate::admission::bind(&ledger)?;
         let server = Arc::new(crate::admission::Server {
             ledger,

@@ -11,6 +11,7 @@
 //! - [`node`]: the only module that talks to `gpuslice-ledger` (which owns all state and every
 //!   mutation); [`compute`] reads the scheduler's figures there; [`nvml`] loads NVML at run
 //!   time for device names, NVML indices and the memory audit.
+//! - [`turns`]: node mode's compute turns, granted by the monitor (a thread of the daemon).
 //! - [`run`] and [`cdi`]: `gpuslice run` and `gpuslice cdi` (wrapping a program, containers).
 //! - [`cli`]: what every subcommand shares: exit statuses, usage errors, the runtime directory.
 //!
@@ -33,6 +34,7 @@ mod slice;
 mod status;
 mod table;
 mod top;
+mod turns;
 mod view;
 
 use std::ffi::OsString;

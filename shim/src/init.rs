@@ -27,6 +27,8 @@ pub struct DevState {
     pub uuid: String,
     /// Where allocations are charged.
     pub account: Account<'static>,
+    /// Node mode: the region of that account (where this process asks for compute turns).
+    pub region: Option<&'static gpuslice_ledger::region::Region>,
 }
 
 /// Everything the hooks need after start-up.
@@ -324,6 +326,7 @@ fn build(config: &Config) -> Result<State, (CUresult, String)> {
             ledger_dev,
             uuid,
             account,
+            region: None,
         });
     }
     Ok(State {
@@ -349,6 +352,13 @@ fn build_node(
     req.push("slice", config.slice.as_deref().unwrap_or(""));
     if let (Some(_), Some(s)) = (&config.slice, &config.secret) {
         req.push("secret", s.expose());
+    }
+    // The slice's compute class (the monitor sets it on slices that are not an operator's).
+    if let Some(class) = std::env::var("GPUSLICE_PRIORITY")
+        .ok()
+        .and_then(|v| gpuslice_ledger::sched::parse_class(&v))
+    {
+        req.push("priority", &class.to_string());
     }
     let cpu_setting = config
         .compute
@@ -418,13 +428,6 @@ fn build_node(
     for w in reply.all("warn") {
         log!(Warn, "{w}");
     }
-    if config.compute.is_some() || config.compute_cap.is_some() {
-        log!(
-            Warn,
-            "node mode: compute shares and caps are not enforced yet (monitor-granted turns \
-             come later); this process launches unthrottled"
-        );
-    }
     let mut devices = vec![];
     for (((ord, uuid, _, _), line), fd) in found.into_iter().zip(devs).zip(fds) {
         let f: Vec<&str> = line.split('\t').collect();
@@ -471,6 +474,7 @@ fn build_node(
             ledger_dev,
             uuid,
             account,
+            region: Some(region),
         });
     }
     Ok(State {

@@ -18,6 +18,8 @@
 //!   CUDA events; the unit tests with a simulated engine).
 //! - [`Os`]: the clock and the futex, injected ([`SYSTEM`] is the real one, `crate::sys`); the
 //!   unit tests run the same code on a simulated clock and CPU (`sim.rs`), deterministically.
+//! - `granted.rs`: node mode, where the monitor grants the turns ([`Granted`], [`GrantProc`]);
+//!   [`Scheduler`] is either client behind one set of methods (what the shim holds).
 //! - [`slice_stats`] and [`on_process_dead`] are for the monitor and the reaper (the ledger's
 //!   adapter, `tenants.rs`, calls it for each dead process); [`SchedSlice::reset`] for the ledger
 //!   when it reuses a slice record.
@@ -46,6 +48,7 @@
 //! [`WANT_STALE_NS`].
 
 mod client;
+mod granted;
 mod policy;
 mod records;
 #[cfg(test)]
@@ -54,6 +57,9 @@ mod sim;
 mod tests;
 
 pub use client::{on_process_dead, Admission, Client, Os, SystemOs, Work, SYSTEM};
+pub use granted::{
+    GrantProc, Granted, Scheduler, MONITOR_BEAT_NS, MONITOR_STALE_NS, NODE_HANDOFF_LEAD_NS,
+};
 pub use policy::{
     admits, charge, charge_solo, pick, recheck_at, takeover_due, Tenants, BEST_EFFORT_PPM,
     CAP_SLACK_NS, GRACE_NS, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LATENCY_ACTIVE_NS, LATENCY_LEAD_NS,

@@ -24,6 +24,10 @@
 //!   keep a lease on time) and the lease's holder can drain its queue before handing over (so a
 //!   deep asynchronous queue is paid for by whoever queued it).
 //!
+//! In node mode the lease word is the policy's (read-only here) and the client is
+//! `sched::Granted`: the monitor grants the turns (`bind`, `binding`); everything else is the
+//! same.
+//!
 //! `events.rs` is the process's queued work as the events show it (the scheduler's `Work`).
 
 use core::ptr::null_mut;
@@ -31,7 +35,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
 use gpuslice_abi::*;
-use gpuslice_ledger::sched::{self, Client};
+use gpuslice_ledger::sched::{self, Client, Granted, Scheduler};
 
 mod events;
 use events::Events;
@@ -140,7 +144,7 @@ struct DevGate {
 }
 
 struct Inner {
-    client: Client<'static>,
+    client: Scheduler<'static>,
     events: Events,
     /// Solo statistics: the start event of the last probe charged up to, the probe in flight
     /// (start, end, what, launches before it), and the launches since.
@@ -414,18 +418,20 @@ fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
         g.state.store(2, Release); // no slice joined on this device: never gated
         return None;
     };
-    let tenants: &'static LedgerTenants<'static> = Box::leak(Box::new(LedgerTenants {
-        slices: b.slices,
-        device: b.device as u32,
-    }));
-    let Some(client) = Client::new(
-        b.sched,
-        b.device,
-        tenants,
-        b.slice as u32 + 1,
-        b.proc_sched,
-        &sched::SYSTEM,
-    ) else {
+    let client = match b {
+        Bound::Personal(b) => personal_client(b),
+        Bound::Node(n) => Granted::new(
+            n.sched,
+            n.beat,
+            n.bell,
+            n.class,
+            n.grant,
+            n.id,
+            &sched::SYSTEM,
+        )
+        .map(Scheduler::Granted),
+    };
+    let Some(client) = client else {
         g.state.store(2, Release);
         return None;
     };
@@ -434,7 +440,7 @@ fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
     }
     g.solo_word.store(client.solo_word(), Relaxed);
     g.lease.store(
-        &b.sched.lease as *const AtomicU64 as *mut AtomicU64,
+        client.lease_word() as *const AtomicU64 as *mut AtomicU64,
         Release,
     );
     *guard = Some(Inner {
@@ -462,25 +468,67 @@ fn priority_class() -> Option<u32> {
     sched::parse_class(&v)
 }
 
-/// Where this process's compute state lives in the ledger for device ordinal `dev`; None before
-/// start-up or when the process joined no slice there.
-fn binding(dev: CUdevice) -> Option<Binding> {
+/// The personal-mode client of a binding: the tenant-run scheduler.
+fn personal_client(b: Binding) -> Option<Scheduler<'static>> {
+    let tenants: &'static LedgerTenants<'static> = Box::leak(Box::new(LedgerTenants {
+        slices: b.slices,
+        device: b.device as u32,
+    }));
+    Client::new(
+        b.sched,
+        b.device,
+        tenants,
+        b.slice as u32 + 1,
+        b.proc_sched,
+        &sched::SYSTEM,
+    )
+    .map(Scheduler::Tenant)
+}
+
+/// Where this process's compute state lives for device ordinal `dev`; None before start-up or
+/// when the process joined no slice there.
+fn binding(dev: CUdevice) -> Option<Bound> {
     let st = crate::init::state_if_ready()?;
     let d = st.device(dev)?;
     let ledger = st.ledger;
-    if !ledger.writable() {
-        return None; // node mode: turns will be the monitor's to grant; unthrottled until then
-    }
     let proc_ = ledger.procs().get(st.me.slot)?;
     let slice = proc_.devices.get(d.ledger_dev)?.slice.load(Acquire) as usize;
     let dev_rec = ledger.devices().get(d.ledger_dev)?;
-    (slice < ledger.slices().len()).then(|| Binding {
+    let slice_rec = ledger.slices().get(slice)?;
+    if !ledger.writable() {
+        // Node mode: the monitor grants the turns; this process asks in its region slot.
+        return Some(Bound::Node(NodeBinding {
+            sched: &dev_rec.sched,
+            beat: &ledger.header().monitor_beat_ns,
+            bell: &ledger.header().turns_bell,
+            class: &slice_rec.sched.class,
+            grant: &d.region?.proc_(st.me.slot)?.grant,
+            id: slice as u32 + 1,
+        }));
+    }
+    Some(Bound::Personal(Binding {
         sched: &dev_rec.sched,
         device: d.ledger_dev,
         slices: &ledger.slices()[..],
         slice,
         proc_sched: &proc_.sched,
-    })
+    }))
+}
+
+/// Personal or node mode.
+enum Bound {
+    Personal(Binding),
+    Node(NodeBinding),
+}
+
+/// Node mode: the policy's words (read-only here) and this process's words in its region.
+struct NodeBinding {
+    sched: &'static sched::SchedDevice,
+    beat: &'static AtomicU64,
+    bell: &'static AtomicU32,
+    class: &'static AtomicU32,
+    grant: &'static sched::GrantProc,
+    id: u32,
 }
 
 /// Where a process's compute state lives in the ledger for one device.
@@ -522,8 +570,8 @@ impl Inner {
                 if let Some(ms) = self.events.elapsed_when_done(self.anchor, start) {
                     let span = (ms as f64 * 1e6) as u64;
                     let work = launches.saturating_mul(self.events.estimate(unit.kind()));
-                    let (dev, slice) = self.client.parts();
-                    sched::charge_solo(dev, slice, sched::now_ns(), span.min(work), launches);
+                    self.client
+                        .charge_solo(sched::now_ns(), span.min(work), launches);
                 }
             }
             let old = core::mem::replace(&mut self.anchor, start);

@@ -3,248 +3,18 @@
 //! measured on the old main. Every test needs root (to be the node's root and to become other
 //! users); without root it prints why and passes vacuously. CI runs as root.
 //!
-//! Unprivileged users need to execute the artifacts and use the fake GPU: [`Node`] copies the
-//! binaries and the fake libraries into a world-readable directory and prepares the fake's
-//! state (`FAKEGPU_STATE_DIR`) for every user.
-//!
-//! Hostile tenants that do more than a CUDA program can are this test binary run again as
-//! another user with `TENANTS_CHILD` set (see `tenant_child`).
+//! The node world is `node/mod.rs` (shared with `turns.rs`, compute in node mode); hostile
+//! tenants that do more than a CUDA program can are this test binary run again as another user
+//! with `TENANTS_CHILD` set (see `tenant_child`).
 
-use gpuslice_e2e::{artifact, fake_lib_dir, World};
+#[macro_use]
+mod node;
+use gpuslice_e2e::World;
+use node::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-const TENANT_A: u32 = 47001;
-const TENANT_B: u32 = 47002;
-
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-macro_rules! need_root {
-    () => {
-        if !is_root() {
-            println!("skipped: needs root (to run the node's monitor and become other users)");
-            return;
-        }
-    };
-}
-
-fn chmod(p: &Path, mode: u32) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
-/// A node: a world whose runtime directory is root's, a root monitor in node mode, and copies
-/// of the artifacts every user can run.
-struct Node {
-    world: World,
-    bin: PathBuf,
-    monitor: Option<Child>,
-    monitor_args: Vec<String>,
-}
-
-impl Node {
-    fn new(devices: u32, memory: &str, monitor_args: &[&str]) -> Node {
-        let world = World::new(devices, memory);
-        let base = world.fake_state_dir().parent().unwrap().to_path_buf();
-        chmod(&base, 0o755);
-        chmod(&world.runtime_dir(), 0o755);
-        // The fake GPU's shared state, usable by every user of the test.
-        chmod(&world.fake_state_dir(), 0o777);
-        let state = world.fake_state_dir().join("state");
-        std::fs::write(&state, b"").unwrap();
-        chmod(&state, 0o666);
-        let bin = base.join("bin");
-        std::fs::create_dir_all(&bin).unwrap();
-        for a in ["libgpuslice.so", "gpuslice-burn", "gpuslice"] {
-            std::fs::copy(artifact(a), bin.join(a)).unwrap();
-        }
-        let fake = std::fs::read(fake_lib_dir().join("libcuda.so.1")).unwrap();
-        for l in [
-            "libcuda.so.1",
-            "libcuda.so",
-            "libnvidia-ml.so.1",
-            "libnvidia-ml.so",
-        ] {
-            std::fs::write(bin.join(l), &fake).unwrap();
-        }
-        std::fs::copy(std::env::current_exe().unwrap(), bin.join("tenants")).unwrap();
-        for e in std::fs::read_dir(&bin).unwrap() {
-            chmod(&e.unwrap().path(), 0o755);
-        }
-        chmod(&bin, 0o755);
-        let mut n = Node {
-            world,
-            bin,
-            monitor: None,
-            monitor_args: monitor_args.iter().map(|s| s.to_string()).collect(),
-        };
-        n.start_monitor();
-        n
-    }
-
-    fn start_monitor(&mut self) {
-        let log = std::fs::File::create(self.root().join("monitor.out")).unwrap();
-        let child = self
-            .command(0, "gpuslice")
-            .args(["monitor", "--mode", "node", "--interval", "50"])
-            .args(&self.monitor_args)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.monitor = Some(child);
-        let sock = self.world.runtime_dir().join("monitor.sock");
-        let t0 = Instant::now();
-        while !sock.exists() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "the monitor did not come up: {}",
-                self.monitor_log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stop_monitor(&mut self) {
-        if let Some(mut c) = self.monitor.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn root(&self) -> PathBuf {
-        self.bin.parent().unwrap().to_path_buf()
-    }
-
-    fn monitor_log(&self) -> String {
-        std::fs::read_to_string(self.root().join("monitor.out")).unwrap_or_default()
-    }
-
-    /// `program` (one of the copied binaries) as `uid` (0: root) on the fake GPU.
-    fn command(&self, uid: u32, program: &str) -> Command {
-        self.command_as(uid, None, program)
-    }
-
-    /// `program` as `uid` with the supplementary groups `groups` (comma-separated gids).
-    fn command_as(&self, uid: u32, groups: Option<&str>, program: &str) -> Command {
-        let base = self.world.command(self.bin.join(program));
-        let mut c = if uid == 0 {
-            Command::new(self.bin.join(program))
-        } else {
-            let mut c = Command::new("setpriv");
-            c.arg(format!("--reuid={uid}"))
-                .arg(format!("--regid={uid}"));
-            match groups {
-                Some(g) => c.arg(format!("--groups={g}")),
-                None => c.arg("--clear-groups"),
-            };
-            c.arg("--").arg(self.bin.join(program));
-            c
-        };
-        for (k, v) in base.get_envs() {
-            match v {
-                Some(v) => c.env(k, v),
-                None => c.env_remove(k),
-            };
-        }
-        c.env("LD_LIBRARY_PATH", &self.bin).current_dir("/");
-        c
-    }
-
-    /// `gpuslice-burn` under the shim, as `uid`.
-    fn burn(&self, uid: u32) -> Command {
-        let mut c = self.command(uid, "gpuslice-burn");
-        c.env("LD_PRELOAD", self.bin.join("libgpuslice.so"));
-        c
-    }
-
-    /// `gpuslice ARGS` as `uid`.
-    fn cli(&self, uid: u32, args: &[&str]) -> Output {
-        self.command(uid, "gpuslice").args(args).output().unwrap()
-    }
-
-    fn status(&self) -> serde_json::Value {
-        let o = self.cli(0, &["status", "--json"]);
-        assert!(o.status.success(), "{o:?}");
-        serde_json::from_slice(&o.stdout).unwrap()
-    }
-
-    /// This test binary run as `uid` in child mode `mode`.
-    fn child(&self, uid: u32, mode: &str) -> Command {
-        let mut c = self.command(uid, "tenants");
-        c.args(["--exact", "tenant_child", "--nocapture", "--test-threads=1"])
-            .env("TENANTS_CHILD", mode)
-            .env("TENANTS_DIR", self.world.runtime_dir());
-        c
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.stop_monitor();
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// A burn that allocates `alloc` and holds it `hold` seconds, started in the background; its
-/// stdout and stderr are kept.
-fn holder(n: &Node, uid: u32, env: &[(&str, &str)], alloc: &str, hold: &str) -> Child {
-    let mut c = n.burn(uid);
-    c.args(["--alloc", alloc, "--hold", hold, "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.spawn().unwrap()
-}
-
-/// Wait until `status` shows `n` live processes of slice `slice`.
-fn wait_for_slice(n: &Node, slice: &str, procs: usize) {
-    let t0 = Instant::now();
-    loop {
-        let s = n.status();
-        let have = s["slices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|x| x["name"] == slice)
-            .map(|x| x["pids"].as_array().unwrap().len())
-            .max()
-            .unwrap_or(0);
-        if have >= procs {
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "slice {slice} never had {procs} processes: {s:#}\n{}",
-            n.monitor_log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn burn_json(o: &Output) -> serde_json::Value {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON: {}", text(o)));
-    serde_json::from_str(line).unwrap()
-}
 
 /// The first items: a tenant truncating or scribbling over every file it can open in
 /// the runtime directory (on main: SIGBUS for every wrapped process, quotas raised and cut)
@@ -874,13 +644,8 @@ fn gpuslice_run_by_a_tenant_uses_the_nodes_monitor() {
     assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 30, "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("could not start"), "{}", text(&o));
-    assert_eq!(
-        err.matches("compute shares and caps are not enforced yet")
-            .count(),
-        1,
-        "node mode says once that compute is unthrottled: {}",
-        text(&o)
-    );
+    // Compute turns are the monitor's in node mode: no warning about them any more.
+    assert!(!err.contains("unthrottled"), "{}", text(&o));
 }
 
 /// A tenant's own monitor (`gpuslice run` without `GPUSLICE_RUNTIME_DIR`) lives in the

@@ -1,0 +1,414 @@
+//! Node mode: turns granted by the monitor (docs/security.md, "Compute in node mode").
+//!
+//! In node mode the lease word of a device is the policy's (`Device::sched.lease`, written by
+//! the monitor only, mapped read-only by tenants): nobody but the monitor can name who may
+//! launch. A process signals what it wants in its own slot of its slice's region
+//! ([`GrantProc`]: a heartbeat while it waits, the length of work it wants next, the turn it
+//! handed back, when its queued work ends), and sleeps on the policy's futex word
+//! (`Device::sched.seq`: `FUTEX_WAIT` only reads, so a read-only shared mapping serves). The
+//! monitor's turns thread (`monitor/src/turns.rs`) runs the same pure policy as personal mode
+//! ([`super::pick`], [`super::charge`]) over the policy's slice records, which only it writes,
+//! so virtual time and cap budgets cannot be forged; it charges every turn the span it granted,
+//! whatever a tenant writes, and grants the next turn when a lease ends whether or not its
+//! holder stopped (nobody waits on a tenant).
+//!
+//! [`Granted`] is one process's side of one device: the same [`Work`]-driven admission as
+//! [`Client`] (launch while the queued work fits before the lease's end, then drain to
+//! [`NODE_HANDOFF_LEAD_NS`] and hand back), but it never writes the policy. A slice alone and
+//! uncapped gets a solo lease: launches cost one load of the lease word ([`Granted::solo`]).
+//!
+//! While the monitor is down (its heartbeat, `Header::monitor_beat_ns`, older than
+//! [`MONITOR_STALE_NS`]) nobody grants turns: processes launch unthrottled until it is back,
+//! rather than freezing every tenant of the node. [`Scheduler`] is what the shim holds: either
+//! client behind one set of methods.
+
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+use super::client::{Admission, Client, Os, Work};
+use super::policy::{LATENCY_QUEUE_NS, MAX_LEASE_NS, MAX_SLEEP_NS};
+use super::records::{Lease, SchedDevice, CLASS_LATENCY, MAX_SLICE_ID};
+
+/// A holder hands its turn back when its queued work needs about this much more: a hand-back
+/// travels to the monitor (woken through the policy's `turns_bell`), then to the next holder's
+/// futex wake and first launch, so the lead is longer than personal mode's `HANDOFF_LEAD_NS`,
+/// where holders hand over to each other directly.
+pub const NODE_HANDOFF_LEAD_NS: u64 = 500_000;
+/// A monitor heartbeat older than this means no monitor grants turns: launch unthrottled.
+pub const MONITOR_STALE_NS: u64 = 500_000_000;
+/// The monitor refreshes its heartbeat at least this often.
+pub const MONITOR_BEAT_NS: u64 = 50_000_000;
+
+/// What one process writes for the monitor's turns on one device (in its slot of the region
+/// of its account there). All hostile to the monitor: it clamps every value, never indexes
+/// with one, and a lie only moves the liar's own slice (within its share: turns are charged
+/// by the span granted).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct GrantProc {
+    /// Heartbeat while the process waits for a turn (CLOCK_MONOTONIC ns); 0: not waiting.
+    pub want_ns: AtomicU64,
+    /// GPU ns the process wants to queue at the start of its next turn: the device's leases are
+    /// made as long as the longest need of its waiting slices, at most the monitor's
+    /// `MAX_GRANT_NS` (20 ms), the same length for every slice.
+    pub need_ns: AtomicU64,
+    /// The device turn (`SchedDevice::turn`) the process handed back (it stopped launching
+    /// in it); the monitor ends a turn early once every process of the slice is done or idle.
+    pub done_turn: AtomicU64,
+    /// While launching: when its queued work is estimated to complete (ns).
+    pub busy_until_ns: AtomicU64,
+    /// GPU ns sampled while solo (statistics only).
+    pub solo_gpu_ns: AtomicU64,
+    /// Launches admitted (statistics only).
+    pub launches: AtomicU64,
+    /// Room to grow without moving the region layout.
+    pub reserved: [u64; 2],
+}
+
+/// One process's side of one device in node mode.
+pub struct Granted<'a> {
+    os: &'a dyn Os,
+    dev: &'a SchedDevice,
+    beat: &'a AtomicU64,
+    bell: &'a AtomicU32,
+    class: &'a AtomicU32,
+    me: &'a GrantProc,
+    id: u32,
+    solo_word: u64,
+    /// The turn this process last launched in.
+    turn: Option<u64>,
+}
+
+impl<'a> Granted<'a> {
+    /// The client of slice `id` (policy slice index + 1): `dev` is the policy's (read-only)
+    /// device record, `beat` the monitor's heartbeat and `bell` its futex word (both in the
+    /// policy's header), `class` the policy slice's class word, `me` this process's words in
+    /// the region.
+    pub fn new(
+        dev: &'a SchedDevice,
+        beat: &'a AtomicU64,
+        bell: &'a AtomicU32,
+        class: &'a AtomicU32,
+        me: &'a GrantProc,
+        id: u32,
+        os: &'a dyn Os,
+    ) -> Option<Granted<'a>> {
+        if id == 0 || id > MAX_SLICE_ID {
+            return None;
+        }
+        me.want_ns.store(0, Release);
+        Some(Granted {
+            os,
+            dev,
+            beat,
+            bell,
+            class,
+            me,
+            id,
+            solo_word: Lease::solo_word(id),
+            turn: None,
+        })
+    }
+
+    /// The launch fast path: true when the slice holds a solo lease (one load).
+    #[inline]
+    pub fn solo(&self) -> bool {
+        self.dev.lease.load(Relaxed) == self.solo_word
+    }
+
+    /// Whether a monitor is granting turns now (its heartbeat is fresh).
+    pub fn monitor_alive(&self, now: u64) -> bool {
+        now.saturating_sub(self.beat.load(Acquire)) < MONITOR_STALE_NS
+    }
+
+    fn latency_active(&self, now: u64) -> bool {
+        let at = self.dev.latency_ns.load(Acquire);
+        at != 0 && now.saturating_sub(at) < super::LATENCY_ACTIVE_NS
+    }
+
+    /// Block until this process may launch one more piece of work; never spins (futex waits
+    /// with timeouts on the policy's `seq`).
+    pub fn acquire(&mut self, work: &mut dyn Work) -> Admission {
+        let t0 = self.os.now_ns();
+        let mut waited = false;
+        loop {
+            let now = self.os.now_ns();
+            if !self.monitor_alive(now) {
+                break; // nobody grants turns: unthrottled until the monitor is back
+            }
+            let w = self.dev.lease.load(Acquire);
+            let turn = self.dev.turn.load(Acquire);
+            let l = Lease::unpack(w);
+            if l.holder == self.id && l.solo {
+                break;
+            }
+            if l.holder == self.id && now < l.end_ns && self.me.done_turn.load(Acquire) != turn {
+                let queued = work.outstanding_ns();
+                let next = work.next_ns();
+                let normal = self.class.load(Relaxed) != CLASS_LATENCY;
+                if normal
+                    && self.latency_active(now)
+                    && (queued > LATENCY_QUEUE_NS || work.pending() > 1)
+                {
+                    // A latency slice waits: keep our queue short so it gets the device soon
+                    // (at most one launch in flight, none long). Both waits block (events);
+                    // neither spins.
+                    work.wait_pending(1);
+                    if work.outstanding_ns() > LATENCY_QUEUE_NS {
+                        work.wait_below(LATENCY_QUEUE_NS);
+                    }
+                    if work.pending() > 1 {
+                        break; // a launch that never completes: do not wait on it again
+                    }
+                    continue;
+                }
+                let need = queued.saturating_add(next);
+                // The first launch of a turn always goes (a kernel longer than what is left
+                // would never run otherwise); later ones only while they fit.
+                let first = self.turn != Some(turn);
+                if first || now.saturating_add(need) <= l.end_ns {
+                    self.turn = Some(turn);
+                    self.me.want_ns.store(0, Release);
+                    self.me
+                        .busy_until_ns
+                        .store(now.saturating_add(need.min(MAX_LEASE_NS)), Release);
+                    break;
+                }
+                // The turn is over for us: let the queue run down to the handoff lead (the
+                // next holder's first kernel then meets a busy engine), then hand back.
+                let left = work.wait_below(NODE_HANDOFF_LEAD_NS);
+                let now = self.os.now_ns();
+                self.me
+                    .busy_until_ns
+                    .store(now.saturating_add(left.min(MAX_LEASE_NS)), Release);
+                // Still wanting (the launch waits): said before the hand-back, so the monitor
+                // never sees the slice done and not waiting, which would hand the other slice
+                // a solo lease for a moment.
+                self.me.need_ns.store(next.min(MAX_LEASE_NS), Release);
+                self.me.want_ns.store(now.max(1), Release);
+                self.me.done_turn.store(turn, Release);
+                // The monitor grants the next turn as soon as it sees this.
+                self.os.futex_wake(self.bell);
+                continue;
+            }
+            // Not ours (or handed back, or over): say we want a turn, and sleep until the lease
+            // changes or the heartbeat needs refreshing.
+            waited = true;
+            let next = work.next_ns();
+            self.me.need_ns.store(next.min(MAX_LEASE_NS), Release);
+            let seq = self.dev.seq.load(Acquire);
+            self.me.want_ns.store(now.max(1), Release);
+            if self.dev.lease.load(Acquire) != w || self.dev.turn.load(Acquire) != turn {
+                continue;
+            }
+            self.os.futex_wait(&self.dev.seq, seq, MAX_SLEEP_NS);
+        }
+        self.me.want_ns.store(0, Release);
+        self.me.launches.fetch_add(1, Relaxed);
+        Admission {
+            throttled_ns: if waited {
+                self.os.now_ns().saturating_sub(t0)
+            } else {
+                0
+            },
+        }
+    }
+
+    /// The process stops using the device: drain, and hand the turn back if it holds one.
+    pub fn release(&mut self, work: &mut dyn Work) {
+        let l = Lease::unpack(self.dev.lease.load(Acquire));
+        self.me.want_ns.store(0, Release);
+        if l.holder != self.id || l.solo {
+            return;
+        }
+        let turn = self.dev.turn.load(Acquire);
+        let done = work.drain();
+        self.me.busy_until_ns.store(done, Release);
+        self.me.done_turn.store(turn, Release);
+        self.os.futex_wake(self.bell);
+    }
+
+    /// GPU time sampled while solo (statistics: the monitor folds it into the policy's).
+    pub fn charge_solo(&self, ns: u64, launches: u64) {
+        self.me.solo_gpu_ns.fetch_add(ns, Relaxed);
+        self.me.launches.fetch_add(launches, Relaxed);
+    }
+}
+
+/// The scheduler client a process holds for one device: personal mode's tenant-run
+/// [`Client`], or node mode's [`Granted`].
+pub enum Scheduler<'a> {
+    /// Personal mode.
+    Tenant(Client<'a>),
+    /// Node mode.
+    Granted(Granted<'a>),
+}
+
+impl<'a> Scheduler<'a> {
+    /// See [`Client::solo`].
+    #[inline]
+    pub fn solo(&self) -> bool {
+        match self {
+            Scheduler::Tenant(c) => c.solo(),
+            Scheduler::Granted(g) => g.solo(),
+        }
+    }
+
+    /// The device's lease word (the fast path loads it; read-only in node mode).
+    pub fn lease_word(&self) -> &'a AtomicU64 {
+        match self {
+            Scheduler::Tenant(c) => &c.parts().0.lease,
+            Scheduler::Granted(g) => &g.dev.lease,
+        }
+    }
+
+    /// The lease word meaning "our slice is alone here".
+    pub fn solo_word(&self) -> u64 {
+        match self {
+            Scheduler::Tenant(c) => c.solo_word(),
+            Scheduler::Granted(g) => g.solo_word,
+        }
+    }
+
+    /// See [`Client::set_class`]; in node mode the class is the policy's (the operator's).
+    pub fn set_class(&self, class: u32) {
+        if let Scheduler::Tenant(c) = self {
+            c.set_class(class)
+        }
+    }
+
+    /// See [`Client::credit`]; node mode launches nothing on credit.
+    pub fn credit(&mut self, max: u32) -> (u32, u64, u64) {
+        match self {
+            Scheduler::Tenant(c) => c.credit(max),
+            Scheduler::Granted(_) => (0, 0, 0),
+        }
+    }
+
+    /// See [`Client::credited`].
+    pub fn credited(&mut self, n: u64, est_ns: u64) {
+        if let Scheduler::Tenant(c) = self {
+            c.credited(n, est_ns)
+        }
+    }
+
+    /// See [`Client::acquire`] and [`Granted::acquire`].
+    pub fn acquire(&mut self, work: &mut dyn Work) -> Admission {
+        match self {
+            Scheduler::Tenant(c) => c.acquire(work),
+            Scheduler::Granted(g) => g.acquire(work),
+        }
+    }
+
+    /// See [`Client::release`] and [`Granted::release`].
+    pub fn release(&mut self, work: &mut dyn Work) {
+        match self {
+            Scheduler::Tenant(c) => c.release(work),
+            Scheduler::Granted(g) => g.release(work),
+        }
+    }
+
+    /// Account GPU time sampled while solo (`end`: when, ns).
+    pub fn charge_solo(&self, end: u64, ns: u64, launches: u64) {
+        match self {
+            Scheduler::Tenant(c) => {
+                let (dev, slice) = c.parts();
+                super::charge_solo(dev, slice, end, ns, launches)
+            }
+            Scheduler::Granted(g) => g.charge_solo(ns, launches),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use core::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    use std::os::fd::AsRawFd;
+    use std::time::{Duration, Instant};
+
+    /// Node mode's waiters sleep on a word of the policy, which they map read-only; the
+    /// monitor wakes them through its own read-write mapping. `FUTEX_WAIT` only reads the
+    /// word and shared futexes are keyed by the file page, so this works: checked here.
+    #[test]
+    fn futex_wait_on_a_read_only_shared_mapping_is_woken_through_another_mapping() {
+        let path = std::env::temp_dir().join(format!("gpuslice-futex-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.set_len(4096).unwrap();
+        let map = |prot| {
+            // SAFETY: a fresh mapping of our own 4 KiB file; checked below.
+            let p = unsafe {
+                libc::mmap(
+                    core::ptr::null_mut(),
+                    4096,
+                    prot,
+                    libc::MAP_SHARED,
+                    f.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            p as usize
+        };
+        let ro = map(libc::PROT_READ);
+        let rw = map(libc::PROT_READ | libc::PROT_WRITE);
+        std::fs::remove_file(&path).unwrap();
+        // SAFETY: both mappings stay for the test's life (never unmapped), aligned, 4 KiB.
+        let (ro_word, rw_word) =
+            unsafe { (&*(ro as *const AtomicU32), &*(rw as *const AtomicU32)) };
+        let t0 = Instant::now();
+        let waiter = std::thread::spawn(move || {
+            // SAFETY: as above.
+            let w = unsafe { &*(ro as *const AtomicU32) };
+            let ts = libc::timespec {
+                tv_sec: 10,
+                tv_nsec: 0,
+            };
+            // The raw call, to see its result: 0 means woken (EFAULT would mean the kernel
+            // refused a read-only page, EAGAIN that the word had changed already).
+            // SAFETY: FUTEX_WAIT reads the aligned word of a live mapping; `ts` is valid.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    w.as_ptr(),
+                    libc::FUTEX_WAIT,
+                    0u32,
+                    &ts as *const libc::timespec,
+                    0usize,
+                    0u32,
+                )
+            };
+            (rc, std::io::Error::last_os_error(), t0.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        rw_word.store(1, SeqCst);
+        crate::sys::futex_wake(rw_word);
+        let (rc, err, took) = waiter.join().unwrap();
+        assert_eq!(rc, 0, "FUTEX_WAIT on a read-only mapping: {err}");
+        assert_eq!(ro_word.load(SeqCst), 1);
+        assert!(
+            took >= Duration::from_millis(90) && took < Duration::from_secs(5),
+            "slept {took:?}: not woken by the wake through the other mapping"
+        );
+        // And the other way: the monitor sleeps on its read-write mapping, a tenant wakes it
+        // through its read-only one (`FUTEX_WAKE` needs no write access).
+        let t0 = Instant::now();
+        let sleeper = std::thread::spawn(move || {
+            // SAFETY: as above.
+            let w = unsafe { &*(rw as *const AtomicU32) };
+            crate::sys::futex_wait(w, 1, 10_000_000_000);
+            t0.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        crate::sys::futex_wake(ro_word);
+        let took = sleeper.join().unwrap();
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(5),
+            "slept {took:?}: not woken through the read-only mapping"
+        );
+    }
+}

@@ -1,0 +1,899 @@
+//! Node mode: the monitor grants compute turns (docs/security.md, "Compute in node mode").
+//!
+//! One thread ([`spawn`]) serves every device. Each pass it reads what the processes of each
+//! device ask for in their region slots (`sched::GrantProc`: hostile words, clamped), mirrors
+//! the demand into the policy's slice records (which only the monitor writes), and runs
+//! [`DeviceTurns::step`]: the same pure policy as personal mode (`sched::pick`,
+//! `sched::charge`) over those records, so virtual times and cap budgets are the monitor's own.
+//! A turn is charged the span the monitor granted (from the grant to its hand-back or its end),
+//! never a figure a tenant wrote; when a lease ends, the next slice is granted then, whether or
+//! not the holder stopped: a holder that overstays (stopped, hung, or ignoring its lease) is
+//! simply not granted again until it asks, and nobody waits on it. A slice alone and uncapped
+//! gets a solo lease (its launches cost one load); the monitor turns it into an ordinary lease
+//! when a second slice asks.
+//!
+//! The thread also refreshes the policy's `monitor_beat_ns`: while it is stale (the monitor is
+//! down) tenants launch unthrottled (`sched::MONITOR_STALE_NS`).
+
+use core::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuslice_ledger::layout::{STATE_ACTIVE, STATE_FREE};
+use gpuslice_ledger::node::{region_key, Regions};
+use gpuslice_ledger::region::Region;
+use gpuslice_ledger::sched::{
+    self, charge, charge_solo, pick, GrantProc, Lease, Os, SchedDevice, SchedSlice, Tenants,
+    CLASS_LATENCY, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LEASE_NS, MAX_LEASE_NS, MONITOR_BEAT_NS,
+    WANT_STALE_NS,
+};
+use gpuslice_ledger::tenants::LedgerTenants;
+use gpuslice_ledger::{Ledger, MAX_DEVICES, MAX_PROCS, MAX_SLICES};
+
+use crate::admission::RegionTable;
+
+/// How often a device with processes is looked at between lease ends (new demand, hand-backs,
+/// cap budgets): the latency of a hand-back or of a newcomer's first turn.
+pub const POLL_NS: u64 = 1_000_000;
+/// The same while a slice holds the device alone (solo) or nobody wants it.
+pub const POLL_SOLO_NS: u64 = 2_000_000;
+/// Shortest time between two passes of the turns thread (a bound on what ringing its bell costs).
+pub const MIN_PASS_NS: u64 = 50_000;
+/// The end of a lease, where a hand-back is looked for more often.
+pub const HAND_BACK_WINDOW_NS: u64 = 1_500_000;
+/// How often, then.
+pub const HAND_BACK_POLL_NS: u64 = 100_000;
+/// Longest lease granted for the slices' stated needs (a kernel longer than [`LEASE_NS`]): a
+/// slice lying about its need makes every turn on the device this long at most (its own paid in
+/// full), so the others wait at most this long for a turn.
+pub const MAX_GRANT_NS: u64 = 20_000_000;
+/// How often the members of the devices are looked up again even without a policy change.
+const REFRESH_NS: u64 = 100_000_000;
+
+/// One process of a device as the turns see it: its slice (id: slice index + 1, the policy's
+/// word, which the monitor wrote), its slot, and its words in its region (hostile).
+pub struct Member<'a> {
+    pub slot: usize,
+    pub slice: u32,
+    pub words: &'a GrantProc,
+}
+
+/// Whether a process is waiting for a turn now (a fresh heartbeat; one in the future counts as
+/// now, so a liar is only "always waiting", never more).
+fn waiting(m: &Member, now: u64) -> bool {
+    let w = m.words.want_ns.load(Acquire);
+    w != 0 && now - w.min(now) < WANT_STALE_NS
+}
+
+/// When to look again at an ordinary lease ending at `end`: every `poll` until its last
+/// [`HAND_BACK_WINDOW_NS`], then every [`HAND_BACK_POLL_NS`] (an honest holder hands back about
+/// [`HANDOFF_LEAD_NS`] before the end: the next turn is granted while the engine still runs
+/// the holder's last kernel, not a poll later), and at the end itself.
+fn next_look(end: u64, now: u64, poll: u64) -> u64 {
+    if now.saturating_add(HAND_BACK_WINDOW_NS) >= end {
+        end.min(now + HAND_BACK_POLL_NS)
+    } else {
+        (end - HAND_BACK_WINDOW_NS).min(now + poll)
+    }
+}
+
+/// A slice gets a solo lease only once the others have neither waited nor held the device for
+/// this long (`SchedSlice::want_ns`, the monitor's record of it).
+pub const SOLO_QUIET_NS: u64 = 50_000_000;
+
+fn recently_active_other(t: &dyn Tenants, id: u32, now: u64) -> bool {
+    let mut active = false;
+    t.each(&mut |other, s, _, _| {
+        if other != id && now.saturating_sub(s.want_ns.load(Acquire)) < SOLO_QUIET_NS {
+            active = true;
+        }
+    });
+    active
+}
+
+/// Per-slice demand seen in one pass.
+#[derive(Clone, Copy)]
+struct Ask {
+    id: u32,
+    waiters: u32,
+    need: u64,
+}
+
+/// The monitor's state for one device (process-local; the shared state is the policy's).
+pub struct DeviceTurns {
+    /// When the current ordinary turn was granted (monitor clock), and its turn number.
+    start_ns: u64,
+    granted: Option<u64>,
+    /// Per slot, the last `solo_gpu_ns` seen.
+    solo_seen: Vec<u64>,
+    last_ns: u64,
+}
+
+impl Default for DeviceTurns {
+    fn default() -> DeviceTurns {
+        DeviceTurns {
+            start_ns: 0,
+            granted: None,
+            solo_seen: vec![0; MAX_PROCS],
+            last_ns: 0,
+        }
+    }
+}
+
+impl DeviceTurns {
+    /// One pass over device `dev` at `now`: mirror demand, end a turn that is over or handed
+    /// back, grant the next. Returns when to look again (ns).
+    pub fn step(
+        &mut self,
+        os: &dyn Os,
+        dev: &SchedDevice,
+        t: &dyn Tenants,
+        members: &[Member],
+        now: u64,
+    ) -> u64 {
+        let elapsed = now.saturating_sub(self.last_ns).min(MAX_LEASE_NS);
+        self.last_ns = now;
+        // Whether the holder of an ordinary lease is done with its turn: every process of its
+        // slice handed it back or is idle (launched nothing for IDLE_GRACE_NS since its queued
+        // work ran out, or since the turn began; and does not wait to start in it). Read before
+        // the demand: a process says it wants more before it hands back, so a hand-back seen
+        // here comes with its demand below.
+        let l0 = Lease::unpack(dev.lease.load(Acquire));
+        let turn = dev.turn.load(Acquire);
+        let mut done = true;
+        for m in members.iter().filter(|m| m.slice == l0.holder) {
+            let handed_back = m.words.done_turn.load(Acquire) == turn;
+            let busy = m
+                .words
+                .busy_until_ns
+                .load(Acquire)
+                .min(l0.end_ns)
+                .max(self.start_ns);
+            let idle = !waiting(m, now) && now > busy.saturating_add(IDLE_GRACE_NS);
+            if !(handed_back || idle) {
+                done = false;
+            }
+        }
+        // Demand, per slice: only slices live on this device count (the member's slice is the
+        // policy's word; `t.get` checks it again).
+        let mut asks: Vec<Ask> = vec![];
+        let mut solo_ns: Vec<(u32, u64)> = vec![];
+        for m in members {
+            if t.get(m.slice).is_none() {
+                continue;
+            }
+            if let Some(seen) = self.solo_seen.get_mut(m.slot) {
+                let v = m.words.solo_gpu_ns.load(Relaxed);
+                let d = v.saturating_sub(*seen);
+                *seen = v;
+                match solo_ns.iter_mut().find(|x| x.0 == m.slice) {
+                    Some(x) => x.1 = x.1.saturating_add(d),
+                    None => solo_ns.push((m.slice, d)),
+                }
+            }
+            if !waiting(m, now) {
+                continue;
+            }
+            let need = m.words.need_ns.load(Relaxed).min(MAX_LEASE_NS);
+            match asks.iter_mut().find(|a| a.id == m.slice) {
+                Some(a) => {
+                    a.waiters = a.waiters.saturating_add(1);
+                    a.need = a.need.max(need);
+                }
+                None => asks.push(Ask {
+                    id: m.slice,
+                    waiters: 1,
+                    need,
+                }),
+            }
+        }
+        let floor = dev.vt_floor.load(Acquire);
+        let holder = l0.holder;
+        let mut latency_waits = false;
+        t.each(&mut |id, s, _, _| {
+            let a = asks.iter().find(|a| a.id == id);
+            s.waiters.store(a.map_or(0, |a| a.waiters), Release);
+            if a.is_some() {
+                // Coming back after idling (no demand and no turn for WANT_STALE_NS): start
+                // from the device's current virtual time, so idling earns no burst.
+                if now.saturating_sub(s.want_ns.load(Acquire)) >= WANT_STALE_NS {
+                    s.vt.fetch_max(floor, AcqRel);
+                }
+                if s.class.load(Relaxed) == CLASS_LATENCY {
+                    latency_waits = true;
+                }
+            }
+            // `want_ns` here is the monitor's: when the slice last waited or held the device.
+            if a.is_some() || id == holder {
+                s.want_ns.store(now, Release);
+            }
+        });
+        if latency_waits {
+            dev.latency_ns.store(now, Release);
+        }
+        // Solo statistics (the slice's own samples, at most the wall time since the last pass).
+        for (id, ns) in solo_ns {
+            if ns > 0 {
+                if let Some((s, _, _)) = t.get(id) {
+                    charge_solo(dev, s, now, ns.min(elapsed), 0);
+                }
+            }
+        }
+        let poll = if members.is_empty() {
+            MONITOR_BEAT_NS
+        } else {
+            POLL_NS
+        };
+        let l = l0;
+        // One lease length for every slice of the device: long enough for the longest launch
+        // any of them waits to make (a kernel longer than a lease), at most MAX_GRANT_NS. The
+        // same for all, so a slice that lies about its need lengthens everyone's turns alike
+        // (fewer hand-overs are no advantage of its own) and pays for its whole span.
+        let need = asks.iter().map(|a| a.need).max().unwrap_or(0);
+        if l.holder != 0 && t.get(l.holder).is_none() {
+            // The holder's slice is gone.
+            self.grant(os, dev, t, now, 0, need);
+            return now + poll;
+        }
+        if l.solo {
+            let (_, _, cap) = t.get(l.holder).expect("checked above");
+            let others = asks.iter().any(|a| a.id != l.holder);
+            let capped = cap != 0 && cap < gpuslice_ledger::PPM;
+            if !others && !capped {
+                return now + POLL_SOLO_NS.max(poll);
+            }
+            // Someone else wants in (or a cap was set): the solo holder gets one ordinary lease,
+            // and the newcomers compete from its virtual time (it was not charged while alone).
+            if let Some((h, _, _)) = t.get(l.holder) {
+                let hv = h.vt.load(Acquire);
+                for a in asks.iter().filter(|a| a.id != l.holder) {
+                    if let Some((s, _, _)) = t.get(a.id) {
+                        s.vt.fetch_max(hv, AcqRel);
+                    }
+                }
+            }
+            let nl = Lease {
+                holder: l.holder,
+                solo: false,
+                end_ns: now + LEASE_NS,
+            };
+            self.install(os, dev, t, nl, now);
+            return now + poll;
+        }
+        if l.holder == 0 {
+            self.grant(os, dev, t, now, 0, need);
+            return now + poll;
+        }
+        let preempt = latency_waits && {
+            let (h, _, _) = t.get(l.holder).expect("checked above");
+            h.class.load(Relaxed) != CLASS_LATENCY && {
+                let p = pick(t, now, 0, l.holder);
+                t.get(p.holder)
+                    .is_some_and(|(s, _, _)| s.class.load(Relaxed) == CLASS_LATENCY)
+            }
+        };
+        if now < l.end_ns && !done && !preempt {
+            return next_look(l.end_ns, now, poll);
+        }
+        if now >= l.end_ns && !done {
+            dev.takeovers_total.fetch_add(1, Relaxed); // overstayed (or kept busy to its end)
+        }
+        // Charge the span granted, then the next turn.
+        // Only a turn this monitor granted: one found in the policy after a restart began at an
+        // unknown time (and was not granted by anyone while the monitor was down).
+        let stop = now.min(l.end_ns);
+        if let (Some((s, share, cap)), true) = (t.get(l.holder), self.granted == Some(turn)) {
+            let start = self.start_ns.min(stop);
+            charge(dev, s, share, cap, start, stop, stop - start);
+        }
+        // A holder still at work at its end (draining its last kernels late, on a busy CPU)
+        // competes for the next turn by its virtual time like a waiting slice, and nobody gets
+        // a solo lease over it; it was charged its whole lease, so a holder that is stopped or
+        // hung gets at most one more turn, which ends as idle after IDLE_GRACE_NS (charged
+        // too), and then stops competing: it does not wait for a turn.
+        let renewing = if done { 0 } else { l.holder };
+        self.grant(os, dev, t, now, renewing, need);
+        let l = Lease::unpack(dev.lease.load(Acquire));
+        if l.holder != 0 && !l.solo {
+            next_look(l.end_ns, now, poll)
+        } else {
+            now + poll
+        }
+    }
+
+    /// Grant the device to the slice the policy picks (or nobody).
+    fn grant(
+        &mut self,
+        os: &dyn Os,
+        dev: &SchedDevice,
+        t: &dyn Tenants,
+        now: u64,
+        renewing: u32,
+        need: u64,
+    ) {
+        let mut next = pick(t, now, renewing, 0);
+        if next.solo && recently_active_other(t, next.holder, now) {
+            // Another slice waited or held the device moments ago (between two of its
+            // launches, on a busy CPU): an ordinary lease, so its return does not start from
+            // the virtual time of a solo holder that was not charged.
+            next = Lease {
+                solo: false,
+                ..next
+            };
+        }
+        if next.holder != 0 && !next.solo {
+            let len = LEASE_NS.max(need.saturating_add(HANDOFF_LEAD_NS));
+            next.end_ns = now + len.min(MAX_GRANT_NS);
+        }
+        let cur = Lease::unpack(dev.lease.load(Acquire));
+        if next == Lease::FREE && cur == Lease::FREE {
+            return;
+        }
+        self.install(os, dev, t, next, now);
+    }
+
+    fn install(&mut self, os: &dyn Os, dev: &SchedDevice, t: &dyn Tenants, l: Lease, now: u64) {
+        self.granted = Some(dev.turn.fetch_add(1, AcqRel).wrapping_add(1));
+        dev.lease.store(l.pack(), Release);
+        self.start_ns = now;
+        if let Some((s, _, _)) = t.get(l.holder) {
+            dev.vt_floor.fetch_max(s.vt.load(Acquire), AcqRel);
+            s.leases_total.fetch_add(1, Relaxed);
+            dev.leases_total.fetch_add(1, Relaxed);
+        }
+        dev.seq.fetch_add(1, Release);
+        // Tenants cannot count themselves in `sleepers` (the policy is read-only to them):
+        // always wake (a syscall that finds nobody costs about a microsecond).
+        os.futex_wake(&dev.seq);
+    }
+}
+
+/// The policy's slices of one device, restricted to a few ids.
+struct Listed<'a> {
+    all: LedgerTenants<'a>,
+    ids: Vec<u32>,
+}
+
+impl Tenants for Listed<'_> {
+    fn each(&self, f: &mut dyn FnMut(u32, &SchedSlice, u32, u32)) {
+        for &id in &self.ids {
+            if let Some((s, share, cap)) = self.all.get(id) {
+                f(id, s, share, cap);
+            }
+        }
+    }
+    fn get(&self, id: u32) -> Option<(&SchedSlice, u32, u32)> {
+        self.all.get(id)
+    }
+}
+
+/// The member cache: (slot, device, slice id, region).
+type Cache = Vec<(usize, usize, u32, Arc<Region>)>;
+
+fn members_of(ledger: &Ledger, regions: &RegionTable) -> Cache {
+    let mut out = vec![];
+    for (slot, p) in ledger.procs().iter().enumerate() {
+        if p.state.load(Acquire) != STATE_ACTIVE {
+            continue;
+        }
+        for (d, pd) in p.devices.iter().enumerate() {
+            let si = pd.slice.load(Acquire) as usize;
+            if si >= MAX_SLICES {
+                continue;
+            }
+            let Some(r) = region_key(pd.account.load(Acquire), d).and_then(|k| regions.get(k))
+            else {
+                continue;
+            };
+            out.push((slot, d, si as u32 + 1, r));
+        }
+    }
+    out
+}
+
+/// Start the turns thread (node mode): it runs until the process exits.
+pub fn spawn(ledger: Arc<Ledger>, regions: Arc<RegionTable>) -> Result<(), String> {
+    std::thread::Builder::new()
+        .name("turns".into())
+        .spawn(move || run(&ledger, &regions))
+        .map(|_| ())
+        .map_err(|e| format!("cannot start the compute turns thread: {e}"))
+}
+
+fn run(ledger: &Ledger, regions: &RegionTable) {
+    // Grants are due at lease ends: ask the kernel to run this thread ahead of ordinary work
+    // (root may; nothing breaks when refused).
+    // SAFETY: setpriority on this thread's own id; no memory is passed.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, -10);
+    }
+    let os = &sched::SYSTEM;
+    let mut turns: Vec<DeviceTurns> = (0..MAX_DEVICES).map(|_| DeviceTurns::default()).collect();
+    let mut cache: Cache = vec![];
+    let mut generation = u64::MAX;
+    let mut refreshed = 0u64;
+    loop {
+        let now = os.now_ns();
+        ledger.header().monitor_beat_ns.store(now, Release);
+        let g = ledger.header().generation.load(Acquire);
+        if g != generation || now.saturating_sub(refreshed) > REFRESH_NS {
+            generation = g;
+            refreshed = now;
+            cache = members_of(ledger, regions);
+        }
+        let mut next = now + MONITOR_BEAT_NS;
+        for (d, dt) in turns.iter_mut().enumerate() {
+            let dev = &ledger.devices()[d];
+            if dev.state.load(Acquire) == STATE_FREE {
+                continue;
+            }
+            let members: Vec<Member> = cache
+                .iter()
+                .filter(|c| c.1 == d)
+                .filter_map(|(slot, _, id, r)| {
+                    Some(Member {
+                        slot: *slot,
+                        slice: *id,
+                        words: &r.proc_(*slot)?.grant,
+                    })
+                })
+                .collect();
+            // Only the slices with processes here (and the holder) can compete: the policy has
+            // 8192 slice records, and the policy's functions visit every slice they are shown.
+            let mut ids: Vec<u32> = members.iter().map(|m| m.slice).collect();
+            ids.push(Lease::unpack(dev.sched.lease.load(Acquire)).holder);
+            ids.sort_unstable();
+            ids.dedup();
+            let t = Listed {
+                all: LedgerTenants {
+                    slices: &ledger.slices()[..],
+                    device: d as u32,
+                },
+                ids,
+            };
+            next = next.min(dt.step(os, &dev.sched, &t, &members, now));
+        }
+        // Sleep until the next deadline or a hand-back's wake (tenants ring the policy's bell:
+        // they can wake this thread, never write anything it reads without clamping). A wake
+        // sooner than MIN_PASS_NS after the last pass waits out the rest, so a tenant ringing
+        // without pause costs at most one pass per MIN_PASS_NS.
+        let now = os.now_ns();
+        if next > now {
+            let bell = &ledger.header().turns_bell;
+            os.futex_wait(bell, bell.load(Acquire), next - now);
+            let since = os.now_ns().saturating_sub(now);
+            if since < MIN_PASS_NS {
+                std::thread::sleep(Duration::from_nanos(MIN_PASS_NS - since));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::sync::atomic::{AtomicU32, AtomicU64};
+    use gpuslice_ledger::sched::{Granted, SchedSlice, Work, CLASS_NORMAL};
+    use gpuslice_ledger::PPM;
+    use std::cell::Cell;
+
+    /// A clock the test moves; futex calls only count.
+    struct Clock {
+        now: AtomicU64,
+        wakes: AtomicU32,
+    }
+    impl Os for Clock {
+        fn now_ns(&self) -> u64 {
+            self.now.load(SeqCst)
+        }
+        fn futex_wait(&self, _: &AtomicU32, _: u32, t: u64) {
+            self.now.fetch_add(t.min(1_000_000), SeqCst);
+        }
+        fn futex_wake(&self, _: &AtomicU32) {
+            self.wakes.fetch_add(1, SeqCst);
+        }
+    }
+
+    /// Slices 1..=n with shares and caps, as the policy holds them.
+    struct Slices(Vec<(SchedSlice, u32, u32)>);
+    impl Tenants for Slices {
+        fn each(&self, f: &mut dyn FnMut(u32, &SchedSlice, u32, u32)) {
+            for (i, (s, share, cap)) in self.0.iter().enumerate() {
+                f(i as u32 + 1, s, *share, *cap);
+            }
+        }
+        fn get(&self, id: u32) -> Option<(&SchedSlice, u32, u32)> {
+            let (s, a, b) = self.0.get(id.checked_sub(1)? as usize)?;
+            Some((s, *a, *b))
+        }
+    }
+
+    fn slices(v: &[(f64, f64)]) -> Slices {
+        Slices(
+            v.iter()
+                .map(|&(s, c)| {
+                    (
+                        SchedSlice::default(),
+                        (s * PPM as f64) as u32,
+                        (c * PPM as f64) as u32,
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    const MS: u64 = 1_000_000;
+    const T0: u64 = 1_000 * MS;
+
+    /// Two slices both always waiting (honest processes that hand back at their lease's end):
+    /// the time granted to each over `secs`.
+    fn run_pair(shares: [f64; 2], hostile: bool, secs: u64) -> ([u64; 2], u64) {
+        let os = Clock {
+            now: AtomicU64::new(T0),
+            wakes: AtomicU32::new(0),
+        };
+        let dev = SchedDevice::default();
+        let t = slices(&[(shares[0], 1.0), (shares[1], 1.0)]);
+        let words = [GrantProc::default(), GrantProc::default()];
+        let members = [
+            Member {
+                slot: 0,
+                slice: 1,
+                words: &words[0],
+            },
+            Member {
+                slot: 1,
+                slice: 2,
+                words: &words[1],
+            },
+        ];
+        let mut dt = DeviceTurns::default();
+        let mut got = [0u64; 2];
+        let (mut gap, mut longest) = (0u64, 0u64); // slice 2's waits
+        let end = T0 + secs * 1000 * MS;
+        let mut now = T0;
+        while now < end {
+            os.now.store(now, SeqCst);
+            let l = Lease::unpack(dev.lease.load(SeqCst));
+            // Honest tenants: the holder launches (not waiting) until its lease ends, then hands
+            // back and waits; the other waits. Slice 1 (if hostile) claims to wait forever,
+            // wants the longest lease and says it is busy forever, never handing back.
+            for (i, w) in words.iter().enumerate() {
+                let id = i as u32 + 1;
+                if hostile && i == 0 {
+                    w.want_ns.store(u64::MAX, SeqCst);
+                    w.need_ns.store(u64::MAX, SeqCst);
+                    w.busy_until_ns.store(u64::MAX, SeqCst);
+                    w.done_turn.store(u64::MAX, SeqCst);
+                    continue;
+                }
+                if l.holder == id && (l.solo || now + 100_000 < l.end_ns) {
+                    w.want_ns.store(0, SeqCst);
+                    w.busy_until_ns.store(now + 1_000_000, SeqCst);
+                } else {
+                    if l.holder == id {
+                        w.done_turn.store(dev.turn.load(SeqCst), SeqCst);
+                    }
+                    w.want_ns.store(now, SeqCst);
+                }
+            }
+            if l.holder != 0 {
+                got[l.holder as usize - 1] += 100_000;
+            }
+            if l.holder == 2 {
+                gap = 0;
+            } else {
+                gap += 100_000;
+                longest = longest.max(gap);
+            }
+            dt.step(&os, &dev, &t, &members, now);
+            now += 100_000;
+        }
+        (got, longest)
+    }
+
+    #[test]
+    fn two_waiting_slices_get_their_shares() {
+        let (got, longest) = run_pair([0.25, 0.75], false, 10);
+        let f = got[0] as f64 / (got[0] + got[1]) as f64;
+        assert!((f - 0.25).abs() < 0.02, "{got:?} {f}");
+        assert!(longest <= LEASE_NS + POLL_NS, "{longest}");
+    }
+
+    #[test]
+    fn a_hostile_slice_gets_no_more_than_its_share() {
+        // Slice 1 writes the worst it can into its own words: waiting forever, the longest
+        // lease, busy forever, a bogus hand-back. It is charged the span granted, so WFQ still
+        // gives it a quarter; and the other is granted on time at every lease end.
+        let (got, longest) = run_pair([0.25, 0.75], true, 10);
+        let f = got[0] as f64 / (got[0] + got[1]) as f64;
+        assert!((f - 0.25).abs() < 0.02, "{got:?} {f}");
+        // Its lies buy it at most the longest grant, paid in full.
+        assert!(longest <= MAX_GRANT_NS + POLL_NS, "{longest}");
+    }
+
+    fn one(dev: &SchedDevice) -> Lease {
+        Lease::unpack(dev.lease.load(SeqCst))
+    }
+
+    #[test]
+    fn a_slice_alone_gets_a_solo_lease_revoked_when_another_asks() {
+        let os = Clock {
+            now: AtomicU64::new(T0),
+            wakes: AtomicU32::new(0),
+        };
+        let dev = SchedDevice::default();
+        let t = slices(&[(0.5, 1.0), (0.5, 1.0)]);
+        let w = [GrantProc::default(), GrantProc::default()];
+        let m = [
+            Member {
+                slot: 0,
+                slice: 1,
+                words: &w[0],
+            },
+            Member {
+                slot: 1,
+                slice: 2,
+                words: &w[1],
+            },
+        ];
+        w[0].want_ns.store(T0, SeqCst);
+        let mut dt = DeviceTurns::default();
+        dt.step(&os, &dev, &t, &m, T0);
+        assert_eq!(
+            one(&dev),
+            Lease {
+                holder: 1,
+                solo: true,
+                end_ns: 0
+            }
+        );
+        assert!(os.wakes.load(SeqCst) >= 1, "the waiter is woken");
+        w[0].want_ns.store(0, SeqCst); // launching on the fast path
+        let next = dt.step(&os, &dev, &t, &m, T0 + MS);
+        assert_eq!(next, T0 + MS + POLL_SOLO_NS, "solo: looked at rarely");
+        assert!(one(&dev).solo);
+        // A second slice asks: the holder gets one ordinary lease, then the newcomer.
+        w[1].want_ns.store(T0 + 2 * MS, SeqCst);
+        dt.step(&os, &dev, &t, &m, T0 + 2 * MS);
+        let l = one(&dev);
+        assert_eq!(
+            (l.holder, l.solo, l.end_ns),
+            (1, false, T0 + 2 * MS + LEASE_NS)
+        );
+        // The holder never hands back (stopped): the newcomer is granted at the lease's end,
+        // not later.
+        w[0].busy_until_ns.store(u64::MAX, SeqCst);
+        dt.step(&os, &dev, &t, &m, T0 + 2 * MS + LEASE_NS - 1);
+        assert_eq!(one(&dev).holder, 1);
+        dt.step(&os, &dev, &t, &m, T0 + 2 * MS + LEASE_NS);
+        let l = one(&dev);
+        // Not solo yet: the stopped holder was active moments ago (it may be only slow).
+        assert_eq!((l.holder, l.solo), (2, false));
+        assert_eq!(
+            dev.takeovers_total.load(SeqCst),
+            1,
+            "the overstay is counted"
+        );
+        // The stopped holder was charged its whole lease.
+        let vt = t.get(1).unwrap().0.vt.load(SeqCst);
+        assert_eq!(vt, LEASE_NS * PPM as u64 / 500_000);
+        // The newcomer, waiting whenever it does not hold the device, keeps it; once the
+        // stopped slice was quiet for SOLO_QUIET_NS, it gets it solo.
+        let mut now = T0 + 2 * MS + LEASE_NS;
+        while now < T0 + 2 * MS + LEASE_NS + SOLO_QUIET_NS + 2 * LEASE_NS {
+            now += 100_000;
+            let l = one(&dev);
+            if l.holder == 2 && (l.solo || now + 100_000 < l.end_ns) {
+                w[1].want_ns.store(0, SeqCst);
+                w[1].busy_until_ns.store(now + MS, SeqCst);
+            } else {
+                w[1].want_ns.store(now, SeqCst);
+                w[1].done_turn.store(dev.turn.load(SeqCst), SeqCst);
+            }
+            dt.step(&os, &dev, &t, &m, now);
+            assert_eq!(
+                one(&dev).holder,
+                2,
+                "the stopped slice is not granted again"
+            );
+        }
+        assert!(one(&dev).solo, "{:?}", one(&dev));
+    }
+
+    #[test]
+    fn a_holder_that_hands_back_early_is_charged_only_its_span() {
+        let os = Clock {
+            now: AtomicU64::new(T0),
+            wakes: AtomicU32::new(0),
+        };
+        let dev = SchedDevice::default();
+        let t = slices(&[(0.5, 1.0), (0.5, 1.0)]);
+        let w = [GrantProc::default(), GrantProc::default()];
+        let m = [
+            Member {
+                slot: 0,
+                slice: 1,
+                words: &w[0],
+            },
+            Member {
+                slot: 1,
+                slice: 2,
+                words: &w[1],
+            },
+        ];
+        w[0].want_ns.store(T0, SeqCst);
+        w[1].want_ns.store(T0, SeqCst);
+        let mut dt = DeviceTurns::default();
+        dt.step(&os, &dev, &t, &m, T0);
+        let l = one(&dev);
+        assert!(!l.solo && l.holder != 0);
+        let h = l.holder as usize - 1;
+        w[h].want_ns.store(0, SeqCst);
+        w[h].busy_until_ns.store(T0 + MS, SeqCst);
+        // Done after 1 ms (idle for IDLE_GRACE_NS): the other gets it within one poll.
+        let at = T0 + MS + IDLE_GRACE_NS + 1;
+        dt.step(&os, &dev, &t, &m, at);
+        assert_eq!(one(&dev).holder as usize - 1, 1 - h);
+        let vt = t.get(h as u32 + 1).unwrap().0.vt.load(SeqCst);
+        assert_eq!(vt, (at - T0) * 2);
+    }
+
+    #[test]
+    fn a_lease_found_after_a_restart_is_not_charged() {
+        let os = Clock {
+            now: AtomicU64::new(T0),
+            wakes: AtomicU32::new(0),
+        };
+        let dev = SchedDevice::default();
+        let t = slices(&[(0.5, 1.0), (0.5, 1.0)]);
+        dev.lease.store(
+            Lease {
+                holder: 1,
+                solo: false,
+                end_ns: T0 - MS,
+            }
+            .pack(),
+            SeqCst,
+        );
+        dev.turn.store(77, SeqCst);
+        let w = [GrantProc::default(), GrantProc::default()];
+        w[1].want_ns.store(T0, SeqCst);
+        let m = [
+            Member {
+                slot: 0,
+                slice: 1,
+                words: &w[0],
+            },
+            Member {
+                slot: 1,
+                slice: 2,
+                words: &w[1],
+            },
+        ];
+        let mut dt = DeviceTurns::default();
+        dt.step(&os, &dev, &t, &m, T0);
+        assert_eq!(
+            t.get(1).unwrap().0.vt.load(SeqCst),
+            0,
+            "charged for the outage"
+        );
+        assert_eq!(one(&dev).holder, 2);
+    }
+
+    #[test]
+    fn caps_hold_when_alone() {
+        let os = Clock {
+            now: AtomicU64::new(T0),
+            wakes: AtomicU32::new(0),
+        };
+        let dev = SchedDevice::default();
+        let t = slices(&[(0.0, 0.3)]);
+        let w = GrantProc::default();
+        let m = [Member {
+            slot: 0,
+            slice: 1,
+            words: &w,
+        }];
+        let mut dt = DeviceTurns::default();
+        let mut held = 0u64;
+        let mut now = T0;
+        while now < T0 + 2_000 * MS {
+            let l = one(&dev);
+            if l.holder == 1 && now + 100_000 < l.end_ns {
+                w.want_ns.store(0, SeqCst);
+                w.busy_until_ns.store(now + MS, SeqCst);
+                held += 100_000;
+            } else {
+                w.want_ns.store(now, SeqCst);
+            }
+            assert!(!l.solo, "a capped slice never gets a solo lease");
+            dt.step(&os, &dev, &t, &m, now);
+            now += 100_000;
+        }
+        let f = held as f64 / (2_000 * MS) as f64;
+        assert!((f - 0.3).abs() < 0.03, "{f}");
+    }
+
+    #[test]
+    fn hostile_words_of_a_slice_not_on_the_device_are_ignored() {
+        let os = Clock {
+            now: AtomicU64::new(T0),
+            wakes: AtomicU32::new(0),
+        };
+        let dev = SchedDevice::default();
+        let t = slices(&[(0.5, 1.0)]);
+        let w = GrantProc::default();
+        w.want_ns.store(u64::MAX, SeqCst);
+        // A member naming a slice that does not exist (it cannot: the monitor wrote the word;
+        // but even so) changes nothing.
+        let m = [Member {
+            slot: MAX_PROCS + 5,
+            slice: 9_999,
+            words: &w,
+        }];
+        let mut dt = DeviceTurns::default();
+        dt.step(&os, &dev, &t, &m, T0);
+        assert_eq!(one(&dev), Lease::FREE);
+        assert_eq!(t.get(1).unwrap().0.waiters.load(SeqCst), 0);
+    }
+
+    /// The queue the tenant client sees: a fixed kernel length, nothing ever queued.
+    struct Idle(Cell<u64>);
+    impl Work for Idle {
+        fn outstanding_ns(&mut self) -> u64 {
+            0
+        }
+        fn next_ns(&mut self) -> u64 {
+            self.0.get()
+        }
+        fn drain(&mut self) -> u64 {
+            0
+        }
+        fn wait_below(&mut self, _: u64) -> u64 {
+            0
+        }
+        fn pending(&mut self) -> usize {
+            0
+        }
+        fn wait_pending(&mut self, _: usize) {}
+    }
+
+    #[test]
+    fn a_tenant_launches_unthrottled_while_the_monitor_is_down() {
+        let os = Clock {
+            now: AtomicU64::new(T0 + 10 * sched::MONITOR_STALE_NS),
+            wakes: AtomicU32::new(0),
+        };
+        let dev = SchedDevice::default();
+        // Someone else holds the device, and nobody refreshes the heartbeat.
+        dev.lease.store(
+            Lease {
+                holder: 2,
+                solo: true,
+                end_ns: 0,
+            }
+            .pack(),
+            SeqCst,
+        );
+        let beat = AtomicU64::new(T0);
+        let class = AtomicU32::new(CLASS_NORMAL);
+        let w = GrantProc::default();
+        let bell = AtomicU32::new(0);
+        let mut g = Granted::new(&dev, &beat, &bell, &class, &w, 1, &os).unwrap();
+        let a = g.acquire(&mut Idle(Cell::new(MS)));
+        assert_eq!(a.throttled_ns, 0);
+        // With a fresh heartbeat it waits (here: until the clock moves past the check).
+        beat.store(os.now_ns(), SeqCst);
+        let before = os.now_ns();
+        // The holder never changes and the beat goes stale after MONITOR_STALE_NS of simulated
+        // sleeps: the client then launches, a bounded wait.
+        g.acquire(&mut Idle(Cell::new(MS)));
+        let waited = os.now_ns() - before;
+        assert!(
+            (sched::MONITOR_STALE_NS..sched::MONITOR_STALE_NS + 2 * MS).contains(&waited),
+            "{waited}"
+        );
+        assert_ne!(w.want_ns.load(SeqCst), u64::MAX);
+    }
+}

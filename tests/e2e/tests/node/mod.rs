@@ -1,0 +1,249 @@
+//! The node world of the root tests (`tenants.rs`, `turns.rs`): a root monitor in node mode on
+//! a private fake GPU, and unprivileged users (`setpriv` to uids that exist nowhere else).
+//! Every test needs root (to be the node's root and to become other users); without root it
+//! prints why and passes vacuously. CI runs as root.
+//!
+//! Unprivileged users need to execute the artifacts and use the fake GPU: [`Node`] copies the
+//! binaries and the fake libraries into a world-readable directory and prepares the fake's
+//! state (`FAKEGPU_STATE_DIR`) for every user. Hostile tenants that do more than a CUDA program
+//! can are the test binary run again as another user with `TENANTS_CHILD` set (each binary's
+//! `tenant_child`).
+
+// Shared by two test binaries; each uses a part.
+#![allow(dead_code)]
+
+use gpuslice_e2e::{artifact, fake_lib_dir, World};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const TENANT_A: u32 = 47001;
+pub const TENANT_B: u32 = 47002;
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+macro_rules! need_root {
+    () => {
+        if !is_root() {
+            println!("skipped: needs root (to run the node's monitor and become other users)");
+            return;
+        }
+    };
+}
+
+pub fn chmod(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A node: a world whose runtime directory is root's, a root monitor in node mode, and copies
+/// of the artifacts every user can run.
+pub struct Node {
+    pub world: World,
+    pub bin: PathBuf,
+    pub monitor: Option<Child>,
+    monitor_args: Vec<String>,
+}
+
+impl Node {
+    pub fn new(devices: u32, memory: &str, monitor_args: &[&str]) -> Node {
+        let world = World::new(devices, memory);
+        let base = world.fake_state_dir().parent().unwrap().to_path_buf();
+        chmod(&base, 0o755);
+        chmod(&world.runtime_dir(), 0o755);
+        // The fake GPU's shared state, usable by every user of the test.
+        chmod(&world.fake_state_dir(), 0o777);
+        let state = world.fake_state_dir().join("state");
+        std::fs::write(&state, b"").unwrap();
+        chmod(&state, 0o666);
+        let bin = base.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for a in ["libgpuslice.so", "gpuslice-burn", "gpuslice"] {
+            std::fs::copy(artifact(a), bin.join(a)).unwrap();
+        }
+        let fake = std::fs::read(fake_lib_dir().join("libcuda.so.1")).unwrap();
+        for l in [
+            "libcuda.so.1",
+            "libcuda.so",
+            "libnvidia-ml.so.1",
+            "libnvidia-ml.so",
+        ] {
+            std::fs::write(bin.join(l), &fake).unwrap();
+        }
+        std::fs::copy(std::env::current_exe().unwrap(), bin.join("tenants")).unwrap();
+        for e in std::fs::read_dir(&bin).unwrap() {
+            chmod(&e.unwrap().path(), 0o755);
+        }
+        chmod(&bin, 0o755);
+        let mut n = Node {
+            world,
+            bin,
+            monitor: None,
+            monitor_args: monitor_args.iter().map(|s| s.to_string()).collect(),
+        };
+        n.start_monitor();
+        n
+    }
+
+    pub fn start_monitor(&mut self) {
+        let log = std::fs::File::create(self.root().join("monitor.out")).unwrap();
+        let child = self
+            .command(0, "gpuslice")
+            .args(["monitor", "--mode", "node", "--interval", "50"])
+            .args(&self.monitor_args)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.monitor = Some(child);
+        let sock = self.world.runtime_dir().join("monitor.sock");
+        let t0 = Instant::now();
+        while !sock.exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the monitor did not come up: {}",
+                self.monitor_log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stop_monitor(&mut self) {
+        if let Some(mut c) = self.monitor.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn root(&self) -> PathBuf {
+        self.bin.parent().unwrap().to_path_buf()
+    }
+
+    pub fn monitor_log(&self) -> String {
+        std::fs::read_to_string(self.root().join("monitor.out")).unwrap_or_default()
+    }
+
+    /// `program` (one of the copied binaries) as `uid` (0: root) on the fake GPU.
+    pub fn command(&self, uid: u32, program: &str) -> Command {
+        self.command_as(uid, None, program)
+    }
+
+    /// `program` as `uid` with the supplementary groups `groups` (comma-separated gids).
+    pub fn command_as(&self, uid: u32, groups: Option<&str>, program: &str) -> Command {
+        let base = self.world.command(self.bin.join(program));
+        let mut c = if uid == 0 {
+            Command::new(self.bin.join(program))
+        } else {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={uid}"));
+            match groups {
+                Some(g) => c.arg(format!("--groups={g}")),
+                None => c.arg("--clear-groups"),
+            };
+            c.arg("--").arg(self.bin.join(program));
+            c
+        };
+        for (k, v) in base.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        c.env("LD_LIBRARY_PATH", &self.bin).current_dir("/");
+        c
+    }
+
+    /// `gpuslice-burn` under the shim, as `uid`.
+    pub fn burn(&self, uid: u32) -> Command {
+        let mut c = self.command(uid, "gpuslice-burn");
+        c.env("LD_PRELOAD", self.bin.join("libgpuslice.so"));
+        c
+    }
+
+    /// `gpuslice ARGS` as `uid`.
+    pub fn cli(&self, uid: u32, args: &[&str]) -> Output {
+        self.command(uid, "gpuslice").args(args).output().unwrap()
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        let o = self.cli(0, &["status", "--json"]);
+        assert!(o.status.success(), "{o:?}");
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+
+    /// This test binary run as `uid` in child mode `mode`.
+    pub fn child(&self, uid: u32, mode: &str) -> Command {
+        let mut c = self.command(uid, "tenants");
+        c.args(["--exact", "tenant_child", "--nocapture", "--test-threads=1"])
+            .env("TENANTS_CHILD", mode)
+            .env("TENANTS_DIR", self.world.runtime_dir());
+        c
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop_monitor();
+    }
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A burn that allocates `alloc` and holds it `hold` seconds, started in the background; its
+/// stdout and stderr are kept.
+pub fn holder(n: &Node, uid: u32, env: &[(&str, &str)], alloc: &str, hold: &str) -> Child {
+    let mut c = n.burn(uid);
+    c.args(["--alloc", alloc, "--hold", hold, "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.spawn().unwrap()
+}
+
+/// Wait until `status` shows `n` live processes of slice `slice`.
+pub fn wait_for_slice(n: &Node, slice: &str, procs: usize) {
+    let t0 = Instant::now();
+    loop {
+        let s = n.status();
+        let have = s["slices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["name"] == slice)
+            .map(|x| x["pids"].as_array().unwrap().len())
+            .max()
+            .unwrap_or(0);
+        if have >= procs {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "slice {slice} never had {procs} processes: {s:#}\n{}",
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn burn_json(o: &Output) -> serde_json::Value {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON: {}", text(o)));
+    serde_json::from_str(line).unwrap()
+}
