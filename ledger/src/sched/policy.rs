@@ -9,13 +9,11 @@
 //! is a GCRA budget (`cap_tat_ns`): a slice is eligible once the GPU time it used, divided by
 //! its cap, has been "paid" by the clock.
 //!
-//! Node mode (monitor-granted turns, not built yet) drives the same functions from a scheduler
-//! thread per device in the monitor: [`Tenants`] over the slice regions it mapped (clamping
-//! every word it reads: they are tenant-written), [`pick`] when a grant ends or
-//! [`takeover_due`] says so, the grant written to the slice's region and futex-woken, and the
-//! demand (`waiters`, `want_ns`) read from the regions. Virtual time and the cap budget must
-//! then live on the monitor's side and be charged by it ([`charge`] on its own copy, from the
-//! spans it granted), since a tenant could write any virtual time into its own region.
+//! Node mode drives the same functions from the monitor's `turns` thread
+//! (`monitor/src/turns.rs`): [`Tenants`] over the policy's slice records, which only the
+//! monitor writes (so virtual time and cap budgets cannot be forged), demand read from each
+//! process's slot in its slice's region (clamped: tenant-written), [`pick`] when a grant ends,
+//! [`charge`] of the span it granted; the tenant's side is `granted.rs`.
 
 use core::sync::atomic::Ordering::*;
 
