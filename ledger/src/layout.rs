@@ -110,6 +110,9 @@ pub struct Header {
     /// Node mode: the turns thread sleeps on this futex word; a process handing a turn back
     /// wakes it (`FUTEX_WAKE` needs no write access). Nobody writes it.
     pub turns_bell: AtomicU32,
+    /// One past the highest slice record ever made active (records are taken lowest first):
+    /// the scheduler looks at these, not all [`MAX_SLICES`]. Only grows; read clamped.
+    pub slice_hwm: AtomicU32,
 }
 
 /// `Header::mode` of a personal ledger: one user's processes share it read-write.
@@ -376,6 +379,7 @@ mod tests {
         // Layout 4 added the monitor's heartbeat in what was Header's tail padding.
         assert_eq!(offset_of!(Header, monitor_beat_ns), 136);
         assert_eq!(offset_of!(Header, turns_bell), 144);
+        assert_eq!(offset_of!(Header, slice_hwm), 148);
         assert_eq!(size_of::<Header>(), 192);
         for s in [
             size_of::<Header>(),

@@ -711,6 +711,7 @@ impl Ledger {
         // SAFETY: under the lock, record not yet published.
         unsafe { s.claim.set("") };
         s.state.store(STATE_ACTIVE, SeqCst);
+        self.header().slice_hwm.fetch_max(si as u32 + 1, SeqCst);
         Ok(si)
     }
 
@@ -1018,7 +1019,7 @@ impl Ledger {
                     .fold(0u64, |a, pd| a.saturating_add(pd.charged.load(SeqCst))),
             });
             // Its compute lease and place in the queue go before its slices do.
-            crate::tenants::reap_proc(self.devices(), self.slices(), p);
+            crate::tenants::reap_proc(self.devices(), self.slices(), &self.header().slice_hwm, p);
             for (d, pd) in p.devices.iter().enumerate() {
                 let s = pd.slice.load(SeqCst);
                 pd.account.store(ACCOUNT_NONE, SeqCst);

@@ -2,7 +2,7 @@
 //! ([`LedgerTenants`]), and what the reaper does for a dead process ([`reap_proc`]). Here, not in
 //! `sched`, so the scheduler does not depend on the ledger's layout.
 
-use core::sync::atomic::Ordering::*;
+use core::sync::atomic::{AtomicU32, Ordering::*};
 
 use crate::layout::{Device, Proc, Slice, STATE_ACTIVE};
 use crate::sched::{on_process_dead, SchedSlice, Tenants, SYSTEM};
@@ -11,13 +11,21 @@ use crate::sched::{on_process_dead, SchedSlice, Tenants, SYSTEM};
 pub struct LedgerTenants<'a> {
     /// The ledger's slice array.
     pub slices: &'a [Slice],
+    /// The header's `slice_hwm`: records at or past it were never active, so [`Tenants::each`]
+    /// stops there (a pick would otherwise visit all 8192 records, several times a handover).
+    pub hwm: &'a AtomicU32,
     /// Ledger index of the device.
     pub device: u32,
 }
 
 impl Tenants for LedgerTenants<'_> {
     fn each(&self, f: &mut dyn FnMut(u32, &SchedSlice, u32, u32)) {
-        for (i, s) in self.slices.iter().enumerate() {
+        // 0: a file made before the mark existed, or no slice yet: look at every record.
+        let hwm = match self.hwm.load(Acquire) as usize {
+            0 => self.slices.len(),
+            n => n.min(self.slices.len()),
+        };
+        for (i, s) in self.slices[..hwm].iter().enumerate() {
             if s.state.load(Acquire) == STATE_ACTIVE && s.device.load(Relaxed) == self.device {
                 let share = s.compute_share_ppm.load(Relaxed);
                 let cap = s.compute_cap_ppm.load(Relaxed);
@@ -42,7 +50,7 @@ impl Tenants for LedgerTenants<'_> {
 
 /// What the reaper calls for each dead process record, before it clears the record's
 /// per-device slices: [`on_process_dead`] on every device the process had joined.
-pub fn reap_proc(devices: &[Device], slices: &[Slice], p: &Proc) {
+pub fn reap_proc(devices: &[Device], slices: &[Slice], hwm: &AtomicU32, p: &Proc) {
     for (d, pd) in p.devices.iter().enumerate() {
         let si = pd.slice.load(Acquire);
         let (Some(dev), Some(slice)) = (devices.get(d), slices.get(si as usize)) else {
@@ -50,6 +58,7 @@ pub fn reap_proc(devices: &[Device], slices: &[Slice], p: &Proc) {
         };
         let t = LedgerTenants {
             slices,
+            hwm,
             device: d as u32,
         };
         on_process_dead(&SYSTEM, &dev.sched, d, &t, si + 1, &slice.sched, &p.sched);

@@ -447,6 +447,7 @@ fn run(ledger: &Ledger, regions: &RegionTable) {
             let t = Listed {
                 all: LedgerTenants {
                     slices: &ledger.slices()[..],
+                    hwm: &ledger.header().slice_hwm,
                     device: d as u32,
                 },
                 ids,

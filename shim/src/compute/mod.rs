@@ -472,6 +472,7 @@ fn priority_class() -> Option<u32> {
 fn personal_client(b: Binding) -> Option<Scheduler<'static>> {
     let tenants: &'static LedgerTenants<'static> = Box::leak(Box::new(LedgerTenants {
         slices: b.slices,
+        hwm: b.slice_hwm,
         device: b.device as u32,
     }));
     Client::new(
@@ -510,6 +511,7 @@ fn binding(dev: CUdevice) -> Option<Bound> {
         sched: &dev_rec.sched,
         device: d.ledger_dev,
         slices: &ledger.slices()[..],
+        slice_hwm: &ledger.header().slice_hwm,
         slice,
         proc_sched: &proc_.sched,
     }))
@@ -539,6 +541,8 @@ pub struct Binding {
     pub device: usize,
     /// The ledger's slice array.
     pub slices: &'static [gpuslice_ledger::layout::Slice],
+    /// The ledger header's high-water mark of slice records.
+    pub slice_hwm: &'static core::sync::atomic::AtomicU32,
     /// Ledger index of the slice this process joined on the device.
     pub slice: usize,
     /// This process's record's scheduler state.
