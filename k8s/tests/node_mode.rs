@@ -6,16 +6,18 @@
 //! the environment the claim's CDI device gives a container.
 //!
 //! Needs root (to be the node's root and to become another user); without root it prints why
-//! and passes vacuously, like tests/e2e/tests/tenants.rs. CI runs as root.
+//! and passes vacuously, like tests/e2e/tests/tenants.rs, whose node world (`gpuslice_e2e::node`)
+//! it shares. CI runs as root.
 
 use gpuslice_dra::proto::health_v1alpha1::HealthStatus;
 use gpuslice_dra::proto::v1;
-use gpuslice_e2e::{artifact, fake_lib_dir, World};
+use gpuslice_e2e::node::{is_root, Node};
+use gpuslice_e2e::{artifact, World};
 use gpuslice_ledger::Ledger;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
 use common::*;
@@ -24,136 +26,17 @@ const GI: u64 = 1 << 30;
 /// The tenant: a uid with no account anywhere.
 const TENANT: u32 = 47101;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn chmod(p: &Path, mode: u32) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
-/// A node: the world's runtime directory root's, the artifacts copied where every user can run
-/// them, and the root monitor in node mode.
-struct Node {
-    world: World,
-    bin: PathBuf,
-    monitor: Option<Child>,
-}
-
-impl Node {
-    fn new(devices: u32, memory: &str) -> Node {
-        let world = World::new(devices, memory);
-        let base = world.fake_state_dir().parent().unwrap().to_path_buf();
-        chmod(&base, 0o755);
-        chmod(&world.runtime_dir(), 0o755);
-        // The fake GPU's shared state, usable by every user of the test.
-        chmod(&world.fake_state_dir(), 0o777);
-        let state = world.fake_state_dir().join("state");
-        std::fs::write(&state, b"").unwrap();
-        chmod(&state, 0o666);
-        let bin = base.join("bin");
-        std::fs::create_dir_all(&bin).unwrap();
-        for a in ["libgpuslice.so", "gpuslice-burn", "gpuslice"] {
-            std::fs::copy(artifact(a), bin.join(a)).unwrap();
-        }
-        let fake = std::fs::read(fake_lib_dir().join("libcuda.so.1")).unwrap();
-        for l in [
-            "libcuda.so.1",
-            "libcuda.so",
-            "libnvidia-ml.so.1",
-            "libnvidia-ml.so",
-        ] {
-            std::fs::write(bin.join(l), &fake).unwrap();
-        }
-        for e in std::fs::read_dir(&bin).unwrap() {
-            chmod(&e.unwrap().path(), 0o755);
-        }
-        chmod(&bin, 0o755);
-        let mut n = Node {
-            world,
-            bin,
-            monitor: None,
-        };
-        n.start_monitor();
-        n
+/// `gpuslice-burn` as the tenant, in the container environment of the claim's CDI device
+/// (`ids`: the gpuslice device, then the NVIDIA one, whose UUID is the visible GPU).
+fn tenant_burn(node: &Node, dirs: &Dirs, ids: &[String]) -> Command {
+    let mut c = node.command(TENANT, "gpuslice-burn");
+    for (k, v) in container_env(&dirs.cdi(), &ids[0]) {
+        c.env(k, v);
     }
-
-    fn root(&self) -> PathBuf {
-        self.bin.parent().unwrap().to_path_buf()
-    }
-
-    fn monitor_log(&self) -> String {
-        std::fs::read_to_string(self.root().join("monitor.out")).unwrap_or_default()
-    }
-
-    fn start_monitor(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.root().join("monitor.out"))
-            .unwrap();
-        let child = self
-            .world
-            .command(self.bin.join("gpuslice"))
-            .env("LD_LIBRARY_PATH", &self.bin)
-            .args(["monitor", "--mode", "node", "--interval", "50"])
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.monitor = Some(child);
-        let sock = self.world.runtime_dir().join("monitor.sock");
-        let t0 = Instant::now();
-        while !sock.exists() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "the monitor did not come up: {}",
-                self.monitor_log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stop_monitor(&mut self) {
-        if let Some(mut c) = self.monitor.take() {
-            // SAFETY: kill(2) on the pid of our unreaped child: a clean stop.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let _ = c.wait();
-        }
-    }
-
-    /// `gpuslice-burn` as the tenant, in the container environment of the claim's CDI device
-    /// (`ids`: the gpuslice device, then the NVIDIA one, whose UUID is the visible GPU).
-    fn tenant_burn(&self, dirs: &Dirs, ids: &[String]) -> Command {
-        let base = self.world.command(self.bin.join("gpuslice-burn"));
-        let mut c = Command::new("setpriv");
-        c.arg(format!("--reuid={TENANT}"))
-            .arg(format!("--regid={TENANT}"))
-            .arg("--clear-groups")
-            .arg("--")
-            .arg(self.bin.join("gpuslice-burn"));
-        for (k, v) in base.get_envs() {
-            match v {
-                Some(v) => c.env(k, v),
-                None => c.env_remove(k),
-            };
-        }
-        c.env("LD_LIBRARY_PATH", &self.bin).current_dir("/");
-        for (k, v) in container_env(&dirs.cdi(), &ids[0]) {
-            c.env(k, v);
-        }
-        let (kind, gpu) = ids[1].split_once('=').unwrap();
-        assert_eq!(kind, "nvidia.com/gpu");
-        c.env("CUDA_VISIBLE_DEVICES", gpu);
-        c
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.stop_monitor();
-    }
+    let (kind, gpu) = ids[1].split_once('=').unwrap();
+    assert_eq!(kind, "nvidia.com/gpu");
+    c.env("CUDA_VISIBLE_DEVICES", gpu);
+    c
 }
 
 fn plugin(node: &Node, dirs: &Dirs) -> Child {
@@ -200,7 +83,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
         println!("skipped: needs root (to run the node's monitor and become another user)");
         return;
     }
-    let mut node = Node::new(1, "16Gi");
+    let mut node = Node::new(1, "16Gi", &[]);
     let dirs = Dirs::new(&node.world);
     let mut p = plugin(&node, &dirs);
     let endpoint = register(&dirs).await;
@@ -252,7 +135,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
 
     // The tenant, in the claim's container environment, is admitted by the monitor into the
     // claim's slice and held to its memory.
-    let v = gpuslice_e2e::run_json(node.tenant_burn(&dirs, &ids).args([
+    let v = gpuslice_e2e::run_json(tenant_burn(&node, &dirs, &ids).args([
         "--alloc",
         "3Gi,1Gi,512Mi",
         "--json",
@@ -280,7 +163,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
 
     // A pod of the claim runs (3 GiB held) while the plugin is killed and restarted.
     let (mut holder, _) = gpuslice_e2e::spawn_holding(
-        node.tenant_burn(&dirs, &ids)
+        tenant_burn(&node, &dirs, &ids)
             .args(["--alloc", "3Gi", "--hold", "60", "--json"])
             .stderr(Stdio::null()),
     );
@@ -326,7 +209,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
         h.get(&dev0).is_some_and(|g| g.0 == HealthStatus::Healthy)
     })
     .await;
-    node.stop_monitor();
+    node.terminate_monitor();
     // The kubelet hears that the GPU cannot take new processes now, and why.
     let h = next_health(&mut health, "the GPU unhealthy", |h| {
         h.get(&dev0).is_some_and(|g| g.0 == HealthStatus::Unhealthy)
@@ -363,7 +246,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
     assert_ne!(spec_secret(&dirs, &b), secret, "one secret per claim");
     // The restarted monitor still holds claim a's secret: refused without, admitted with.
     assert_refused_without_secret(&node, &dirs, &ids, &a);
-    let v = gpuslice_e2e::run_json(node.tenant_burn(&dirs, &ids).args([
+    let v = gpuslice_e2e::run_json(tenant_burn(&node, &dirs, &ids).args([
         "--alloc",
         "512Mi,1Gi",
         "--json",
@@ -405,7 +288,7 @@ fn spec_secret(dirs: &Dirs, c: &TestClaim) -> String {
 /// refused at cuInit, with the line the shim prints.
 fn assert_refused_without_secret(node: &Node, dirs: &Dirs, ids: &[String], c: &TestClaim) {
     for wrong in [None, Some("0".repeat(64))] {
-        let mut cmd = node.tenant_burn(dirs, ids);
+        let mut cmd = tenant_burn(node, dirs, ids);
         cmd.env_remove("GPUSLICE_SLICE_SECRET")
             .env("GPUSLICE_SLICE", format!("k8s-{}", c.uid))
             .args(["--alloc", "1Mi", "--json"]);

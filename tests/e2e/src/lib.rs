@@ -7,6 +7,8 @@
 //! --workspace` (what `scripts/test.sh` runs) uses the ones just built, whatever
 //! `CARGO_TARGET_DIR` is.
 
+pub mod node;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;

@@ -3,14 +3,13 @@
 //! measured on the old main. Every test needs root (to be the node's root and to become other
 //! users); without root it prints why and passes vacuously. CI runs as root.
 //!
-//! The node world is `node/mod.rs` (shared with `turns.rs`, compute in node mode); hostile
+//! The node world is `gpuslice_e2e::node` (shared with `turns.rs`, compute in node mode); hostile
 //! tenants that do more than a CUDA program can are this test binary run again as another user
 //! with `TENANTS_CHILD` set (see `tenant_child`).
 
-#[macro_use]
-mod node;
+use gpuslice_e2e::need_root;
+use gpuslice_e2e::node::*;
 use gpuslice_e2e::World;
-use node::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

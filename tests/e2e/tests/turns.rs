@@ -5,9 +5,8 @@
 //! tests hold one lock (they measure in real time on a small machine) and live in their own
 //! binary, away from `tenants.rs`'s many-process tests.
 
-#[macro_use]
-mod node;
-use node::*;
+use gpuslice_e2e::need_root;
+use gpuslice_e2e::node::*;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -505,7 +504,7 @@ fn handover_cost_personal_vs_node() {
     }
 }
 
-/// Child modes of this binary (see `node/mod.rs`); without `TENANTS_CHILD` it returns at once.
+/// Child modes of this binary (see `gpuslice_e2e::node`); without `TENANTS_CHILD` it returns at once.
 #[test]
 fn tenant_child() {
     let Ok(mode) = std::env::var("TENANTS_CHILD") else {

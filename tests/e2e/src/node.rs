@@ -1,5 +1,6 @@
-//! The node world of the root tests (`tenants.rs`, `turns.rs`): a root monitor in node mode on
-//! a private fake GPU, and unprivileged users (`setpriv` to uids that exist nowhere else).
+//! The node world of the root tests (`tenants.rs`, `turns.rs`, the DRA plugin's `node_mode.rs`):
+//! a root monitor in node mode on a private fake GPU, and unprivileged users (`setpriv` to uids
+//! that exist nowhere else).
 //! Every test needs root (to be the node's root and to become other users); without root it
 //! prints why and passes vacuously. CI runs as root.
 //!
@@ -9,10 +10,7 @@
 //! can are the test binary run again as another user with `TENANTS_CHILD` set (each binary's
 //! `tenant_child`).
 
-// Shared by two test binaries; each uses a part.
-#![allow(dead_code)]
-
-use gpuslice_e2e::{artifact, fake_lib_dir, World};
+use crate::{artifact, fake_lib_dir, World};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -26,9 +24,11 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Return from a test (it passes vacuously, saying why) unless it runs as root.
+#[macro_export]
 macro_rules! need_root {
     () => {
-        if !is_root() {
+        if !$crate::node::is_root() {
             println!("skipped: needs root (to run the node's monitor and become other users)");
             return;
         }
@@ -73,7 +73,6 @@ impl Node {
         ] {
             std::fs::write(bin.join(l), &fake).unwrap();
         }
-        std::fs::copy(std::env::current_exe().unwrap(), bin.join("tenants")).unwrap();
         for e in std::fs::read_dir(&bin).unwrap() {
             chmod(&e.unwrap().path(), 0o755);
         }
@@ -89,7 +88,12 @@ impl Node {
     }
 
     pub fn start_monitor(&mut self) {
-        let log = std::fs::File::create(self.root().join("monitor.out")).unwrap();
+        // Appended: a restarted monitor's log follows the first one's.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root().join("monitor.out"))
+            .unwrap();
         let child = self
             .command(0, "gpuslice")
             .args(["monitor", "--mode", "node", "--interval", "50"])
@@ -111,9 +115,19 @@ impl Node {
         }
     }
 
+    /// Kill the monitor (SIGKILL: as if it crashed).
     pub fn stop_monitor(&mut self) {
         if let Some(mut c) = self.monitor.take() {
             let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stop the monitor cleanly (SIGTERM, as an operator or the kubelet would).
+    pub fn terminate_monitor(&mut self) {
+        if let Some(mut c) = self.monitor.take() {
+            // SAFETY: kill(2) on the pid of our unreaped child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             let _ = c.wait();
         }
     }
@@ -175,8 +189,14 @@ impl Node {
         serde_json::from_slice(&o.stdout).unwrap()
     }
 
-    /// This test binary run as `uid` in child mode `mode`.
+    /// This test binary run as `uid` in child mode `mode` (copied where every user can run it,
+    /// the first time).
     pub fn child(&self, uid: u32, mode: &str) -> Command {
+        let exe = self.bin.join("tenants");
+        if !exe.exists() {
+            std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+            chmod(&exe, 0o755);
+        }
         let mut c = self.command(uid, "tenants");
         c.args(["--exact", "tenant_child", "--nocapture", "--test-threads=1"])
             .env("TENANTS_CHILD", mode)
