@@ -233,29 +233,62 @@ pub fn holder(n: &Node, uid: u32, env: &[(&str, &str)], alloc: &str, hold: &str)
     c.spawn().unwrap()
 }
 
-/// Wait until `status` shows `n` live processes of slice `slice`.
-pub fn wait_for_slice(n: &Node, slice: &str, procs: usize) {
+/// Poll the node's `status` every 50 ms until `f` answers, at most `secs` seconds; on time-out
+/// panic naming `what`, with the last status and the monitor's log.
+pub fn wait_status<T>(
+    n: &Node,
+    secs: u64,
+    what: &str,
+    mut f: impl FnMut(&serde_json::Value) -> Option<T>,
+) -> T {
     let t0 = Instant::now();
     loop {
         let s = n.status();
-        let have = s["slices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|x| x["name"] == slice)
-            .map(|x| x["pids"].as_array().unwrap().len())
-            .max()
-            .unwrap_or(0);
-        if have >= procs {
-            return;
+        if let Some(v) = f(&s) {
+            return v;
         }
         assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "slice {slice} never had {procs} processes: {s:#}\n{}",
+            t0.elapsed() < Duration::from_secs(secs),
+            "{what}: not within {secs} s: {s:#}\n{}",
             n.monitor_log()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The slices named `slice` in a status.
+pub fn slices_named<'a>(
+    s: &'a serde_json::Value,
+    slice: &'a str,
+) -> impl Iterator<Item = &'a serde_json::Value> {
+    s["slices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(move |x| x["name"] == slice)
+}
+
+/// Wait until `status` shows `procs` live processes of slice `slice`.
+pub fn wait_for_slice(n: &Node, slice: &str, procs: usize) {
+    wait_status(
+        n,
+        60,
+        &format!("slice {slice} with {procs} processes"),
+        |s| {
+            let have = slices_named(s, slice)
+                .map(|x| x["pids"].as_array().map_or(0, |p| p.len()))
+                .max()
+                .unwrap_or(0);
+            (have >= procs).then_some(())
+        },
+    )
+}
+
+/// Wait until the monitor has reaped slice `slice` (10 s at most).
+pub fn wait_slice_gone(n: &Node, slice: &str) {
+    wait_status(n, 10, &format!("slice {slice} reaped"), |s| {
+        slices_named(s, slice).next().is_none().then_some(())
+    })
 }
 
 pub fn burn_json(o: &Output) -> serde_json::Value {

@@ -296,23 +296,7 @@ fn a_stopped_tenant_delays_no_one() {
         t0.elapsed()
     );
     // B's exited processes are reaped: slice b goes away while A is still stopped.
-    let t1 = Instant::now();
-    loop {
-        let s = n.status();
-        if !s["slices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|x| x["name"] == "b")
-        {
-            break;
-        }
-        assert!(
-            t1.elapsed() < Duration::from_secs(10),
-            "b never reaped: {s:#}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_slice_gone(&n, "b");
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let _ = a.wait_with_output();
@@ -340,20 +324,10 @@ fn the_audit_reports_and_kills_a_bypass() {
             "2Gi",
             "20",
         );
-        let t0 = Instant::now();
-        let found = loop {
-            let s = n.status();
+        let found = wait_status(&n, 20, "a violation reported", |s| {
             let v = s["violations"].as_array().unwrap().clone();
-            if !v.is_empty() {
-                break v;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "no violation reported: {s:#}\n{}",
-                n.monitor_log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        };
+            (!v.is_empty()).then_some(v)
+        });
         assert_eq!(found[0]["slice"], "team");
         assert!(found[0]["observed"].as_u64().unwrap() >= 2u64 << 30);
         let m = String::from_utf8_lossy(&n.cli(0, &["metrics"]).stdout).into_owned();
@@ -443,42 +417,16 @@ fn enforcement_survives_the_monitor_and_a_restart_recovers_regions() {
         text(&o)
     );
     n.start_monitor();
-    let t0 = Instant::now();
-    loop {
-        let s = n.status();
-        let used = s["slices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["name"] == "a")
+    wait_status(&n, 10, "the restarted monitor sees slice a's usage", |s| {
+        let used = slices_named(s, "a")
+            .next()
             .map(|x| x["memory_used"].as_u64().unwrap_or(0));
-        if used == Some(512 << 20) {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the restarted monitor does not see slice a's usage: {s:#}\n{}",
-            n.monitor_log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        (used == Some(512 << 20)).then_some(())
+    });
     let out = h.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     // After it exits, the restarted monitor reaps it and the slice goes.
-    let t1 = Instant::now();
-    while n.status()["slices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|x| x["name"] == "a")
-    {
-        assert!(
-            t1.elapsed() < Duration::from_secs(10),
-            "{}",
-            n.monitor_log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_slice_gone(&n, "a");
 }
 
 /// A container-like tenant: its own PID namespace (`unshare --pid`), as another user. The
@@ -532,20 +480,7 @@ fn a_tenant_in_its_own_pid_namespace_is_admitted_and_reaped() {
         "{}",
         text(&o)
     );
-    let t0 = Instant::now();
-    while n.status()["slices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|x| x["name"] == "boxed")
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "never reaped: {}",
-            n.monitor_log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_slice_gone(&n, "boxed");
 }
 
 /// NVML-only processes' view: a read-only descriptor of the asker's own slice's region, and
