@@ -483,6 +483,14 @@ mod tests {
         now: AtomicU64,
         wakes: AtomicU32,
     }
+    impl Clock {
+        fn at(now: u64) -> Clock {
+            Clock {
+                now: AtomicU64::new(now),
+                wakes: AtomicU32::new(0),
+            }
+        }
+    }
     impl Os for Clock {
         fn now_ns(&self) -> u64 {
             self.now.load(SeqCst)
@@ -529,25 +537,11 @@ mod tests {
     /// Two slices both always waiting (honest processes that hand back at their lease's end):
     /// the time granted to each over `secs`.
     fn run_pair(shares: [f64; 2], hostile: bool, secs: u64) -> ([u64; 2], u64) {
-        let os = Clock {
-            now: AtomicU64::new(T0),
-            wakes: AtomicU32::new(0),
-        };
+        let os = Clock::at(T0);
         let dev = SchedDevice::default();
         let t = slices(&[(shares[0], 1.0), (shares[1], 1.0)]);
         let words = [GrantProc::default(), GrantProc::default()];
-        let members = [
-            Member {
-                slot: 0,
-                slice: 1,
-                words: &words[0],
-            },
-            Member {
-                slot: 1,
-                slice: 2,
-                words: &words[1],
-            },
-        ];
+        let members = members(&words);
         let mut dt = DeviceTurns::default();
         let mut got = [0u64; 2];
         let (mut gap, mut longest) = (0u64, 0u64); // slice 2's waits
@@ -613,31 +607,29 @@ mod tests {
         assert!(longest <= MAX_GRANT_NS + POLL_NS, "{longest}");
     }
 
+    /// Process `i` of `w` is the one process of slice `i + 1`.
+    fn members(w: &[GrantProc]) -> Vec<Member<'_>> {
+        w.iter()
+            .enumerate()
+            .map(|(i, words)| Member {
+                slot: i,
+                slice: i as u32 + 1,
+                words,
+            })
+            .collect()
+    }
+
     fn one(dev: &SchedDevice) -> Lease {
         Lease::unpack(dev.lease.load(SeqCst))
     }
 
     #[test]
     fn a_slice_alone_gets_a_solo_lease_revoked_when_another_asks() {
-        let os = Clock {
-            now: AtomicU64::new(T0),
-            wakes: AtomicU32::new(0),
-        };
+        let os = Clock::at(T0);
         let dev = SchedDevice::default();
         let t = slices(&[(0.5, 1.0), (0.5, 1.0)]);
         let w = [GrantProc::default(), GrantProc::default()];
-        let m = [
-            Member {
-                slot: 0,
-                slice: 1,
-                words: &w[0],
-            },
-            Member {
-                slot: 1,
-                slice: 2,
-                words: &w[1],
-            },
-        ];
+        let m = members(&w);
         w[0].want_ns.store(T0, SeqCst);
         let mut dt = DeviceTurns::default();
         dt.step(&os, &dev, &t, &m, T0);
@@ -704,25 +696,11 @@ mod tests {
 
     #[test]
     fn a_holder_that_hands_back_early_is_charged_only_its_span() {
-        let os = Clock {
-            now: AtomicU64::new(T0),
-            wakes: AtomicU32::new(0),
-        };
+        let os = Clock::at(T0);
         let dev = SchedDevice::default();
         let t = slices(&[(0.5, 1.0), (0.5, 1.0)]);
         let w = [GrantProc::default(), GrantProc::default()];
-        let m = [
-            Member {
-                slot: 0,
-                slice: 1,
-                words: &w[0],
-            },
-            Member {
-                slot: 1,
-                slice: 2,
-                words: &w[1],
-            },
-        ];
+        let m = members(&w);
         w[0].want_ns.store(T0, SeqCst);
         w[1].want_ns.store(T0, SeqCst);
         let mut dt = DeviceTurns::default();
@@ -742,10 +720,7 @@ mod tests {
 
     #[test]
     fn a_lease_found_after_a_restart_is_not_charged() {
-        let os = Clock {
-            now: AtomicU64::new(T0),
-            wakes: AtomicU32::new(0),
-        };
+        let os = Clock::at(T0);
         let dev = SchedDevice::default();
         let t = slices(&[(0.5, 1.0), (0.5, 1.0)]);
         dev.lease.store(
@@ -760,18 +735,7 @@ mod tests {
         dev.turn.store(77, SeqCst);
         let w = [GrantProc::default(), GrantProc::default()];
         w[1].want_ns.store(T0, SeqCst);
-        let m = [
-            Member {
-                slot: 0,
-                slice: 1,
-                words: &w[0],
-            },
-            Member {
-                slot: 1,
-                slice: 2,
-                words: &w[1],
-            },
-        ];
+        let m = members(&w);
         let mut dt = DeviceTurns::default();
         dt.step(&os, &dev, &t, &m, T0);
         assert_eq!(
@@ -784,10 +748,7 @@ mod tests {
 
     #[test]
     fn caps_hold_when_alone() {
-        let os = Clock {
-            now: AtomicU64::new(T0),
-            wakes: AtomicU32::new(0),
-        };
+        let os = Clock::at(T0);
         let dev = SchedDevice::default();
         let t = slices(&[(0.0, 0.3)]);
         let w = GrantProc::default();
@@ -818,10 +779,7 @@ mod tests {
 
     #[test]
     fn hostile_words_of_a_slice_not_on_the_device_are_ignored() {
-        let os = Clock {
-            now: AtomicU64::new(T0),
-            wakes: AtomicU32::new(0),
-        };
+        let os = Clock::at(T0);
         let dev = SchedDevice::default();
         let t = slices(&[(0.5, 1.0)]);
         let w = GrantProc::default();
@@ -862,10 +820,7 @@ mod tests {
 
     #[test]
     fn a_tenant_launches_unthrottled_while_the_monitor_is_down() {
-        let os = Clock {
-            now: AtomicU64::new(T0 + 10 * sched::MONITOR_STALE_NS),
-            wakes: AtomicU32::new(0),
-        };
+        let os = Clock::at(T0 + 10 * sched::MONITOR_STALE_NS);
         let dev = SchedDevice::default();
         // Someone else holds the device, and nobody refreshes the heartbeat.
         dev.lease.store(
