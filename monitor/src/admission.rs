@@ -8,7 +8,8 @@
 //! the monitor; nothing the client claims about itself is used for identity.
 //!
 //! Requests (see `gpuslice_ledger::protocol`): `admit` (a shim at `cuInit`), `slice-create`,
-//! `slice-rm`, `slice-priority` (the operator CLI: root, or a member of the operator group),
+//! `slice-rm`, `slice-set`, `slice-priority` (the operator CLI: root, or a member of the
+//! operator group),
 //! `view` (a read-only descriptor of one slice's region, for the slice's own uid or root).
 
 use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
@@ -330,7 +331,7 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
     match req.get("op") {
         Some("admit") => admit(server, req, pid, uid),
         Some("ping") => Ok((Message::new("ok", &std::process::id().to_string()), vec![])),
-        Some(op @ ("slice-create" | "slice-rm" | "slice-priority")) => {
+        Some(op @ ("slice-create" | "slice-rm" | "slice-set" | "slice-priority")) => {
             if !is_operator(server, pid, uid) {
                 return Err(format!(
                     "permission denied: `gpuslice slice` changes the node's policy; only root or \
@@ -370,6 +371,26 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
                         None => Ok(1),
                     }),
                 "slice-rm" => ledger.remove_slice(&name),
+                "slice-set" => {
+                    let opt = |k: &str| req.get(k).map(|_| num::<u64>(req, k)).transpose();
+                    let ppm = |k: &str| opt(k).map(|v| v.map(|v| v.min(PPM as u64) as u32));
+                    let class = opt("class")?;
+                    if class.is_some_and(|c| {
+                        c != gpuslice_ledger::sched::CLASS_NORMAL as u64
+                            && c != gpuslice_ledger::sched::CLASS_LATENCY as u64
+                    }) {
+                        return Err("bad request: field \"class\" is not a priority class".into());
+                    }
+                    ledger.set_slice(
+                        &name,
+                        &gpuslice_ledger::SliceChange {
+                            memory: opt("memory")?,
+                            compute_share_ppm: ppm("share")?,
+                            compute_cap_ppm: ppm("cap")?,
+                            class: class.map(|c| c as u32),
+                        },
+                    )
+                }
                 _ => ledger.set_slice_priority(&name, num(req, "priority")?),
             }
             .map_err(|e| e.to_string())?;

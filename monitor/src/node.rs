@@ -413,6 +413,34 @@ impl Node {
 
     /// Remove an operator slice on every device; how many records went away at once (one with
     /// processes attached goes with its last process).
+    /// Change slice `name` live (every device it is on); returns on how many devices. In node
+    /// mode a non-root operator asks the monitor (the policy is read-only to it).
+    pub fn set_slice(
+        &self,
+        name: &str,
+        change: &gpuslice_ledger::SliceChange,
+    ) -> Result<usize, Failure> {
+        if self.via_monitor() {
+            let mut m = Message::new("op", "slice-set");
+            m.push("name", name);
+            if let Some(v) = change.memory {
+                m.push("memory", &v.to_string());
+            }
+            if let Some(v) = change.compute_share_ppm {
+                m.push("share", &v.to_string());
+            }
+            if let Some(v) = change.compute_cap_ppm {
+                m.push("cap", &v.to_string());
+            }
+            if let Some(v) = change.class {
+                m.push("class", &v.to_string());
+            }
+            let r = self.ask_monitor(&m)?;
+            return Ok(r.parse().unwrap_or(0));
+        }
+        Ok(self.ledger.set_slice(name, change)?)
+    }
+
     pub fn remove_slice(&self, name: &str) -> Result<usize, Failure> {
         if self.via_monitor() {
             let r = self.ask_monitor(&Message::new("op", "slice-rm").push("name", name).clone())?;

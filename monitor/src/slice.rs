@@ -232,8 +232,8 @@ fn set(args: Vec<OsString>) -> Result<(), Failure> {
     let Some((name, change)) = parse_set(args)? else {
         return Ok(());
     };
-    let ledger = gpuslice_ledger::Ledger::open(&cli::runtime_dir())?;
-    let n = ledger.set_slice(&name, &change)?;
+    let node = Node::open(&cli::runtime_dir())?;
+    let n = node.set_slice(&name, &change)?;
     cli::outln!(
         "changed slice {name:?} ({n} device{})",
         if n == 1 { "" } else { "s" }

@@ -154,6 +154,7 @@ fn the_operator_cli_refuses_tenants() {
     for args in [
         &["slice", "create", "hog", "--memory", "100%"][..],
         &["slice", "rm", "ops"],
+        &["slice", "set", "ops", "--memory", "8Gi"],
     ] {
         let o = n.cli(TENANT_A, args);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
@@ -214,6 +215,23 @@ fn the_operator_cli_refuses_tenants() {
             .output()
             .unwrap();
         assert!(o.status.success(), "an operator was refused: {}", text(&o));
+        // ... who changes a slice live through the monitor (the policy is read-only to it).
+        let o = n
+            .command_as(TENANT_B, Some("47100"), "gpuslice")
+            .args(["slice", "set", "ops", "--memory", "3Gi", "--compute", "0.2"])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "an operator's set was refused: {}",
+            text(&o)
+        );
+        let s = n.status();
+        let ops = slices_named(&s, "ops")
+            .next()
+            .unwrap_or_else(|| panic!("{s:#}"));
+        assert_eq!(ops["memory_limit"], 3u64 << 30, "{s:#}");
+        assert_eq!(ops["compute_share"], 0.2, "{s:#}");
     } else {
         println!("groupadd unavailable: the operator-group half was not run");
     }
