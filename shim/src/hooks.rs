@@ -143,6 +143,10 @@ hook_table! {
         Cuda cuMemPoolTrimTo => memory::pool_trim_to;
         Cuda cuMemPoolCreate => memory::pool_create;
         Cuda cuMemPoolDestroy => memory::pool_destroy;
+        Cuda cuStreamSynchronize => memory::stream_synchronize;
+        Cuda cuStreamSynchronize_ptsz => memory::stream_synchronize;
+        Cuda cuCtxSynchronize => memory::ctx_synchronize;
+        Cuda cuEventSynchronize => memory::event_synchronize;
         Cuda cuMemCreate => memory::mem_create;
         Cuda cuMemRelease => memory::mem_release;
         Cuda cuArrayCreate_v2 => memory::array_create;

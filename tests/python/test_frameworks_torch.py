@@ -50,15 +50,10 @@ def test_torch_without_the_shim_sees_the_whole_device(fw_env, mode):
     assert 7 <= r["allocated"] <= 8, r
 
 
-ASYNC_POOL_GAP = pytest.mark.xfail(strict=True, reason=(
-    "gpuslice gap, not a fake limitation: the shim uncharges cuMemFreeAsync at once, while the "
-    "freed block stays reserved in the process's memory pool (torch.cuda.memory_reserved still "
-    "counts it) until the pool is trimmed; a neighbour in the slice can then take memory the "
-    "pool still holds, so the slice's processes together hold more than its quota"))
-
-
-@pytest.mark.parametrize("mode", [m if m != "async" else pytest.param(m, marks=ASYNC_POOL_GAP) for m in MODES])
+@pytest.mark.parametrize("mode", MODES)
 def test_torch_empty_cache_gives_memory_back_to_the_slice(fw_env, mode):
+    """With `backend:cudaMallocAsync` the freed tensors stay in the driver's memory pool: b is
+    refused while a's pool holds them, and gets them once `empty_cache` trims the pool."""
     env = torch_env(fw_env, mode, GPUSLICE_MEMORY="1Gi", GPUSLICE_SLICE="shared")
     with Served("torch", "fw_torch", env, "hold") as a, Served("torch", "fw_torch", env, "hold") as b:
         got = a.ask("alloc 768")

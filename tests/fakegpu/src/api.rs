@@ -381,6 +381,8 @@ fn free_async(ptr: CUdeviceptr, h: CUstream, per_thread: bool) -> CuResult<()> {
                 ) => {}
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     }
+    // Pool memory leaves the pool's used bytes now, before the stream reaches the free.
+    mem::free_async_called(ptr);
     s.submit(Op::Free(ptr))
 }
 
