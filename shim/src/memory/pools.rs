@@ -14,13 +14,19 @@
 //!   `USED_MEM_CURRENT` is never the measure: a block freed with `cuMemFreeAsync` leaves it
 //!   at once while the pool still holds the block (until the stream reaches the free, and
 //!   after it until the pool is trimmed);
-//! - an allocation that spends credit may still make the pool grow (no freed block fits: the
-//!   pool grows lazily), so it asks the driver what the pool reserves before and after, and
-//!   charges the growth the credit did not cover ([`shortfall`]). When that does not fit, the
-//!   pool's unused blocks are released (`cuMemPoolTrimTo`, what the driver itself does when
-//!   the device runs short) and, if the pool still holds too much, the new block is freed
-//!   (waiting for it in its context) and the allocation tried once more as new memory.
-//! Allocations that spend no credit ask the driver nothing (the fast path).
+//! - an allocation from a pool that holds credit may be served from a freed block or make the
+//!   pool grow (no freed block fits: pools grow lazily). While the slice has room for the
+//!   whole request it is charged in full and the pool reconciled right after (one question
+//!   to the driver). At the quota's edge it spends the credit instead, asks the driver what
+//!   the pool reserves before and after, and charges the growth the credit did not cover
+//!   ([`shortfall`]). When that does not fit, the pool's unused blocks are released
+//!   (`cuMemPoolTrimTo`, what the driver itself does when the device runs short) and, if the
+//!   pool still holds too much (frees its stream has not reached), the new block is freed
+//!   (waiting for its stream) and the allocation tried once more as new memory. Only in that
+//!   edge case does the device hold more than the quota, for the microseconds between the
+//!   driver's growth and the shim's trim or free.
+//!
+//! Allocations from a pool without credit ask the driver nothing (the fast path).
 //!
 //! State: one preallocated table of pool slots (handle, retained credit, live bytes, device).
 //! Each pool's memory is charged to and credited on the pool's own device, whatever the
@@ -165,7 +171,10 @@ fn kept(retained: u64, reserved: u64, live: u64) -> u64 {
 /// charged).
 #[inline]
 fn shortfall(before: u64, after: u64, need: u64, credit: u64) -> u64 {
-    after.saturating_sub(before).saturating_sub(need).min(credit)
+    after
+        .saturating_sub(before)
+        .saturating_sub(need)
+        .min(credit)
 }
 
 /// Return retained credit of `slot` beyond what pool `p` still reserves for it. A driver that
@@ -241,6 +250,25 @@ unsafe fn alloc_from(
     stream: CUstream,
     mut alloc: impl FnMut() -> (CUresult, u64),
 ) -> CUresult {
+    // The pool holds freed memory it may reuse, or grow beside. While the slice has room for
+    // the whole request, charge it in full (growth of any kind is covered), then return what
+    // the pool did not need.
+    if slot != 0 && POOLS[slot].retained.load(SeqCst) > 0 && dev.account.try_charge(bytes) {
+        let (r, h) = alloc();
+        if r != CUDA_SUCCESS {
+            dev.account.uncharge(bytes);
+            return r;
+        }
+        POOLS[slot].live.fetch_add(bytes, SeqCst);
+        if let Some(p) = pool() {
+            // SAFETY: a driver's pool handle, live: an allocation was just made from it.
+            unsafe { reconcile(dev, slot, p) };
+        }
+        record(Kind::Ptr, h, Charge::new(bytes, dev, slot));
+        return r;
+    }
+    // No credit (the fast path: the driver is asked nothing), or the quota's edge: spend the
+    // credit, and measure whether the pool grew anyway.
     let credit = take_credit(slot, bytes);
     let need = bytes - credit;
     // SAFETY: dev is the started state's (this function's contract).
@@ -468,10 +496,17 @@ pub unsafe fn mem_alloc_from_pool(
     // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
     // out-pointer.
     unsafe {
-        alloc_from(dev, slot, || Some(pool), bytes as u64, stream, || {
-            let r = pass();
-            (r, written(r, dptr).unwrap_or(0))
-        })
+        alloc_from(
+            dev,
+            slot,
+            || Some(pool),
+            bytes as u64,
+            stream,
+            || {
+                let r = pass();
+                (r, written(r, dptr).unwrap_or(0))
+            },
+        )
     }
 }
 
@@ -596,4 +631,40 @@ pub(super) fn retain(slot: usize, bytes: u64) -> bool {
     }
     p.retained.fetch_add(bytes, SeqCst);
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{kept, shortfall};
+
+    const MI: u64 = 1 << 20;
+
+    #[test]
+    fn credit_is_kept_while_the_pool_still_reserves_it() {
+        // 768 MiB freed into a pool that still reserves them: all kept, whatever the driver's
+        // USED says (a free its stream has not reached still counts there on some drivers).
+        assert_eq!(kept(768 * MI, 768 * MI, 0), 768 * MI);
+        // Trimmed: nothing left to cover.
+        assert_eq!(kept(768 * MI, 0, 0), 0);
+        // Partly released, with 100 MiB live: the credit covers the rest of the reservation.
+        assert_eq!(kept(500 * MI, 300 * MI, 100 * MI), 200 * MI);
+        // Credit is never created: a pool reserving more than its charge keeps what it had.
+        assert_eq!(kept(10 * MI, 900 * MI, 100 * MI), 10 * MI);
+        // Live beyond the reservation (the driver's answer raced a new allocation): none kept.
+        assert_eq!(kept(10 * MI, 100 * MI, 200 * MI), 0);
+    }
+
+    #[test]
+    fn growth_the_credit_paid_for_is_charged_again() {
+        // 100 MiB paid from credit, the pool reused a freed block: nothing short.
+        assert_eq!(shortfall(600 * MI, 600 * MI, 0, 100 * MI), 0);
+        // ... it grew by the request instead: the whole credit is short.
+        assert_eq!(shortfall(600 * MI, 700 * MI, 0, 100 * MI), 100 * MI);
+        // 60 paid from credit, 40 charged, the pool grew by 100: 60 short.
+        assert_eq!(shortfall(0, 100 * MI, 40 * MI, 60 * MI), 60 * MI);
+        // Growth beyond the request is rounding, never charged; a shrinking pool (a trim in
+        // another thread) leaves nothing short.
+        assert_eq!(shortfall(0, 102 * MI, 0, 100 * MI), 100 * MI);
+        assert_eq!(shortfall(700 * MI, 100 * MI, 0, 100 * MI), 0);
+    }
 }

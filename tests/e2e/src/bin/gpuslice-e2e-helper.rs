@@ -17,10 +17,17 @@
 //! gpuslice-e2e-helper pool-devices BYTES
 //!     On a 2-device node: create a memory pool located on device 1, then, each step when a
 //!     line arrives on stdin and always with device 0's context current, `alloc` BYTES from
-//!     it, `free` them (cuMemFreeAsync, synchronized on device 1), `overfill` (cuMemAlloc_v2 of 1 GiB + 1
+//!     it, `free` them (cuMemFreeAsync, synchronized; the pool keeps them: its release
+//!     threshold is the maximum), `overfill` (cuMemAlloc_v2 of 1 GiB + 1
 //!     byte on device 0, which a 1 GiB quota refuses after trying to reclaim pool memory),
 //!     `destroy` the pool; prints `done STEP` (`done overfill CODE`) after each, so the test
 //!     can read the ledger between steps.
+//! gpuslice-e2e-helper pool-steps
+//!     cuInit, device 0's primary context, then one step per stdin line, each answered
+//!     `done CODE` (the driver's status): `threshold BYTES|max` (the default pool's release
+//!     threshold), `async NAME BYTES` (cuMemAllocAsync on the legacy stream), `freeasync NAME`
+//!     (cuMemFreeAsync), `sync` (cuStreamSynchronize), `trim` (cuMemPoolTrimTo the default
+//!     pool to 0), `plain NAME BYTES` (cuMemAlloc_v2), `free NAME` (cuMemFree_v2).
 //! gpuslice-e2e-helper node-usage
 //!     Until stdin closes, sample device 0's used memory as the fake GPU's NVML reports it
 //!     for the whole node (every process, whatever gpuslice's ledger says); then print
@@ -150,6 +157,8 @@ fn pool_devices(bytes: u64) {
     let free: unsafe extern "C" fn(u64, *mut c_void) -> CuResult = sym(cuda, c"cuMemFreeAsync");
     let sync: unsafe extern "C" fn() -> CuResult = sym(cuda, c"cuCtxSynchronize");
     let destroy: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuMemPoolDestroy");
+    let set_attr: unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> CuResult =
+        sym(cuda, c"cuMemPoolSetAttribute");
     let plain_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult =
         sym(cuda, c"cuMemAlloc_v2");
     let (mut ctx0, mut ctx1, mut pool, mut ptr) = (
@@ -175,6 +184,12 @@ fn pool_devices(bytes: u64) {
         check("cuDevicePrimaryCtxRetain(1)", retain(&mut ctx1, 1));
         check("cuCtxSetCurrent(1)", set_current(ctx1));
         check("cuMemPoolCreate", create(&mut pool, &props));
+        // The pool keeps what is freed into it (its credit stays until it is destroyed).
+        let mut keep = u64::MAX;
+        check(
+            "cuMemPoolSetAttribute",
+            set_attr(pool, 4, (&mut keep as *mut u64).cast()), // RELEASE_THRESHOLD
+        );
         check("cuCtxSetCurrent(0)", set_current(ctx0));
     }
     println!("done create");
@@ -188,9 +203,8 @@ fn pool_devices(bytes: u64) {
                     alloc(&mut ptr, bytes as usize, pool, std::ptr::null_mut()),
                 ),
                 "free" => {
-                    // Synchronized in device 1's context: the pool releases what it holds
-                    // above its threshold (0) to the device, unseen by gpuslice until it
-                    // reconciles that pool.
+                    // Synchronized in both contexts: the free is done, and the pool (its
+                    // threshold at the maximum) keeps the block.
                     check("cuMemFreeAsync", free(ptr, std::ptr::null_mut()));
                     check("cuCtxSynchronize", sync()); // the free, queued in context 0
                     check("cuCtxSetCurrent(1)", set_current(ctx1));
@@ -207,6 +221,77 @@ fn pool_devices(bytes: u64) {
             }
         }
         println!("done {}", step.trim());
+    }
+}
+
+fn pool_steps() {
+    let cuda = libcuda();
+    let cu_init: unsafe extern "C" fn(u32) -> CuResult = sym(cuda, c"cuInit");
+    let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
+        sym(cuda, c"cuDevicePrimaryCtxRetain");
+    let set_current: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuCtxSetCurrent");
+    let get_pool: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
+        sym(cuda, c"cuDeviceGetMemPool");
+    let set_attr: unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> CuResult =
+        sym(cuda, c"cuMemPoolSetAttribute");
+    let alloc_async: unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> CuResult =
+        sym(cuda, c"cuMemAllocAsync");
+    let free_async: unsafe extern "C" fn(u64, *mut c_void) -> CuResult =
+        sym(cuda, c"cuMemFreeAsync");
+    let sync: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuStreamSynchronize");
+    let trim: unsafe extern "C" fn(*mut c_void, usize) -> CuResult = sym(cuda, c"cuMemPoolTrimTo");
+    let alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult = sym(cuda, c"cuMemAlloc_v2");
+    let free: unsafe extern "C" fn(u64) -> CuResult = sym(cuda, c"cuMemFree_v2");
+    let (mut ctx, mut pool) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: the driver's signatures above; out-parameters are valid locals.
+    unsafe {
+        check("cuInit", cu_init(0));
+        check("cuDevicePrimaryCtxRetain", retain(&mut ctx, 0));
+        check("cuCtxSetCurrent", set_current(ctx));
+        check("cuDeviceGetMemPool", get_pool(&mut pool, 0));
+    }
+    const RELEASE_THRESHOLD: c_int = 4; // CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+    let stream = std::ptr::null_mut();
+    let mut held = std::collections::HashMap::<String, u64>::new();
+    println!("ready");
+    for line in std::io::stdin().lines() {
+        let line = line.unwrap_or_default();
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let bytes = |i: usize| -> usize {
+            w.get(i)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| die(&format!("bad step {line:?}")))
+        };
+        let name = |i: usize| w.get(i).map(|s| s.to_string()).unwrap_or_default();
+        let mut p = 0u64;
+        // SAFETY: the driver's signatures above; pointers freed are ones this loop allocated.
+        let code = unsafe {
+            match w.first().copied() {
+                Some("threshold") => {
+                    let mut v: u64 = match w.get(1) {
+                        Some(&"max") => u64::MAX,
+                        _ => bytes(1) as u64,
+                    };
+                    set_attr(pool, RELEASE_THRESHOLD, (&mut v as *mut u64).cast())
+                }
+                Some("async") => {
+                    let r = alloc_async(&mut p, bytes(2), stream);
+                    held.insert(name(1), p);
+                    r
+                }
+                Some("freeasync") => free_async(held.remove(&name(1)).unwrap_or(0), stream),
+                Some("sync") => sync(stream),
+                Some("trim") => trim(pool, 0),
+                Some("plain") => {
+                    let r = alloc(&mut p, bytes(2));
+                    held.insert(name(1), p);
+                    r
+                }
+                Some("free") => free(held.remove(&name(1)).unwrap_or(0)),
+                _ => die(&format!("unknown step {line:?}")),
+            }
+        };
+        println!("done {code}");
     }
 }
 
@@ -312,6 +397,7 @@ fn main() {
         Some("ctor-cuda") => ctor_cuda(args.get(1).unwrap_or_else(|| usage())),
         Some("pool-devices") => pool_devices(n(1)),
         Some("node-usage") => node_usage(),
+        Some("pool-steps") => pool_steps(),
         _ => usage(),
     }
 }
@@ -319,7 +405,7 @@ fn main() {
 fn usage() -> ! {
     eprintln!(
         "usage: gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS | fork-cuda | ctor-cuda LIBRARY | \
-         pool-devices BYTES | node-usage"
+         pool-devices BYTES | pool-steps | node-usage"
     );
     std::process::exit(2);
 }
