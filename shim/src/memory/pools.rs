@@ -235,8 +235,7 @@ pub unsafe fn reclaim_pools(dev: &DevState) -> bool {
 }
 
 /// Charge, allocate from pool `slot` (driver handle from `pool`), record: the pool form of
-/// `charge_and_alloc`. Credit is spent first; when it was, the pool's growth is measured and
-/// charged (module comment). Slot 0 (no slot free): charged like plain memory.
+/// `charge_and_alloc` (module comment). Slot 0 (no slot free): charged like plain memory.
 ///
 /// # Safety
 /// `dev` is a device of the started state, the one whose memory the pool holds; `pool`
@@ -250,25 +249,19 @@ unsafe fn alloc_from(
     stream: CUstream,
     mut alloc: impl FnMut() -> (CUresult, u64),
 ) -> CUresult {
+    if slot == 0 || POOLS[slot].retained.load(SeqCst) == 0 {
+        // No credit, the fast path: new memory, and the driver is asked nothing.
+        // SAFETY: this function's contract.
+        return unsafe { in_full(dev, slot, bytes, false, None, alloc) };
+    }
     // The pool holds freed memory it may reuse, or grow beside. While the slice has room for
     // the whole request, charge it in full (growth of any kind is covered), then return what
     // the pool did not need.
-    if slot != 0 && POOLS[slot].retained.load(SeqCst) > 0 && dev.account.try_charge(bytes) {
-        let (r, h) = alloc();
-        if r != CUDA_SUCCESS {
-            dev.account.uncharge(bytes);
-            return r;
-        }
-        POOLS[slot].live.fetch_add(bytes, SeqCst);
-        if let Some(p) = pool() {
-            // SAFETY: a driver's pool handle, live: an allocation was just made from it.
-            unsafe { reconcile(dev, slot, p) };
-        }
-        record(Kind::Ptr, h, Charge::new(bytes, dev, slot));
-        return r;
+    if dev.account.try_charge(bytes) {
+        // SAFETY: this function's contract.
+        return unsafe { in_full(dev, slot, bytes, true, pool(), alloc) };
     }
-    // No credit (the fast path: the driver is asked nothing), or the quota's edge: spend the
-    // credit, and measure whether the pool grew anyway.
+    // The quota's edge: spend the credit, and measure whether the pool grew anyway.
     let credit = take_credit(slot, bytes);
     let need = bytes - credit;
     // SAFETY: dev is the started state's (this function's contract).
@@ -276,7 +269,6 @@ unsafe fn alloc_from(
         give_credit(slot, credit);
         return oom(dev, bytes);
     }
-    // Only an allocation that spends credit asks the driver about its pool.
     // SAFETY: `pool` answers a driver's handle (this function's contract).
     let measured = (credit > 0)
         .then(pool)
@@ -288,9 +280,7 @@ unsafe fn alloc_from(
         give_credit(slot, credit);
         return r;
     }
-    if slot != 0 {
-        POOLS[slot].live.fetch_add(bytes, SeqCst);
-    }
+    POOLS[slot].live.fetch_add(bytes, SeqCst);
     if let Some((p, before)) = measured {
         // SAFETY: a driver's pool handle, live: an allocation was just made from it.
         let after = unsafe { pool_reserved(p) }.unwrap_or(before);
@@ -299,21 +289,47 @@ unsafe fn alloc_from(
         if short > 0 && !unsafe { cover(dev, slot, p, short) } {
             // The pool grew past the quota: the block goes back, and the allocation is tried
             // once more as new memory (charged in full, so no growth is left uncovered).
-            // SAFETY: h is the block just allocated on `stream`; p its pool.
-            unsafe { give_back(dev, slot, p, h, bytes, stream) };
-            // SAFETY: dev is the started state's.
-            if !unsafe { charge(dev, bytes) } {
-                return oom(dev, bytes);
+            // SAFETY: h is the block just allocated on `stream`; p its pool; then this
+            // function's contract.
+            unsafe {
+                give_back(dev, slot, p, h, bytes, stream);
+                return in_full(dev, slot, bytes, false, None, alloc);
             }
-            let (r, h) = alloc();
-            if r != CUDA_SUCCESS {
-                dev.account.uncharge(bytes);
-                return r;
-            }
-            POOLS[slot].live.fetch_add(bytes, SeqCst);
-            record(Kind::Ptr, h, Charge::new(bytes, dev, slot));
-            return r;
         }
+    }
+    record(Kind::Ptr, h, Charge::new(bytes, dev, slot));
+    r
+}
+
+/// Allocate `bytes` from pool `slot` charged in full (`charged`: already; else charge them
+/// now), record them, and reconcile the pool with `then` (its driver handle) when given.
+///
+/// # Safety
+/// As [`alloc_from`].
+#[inline]
+unsafe fn in_full(
+    dev: &DevState,
+    slot: usize,
+    bytes: u64,
+    charged: bool,
+    then: Option<CUmemoryPool>,
+    mut alloc: impl FnMut() -> (CUresult, u64),
+) -> CUresult {
+    // SAFETY: dev is the started state's (this function's contract).
+    if !charged && !unsafe { charge(dev, bytes) } {
+        return oom(dev, bytes);
+    }
+    let (r, h) = alloc();
+    if r != CUDA_SUCCESS {
+        dev.account.uncharge(bytes);
+        return r;
+    }
+    if slot != 0 {
+        POOLS[slot].live.fetch_add(bytes, SeqCst);
+    }
+    if let Some(p) = then {
+        // SAFETY: a driver's pool handle, live: an allocation was just made from it.
+        unsafe { reconcile(dev, slot, p) };
     }
     record(Kind::Ptr, h, Charge::new(bytes, dev, slot));
     r
