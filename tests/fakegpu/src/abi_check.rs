@@ -164,6 +164,8 @@ checked! {
         nvmlDeviceGetCudaComputeCapability, nvmlDeviceGetPciInfo_v3, nvmlDeviceGetTemperature,
         nvmlDeviceGetPowerUsage, nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion,
         nvmlSystemGetCudaDriverVersion, nvmlSystemGetCudaDriverVersion_v2,
+        nvmlDeviceGetAccountingMode, nvmlDeviceGetAccountingBufferSize, nvmlDeviceGetAccountingPids,
+        nvmlDeviceGetAccountingStats,
     }
 }
 
