@@ -28,6 +28,12 @@
 //!     threshold), `async NAME BYTES` (cuMemAllocAsync on the legacy stream), `freeasync NAME`
 //!     (cuMemFreeAsync), `sync` (cuStreamSynchronize), `trim` (cuMemPoolTrimTo the default
 //!     pool to 0), `plain NAME BYTES` (cuMemAlloc_v2), `free NAME` (cuMemFree_v2).
+//! gpuslice-e2e-helper nvml-fork N
+//!     nvmlInit, then while a second thread calls nvmlDeviceGetMemoryInfo without pause (under
+//!     the shim: through its NVML cache and the cache's lock), fork N children one after
+//!     another; each child makes the same call once (an alarm ends it after 3 s) and exits
+//!     with 0 if it returned NVML_SUCCESS. Prints `{"forks": N, "ok": K, "failed": F,
+//!     "hung": H}` (it stops at the first hung child).
 //! gpuslice-e2e-helper node-usage
 //!     Until stdin closes, sample device 0's used memory as the fake GPU's NVML reports it
 //!     for the whole node (every process, whatever gpuslice's ledger says); then print
@@ -339,6 +345,62 @@ fn node_usage() {
     println!("{{\"samples\": {samples}, \"min_used\": {min}, \"max_used\": {max}}}");
 }
 
+fn nvml_fork(n: u64) {
+    // SAFETY: NUL-terminated constant name.
+    let nvml = unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW) };
+    if nvml.is_null() {
+        die("cannot load libnvidia-ml.so.1");
+    }
+    let init: unsafe extern "C" fn() -> u32 = sym(nvml, c"nvmlInit_v2");
+    let handle: unsafe extern "C" fn(u32, *mut *mut c_void) -> u32 =
+        sym(nvml, c"nvmlDeviceGetHandleByIndex_v2");
+    let info: unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> u32 =
+        sym(nvml, c"nvmlDeviceGetMemoryInfo");
+    let mut dev = std::ptr::null_mut();
+    // SAFETY: NVML's signatures above; out-parameters are valid locals.
+    unsafe {
+        check("nvmlInit_v2", init());
+        check("nvmlDeviceGetHandleByIndex_v2", handle(0, &mut dev));
+    }
+    let dev = dev as usize;
+    std::thread::spawn(move || loop {
+        let mut m = NvmlMemory::default();
+        // SAFETY: as above.
+        unsafe { info(dev as *mut c_void, &mut m) };
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let (mut ok, mut failed, mut hung) = (0, 0, 0);
+    for _ in 0..n {
+        // SAFETY: the child only makes one NVML call (the shim's handler may allocate: glibc's
+        // malloc is fork-safe) and leaves with _exit.
+        let child = unsafe { libc::fork() };
+        if child < 0 {
+            die("fork failed");
+        }
+        if child == 0 {
+            let mut m = NvmlMemory::default();
+            // SAFETY: alarm and _exit are async-signal-safe; the call is NVML's, as above.
+            unsafe {
+                libc::alarm(3);
+                let r = info(dev as *mut c_void, &mut m);
+                libc::_exit((r != 0) as c_int);
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        if libc::WIFSIGNALED(status) {
+            hung += 1;
+            break;
+        } else if libc::WEXITSTATUS(status) == 0 {
+            ok += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    println!("{{\"forks\": {n}, \"ok\": {ok}, \"failed\": {failed}, \"hung\": {hung}}}");
+}
+
 fn ctor_cuda(library: &str) {
     // Thread B: the process's first CUDA call, made while A is inside dlopen below. The
     // entry point is found now, before A takes the loader lock: what B then needs the lock
@@ -398,6 +460,7 @@ fn main() {
         Some("pool-devices") => pool_devices(n(1)),
         Some("node-usage") => node_usage(),
         Some("pool-steps") => pool_steps(),
+        Some("nvml-fork") => nvml_fork(n(1)),
         _ => usage(),
     }
 }
@@ -405,7 +468,7 @@ fn main() {
 fn usage() -> ! {
     eprintln!(
         "usage: gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS | fork-cuda | ctor-cuda LIBRARY | \
-         pool-devices BYTES | pool-steps | node-usage"
+         pool-devices BYTES | pool-steps | nvml-fork N | node-usage"
     );
     std::process::exit(2);
 }
