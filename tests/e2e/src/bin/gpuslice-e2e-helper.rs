@@ -309,7 +309,11 @@ struct NvmlMemory {
     used: u64,
 }
 
-fn node_usage() {
+type NvmlMemoryInfo = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> u32;
+
+/// `nvmlDeviceGetMemoryInfo` (through `dlsym`, as programs find it) and device 0's handle,
+/// after `nvmlInit_v2`.
+fn nvml_device0() -> (NvmlMemoryInfo, *mut c_void) {
     // SAFETY: NUL-terminated constant name.
     let nvml = unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW) };
     if nvml.is_null() {
@@ -326,6 +330,11 @@ fn node_usage() {
         check("nvmlInit_v2", init());
         check("nvmlDeviceGetHandleByIndex_v2", handle(0, &mut dev));
     }
+    (info, dev)
+}
+
+fn node_usage() {
+    let (info, dev) = nvml_device0();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop = done.clone();
     std::thread::spawn(move || {
@@ -346,23 +355,8 @@ fn node_usage() {
 }
 
 fn nvml_fork(n: u64) {
-    // SAFETY: NUL-terminated constant name.
-    let nvml = unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW) };
-    if nvml.is_null() {
-        die("cannot load libnvidia-ml.so.1");
-    }
-    let init: unsafe extern "C" fn() -> u32 = sym(nvml, c"nvmlInit_v2");
-    let handle: unsafe extern "C" fn(u32, *mut *mut c_void) -> u32 =
-        sym(nvml, c"nvmlDeviceGetHandleByIndex_v2");
-    let info: unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> u32 =
-        sym(nvml, c"nvmlDeviceGetMemoryInfo");
-    let mut dev = std::ptr::null_mut();
-    // SAFETY: NVML's signatures above; out-parameters are valid locals.
-    unsafe {
-        check("nvmlInit_v2", init());
-        check("nvmlDeviceGetHandleByIndex_v2", handle(0, &mut dev));
-    }
-    let dev = dev as usize;
+    let (info, dev) = nvml_device0();
+    let dev = dev as usize; // a plain address, for the thread
     std::thread::spawn(move || loop {
         let mut m = NvmlMemory::default();
         // SAFETY: as above.
