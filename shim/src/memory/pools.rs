@@ -356,6 +356,8 @@ unsafe fn cover(dev: &DevState, slot: usize, p: CUmemoryPool, short: u64) -> boo
     unsafe { reconcile(dev, slot, p) };
     // SAFETY: as above.
     let Some(reserved) = (unsafe { pool_reserved(p) }) else {
+        // It answered before the allocation (the growth was measured) and cannot now: nothing
+        // to go by but the charge already there.
         return true;
     };
     let charged = POOLS[slot].live.load(SeqCst) + POOLS[slot].retained.load(SeqCst);
@@ -371,7 +373,8 @@ unsafe fn cover(dev: &DevState, slot: usize, p: CUmemoryPool, short: u64) -> boo
 }
 
 /// Free block `h` (`bytes` from pool `slot`, allocated on `stream`) back into its pool, wait
-/// for the free on that stream (not capturing: captured allocations never come here), release the pool's unused blocks and return their credit.
+/// for the free on that stream (not capturing: captured allocations never come here), release
+/// the pool's unused blocks and return their credit.
 ///
 /// # Safety
 /// `h` is a live allocation of pool `p` made on `stream`, not yet recorded; `dev` is the
