@@ -169,9 +169,11 @@ def test_torch_refuses_a_wrong_integrity_answer(fw_env):
     assert "integrity checks failed" in r["conv"]["message"], r
 
 
-def test_torch_cublas_matmul(fw_env):
-    """cuBLAS starts on the fake and a matmul runs (its result is not computed). cuBLASLt 13.4
-    finds driver functions with dlsym by their unversioned names and refuses to start
-    (`CUBLAS_STATUS_INTERNAL_ERROR` in `cublasCreate`) when one is missing (docs/fakegpu.md)."""
-    r = run_framework("torch", "fw_torch", fw_env(preload=False), "probe")
+@pytest.mark.parametrize("preload", [False, True], ids=["control", "shim"])
+def test_torch_cublas_matmul(fw_env, preload):
+    """cuBLAS starts on the fake and a matmul runs (its result is not computed), without and
+    under the shim. cuBLASLt 13.4 finds driver functions with dlsym by their unversioned names
+    and refuses to start (`CUBLAS_STATUS_INTERNAL_ERROR` in `cublasCreate`) when one is missing
+    (docs/fakegpu.md)."""
+    r = run_framework("torch", "fw_torch", fw_env(preload=preload, GPUSLICE_MEMORY="2Gi"), "probe")
     assert r["matmul"] == {"shape": [64, 64]}, r
