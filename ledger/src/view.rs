@@ -365,6 +365,10 @@ pub fn innermost_pid_of(pid: u32) -> Option<u32> {
     ns_pids(&pid.to_string())?.last().copied()
 }
 
+/// The inode of the initial PID namespace (Linux's `PROC_PID_INIT_INO`): pids there are the
+/// ones the GPU driver and NVML know.
+pub const INITIAL_PID_NS: u64 = 0xEFFF_FFFC;
+
 /// Translates ledger processes to pids as the calling process sees them, and remembers the
 /// answers (a process's namespace never changes, so neither does the answer: each process
 /// costs a look in `/proc` once, then nothing).
@@ -407,6 +411,12 @@ impl PidMap {
             cache: Vec::with_capacity(PID_CACHE),
             next: 0,
         }
+    }
+
+    /// Whether the caller runs in the initial PID namespace (the host's, whose pids the GPU
+    /// driver and NVML use), so that a pid here is the driver's.
+    pub fn in_initial_namespace(&self) -> bool {
+        self.own_ns == INITIAL_PID_NS
     }
 
     /// The pid of `p` in the caller's PID namespace, or `None` if the caller cannot see it.

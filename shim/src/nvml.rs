@@ -9,6 +9,11 @@
 //!   caller sees them (`PidMap`); NVML's count protocol (`*infoCount` too small →
 //!   `NVML_ERROR_INSUFFICIENT_SIZE` and the count needed). Graphics and MPS lists are empty
 //!   inside a slice: slices hold CUDA processes, which the compute lists show.
+//! - Accounting (`nvmlDeviceGetAccountingPids`, `nvmlDeviceGetAccountingStats`): while NVML
+//!   has accounting on, the pids of the slice's live processes (as the caller sees them), and
+//!   stats only for those: any other pid is `NVML_ERROR_NOT_FOUND`, as is one the shim cannot
+//!   name to NVML (a process in another PID namespace asked about from a third one: NVML
+//!   knows the host's pids only).
 //! - Utilisation (`nvmlDeviceGetUtilizationRates`, `nvmlDeviceGetProcessUtilization`,
 //!   `nvmlDeviceGetProcessesUtilizationInfo`): the slice's own `compute_used` (the scheduler's
 //!   measured share of the device over its window), per-process samples only of its processes.
@@ -25,9 +30,13 @@
 //! - A process with no slice settings, `GPUSLICE_DISABLE=1`, or a device CUDA cannot see,
 //!   gets the real device.
 //!
-//! Cost: one uncontended mutex and a few atomic loads per call once warm. NVML handles are
+//! Cost: one uncontended lock and a few atomic loads per call once warm. NVML handles are
 //! cached by address, slice lookups by the ledger's generation, pid translations for the life
 //! of each process; nothing here allocates per call (the first call builds the cache).
+//!
+//! The cache's lock is one a child made by `fork()` can always take: a thread of the parent
+//! that held it does not exist in the child, so the child's `pthread_atfork` handler frees the
+//! lock and drops (without freeing) a cache that thread may have been changing.
 //!
 //! Every `pub unsafe fn` here is a handler of the hook table, relying on the handler contract
 //! of [`crate::hooks`]: `real` is NVML's function, the arguments are the program's, and each
@@ -38,13 +47,14 @@ use crate::hooks::{pfn, real};
 use crate::init::{state_if_ready, State};
 use crate::log::log;
 use crate::report::view_of;
+use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_uint, c_void};
 use core::mem::size_of;
+use core::sync::atomic::{AtomicBool, Ordering::*};
 use gpuslice_abi::*;
 use gpuslice_ledger::layout::{MAX_PROCS, UUID_LEN};
 use gpuslice_ledger::sched::now_ns;
-use gpuslice_ledger::view::{PidMap, ReadOnlyLedger, View};
-use std::sync::Mutex;
+use gpuslice_ledger::view::{PidMap, ReadOnlyLedger, View, INITIAL_PID_NS};
 
 /// How often an NVML-only process looks for a ledger that is not there yet.
 const RETRY_NS: u64 = 200_000_000;
@@ -71,19 +81,6 @@ struct ProcessUtilizationSample {
     mem_util: c_uint,
     enc_util: c_uint,
     dec_util: c_uint,
-}
-
-/// The signature every running-process query shares.
-type ProcsFn = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut c_void) -> u32;
-/// The `_v2`/`_v3` process-list functions: the header types their array, the shared code
-/// writes it through `write_v2`.
-type ProcsV2Fn = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> u32;
-
-/// The same function seen through the untyped array pointer that `running_processes` passes on.
-fn as_untyped(f: ProcsV2Fn) -> ProcsFn {
-    // SAFETY: the two types differ only in the pointee of a pointer parameter: same ABI, and
-    // the pointer passed is the caller's own `nvmlProcessInfo_t` array.
-    unsafe { core::mem::transmute::<ProcsV2Fn, ProcsFn>(f) }
 }
 
 /// One NVML device as this process has met it.
@@ -123,11 +120,96 @@ struct Cache {
     warned: bool,
     devs: Vec<Dev>,
     pids: PidMap,
-    /// The list being built (pid, bytes): allocated once.
-    list: Vec<(u32, u64)>,
+    /// The list being built: allocated once.
+    list: Vec<Member>,
 }
 
-static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
+/// A live process of the caller's slice, as NVML answers show it.
+#[derive(Clone, Copy)]
+struct Member {
+    /// Its pid as the caller sees it.
+    pid: u32,
+    /// What the ledger charges it.
+    bytes: u64,
+    /// Its pid as NVML knows it (the initial namespace's), when the shim can tell.
+    nvml_pid: Option<u32>,
+}
+
+/// The cache behind a lock that a forked child can always take (module comment).
+struct CacheCell {
+    held: AtomicBool,
+    cache: UnsafeCell<Option<Cache>>,
+}
+
+// SAFETY: `cache` is reached only through a `CacheGuard`, which exists while `held` is ours.
+unsafe impl Sync for CacheCell {}
+
+static CACHE: CacheCell = CacheCell {
+    held: AtomicBool::new(false),
+    cache: UnsafeCell::new(None),
+};
+
+/// The cache, held.
+struct CacheGuard(&'static CacheCell);
+
+impl core::ops::Deref for CacheGuard {
+    type Target = Option<Cache>;
+    fn deref(&self) -> &Option<Cache> {
+        // SAFETY: we hold the lock (CacheGuard exists only then).
+        unsafe { &*self.0.cache.get() }
+    }
+}
+
+impl core::ops::DerefMut for CacheGuard {
+    fn deref_mut(&mut self) -> &mut Option<Cache> {
+        // SAFETY: as above, and the guard is the only way in.
+        unsafe { &mut *self.0.cache.get() }
+    }
+}
+
+impl Drop for CacheGuard {
+    fn drop(&mut self) {
+        self.0.held.store(false, Release);
+    }
+}
+
+/// Take the cache's lock (held for microseconds; a waiter yields its CPU).
+fn lock_cache() -> CacheGuard {
+    let mut spins = 0u32;
+    while CACHE
+        .held
+        .compare_exchange_weak(false, true, Acquire, Relaxed)
+        .is_err()
+    {
+        spins += 1;
+        if spins < 64 {
+            core::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    let mut g = CacheGuard(&CACHE);
+    if g.is_none() {
+        *g = Some(Cache::new());
+        // SAFETY: registers a handler that only stores an atomic and writes a plain value
+        // (async-signal-safe, see in_forked_child); once, as the cache is built once.
+        unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
+    }
+    g
+}
+
+/// `pthread_atfork` child handler: the child's only thread is the one that forked, so a
+/// holder of the cache's lock (another thread of the parent) is gone. Its cache may be half
+/// changed: dropped without being read or freed (no allocator call here), rebuilt at the
+/// next call.
+extern "C" fn in_forked_child() {
+    if CACHE.held.load(Relaxed) {
+        // SAFETY: the child has one thread, this one, which holds no guard (it is inside
+        // fork()): nobody else can reach the cache. `write` forgets the old value.
+        unsafe { core::ptr::write(CACHE.cache.get(), None) };
+        CACHE.held.store(false, Release);
+    }
+}
 
 /// What the caller is, on one device.
 enum Place {
@@ -404,7 +486,7 @@ struct Ctx<'a> {
     /// The ledger the place refers to.
     view: Option<View<'a>>,
     pids: &'a mut PidMap,
-    list: &'a mut Vec<(u32, u64)>,
+    list: &'a mut Vec<Member>,
     /// Process slots of the slice (as of the ledger generation last seen).
     members: &'a [u16],
 }
@@ -412,8 +494,8 @@ struct Ctx<'a> {
 /// Run `f` with the caller's place on device `dev`; `None` when NVML cannot describe the
 /// device (the caller then keeps the real answer).
 fn with_place<R>(dev: nvmlDevice_t, real_total: u64, f: impl FnOnce(Ctx<'_>) -> R) -> Option<R> {
-    let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    let cache = g.get_or_insert_with(Cache::new);
+    let mut g = lock_cache();
+    let cache = g.as_mut()?;
     let di = cache.dev(dev)?;
     let st = state_if_ready();
     let place = cache.place(st, di, real_total);
@@ -457,36 +539,41 @@ fn memory(place: &Place, total: u64, free: u64) -> Option<(u64, u64, u64, u64)> 
     Some((t, f, not_free, not_free - used))
 }
 
-/// `nvmlDeviceGetMemoryInfo`.
-pub unsafe fn memory_info(
-    real: pfn::nvmlDeviceGetMemoryInfo,
-    dev: nvmlDevice_t,
-    mem: *mut nvmlMemory_t,
-) -> u32 {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(dev, mem) };
-    if r != NVML_SUCCESS || mem.is_null() {
-        return r;
-    }
-    // SAFETY: mem is non-null (checked above), the program's struct, filled in by NVML's
-    // successful call; ours to overwrite.
-    let mem = unsafe { &mut *mem };
-    let (total, free) = (mem.total, mem.free);
-    if let Some(Some((t, f, not_free, _))) =
-        with_place(dev, total, |c| memory(&c.place, total, free))
-    {
-        mem.total = t;
-        mem.free = f;
-        mem.used = not_free;
-    }
-    r
+/// The memory structs NVML fills (`nvmlMemory_t`, `nvmlMemory_v2_t`): what differs between
+/// `nvmlDeviceGetMemoryInfo` and its `_v2`.
+pub trait MemoryStruct {
+    /// NVML's own `(total, free)`.
+    fn total_free(&self) -> (u64, u64);
+    /// Store the slice's figures: `not_free` = total − free, `reserved` of it quota the
+    /// device cannot give right now.
+    fn store(&mut self, total: u64, free: u64, not_free: u64, reserved: u64);
 }
 
-/// `nvmlDeviceGetMemoryInfo_v2`.
-pub unsafe fn memory_info_v2(
-    real: pfn::nvmlDeviceGetMemoryInfo_v2,
+impl MemoryStruct for nvmlMemory_t {
+    fn total_free(&self) -> (u64, u64) {
+        (self.total, self.free)
+    }
+    fn store(&mut self, total: u64, free: u64, not_free: u64, _reserved: u64) {
+        // v1 `used` counts everything not free (NVML's meaning).
+        (self.total, self.free, self.used) = (total, free, not_free);
+    }
+}
+
+impl MemoryStruct for nvmlMemory_v2_t {
+    fn total_free(&self) -> (u64, u64) {
+        (self.total, self.free)
+    }
+    fn store(&mut self, total: u64, free: u64, not_free: u64, reserved: u64) {
+        (self.total, self.free) = (total, free);
+        (self.used, self.reserved) = (not_free - reserved, reserved);
+    }
+}
+
+/// `nvmlDeviceGetMemoryInfo` and `nvmlDeviceGetMemoryInfo_v2` (the struct tells them apart).
+pub unsafe fn memory_info<M: MemoryStruct>(
+    real: unsafe extern "C" fn(nvmlDevice_t, *mut M) -> NvmlReturn,
     dev: nvmlDevice_t,
-    mem: *mut nvmlMemory_v2_t,
+    mem: *mut M,
 ) -> u32 {
     // SAFETY: the handler contract: `real` with the program's arguments.
     let r = unsafe { real(dev, mem) };
@@ -496,21 +583,18 @@ pub unsafe fn memory_info_v2(
     // SAFETY: mem is non-null (checked above), the program's struct, filled in by NVML's
     // successful call (which accepted its version); ours to overwrite.
     let mem = unsafe { &mut *mem };
-    let (total, free) = (mem.total, mem.free);
+    let (total, free) = mem.total_free();
     if let Some(Some((t, f, not_free, reserved))) =
         with_place(dev, total, |c| memory(&c.place, total, free))
     {
-        mem.total = t;
-        mem.free = f;
-        mem.used = not_free - reserved;
-        mem.reserved = reserved;
+        mem.store(t, f, not_free, reserved);
     }
     r
 }
 
-/// `f` of the live processes of the caller's slice on `dev`, as (pid here, bytes). `None`:
-/// outside any slice (pass the real answer through).
-fn with_slice_processes<R>(dev: nvmlDevice_t, f: impl FnOnce(&[(u32, u64)]) -> R) -> Option<R> {
+/// `f` of the live processes of the caller's slice on `dev`. `None`: outside any slice (pass
+/// the real answer through).
+fn with_slice_processes<R>(dev: nvmlDevice_t, f: impl FnOnce(&[Member]) -> R) -> Option<R> {
     with_place(dev, 0, |c| {
         let Place::Inside { found, .. } = c.place else {
             return None;
@@ -526,7 +610,16 @@ fn with_slice_processes<R>(dev: nvmlDevice_t, f: impl FnOnce(&[(u32, u64)]) -> R
                     continue;
                 }
                 if let Some(pid) = c.pids.pid_here(&p) {
-                    c.list.push((pid, p.charged));
+                    let nvml_pid = if p.pid_ns == INITIAL_PID_NS {
+                        Some(p.pid)
+                    } else {
+                        c.pids.in_initial_namespace().then_some(pid)
+                    };
+                    c.list.push(Member {
+                        pid,
+                        bytes: p.charged,
+                        nvml_pid,
+                    });
                 }
             }
         }
@@ -535,20 +628,75 @@ fn with_slice_processes<R>(dev: nvmlDevice_t, f: impl FnOnce(&[(u32, u64)]) -> R
     .flatten()
 }
 
-/// One running-process query; `write(k, pid, bytes)` stores entry `k` in the caller's array.
-/// `graphics`: a graphics or MPS query, which lists nothing inside a slice (slices hold CUDA
-/// processes, listed by the compute queries; a neighbour is never shown).
+/// The element types of NVML's process arrays, as the hooked functions' header types them.
+pub trait ProcessEntry {
+    /// Store entry `k`: the member's pid as the caller sees it and its bytes.
+    ///
+    /// # Safety
+    /// `infos` holds more than `k` entries of the query's layout (the caller's count,
+    /// checked by `running_processes`).
+    unsafe fn put(infos: *mut Self, k: usize, pid: u32, bytes: u64);
+}
+
+/// The unversioned lists, whose header types leave the array untyped: `nvmlProcessInfo_v1_t`.
+impl ProcessEntry for c_void {
+    unsafe fn put(infos: *mut c_void, k: usize, pid: u32, bytes: u64) {
+        let e = ProcessInfoV1 {
+            pid,
+            used_gpu_memory: bytes,
+        };
+        // SAFETY: entry k is inside the program's array (this function's contract); unaligned
+        // writes ask nothing of the program's alignment.
+        unsafe { infos.cast::<ProcessInfoV1>().add(k).write_unaligned(e) };
+    }
+}
+
+/// The `_v2`/`_v3` lists (one layout).
+impl ProcessEntry for nvmlProcessInfo_t {
+    unsafe fn put(infos: *mut nvmlProcessInfo_t, k: usize, pid: u32, bytes: u64) {
+        let e = nvmlProcessInfo_t {
+            pid,
+            usedGpuMemory: bytes,
+            gpuInstanceId: u32::MAX,
+            computeInstanceId: u32::MAX,
+        };
+        // SAFETY: as for the v1 entries.
+        unsafe { infos.add(k).write_unaligned(e) };
+    }
+}
+
+/// The accounting pids: a bare pid.
+impl ProcessEntry for c_uint {
+    unsafe fn put(infos: *mut c_uint, k: usize, pid: u32, _bytes: u64) {
+        // SAFETY: as for the v1 entries.
+        unsafe { infos.add(k).write_unaligned(pid) };
+    }
+}
+
+/// What a process query lists inside a slice.
+#[derive(Clone, Copy, PartialEq)]
+enum Listing {
+    /// The slice's processes (compute lists).
+    Slice,
+    /// Nothing (graphics and MPS lists: slices hold CUDA processes, which the compute lists
+    /// show; a neighbour is never shown).
+    Nothing,
+    /// The slice's processes, while NVML has accounting on (else NVML's own refusal).
+    Accounting,
+}
+
+/// One process query with NVML's count protocol: `*count` in is the room in `infos`, out the
+/// number listed; too little room is `NVML_ERROR_INSUFFICIENT_SIZE` with the number needed.
 ///
 /// # Safety
 /// The handler contract for the query `real` is: `count` is null or the program's in/out
-/// count, `infos` null or an array of `*count` entries of the layout `write` stores.
-unsafe fn running_processes(
-    real: ProcsFn,
-    graphics: bool,
+/// count, `infos` null or an array of `*count` entries.
+unsafe fn running_processes<E: ProcessEntry>(
+    real: unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut E) -> NvmlReturn,
+    listing: Listing,
     dev: nvmlDevice_t,
     count: *mut c_uint,
-    infos: *mut c_void,
-    write: unsafe fn(*mut c_void, usize, u32, u64),
+    infos: *mut E,
 ) -> u32 {
     // SAFETY: NVML's query with the program's arguments (this function's contract).
     let pass = || unsafe { real(dev, count, infos) };
@@ -558,121 +706,98 @@ unsafe fn running_processes(
     // SAFETY: count is non-null (checked above), the program's in/out count.
     let cap = unsafe { *count } as usize;
     let answer = with_slice_processes(dev, |list| {
-        let list = if graphics { &[][..] } else { list };
+        if listing == Listing::Accounting {
+            // Whether NVML keeps accounting on this device at all: it says by its answer to
+            // a count query (off or unsupported: its refusal stands).
+            let mut n: c_uint = 0;
+            // SAFETY: NVML's query with a count of our own and no array.
+            let r = unsafe { real(dev, &mut n, core::ptr::null_mut()) };
+            if r != NVML_SUCCESS && r != NVML_ERROR_INSUFFICIENT_SIZE {
+                return (r, None);
+            }
+        }
+        let list = if listing == Listing::Nothing {
+            &[][..]
+        } else {
+            list
+        };
         if list.len() > cap {
-            return (NVML_ERROR_INSUFFICIENT_SIZE, list.len());
+            return (NVML_ERROR_INSUFFICIENT_SIZE, Some(list.len()));
         }
         if !list.is_empty() && infos.is_null() {
-            return (NVML_ERROR_INVALID_ARGUMENT, 0);
+            return (NVML_ERROR_INVALID_ARGUMENT, None);
         }
-        for (k, &(pid, bytes)) in list.iter().enumerate() {
+        for (k, m) in list.iter().enumerate() {
             // SAFETY: the caller's array holds cap ≥ list.len() entries.
-            unsafe { write(infos, k, pid, bytes) };
+            unsafe { E::put(infos, k, m.pid, m.bytes) };
         }
-        (NVML_SUCCESS, list.len())
+        (NVML_SUCCESS, Some(list.len()))
     });
     match answer {
         None => pass(),
-        Some((NVML_ERROR_INVALID_ARGUMENT, _)) => NVML_ERROR_INVALID_ARGUMENT,
         Some((r, n)) => {
-            // SAFETY: as above: the program's non-null count, valid for writes.
-            unsafe { *count = n as c_uint };
+            if let Some(n) = n {
+                // SAFETY: as above: the program's non-null count, valid for writes.
+                unsafe { *count = n as c_uint };
+            }
             r
         }
     }
 }
 
-/// Store entry `k` of a v1 process array.
-///
-/// # Safety (both writers)
-/// `infos` holds more than `k` entries of the version's struct (the caller's `*infoCount`,
-/// checked by `running_processes`).
-unsafe fn write_v1(infos: *mut c_void, k: usize, pid: u32, bytes: u64) {
-    let e = ProcessInfoV1 {
-        pid,
-        used_gpu_memory: bytes,
-    };
-    // SAFETY: entry k is inside the program's array (this function's contract); unaligned
-    // writes ask nothing of the program's alignment.
-    unsafe { infos.cast::<ProcessInfoV1>().add(k).write_unaligned(e) };
-}
-
-/// Store entry `k` of a v2/v3 process array (see [`write_v1`]).
-unsafe fn write_v2(infos: *mut c_void, k: usize, pid: u32, bytes: u64) {
-    let e = nvmlProcessInfo_t {
-        pid,
-        usedGpuMemory: bytes,
-        gpuInstanceId: u32::MAX,
-        computeInstanceId: u32::MAX,
-    };
-    // SAFETY: as in write_v1.
-    unsafe { infos.cast::<nvmlProcessInfo_t>().add(k).write_unaligned(e) };
-}
-
-/// `nvmlDeviceGetComputeRunningProcesses` (v1 entries).
-pub unsafe fn compute_processes_v1(
-    real: ProcsFn,
+/// `nvmlDeviceGetComputeRunningProcesses` (v1 entries), `_v2` and `_v3`.
+pub unsafe fn compute_processes<E: ProcessEntry>(
+    real: unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut E) -> NvmlReturn,
     dev: nvmlDevice_t,
     count: *mut c_uint,
-    infos: *mut c_void,
+    infos: *mut E,
 ) -> u32 {
-    // SAFETY: the handler contract; write_v1 is this query's entry layout.
-    unsafe { running_processes(real, false, dev, count, infos, write_v1) }
+    // SAFETY: the handler contract; E is this query's entry layout (its header type).
+    unsafe { running_processes(real, Listing::Slice, dev, count, infos) }
 }
 
-/// `nvmlDeviceGetComputeRunningProcesses_v2` and `_v3` (one layout).
-pub unsafe fn compute_processes_v2(
-    real: ProcsV2Fn,
+/// `nvmlDeviceGetGraphicsRunningProcesses*` and `nvmlDeviceGetMPSComputeRunningProcesses*`:
+/// none inside a slice.
+pub unsafe fn unlisted_processes<E: ProcessEntry>(
+    real: unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut E) -> NvmlReturn,
     dev: nvmlDevice_t,
     count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_t,
+    infos: *mut E,
 ) -> u32 {
-    // SAFETY: the handler contract; write_v2 is this query's entry layout.
-    unsafe { running_processes(as_untyped(real), false, dev, count, infos.cast(), write_v2) }
+    // SAFETY: the handler contract; E is this query's entry layout (its header type).
+    unsafe { running_processes(real, Listing::Nothing, dev, count, infos) }
 }
 
-/// `nvmlDeviceGetGraphicsRunningProcesses` (v1 entries).
-pub unsafe fn graphics_processes_v1(
-    real: ProcsFn,
+/// `nvmlDeviceGetAccountingPids`: the slice's processes.
+pub unsafe fn accounting_pids(
+    real: pfn::nvmlDeviceGetAccountingPids,
     dev: nvmlDevice_t,
     count: *mut c_uint,
-    infos: *mut c_void,
+    pids: *mut c_uint,
 ) -> u32 {
-    // SAFETY: the handler contract; write_v1 is this query's entry layout.
-    unsafe { running_processes(real, true, dev, count, infos, write_v1) }
+    // SAFETY: the handler contract; the array holds pids.
+    unsafe { running_processes(real, Listing::Accounting, dev, count, pids) }
 }
 
-/// `nvmlDeviceGetGraphicsRunningProcesses_v2` and `_v3`.
-pub unsafe fn graphics_processes_v2(
-    real: ProcsV2Fn,
+/// `nvmlDeviceGetAccountingStats`: inside a slice, only for its own processes (pids as the
+/// caller sees them, asked of NVML by the pid it knows).
+pub unsafe fn accounting_stats(
+    real: pfn::nvmlDeviceGetAccountingStats,
     dev: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_t,
+    pid: c_uint,
+    stats: *mut c_void,
 ) -> u32 {
-    // SAFETY: the handler contract; write_v2 is this query's entry layout.
-    unsafe { running_processes(as_untyped(real), true, dev, count, infos.cast(), write_v2) }
-}
-
-/// `nvmlDeviceGetMPSComputeRunningProcesses` (v1 entries): none inside a slice.
-pub unsafe fn mps_processes_v1(
-    real: ProcsFn,
-    dev: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut c_void,
-) -> u32 {
-    // SAFETY: the handler contract; write_v1 is this query's entry layout.
-    unsafe { running_processes(real, true, dev, count, infos, write_v1) }
-}
-
-/// `nvmlDeviceGetMPSComputeRunningProcesses_v2` and `_v3`: none inside a slice.
-pub unsafe fn mps_processes_v2(
-    real: ProcsV2Fn,
-    dev: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_t,
-) -> u32 {
-    // SAFETY: the handler contract; write_v2 is this query's entry layout.
-    unsafe { running_processes(as_untyped(real), true, dev, count, infos.cast(), write_v2) }
+    let answer = with_slice_processes(dev, |list| {
+        list.iter().find(|m| m.pid == pid).and_then(|m| m.nvml_pid)
+    });
+    match answer {
+        // SAFETY: the handler contract: `real` with the program's arguments.
+        None => unsafe { real(dev, pid, stats) },
+        // SAFETY: as above, with the member's pid as NVML knows it.
+        Some(Some(nvml_pid)) => unsafe { real(dev, nvml_pid, stats) },
+        // A neighbour, a process gone, or one NVML could not be asked about by its pid.
+        Some(None) => NVML_ERROR_NOT_FOUND,
+    }
 }
 
 /// `nvmlProcessDetailList_v1_t`.
@@ -737,10 +862,10 @@ pub unsafe fn process_detail_list(
         if procs.len() > cap || (!procs.is_empty() && array.is_null()) {
             return (NVML_ERROR_INSUFFICIENT_SIZE, Some(procs.len()));
         }
-        for (k, &(pid, bytes)) in procs.iter().enumerate() {
+        for (k, m) in procs.iter().enumerate() {
             let d = ProcessDetail {
-                pid,
-                used_gpu_memory: bytes,
+                pid: m.pid,
+                used_gpu_memory: m.bytes,
                 gpu_instance_id: u32::MAX,
                 compute_instance_id: u32::MAX,
                 used_gpu_cc_protected_memory: 0,
@@ -846,8 +971,8 @@ fn utilization_samples(
             return (NVML_ERROR_INSUFFICIENT_SIZE, n);
         }
         let each = percent(mine / n as f64);
-        for (k, &(pid, _)) in list.iter().enumerate() {
-            write(k, pid, now_us, each);
+        for (k, m) in list.iter().enumerate() {
+            write(k, m.pid, now_us, each);
         }
         (NVML_SUCCESS, n)
     });

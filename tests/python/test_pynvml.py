@@ -81,6 +81,12 @@ def check_lists(r, expected):
     assert r["detail"] == {"compute": expected, "graphics": [], "mps": []}, r
     assert r["graphics"] == [] and r["mps"] == [], r
     assert r["detail_v2_struct"] == NVML_ERROR_ARGUMENT_VERSION_MISMATCH, r
+    # Accounting (on in the fake): the same pids, with the same count protocol.
+    pids = sorted(p for p, _ in expected)
+    assert r["accounting_pids"] == [pids, None], r
+    raw = r["accounting_raw"]
+    assert raw["ask"] == ([NVML_ERROR_INSUFFICIENT_SIZE, n] if n else [NVML_SUCCESS, 0]), raw
+    assert raw["full"] == [NVML_SUCCESS, n] and raw["list"] == pids, raw
 
 
 def test_nvml_only_process_sees_its_slice_and_only_its_slice(gpu_env, client, burn):
@@ -92,6 +98,14 @@ def test_nvml_only_process_sees_its_slice_and_only_its_slice(gpu_env, client, bu
         assert r["memory"] == {"total": GI, "free": 640 * MI, "used": 384 * MI}, r
         assert r["memory_v2"] == {"total": GI, "free": 640 * MI, "used": 384 * MI, "reserved": 0}, r
         check_lists(r, sorted([[a.pid, 256 * MI], [b.pid, 128 * MI]]))
+
+        # Accounting stats: our own processes, never the neighbour's (as if it did not exist).
+        r = client("pynvml_slice", env, "--stats-pid", str(a.pid), "--stats-pid", str(n.pid))
+        assert r["accounting_stats"][str(n.pid)] == [None, NVML_ERROR_NOT_FOUND], r
+        if os.readlink("/proc/self/ns/pid") == "pid:[4026531836]":  # the host's pids: NVML's
+            assert r["accounting_stats"][str(a.pid)] == [256 * MI, None], r
+        else:  # a pid NVML cannot be asked about is not found either
+            assert r["accounting_stats"][str(a.pid)] == [None, NVML_ERROR_NOT_FOUND], r
 
         # The neighbour sees its own slice, not ours.
         r = client("pynvml_slice", neighbour)
@@ -106,6 +120,7 @@ def test_nvml_only_process_sees_its_slice_and_only_its_slice(gpu_env, client, bu
             assert r["memory"]["total"] == 16 * GI and r["memory"]["used"] >= 896 * MI, r
             assert {a.pid, b.pid, n.pid} <= {p for p, _ in r["processes"]}, r
             assert r["detail"]["compute"] == r["processes"], r
+            assert {a.pid, b.pid, n.pid} <= set(r["accounting_pids"][0]), r
 
 
 def test_operator_slice_quota_without_a_memory_variable(gpu_env, client, burn, profile_dir):

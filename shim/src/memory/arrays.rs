@@ -77,7 +77,7 @@ unsafe fn create_array<T, D>(
     // SAFETY: dev is the started state's; out is non-null (checked above), the program's
     // out-pointer.
     unsafe {
-        charge_and_alloc(dev, kind, bytes, 0, || {
+        charge_and_alloc(dev, kind, bytes, || {
             let r = create();
             (r, written(r, out).map_or(0, |h| h as u64))
         })

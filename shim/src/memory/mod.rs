@@ -62,8 +62,8 @@ pub use graph::{
 };
 pub use plain::{mem_alloc, mem_alloc_managed, mem_alloc_pitch, mem_free};
 pub use pools::{
-    mem_alloc_async, mem_alloc_from_pool, mem_free_async, pool_create, pool_destroy, pool_trim_to,
-    reclaim_pools,
+    ctx_synchronize, event_synchronize, mem_alloc_async, mem_alloc_from_pool, mem_free_async,
+    pool_create, pool_destroy, pool_trim_to, reclaim_pools, stream_synchronize,
 };
 pub use vmm::{mem_create, mem_release};
 
@@ -104,8 +104,9 @@ unsafe fn written<T: Copy>(r: CUresult, out: *const T) -> Option<T> {
     (r == CUDA_SUCCESS).then(|| unsafe { *out })
 }
 
-/// Charge, allocate, record. `alloc` returns the driver's status and the new handle; `pool` is
-/// the pool slot the memory comes from (0: none), whose retained credit is spent first.
+/// Charge, allocate, record. `alloc` returns the driver's status and the new handle. Pool
+/// memory has its own form, which spends the pool's retained credit first
+/// (`pools::alloc_from`).
 ///
 /// # Safety
 /// As [`charge`]: `dev` is a device of the started state.
@@ -114,33 +115,35 @@ unsafe fn charge_and_alloc(
     dev: &DevState,
     kind: Kind,
     bytes: u64,
-    pool: usize,
     alloc: impl FnOnce() -> (CUresult, u64),
 ) -> CUresult {
     // `bytes` fits a Charge (below 2^48) whenever the charge succeeds: no quota or device
     // reaches 2^48 bytes, so a larger request is refused by `charge` below.
-    let from_credit = pools::take_credit(pool, bytes);
-    let need = bytes - from_credit;
     // SAFETY: dev is a device of the started state (this function's contract).
-    if need > 0 && !unsafe { charge(dev, need) } {
-        pools::give_credit(pool, from_credit);
+    if !unsafe { charge(dev, bytes) } {
         return oom(dev, bytes);
     }
     let (r, h) = alloc();
     if r != CUDA_SUCCESS {
-        dev.account.uncharge(need);
-        pools::give_credit(pool, from_credit);
+        dev.account.uncharge(bytes);
         return r;
     }
-    if !pointers::insert(kind, h, Charge::new(bytes, dev, pool)) {
+    record(kind, h, Charge::new(bytes, dev, 0));
+    r
+}
+
+/// Remember what handle `h` was charged, for its free.
+#[inline]
+fn record(kind: Kind, h: u64, c: Charge) {
+    if !pointers::insert(kind, h, c) {
         // Cannot happen short of half a million live allocations; the charge stays (never an
         // undercount), returned when the process exits.
         log!(
             Error,
-            "allocation table full: {bytes} bytes stay charged until the process exits"
+            "allocation table full: {} bytes stay charged until the process exits",
+            c.bytes
         );
     }
-    r
 }
 
 /// Forget `h`, call the real free, return the charge (or retain it in its pool).
@@ -154,10 +157,11 @@ fn free_and_uncharge(st: &State, kind: Kind, h: u64, free: impl FnOnce() -> CUre
         pointers::insert(kind, h, c);
         return r;
     }
-    if c.pool != 0 {
-        pools::retain(c.pool as usize, c.bytes);
-    } else if let Some(dev) = st.device(c.device as CUdevice) {
-        dev.account.uncharge(c.bytes);
+    // Pool memory stays in its pool (retained credit); a pool we no longer know returns it.
+    if c.pool == 0 || !pools::retain(c.pool as usize, c.bytes) {
+        if let Some(dev) = st.device(c.device as CUdevice) {
+            dev.account.uncharge(c.bytes);
+        }
     }
     r
 }

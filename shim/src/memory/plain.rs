@@ -25,7 +25,7 @@ pub unsafe fn mem_alloc(
     // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
     // out-pointer.
     unsafe {
-        charge_and_alloc(dev, Kind::Ptr, bytes as u64, 0, || {
+        charge_and_alloc(dev, Kind::Ptr, bytes as u64, || {
             let r = pass();
             (r, written(r, dptr).unwrap_or(0))
         })
@@ -99,7 +99,7 @@ pub unsafe fn mem_alloc_managed(
     // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
     // out-pointer.
     unsafe {
-        charge_and_alloc(dev, Kind::Ptr, bytes as u64, 0, || {
+        charge_and_alloc(dev, Kind::Ptr, bytes as u64, || {
             let r = pass();
             (r, written(r, dptr).unwrap_or(0))
         })

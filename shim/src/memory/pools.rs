@@ -1,20 +1,42 @@
 //! Stream-ordered pools (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`):
-//! memory a program frees back to a pool stays reserved by the driver until the pool trims
-//! (release threshold, sync points, `cuMemPoolTrimTo`), so it keeps counting: a pool free moves
-//! the bytes to the pool's *retained* credit instead of returning them, and the next allocation
-//! from that pool spends the credit first. When a charge would fail, and after
-//! `cuMemPoolTrimTo`, we ask the driver what the pool really still reserves
-//! (`RESERVED_MEM_CURRENT - USED_MEM_CURRENT`) and return whatever credit exceeds it: so the
-//! quota covers what the pool holds, without polling the driver on the fast path.
+//! memory a program frees back to a pool stays reserved by the driver, mapped to the process,
+//! until the pool releases it: at a synchronize (stream, event, context) when the pool holds
+//! more than its release threshold (default 0), at `cuMemPoolTrimTo`, and at the pool's
+//! destruction. So it keeps counting: a pool free moves the bytes to the pool's *retained*
+//! credit instead of returning them, and the next allocation from that pool spends the credit
+//! first.
 //!
-//! State: one preallocated table of pool slots (handle, retained credit, device). Each pool's
-//! memory is charged to and credited on the pool's own device, whatever the calling thread's
-//! current device is: a device's pools are reconciled only against that device.
+//! What each pool is charged (`live + retained`: its live allocations as charged, plus the
+//! credit) must cover what the driver says it reserves (`RESERVED_MEM_CURRENT`), so that the
+//! processes of a slice together never hold more device memory than the quota:
+//! - credit is returned only down to `reserved - live` ([`kept`]), at a synchronize, after
+//!   `cuMemPoolTrimTo`, in `cuMemGetInfo`, and when a charge would fail. The driver's
+//!   `USED_MEM_CURRENT` is never the measure: a block freed with `cuMemFreeAsync` leaves it
+//!   at once while the pool still holds the block (until the stream reaches the free, and
+//!   after it until the pool is trimmed);
+//! - an allocation from a pool that holds credit may be served from a freed block or make the
+//!   pool grow (no freed block fits: pools grow lazily). While the slice has room for the
+//!   whole request it is charged in full and the pool reconciled right after (one question
+//!   to the driver). At the quota's edge it spends the credit instead, asks the driver what
+//!   the pool reserves before and after, and charges the growth the credit did not cover
+//!   ([`shortfall`]). When that does not fit, the pool's unused blocks are released
+//!   (`cuMemPoolTrimTo`, what the driver itself does when the device runs short) and, if the
+//!   pool still holds too much (frees its stream has not reached), the new block is freed
+//!   (waiting for its stream) and the allocation tried once more as new memory. Only in that
+//!   edge case does the device hold more than the quota, for the microseconds between the
+//!   driver's growth and the shim's trim or free.
+//!
+//! Allocations from a pool without credit ask the driver nothing (the fast path).
+//!
+//! State: one preallocated table of pool slots (handle, retained credit, live bytes, device).
+//! Each pool's memory is charged to and credited on the pool's own device, whatever the
+//! calling thread's current device is: a device's pools are reconciled only against that
+//! device.
 
-use super::{charge_and_alloc, free_and_uncharge, graph, written};
+use super::{charge, free_and_uncharge, graph, oom, record, written};
 use crate::hooks::{pfn, real};
 use crate::init::{DevState, State};
-use crate::pointers::Kind;
+use crate::pointers::{Charge, Kind};
 use core::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
 use gpuslice_abi::*;
 
@@ -28,6 +50,8 @@ struct PoolSlot {
     handle: AtomicUsize,
     /// Bytes freed into the pool that are still charged (to the pool's device).
     retained: AtomicU64,
+    /// Bytes of the pool's live allocations, as their pointers were charged.
+    live: AtomicU64,
     /// The CUDA ordinal of the pool's device (explicit pools; -1 until known). Allocations
     /// from the pool are charged there and its credit is returned there, whatever the
     /// calling thread's current device.
@@ -38,6 +62,7 @@ static POOLS: [PoolSlot; POOL_SLOTS] = [const {
     PoolSlot {
         handle: AtomicUsize::new(0),
         retained: AtomicU64::new(0),
+        live: AtomicU64::new(0),
         ordinal: AtomicI32::new(-1),
     }
 }; POOL_SLOTS];
@@ -64,7 +89,7 @@ fn pool_device<'s>(st: &'s State, slot: usize, fallback: &'s DevState) -> &'s De
 
 /// Spend up to `bytes` of a pool's retained credit.
 #[inline]
-pub(super) fn take_credit(pool: usize, bytes: u64) -> u64 {
+fn take_credit(pool: usize, bytes: u64) -> u64 {
     if pool == 0 {
         return 0;
     }
@@ -77,7 +102,7 @@ pub(super) fn take_credit(pool: usize, bytes: u64) -> u64 {
 }
 
 #[inline]
-pub(super) fn give_credit(pool: usize, bytes: u64) {
+fn give_credit(pool: usize, bytes: u64) {
     if pool != 0 && bytes != 0 {
         POOLS[pool].retained.fetch_add(bytes, SeqCst);
     }
@@ -93,8 +118,11 @@ fn explicit_slot(pool: CUmemoryPool) -> usize {
     if let Some((i, _)) = explicit_pools().find(|(_, p)| p.handle.load(Acquire) == h) {
         return i;
     }
+    // A destroyed pool's slot is claimed again only once its last allocation is freed.
     explicit_pools()
-        .find(|(_, p)| p.handle.compare_exchange(0, h, AcqRel, Acquire).is_ok())
+        .find(|(_, p)| {
+            p.live.load(SeqCst) == 0 && p.handle.compare_exchange(0, h, AcqRel, Acquire).is_ok()
+        })
         .map_or(0, |(i, _)| i)
 }
 
@@ -111,49 +139,64 @@ pub(super) fn default_slot(dev: &DevState) -> usize {
     }
 }
 
-/// What the driver says pool `p` holds beyond live allocations; `None` if it cannot say.
+/// What the driver says pool `p` reserves (`RESERVED_MEM_CURRENT`); `None` if it cannot say.
 ///
 /// # Safety
 /// `p` is a pool handle the driver gave (a program's, or a device's default pool).
-unsafe fn pool_slack(p: CUmemoryPool) -> Option<u64> {
+unsafe fn pool_reserved(p: CUmemoryPool) -> Option<u64> {
     let get = real::cuMemPoolGetAttribute()?;
-    let (mut reserved, mut used) = (0u64, 0u64);
-    // SAFETY: the real cuMemPoolGetAttribute on a driver's pool handle; both attributes are
-    // `cuuint64_t`, written to our own u64s.
+    let mut reserved = 0u64;
+    // SAFETY: the real cuMemPoolGetAttribute on a driver's pool handle; the attribute is a
+    // `cuuint64_t`, written to our own u64.
     let ok = unsafe {
         get(
             p,
             CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
             (&mut reserved as *mut u64).cast(),
-        ) == CUDA_SUCCESS
-            && get(
-                p,
-                CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-                (&mut used as *mut u64).cast(),
-            ) == CUDA_SUCCESS
-    };
-    if !ok {
-        return None;
-    }
-    Some(reserved.saturating_sub(used))
+        )
+    } == CUDA_SUCCESS;
+    ok.then_some(reserved)
 }
 
-/// Return retained credit of `slot` beyond what pool `p` still reserves. A driver that cannot
-/// tell is taken to have released it (never a permanent loss of quota).
+/// The credit a pool keeps when it reserves `reserved` bytes and its live allocations were
+/// charged `live`: what covers the rest of the reservation, never more than it had.
+#[inline]
+fn kept(retained: u64, reserved: u64, live: u64) -> u64 {
+    retained.min(reserved.saturating_sub(live))
+}
+
+/// What an allocation that spent `credit` and charged `need` left uncharged, when its pool
+/// reserved `before` bytes before it and `after` after: the growth beyond `need`, up to the
+/// credit (growth beyond the request itself is the driver's rounding, which no allocation is
+/// charged).
+#[inline]
+fn shortfall(before: u64, after: u64, need: u64, credit: u64) -> u64 {
+    after
+        .saturating_sub(before)
+        .saturating_sub(need)
+        .min(credit)
+}
+
+/// Return retained credit of `slot` beyond what pool `p` still reserves for it. A driver that
+/// cannot tell is taken to have released it (never a permanent loss of quota).
 ///
 /// # Safety
 /// `p` is null or a pool handle the driver gave.
 unsafe fn reconcile(dev: &DevState, slot: usize, p: CUmemoryPool) -> bool {
-    let slack = if p.is_null() {
+    let reserved = if p.is_null() {
         Some(0)
     } else {
         // SAFETY: a driver's pool handle (this function's contract).
-        unsafe { pool_slack(p) }
+        unsafe { pool_reserved(p) }
     }
     .unwrap_or(0);
+    // `live` is read after the driver's answer: an allocation under way has taken its credit
+    // before it counts as live, a free counts as credit only after it stopped being live, so
+    // a race leaves more credit, never less than the pool holds.
+    let live = POOLS[slot].live.load(SeqCst);
     let mut excess = 0;
     let _ = POOLS[slot].retained.fetch_update(SeqCst, SeqCst, |r| {
-        excess = r.saturating_sub(slack);
+        excess = r - kept(r, reserved, live);
         Some(r - excess)
     });
     if excess > 0 {
@@ -191,6 +234,225 @@ pub unsafe fn reclaim_pools(dev: &DevState) -> bool {
     any
 }
 
+/// Charge, allocate from pool `slot` (driver handle from `pool`), record: the pool form of
+/// `charge_and_alloc` (module comment). Slot 0 (no slot free): charged like plain memory.
+///
+/// # Safety
+/// `dev` is a device of the started state, the one whose memory the pool holds; `pool`
+/// answers a driver's pool handle (or `None`); `alloc` is the program's allocation on
+/// `stream`.
+unsafe fn alloc_from(
+    dev: &DevState,
+    slot: usize,
+    pool: impl FnOnce() -> Option<CUmemoryPool>,
+    bytes: u64,
+    stream: CUstream,
+    mut alloc: impl FnMut() -> (CUresult, u64),
+) -> CUresult {
+    if slot == 0 || POOLS[slot].retained.load(SeqCst) == 0 {
+        // No credit, the fast path: new memory, and the driver is asked nothing.
+        // SAFETY: this function's contract.
+        return unsafe { in_full(dev, slot, bytes, false, None, alloc) };
+    }
+    // The pool holds freed memory it may reuse, or grow beside. While the slice has room for
+    // the whole request, charge it in full (growth of any kind is covered), then return what
+    // the pool did not need.
+    if dev.account.try_charge(bytes) {
+        // SAFETY: this function's contract.
+        return unsafe { in_full(dev, slot, bytes, true, pool(), alloc) };
+    }
+    // The quota's edge: spend the credit, and measure whether the pool grew anyway.
+    let credit = take_credit(slot, bytes);
+    let need = bytes - credit;
+    // SAFETY: dev is the started state's (this function's contract).
+    if need > 0 && !unsafe { charge(dev, need) } {
+        give_credit(slot, credit);
+        return oom(dev, bytes);
+    }
+    // SAFETY: `pool` answers a driver's handle (this function's contract).
+    let measured = (credit > 0)
+        .then(pool)
+        .flatten()
+        .and_then(|p| unsafe { pool_reserved(p) }.map(|before| (p, before)));
+    let (r, h) = alloc();
+    if r != CUDA_SUCCESS {
+        dev.account.uncharge(need);
+        give_credit(slot, credit);
+        return r;
+    }
+    POOLS[slot].live.fetch_add(bytes, SeqCst);
+    if let Some((p, before)) = measured {
+        // SAFETY: a driver's pool handle, live: an allocation was just made from it.
+        let after = unsafe { pool_reserved(p) }.unwrap_or(before);
+        let short = shortfall(before, after, need, credit);
+        // SAFETY: as above; dev is the started state's.
+        if short > 0 && !unsafe { cover(dev, slot, p, short) } {
+            // The pool grew past the quota: the block goes back, and the allocation is tried
+            // once more as new memory (charged in full, so no growth is left uncovered).
+            // SAFETY: h is the block just allocated on `stream`; p its pool; then this
+            // function's contract.
+            unsafe {
+                give_back(dev, slot, p, h, bytes, stream);
+                return in_full(dev, slot, bytes, false, None, alloc);
+            }
+        }
+    }
+    record(Kind::Ptr, h, Charge::new(bytes, dev, slot));
+    r
+}
+
+/// Allocate `bytes` from pool `slot` charged in full (`charged`: already; else charge them
+/// now), record them, and reconcile the pool with `then` (its driver handle) when given.
+///
+/// # Safety
+/// As [`alloc_from`].
+#[inline]
+unsafe fn in_full(
+    dev: &DevState,
+    slot: usize,
+    bytes: u64,
+    charged: bool,
+    then: Option<CUmemoryPool>,
+    mut alloc: impl FnMut() -> (CUresult, u64),
+) -> CUresult {
+    // SAFETY: dev is the started state's (this function's contract).
+    if !charged && !unsafe { charge(dev, bytes) } {
+        return oom(dev, bytes);
+    }
+    let (r, h) = alloc();
+    if r != CUDA_SUCCESS {
+        dev.account.uncharge(bytes);
+        return r;
+    }
+    if slot != 0 {
+        POOLS[slot].live.fetch_add(bytes, SeqCst);
+    }
+    if let Some(p) = then {
+        // SAFETY: a driver's pool handle, live: an allocation was just made from it.
+        unsafe { reconcile(dev, slot, p) };
+    }
+    record(Kind::Ptr, h, Charge::new(bytes, dev, slot));
+    r
+}
+
+/// Charge `short` bytes more for pool `slot` (as credit: memory the pool holds). When they do
+/// not fit, release the pool's unused blocks first and charge what it then still holds beyond
+/// its charge. False if even that does not fit.
+///
+/// # Safety
+/// `p` is the live driver pool of `slot`; `dev` is the started state's.
+#[cold]
+unsafe fn cover(dev: &DevState, slot: usize, p: CUmemoryPool, short: u64) -> bool {
+    if dev.account.try_charge(short) {
+        give_credit(slot, short);
+        return true;
+    }
+    if let Some(trim) = real::cuMemPoolTrimTo() {
+        // SAFETY: the real cuMemPoolTrimTo on a live pool: releases only what no allocation
+        // (and no free not yet reached) still uses.
+        unsafe { trim(p, 0) };
+    }
+    // SAFETY: as above.
+    unsafe { reconcile(dev, slot, p) };
+    // SAFETY: as above.
+    let Some(reserved) = (unsafe { pool_reserved(p) }) else {
+        // It answered before the allocation (the growth was measured) and cannot now: nothing
+        // to go by but the charge already there.
+        return true;
+    };
+    let charged = POOLS[slot].live.load(SeqCst) + POOLS[slot].retained.load(SeqCst);
+    let short = reserved.saturating_sub(charged).min(short);
+    if short == 0 {
+        return true;
+    }
+    let ok = dev.account.try_charge(short);
+    if ok {
+        give_credit(slot, short);
+    }
+    ok
+}
+
+/// Free block `h` (`bytes` from pool `slot`, allocated on `stream`) back into its pool, wait
+/// for the free on that stream (not capturing: captured allocations never come here), release
+/// the pool's unused blocks and return their credit.
+///
+/// # Safety
+/// `h` is a live allocation of pool `p` made on `stream`, not yet recorded; `dev` is the
+/// started state's.
+#[cold]
+unsafe fn give_back(
+    dev: &DevState,
+    slot: usize,
+    p: CUmemoryPool,
+    h: u64,
+    bytes: u64,
+    stream: CUstream,
+) {
+    // The block becomes pool memory, still charged (its credit and its new charge): the same
+    // order as a free, so its charge always covers what the pool holds.
+    retain(slot, bytes);
+    // SAFETY: the real driver functions, on the block just allocated on `stream`, that
+    // stream, and the block's pool.
+    unsafe {
+        if let Some(free) = real::cuMemFreeAsync() {
+            free(h, stream);
+        }
+        if let Some(sync) = real::cuStreamSynchronize() {
+            sync(stream);
+        }
+        if let Some(trim) = real::cuMemPoolTrimTo() {
+            trim(p, 0);
+        }
+        reconcile(dev, slot, p);
+    }
+}
+
+/// After a successful synchronize: pools may have released what they held above their
+/// release threshold; return the credit they no longer hold. Nothing to do (one load per
+/// pool slot) while no pool has credit.
+fn synchronized() {
+    if POOLS.iter().all(|p| p.retained.load(Relaxed) == 0) {
+        return;
+    }
+    let Some(st) = crate::init::state_if_ready() else {
+        return;
+    };
+    for dev in &st.devices {
+        // SAFETY: dev is the started state's.
+        unsafe { reclaim_pools(dev) };
+    }
+}
+
+/// `cuStreamSynchronize(_ptsz)`: a point where pools release memory (module comment).
+pub unsafe fn stream_synchronize(real: pfn::cuStreamSynchronize, stream: CUstream) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(stream) };
+    if r == CUDA_SUCCESS {
+        synchronized();
+    }
+    r
+}
+
+/// `cuCtxSynchronize`: as `stream_synchronize`.
+pub unsafe fn ctx_synchronize(real: pfn::cuCtxSynchronize) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real() };
+    if r == CUDA_SUCCESS {
+        synchronized();
+    }
+    r
+}
+
+/// `cuEventSynchronize`: as `stream_synchronize`.
+pub unsafe fn event_synchronize(real: pfn::cuEventSynchronize, event: CUevent) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(event) };
+    if r == CUDA_SUCCESS {
+        synchronized();
+    }
+    r
+}
+
 /// `cuMemAllocAsync(_ptsz)`: from the device's current pool.
 pub unsafe fn mem_alloc_async(
     real: pfn::cuMemAllocAsync,
@@ -213,10 +475,17 @@ pub unsafe fn mem_alloc_async(
     // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
     // out-pointer.
     unsafe {
-        charge_and_alloc(dev, Kind::Ptr, bytes as u64, default_slot(dev), || {
-            let r = pass();
-            (r, written(r, dptr).unwrap_or(0))
-        })
+        alloc_from(
+            dev,
+            default_slot(dev),
+            || default_pool_of(dev),
+            bytes as u64,
+            stream,
+            || {
+                let r = pass();
+                (r, written(r, dptr).unwrap_or(0))
+            },
+        )
     }
 }
 
@@ -246,10 +515,17 @@ pub unsafe fn mem_alloc_from_pool(
     // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
     // out-pointer.
     unsafe {
-        charge_and_alloc(dev, Kind::Ptr, bytes as u64, slot, || {
-            let r = pass();
-            (r, written(r, dptr).unwrap_or(0))
-        })
+        alloc_from(
+            dev,
+            slot,
+            || Some(pool),
+            bytes as u64,
+            stream,
+            || {
+                let r = pass();
+                (r, written(r, dptr).unwrap_or(0))
+            },
+        )
     }
 }
 
@@ -363,7 +639,51 @@ pub unsafe fn pool_destroy(real: pfn::cuMemPoolDestroy, pool: CUmemoryPool) -> C
 }
 
 /// A pool free: `bytes` freed into pool `slot` stay charged as the pool's retained credit.
+/// False (nothing moved) if the slot's pool was destroyed: the caller returns the bytes.
 #[inline]
-pub(super) fn retain(slot: usize, bytes: u64) {
-    POOLS[slot].retained.fetch_add(bytes, SeqCst);
+pub(super) fn retain(slot: usize, bytes: u64) -> bool {
+    let p = &POOLS[slot];
+    // No longer live first, credit second: the pool's charge never dips below what it holds.
+    p.live.fetch_sub(bytes, SeqCst);
+    if slot > DEFAULT_POOLS && p.handle.load(Acquire) == 0 {
+        return false;
+    }
+    p.retained.fetch_add(bytes, SeqCst);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{kept, shortfall};
+
+    const MI: u64 = 1 << 20;
+
+    #[test]
+    fn credit_is_kept_while_the_pool_still_reserves_it() {
+        // 768 MiB freed into a pool that still reserves them: all kept, whatever the driver's
+        // USED says (a free its stream has not reached still counts there on some drivers).
+        assert_eq!(kept(768 * MI, 768 * MI, 0), 768 * MI);
+        // Trimmed: nothing left to cover.
+        assert_eq!(kept(768 * MI, 0, 0), 0);
+        // Partly released, with 100 MiB live: the credit covers the rest of the reservation.
+        assert_eq!(kept(500 * MI, 300 * MI, 100 * MI), 200 * MI);
+        // Credit is never created: a pool reserving more than its charge keeps what it had.
+        assert_eq!(kept(10 * MI, 900 * MI, 100 * MI), 10 * MI);
+        // Live beyond the reservation (the driver's answer raced a new allocation): none kept.
+        assert_eq!(kept(10 * MI, 100 * MI, 200 * MI), 0);
+    }
+
+    #[test]
+    fn growth_the_credit_paid_for_is_charged_again() {
+        // 100 MiB paid from credit, the pool reused a freed block: nothing short.
+        assert_eq!(shortfall(600 * MI, 600 * MI, 0, 100 * MI), 0);
+        // ... it grew by the request instead: the whole credit is short.
+        assert_eq!(shortfall(600 * MI, 700 * MI, 0, 100 * MI), 100 * MI);
+        // 60 paid from credit, 40 charged, the pool grew by 100: 60 short.
+        assert_eq!(shortfall(0, 100 * MI, 40 * MI, 60 * MI), 60 * MI);
+        // Growth beyond the request is rounding, never charged; a shrinking pool (a trim in
+        // another thread) leaves nothing short.
+        assert_eq!(shortfall(0, 102 * MI, 0, 100 * MI), 100 * MI);
+        assert_eq!(shortfall(700 * MI, 100 * MI, 0, 100 * MI), 0);
+    }
 }

@@ -33,7 +33,7 @@ pub unsafe fn mem_create(
     // SAFETY: dev is the started state's; handle is non-null (checked above), the program's
     // out-pointer.
     unsafe {
-        charge_and_alloc(dev, Kind::Vmm, size as u64, 0, || {
+        charge_and_alloc(dev, Kind::Vmm, size as u64, || {
             let r = pass();
             (r, written(r, handle).unwrap_or(0))
         })

@@ -267,6 +267,29 @@ fn copies_and_memsets_move_real_bytes() {
     assert_eq!(v["free_unknown"], 1, "{v}");
 }
 
+/// Stream memory operations run in stream order on real bytes (a wait holds its stream until
+/// the word is set), prefetch is a hint accepted for managed memory only, and graph node
+/// introspection is refused rather than answered wrongly: what cuBLASLt 13.4 needs present to
+/// start (docs/fakegpu.md).
+#[test]
+fn stream_memory_operations_wait_and_write_in_order() {
+    let w = World::new(1, "16Gi");
+    let v = scenario(&w, &["memops"]);
+    assert_eq!(
+        v["blocked"], 600,
+        "CUDA_ERROR_NOT_READY while the wait holds: {v}"
+    );
+    assert_eq!(v["before"], serde_json::json!([0, 0]), "{v}");
+    assert_eq!(
+        v["after"],
+        serde_json::json!([0x1122_3344_5566_7788u64, 0xabcd]),
+        "{v}"
+    );
+    assert_eq!(v["prefetch_managed"], 0, "{v}");
+    assert_eq!(v["prefetch_plain"], 1, "CUDA_ERROR_INVALID_VALUE: {v}");
+    assert_eq!(v["node_type"], 801, "CUDA_ERROR_NOT_SUPPORTED: {v}");
+}
+
 #[test]
 fn devices_have_stable_uuids_and_follow_cuda_visible_devices() {
     let w = World::new(3, "80Gi");

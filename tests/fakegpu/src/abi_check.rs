@@ -145,6 +145,11 @@ checked! {
         cuGraphInstantiateWithFlags, cuGraphInstantiate_v2, cuGraphLaunch, cuGraphLaunch_ptsz,
         cuGraphUpload, cuGraphUpload_ptsz, cuGraphExecDestroy, cuGraphAddMemAllocNode,
         cuGraphAddMemFreeNode,
+        cuStreamWaitValue32, cuStreamWaitValue32_v2, cuStreamWaitValue64, cuStreamWaitValue64_v2,
+        cuStreamWriteValue64, cuStreamWriteValue64_v2, cuStreamBatchMemOp, cuStreamBatchMemOp_v2,
+        cuMemPrefetchAsync, cuMemPrefetchAsync_v2, cuKernelGetLibrary, cuGraphInstantiate,
+        cuGraphNodeGetType, cuGraphKernelNodeGetParams, cuGraphKernelNodeGetParams_v2,
+        cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams_v2,
     }
     nvml {
         nvmlDeviceGetComputeRunningProcesses, nvmlDeviceGetNvLinkRemoteDeviceType,
@@ -164,6 +169,8 @@ checked! {
         nvmlDeviceGetCudaComputeCapability, nvmlDeviceGetPciInfo_v3, nvmlDeviceGetTemperature,
         nvmlDeviceGetPowerUsage, nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion,
         nvmlSystemGetCudaDriverVersion, nvmlSystemGetCudaDriverVersion_v2,
+        nvmlDeviceGetAccountingMode, nvmlDeviceGetAccountingBufferSize, nvmlDeviceGetAccountingPids,
+        nvmlDeviceGetAccountingStats,
     }
 }
 

@@ -381,7 +381,128 @@ fn free_async(ptr: CUdeviceptr, h: CUstream, per_thread: bool) -> CuResult<()> {
                 ) => {}
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     }
+    // Pool memory leaves the pool's used bytes now, before the stream reaches the free.
+    mem::free_async_called(ptr);
     s.submit(Op::Free(ptr))
+}
+
+/// A stream memory operation (`cuStreamWaitValue*`, `cuStreamWriteValue*`,
+/// `cuStreamBatchMemOp`), run in stream order on the executor: device memory is host memory,
+/// so a wait polls the word and a write stores it.
+#[derive(Clone, Copy)]
+struct MemOp {
+    addr: u64,
+    value: u64,
+    flags: c_uint,
+    wide: bool,
+    write: bool,
+}
+
+/// The executor's side of a [`MemOp`] (an `Op::Host` body).
+///
+/// # Safety
+/// `p` is a leaked `MemOp` (kept for graph replays) whose address is a live device word.
+unsafe extern "C" fn run_mem_op(p: *mut c_void) {
+    // SAFETY: the function's contract.
+    let op = unsafe { *(p as *const MemOp) };
+    // SAFETY: as above: device memory is host memory, mapped while allocated.
+    unsafe {
+        if op.write {
+            if op.wide {
+                (op.addr as *mut u64).write_volatile(op.value);
+            } else {
+                (op.addr as *mut u32).write_volatile(op.value as u32);
+            }
+            return;
+        }
+        loop {
+            let (cur, want) = if op.wide {
+                ((op.addr as *const u64).read_volatile(), op.value)
+            } else {
+                (
+                    (op.addr as *const u32).read_volatile() as u64,
+                    op.value as u32 as u64,
+                )
+            };
+            // CU_STREAM_WAIT_VALUE_GEQ (cyclic), _EQ, _AND, _NOR.
+            let met = match op.flags & 3 {
+                0 if op.wide => (cur.wrapping_sub(want) as i64) >= 0,
+                0 => (cur.wrapping_sub(want) as u32 as i32) >= 0,
+                1 => cur == want,
+                2 => cur & want != 0,
+                _ if op.wide => !(cur | want) != 0,
+                _ => !((cur | want) as u32) != 0,
+            };
+            if met {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(5));
+        }
+    }
+}
+
+/// Queue one stream memory operation on `h`. The word must lie in live device memory.
+fn mem_op(h: CUstream, op: MemOp) -> CuResult<()> {
+    rt()?;
+    let s = Stream::resolve(h, false)?;
+    let width = if op.wide { 8 } else { 4 };
+    match mem::lookup(op.addr) {
+        Some((start, r)) if op.addr.is_multiple_of(width) && op.addr + width <= start + r.size => {}
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    }
+    let p = Box::leak(Box::new(op)) as *mut MemOp;
+    s.submit(Op::Host(run_mem_op, p as usize))
+}
+
+/// `cuStreamBatchMemOp(_v2)`: `CUstreamBatchMemOpParams` entries of 48 bytes (operation at 0,
+/// address at 8, value at 16, flags at 24); barriers and flushes order nothing more here.
+///
+/// # Safety
+/// `params` holds `count` entries (the API contract).
+unsafe fn batch_mem_op(h: CUstream, count: c_uint, params: *const u8) -> CuResult<()> {
+    if count > 0 && params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for k in 0..count as usize {
+        // SAFETY: entry k is inside the caller's array (this function's contract).
+        let (kind, addr, v32, v64, flags) = unsafe {
+            let e = params.add(k * 48);
+            (
+                (e as *const u32).read_unaligned(),
+                (e.add(8) as *const u64).read_unaligned(),
+                (e.add(16) as *const u32).read_unaligned() as u64,
+                (e.add(16) as *const u64).read_unaligned(),
+                (e.add(24) as *const u32).read_unaligned(),
+            )
+        };
+        let op = |value, wide, write| MemOp {
+            addr,
+            value,
+            flags,
+            wide,
+            write,
+        };
+        match kind {
+            1 => mem_op(h, op(v32, false, false))?, // WAIT_VALUE_32
+            2 => mem_op(h, op(v32, false, true))?,  // WRITE_VALUE_32
+            4 => mem_op(h, op(v64, true, false))?,  // WAIT_VALUE_64
+            5 => mem_op(h, op(v64, true, true))?,   // WRITE_VALUE_64
+            3 | 6 => {}                             // FLUSH_REMOTE_WRITES, BARRIER
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    Ok(())
+}
+
+/// `cuMemPrefetchAsync(_v2)`: a hint; the fake's managed memory is host memory, resident for
+/// every device. Checks what the driver checks: managed memory, a valid stream.
+fn prefetch(ptr: CUdeviceptr, n: usize, h: CUstream) -> CuResult<()> {
+    rt()?;
+    Stream::resolve(h, false)?;
+    match mem::lookup(ptr) {
+        Some((start, r)) if r.kind == Kind::Managed && ptr + n as u64 <= start + r.size => Ok(()),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
 }
 
 fn stream_create(out: *mut CUstream, flags: c_uint, prio: c_int) -> CuResult<()> {
@@ -1069,6 +1190,16 @@ exports! {
     fn cuStreamGetId_ptsz(s: CUstream, id: *mut u64) { put(id, Stream::resolve(s, true)? as *const Stream as u64) }
     fn cuStreamAddCallback(s: CUstream, cb: CUstreamCallback, d: *mut c_void, _f: c_uint) { add_callback(s, false, cb, d) }
     fn cuStreamAddCallback_ptsz(s: CUstream, cb: CUstreamCallback, d: *mut c_void, _f: c_uint) { add_callback(s, true, cb, d) }
+    fn cuStreamWaitValue32(s: CUstream, a: CUdeviceptr, v: u32, f: c_uint) { mem_op(s, MemOp { addr: a, value: v as u64, flags: f, wide: false, write: false }) }
+    fn cuStreamWaitValue32_v2(s: CUstream, a: CUdeviceptr, v: u32, f: c_uint) { mem_op(s, MemOp { addr: a, value: v as u64, flags: f, wide: false, write: false }) }
+    fn cuStreamWaitValue64(s: CUstream, a: CUdeviceptr, v: u64, f: c_uint) { mem_op(s, MemOp { addr: a, value: v, flags: f, wide: true, write: false }) }
+    fn cuStreamWaitValue64_v2(s: CUstream, a: CUdeviceptr, v: u64, f: c_uint) { mem_op(s, MemOp { addr: a, value: v, flags: f, wide: true, write: false }) }
+    fn cuStreamWriteValue64(s: CUstream, a: CUdeviceptr, v: u64, f: c_uint) { mem_op(s, MemOp { addr: a, value: v, flags: f, wide: true, write: true }) }
+    fn cuStreamWriteValue64_v2(s: CUstream, a: CUdeviceptr, v: u64, f: c_uint) { mem_op(s, MemOp { addr: a, value: v, flags: f, wide: true, write: true }) }
+    fn cuStreamBatchMemOp(s: CUstream, n: c_uint, p: *mut c_void, _f: c_uint) { batch_mem_op(s, n, p as *const u8) }
+    fn cuStreamBatchMemOp_v2(s: CUstream, n: c_uint, p: *mut c_void, _f: c_uint) { batch_mem_op(s, n, p as *const u8) }
+    fn cuMemPrefetchAsync(p: CUdeviceptr, n: usize, _d: CUdevice, s: CUstream) { prefetch(p, n, s) }
+    fn cuMemPrefetchAsync_v2(p: CUdeviceptr, n: usize, _l: CUmemLocation, _f: c_uint, s: CUstream) { prefetch(p, n, s) }
     fn cuLaunchHostFunc(s: CUstream, f: CUhostFn, d: *mut c_void) { host_func(s, false, f, d) }
     fn cuLaunchHostFunc_ptsz(s: CUstream, f: CUhostFn, d: *mut c_void) { host_func(s, true, f, d) }
     fn cuStreamIsCapturing(s: CUstream, st: *mut CUstreamCaptureStatus) { put(st, Stream::resolve(s, false)?.capture_info().0) }
@@ -1212,6 +1343,7 @@ exports! {
         put_opt(bytes, size as usize);
         Ok(())
     }
+    fn cuKernelGetLibrary(lib: *mut CUlibrary, k: CUkernel) { put(lib, Func::resolve(k)?.module as CUlibrary) }
     fn cuKernelGetFunction(f: *mut CUfunction, k: CUkernel) { cur_ctx()?; put(f, Func::resolve(k)?.handle()) }
     fn cuKernelGetAttribute(v: *mut c_int, a: CUfunction_attribute, k: CUkernel, _d: CUdevice) { Func::resolve(k)?; put(v, func_attribute(a)?) }
     fn cuKernelSetAttribute(_a: CUfunction_attribute, _v: c_int, k: CUkernel, _d: CUdevice) { Func::resolve(k).map(|_| ()) }
@@ -1290,6 +1422,14 @@ exports! {
     }
     fn cuGraphInstantiateWithFlags(e: *mut CUgraphExec, g: CUgraph, _flags: u64) { put(e, Graph::resolve(g)?.instantiate().handle()) }
     fn cuGraphInstantiate_v2(e: *mut CUgraphExec, g: CUgraph, _err: *mut CUgraphNode, _log: *mut c_char, _n: usize) { put(e, Graph::resolve(g)?.instantiate().handle()) }
+    fn cuGraphInstantiate(e: *mut CUgraphExec, g: CUgraph, _err: *mut CUgraphNode, _log: *mut c_char, _n: usize) { put(e, Graph::resolve(g)?.instantiate().handle()) }
+    // The fake's graphs keep no per-node parameters (captured kernels are their durations):
+    // node introspection and updates are refused, as a driver refuses what it cannot do.
+    fn cuGraphNodeGetType(_n: CUgraphNode, _t: *mut CUgraphNodeType) { rt()?; Err(CUDA_ERROR_NOT_SUPPORTED) }
+    fn cuGraphKernelNodeGetParams(_n: CUgraphNode, _p: *mut c_void) { rt()?; Err(CUDA_ERROR_NOT_SUPPORTED) }
+    fn cuGraphKernelNodeGetParams_v2(_n: CUgraphNode, _p: *mut c_void) { rt()?; Err(CUDA_ERROR_NOT_SUPPORTED) }
+    fn cuGraphExecKernelNodeSetParams(e: CUgraphExec, _n: CUgraphNode, _p: *const c_void) { GraphExec::resolve(e)?; Err(CUDA_ERROR_NOT_SUPPORTED) }
+    fn cuGraphExecKernelNodeSetParams_v2(e: CUgraphExec, _n: CUgraphNode, _p: *const c_void) { GraphExec::resolve(e)?; Err(CUDA_ERROR_NOT_SUPPORTED) }
     fn cuGraphLaunch(e: CUgraphExec, s: CUstream) { GraphExec::resolve(e)?.launch(Stream::resolve(s, false)?) }
     fn cuGraphLaunch_ptsz(e: CUgraphExec, s: CUstream) { GraphExec::resolve(e)?.launch(Stream::resolve(s, true)?) }
     fn cuGraphUpload(e: CUgraphExec, s: CUstream) { GraphExec::resolve(e)?; Stream::resolve(s, false).map(|_| ()) }

@@ -1001,6 +1001,10 @@ impl Event {
             }
         }
         sleep_until(self.ts.load(Acquire));
+        if !ex.is_null() {
+            // SAFETY: executors are leaked, never freed.
+            crate::mem::after_sync_phys(unsafe { &*ex }.phys);
+        }
         Ok(())
     }
 

@@ -5,7 +5,8 @@
 //! One registry of live ranges serves frees, `cuMemGetAddressRange` and pointer attributes.
 //! Stream-ordered pools keep freed blocks reserved (counted as used on the device) until a
 //! synchronize finds them above the release threshold or `cuMemPoolTrimTo` trims them, as the
-//! driver does. VMM handles are memfds mapped into `PROT_NONE` reservations.
+//! driver does. A `cuMemFreeAsync` leaves the pool's used bytes at the call; the block is
+//! *pending* until the free is reached in its stream (not reusable, not trimmable), then free. VMM handles are memfds mapped into `PROT_NONE` reservations.
 
 use crate::runtime::{rt, rt_unchecked, Ctx, CuResult};
 use gpuslice_abi::*;
@@ -159,6 +160,12 @@ pub fn free(ptr: u64) -> CuResult<()> {
 /// Free a live range now (stream-ordered frees reach here from the executor).
 pub fn free_now(ptr: u64) {
     let Some(r) = ranges().get(&ptr).copied() else {
+        // A pool block freed with cuMemFreeAsync: the stream has reached its free.
+        for p in pools() {
+            if p.complete_pending(ptr) {
+                break;
+            }
+        }
         return;
     };
     match r.kind {
@@ -266,6 +273,7 @@ pub fn free_all_of(c: &'static Ctx) {
         }
     }
     for pool in pools().iter().filter(|p| p.dev == c.dev) {
+        pool.complete_all_pending();
         pool.trim(0);
     }
 }
@@ -291,7 +299,11 @@ unsafe impl crate::handle::Handle for Pool {
 
 #[derive(Default)]
 struct PoolInner {
+    /// Blocks (pointer, size, mapped length) free for reuse or release.
     free: Vec<(u64, u64, usize)>,
+    /// Blocks freed with `cuMemFreeAsync` whose free the stream has not reached yet: no
+    /// longer used, still reserved, neither reusable nor releasable.
+    pending: Vec<(u64, u64, usize)>,
     reserved: u64,
     used: u64,
     reserved_high: u64,
@@ -398,6 +410,32 @@ impl Pool {
         g.free.push((ptr, size, map_len));
     }
 
+    /// `cuMemFreeAsync` called: the block stops counting as used at once (the driver's
+    /// `USED_MEM_CURRENT`), stays reserved, and waits for its stream to reach the free.
+    fn free_pending(&self, ptr: u64, size: u64, map_len: usize) {
+        let mut g = self.lock();
+        g.used = g.used.saturating_sub(size);
+        g.pending.push((ptr, size, map_len));
+    }
+
+    /// The stream reached the free of `ptr`: the block is free (reusable, releasable). False
+    /// if `ptr` is not pending here.
+    fn complete_pending(&self, ptr: u64) -> bool {
+        let mut g = self.lock();
+        let Some(i) = g.pending.iter().position(|b| b.0 == ptr) else {
+            return false;
+        };
+        let b = g.pending.swap_remove(i);
+        g.free.push(b);
+        true
+    }
+
+    fn complete_all_pending(&self) {
+        let mut g = self.lock();
+        let pending = std::mem::take(&mut g.pending);
+        g.free.extend(pending);
+    }
+
     /// Release unused blocks until at most `keep` bytes stay reserved.
     pub fn trim(&self, keep: u64) {
         let node = rt_unchecked().node;
@@ -461,6 +499,29 @@ impl Pool {
 pub fn after_sync(dev: usize) {
     for p in pools().iter().filter(|p| p.dev == dev) {
         p.after_sync();
+    }
+}
+
+/// As [`after_sync`], for the pools of physical device `phys` (an event knows its executor's).
+pub fn after_sync_phys(phys: usize) {
+    for p in pools().iter().filter(|p| p.phys == phys) {
+        p.after_sync();
+    }
+}
+
+/// `cuMemFreeAsync` of pool memory, at the call: the pointer is gone for the program and the
+/// pool no longer counts it as used; the block stays reserved, pending until the stream
+/// reaches the free ([`free_now`] then makes it free). Other memory: nothing changes yet.
+pub fn free_async_called(ptr: u64) {
+    let mut g = ranges();
+    let Some(&r) = g.get(&ptr) else {
+        return;
+    };
+    if let Kind::Pool(pool) = r.kind {
+        g.remove(&ptr);
+        drop(g);
+        // SAFETY: pools are leaked; the registry holds only pointers to live ones.
+        unsafe { &*(pool as *const Pool) }.free_pending(ptr, r.size, r.map_len);
     }
 }
 

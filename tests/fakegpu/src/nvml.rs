@@ -212,6 +212,49 @@ fn process_detail_list(h: nvmlDevice_t, l: *mut ProcessDetailList) -> NResult<()
     Ok(())
 }
 
+/// `nvmlAccountingStats_t`.
+#[repr(C)]
+pub struct AccountingStats {
+    /// Percent of the time the process had a kernel running.
+    pub gpu_utilization: c_uint,
+    /// Percent of the time the process used the memory controller.
+    pub memory_utilization: c_uint,
+    /// Most bytes it held.
+    pub max_memory_usage: u64,
+    /// Run time in ms (0 while running).
+    pub time: u64,
+    /// Start, µs since the epoch.
+    pub start_time: u64,
+    /// 1 while it runs.
+    pub is_running: c_uint,
+    /// Reserved.
+    pub reserved: [c_uint; 5],
+}
+
+/// `nvmlDeviceGetAccountingStats`: a process using the device (what it holds now stands for
+/// its high-water mark); any other pid is `NVML_ERROR_NOT_FOUND`.
+fn accounting_stats(h: nvmlDevice_t, pid: c_uint, s: *mut AccountingStats) -> NResult<()> {
+    let (n, i) = dev(h)?;
+    let Some((_, used)) = shared::processes(n.state, i)
+        .into_iter()
+        .find(|&(p, _)| p == pid)
+    else {
+        return Err(NVML_ERROR_NOT_FOUND);
+    };
+    put(
+        s,
+        AccountingStats {
+            gpu_utilization: 0,
+            memory_utilization: 0,
+            max_memory_usage: used,
+            time: 0,
+            start_time: 0,
+            is_running: 1,
+            reserved: [0; 5],
+        },
+    )
+}
+
 fn processes(h: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> NResult<()> {
     fill_processes(h, count, infos, |pid, used| nvmlProcessInfo_t {
         pid,
@@ -325,6 +368,13 @@ nvml_exports! {
     fn nvmlDeviceGetMPSComputeRunningProcesses_v2(h: nvmlDevice_t, c: *mut c_uint, _p: *mut nvmlProcessInfo_t) { dev(h)?; put(c, 0) }
     fn nvmlDeviceGetMPSComputeRunningProcesses(h: nvmlDevice_t, c: *mut c_uint, _p: *mut c_void) { dev(h)?; put(c, 0) }
     fn nvmlDeviceGetRunningProcessDetailList(h: nvmlDevice_t, l: *mut c_void) { process_detail_list(h, l.cast()) }
+    // Accounting is on (as root can set it with `nvidia-smi -am 1`): the processes that use
+    // the device, with what they hold; a process that ended is forgotten (the fake keeps no
+    // history).
+    fn nvmlDeviceGetAccountingMode(h: nvmlDevice_t, mode: *mut c_uint) { dev(h)?; put(mode, 1) }
+    fn nvmlDeviceGetAccountingBufferSize(h: nvmlDevice_t, n: *mut c_uint) { dev(h)?; put(n, 4000) }
+    fn nvmlDeviceGetAccountingPids(h: nvmlDevice_t, c: *mut c_uint, p: *mut c_uint) { fill_processes(h, c, p, |pid, _| pid) }
+    fn nvmlDeviceGetAccountingStats(h: nvmlDevice_t, pid: c_uint, s: *mut c_void) { accounting_stats(h, pid, s.cast()) }
     // The fake measures GPU time per device, not per process: it answers as a GPU without
     // per-process accounting does.
     fn nvmlDeviceGetProcessUtilization(h: nvmlDevice_t, _s: *mut std::ffi::c_void, _c: *mut c_uint, _last: u64) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }

@@ -3,7 +3,8 @@
 Never touches CUDA. Reports memory (v1 and v2 structs), the compute and graphics process lists
 through pynvml and through the raw v1/v2/v3 entry points (with NVML's count protocol: ask with
 0, then with too small a buffer, then with enough), the MPS list, the detail list
-(nvmlDeviceGetRunningProcessDetailList, per mode), utilization rates and process utilization.
+(nvmlDeviceGetRunningProcessDetailList, per mode), the accounting pids (pynvml and raw),
+utilization rates and process utilization.
 
 Options (all optional):
   --wait-used BYTES   poll (up to --timeout s) until memory `used` reaches BYTES
@@ -27,6 +28,8 @@ ap.add_argument("--wait-procs", type=int)
 ap.add_argument("--announce", action="store_true")
 ap.add_argument("--timeout", type=float, default=20.0)
 ap.add_argument("--index", type=int, default=0, help="NVML device index")
+ap.add_argument("--stats-pid", type=int, action="append", default=[],
+                help="also report nvmlDeviceGetAccountingStats for PID (repeatable)")
 args = ap.parse_args()
 
 
@@ -49,7 +52,10 @@ def raw_processes(handle, name, struct):
     arr = (struct * (n + 3))()
     r = fn(handle, ctypes.byref(count), arr)
     out["full"] = [r, count.value]
-    out["list"] = sorted([arr[i].pid, arr[i].usedGpuMemory] for i in range(count.value)) if r == 0 else []
+    if struct is ctypes.c_uint:  # a bare pid per entry (the accounting list)
+        out["list"] = sorted(arr[i] for i in range(count.value)) if r == 0 else []
+    else:
+        out["list"] = sorted([arr[i].pid, arr[i].usedGpuMemory] for i in range(count.value)) if r == 0 else []
     return out
 
 
@@ -94,6 +100,11 @@ def report(h):
         },
         "detail_v2_struct": detail_list_version(h, pynvml.nvmlProcessDetailList_v1 + (1 << 24)),
         "utilization": {"gpu": u.gpu, "memory": u.memory},
+        "accounting_pids": nvml_error(lambda: sorted(pynvml.nvmlDeviceGetAccountingPids(h))),
+        "accounting_raw": raw_processes(h, "nvmlDeviceGetAccountingPids", ctypes.c_uint),
+        "accounting_stats": {str(pid): nvml_error(
+            lambda: pynvml.nvmlDeviceGetAccountingStats(h, pid).maxMemoryUsage)
+            for pid in args.stats_pid},
         "process_utilization": None if samples is None else sorted([s.pid, s.smUtil] for s in samples),
         "process_utilization_error": samples_err,
         "processes_utilization_info": None if infos is None else sorted([s.pid, s.smUtil] for s in infos),

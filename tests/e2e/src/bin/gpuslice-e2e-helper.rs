@@ -17,10 +17,23 @@
 //! gpuslice-e2e-helper pool-devices BYTES
 //!     On a 2-device node: create a memory pool located on device 1, then, each step when a
 //!     line arrives on stdin and always with device 0's context current, `alloc` BYTES from
-//!     it, `free` them (cuMemFreeAsync, synchronized on device 1), `overfill` (cuMemAlloc_v2 of 1 GiB + 1
+//!     it, `free` them (cuMemFreeAsync, synchronized; the pool keeps them: its release
+//!     threshold is the maximum), `overfill` (cuMemAlloc_v2 of 1 GiB + 1
 //!     byte on device 0, which a 1 GiB quota refuses after trying to reclaim pool memory),
 //!     `destroy` the pool; prints `done STEP` (`done overfill CODE`) after each, so the test
 //!     can read the ledger between steps.
+//! gpuslice-e2e-helper pool-steps
+//!     cuInit, device 0's primary context, then one step per stdin line, each answered
+//!     `done CODE` (the driver's status): `threshold BYTES|max` (the default pool's release
+//!     threshold), `async NAME BYTES` (cuMemAllocAsync on the legacy stream), `freeasync NAME`
+//!     (cuMemFreeAsync), `sync` (cuStreamSynchronize), `trim` (cuMemPoolTrimTo the default
+//!     pool to 0), `plain NAME BYTES` (cuMemAlloc_v2), `free NAME` (cuMemFree_v2).
+//! gpuslice-e2e-helper nvml-fork N
+//!     nvmlInit, then while a second thread calls nvmlDeviceGetMemoryInfo without pause (under
+//!     the shim: through its NVML cache and the cache's lock), fork N children one after
+//!     another; each child makes the same call once (an alarm ends it after 3 s) and exits
+//!     with 0 if it returned NVML_SUCCESS. Prints `{"forks": N, "ok": K, "failed": F,
+//!     "hung": H}` (it stops at the first hung child).
 //! gpuslice-e2e-helper node-usage
 //!     Until stdin closes, sample device 0's used memory as the fake GPU's NVML reports it
 //!     for the whole node (every process, whatever gpuslice's ledger says); then print
@@ -150,6 +163,8 @@ fn pool_devices(bytes: u64) {
     let free: unsafe extern "C" fn(u64, *mut c_void) -> CuResult = sym(cuda, c"cuMemFreeAsync");
     let sync: unsafe extern "C" fn() -> CuResult = sym(cuda, c"cuCtxSynchronize");
     let destroy: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuMemPoolDestroy");
+    let set_attr: unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> CuResult =
+        sym(cuda, c"cuMemPoolSetAttribute");
     let plain_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult =
         sym(cuda, c"cuMemAlloc_v2");
     let (mut ctx0, mut ctx1, mut pool, mut ptr) = (
@@ -175,6 +190,12 @@ fn pool_devices(bytes: u64) {
         check("cuDevicePrimaryCtxRetain(1)", retain(&mut ctx1, 1));
         check("cuCtxSetCurrent(1)", set_current(ctx1));
         check("cuMemPoolCreate", create(&mut pool, &props));
+        // The pool keeps what is freed into it (its credit stays until it is destroyed).
+        let mut keep = u64::MAX;
+        check(
+            "cuMemPoolSetAttribute",
+            set_attr(pool, 4, (&mut keep as *mut u64).cast()), // RELEASE_THRESHOLD
+        );
         check("cuCtxSetCurrent(0)", set_current(ctx0));
     }
     println!("done create");
@@ -188,9 +209,8 @@ fn pool_devices(bytes: u64) {
                     alloc(&mut ptr, bytes as usize, pool, std::ptr::null_mut()),
                 ),
                 "free" => {
-                    // Synchronized in device 1's context: the pool releases what it holds
-                    // above its threshold (0) to the device, unseen by gpuslice until it
-                    // reconciles that pool.
+                    // Synchronized in both contexts: the free is done, and the pool (its
+                    // threshold at the maximum) keeps the block.
                     check("cuMemFreeAsync", free(ptr, std::ptr::null_mut()));
                     check("cuCtxSynchronize", sync()); // the free, queued in context 0
                     check("cuCtxSetCurrent(1)", set_current(ctx1));
@@ -210,6 +230,77 @@ fn pool_devices(bytes: u64) {
     }
 }
 
+fn pool_steps() {
+    let cuda = libcuda();
+    let cu_init: unsafe extern "C" fn(u32) -> CuResult = sym(cuda, c"cuInit");
+    let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
+        sym(cuda, c"cuDevicePrimaryCtxRetain");
+    let set_current: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuCtxSetCurrent");
+    let get_pool: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
+        sym(cuda, c"cuDeviceGetMemPool");
+    let set_attr: unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> CuResult =
+        sym(cuda, c"cuMemPoolSetAttribute");
+    let alloc_async: unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> CuResult =
+        sym(cuda, c"cuMemAllocAsync");
+    let free_async: unsafe extern "C" fn(u64, *mut c_void) -> CuResult =
+        sym(cuda, c"cuMemFreeAsync");
+    let sync: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuStreamSynchronize");
+    let trim: unsafe extern "C" fn(*mut c_void, usize) -> CuResult = sym(cuda, c"cuMemPoolTrimTo");
+    let alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult = sym(cuda, c"cuMemAlloc_v2");
+    let free: unsafe extern "C" fn(u64) -> CuResult = sym(cuda, c"cuMemFree_v2");
+    let (mut ctx, mut pool) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: the driver's signatures above; out-parameters are valid locals.
+    unsafe {
+        check("cuInit", cu_init(0));
+        check("cuDevicePrimaryCtxRetain", retain(&mut ctx, 0));
+        check("cuCtxSetCurrent", set_current(ctx));
+        check("cuDeviceGetMemPool", get_pool(&mut pool, 0));
+    }
+    const RELEASE_THRESHOLD: c_int = 4; // CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+    let stream = std::ptr::null_mut();
+    let mut held = std::collections::HashMap::<String, u64>::new();
+    println!("ready");
+    for line in std::io::stdin().lines() {
+        let line = line.unwrap_or_default();
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let bytes = |i: usize| -> usize {
+            w.get(i)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| die(&format!("bad step {line:?}")))
+        };
+        let name = |i: usize| w.get(i).map(|s| s.to_string()).unwrap_or_default();
+        let mut p = 0u64;
+        // SAFETY: the driver's signatures above; pointers freed are ones this loop allocated.
+        let code = unsafe {
+            match w.first().copied() {
+                Some("threshold") => {
+                    let mut v: u64 = match w.get(1) {
+                        Some(&"max") => u64::MAX,
+                        _ => bytes(1) as u64,
+                    };
+                    set_attr(pool, RELEASE_THRESHOLD, (&mut v as *mut u64).cast())
+                }
+                Some("async") => {
+                    let r = alloc_async(&mut p, bytes(2), stream);
+                    held.insert(name(1), p);
+                    r
+                }
+                Some("freeasync") => free_async(held.remove(&name(1)).unwrap_or(0), stream),
+                Some("sync") => sync(stream),
+                Some("trim") => trim(pool, 0),
+                Some("plain") => {
+                    let r = alloc(&mut p, bytes(2));
+                    held.insert(name(1), p);
+                    r
+                }
+                Some("free") => free(held.remove(&name(1)).unwrap_or(0)),
+                _ => die(&format!("unknown step {line:?}")),
+            }
+        };
+        println!("done {code}");
+    }
+}
+
 #[repr(C)]
 #[derive(Default)]
 struct NvmlMemory {
@@ -218,7 +309,11 @@ struct NvmlMemory {
     used: u64,
 }
 
-fn node_usage() {
+type NvmlMemoryInfo = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> u32;
+
+/// `nvmlDeviceGetMemoryInfo` (through `dlsym`, as programs find it) and device 0's handle,
+/// after `nvmlInit_v2`.
+fn nvml_device0() -> (NvmlMemoryInfo, *mut c_void) {
     // SAFETY: NUL-terminated constant name.
     let nvml = unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW) };
     if nvml.is_null() {
@@ -235,6 +330,11 @@ fn node_usage() {
         check("nvmlInit_v2", init());
         check("nvmlDeviceGetHandleByIndex_v2", handle(0, &mut dev));
     }
+    (info, dev)
+}
+
+fn node_usage() {
+    let (info, dev) = nvml_device0();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop = done.clone();
     std::thread::spawn(move || {
@@ -252,6 +352,47 @@ fn node_usage() {
         std::thread::sleep(Duration::from_micros(200));
     }
     println!("{{\"samples\": {samples}, \"min_used\": {min}, \"max_used\": {max}}}");
+}
+
+fn nvml_fork(n: u64) {
+    let (info, dev) = nvml_device0();
+    let dev = dev as usize; // a plain address, for the thread
+    std::thread::spawn(move || loop {
+        let mut m = NvmlMemory::default();
+        // SAFETY: as above.
+        unsafe { info(dev as *mut c_void, &mut m) };
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let (mut ok, mut failed, mut hung) = (0, 0, 0);
+    for _ in 0..n {
+        // SAFETY: the child only makes one NVML call (the shim's handler may allocate: glibc's
+        // malloc is fork-safe) and leaves with _exit.
+        let child = unsafe { libc::fork() };
+        if child < 0 {
+            die("fork failed");
+        }
+        if child == 0 {
+            let mut m = NvmlMemory::default();
+            // SAFETY: alarm and _exit are async-signal-safe; the call is NVML's, as above.
+            unsafe {
+                libc::alarm(3);
+                let r = info(dev as *mut c_void, &mut m);
+                libc::_exit((r != 0) as c_int);
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        if libc::WIFSIGNALED(status) {
+            hung += 1;
+            break;
+        } else if libc::WEXITSTATUS(status) == 0 {
+            ok += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    println!("{{\"forks\": {n}, \"ok\": {ok}, \"failed\": {failed}, \"hung\": {hung}}}");
 }
 
 fn ctor_cuda(library: &str) {
@@ -312,6 +453,8 @@ fn main() {
         Some("ctor-cuda") => ctor_cuda(args.get(1).unwrap_or_else(|| usage())),
         Some("pool-devices") => pool_devices(n(1)),
         Some("node-usage") => node_usage(),
+        Some("pool-steps") => pool_steps(),
+        Some("nvml-fork") => nvml_fork(n(1)),
         _ => usage(),
     }
 }
@@ -319,7 +462,7 @@ fn main() {
 fn usage() -> ! {
     eprintln!(
         "usage: gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS | fork-cuda | ctor-cuda LIBRARY | \
-         pool-devices BYTES | node-usage"
+         pool-devices BYTES | pool-steps | nvml-fork N | node-usage"
     );
     std::process::exit(2);
 }

@@ -11,6 +11,8 @@
 //! - `procaddr`: the cuGetProcAddress cases the tests check;
 //! - `fidelity TSV`: compare cuGetProcAddress_v2 with a real driver's table;
 //! - `copies`: memcpy/memset in every direction, checked byte for byte;
+//! - `memops`: stream memory operations (a wait the host releases, 64-bit and batched writes),
+//!   prefetch of managed and of plain memory, graph node introspection;
 //! - `init`, `devices`, `graph`, `pool`, `vmm`: error codes, device identity, graphs, pools, VMM;
 //! - `graphmem BYTES [capture]`: a graph memory node of BYTES (added, or a captured
 //!   cuMemAllocAsync), instantiated, its graph destroyed, then launched; memory info and a plain
@@ -216,6 +218,7 @@ fn main() {
         "procaddr" => procaddr(),
         "fidelity" => fidelity(&arg(1)),
         "copies" => copies(),
+        "memops" => memops(),
         "init" => {
             let lib = Lib::open("libcuda.so.1");
             let before = call!(lib, cuMemAlloc_v2; &mut 0u64, 16);
@@ -465,6 +468,53 @@ fn copies() -> serde_json::Value {
     let bad_free = call!(c.lib, cuMemFree_v2; a + 8);
     ok!(call!(c.lib, cuMemFree_v2; a));
     serde_json::json!({"roundtrip": roundtrip, "memset": memset, "alloc_zero": zero, "free_unknown": bad_free})
+}
+
+fn memops() -> serde_json::Value {
+    let c = Cuda::init();
+    let flag = c.alloc(8).unwrap();
+    let out = c.alloc(16).unwrap();
+    ok!(call!(c.lib, cuMemsetD8_v2; flag, 0, 8));
+    ok!(call!(c.lib, cuMemsetD8_v2; out, 0, 16));
+    let mut s: CUstream = std::ptr::null_mut();
+    ok!(call!(c.lib, cuStreamCreate; &mut s, 1));
+    // Wait until the flag word is >= 1, then write 64 bits.
+    ok!(call!(c.lib, cuStreamWaitValue32; s, flag, 1, 0));
+    ok!(call!(c.lib, cuStreamWriteValue64; s, out, 0x1122_3344_5566_7788, 0));
+    // A batch: write 32 bits at out + 8, after the same wait.
+    let mut batch = [0u8; 48];
+    batch[..4].copy_from_slice(&2u32.to_le_bytes()); // CU_STREAM_MEM_OP_WRITE_VALUE_32
+    batch[8..16].copy_from_slice(&(out + 8).to_le_bytes());
+    batch[16..20].copy_from_slice(&0xabcd_u32.to_le_bytes());
+    ok!(call!(c.lib, cuStreamBatchMemOp; s, 1, batch.as_mut_ptr() as *mut c_void, 0));
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    let blocked = call!(c.lib, cuStreamQuery; s);
+    // Read with the host (device memory is host memory on the fake): a copy would queue behind
+    // the wait on the process's one executor (docs/fakegpu.md).
+    // SAFETY: `p` is a live 16-byte allocation of ours.
+    let read = |p: u64| unsafe {
+        [
+            (p as *const u64).read_volatile(),
+            ((p + 8) as *const u64).read_volatile(),
+        ]
+    };
+    let before = read(out);
+    // The host releases the wait (device memory is host memory on the fake).
+    // SAFETY: `flag` is a live 8-byte allocation of ours.
+    unsafe { (flag as *mut u32).write_volatile(1) };
+    ok!(call!(c.lib, cuStreamSynchronize; s));
+    let after = read(out);
+    let mut managed = 0u64;
+    ok!(call!(c.lib, cuMemAllocManaged; &mut managed, 4096, 1));
+    let prefetch_managed = call!(c.lib, cuMemPrefetchAsync; managed, 4096, 0, s);
+    let prefetch_plain = call!(c.lib, cuMemPrefetchAsync; out, 16, 0, s);
+    let mut ty: CUgraphNodeType = 0;
+    let node_type = call!(c.lib, cuGraphNodeGetType; 1 as CUgraphNode, &mut ty);
+    serde_json::json!({
+        "blocked": blocked, "before": before, "after": after,
+        "prefetch_managed": prefetch_managed, "prefetch_plain": prefetch_plain,
+        "node_type": node_type,
+    })
 }
 
 fn devices() -> serde_json::Value {
