@@ -504,6 +504,44 @@ fn handover_cost_personal_vs_node() {
     }
 }
 
+/// A measurement for docs/benchmarks.md, not a test: how long a newcomer's first kernel takes
+/// (its first grant, the holder's last work, its own 100 µs kernel) while another slice holds
+/// the device solo, in node mode. `cargo test -p gpuslice-e2e --test turns -- --ignored
+/// --nocapture first_grant`.
+#[test]
+#[ignore]
+fn first_grant_latency_in_node_mode() {
+    need_root!();
+    let _serial = compute_serial();
+    let n = Node::new(1, "16Gi", &[]);
+    let holder = compute_tenant(&n, TENANT_A, "holder", "0.5", "14");
+    wait_for_slice(&n, "holder", 1);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut ms: Vec<f64> = (0..20)
+        .map(|_| {
+            let o = n
+                .burn(TENANT_B)
+                .args(["--kernels", "1", "--kernel-us", "100", "--json"])
+                .env("GPUSLICE_SLICE", "newcomer")
+                .env("GPUSLICE_MEMORY", "1Gi")
+                .env("GPUSLICE_COMPUTE", "0.5")
+                .output()
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            burn_json(&o)["wall_seconds"].as_f64().unwrap() * 1e3
+        })
+        .collect();
+    let _ = ran(holder);
+    let each: Vec<String> = ms.iter().map(|m| format!("{m:.1}")).collect();
+    ms.sort_by(f64::total_cmp);
+    println!(
+        "first kernel of a newcomer next to a solo holder, ms: {}; median {:.1}, p90 {:.1}",
+        each.join(", "),
+        ms[ms.len() / 2],
+        ms[ms.len() * 9 / 10]
+    );
+}
+
 /// Child modes of this binary (see `gpuslice_e2e::node`); without `TENANTS_CHILD` it returns at once.
 #[test]
 fn tenant_child() {
