@@ -135,14 +135,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
 
     // The tenant, in the claim's container environment, is admitted by the monitor into the
     // claim's slice and held to its memory.
-    let v = gpuslice_e2e::run_json(tenant_burn(&node, &dirs, &ids).args([
-        "--alloc",
-        "3Gi,1Gi,512Mi",
-        "--json",
-    ]));
-    assert_eq!(v["mem_total"], 4 * GI, "{v}");
-    assert_eq!(v["allocated_bytes"], 4 * GI, "{v}");
-    assert_eq!(v["alloc_errors"], serde_json::json!([2]), "{v}"); // CUDA_ERROR_OUT_OF_MEMORY
+    assert_held_to_4_gib(&mut tenant_burn(&node, &dirs, &ids));
 
     // The claim's slice has a join secret: the spec (root's alone) carries it to the claim's
     // containers; it is not in the policy every tenant reads; a process that names the slice

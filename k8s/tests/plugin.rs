@@ -280,14 +280,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
 
     // Real wrapped processes, set up from the returned CDI ids as a runtime would, are held to
     // their claim's memory: A sees a 4 GiB GPU and gets no byte past it.
-    let v = gpuslice_e2e::run_json(burn_in_claim(&world, &dirs, &ids_a).args([
-        "--alloc",
-        "3Gi,1Gi,512Mi",
-        "--json",
-    ]));
-    assert_eq!(v["mem_total"], 4 * GI, "{v}");
-    assert_eq!(v["allocated_bytes"], 4 * GI, "{v}");
-    assert_eq!(v["alloc_errors"], serde_json::json!([2]), "{v}"); // CUDA_ERROR_OUT_OF_MEMORY
+    assert_held_to_4_gib(&mut burn_in_claim(&world, &dirs, &ids_a));
     let v = gpuslice_e2e::run_json(
         burn_in_claim(&world, &dirs, &ids_c).args(["--alloc", "6Gi,1Mi", "--json"]),
     );

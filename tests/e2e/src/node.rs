@@ -19,6 +19,26 @@ use std::time::{Duration, Instant};
 pub const TENANT_A: u32 = 47001;
 pub const TENANT_B: u32 = 47002;
 
+/// The operator group of the root tests, and its gid.
+pub const OPERATOR_GROUP: &str = "gpuslice-tenants-test";
+pub const OPERATOR_GID: &str = "47100";
+
+/// Create [`OPERATOR_GROUP`] on this machine (`groupadd -f`); whether it exists now (a test
+/// runs its operator-group half only then).
+pub fn operator_group() -> bool {
+    Command::new("groupadd")
+        .args(["-f", "-g", OPERATOR_GID, OPERATOR_GROUP])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The test binary's child mode (`TENANTS_CHILD`) and the runtime directory it is given
+/// (`TENANTS_DIR`); None when it runs as a test, not as a child.
+pub fn child_mode() -> Option<(String, PathBuf)> {
+    let mode = std::env::var("TENANTS_CHILD").ok()?;
+    Some((mode, PathBuf::from(std::env::var("TENANTS_DIR").ok()?)))
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }

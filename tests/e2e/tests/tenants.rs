@@ -143,11 +143,7 @@ fn root_refuses_a_runtime_dir_a_tenant_controls() {
 #[test]
 fn the_operator_cli_refuses_tenants() {
     need_root!();
-    let group = "gpuslice-tenants-test";
-    let have_group = Command::new("groupadd")
-        .args(["-f", "-g", "47100", group])
-        .status()
-        .is_ok_and(|s| s.success());
+    let (group, have_group) = (OPERATOR_GROUP, operator_group());
     let n = Node::new(1, "16Gi", &["--operator-group", group]);
     let o = n.cli(0, &["slice", "create", "ops", "--memory", "2Gi"]);
     assert!(o.status.success(), "{}", text(&o));
@@ -210,14 +206,14 @@ fn the_operator_cli_refuses_tenants() {
     if have_group {
         // Another tenant, a member of the operator group.
         let o = n
-            .command_as(TENANT_B, Some("47100"), "gpuslice")
+            .command_as(TENANT_B, Some(OPERATOR_GID), "gpuslice")
             .args(["slice", "create", "team", "--memory", "1Gi"])
             .output()
             .unwrap();
         assert!(o.status.success(), "an operator was refused: {}", text(&o));
         // ... who changes a slice live through the monitor (the policy is read-only to it).
         let o = n
-            .command_as(TENANT_B, Some("47100"), "gpuslice")
+            .command_as(TENANT_B, Some(OPERATOR_GID), "gpuslice")
             .args(["slice", "set", "ops", "--memory", "3Gi", "--compute", "0.2"])
             .output()
             .unwrap();
@@ -708,11 +704,7 @@ fn five_hundred_twelve_unnamed_processes_on_sixteen_gpus() {
 #[test]
 fn a_secret_slice_admits_only_with_its_secret() {
     need_root!();
-    let group = "gpuslice-tenants-test";
-    let have_group = Command::new("groupadd")
-        .args(["-f", "-g", "47100", group])
-        .status()
-        .is_ok_and(|s| s.success());
+    let (group, have_group) = (OPERATOR_GROUP, operator_group());
     let mut n = Node::new(1, "16Gi", &["--operator-group", group]);
     let file = n.root().join("sec.secret");
     let o = n.cli(
@@ -802,7 +794,7 @@ fn a_secret_slice_admits_only_with_its_secret() {
         std::os::unix::fs::chown(&mine, Some(TENANT_B), Some(TENANT_B)).unwrap();
         let tfile = mine.join("team.secret");
         let o = n
-            .command_as(TENANT_B, Some("47100"), "gpuslice")
+            .command_as(TENANT_B, Some(OPERATOR_GID), "gpuslice")
             .args(["slice", "create", "team", "--memory", "1Gi"])
             .arg("--new-secret-file")
             .arg(&tfile)
@@ -862,10 +854,9 @@ fn a_secret_slice_admits_only_with_its_secret() {
 /// `TENANTS_CHILD` it returns at once.
 #[test]
 fn tenant_child() {
-    let Ok(mode) = std::env::var("TENANTS_CHILD") else {
+    let Some((mode, dir)) = child_mode() else {
         return;
     };
-    let dir = PathBuf::from(std::env::var("TENANTS_DIR").unwrap());
     match mode.as_str() {
         "scribble-files" => {
             // Every name in the directory: none may be opened for writing, truncated,

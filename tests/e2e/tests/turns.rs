@@ -7,7 +7,6 @@
 
 use gpuslice_e2e::need_root;
 use gpuslice_e2e::node::*;
-use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -545,10 +544,9 @@ fn first_grant_latency_in_node_mode() {
 /// Child modes of this binary (see `gpuslice_e2e::node`); without `TENANTS_CHILD` it returns at once.
 #[test]
 fn tenant_child() {
-    let Ok(mode) = std::env::var("TENANTS_CHILD") else {
+    let Some((mode, dir)) = child_mode() else {
         return;
     };
-    let dir = PathBuf::from(std::env::var("TENANTS_DIR").unwrap());
     match mode.as_str() {
         "scribble-turns" => {
             // Join the tenant's own slice (same user, same name) and write the worst into
