@@ -16,20 +16,7 @@ pub unsafe fn mem_alloc(
     bytes: usize,
 ) -> CUresult {
     // SAFETY: the handler contract: `real` with the program's arguments.
-    let pass = || unsafe { real(dptr, bytes) };
-    let st = ready!();
-    if dptr.is_null() || bytes == 0 {
-        return pass();
-    }
-    let dev = current!(st, pass());
-    // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
-    // out-pointer.
-    unsafe {
-        charge_and_alloc(dev, Kind::Ptr, bytes as u64, || {
-            let r = pass();
-            (r, written(r, dptr).unwrap_or(0))
-        })
-    }
+    unsafe { alloc_ptr(dptr, bytes, || real(dptr, bytes)) }
 }
 
 /// `cuMemAllocPitch_v2`: charged an upper estimate first (rows padded to 512 bytes), then
@@ -90,7 +77,18 @@ pub unsafe fn mem_alloc_managed(
     flags: c_uint,
 ) -> CUresult {
     // SAFETY: the handler contract: `real` with the program's arguments.
-    let pass = || unsafe { real(dptr, bytes, flags) };
+    unsafe { alloc_ptr(dptr, bytes, || real(dptr, bytes, flags)) }
+}
+
+/// A linear allocation of `bytes` into `*dptr` made by `pass` (the driver's call), charged to
+/// the current device as it is made; passed through untouched before start-up, without a
+/// context, or for a null pointer or zero bytes (the driver answers those).
+///
+/// # Safety
+/// `pass` is the real driver call with the program's arguments; `dptr` is the program's
+/// out-pointer.
+#[inline]
+unsafe fn alloc_ptr(dptr: *mut CUdeviceptr, bytes: usize, pass: impl Fn() -> CUresult) -> CUresult {
     let st = ready!();
     if dptr.is_null() || bytes == 0 {
         return pass();
