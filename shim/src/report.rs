@@ -1,7 +1,7 @@
 //! What a process is told about memory: its quota as the total, what is left of it as free
 //! (never negative, never more than the device really has free). Without a quota (best
 //! effort) the device's size stays the total and free is capped by what is not reserved for
-//! slices. Shared by the driver hooks here and the NVML hooks in `nvml.rs`.
+//! slices. Shared by the driver hooks here and the NVML hooks in `nvml/`.
 
 use crate::hooks::pfn;
 use crate::init::{state_if_ready, DevState};
@@ -19,7 +19,7 @@ pub fn view(dev: &DevState, real_total: u64, real_free: u64) -> (u64, u64) {
 }
 
 /// The one formula, for an account's `limit` and `used` (a quota or the best-effort pool);
-/// NVML-only processes apply it to what the ledger says (`nvml.rs`).
+/// NVML-only processes apply it to what the ledger says (`nvml/memory.rs`).
 pub fn view_of(quota: bool, limit: u64, used: u64, real_total: u64, real_free: u64) -> (u64, u64) {
     let left = limit.saturating_sub(used);
     if quota {
