@@ -1,0 +1,283 @@
+//! `gpuslice monitor`: the node daemon, and the monitor lock by which everyone else finds it.
+//!
+//! The monitor keeps the ledger healthy; it never enforces anything (the shim does, in each
+//! process), so it may die and restart at any moment: all state lives in the ledger, and the
+//! monitor recomputes everything it shows from there.
+//!
+//! Each tick (a few times a second) it reaps processes that are gone, returning their memory
+//! and compute leases to their slices ([`crate::node::Node::reap`]); every second it audits
+//! real per-process device memory through NVML and flags slices whose processes hold more than
+//! their quota. `--metrics-listen` serves the Prometheus exposition from a second thread.
+//!
+//! While running it holds an exclusive `flock` on `$GPUSLICE_RUNTIME_DIR/monitor.lock`, which
+//! contains its pid: [`monitor_running`] tests that lock (no race with a monitor starting or
+//! dying), a second monitor refuses to start, and [`start_background`] is how `gpuslice run`
+//! starts one when none is there.
+//!
+//! One file a job: this one the start-up (node mode's admission socket and compute turns, the
+//! metrics thread) and the loop (reaping, reopening a replaced ledger); `options.rs` the
+//! command line; `lock.rs` the monitor lock, [`monitor_running`] and [`start_background`];
+//! `audit.rs` the memory audit through NVML.
+
+/// A monitor log line on stderr, with a UTC timestamp (journald and `monitor.log` both read it).
+/// A closed stderr loses the line but never stops the monitor (`eprintln!` would panic).
+macro_rules! log {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let s = now.as_secs();
+        let _ = writeln!(
+            std::io::stderr(),
+            "{:02}:{:02}:{:02}.{:03} gpuslice monitor: {}",
+            (s / 3600) % 24,
+            (s / 60) % 60,
+            s % 60,
+            now.subsec_millis(),
+            format!($($t)*)
+        );
+    }};
+}
+
+mod audit;
+mod lock;
+mod options;
+
+pub use lock::{monitor_running, start_background, MonitorLock, LOG_FILE};
+pub use options::{operator_group_name, OnViolation};
+
+use crate::cli::{self, Failure};
+use crate::node::Node;
+use crate::nvml::{Gpu, Nvml};
+use crate::prom::MonitorFacts;
+use options::{group_gid, parse, Options, OPERATOR_GROUP_NAME, USAGE};
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Entry point of `gpuslice monitor`.
+pub fn main(args: Vec<OsString>) -> i32 {
+    cli::exit_status((|| {
+        let Some(opts) = parse(args)? else {
+            return Ok(());
+        };
+        run(opts)
+    })())
+}
+
+/// What the metrics thread reads: the monitor's own facts (the node's come from the ledger).
+type Shared = Arc<Mutex<MonitorFacts>>;
+
+fn run(opts: Options) -> Result<(), Failure> {
+    let dir = cli::runtime_dir();
+    gpuslice_ledger::dir::check_absolute(&dir).map_err(|e| Failure::usage(e.to_string(), USAGE))?;
+    let _ = OPERATOR_GROUP_NAME.set(opts.operator_group.clone());
+    // Node mode for root on the node's default directory, or where a node policy already is
+    // (a monitor restarted without --mode, or started by `gpuslice run`).
+    let node_mode = opts.node.unwrap_or_else(|| {
+        gpuslice_ledger::dir::euid() == 0
+            && (dir == Path::new(gpuslice_ledger::DEFAULT_RUNTIME_DIR)
+                || crate::node::is_node_dir(&dir.to_string_lossy()))
+    });
+    let _lock = MonitorLock::acquire(&dir)?;
+    let nvml = match Nvml::load() {
+        Ok(n) => Some(n),
+        Err(e) => {
+            log!("NVML unavailable ({e}): devices come from the ledger only, no memory audit");
+            None
+        }
+    };
+    let first = if node_mode {
+        let node = Node::open_or_create_node(&dir)?;
+        // The devices first: admission accepts only devices the monitor registered (a tenant
+        // naming a device cannot register it, or its size).
+        if nvml.is_none() {
+            log!("node mode needs NVML to register the GPUs: until it loads, no process can be admitted");
+        }
+        if let Some(devs) = nvml.as_ref().and_then(|n| n.devices().ok()) {
+            register_devices(&node, &devs);
+        }
+        let (ledger, regions) = node.parts().expect("node mode has regions");
+        // Compute turns: granted by this monitor from here on (tenants cannot write leases).
+        crate::turns::spawn(ledger.clone(), regions.clone())?;
+        let listener = crate::admission::bind(&ledger)?;
+        let server = Arc::new(crate::admission::Server {
+            ledger,
+            regions,
+            limits: opts.limits,
+            operator_gid: group_gid(&opts.operator_group),
+        });
+        std::thread::Builder::new()
+            .name("admission".into())
+            .spawn(move || crate::admission::serve(listener, server))
+            .map_err(|e| format!("cannot start the admission thread: {e}"))?;
+        log!(
+            "node mode: the policy {} is written by this monitor only; processes are admitted \
+             at {} (operator group {:?}, at most {} processes and {} slices per user)",
+            dir.join("ledger").display(),
+            dir.join(gpuslice_ledger::protocol::SOCKET_FILE).display(),
+            opts.operator_group,
+            opts.limits.procs_per_uid,
+            opts.limits.slices_per_uid
+        );
+        Some(node)
+    } else {
+        // A ledger that cannot be used is reported (and retried) by the loop below.
+        Node::open_or_create(&dir).ok()
+    };
+    // SIGTERM/SIGINT/SIGHUP: finish the tick and exit (after at most one --interval sleep).
+    cli::stop_on_signals(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP]);
+    let facts: Shared = Arc::default();
+    if let Some(addr) = &opts.listen {
+        let listener = crate::http::bind(addr)?;
+        if let Some(w) = listener
+            .local_addr()
+            .ok()
+            .and_then(|a| crate::http::exposure_warning(&a))
+        {
+            log!("{w}");
+        }
+        let (dir, facts) = (dir.clone(), facts.clone());
+        log!(
+            "serving metrics at http://{}/metrics",
+            listener
+                .local_addr()
+                .map_or(addr.clone(), |a| a.to_string())
+        );
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || crate::http::serve(listener, move || scrape(&dir, &facts)))
+            .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
+    }
+    log!(
+        "started (pid {}) for the ledger in {}",
+        std::process::id(),
+        dir.display()
+    );
+    let mut m = Monitor {
+        dir,
+        nvml,
+        node: None,
+        node_mode,
+        on_violation: opts.on_violation,
+        fresh: first,
+        last_error: None,
+        over: HashSet::new(),
+        facts,
+    };
+    let mut last_audit = Instant::now() - Duration::from_secs(10);
+    while !cli::stop_requested() {
+        m.tick();
+        if last_audit.elapsed() >= Duration::from_secs(1) {
+            last_audit = Instant::now();
+            m.audit();
+        }
+        std::thread::sleep(opts.interval);
+    }
+    log!("stopping on signal; the ledger stays, enforcement continues without the monitor");
+    Ok(())
+}
+
+/// A `/metrics` scrape: a fresh snapshot of the ledger plus the monitor's facts.
+fn scrape(dir: &Path, facts: &Shared) -> String {
+    let facts = facts.lock().map(|f| f.clone()).unwrap_or_default();
+    match Node::open(dir) {
+        Ok(node) => crate::prom::render(&node.snapshot(), Some(&facts)),
+        Err(e) => format!(
+            "# the ledger cannot be read: {}\n{}",
+            e.to_string().replace('\n', " "),
+            crate::prom::render(&Default::default(), Some(&facts))
+        ),
+    }
+}
+
+struct Monitor {
+    dir: PathBuf,
+    nvml: Option<Nvml>,
+    node: Option<Node>,
+    /// Node mode: the policy and the admission socket are this process's; they are never
+    /// reopened (a replaced policy ends the monitor, for its supervisor to restart it).
+    node_mode: bool,
+    on_violation: OnViolation,
+    /// The ledger opened before the lock was taken, used by the first tick.
+    fresh: Option<Node>,
+    /// The last error opening the ledger, logged once until it changes.
+    last_error: Option<String>,
+    /// Slices currently flagged over quota, to log transitions only.
+    over: HashSet<(String, String)>,
+    facts: Shared,
+}
+
+impl Monitor {
+    fn tick(&mut self) {
+        if self.node.is_none() {
+            let opened = match self.fresh.take() {
+                Some(n) => Ok(n),
+                None => Node::open_or_create(&self.dir),
+            };
+            match opened {
+                Ok(node) => {
+                    if let Some(nvml) = &self.nvml {
+                        match nvml.devices() {
+                            Ok(devs) => register_devices(&node, &devs),
+                            Err(e) => log!("NVML cannot list devices: {e}"),
+                        }
+                    }
+                    // Said once the devices are registered: `status` then shows them.
+                    if self.last_error.take().is_some() {
+                        log!("the ledger in {} is usable again", self.dir.display());
+                    }
+                    self.node = Some(node);
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    if self.last_error.as_deref() != Some(e.as_str()) {
+                        log!("{e} (retrying; enforcement in wrapped processes is unaffected)");
+                        self.last_error = Some(e);
+                    }
+                    return;
+                }
+            }
+        }
+        let Some(node) = &self.node else { return };
+        if !node.is_current() && self.node_mode {
+            log!("the node policy was removed or replaced; exiting so that a fresh monitor serves it");
+            std::process::exit(1);
+        }
+        if !node.is_current() {
+            log!("the ledger file was removed or replaced; attaching to the one there now");
+            self.node = None;
+            return self.tick();
+        }
+        match node.reap() {
+            Ok((reaped, lines)) => {
+                for l in &lines {
+                    log!("{l}");
+                }
+                if reaped > 0 {
+                    if let Ok(mut f) = self.facts.lock() {
+                        f.reaped_total += reaped;
+                    }
+                }
+            }
+            Err(e) if self.node_mode => log!("{e}; retrying at the next tick"),
+            Err(e) => {
+                log!("{e}; reopening the ledger");
+                self.node = None;
+            }
+        }
+    }
+}
+
+/// Register the devices NVML lists in the ledger (admission accepts only registered devices);
+/// a device that cannot be registered is logged and the others go on.
+fn register_devices(node: &Node, devs: &[Gpu]) {
+    for d in devs {
+        if let Err(e) = node.register_device(d) {
+            log!("cannot register device {} ({}): {e}", d.index, d.uuid);
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! The command line of `gpuslice monitor` (its flags, checked, with one usage line) and the
+//! operator group it accepts. Apart from the loop so that what the monitor is asked to do is
+//! read in one place.
+
+use crate::cli::{self, Failure};
+use std::ffi::OsString;
+use std::time::Duration;
+
+pub(super) const USAGE: &str = "gpuslice monitor [--metrics-listen ADDR] [--interval MS] [--mode node|personal] \
+[--on-violation report|kill] [--max-procs-per-user N] [--max-slices-per-user N] [--operator-group NAME]";
+
+/// The operator group's default name (docs/operations.md).
+pub const OPERATOR_GROUP: &str = "gpuslice";
+
+pub(super) static OPERATOR_GROUP_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The operator group this monitor accepts (`--operator-group`).
+pub fn operator_group_name() -> &'static str {
+    OPERATOR_GROUP_NAME
+        .get()
+        .map_or(OPERATOR_GROUP, |s| s.as_str())
+}
+
+/// The gid of a group, if it exists.
+pub(super) fn group_gid(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: valid name; getgrnam returns null or a pointer to static data read at once.
+    let g = unsafe { libc::getgrnam(c.as_ptr()) };
+    // SAFETY: non-null pointer from getgrnam.
+    (!g.is_null()).then(|| unsafe { (*g).gr_gid })
+}
+
+/// What the audit does with a slice over its quota by NVML (memory taken around gpuslice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnViolation {
+    /// Log it, count it in metrics and `status`.
+    Report,
+    /// Also SIGKILL the slice's processes that hold memory on that device.
+    Kill,
+}
+
+pub(super) struct Options {
+    pub(super) listen: Option<String>,
+    pub(super) interval: Duration,
+    /// `Some(true)`: node mode; `None`: node mode for root on the default directory.
+    pub(super) node: Option<bool>,
+    pub(super) limits: gpuslice_ledger::node::Limits,
+    pub(super) operator_group: String,
+    pub(super) on_violation: OnViolation,
+}
+
+pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
+    use lexopt::Arg::*;
+    let mut p = cli::parser(args);
+    let mut o = Options {
+        listen: None,
+        interval: Duration::from_millis(250),
+        node: None,
+        limits: Default::default(),
+        operator_group: OPERATOR_GROUP.into(),
+        on_violation: OnViolation::Report,
+    };
+    let mut interval = None;
+    while let Some(arg) = p.next().map_err(cli::lex(USAGE))? {
+        if cli::is_help(&arg) {
+            cli::outln!("usage: {USAGE}")?;
+            return Ok(None);
+        }
+        match arg {
+            Long("metrics-listen") => {
+                let v = cli::utf8(
+                    p.value().map_err(cli::lex(USAGE))?,
+                    "--metrics-listen",
+                    USAGE,
+                )?;
+                if !v.contains(':') {
+                    return Err(Failure::usage(
+                        format!("--metrics-listen {v:?}: expected HOST:PORT, e.g. 127.0.0.1:9400 or [::1]:9400"),
+                        USAGE,
+                    ));
+                }
+                cli::once(&mut o.listen, "--metrics-listen", v, USAGE)?;
+            }
+            Long("mode") => {
+                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--mode", USAGE)?;
+                o.node = Some(match v.as_str() {
+                    "node" => true,
+                    "personal" => false,
+                    _ => {
+                        return Err(Failure::usage(
+                            format!("--mode {v:?}: expected node or personal"),
+                            USAGE,
+                        ))
+                    }
+                });
+            }
+            Long("on-violation") => {
+                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--on-violation", USAGE)?;
+                o.on_violation = match v.as_str() {
+                    "report" => OnViolation::Report,
+                    "kill" => OnViolation::Kill,
+                    _ => {
+                        return Err(Failure::usage(
+                            format!("--on-violation {v:?}: expected report or kill"),
+                            USAGE,
+                        ))
+                    }
+                };
+            }
+            Long(flag @ ("max-procs-per-user" | "max-slices-per-user")) => {
+                let flag = format!("--{flag}");
+                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, &flag, USAGE)?;
+                let max = if flag == "--max-procs-per-user" {
+                    gpuslice_ledger::MAX_PROCS
+                } else {
+                    gpuslice_ledger::MAX_SLICES
+                };
+                let n = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=max).contains(n))
+                    .ok_or_else(|| {
+                        Failure::usage(format!("{flag} {v:?}: expected 1 to {max}"), USAGE)
+                    })?;
+                if flag == "--max-procs-per-user" {
+                    o.limits.procs_per_uid = n;
+                } else {
+                    o.limits.slices_per_uid = n;
+                }
+            }
+            Long("operator-group") => {
+                o.operator_group = cli::utf8(
+                    p.value().map_err(cli::lex(USAGE))?,
+                    "--operator-group",
+                    USAGE,
+                )?;
+            }
+            Long("interval") => {
+                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--interval", USAGE)?;
+                cli::millis(&mut interval, "--interval", &v, 10..=5000, USAGE)?;
+            }
+            _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
+        }
+    }
+    o.interval = interval.unwrap_or(o.interval);
+    Ok(Some(o))
+}
