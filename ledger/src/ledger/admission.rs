@@ -226,6 +226,7 @@ impl Ledger {
                 && s.name.get() == name
         })
     }
+
     /// Admission + creation; caller holds the lock.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn create_slice_locked(

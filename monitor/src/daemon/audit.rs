@@ -170,6 +170,7 @@ fn audit_transitions(over: &mut HashSet<(String, String)>, rows: &[AuditRow]) ->
     over.retain(|k| rows.iter().any(|r| r.slice == k.0 && r.device_uuid == k.1));
     lines
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -178,6 +178,7 @@ pub fn start_background(dir: &Path) -> Result<(u32, bool), String> {
         tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
     ))
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

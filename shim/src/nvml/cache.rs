@@ -274,6 +274,7 @@ fn cuda_ordinal(visible: Option<&str>, index: u32, uuid: &[u8]) -> Option<u32> {
     }
     None
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

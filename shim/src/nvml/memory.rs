@@ -2,7 +2,7 @@
 //! used, the rest as free, with the formula of the driver hooks (`report::view_of`). Apart
 //! because it is the one answer an attached process must give exactly as CUDA does.
 
-use super::place::{with_place, Place};
+use super::place::{corrected, with_place, Place};
 use crate::report::view_of;
 use gpuslice_abi::*;
 
@@ -64,20 +64,19 @@ pub unsafe fn memory_info<M: MemoryStruct>(
 ) -> u32 {
     // SAFETY: the handler contract: `real` with the program's arguments.
     let r = unsafe { real(dev, mem) };
-    if r != NVML_SUCCESS || mem.is_null() {
-        return r;
+    // SAFETY: mem is the program's struct, the one NVML's call `r` was given.
+    unsafe {
+        corrected(r, mem, |mem| {
+            let (total, free) = mem.total_free();
+            if let Some(Some((t, f, not_free, reserved))) =
+                with_place(dev, total, |c| memory(&c.place, total, free))
+            {
+                mem.store(t, f, not_free, reserved);
+            }
+        })
     }
-    // SAFETY: mem is non-null (checked above), the program's struct, filled in by NVML's
-    // successful call (which accepted its version); ours to overwrite.
-    let mem = unsafe { &mut *mem };
-    let (total, free) = mem.total_free();
-    if let Some(Some((t, f, not_free, reserved))) =
-        with_place(dev, total, |c| memory(&c.place, total, free))
-    {
-        mem.store(t, f, not_free, reserved);
-    }
-    r
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -242,6 +242,23 @@ pub(super) fn with_slice_processes<R>(
     .flatten()
 }
 
+/// A hook that corrects what NVML wrote: `r` is NVML's status for the program's struct `out`;
+/// when the call succeeded and `out` is there, `edit` puts the slice's figures over the
+/// device's. Returns `r`.
+///
+/// # Safety
+/// `out` is null or the program's struct that NVML's call `r` was given (so, on success,
+/// filled in, in a version NVML accepted, and valid for writes).
+pub(super) unsafe fn corrected<T>(r: u32, out: *mut T, edit: impl FnOnce(&mut T)) -> u32 {
+    if r != NVML_SUCCESS || out.is_null() {
+        return r;
+    }
+    // SAFETY: out is non-null (checked above) and, by this function's contract, the program's
+    // struct that NVML's successful call filled in; ours to overwrite.
+    edit(unsafe { &mut *out });
+    r
+}
+
 /// A hook's answer: `pass` (the real answer) outside any slice, else the status, with the
 /// count needed or listed stored through `store` where there is one.
 pub(super) fn answer_or_pass(

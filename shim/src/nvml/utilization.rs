@@ -3,7 +3,7 @@
 //! samples only of its processes. Apart because its figures come from the scheduler's
 //! statistics, not from the memory accounts.
 
-use super::place::{answer_or_pass, with_place, with_slice_processes, Place};
+use super::place::{answer_or_pass, corrected, with_place, with_slice_processes, Place};
 use crate::hooks::pfn;
 use core::ffi::{c_uint, c_void};
 use core::mem::size_of;
@@ -53,22 +53,20 @@ pub unsafe fn utilization_rates(
 ) -> u32 {
     // SAFETY: the handler contract: `real` with the program's arguments.
     let r = unsafe { real(dev, util) };
-    if r != NVML_SUCCESS || util.is_null() {
-        return r;
+    // SAFETY: util is the program's struct, the one NVML's call `r` was given.
+    unsafe {
+        corrected(r, util, |util| {
+            if let Some((mine, all)) = slice_compute(dev) {
+                let mem = if all > 0.0 {
+                    (util.memory as f64 * (mine / all).min(1.0)).round() as c_uint
+                } else {
+                    0
+                };
+                util.gpu = percent(mine);
+                util.memory = mem.min(100);
+            }
+        })
     }
-    if let Some((mine, all)) = slice_compute(dev) {
-        // SAFETY: util is non-null (checked above), the program's struct, filled in by NVML's
-        // successful call; ours to overwrite.
-        let util = unsafe { &mut *util };
-        let mem = if all > 0.0 {
-            (util.memory as f64 * (mine / all).min(1.0)).round() as c_uint
-        } else {
-            0
-        };
-        util.gpu = percent(mine);
-        util.memory = mem.min(100);
-    }
-    r
 }
 
 /// The slice's per-process utilisation samples on `dev`, newer than `last_seen` (µs since the
@@ -222,6 +220,7 @@ pub unsafe fn processes_utilization_info(
         unsafe { (*p).process_samples_count = n as c_uint };
     })
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
