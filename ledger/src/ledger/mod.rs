@@ -1,5 +1,5 @@
 //! `Ledger`: the handle on the mapped file (opening it, the record arrays, the cold-path lock
-//! and its repair), and the home of every cold path, one file a job:
+//! and its repair, the device table), and the home of every other cold path, one file a job:
 //!
 //! - `procs.rs`: a process attaches (claims a record, proves it alive) and detaches;
 //! - `admission.rs`: a process joins a slice on a device, and a new slice is admitted
