@@ -76,8 +76,10 @@ pub(super) struct Events {
     len: usize,
     /// Spare events (recycled, so the launch path does not create one each time).
     spare: Vec<CUevent>,
-    /// Measured GPU time of a kernel launch (moving average).
+    /// Measured GPU time of a kernel launch (moving average), and whether it was ever measured
+    /// (until then every fence measures).
     kernel_ns: u64,
+    learned: bool,
     /// Measured GPU time of graph replays, per executable.
     graphs: [(CUgraphExec, u64); GRAPHS],
     graph_next: usize,
@@ -125,6 +127,7 @@ impl Events {
             len: 0,
             spare: Vec::with_capacity(2 * RING + 8),
             kernel_ns: DEFAULT_EST_NS,
+            learned: false,
             graphs: [(null_mut(), 0); GRAPHS],
             graph_next: 0,
             next: DEFAULT_EST_NS,
@@ -153,16 +156,11 @@ impl Events {
             || now < self.each_until;
         if !fence {
             Track::Run
-        } else if self.after_wait && matches!(kind, Kind::Kernel) && self.kernel_learned() {
+        } else if self.after_wait && matches!(kind, Kind::Kernel) && self.learned {
             Track::Fence
         } else {
             Track::Measure
         }
-    }
-
-    /// Whether a kernel's GPU time was ever measured (until then every fence measures).
-    fn kernel_learned(&self) -> bool {
-        self.kernel_ns != DEFAULT_EST_NS
     }
 
     /// Count a launch of the run (no event), made on `stream` at `now`.
@@ -218,14 +216,17 @@ impl Events {
         }
     }
 
+    /// Learn a measured launch's GPU time. A sample counts for a quarter, and at most twice
+    /// the estimate: a launch that met another context's work on the engine (the fake and a GPU
+    /// time-slice contexts) measures that work too, and with launches sampled one such sample
+    /// would otherwise move the estimate many times over. The estimate still follows a real
+    /// change of kernel size (up 25% a sample, down at once); the first sample of a kernel or a
+    /// graph executable is taken as it is.
     pub(super) fn learn(&mut self, kind: Kind, ns: u64) {
         // In u128: a measurement (f32 ms, saturated into u64) may be huge; never overflow.
         let avg = |old: u64| {
-            if old == 0 {
-                ns
-            } else {
-                ((3 * old as u128 + ns as u128) / 4) as u64
-            }
+            let ns = ns.min(old.saturating_mul(2));
+            ((3 * old as u128 + ns as u128) / 4) as u64
         };
         match kind {
             Kind::Graph(x) => match self.graphs.iter_mut().find(|g| g.0 == x) {
@@ -235,7 +236,11 @@ impl Events {
                     self.graph_next = (self.graph_next + 1) % GRAPHS;
                 }
             },
-            _ => self.kernel_ns = avg(self.kernel_ns),
+            _ if !self.learned => {
+                self.kernel_ns = ns.max(1);
+                self.learned = true;
+            }
+            _ => self.kernel_ns = avg(self.kernel_ns).max(1),
         }
     }
 
