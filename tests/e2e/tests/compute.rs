@@ -278,6 +278,27 @@ fn contended_launches_record_events_on_a_sample() {
     );
 }
 
+/// A latency slice that saturates the device (not the request/response pattern priority is for)
+/// still gets its share, not more: past its lead it waits for turns like any slice.
+#[test]
+fn a_saturating_latency_slice_keeps_to_its_share() {
+    let _serial = serial();
+    let w = World::new(1, "8Gi");
+    let args = ["--kernel-us", "1000", "--seconds", "6", "--depth", "4"];
+    let lat = spawn(
+        &w,
+        "lat",
+        &[("GPUSLICE_COMPUTE", "0.25"), ("GPUSLICE_PRIORITY", "latency")],
+        &args,
+    );
+    let normal = spawn(&w, "normal", &[("GPUSLICE_COMPUTE", "0.75")], &args);
+    let (l, n) = (finish(lat), finish(normal));
+    let (from, to) = all_ran(&[&l, &n], 1.0, 0.5);
+    let got = vec![(fraction_in(&l, from, to), l), (fraction_in(&n, from, to), n)];
+    eprintln!("latency 0.25: {:.3}, normal 0.75: {:.3}", got[0].0, got[1].0);
+    assert_shares("a saturating latency slice", &got, &[0.25, 0.75]);
+}
+
 #[test]
 fn a_cap_holds_when_alone() {
     let _serial = serial();
