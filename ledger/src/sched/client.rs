@@ -131,6 +131,9 @@ pub trait Work {
     /// Wait until at most `n` launches are pending (never spins; gives up after a while on a
     /// launch that never completes).
     fn wait_pending(&mut self, n: usize);
+    /// Until `until_ns`, the scheduler counts queued work in launches ([`Work::pending`]): a
+    /// tracker that samples launches must track each one meanwhile.
+    fn track_each(&mut self, _until_ns: u64) {}
 }
 
 /// What an admission cost.
@@ -209,38 +212,6 @@ impl<'a> Client<'a> {
     /// Lease word to compare against in a caller's own fast path.
     pub fn solo_word(&self) -> u64 {
         self.solo_word
-    }
-
-    /// Right after an admission under an ordinary lease: how many more launches (at most
-    /// `max`) this process may make without asking again, the lease word they are valid under,
-    /// and the time before which they must start (the lease's end less [`HANDOFF_LEAD_NS`]), so
-    /// an unmeasured launch never starts past the turn; (0, 0, 0) when not holding an ordinary
-    /// lease with time left. Until then the slice counts as busy (no idle takeover); the
-    /// launches are charged by [`Client::credited`] at the next admission.
-    pub fn credit(&mut self, max: u32) -> (u32, u64, u64) {
-        let w = self.dev.lease.load(Acquire);
-        let l = Lease::unpack(w);
-        let until = l.end_ns.saturating_sub(HANDOFF_LEAD_NS);
-        if l.holder != self.id
-            || l.solo
-            || self.held_since.is_none()
-            || until <= self.busy_until
-            || (!self.latency() && self.latency_active(self.os.now_ns()))
-        {
-            return (0, 0, 0);
-        }
-        self.busy_until = until;
-        self.me.busy_until_ns.fetch_max(until, AcqRel);
-        (max, w, until)
-    }
-
-    /// `n` launches of about `est_ns` each were made on credit (see [`Client::credit`]): they
-    /// count in what this process pays for its turn.
-    pub fn credited(&mut self, n: u64, est_ns: u64) {
-        if n > 0 {
-            self.admitted_ns = self.admitted_ns.saturating_add(n.saturating_mul(est_ns));
-            self.me.launches_total.fetch_add(n, Relaxed);
-        }
     }
 
     /// Set the slice's priority class ([`super::CLASS_NORMAL`] or [`CLASS_LATENCY`]).
@@ -421,10 +392,11 @@ impl<'a> Client<'a> {
                 self.me.want_ns.store(now, Release);
                 let queued = work.outstanding_ns();
                 let next = work.next_ns();
-                if !self.latency()
-                    && self.latency_active(now)
-                    && (queued > LATENCY_QUEUE_NS || work.pending() > 0)
-                {
+                let held_short = !self.latency() && self.latency_active(now);
+                if held_short {
+                    work.track_each(now + LATENCY_ACTIVE_NS);
+                }
+                if held_short && (queued > LATENCY_QUEUE_NS || work.pending() > 0) {
                     // A latency slice is active: keep at most one kernel of ours in flight, so
                     // that the latency slice's work, launched beside ours, waits for about one
                     // kernel of ours, not the whole queue.
@@ -463,8 +435,16 @@ impl<'a> Client<'a> {
                     // No further than a stretched lease reaches: `busy_until_ns` only grows
                     // (fetch_max), so one absurd estimate would end idle takeovers for good.
                     self.busy_until = now + need.min(MAX_LEASE_NS);
-                    self.me.busy_until_ns.fetch_max(self.busy_until, AcqRel);
                     self.me.tail_ns.fetch_max(self.busy_until, AcqRel);
+                    // An admitted holder counts as busy until its lease's end less the handoff
+                    // lead: one that pauses between bursts (a synchronize, CPU work) keeps its
+                    // turn rather than losing it to an idle takeover and paying a hand-over per
+                    // burst. Not while a latency slice is active (it must get the device soon).
+                    let until = l.end_ns.saturating_sub(HANDOFF_LEAD_NS);
+                    if until > self.busy_until && (self.latency() || !self.latency_active(now)) {
+                        self.busy_until = until;
+                    }
+                    self.me.busy_until_ns.fetch_max(self.busy_until, AcqRel);
                     break;
                 }
                 // The lease is over for us: pay for everything queued, then hand over, a little

@@ -144,11 +144,12 @@ impl<'a> Granted<'a> {
             if l.holder == self.id && now < l.end_ns && self.me.done_turn.load(Acquire) != turn {
                 let queued = work.outstanding_ns();
                 let next = work.next_ns();
-                let normal = self.class.load(Relaxed) != CLASS_LATENCY;
-                if normal
-                    && self.latency_active(now)
-                    && (queued > LATENCY_QUEUE_NS || work.pending() > 1)
-                {
+                let held_short =
+                    self.class.load(Relaxed) != CLASS_LATENCY && self.latency_active(now);
+                if held_short {
+                    work.track_each(now + super::LATENCY_ACTIVE_NS);
+                }
+                if held_short && (queued > LATENCY_QUEUE_NS || work.pending() > 1) {
                     // A latency slice waits: keep our queue short so it gets the device soon
                     // (at most one launch in flight, none long). Both waits block (events);
                     // neither spins.
@@ -279,21 +280,6 @@ impl<'a> Scheduler<'a> {
     pub fn set_class(&self, class: u32) {
         if let Scheduler::Tenant(c) = self {
             c.set_class(class)
-        }
-    }
-
-    /// See [`Client::credit`]; node mode launches nothing on credit.
-    pub fn credit(&mut self, max: u32) -> (u32, u64, u64) {
-        match self {
-            Scheduler::Tenant(c) => c.credit(max),
-            Scheduler::Granted(_) => (0, 0, 0),
-        }
-    }
-
-    /// See [`Client::credited`].
-    pub fn credited(&mut self, n: u64, est_ns: u64) {
-        if let Scheduler::Tenant(c) = self {
-            c.credited(n, est_ns)
         }
     }
 

@@ -168,7 +168,7 @@ pub struct SchedDevice {
     /// turn, so no holder can keep the device by stretching launch after launch.
     pub stretched: AtomicU64,
     /// Latest heartbeat of a latency-class slice waiting or launching here (ns): while it is
-    /// recent, normal holders keep their queues short and launch nothing on credit.
+    /// recent, normal holders keep their queues short and track each launch.
     pub latency_ns: AtomicU64,
     /// Room to grow without moving the ledger layout.
     pub reserved: [u64; 5],

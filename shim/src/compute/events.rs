@@ -1,8 +1,23 @@
 //! This process's queued work on one device, seen through CUDA events: the scheduler's
-//! [`Work`]. A ring of the launches tracked (an event before and after each one the scheduler
-//! admitted, and one event after each run of launches made on credit), the GPU time learned
-//! from them (per kernel, and per graph executable), and the waits a holder makes for its own
-//! queue. Events are created in the launching context and recycled; an event whose context was
+//! [`Work`]. The scheduler admits every contended launch (so the queue is bounded launch by
+//! launch), but only a sample of launches carries events, because a pair of event records per
+//! launch is most of what a contended launch would cost:
+//!
+//! - a **fence** (an event recorded after a launch) goes on about one launch in [`FENCE_NS`] of
+//!   estimated GPU work (at most [`FENCE_MAX`] launches apart), on every graph replay, on the
+//!   first launch after a change of stream, and on every launch while the scheduler needs
+//!   launches counted ([`Work::track_each`]); it completes when the launches before it on its
+//!   stream have, so the ring of fences is the process's queue as the driver reports it;
+//! - a fence is also **measured** (an event before the launch as well) unless it is the first
+//!   launch after a wait for the lease, whose GPU time would include the previous holder's last
+//!   work; measured launches teach the estimate (per kernel, and per graph executable);
+//! - the launches between fences (the **run**) cost no driver call: their GPU time is their
+//!   estimate, and a holder that must know when they complete (the hand-over) fences the run on
+//!   the stream it is launching on. A run left on a stream the process stopped using is
+//!   counted by its estimate only (recording on a stream the program may have destroyed is not
+//!   safe), so what an unmeasured launch can cost is bounded by one fence interval per stream.
+//!
+//! Events are created in the launching context and recycled; an event whose context was
 //! destroyed answers an error, which counts as completed, so nothing waits on it.
 
 use core::ptr::null_mut;
@@ -24,13 +39,33 @@ const GRAPHS: usize = 16;
 const DRAIN_LIMIT_NS: u64 = 1_000_000_000;
 /// Estimate of a launch never measured yet.
 const DEFAULT_EST_NS: u64 = 100_000;
+/// Estimated GPU work between two fences, at most.
+pub(super) const FENCE_NS: u64 = 250_000;
+/// Launches between two fences, at most (tiny kernels: the estimate keeps adapting).
+const FENCE_MAX: u32 = 64;
+/// How often the oldest fence is asked about before its estimated end (each is a driver call).
+const POLL_NS: u64 = 20_000;
 
-/// One launch in flight: events before and after it, and its estimated GPU time.
+/// How a launch the scheduler admitted under an ordinary lease is tracked ([`Events::plan`]).
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub(super) enum Track {
+    /// One more launch of the run: no event.
+    Run,
+    /// An event after it.
+    Fence,
+    /// Events before and after it: a fence that measures the launch.
+    Measure,
+}
+
+/// One fence in flight: the event after it (and before it, when measured), the launches it
+/// covers (itself and the run before it on its stream), and when they are estimated to complete.
 #[derive(Clone, Copy)]
 struct Entry {
     start: CUevent,
     end: CUevent,
     est: u64,
+    est_end: u64,
+    launches: u32,
     kind: Kind,
 }
 
@@ -41,8 +76,10 @@ pub(super) struct Events {
     len: usize,
     /// Spare events (recycled, so the launch path does not create one each time).
     spare: Vec<CUevent>,
-    /// Measured GPU time of a kernel launch (moving average).
+    /// Measured GPU time of a kernel launch (moving average), and whether it was ever measured
+    /// (until then every fence measures).
     kernel_ns: u64,
+    learned: bool,
     /// Measured GPU time of graph replays, per executable.
     graphs: [(CUgraphExec, u64); GRAPHS],
     graph_next: usize,
@@ -50,12 +87,35 @@ pub(super) struct Events {
     pub(super) next: u64,
     /// When the tracked work is expected to complete (ns; 0 when nothing is tracked).
     tail_end: u64,
+    /// The run: launches since the last fence, on `run_stream`, estimated at `run_ns` in all
+    /// and to complete at `run_end`.
+    run_stream: CUstream,
+    run_n: u32,
+    run_ns: u64,
+    run_end: u64,
+    /// Launches in a fence interval now (about [`FENCE_NS`] of work, jittered so a periodic
+    /// workload is not always sampled at the same kernel).
+    fence_every: u32,
+    jitter: u32,
+    /// Estimated end of runs left on streams the process stopped using (never fenced).
+    orphan_end: u64,
+    /// The stream being admitted now (null outside an admission): the one stream a hand-over
+    /// may record a fence on, since the program is launching on it.
+    pub(super) current: CUstream,
+    /// The next launch follows a wait for the lease: fence it, do not learn from it.
+    pub(super) after_wait: bool,
+    /// Until then every launch is fenced ([`Work::track_each`]).
+    each_until: u64,
+    /// When the oldest fence was last asked about.
+    polled_at: u64,
 }
 
 const NO_ENTRY: Entry = Entry {
     start: null_mut(),
     end: null_mut(),
     est: 0,
+    est_end: 0,
+    launches: 0,
     kind: Kind::Pass,
 };
 
@@ -67,11 +127,82 @@ impl Events {
             len: 0,
             spare: Vec::with_capacity(2 * RING + 8),
             kernel_ns: DEFAULT_EST_NS,
+            learned: false,
             graphs: [(null_mut(), 0); GRAPHS],
             graph_next: 0,
             next: DEFAULT_EST_NS,
             tail_end: 0,
+            run_stream: null_mut(),
+            run_n: 0,
+            run_ns: 0,
+            run_end: 0,
+            fence_every: 1,
+            jitter: 0x9e37_79b9,
+            orphan_end: 0,
+            current: null_mut(),
+            after_wait: false,
+            each_until: 0,
+            polled_at: 0,
         }
+    }
+
+    /// How to track the next admitted launch of `kind` on `stream` (see the module doc).
+    pub(super) fn plan(&self, stream: CUstream, kind: Kind, now: u64) -> Track {
+        let est = self.estimate(kind);
+        let fence = !matches!(kind, Kind::Kernel)
+            || (self.run_n > 0 && stream != self.run_stream)
+            || self.run_n + 1 >= self.fence_every
+            || self.run_ns.saturating_add(est) >= FENCE_NS
+            || now < self.each_until;
+        if !fence {
+            Track::Run
+        } else if self.after_wait && matches!(kind, Kind::Kernel) && self.learned {
+            Track::Fence
+        } else {
+            Track::Measure
+        }
+    }
+
+    /// Count a launch of the run (no event), made on `stream` at `now`.
+    pub(super) fn add_to_run(&mut self, stream: CUstream, kind: Kind, now: u64) {
+        let est = self.estimate(kind);
+        self.tail_end = self.tail_end.max(now).saturating_add(est);
+        self.run_stream = stream;
+        self.run_n += 1;
+        self.run_ns = self.run_ns.saturating_add(est);
+        self.run_end = self.tail_end;
+    }
+
+    /// Take back a launch of the run that the driver refused.
+    pub(super) fn remove_from_run(&mut self, kind: Kind) {
+        if self.run_n > 0 {
+            let est = self.estimate(kind);
+            self.run_n -= 1;
+            self.run_ns = self.run_ns.saturating_sub(est);
+        }
+    }
+
+    /// The next fence interval, in launches: about [`FENCE_NS`] of work, ±25%.
+    fn next_interval(&mut self) -> u32 {
+        let n = (FENCE_NS / self.kernel_ns.max(1)).clamp(1, FENCE_MAX as u64) as u32;
+        // xorshift32: cheap, and only has to break up periodic patterns.
+        let mut x = self.jitter;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.jitter = x;
+        let spread = n / 2;
+        if spread == 0 {
+            n
+        } else {
+            n - spread / 2 + x % (spread + 1)
+        }
+    }
+
+    /// Estimated end of the launches no fence covers (0: none).
+    fn unfenced_end(&self) -> u64 {
+        let run = if self.run_n > 0 { self.run_end } else { 0 };
+        run.max(self.orphan_end)
     }
 
     pub(super) fn estimate(&self, kind: Kind) -> u64 {
@@ -85,14 +216,17 @@ impl Events {
         }
     }
 
+    /// Learn a measured launch's GPU time. A sample counts for a quarter, and at most twice
+    /// the estimate: a launch that met another context's work on the engine (the fake and a GPU
+    /// time-slice contexts) measures that work too, and with launches sampled one such sample
+    /// would otherwise move the estimate many times over. The estimate still follows a real
+    /// change of kernel size (up 25% a sample, down at once); the first sample of a kernel or a
+    /// graph executable is taken as it is.
     pub(super) fn learn(&mut self, kind: Kind, ns: u64) {
         // In u128: a measurement (f32 ms, saturated into u64) may be huge; never overflow.
         let avg = |old: u64| {
-            if old == 0 {
-                ns
-            } else {
-                ((3 * old as u128 + ns as u128) / 4) as u64
-            }
+            let ns = ns.min(old.saturating_mul(2));
+            ((3 * old as u128 + ns as u128) / 4) as u64
         };
         match kind {
             Kind::Graph(x) => match self.graphs.iter_mut().find(|g| g.0 == x) {
@@ -102,7 +236,11 @@ impl Events {
                     self.graph_next = (self.graph_next + 1) % GRAPHS;
                 }
             },
-            _ => self.kernel_ns = avg(self.kernel_ns),
+            _ if !self.learned => {
+                self.kernel_ns = ns.max(1);
+                self.learned = true;
+            }
+            _ => self.kernel_ns = avg(self.kernel_ns).max(1),
         }
     }
 
@@ -153,25 +291,69 @@ impl Events {
         e
     }
 
-    /// Track a launch made after `start` was recorded.
+    /// Fence a launch made on `stream` (after `start` was recorded, when measured): the fence
+    /// covers it and the run before it on that stream; a run on another stream is left to its
+    /// estimate.
     pub(super) fn push(&mut self, start: CUevent, stream: CUstream, kind: Kind) {
         if self.len == RING {
             self.wait_oldest();
         }
+        let now = sched::now_ns();
+        let est = self.estimate(kind);
+        self.tail_end = self.tail_end.max(now).saturating_add(est);
+        let (covered, covered_ns) = if self.run_n > 0 && self.run_stream == stream {
+            (self.run_n, self.run_ns)
+        } else {
+            if self.run_n > 0 {
+                self.orphan_end = self.orphan_end.max(self.run_end);
+            }
+            (0, 0)
+        };
+        self.run_n = 0;
+        self.run_ns = 0;
+        self.fence_every = self.next_interval();
         let end = self.record(stream);
         if end.is_null() {
+            // Untracked, like a run left behind: counted by its estimate.
+            self.orphan_end = self.orphan_end.max(self.tail_end);
             self.recycle(start);
             return;
         }
-        let est = self.estimate(kind);
-        self.tail_end = self.tail_end.max(sched::now_ns()).saturating_add(est);
         self.ring[(self.head + self.len) % RING] = Entry {
             start,
             end,
-            est,
+            est: covered_ns.saturating_add(est),
+            est_end: self.tail_end,
+            launches: covered + 1,
             kind,
         };
         self.len += 1;
+    }
+
+    /// Fence the run if it is on the stream being admitted now (the hand-over then knows when
+    /// it completes instead of trusting its estimate).
+    fn fence_run(&mut self) {
+        if self.run_n == 0 || self.current.is_null() || self.current != self.run_stream {
+            return;
+        }
+        if self.len == RING {
+            self.wait_oldest();
+        }
+        let end = self.record(self.current);
+        if end.is_null() {
+            return;
+        }
+        self.ring[(self.head + self.len) % RING] = Entry {
+            start: null_mut(),
+            end,
+            est: self.run_ns,
+            est_end: self.run_end,
+            launches: self.run_n,
+            kind: Kind::Pass,
+        };
+        self.len += 1;
+        self.run_n = 0;
+        self.run_ns = 0;
     }
 
     /// Whether `e` completed (an error, e.g. its context is gone, counts as completed).
@@ -191,11 +373,17 @@ impl Events {
         (unsafe { f(&mut ms, start, end) } == CUDA_SUCCESS && ms >= 0.0).then_some(ms)
     }
 
-    /// Retire completed launches from the front (learning their GPU time); true if the oldest
-    /// is still pending.
+    /// Retire completed fences from the front (learning the GPU time of measured launches);
+    /// true if the oldest is still pending. Before its estimated end a fence is asked about at
+    /// most every [`POLL_NS`] (the driver call would otherwise come with every launch).
     pub(super) fn poll(&mut self) -> bool {
+        let now = sched::now_ns();
         while self.len > 0 {
             let e = self.ring[self.head];
+            if e.est_end > now && now.saturating_sub(self.polled_at) < POLL_NS {
+                return true;
+            }
+            self.polled_at = now;
             if !Self::done(e.end) {
                 return true;
             }
@@ -212,26 +400,6 @@ impl Events {
         false
     }
 
-    /// Track launches made without events (on credit) by one event recorded after them on
-    /// `stream`, estimated at `ns` in all.
-    pub(super) fn push_marker(&mut self, stream: CUstream, ns: u64) {
-        if self.len == RING {
-            self.wait_oldest();
-        }
-        let end = self.record(stream);
-        if end.is_null() {
-            return;
-        }
-        self.tail_end = self.tail_end.max(sched::now_ns()).saturating_add(ns);
-        self.ring[(self.head + self.len) % RING] = Entry {
-            start: null_mut(),
-            end,
-            est: ns,
-            kind: Kind::Credit,
-        };
-        self.len += 1;
-    }
-
     /// Drop every tracked launch (their events go to the spares).
     pub(super) fn forget(&mut self) {
         while self.len > 0 {
@@ -242,6 +410,10 @@ impl Events {
             self.recycle(e.end);
         }
         self.tail_end = 0;
+        self.run_n = 0;
+        self.run_ns = 0;
+        self.run_end = 0;
+        self.orphan_end = 0;
     }
 
     /// Destroy the spare events (their context is going away).
@@ -281,27 +453,55 @@ fn nap(est_ns: u64) {
     std::thread::sleep(std::time::Duration::from_nanos(ns));
 }
 
+impl Events {
+    /// What is left of the queued work (ns, 0 when overdue but pending); None when every fence
+    /// completed and the unfenced launches' estimated end has passed.
+    fn left(&mut self, now: u64) -> Option<u64> {
+        let fenced = self.poll();
+        let unfenced = self.unfenced_end();
+        if !fenced {
+            if unfenced <= now {
+                self.tail_end = 0;
+                self.run_end = 0;
+                self.orphan_end = 0;
+                return None;
+            }
+            return Some(unfenced - now);
+        }
+        Some(self.tail_end.max(unfenced).saturating_sub(now))
+    }
+
+    /// Launches not known complete: the fences' and, until their estimated end, the run's.
+    fn launches_pending(&mut self) -> usize {
+        self.poll();
+        let now = sched::now_ns();
+        let fenced: usize = (0..self.len)
+            .map(|i| self.ring[(self.head + i) % RING].launches as usize)
+            .sum();
+        let run = if self.run_n > 0 && self.run_end > now {
+            self.run_n as usize
+        } else {
+            0
+        };
+        fenced + run
+    }
+}
+
 impl Work for Events {
     fn outstanding_ns(&mut self) -> u64 {
-        if !self.poll() {
-            self.tail_end = 0;
-            return 0;
-        }
         // Pending but overdue by the estimate: still something, so a holder keeps waiting.
-        self.tail_end
-            .saturating_sub(sched::now_ns())
-            .max(MIN_PENDING_NS)
+        self.left(sched::now_ns())
+            .map_or(0, |l| l.max(MIN_PENDING_NS))
     }
 
     fn wait_below(&mut self, ns: u64) -> u64 {
+        self.fence_run();
         let t0 = sched::now_ns();
         loop {
-            if !self.poll() {
-                self.tail_end = 0;
-                return 0;
-            }
             let now = sched::now_ns();
-            let left = self.tail_end.saturating_sub(now);
+            let Some(left) = self.left(now) else {
+                return 0;
+            };
             // Past its estimated end the rest is unknown: wait for it to complete.
             if (left > 0 && left <= ns) || now.saturating_sub(t0) > DRAIN_LIMIT_NS {
                 return left.max(MIN_PENDING_NS);
@@ -320,27 +520,36 @@ impl Work for Events {
     }
 
     fn pending(&mut self) -> usize {
-        self.poll();
-        self.len
+        self.launches_pending()
     }
 
     fn wait_pending(&mut self, n: usize) {
+        self.fence_run();
         let t0 = sched::now_ns();
-        while self.poll() && self.len > n {
+        while self.launches_pending() > n {
             if sched::now_ns().saturating_sub(t0) > DRAIN_LIMIT_NS {
                 return;
             }
-            nap(self.ring[self.head].est);
+            let est = if self.len > 0 {
+                self.ring[self.head].est
+            } else {
+                self.run_ns
+            };
+            nap(est);
         }
     }
 
+    fn track_each(&mut self, until_ns: u64) {
+        self.each_until = self.each_until.max(until_ns);
+    }
+
     fn drain(&mut self) -> u64 {
+        self.fence_run();
         let t0 = sched::now_ns();
-        while self.poll() {
+        while let Some(left) = self.left(sched::now_ns()) {
             if sched::now_ns().saturating_sub(t0) > DRAIN_LIMIT_NS {
                 break;
             }
-            let left = self.outstanding_ns();
             nap(left);
         }
         sched::now_ns()

@@ -11,18 +11,16 @@
 //!   costs one load of the ledger's lease word, plus process-local loads and a countdown that,
 //!   every few ms of GPU work ([`SAMPLE_GPU_NS`]), takes the slow path once to keep
 //!   `compute_used` current and to notice a launch on another device;
-//! - **credit**: a launch the scheduler admitted under an ordinary lease may be followed by up
-//!   to [`CREDIT_MAX`] kernel launches while the lease word is unchanged and the clock is before
-//!   the lease's end less the handoff lead, each costing a load of the lease word, a compare and
-//!   a clock read (no event, no lock, no syscall): an unmeasured launch can never start past the
-//!   turn. They are charged at the measured estimate at the next admission, which records one
-//!   event after them (so the handoff waits for them), so a contended launch costs one slow path
-//!   per `CREDIT_MAX + 1` launches;
-//! - **slow path**: skip streams that are capturing (capture is never throttled: the replay
-//!   is), ask the client for admission (it may sleep on the ledger's futex), and after the launch
-//!   record an event pair around it, so the time the queued work takes is known (estimates that
-//!   keep a lease on time) and the lease's holder can drain its queue before handing over (so a
-//!   deep asynchronous queue is paid for by whoever queued it).
+//! - **contended**: skip streams that are capturing (capture is never throttled: the replay
+//!   is; the driver is asked only while some capture is in progress), ask the client for
+//!   admission (it may sleep on the ledger's futex), and track the launch. Every contended
+//!   launch is admitted on its own, so the queued work stays within the lease launch by launch,
+//!   but only a sample carries events (`events.rs`): about one launch in
+//!   [`events::FENCE_NS`] of estimated GPU work gets an event after it, which tells when the
+//!   queue completes (the lease's holder drains it before handing over, so a deep asynchronous
+//!   queue is paid for by whoever queued it), and most of those an event before it too, which
+//!   measures the launch (the estimates that keep a lease on time and are charged for the
+//!   turn). The other launches cost a lock, a few loads and a clock read: no driver call.
 //!
 //! In node mode the lease word is the policy's (read-only here) and the client is
 //! `sched::Granted`: the monitor grants the turns (`bind`, `binding`); everything else is the
@@ -38,10 +36,11 @@ use gpuslice_abi::*;
 use gpuslice_ledger::sched::{self, Client, Granted, Scheduler};
 
 mod events;
-use events::Events;
+use events::{Events, Track};
 use gpuslice_ledger::tenants::LedgerTenants;
 
 use crate::hooks::real;
+use crate::memory::CAPTURES;
 
 /// Device ordinals this process can gate (the ledger's device count).
 const MAX_ORDINALS: usize = gpuslice_ledger::MAX_DEVICES;
@@ -52,21 +51,6 @@ const SAMPLE_GPU_NS: u64 = 2_000_000;
 /// Bounds of that period, in launches.
 const SAMPLE_MIN: u32 = 4;
 const SAMPLE_MAX: u32 = 4096;
-/// Launches a holder may make after one admitted by the scheduler before asking again (each
-/// of them costs a load and a compare; the one asked for carries the events).
-///
-/// 0: credit is switched off. With credit on (255, and even 16), two PyTorch processes at
-/// 0.25 / 0.75 on the fake split the engine 50/50
-/// (`tests/python/test_frameworks_torch.py::test_torch_compute_shares_quarter_and_three_quarters`),
-/// while `gpuslice-burn` tenants keep their shares. The cause: credit bounds when a launch is
-/// *submitted*, not how much work is queued, so a holder that queues a burst (PyTorch's 20
-/// kernels, or `gpuslice-burn --kernel-us 1000 --depth 20`) puts several leases of work into one;
-/// it runs on into the next holder's turn, and the charge, capped at the turn's span, never pays
-/// for it. A fix must bound the credited count by what fits (`(until - busy_until) / estimate`)
-/// and keep a two-process slice at its share; until then every contended launch asks the
-/// scheduler (docs/benchmarks.md, "Contended gate cost").
-const CREDIT_MAX: u32 = 0;
-
 /// What `before_*` hands to [`after_launch`].
 pub struct Gate {
     gate: Option<&'static DevGate>,
@@ -81,9 +65,9 @@ enum Kind {
     Pass,
     /// Launched under a solo lease.
     Solo,
-    /// Launched on credit under an ordinary lease (unmeasured; charged at its estimate).
-    Credit,
-    /// Admitted by the scheduler: track the work.
+    /// Admitted by the scheduler, one more launch of the run (no event; see `events.rs`).
+    Run,
+    /// Admitted by the scheduler: fence it (`start` non-null: measure it too).
     Kernel,
     /// A graph replay admitted by the scheduler.
     Graph(CUgraphExec),
@@ -134,12 +118,6 @@ struct DevGate {
     solo_period: AtomicU32,
     /// 0 unbound, 1 bound, 2 never gated (no ledger, or not joined).
     state: AtomicU32,
-    /// The ordinary lease word under which `credit` launches may go without asking (0: none).
-    held_word: AtomicU64,
-    /// Launches left on credit, and how many were granted; none at or after `credit_until`.
-    credit: AtomicU32,
-    credit_until: AtomicU64,
-    granted: AtomicU32,
     inner: Mutex<Option<Inner>>,
 }
 
@@ -164,10 +142,6 @@ static GATES: [DevGate; MAX_ORDINALS] = [const {
         solo_left: AtomicU32::new(0),
         solo_period: AtomicU32::new(0),
         state: AtomicU32::new(0),
-        held_word: AtomicU64::new(0),
-        credit: AtomicU32::new(0),
-        credit_until: AtomicU64::new(0),
-        granted: AtomicU32::new(0),
         inner: Mutex::new(None),
     }
 }; MAX_ORDINALS];
@@ -210,20 +184,6 @@ fn before(stream: CUstream, kind: Kind) -> Gate {
                     start: null_mut(),
                 };
             }
-            let credit = g.credit.load(Relaxed);
-            // Graph replays always ask: their length is per executable, and they are few.
-            if credit > 0
-                && matches!(kind, Kind::Kernel)
-                && w == g.held_word.load(Acquire)
-                && sched::now_ns() < g.credit_until.load(Relaxed)
-            {
-                g.credit.store(credit - 1, Relaxed);
-                return Gate {
-                    gate: Some(g),
-                    kind: Kind::Credit,
-                    start: null_mut(),
-                };
-            }
         }
     }
     slow_before(stream, kind)
@@ -245,7 +205,9 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
             };
         }
     }
-    if capturing(stream) {
+    // Only while a capture is in progress can the stream be capturing (the capture hooks count
+    // them): otherwise no driver call.
+    if CAPTURES.load(Acquire) > 0 && capturing(stream) {
         return PASS;
     }
     let mut guard = match g.inner.lock() {
@@ -267,23 +229,14 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
             start,
         };
     }
-    // The launches made on credit since the last admission count in this turn's charge.
-    g.held_word.store(0, Release);
-    let used = g
-        .granted
-        .swap(0, Relaxed)
-        .saturating_sub(g.credit.swap(0, Relaxed));
-    let est = inner.events.estimate(Kind::Kernel);
-    if used > 0 {
-        inner.client.credited(used as u64, est);
-        // One event after them stands for their completion (stream order), recorded before
-        // the admission so that a handoff in it waits for them: they are paid inside the turn.
-        inner
-            .events
-            .push_marker(stream, (used as u64).saturating_mul(est));
-    }
     inner.events.next = inner.events.estimate(kind);
-    inner.client.acquire(&mut inner.events);
+    // The one stream a hand-over inside the admission may record a fence on.
+    inner.events.current = stream;
+    let admission = inner.client.acquire(&mut inner.events);
+    inner.events.current = null_mut();
+    if admission.throttled_ns > 0 {
+        inner.events.after_wait = true;
+    }
     if inner.client.solo() {
         return Gate {
             gate: Some(g),
@@ -291,30 +244,37 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
             start: null_mut(),
         };
     }
-    let start = inner.events.record(stream);
-    // This launch carries the events; the next few go on credit, as long as they fit in the
-    // lease (so the gate's cost is one slow path per CREDIT_MAX + 1 launches).
-    let (n, word, until) = match kind {
-        Kind::Kernel => inner.client.credit(CREDIT_MAX),
-        _ => (0, 0, 0),
-    };
-    if n > 0 {
-        g.granted.store(n, Relaxed);
-        g.credit.store(n, Relaxed);
-        g.credit_until.store(until, Relaxed);
-        g.held_word.store(word, Release);
-    }
-    Gate {
-        gate: Some(g),
-        kind,
-        start,
+    let now = sched::now_ns();
+    let track = inner.events.plan(stream, kind, now);
+    inner.events.after_wait = false;
+    match track {
+        Track::Run => {
+            inner.events.add_to_run(stream, kind, now);
+            Gate {
+                gate: Some(g),
+                kind: Kind::Run,
+                start: null_mut(),
+            }
+        }
+        Track::Fence => Gate {
+            gate: Some(g),
+            kind,
+            start: null_mut(),
+        },
+        Track::Measure => Gate {
+            gate: Some(g),
+            kind,
+            start: inner.events.record(stream),
+        },
     }
 }
 
 /// Called after the launch returned `result`.
 pub fn after_launch(gate: Gate, stream: CUstream, result: CUresult) {
     let Some(g) = gate.gate else { return };
-    if matches!(gate.kind, Kind::Pass | Kind::Solo | Kind::Credit) {
+    if matches!(gate.kind, Kind::Pass | Kind::Solo)
+        || (gate.kind == Kind::Run && result == CUDA_SUCCESS)
+    {
         return;
     }
     let mut guard = match g.inner.lock() {
@@ -322,6 +282,10 @@ pub fn after_launch(gate: Gate, stream: CUstream, result: CUresult) {
         Err(p) => p.into_inner(),
     };
     let Some(inner) = guard.as_mut() else { return };
+    if gate.kind == Kind::Run {
+        inner.events.remove_from_run(Kind::Kernel);
+        return;
+    }
     if result != CUDA_SUCCESS {
         inner.events.recycle(gate.start);
         return;

@@ -309,10 +309,10 @@ pub unsafe fn graph_exec_destroy(real: pfn::cuGraphExecDestroy, exec: CUgraphExe
     r
 }
 
-/// Captures begun and not yet ended, as the capture hooks saw them: an allocation asks the
-/// driver whether its stream is capturing only while this is not zero, so the hot path pays
-/// one atomic load when nothing captures.
-static CAPTURES: AtomicUsize = AtomicUsize::new(0);
+/// Captures begun and not yet ended, as the capture hooks saw them: an allocation or a
+/// contended launch asks the driver whether its stream is capturing only while this is not
+/// zero, so the hot path pays one atomic load when nothing captures.
+pub static CAPTURES: AtomicUsize = AtomicUsize::new(0);
 
 /// The graph `stream` is capturing into, if any. A stream-ordered allocation captured there is
 /// a memory node of that graph: charged as its graph memory ([`graph_alloc`]), not as pool

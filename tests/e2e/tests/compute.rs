@@ -234,6 +234,71 @@ fn a_slice_of_two_processes_shares_one_share() {
     );
 }
 
+/// A contended launch carries events only on a sample of launches (`shim/src/compute/events.rs`),
+/// not an event pair each: in the fake's trace of a tenant held to half the device by a
+/// neighbour, event records are burn's own one per launch plus a few, not three per launch.
+#[test]
+fn contended_launches_record_events_on_a_sample() {
+    let _serial = serial();
+    let w = World::new(1, "8Gi");
+    let half = ("GPUSLICE_COMPUTE", "0.5");
+    let traced = spawn(
+        &w,
+        "traced",
+        &[half, ("FAKEGPU_DEBUG", "2")],
+        &["--kernel-us", "20", "--seconds", "3", "--depth", "4"],
+    );
+    let other = spawn(
+        &w,
+        "other",
+        &[half],
+        &["--kernel-us", "1000", "--seconds", "3.5", "--depth", "4"],
+    );
+    let t = finish(traced);
+    let o = finish(other);
+    let calls = |name: &str| {
+        let line = format!("fakegpu: trace: {name}");
+        t.stderr.lines().filter(|l| *l == line).count()
+    };
+    let (launches, records) = (calls("cuLaunchKernel"), calls("cuEventRecord"));
+    let (from, to) = all_ran(&[&t, &o], 0.5, 0.5);
+    let part = fraction_in(&t, from, to);
+    assert!(
+        part < 0.75,
+        "the traced tenant was not held back by its neighbour ({part:.3} of the device)"
+    );
+    eprintln!("{launches} launches, {records} event records, {part:.3} of the device");
+    assert!(launches > 1000, "only {launches} launches traced");
+    // gpuslice-burn records one event after each launch itself; the gate adds a fence per
+    // 250 µs of estimated work or so (two events when measured) and one after each wait for the
+    // lease: under one more per launch, where an event pair per launch makes three in all.
+    assert!(
+        records < 2 * launches,
+        "{records} event records for {launches} launches"
+    );
+}
+
+/// A latency slice that saturates the device (not the request/response pattern priority is for)
+/// still gets its share, not more: past its lead it waits for turns like any slice.
+#[test]
+fn a_saturating_latency_slice_keeps_to_its_share() {
+    let _serial = serial();
+    let w = World::new(1, "8Gi");
+    let args = ["--kernel-us", "1000", "--seconds", "6", "--depth", "4"];
+    let lat = spawn(
+        &w,
+        "lat",
+        &[("GPUSLICE_COMPUTE", "0.25"), ("GPUSLICE_PRIORITY", "latency")],
+        &args,
+    );
+    let normal = spawn(&w, "normal", &[("GPUSLICE_COMPUTE", "0.75")], &args);
+    let (l, n) = (finish(lat), finish(normal));
+    let (from, to) = all_ran(&[&l, &n], 1.0, 0.5);
+    let got = vec![(fraction_in(&l, from, to), l), (fraction_in(&n, from, to), n)];
+    eprintln!("latency 0.25: {:.3}, normal 0.75: {:.3}", got[0].0, got[1].0);
+    assert_shares("a saturating latency slice", &got, &[0.25, 0.75]);
+}
+
 #[test]
 fn a_cap_holds_when_alone() {
     let _serial = serial();
