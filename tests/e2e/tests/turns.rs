@@ -541,6 +541,125 @@ fn first_grant_latency_in_node_mode() {
     );
 }
 
+/// The request/response latency scenario of `gpuslice-bench latency` (docs/benchmarks.md,
+/// "Compute shares: issue 14"), in personal mode and in node mode side by side: a client
+/// (`gpuslice-bench burst-loop`: bursts of 20 kernels of 50 µs, each burst waited for, 10 ms
+/// apart; share 0.2) alone, next to a trainer (`gpuslice-burn`, 2 ms kernels 16 deep, share
+/// 0.6), and next to it with `GPUSLICE_PRIORITY=latency`; the client's p50/p99 burst latency
+/// and the trainer's GPU fraction (burn's own count, from 1 s after its start to the client's
+/// end). In node mode the trainer and the client are two unprivileged users and the monitor
+/// grants the turns. `TURNS_BENCH_ROUNDS` rounds (default 3), `LATENCY_BENCH_SECONDS` per
+/// client run (default 5). A measurement for docs/benchmarks.md, not a test: `cargo test -p
+/// gpuslice-e2e --test turns -- --ignored --nocapture latency_personal_vs_node`.
+#[test]
+#[ignore]
+fn latency_personal_vs_node() {
+    need_root!();
+    let _serial = compute_serial();
+    let env_or = |k: &str, d: f64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let rounds = env_or("TURNS_BENCH_ROUNDS", 3.0) as usize;
+    let secs = env_or("LATENCY_BENCH_SECONDS", 5.0);
+    let client_exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_gpuslice-bench"));
+    let trainer_args = |c: &mut std::process::Command| {
+        c.args(["--kernel-us", "2000", "--depth", "16", "--launch", "plain"])
+            .args(["--seconds", &(secs + 1.0).to_string()])
+            .args(["--json", "--report-interval", "0.5"])
+            .env("GPUSLICE_SLICE", "trainer")
+            .env("GPUSLICE_COMPUTE", "0.6")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+    };
+    let client_args = |c: &mut std::process::Command, case: &str| {
+        c.args(["burst-loop", &secs.to_string(), "50"])
+            .env("GPUSLICE_SLICE", "server")
+            .env("GPUSLICE_COMPUTE", "0.2");
+        if case.ends_with("latency") {
+            c.env("GPUSLICE_PRIORITY", "latency");
+        }
+    };
+    // (p50 ms, p99 ms, trainer's GPU fraction) of one run.
+    let measure = |client: &mut std::process::Command, trainer: Option<Child>| {
+        let o = client.output().unwrap();
+        let v = burn_json(&o);
+        let tf = trainer.map_or(f64::NAN, |t| {
+            let r = ran(t);
+            let s0 = r.spans[0].0;
+            fraction_in(&r, s0 + 1.0, s0 + secs)
+        });
+        (
+            v["p50_ms"].as_f64().unwrap(),
+            v["p99_ms"].as_f64().unwrap(),
+            tf,
+        )
+    };
+    const CASES: [&str; 3] = ["alone", "colocated, normal", "colocated, latency"];
+    let mut rows: Vec<(&str, &str, (f64, f64, f64))> = vec![];
+    for _ in 0..rounds {
+        for case in CASES {
+            let w = gpuslice_e2e::World::new(1, "16Gi");
+            let trainer = (case != "alone").then(|| {
+                let mut c = w.wrapped_burn();
+                trainer_args(&mut c);
+                c.spawn().unwrap()
+            });
+            std::thread::sleep(Duration::from_millis(500));
+            let mut c = w.wrapped(&client_exe);
+            client_args(&mut c, case);
+            rows.push(("personal", case, measure(&mut c, trainer)));
+
+            let n = Node::new(1, "16Gi", &[]);
+            let exe = n.bin.join("gpuslice-bench");
+            std::fs::copy(&client_exe, &exe).unwrap();
+            chmod(&exe, 0o755);
+            let trainer = (case != "alone").then(|| {
+                let mut c = n.burn(TENANT_A);
+                trainer_args(&mut c);
+                c.env("GPUSLICE_MEMORY", "1Gi").spawn().unwrap()
+            });
+            if trainer.is_some() {
+                wait_for_slice(&n, "trainer", 1);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            let mut c = n.command(TENANT_B, "gpuslice-bench");
+            c.env("LD_PRELOAD", n.bin.join("libgpuslice.so"))
+                .env("GPUSLICE_MEMORY", "1Gi");
+            client_args(&mut c, case);
+            rows.push(("node", case, measure(&mut c, trainer)));
+        }
+    }
+    println!("burst latency (20 x 50 us kernels), p50 / p99 ms, trainer's GPU fraction; {rounds} runs each, side by side:");
+    for case in CASES {
+        for mode in ["personal", "node"] {
+            let r: Vec<(f64, f64, f64)> = rows
+                .iter()
+                .filter(|x| x.0 == mode && x.1 == case)
+                .map(|x| x.2)
+                .collect();
+            let each: Vec<String> = r
+                .iter()
+                .map(|x| format!("{:.2}/{:.2}/{:.3}", x.0, x.1, x.2))
+                .collect();
+            let med = |f: fn(&(f64, f64, f64)) -> f64| {
+                let mut v: Vec<f64> = r.iter().map(f).collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            println!(
+                "{case:<20} {mode:<8} each run: {}; medians: p50 {:.2} ms, p99 {:.2} ms, trainer {:.3}",
+                each.join(", "),
+                med(|x| x.0),
+                med(|x| x.1),
+                med(|x| x.2)
+            );
+        }
+    }
+}
+
 /// Child modes of this binary (see `gpuslice_e2e::node`); without `TENANTS_CHILD` it returns at once.
 #[test]
 fn tenant_child() {
