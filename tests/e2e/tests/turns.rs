@@ -582,7 +582,8 @@ fn latency_personal_vs_node() {
             c.env("GPUSLICE_PRIORITY", "latency");
         }
     };
-    // (p50 ms, p99 ms, trainer's GPU fraction) of one run.
+    // (p50 ms, p99 ms, trainer's GPU fraction) of one run, and the p50 / p99 ms of its first
+    // launch call (mostly the wait for the device).
     let measure = |client: &mut std::process::Command, trainer: Option<Child>| {
         let o = client.output().unwrap();
         let v = burn_json(&o);
@@ -592,13 +593,20 @@ fn latency_personal_vs_node() {
             fraction_in(&r, s0 + 1.0, s0 + secs)
         });
         (
-            v["p50_ms"].as_f64().unwrap(),
-            v["p99_ms"].as_f64().unwrap(),
-            tf,
+            (
+                v["p50_ms"].as_f64().unwrap(),
+                v["p99_ms"].as_f64().unwrap(),
+                tf,
+            ),
+            (
+                v["admit_p50_ms"].as_f64().unwrap(),
+                v["admit_p99_ms"].as_f64().unwrap(),
+            ),
         )
     };
     const CASES: [&str; 3] = ["alone", "colocated, normal", "colocated, latency"];
-    let mut rows: Vec<(&str, &str, (f64, f64, f64))> = vec![];
+    type Run = ((f64, f64, f64), (f64, f64));
+    let mut rows: Vec<(&str, &str, Run)> = vec![];
     for _ in 0..rounds {
         for case in CASES {
             let w = gpuslice_e2e::World::new(1, "16Gi");
@@ -632,29 +640,40 @@ fn latency_personal_vs_node() {
             rows.push(("node", case, measure(&mut c, trainer)));
         }
     }
-    println!("burst latency (20 x 50 us kernels), p50 / p99 ms, trainer's GPU fraction; {rounds} runs each, side by side:");
+    println!(
+        "burst latency (20 x 50 us kernels): p50 / p99 ms, trainer's GPU fraction; first launch \
+         call p50 / p99 ms; {rounds} runs each, side by side:"
+    );
     for case in CASES {
         for mode in ["personal", "node"] {
-            let r: Vec<(f64, f64, f64)> = rows
+            let r: Vec<Run> = rows
                 .iter()
                 .filter(|x| x.0 == mode && x.1 == case)
                 .map(|x| x.2)
                 .collect();
             let each: Vec<String> = r
                 .iter()
-                .map(|x| format!("{:.2}/{:.2}/{:.3}", x.0, x.1, x.2))
+                .map(|(x, a)| {
+                    format!(
+                        "{:.2}/{:.2}/{:.3} (first {:.2}/{:.2})",
+                        x.0, x.1, x.2, a.0, a.1
+                    )
+                })
                 .collect();
-            let med = |f: fn(&(f64, f64, f64)) -> f64| {
+            let med = |f: fn(&Run) -> f64| {
                 let mut v: Vec<f64> = r.iter().map(f).collect();
                 v.sort_by(f64::total_cmp);
                 v[v.len() / 2]
             };
             println!(
-                "{case:<20} {mode:<8} each run: {}; medians: p50 {:.2} ms, p99 {:.2} ms, trainer {:.3}",
+                "{case:<20} {mode:<8} each run: {}; medians: p50 {:.2} ms, p99 {:.2} ms, trainer \
+                 {:.3}, first launch p50 {:.2} ms, p99 {:.2} ms",
                 each.join(", "),
-                med(|x| x.0),
-                med(|x| x.1),
-                med(|x| x.2)
+                med(|x| x.0 .0),
+                med(|x| x.0 .1),
+                med(|x| x.0 .2),
+                med(|x| x.1 .0),
+                med(|x| x.1 .1)
             );
         }
     }
