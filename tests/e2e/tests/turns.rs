@@ -582,31 +582,44 @@ fn latency_personal_vs_node() {
             c.env("GPUSLICE_PRIORITY", "latency");
         }
     };
-    // (p50 ms, p99 ms, trainer's GPU fraction) of one run, and the p50 / p99 ms of its first
-    // launch call (mostly the wait for the device).
-    let measure = |client: &mut std::process::Command, trainer: Option<Child>| {
-        let o = client.output().unwrap();
+    // One run: the client to completion (and the trainer's), with the slices' charged device
+    // fractions (`compute_used` in `gpuslice status`) read halfway through.
+    let measure = |client: &mut std::process::Command,
+                   trainer: Option<Child>,
+                   status: &dyn Fn() -> serde_json::Value| {
+        let c = client
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs_f64(secs * 0.6));
+        let st = status();
+        let used = |slice: &str| {
+            slices_named(&st, slice)
+                .next()
+                .and_then(|x| x["compute_used"].as_f64())
+                .unwrap_or(f64::NAN)
+        };
+        let charged = (used("server"), used("trainer"));
+        let o = c.wait_with_output().unwrap();
         let v = burn_json(&o);
-        let tf = trainer.map_or(f64::NAN, |t| {
+        let trainer = trainer.map_or(f64::NAN, |t| {
             let r = ran(t);
             let s0 = r.spans[0].0;
             fraction_in(&r, s0 + 1.0, s0 + secs)
         });
-        (
-            (
-                v["p50_ms"].as_f64().unwrap(),
-                v["p99_ms"].as_f64().unwrap(),
-                tf,
-            ),
-            (
-                v["admit_p50_ms"].as_f64().unwrap(),
-                v["admit_p99_ms"].as_f64().unwrap(),
-            ),
-        )
+        let f = |k: &str| v[k].as_f64().unwrap();
+        LatencyRun {
+            p50: f("p50_ms"),
+            p99: f("p99_ms"),
+            trainer,
+            first_p50: f("admit_p50_ms"),
+            first_p99: f("admit_p99_ms"),
+            charged,
+        }
     };
     const CASES: [&str; 3] = ["alone", "colocated, normal", "colocated, latency"];
-    type Run = ((f64, f64, f64), (f64, f64));
-    let mut rows: Vec<(&str, &str, Run)> = vec![];
+    let mut rows: Vec<(&str, &str, LatencyRun)> = vec![];
     for _ in 0..rounds {
         for case in CASES {
             let w = gpuslice_e2e::World::new(1, "16Gi");
@@ -618,7 +631,11 @@ fn latency_personal_vs_node() {
             std::thread::sleep(Duration::from_millis(500));
             let mut c = w.wrapped(&client_exe);
             client_args(&mut c, case);
-            rows.push(("personal", case, measure(&mut c, trainer)));
+            let status = || {
+                let o = w.gpuslice().args(["status", "--json"]).output().unwrap();
+                serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+            };
+            rows.push(("personal", case, measure(&mut c, trainer, &status)));
 
             let n = Node::new(1, "16Gi", &[]);
             let exe = n.bin.join("gpuslice-bench");
@@ -637,31 +654,32 @@ fn latency_personal_vs_node() {
             c.env("LD_PRELOAD", n.bin.join("libgpuslice.so"))
                 .env("GPUSLICE_MEMORY", "1Gi");
             client_args(&mut c, case);
-            rows.push(("node", case, measure(&mut c, trainer)));
+            rows.push(("node", case, measure(&mut c, trainer, &|| n.status())));
         }
     }
     println!(
-        "burst latency (20 x 50 us kernels): p50 / p99 ms, trainer's GPU fraction; first launch \
-         call p50 / p99 ms; {rounds} runs each, side by side:"
+        "burst latency (20 x 50 us kernels) p50 / p99 ms, trainer's GPU fraction (burn's count), \
+         first launch call p50 / p99 ms, device fraction charged to client / trainer halfway; \
+         {rounds} runs each, side by side:"
     );
     for case in CASES {
         for mode in ["personal", "node"] {
-            let r: Vec<Run> = rows
+            let r: Vec<&LatencyRun> = rows
                 .iter()
                 .filter(|x| x.0 == mode && x.1 == case)
-                .map(|x| x.2)
+                .map(|x| &x.2)
                 .collect();
             let each: Vec<String> = r
                 .iter()
-                .map(|(x, a)| {
+                .map(|x| {
                     format!(
-                        "{:.2}/{:.2}/{:.3} (first {:.2}/{:.2})",
-                        x.0, x.1, x.2, a.0, a.1
+                        "{:.2}/{:.2}/{:.3} first {:.2}/{:.2} charged {:.3}/{:.3}",
+                        x.p50, x.p99, x.trainer, x.first_p50, x.first_p99, x.charged.0, x.charged.1
                     )
                 })
                 .collect();
-            let med = |f: fn(&Run) -> f64| {
-                let mut v: Vec<f64> = r.iter().map(f).collect();
+            let med = |f: fn(&LatencyRun) -> f64| {
+                let mut v: Vec<f64> = r.iter().map(|x| f(x)).collect();
                 v.sort_by(f64::total_cmp);
                 v[v.len() / 2]
             };
@@ -669,14 +687,27 @@ fn latency_personal_vs_node() {
                 "{case:<20} {mode:<8} each run: {}; medians: p50 {:.2} ms, p99 {:.2} ms, trainer \
                  {:.3}, first launch p50 {:.2} ms, p99 {:.2} ms",
                 each.join(", "),
-                med(|x| x.0 .0),
-                med(|x| x.0 .1),
-                med(|x| x.0 .2),
-                med(|x| x.1 .0),
-                med(|x| x.1 .1)
+                med(|x| x.p50),
+                med(|x| x.p99),
+                med(|x| x.trainer),
+                med(|x| x.first_p50),
+                med(|x| x.first_p99)
             );
         }
     }
+}
+
+/// One run of [`latency_personal_vs_node`].
+struct LatencyRun {
+    p50: f64,
+    p99: f64,
+    /// The trainer's GPU fraction (burn's own count); NaN alone.
+    trainer: f64,
+    /// The burst's first launch call (mostly the wait to be admitted).
+    first_p50: f64,
+    first_p99: f64,
+    /// Device fraction charged to the client's and the trainer's slices (`compute_used`).
+    charged: (f64, f64),
 }
 
 /// Child modes of this binary (see `gpuslice_e2e::node`); without `TENANTS_CHILD` it returns at once.
