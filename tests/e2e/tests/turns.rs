@@ -549,7 +549,7 @@ fn first_grant_latency_in_node_mode() {
 /// and the trainer's GPU fraction (burn's own count, from 1 s after its start to the client's
 /// end). In node mode the trainer and the client are two unprivileged users and the monitor
 /// grants the turns. `TURNS_BENCH_ROUNDS` rounds (default 3), `LATENCY_BENCH_SECONDS` per
-/// client run (default 5). A measurement for docs/benchmarks.md, not a test: `cargo test -p
+/// client run (default 5), `LATENCY_BENCH_SHARE` the client's share (default 0.2; at most 0.4). A measurement for docs/benchmarks.md, not a test: `cargo test -p
 /// gpuslice-e2e --test turns -- --ignored --nocapture latency_personal_vs_node`.
 #[test]
 #[ignore]
@@ -564,6 +564,7 @@ fn latency_personal_vs_node() {
     };
     let rounds = env_or("TURNS_BENCH_ROUNDS", 3.0) as usize;
     let secs = env_or("LATENCY_BENCH_SECONDS", 5.0);
+    let share = env_or("LATENCY_BENCH_SHARE", 0.2).to_string();
     let client_exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_gpuslice-bench"));
     let trainer_args = |c: &mut std::process::Command| {
         c.args(["--kernel-us", "2000", "--depth", "16", "--launch", "plain"])
@@ -577,7 +578,7 @@ fn latency_personal_vs_node() {
     let client_args = |c: &mut std::process::Command, case: &str| {
         c.args(["burst-loop", &secs.to_string(), "50"])
             .env("GPUSLICE_SLICE", "server")
-            .env("GPUSLICE_COMPUTE", "0.2");
+            .env("GPUSLICE_COMPUTE", &share);
         if case.ends_with("latency") {
             c.env("GPUSLICE_PRIORITY", "latency");
         }
