@@ -30,6 +30,10 @@
 //! `valgrind --tool=callgrind` with `ALLOC_CALLS` and `ALLOC_CALLS * 2` pairs and reports the
 //! difference per pair (start-up cancels out); then the same for contended launches
 //! ([`CALLGRIND_LAUNCHES`] and twice as many, the rival running natively beside the child).
+//!
+//! Before/after: `-- --bench --after PATH` (timed, or with `--callgrind`) also measures the
+//! stub-driver launches through the `libgpuslice.so` at PATH (another build, e.g. from a `git
+//! archive` of another commit), in the same rounds, each shim with its own rival and ledger.
 
 use core::ffi::c_void;
 use gpuslice_abi::pfn;
@@ -458,11 +462,13 @@ fn main() {
     let (mut da, mut dl, mut sa, mut sl, mut oa, mut ol) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
     let (mut ta, mut tsa, mut toa) = (vec![], vec![], vec![]);
-    // Stub launches: direct, shim alone, shim contended; their overheads; the contended
-    // stalls and the ms they took; turns per contended run.
-    let (mut td, mut ts, mut tc, mut tos, mut toc) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut stalls, mut stalled, mut dstalls) = (vec![], vec![], vec![]);
-    let (mut turns, mut waited) = (vec![], vec![]);
+    // Stub launches, direct (and its stalls), then per shim measured (this build's, and the
+    // one `--after PATH` names), alone and contended.
+    let (mut td, mut dstalls) = (vec![], vec![]);
+    let mut series: Vec<StubSeries> = std::iter::once(shim.clone())
+        .chain(after_shim())
+        .map(StubSeries::new)
+        .collect();
     let rounds = env_count("GPUSLICE_BENCH_ROUNDS", ROUNDS);
     for round in 0..rounds {
         let d = run_child(&libs, &tmp, None, false);
@@ -479,25 +485,11 @@ fn main() {
             ta.push(d.alloc_ns);
             tsa.push(s.alloc_ns);
             toa.push(s.alloc_ns - d.alloc_ns);
-            let con = Contended::start(&stub_libs, &tmp.join(format!("contended-{round}")), &shim);
-            let (before, _) = con.turns_waited();
-            let c = output(con.shimmed(
-                Command::new(std::env::current_exe().unwrap()),
-                &stub_libs,
-                &shim,
-            ));
-            let (after, w) = con.turns_waited();
-            turns.push((after - before) as f64);
-            waited.push(w as f64 / 1e6);
-            drop(con);
             td.push(d.launch_ns);
-            ts.push(s.launch_ns);
-            tc.push(c.launch_ns);
-            tos.push(s.launch_ns - d.launch_ns);
-            toc.push(c.launch_ns - d.launch_ns);
-            stalls.push(c.stalls);
-            stalled.push(c.stalled_ms);
             dstalls.push(d.stalls);
+            for (i, x) in series.iter_mut().enumerate() {
+                x.round(&stub_libs, &tmp.join(format!("contended-{round}-{i}")), &d);
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
@@ -506,9 +498,90 @@ fn main() {
     println!("  fake GPU, cuLaunchKernel:                   direct {:.0} ns, through the shim {:.0} ns, overhead {:.0} ns per launch (target <= 20)", median(dl), median(sl), median(ol));
     if stub {
         println!("  stub driver, 1 MiB cuMemAlloc_v2+cuMemFree_v2: direct {:.1} ns, through the shim {:.1} ns, overhead {:.1} ns per pair (target <= 150)", median(ta), median(tsa), median(toa));
-        println!("  stub driver, cuLaunchKernel alone:         direct {:.1} ns, through the shim {:.1} ns, overhead {:.1} ns per launch (target <= 20; {STUB_LAUNCHES} launches, each timed)", median(td.clone()), median(ts), median(tos));
-        println!("  stub driver, cuLaunchKernel contended:     direct {:.1} ns, through the shim {:.1} ns, overhead {:.1} ns per launch (target <= 300)", median(td), median(tc), median(toc));
-        println!("    contended: share 0.9 next to a rival slice at share and cap 0.1, {CONTENDED_LAUNCHES} launches a run; per run: turns granted {:.0}, waited for a turn {:.1} ms (the scheduler's count), launches stalled over {} us (waits, or the CPU taken by another process; not in the figure above) {:.0} taking {:.1} ms (direct, of {STUB_LAUNCHES}: {:.0})", median(turns), median(waited), STALL_NS / 1000, median(stalls), median(stalled), median(dstalls));
+        let direct = median(td);
+        for x in series {
+            let label = series_label(&x.shim, &shim);
+            x.print(direct, median(dstalls.clone()), label);
+        }
+    }
+}
+
+/// The shim `--after PATH` names, to measure beside this build's in the same rounds.
+fn after_shim() -> Option<PathBuf> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == "--after")?;
+    let p = PathBuf::from(
+        args.get(i + 1)
+            .expect("--after needs a libgpuslice.so path"),
+    );
+    assert!(p.exists(), "--after {}: no such file", p.display());
+    Some(p)
+}
+
+fn series_label(shim: &Path, this: &Path) -> String {
+    if shim == this {
+        String::new()
+    } else {
+        format!(" [--after {}]", shim.display())
+    }
+}
+
+/// Stub-driver launches through one shim, alone and contended, over the rounds.
+struct StubSeries {
+    shim: PathBuf,
+    /// ns per launch alone, contended; stalls and their ms; turns and ms waited per run.
+    alone: Vec<f64>,
+    contended: Vec<f64>,
+    over_alone: Vec<f64>,
+    over_contended: Vec<f64>,
+    stalls: Vec<f64>,
+    stalled: Vec<f64>,
+    turns: Vec<f64>,
+    waited: Vec<f64>,
+}
+
+impl StubSeries {
+    fn new(shim: PathBuf) -> StubSeries {
+        StubSeries {
+            shim,
+            alone: vec![],
+            contended: vec![],
+            over_alone: vec![],
+            over_contended: vec![],
+            stalls: vec![],
+            stalled: vec![],
+            turns: vec![],
+            waited: vec![],
+        }
+    }
+
+    /// One round: alone, then contended in a fresh ledger under `state`; `direct` is the
+    /// round's direct run.
+    fn round(&mut self, libs: &Path, state: &Path, direct: &Measured) {
+        let s = run_child(libs, &state.join("alone"), Some(&self.shim), true);
+        let con = Contended::start(libs, state, &self.shim);
+        let (before, _) = con.turns_waited();
+        let c = output(con.shimmed(
+            Command::new(std::env::current_exe().unwrap()),
+            libs,
+            &self.shim,
+        ));
+        let (after, w) = con.turns_waited();
+        drop(con);
+        self.alone.push(s.launch_ns);
+        self.contended.push(c.launch_ns);
+        self.over_alone.push(s.launch_ns - direct.launch_ns);
+        self.over_contended.push(c.launch_ns - direct.launch_ns);
+        self.stalls.push(c.stalls);
+        self.stalled.push(c.stalled_ms);
+        self.turns.push((after - before) as f64);
+        self.waited.push(w as f64 / 1e6);
+    }
+
+    fn print(self, direct: f64, direct_stalls: f64, label: String) {
+        println!("  stub driver, cuLaunchKernel alone:         direct {direct:.1} ns, through the shim {:.1} ns, overhead {:.1} ns per launch (target <= 20; {STUB_LAUNCHES} launches, each timed){label}", median(self.alone), median(self.over_alone));
+        println!("  stub driver, cuLaunchKernel contended:     direct {direct:.1} ns, through the shim {:.1} ns, overhead {:.1} ns per launch (target <= 300){label}", median(self.contended), median(self.over_contended));
+        println!("    contended: share 0.9 next to a rival slice at share and cap 0.1, {CONTENDED_LAUNCHES} launches a run; per run: turns granted {:.0}, waited for a turn {:.1} ms (the scheduler's count), launches stalled over {} us (waits, or the CPU taken by another process; not in the figure above) {:.0} taking {:.1} ms (direct, of {STUB_LAUNCHES}: {direct_stalls:.0})", median(self.turns), median(self.waited), STALL_NS / 1000, median(self.stalls), median(self.stalled));
     }
 }
 
@@ -552,23 +625,29 @@ fn callgrind(libs: &Path, state: &Path, shim: &Path) {
     // Contended launches: the rival runs natively beside the measured child. Under valgrind the
     // child launches ~50x slower, so a 5 ms lease holds fewer of its launches than natively and
     // the hand-overs weigh more per launch: an upper bound on the native count.
-    let con = Contended::start(libs, &state.join("contended-cg"), shim);
-    let launches = |shimmed: bool, k: usize| -> u64 {
-        let out_file = state.join(format!("cg.launch.{k}.{shimmed}"));
-        let mut v = if shimmed {
-            con.shimmed(valgrind(&out_file), libs, shim)
-        } else {
-            let mut v = child(valgrind(&out_file), libs, state, None);
-            v.env("GPUSLICE_BENCH_STUB", "1")
-                .env("GPUSLICE_BENCH_PAIRS", "0");
-            v
-        };
-        v.env("GPUSLICE_BENCH_LAUNCHES", k.to_string());
-        total(v, &out_file)
-    };
     let k = CALLGRIND_LAUNCHES;
-    let per =
-        |shimmed: bool| (launches(shimmed, 2 * k) as f64 - launches(shimmed, k) as f64) / k as f64;
-    let (d, s) = (per(false), per(true));
-    println!("callgrind, stub driver, instructions per cuLaunchKernel, contended (share 0.9 next to a rival at share and cap 0.1; difference of {k} and {} launches, each timed): direct {d:.1}, through the shim {s:.1}, overhead {:.1}", 2 * k, s - d);
+    let direct_file = |k: usize| state.join(format!("cg.launch.{k}.direct"));
+    let direct = |k: usize| {
+        let mut v = child(valgrind(&direct_file(k)), libs, state, None);
+        v.env("GPUSLICE_BENCH_STUB", "1")
+            .env("GPUSLICE_BENCH_PAIRS", "0")
+            .env("GPUSLICE_BENCH_LAUNCHES", k.to_string());
+        total(v, &direct_file(k))
+    };
+    let d = (direct(2 * k) as f64 - direct(k) as f64) / k as f64;
+    for (i, sh) in std::iter::once(shim.to_path_buf())
+        .chain(after_shim())
+        .enumerate()
+    {
+        let con = Contended::start(libs, &state.join(format!("contended-cg-{i}")), &sh);
+        let launches = |k: usize| -> u64 {
+            let out_file = state.join(format!("cg.launch.{k}.{i}"));
+            let mut v = con.shimmed(valgrind(&out_file), libs, &sh);
+            v.env("GPUSLICE_BENCH_LAUNCHES", k.to_string());
+            total(v, &out_file)
+        };
+        let s = (launches(2 * k) as f64 - launches(k) as f64) / k as f64;
+        let label = series_label(&sh, shim);
+        println!("callgrind, stub driver, instructions per cuLaunchKernel, contended (share 0.9 next to a rival at share and cap 0.1; difference of {k} and {} launches, each timed): direct {d:.1}, through the shim {s:.1}, overhead {:.1}{label}", 2 * k, s - d);
+    }
 }
