@@ -109,6 +109,8 @@ pub(super) struct Events {
     each_until: u64,
     /// When the oldest fence was last asked about.
     polled_at: u64,
+    /// Estimated GPU time of the launches the fences in the ring cover.
+    ring_ns: u64,
 }
 
 const NO_ENTRY: Entry = Entry {
@@ -144,6 +146,7 @@ impl Events {
             after_wait: false,
             each_until: 0,
             polled_at: 0,
+            ring_ns: 0,
         }
     }
 
@@ -320,6 +323,7 @@ impl Events {
             self.recycle(start);
             return;
         }
+        self.ring_ns = self.ring_ns.saturating_add(covered_ns.saturating_add(est));
         self.ring[(self.head + self.len) % RING] = Entry {
             start,
             end,
@@ -344,6 +348,7 @@ impl Events {
         if end.is_null() {
             return;
         }
+        self.ring_ns = self.ring_ns.saturating_add(self.run_ns);
         self.ring[(self.head + self.len) % RING] = Entry {
             start: null_mut(),
             end,
@@ -379,34 +384,50 @@ impl Events {
     /// most every [`POLL_NS`] (the driver call would otherwise come with every launch).
     pub(super) fn poll(&mut self) -> bool {
         let now = sched::now_ns();
+        let mut retired = false;
         while self.len > 0 {
             let e = self.ring[self.head];
             if e.est_end > now && now.saturating_sub(self.polled_at) < POLL_NS {
-                return true;
+                break;
             }
             self.polled_at = now;
             if !Self::done(e.end) {
-                return true;
+                break;
             }
             if !e.start.is_null() {
                 if let Some(ms) = self.elapsed_when_done(e.start, e.end) {
                     self.learn(e.kind, (ms as f64 * 1e6) as u64);
                 }
             }
+            let e = self.pop_front();
             self.recycle(e.start);
             self.recycle(e.end);
-            self.head = (self.head + 1) % RING;
-            self.len -= 1;
+            retired = true;
         }
-        false
+        if retired {
+            // What follows a completed fence needs at most its estimates from now: estimated
+            // ends booked from estimates that ran long (an inflated sample) would otherwise
+            // hold the holder back until the clock caught up with them.
+            let bound = now.saturating_add(self.ring_ns).saturating_add(self.run_ns);
+            self.tail_end = self.tail_end.min(bound);
+            self.run_end = self.run_end.min(bound);
+        }
+        self.len > 0
+    }
+
+    /// Take the oldest fence off the ring.
+    fn pop_front(&mut self) -> Entry {
+        let e = self.ring[self.head];
+        self.head = (self.head + 1) % RING;
+        self.len -= 1;
+        self.ring_ns = self.ring_ns.saturating_sub(e.est);
+        e
     }
 
     /// Drop every tracked launch (their events go to the spares).
     pub(super) fn forget(&mut self) {
         while self.len > 0 {
-            let e = self.ring[self.head];
-            self.head = (self.head + 1) % RING;
-            self.len -= 1;
+            let e = self.pop_front();
             self.recycle(e.start);
             self.recycle(e.end);
         }
@@ -435,9 +456,7 @@ impl Events {
         while self.poll() && self.len == RING {
             if sched::now_ns().saturating_sub(t0) > DRAIN_LIMIT_NS {
                 // Give up on it: forget the oldest rather than block forever.
-                let e = self.ring[self.head];
-                self.head = (self.head + 1) % RING;
-                self.len -= 1;
+                let e = self.pop_front();
                 self.recycle(e.start);
                 self.recycle(e.end);
                 return;
