@@ -753,7 +753,7 @@ mod tests {
         w[0].want_ns.store(0, SeqCst);
         w[0].busy_until_ns.store(T0 + MS + MS / 2, SeqCst);
         let look = dt.step(&os, &dev, &t, &m, T0 + MS + 100_000);
-        let idle_at = T0 + MS + MS / 2 + idle_grace(&t.get(1).unwrap().0);
+        let idle_at = T0 + MS + MS / 2 + idle_grace(t.get(1).unwrap().0);
         assert!(look <= idle_at + 1, "looked at {look}, idle at {idle_at}");
         dt.step(&os, &dev, &t, &m, look);
         assert_eq!(
