@@ -12,6 +12,11 @@
 #   scripts/bench.sh freeze [--runs N] [--seconds S]
 #                                    issue 14's pair (0.25/0.75, 1 ms, depth 2) N times (50),
 #                                    started together and 0-300 ms apart: gaps and 5 s splits
+#   scripts/bench.sh latency [--seconds S]
+#                                    a request/response client alone, next to a trainer, and
+#                                    with GPUSLICE_PRIORITY=latency: burst p50/p99 (personal
+#                                    mode; node mode: latency_personal_vs_node in
+#                                    tests/e2e/tests/turns.rs, as root)
 #
 # Builds the release artifacts, then runs target/release/gpuslice-bench (tests/e2e/src/bin/) on
 # the fake GPU (FAKEGPU=0: on the machine's real libcuda.so.1). Each scenario gets its own fake
@@ -38,6 +43,7 @@ case "${1:-}" in
     shares) shift; exec "$bench" shares "$@" ;;
     overhead) shift; exec "$bench" overhead "$@" ;;
     freeze) shift; exec "$bench" freeze "$@" ;;
+    latency) shift; exec "$bench" latency "$@" ;;
     --all)
         "$bench" shares --all
         "$bench" overhead
@@ -48,5 +54,5 @@ case "${1:-}" in
         "$bench" shares --scenario pair --kernel-us 1000 --launch ex,graph
         "$bench" overhead
         ;;
-    *) echo "usage: scripts/bench.sh [--all | shares ARGS... | overhead | freeze ARGS...]" >&2; exit 2 ;;
+    *) echo "usage: scripts/bench.sh [--all | shares ARGS... | overhead | freeze ARGS... | latency ARGS...]" >&2; exit 2 ;;
 esac

@@ -23,9 +23,9 @@ use gpuslice_ledger::layout::{STATE_ACTIVE, STATE_FREE};
 use gpuslice_ledger::node::{region_key, Regions};
 use gpuslice_ledger::region::Region;
 use gpuslice_ledger::sched::{
-    self, charge, charge_solo, pick, GrantProc, Lease, Os, SchedDevice, SchedSlice, Tenants,
-    CLASS_LATENCY, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LEASE_NS, MAX_LEASE_NS, MONITOR_BEAT_NS,
-    WANT_STALE_NS,
+    self, charge, charge_solo, idle_grace, pick, GrantProc, Lease, Os, SchedDevice, SchedSlice,
+    Tenants, CLASS_LATENCY, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LEASE_NS, MAX_LEASE_NS,
+    MONITOR_BEAT_NS, WANT_STALE_NS,
 };
 use gpuslice_ledger::tenants::LedgerTenants;
 use gpuslice_ledger::{Ledger, MAX_DEVICES, MAX_PROCS, MAX_SLICES};
@@ -140,7 +140,13 @@ impl DeviceTurns {
         // here comes with its demand below.
         let l0 = Lease::unpack(dev.lease.load(Acquire));
         let turn = dev.turn.load(Acquire);
+        // A latency slice's turn ends soon after its burst does (it pays for the span granted).
+        let grace = t
+            .get(l0.holder)
+            .map_or(IDLE_GRACE_NS, |(s, _, _)| idle_grace(s));
         let mut done = true;
+        // When the holder's turn would end as idle if nothing changes: looked at then.
+        let mut idle_at = 0u64;
         for m in members.iter().filter(|m| m.slice == l0.holder) {
             let handed_back = m.words.done_turn.load(Acquire) == turn;
             let busy = m
@@ -149,9 +155,10 @@ impl DeviceTurns {
                 .load(Acquire)
                 .min(l0.end_ns)
                 .max(self.start_ns);
-            let idle = !waiting(m, now) && now > busy.saturating_add(IDLE_GRACE_NS);
+            let idle = !waiting(m, now) && now > busy.saturating_add(grace);
             if !(handed_back || idle) {
                 done = false;
+                idle_at = idle_at.max(busy.saturating_add(grace).saturating_add(1));
             }
         }
         // Demand, per slice: only slices live on this device count (the member's slice is the
@@ -273,7 +280,12 @@ impl DeviceTurns {
             }
         };
         if now < l.end_ns && !done && !preempt {
-            return next_look(l.end_ns, now, poll);
+            let look = next_look(l.end_ns, now, poll);
+            return if idle_at > now {
+                look.min(idle_at)
+            } else {
+                look
+            };
         }
         if now >= l.end_ns && !done {
             dev.takeovers_total.fetch_add(1, Relaxed); // overstayed (or kept busy to its end)
@@ -716,6 +728,45 @@ mod tests {
         assert_eq!(one(&dev).holder as usize - 1, 1 - h);
         let vt = t.get(h as u32 + 1).unwrap().0.vt.load(SeqCst);
         assert_eq!(vt, (at - T0) * 2);
+    }
+
+    /// A latency slice's turn ends soon after its burst does, and it is looked at then: it pays
+    /// its burst and the short latency grace, not the 2 ms a normal holder keeps its turn idle
+    /// (request/response work was charged about 3x its GPU time in node mode).
+    #[test]
+    fn a_latency_holder_done_with_its_burst_pays_only_a_short_grace() {
+        let os = Clock::at(T0);
+        let dev = SchedDevice::default();
+        let t = slices(&[(0.2, 1.0), (0.8, 1.0)]);
+        t.get(1).unwrap().0.class.store(CLASS_LATENCY, SeqCst);
+        let w = [GrantProc::default(), GrantProc::default()];
+        let m = members(&w);
+        w[0].want_ns.store(T0, SeqCst);
+        let mut dt = DeviceTurns::default();
+        dt.step(&os, &dev, &t, &m, T0);
+        // The trainer asks; the latency slice's solo lease becomes one ordinary lease.
+        w[1].want_ns.store(T0 + MS, SeqCst);
+        dt.step(&os, &dev, &t, &m, T0 + MS);
+        let l = one(&dev);
+        assert_eq!((l.holder, l.solo), (1, false));
+        // Its burst is queued until 1.5 ms, and it launches nothing more.
+        w[0].want_ns.store(0, SeqCst);
+        w[0].busy_until_ns.store(T0 + MS + MS / 2, SeqCst);
+        let look = dt.step(&os, &dev, &t, &m, T0 + MS + 100_000);
+        let idle_at = T0 + MS + MS / 2 + idle_grace(t.get(1).unwrap().0);
+        assert!(look <= idle_at + 1, "looked at {look}, idle at {idle_at}");
+        dt.step(&os, &dev, &t, &m, look);
+        assert_eq!(
+            one(&dev).holder,
+            2,
+            "the trainer's turn, at the end of the grace"
+        );
+        let vt = t.get(1).unwrap().0.vt.load(SeqCst);
+        let paid = vt * 200_000 / PPM as u64;
+        assert!(
+            paid <= MS / 2 + MS / 2,
+            "paid {paid} ns for a turn whose work ended 0.5 ms in"
+        );
     }
 
     #[test]

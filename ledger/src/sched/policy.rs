@@ -207,8 +207,8 @@ pub fn pick(t: &dyn Tenants, now: u64, renewing: u32, exclude: u32) -> Lease {
 
 /// How long a holder's queued work must have run out before its lease counts as idle: a
 /// latency slice's requests are short bursts, so its turn ends soon after a burst does (it
-/// gets the device back at its next launch).
-fn idle_grace(s: &SchedSlice) -> u64 {
+/// gets the device back at its next launch). The monitor's turns (node mode) use it too.
+pub fn idle_grace(s: &SchedSlice) -> u64 {
     if s.class.load(Relaxed) == CLASS_LATENCY {
         LATENCY_IDLE_GRACE_NS
     } else {

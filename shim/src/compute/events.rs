@@ -10,7 +10,8 @@
 //!   stream have, so the ring of fences is the process's queue as the driver reports it;
 //! - a fence is also **measured** (an event before the launch as well) unless it is the first
 //!   launch after a wait for the lease, whose GPU time would include the previous holder's last
-//!   work; measured launches teach the estimate (per kernel, and per graph executable);
+//!   work; measured launches teach the estimate (per kernel, and per graph executable), each
+//!   sample moving it at most 2x ([`Events::learn`]);
 //! - the launches between fences (the **run**) cost no driver call: their GPU time is their
 //!   estimate, and a holder that must know when they complete (the hand-over) fences the run on
 //!   the stream it is launching on. A run left on a stream the process stopped using is
@@ -102,12 +103,14 @@ pub(super) struct Events {
     /// The stream being admitted now (null outside an admission): the one stream a hand-over
     /// may record a fence on, since the program is launching on it.
     pub(super) current: CUstream,
-    /// The next launch follows a wait for the lease: fence it, do not learn from it.
+    /// The next launch follows a wait for the lease: if it is fenced, do not learn from it.
     pub(super) after_wait: bool,
     /// Until then every launch is fenced ([`Work::track_each`]).
     each_until: u64,
     /// When the oldest fence was last asked about.
     polled_at: u64,
+    /// Estimated GPU time of the launches the fences in the ring cover.
+    ring_ns: u64,
 }
 
 const NO_ENTRY: Entry = Entry {
@@ -143,6 +146,7 @@ impl Events {
             after_wait: false,
             each_until: 0,
             polled_at: 0,
+            ring_ns: 0,
         }
     }
 
@@ -319,6 +323,7 @@ impl Events {
             self.recycle(start);
             return;
         }
+        self.ring_ns = self.ring_ns.saturating_add(covered_ns.saturating_add(est));
         self.ring[(self.head + self.len) % RING] = Entry {
             start,
             end,
@@ -343,6 +348,7 @@ impl Events {
         if end.is_null() {
             return;
         }
+        self.ring_ns = self.ring_ns.saturating_add(self.run_ns);
         self.ring[(self.head + self.len) % RING] = Entry {
             start: null_mut(),
             end,
@@ -378,34 +384,50 @@ impl Events {
     /// most every [`POLL_NS`] (the driver call would otherwise come with every launch).
     pub(super) fn poll(&mut self) -> bool {
         let now = sched::now_ns();
+        let mut retired = false;
         while self.len > 0 {
             let e = self.ring[self.head];
             if e.est_end > now && now.saturating_sub(self.polled_at) < POLL_NS {
-                return true;
+                break;
             }
             self.polled_at = now;
             if !Self::done(e.end) {
-                return true;
+                break;
             }
             if !e.start.is_null() {
                 if let Some(ms) = self.elapsed_when_done(e.start, e.end) {
                     self.learn(e.kind, (ms as f64 * 1e6) as u64);
                 }
             }
+            let e = self.pop_front();
             self.recycle(e.start);
             self.recycle(e.end);
-            self.head = (self.head + 1) % RING;
-            self.len -= 1;
+            retired = true;
         }
-        false
+        if retired {
+            // What follows a completed fence needs at most its estimates from now: estimated
+            // ends booked from estimates that ran long (an inflated sample) would otherwise
+            // hold the holder back until the clock caught up with them.
+            let bound = now.saturating_add(self.ring_ns).saturating_add(self.run_ns);
+            self.tail_end = self.tail_end.min(bound);
+            self.run_end = self.run_end.min(bound);
+        }
+        self.len > 0
+    }
+
+    /// Take the oldest fence off the ring.
+    fn pop_front(&mut self) -> Entry {
+        let e = self.ring[self.head];
+        self.head = (self.head + 1) % RING;
+        self.len -= 1;
+        self.ring_ns = self.ring_ns.saturating_sub(e.est);
+        e
     }
 
     /// Drop every tracked launch (their events go to the spares).
     pub(super) fn forget(&mut self) {
         while self.len > 0 {
-            let e = self.ring[self.head];
-            self.head = (self.head + 1) % RING;
-            self.len -= 1;
+            let e = self.pop_front();
             self.recycle(e.start);
             self.recycle(e.end);
         }
@@ -434,9 +456,7 @@ impl Events {
         while self.poll() && self.len == RING {
             if sched::now_ns().saturating_sub(t0) > DRAIN_LIMIT_NS {
                 // Give up on it: forget the oldest rather than block forever.
-                let e = self.ring[self.head];
-                self.head = (self.head + 1) % RING;
-                self.len -= 1;
+                let e = self.pop_front();
                 self.recycle(e.start);
                 self.recycle(e.end);
                 return;
@@ -553,5 +573,140 @@ impl Work for Events {
             nap(left);
         }
         sched::now_ns()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(n: usize) -> CUstream {
+        n as CUstream
+    }
+
+    #[test]
+    fn a_sample_moves_the_estimate_at_most_twice_over() {
+        let mut e = Events::new();
+        e.learn(Kind::Kernel, 20_000);
+        assert_eq!(
+            e.estimate(Kind::Kernel),
+            20_000,
+            "the first sample is taken as it is"
+        );
+        // One launch that waited out another context's 2 ms time slice.
+        e.learn(Kind::Kernel, 2_000_000);
+        assert_eq!(
+            e.estimate(Kind::Kernel),
+            25_000,
+            "counted as 2x, a quarter of it"
+        );
+        // A real change of kernel size is followed, 25% a sample up...
+        for _ in 0..40 {
+            e.learn(Kind::Kernel, 1_000_000);
+        }
+        assert!(e.estimate(Kind::Kernel) > 990_000);
+        // ...and down without a bound.
+        let before = e.estimate(Kind::Kernel);
+        e.learn(Kind::Kernel, 0);
+        assert_eq!(e.estimate(Kind::Kernel), before * 3 / 4);
+    }
+
+    #[test]
+    fn launches_run_between_fences_about_250_us_of_work_apart() {
+        let mut e = Events::new();
+        e.learn(Kind::Kernel, 20_000); // 250 µs / 20 µs: a fence every 12 launches (±25%)
+        let (mut runs, mut fences, mut now) = (0, 0, 1_000);
+        for _ in 0..1200 {
+            match e.plan(stream(1), Kind::Kernel, now) {
+                Track::Run => {
+                    e.add_to_run(stream(1), Kind::Kernel, now);
+                    runs += 1;
+                }
+                // What `push` does to the run, without a driver.
+                Track::Fence | Track::Measure => {
+                    e.run_n = 0;
+                    e.run_ns = 0;
+                    e.fence_every = e.next_interval();
+                    fences += 1;
+                }
+            }
+            now += 20_000;
+        }
+        assert_eq!(runs + fences, 1200);
+        assert!(
+            (80..=120).contains(&fences),
+            "{fences} fences in 1200 launches"
+        );
+    }
+
+    #[test]
+    fn the_fence_interval_is_jittered_within_a_quarter() {
+        let mut e = Events::new();
+        e.learn(Kind::Kernel, 10_000); // 25 launches
+        let seen: Vec<u32> = (0..200).map(|_| e.next_interval()).collect();
+        assert!(seen.iter().all(|n| (19..=31).contains(n)), "{seen:?}");
+        assert!(seen.iter().any(|n| *n != seen[0]), "no jitter: {seen:?}");
+        e.learn(Kind::Kernel, 0);
+        e.learn(Kind::Kernel, 0);
+        assert!((0..50).all(|_| e.next_interval() <= FENCE_MAX + FENCE_MAX / 4));
+        let mut long = Events::new();
+        long.learn(Kind::Kernel, 1_000_000);
+        assert!(
+            (0..50).all(|_| long.next_interval() == 1),
+            "long kernels: every launch"
+        );
+    }
+
+    #[test]
+    fn what_is_fenced_and_what_is_measured() {
+        let mut e = Events::new();
+        // Nothing learned yet: every fence measures, even after a wait.
+        e.after_wait = true;
+        assert_eq!(e.plan(stream(1), Kind::Kernel, 0), Track::Measure);
+        e.learn(Kind::Kernel, 1_000);
+        e.fence_every = 10;
+        // Not due for a fence: the first launch after a wait runs like any other...
+        assert_eq!(e.plan(stream(1), Kind::Kernel, 0), Track::Run);
+        // ...and when due, it is fenced but not learned from.
+        e.fence_every = 1;
+        assert_eq!(e.plan(stream(1), Kind::Kernel, 0), Track::Fence);
+        e.after_wait = false;
+        assert_eq!(e.plan(stream(1), Kind::Kernel, 0), Track::Measure);
+        e.fence_every = 10;
+        assert_eq!(e.plan(stream(1), Kind::Kernel, 0), Track::Run);
+        e.add_to_run(stream(1), Kind::Kernel, 0);
+        // Another stream: fenced (the run on stream 1 is left to its estimate).
+        assert_eq!(e.plan(stream(2), Kind::Kernel, 0), Track::Measure);
+        // A graph replay: always.
+        let g = 7usize as CUgraphExec;
+        assert_eq!(e.plan(stream(1), Kind::Graph(g), 0), Track::Measure);
+        // While the scheduler counts launches: each one.
+        e.track_each(5_000);
+        assert_eq!(e.plan(stream(1), Kind::Kernel, 4_999), Track::Measure);
+        assert_eq!(e.plan(stream(1), Kind::Kernel, 5_000), Track::Run);
+    }
+
+    #[test]
+    fn the_run_counts_until_its_estimated_end() {
+        let mut e = Events::new();
+        e.learn(Kind::Kernel, 100_000);
+        let t = sched::now_ns();
+        e.add_to_run(stream(1), Kind::Kernel, t);
+        e.add_to_run(stream(1), Kind::Kernel, t);
+        e.remove_from_run(Kind::Kernel); // refused by the driver
+        assert_eq!((e.run_n, e.run_ns), (1, 100_000));
+        assert_eq!(
+            e.unfenced_end(),
+            t + 200_000,
+            "the refused launch's time stays booked"
+        );
+        let left = e.outstanding_ns();
+        assert!(left > 0 && left <= 200_000, "{left}");
+        assert_eq!(e.pending(), 1);
+        // No fence ring, no driver: past its estimate the run counts as done.
+        e.run_end = 1;
+        e.tail_end = 1;
+        assert_eq!(e.outstanding_ns(), 0);
+        assert_eq!(e.pending(), 0);
     }
 }

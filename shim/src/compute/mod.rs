@@ -20,7 +20,8 @@
 //!   queue completes (the lease's holder drains it before handing over, so a deep asynchronous
 //!   queue is paid for by whoever queued it), and most of those an event before it too, which
 //!   measures the launch (the estimates that keep a lease on time and are charged for the
-//!   turn). The other launches cost a lock, a few loads and a clock read: no driver call.
+//!   turn). The other launches cost the current device's lookup (`cuCtxGetDevice`), a lock, a
+//!   few loads and clock reads: no event, no capture query, no syscall.
 //!
 //! In node mode the lease word is the policy's (read-only here) and the client is
 //! `sched::Granted`: the monitor grants the turns (`bind`, `binding`); everything else is the

@@ -270,8 +270,8 @@ fn contended_launches_record_events_on_a_sample() {
     eprintln!("{launches} launches, {records} event records, {part:.3} of the device");
     assert!(launches > 1000, "only {launches} launches traced");
     // gpuslice-burn records one event after each launch itself; the gate adds a fence per
-    // 250 µs of estimated work or so (two events when measured) and one after each wait for the
-    // lease: under one more per launch, where an event pair per launch makes three in all.
+    // 250 µs of estimated work or so (two events when measured): under one more per launch,
+    // where an event pair per launch makes three in all.
     assert!(
         records < 2 * launches,
         "{records} event records for {launches} launches"
@@ -288,14 +288,23 @@ fn a_saturating_latency_slice_keeps_to_its_share() {
     let lat = spawn(
         &w,
         "lat",
-        &[("GPUSLICE_COMPUTE", "0.25"), ("GPUSLICE_PRIORITY", "latency")],
+        &[
+            ("GPUSLICE_COMPUTE", "0.25"),
+            ("GPUSLICE_PRIORITY", "latency"),
+        ],
         &args,
     );
     let normal = spawn(&w, "normal", &[("GPUSLICE_COMPUTE", "0.75")], &args);
     let (l, n) = (finish(lat), finish(normal));
     let (from, to) = all_ran(&[&l, &n], 1.0, 0.5);
-    let got = vec![(fraction_in(&l, from, to), l), (fraction_in(&n, from, to), n)];
-    eprintln!("latency 0.25: {:.3}, normal 0.75: {:.3}", got[0].0, got[1].0);
+    let got = vec![
+        (fraction_in(&l, from, to), l),
+        (fraction_in(&n, from, to), n),
+    ];
+    eprintln!(
+        "latency 0.25: {:.3}, normal 0.75: {:.3}",
+        got[0].0, got[1].0
+    );
     assert_shares("a saturating latency slice", &got, &[0.25, 0.75]);
 }
 

@@ -541,6 +541,176 @@ fn first_grant_latency_in_node_mode() {
     );
 }
 
+/// The request/response latency scenario of `gpuslice-bench latency` (docs/benchmarks.md,
+/// "Compute shares: issue 14"), in personal mode and in node mode side by side: a client
+/// (`gpuslice-bench burst-loop`: bursts of 20 kernels of 50 µs, each burst waited for, 10 ms
+/// apart; share 0.2) alone, next to a trainer (`gpuslice-burn`, 2 ms kernels 16 deep, share
+/// 0.6), and next to it with `GPUSLICE_PRIORITY=latency`; the client's p50/p99 burst latency
+/// and the trainer's GPU fraction (burn's own count, from 1 s after its start to the client's
+/// end). In node mode the trainer and the client are two unprivileged users and the monitor
+/// grants the turns. `TURNS_BENCH_ROUNDS` rounds (default 3), `LATENCY_BENCH_SECONDS` per
+/// client run (default 5), `LATENCY_BENCH_SHARE` the client's share (default 0.2; at most 0.4). A measurement for docs/benchmarks.md, not a test: `cargo test -p
+/// gpuslice-e2e --test turns -- --ignored --nocapture latency_personal_vs_node`.
+#[test]
+#[ignore]
+fn latency_personal_vs_node() {
+    need_root!();
+    let _serial = compute_serial();
+    let env_or = |k: &str, d: f64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let rounds = env_or("TURNS_BENCH_ROUNDS", 3.0) as usize;
+    let secs = env_or("LATENCY_BENCH_SECONDS", 5.0);
+    let share = env_or("LATENCY_BENCH_SHARE", 0.2).to_string();
+    let client_exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_gpuslice-bench"));
+    let trainer_args = |c: &mut std::process::Command| {
+        c.args(["--kernel-us", "2000", "--depth", "16", "--launch", "plain"])
+            .args(["--seconds", &(secs + 1.0).to_string()])
+            .args(["--json", "--report-interval", "0.5"])
+            .env("GPUSLICE_SLICE", "trainer")
+            .env("GPUSLICE_COMPUTE", "0.6")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+    };
+    let client_args = |c: &mut std::process::Command, case: &str| {
+        c.args(["burst-loop", &secs.to_string(), "50"])
+            .env("GPUSLICE_SLICE", "server")
+            .env("GPUSLICE_COMPUTE", &share);
+        if case.ends_with("latency") {
+            c.env("GPUSLICE_PRIORITY", "latency");
+        }
+    };
+    // One run: the client to completion (and the trainer's), with the slices' charged device
+    // fractions (`compute_used` in `gpuslice status`) read halfway through.
+    let measure = |client: &mut std::process::Command,
+                   trainer: Option<Child>,
+                   status: &dyn Fn() -> serde_json::Value| {
+        let c = client
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs_f64(secs * 0.6));
+        let st = status();
+        let used = |slice: &str| {
+            slices_named(&st, slice)
+                .next()
+                .and_then(|x| x["compute_used"].as_f64())
+                .unwrap_or(f64::NAN)
+        };
+        let charged = (used("server"), used("trainer"));
+        let o = c.wait_with_output().unwrap();
+        let v = burn_json(&o);
+        let trainer = trainer.map_or(f64::NAN, |t| {
+            let r = ran(t);
+            let s0 = r.spans[0].0;
+            fraction_in(&r, s0 + 1.0, s0 + secs)
+        });
+        let f = |k: &str| v[k].as_f64().unwrap();
+        LatencyRun {
+            p50: f("p50_ms"),
+            p99: f("p99_ms"),
+            trainer,
+            first_p50: f("admit_p50_ms"),
+            first_p99: f("admit_p99_ms"),
+            charged,
+        }
+    };
+    const CASES: [&str; 3] = ["alone", "colocated, normal", "colocated, latency"];
+    let mut rows: Vec<(&str, &str, LatencyRun)> = vec![];
+    for _ in 0..rounds {
+        for case in CASES {
+            let w = gpuslice_e2e::World::new(1, "16Gi");
+            let trainer = (case != "alone").then(|| {
+                let mut c = w.wrapped_burn();
+                trainer_args(&mut c);
+                c.spawn().unwrap()
+            });
+            std::thread::sleep(Duration::from_millis(500));
+            let mut c = w.wrapped(&client_exe);
+            client_args(&mut c, case);
+            let status = || {
+                let o = w.gpuslice().args(["status", "--json"]).output().unwrap();
+                serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+            };
+            rows.push(("personal", case, measure(&mut c, trainer, &status)));
+
+            let n = Node::new(1, "16Gi", &[]);
+            let exe = n.bin.join("gpuslice-bench");
+            std::fs::copy(&client_exe, &exe).unwrap();
+            chmod(&exe, 0o755);
+            let trainer = (case != "alone").then(|| {
+                let mut c = n.burn(TENANT_A);
+                trainer_args(&mut c);
+                c.env("GPUSLICE_MEMORY", "1Gi").spawn().unwrap()
+            });
+            if trainer.is_some() {
+                wait_for_slice(&n, "trainer", 1);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            let mut c = n.command(TENANT_B, "gpuslice-bench");
+            c.env("LD_PRELOAD", n.bin.join("libgpuslice.so"))
+                .env("GPUSLICE_MEMORY", "1Gi");
+            client_args(&mut c, case);
+            rows.push(("node", case, measure(&mut c, trainer, &|| n.status())));
+        }
+    }
+    println!(
+        "burst latency (20 x 50 us kernels) p50 / p99 ms, trainer's GPU fraction (burn's count), \
+         first launch call p50 / p99 ms, device fraction charged to client / trainer halfway; \
+         {rounds} runs each, side by side:"
+    );
+    for case in CASES {
+        for mode in ["personal", "node"] {
+            let r: Vec<&LatencyRun> = rows
+                .iter()
+                .filter(|x| x.0 == mode && x.1 == case)
+                .map(|x| &x.2)
+                .collect();
+            let each: Vec<String> = r
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{:.2}/{:.2}/{:.3} first {:.2}/{:.2} charged {:.3}/{:.3}",
+                        x.p50, x.p99, x.trainer, x.first_p50, x.first_p99, x.charged.0, x.charged.1
+                    )
+                })
+                .collect();
+            let med = |f: fn(&LatencyRun) -> f64| {
+                let mut v: Vec<f64> = r.iter().map(|x| f(x)).collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            println!(
+                "{case:<20} {mode:<8} each run: {}; medians: p50 {:.2} ms, p99 {:.2} ms, trainer \
+                 {:.3}, first launch p50 {:.2} ms, p99 {:.2} ms",
+                each.join(", "),
+                med(|x| x.p50),
+                med(|x| x.p99),
+                med(|x| x.trainer),
+                med(|x| x.first_p50),
+                med(|x| x.first_p99)
+            );
+        }
+    }
+}
+
+/// One run of [`latency_personal_vs_node`].
+struct LatencyRun {
+    p50: f64,
+    p99: f64,
+    /// The trainer's GPU fraction (burn's own count); NaN alone.
+    trainer: f64,
+    /// The burst's first launch call (mostly the wait to be admitted).
+    first_p50: f64,
+    first_p99: f64,
+    /// Device fraction charged to the client's and the trainer's slices (`compute_used`).
+    charged: (f64, f64),
+}
+
 /// Child modes of this binary (see `gpuslice_e2e::node`); without `TENANTS_CHILD` it returns at once.
 #[test]
 fn tenant_child() {
