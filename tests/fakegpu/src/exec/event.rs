@@ -1,0 +1,171 @@
+//! Events: recorded in stream order (a record generation the executor marks done with its
+//! simulated time), waited on by other streams (`cuStreamWaitEvent`) and by the host, timed
+//! with `cuEventElapsedTime`, and recycled through a free list. Apart from streams because an
+//! event outlives the stream it was recorded on and is read from any thread without the
+//! executor's lock.
+
+use super::{Executor, Op, Stream};
+use crate::runtime::CuResult;
+use crate::shared::{now_ns, sleep_until};
+use gpuslice_abi::*;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
+use std::sync::Mutex;
+
+const EVENT_MAGIC: u64 = 0xE7E7_0000_0000_FA4E;
+
+/// An event. Handles are pointers to leaked `Event`s, recycled through a free list.
+#[derive(Debug)]
+#[repr(C)]
+pub struct Event {
+    magic: u64,
+    /// Creation flags.
+    pub flags: AtomicU64,
+    gen: AtomicU64,
+    done_gen: AtomicU64,
+    ts: AtomicU64,
+    exec: AtomicPtr<Executor>,
+    destroyed: AtomicBool,
+}
+
+// SAFETY: #[repr(C)] with the magic first; values are only ever leaked.
+unsafe impl crate::handle::Handle for Event {
+    const MAGIC: u64 = EVENT_MAGIC;
+}
+
+static FREE_EVENTS: Mutex<Vec<&'static Event>> = Mutex::new(Vec::new());
+
+impl Event {
+    /// `cuEventCreate`.
+    pub fn create(flags: u32) -> &'static Event {
+        if let Some(e) = FREE_EVENTS.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            e.flags.store(flags as u64, Relaxed);
+            e.gen.store(0, Relaxed);
+            e.done_gen.store(0, Relaxed);
+            e.ts.store(0, Relaxed);
+            e.destroyed.store(false, Release);
+            return e;
+        }
+        Box::leak(Box::new(Event {
+            magic: EVENT_MAGIC,
+            flags: AtomicU64::new(flags as u64),
+            gen: AtomicU64::new(0),
+            done_gen: AtomicU64::new(0),
+            ts: AtomicU64::new(0),
+            exec: AtomicPtr::new(std::ptr::null_mut()),
+            destroyed: AtomicBool::new(false),
+        }))
+    }
+
+    /// The event a handle names.
+    pub fn resolve(h: CUevent) -> CuResult<&'static Event> {
+        crate::runtime::rt()?;
+        crate::handle::resolve::<Event>(h as *const c_void)
+            .filter(|e| !e.destroyed.load(Acquire))
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// Its handle.
+    pub fn handle(&'static self) -> CUevent {
+        self as *const Event as CUevent
+    }
+
+    /// `cuEventRecord`.
+    pub fn record(&'static self, s: &'static Stream) -> CuResult<()> {
+        if s.is_capturing() {
+            return Ok(());
+        }
+        let gen = self.gen.fetch_add(1, AcqRel) + 1;
+        self.exec
+            .store(s.exec as *const Executor as *mut Executor, Release);
+        s.submit(Op::Record(self, gen))
+    }
+
+    /// `cuStreamWaitEvent`.
+    pub fn wait_on(&'static self, s: &'static Stream) -> CuResult<()> {
+        let gen = self.gen.load(Acquire);
+        if gen == 0 || s.is_capturing() {
+            return Ok(());
+        }
+        s.submit(Op::Wait(self, gen))
+    }
+
+    /// Whether the executor has planned record generation `gen` (its time may still be ahead).
+    pub(super) fn recorded(&self, gen: u64) -> bool {
+        self.done_gen.load(Acquire) >= gen
+    }
+
+    /// The simulated time of the last planned record.
+    pub(super) fn time(&self) -> u64 {
+        self.ts.load(Acquire)
+    }
+
+    /// The executor planned record generation `gen` at simulated time `at`.
+    pub(super) fn set_recorded(&self, gen: u64, at: u64) {
+        self.ts.store(at, Release);
+        self.done_gen.fetch_max(gen, AcqRel);
+    }
+
+    fn complete(&self) -> bool {
+        let gen = self.gen.load(Acquire);
+        gen == 0 || (self.recorded(gen) && now_ns() >= self.time())
+    }
+
+    /// `cuEventQuery`.
+    pub fn query(&self) -> CuResult<()> {
+        if self.complete() {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_NOT_READY)
+        }
+    }
+
+    /// `cuEventSynchronize`.
+    pub fn synchronize(&self) -> CuResult<()> {
+        let gen = self.gen.load(Acquire);
+        if gen == 0 {
+            return Ok(());
+        }
+        let ex = self.exec.load(Acquire);
+        // Usually the executor has planned the record already: no lock needed.
+        if !ex.is_null() && !self.recorded(gen) {
+            // SAFETY: executors are leaked, never freed.
+            let ex = unsafe { &*ex };
+            ex.wait_for(|| self.recorded(gen));
+        }
+        sleep_until(self.time());
+        if !ex.is_null() {
+            // SAFETY: executors are leaked, never freed.
+            crate::mem::after_sync_phys(unsafe { &*ex }.phys);
+        }
+        Ok(())
+    }
+
+    /// `cuEventElapsedTime`, in ms.
+    pub fn elapsed(start: &Event, end: &Event) -> CuResult<f32> {
+        if (start.flags.load(Relaxed) | end.flags.load(Relaxed)) & CU_EVENT_DISABLE_TIMING as u64
+            != 0
+        {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        if start.gen.load(Acquire) == 0 || end.gen.load(Acquire) == 0 {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        if !start.complete() || !end.complete() {
+            return Err(CUDA_ERROR_NOT_READY);
+        }
+        let (a, b) = (start.ts.load(Acquire) as i64, end.ts.load(Acquire) as i64);
+        Ok((b - a) as f32 / 1e6)
+    }
+
+    /// `cuEventDestroy`.
+    pub fn destroy(&'static self) {
+        // Recycle only once its pending records ran, so the executor never touches a reused one.
+        let _ = self.synchronize();
+        self.destroyed.store(true, Release);
+        FREE_EVENTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self);
+    }
+}
