@@ -193,6 +193,14 @@ pub fn uuid_attr(s: &ResourceSlice, i: usize) -> String {
         .unwrap()
 }
 
+/// The capacity a claim consumed of its device: `memory` and `compute` quantities.
+pub fn consumed(memory: &str, compute: &str) -> BTreeMap<String, Quantity> {
+    BTreeMap::from([
+        ("memory".to_string(), Quantity(memory.into())),
+        ("compute".to_string(), Quantity(compute.into())),
+    ])
+}
+
 pub struct TestClaim {
     pub namespace: &'static str,
     pub name: &'static str,
@@ -210,20 +218,18 @@ impl TestClaim {
 
     /// Write the claim as the API server would hold it after allocation.
     pub fn write(&self, dirs: &Dirs, device: &str, memory: &str, compute: &str) {
-        let mut consumed = BTreeMap::new();
-        consumed.insert("memory".to_string(), Quantity(memory.into()));
-        consumed.insert("compute".to_string(), Quantity(compute.into()));
-        self.write_consumed(dirs, device, Some(consumed));
+        self.write_consumed(dirs, device, Some(consumed(memory, compute)));
     }
 
-    /// `consumed`: None as a cluster without consumable capacity allocates (the whole device).
-    pub fn write_consumed(
+    /// The claim as the API server holds it once allocated on `device` of `pool`. `consumed`:
+    /// None as a cluster without consumable capacity allocates (the whole device).
+    pub fn allocated(
         &self,
-        dirs: &Dirs,
+        pool: &str,
         device: &str,
         consumed: Option<BTreeMap<String, Quantity>>,
-    ) {
-        let rc = ResourceClaim {
+    ) -> ResourceClaim {
+        ResourceClaim {
             metadata: ObjectMeta {
                 name: Some(self.name.into()),
                 namespace: Some(self.namespace.into()),
@@ -236,7 +242,7 @@ impl TestClaim {
                     devices: Some(DeviceAllocationResult {
                         results: Some(vec![DeviceRequestAllocationResult {
                             driver: DRIVER.into(),
-                            pool: NODE.into(),
+                            pool: pool.into(),
                             device: device.into(),
                             request: "gpu".into(),
                             consumed_capacity: consumed,
@@ -249,7 +255,17 @@ impl TestClaim {
                 }),
                 ..Default::default()
             }),
-        };
+        }
+    }
+
+    /// Write the claim allocated on `device` of this node, as [`TestClaim::allocated`].
+    pub fn write_consumed(
+        &self,
+        dirs: &Dirs,
+        device: &str,
+        consumed: Option<BTreeMap<String, Quantity>>,
+    ) {
+        let rc = self.allocated(NODE, device, consumed);
         let dir = dirs.root.join("claims").join(self.namespace);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
