@@ -7,7 +7,7 @@
 
 use gpuslice_e2e::need_root;
 use gpuslice_e2e::node::*;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Held by the compute tests: shares are measured in real time on a small machine, so they do
@@ -18,15 +18,21 @@ fn compute_serial() -> std::sync::MutexGuard<'static, ()> {
     COMPUTE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `c`, a `gpuslice-burn`, saturating the device for `secs` (1 ms kernels, 4 deep) with an
+/// interval line every half second; its output piped, for [`ran`].
+fn saturating<'c>(c: &'c mut Command, secs: &str) -> &'c mut Command {
+    c.args(["--seconds", secs, "--kernel-us", "1000", "--depth", "4"])
+        .args(["--json", "--report-interval", "0.5"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+}
+
 /// A compute tenant: `gpuslice-burn` saturating the device for `secs` with interval lines.
 fn compute_tenant(n: &Node, uid: u32, slice: &str, share: &str, secs: &str) -> Child {
     let mut c = n.burn(uid);
-    c.args(["--seconds", secs, "--kernel-us", "1000", "--depth", "4"])
-        .args(["--json", "--report-interval", "0.5"])
+    saturating(&mut c, secs)
         .env("GPUSLICE_SLICE", slice)
-        .env("GPUSLICE_COMPUTE", share)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env("GPUSLICE_COMPUTE", share);
     // A slice name starting with "be-" has no memory quota: its processes charge into their
     // user's best-effort pool, whose region is where they ask for turns.
     if !slice.starts_with("be-") {
@@ -91,6 +97,24 @@ fn fraction_in(r: &Ran, from: f64, to: f64) -> f64 {
     inside.iter().map(|s| s.2).sum::<f64>() / span
 }
 
+/// Both tenants' fractions of the device inside `[from, to]`, and the first one's part of what
+/// the two got.
+fn parts(a: &Ran, b: &Ran, from: f64, to: f64) -> (f64, f64, f64) {
+    let (fa, fb) = (fraction_in(a, from, to), fraction_in(b, from, to));
+    (fa, fb, fa / (fa + fb))
+}
+
+/// Now on CLOCK_MONOTONIC, in seconds (burn's `mono`).
+fn mono() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
 fn per_interval(r: &Ran) -> Vec<String> {
     r.spans
         .iter()
@@ -115,8 +139,7 @@ fn node_mode_compute_shares_are_granted_by_the_monitor() {
         "the tenants ran together {:.1} s only",
         to - from
     );
-    let (fa, fb) = (fraction_in(&a, from, to), fraction_in(&b, from, to));
-    let part = fa / (fa + fb);
+    let (fa, fb, part) = parts(&a, &b, from, to);
     println!(
         "node mode 0.25/0.75 over {:.1} s: {fa:.3} + {fb:.3} of the device, part {part:.3}",
         to - from
@@ -157,8 +180,7 @@ fn best_effort_memory_slices_get_their_compute_shares() {
     let b = compute_tenant(&n, TENANT_B, "be-tq", "0.75", "6.5");
     let (a, b) = (ran(a), ran(b));
     let (from, to) = all_ran(&[&a, &b], 1.0);
-    let (fa, fb) = (fraction_in(&a, from, to), fraction_in(&b, from, to));
-    let part = fa / (fa + fb);
+    let (fa, fb, part) = parts(&a, &b, from, to);
     println!("best-effort memory, 0.25/0.75: {fa:.3} + {fb:.3}, part {part:.3}");
     assert!(
         (part - 0.25).abs() <= 0.04,
@@ -190,7 +212,7 @@ fn a_tenant_scribbling_its_turn_words_gets_no_more_than_its_share() {
     let o = scribbler.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let (from, to) = all_ran(&[&a, &b], 1.0);
-    let (fa, fb) = (fraction_in(&a, from, to), fraction_in(&b, from, to));
+    let (fa, fb, part) = parts(&a, &b, from, to);
     let detail = format!(
         "a: {:?}\nb: {:?}\nscribbler: {}",
         per_interval(&a),
@@ -200,7 +222,6 @@ fn a_tenant_scribbling_its_turn_words_gets_no_more_than_its_share() {
     println!("beside a scribbler: it {fa:.3}, the honest one {fb:.3}");
     // Of the GPU time the two got, the scribbler's slice got no more than its share (4 points),
     // and the honest one no less than its own; neither below its share less 0.15 of the device.
-    let part = fa / (fa + fb);
     assert!(
         part <= 0.25 + 0.04,
         "the scribbler's slice got {part:.3} of it\n{detail}"
@@ -232,16 +253,9 @@ fn a_stopped_compute_holder_costs_the_other_about_a_lease() {
     wait_for_slice(&n, "goes-on", 1);
     std::thread::sleep(Duration::from_secs(2));
     let pid = a.id() as i32;
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: our child (setpriv exec'd into the burn, same pid); a valid out-parameter.
-    unsafe {
-        libc::kill(pid, libc::SIGSTOP);
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
-    }
-    let stopped_at = ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+    // SAFETY: our child (setpriv exec'd into the burn, same pid).
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped_at = mono();
     let b = ran(b);
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -287,15 +301,6 @@ fn compute_goes_unthrottled_while_the_monitor_is_down_and_shares_come_back() {
     let b = compute_tenant(&n, TENANT_B, "tq", "0.75", "10");
     wait_for_slice(&n, "q", 1);
     wait_for_slice(&n, "tq", 1);
-    let mono = || {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid out-parameter.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-    };
     std::thread::sleep(Duration::from_secs(2));
     let down = mono();
     n.stop_monitor();
@@ -312,10 +317,7 @@ fn compute_goes_unthrottled_while_the_monitor_is_down_and_shares_come_back() {
             assert!(f(&w[0]) > 0.05 || f(&w[1]) > 0.05, "frozen\n{detail}");
         }
     }
-    let part = |from: f64, to: f64| {
-        let (fa, fb) = (fraction_in(&a, from, to), fraction_in(&b, from, to));
-        fa / (fa + fb)
-    };
+    let part = |from: f64, to: f64| parts(&a, &b, from, to).2;
     // Unthrottled: the fake engine splits about evenly between the two.
     let unthrottled = part(down + 1.5, up);
     // Granted again: the quarter.
@@ -367,15 +369,10 @@ fn a_capped_slice_alone_is_held_to_its_cap_in_node_mode() {
     need_root!();
     let _serial = compute_serial();
     let n = Node::new(1, "16Gi", &[]);
-    let a = n
-        .burn(TENANT_A)
-        .args(["--seconds", "5", "--kernel-us", "1000", "--depth", "4"])
-        .args(["--json", "--report-interval", "0.5"])
+    let a = saturating(&mut n.burn(TENANT_A), "5")
         .env("GPUSLICE_SLICE", "capped")
         .env("GPUSLICE_MEMORY", "1Gi")
         .env("GPUSLICE_COMPUTE_CAP", "0.3")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let a = ran(a);
@@ -457,13 +454,9 @@ fn handover_cost_personal_vs_node() {
     for _ in 0..rounds {
         let w = gpuslice_e2e::World::new(1, "16Gi");
         let t = |slice: &str, share: &str| {
-            w.wrapped_burn()
-                .args(["--seconds", "6", "--kernel-us", "1000", "--depth", "4"])
-                .args(["--json", "--report-interval", "0.5"])
+            saturating(&mut w.wrapped_burn(), "6")
                 .env("GPUSLICE_SLICE", slice)
                 .env("GPUSLICE_COMPUTE", share)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
         };
