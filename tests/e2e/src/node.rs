@@ -198,6 +198,17 @@ impl Node {
         c
     }
 
+    /// `gpuslice-burn --alloc ALLOC --json` under the shim as `uid`, with `env`, run to its end
+    /// (read its report with [`burn_json`]).
+    pub fn allocate(&self, uid: u32, env: &[(&str, &str)], alloc: &str) -> Output {
+        let mut c = self.burn(uid);
+        c.args(["--alloc", alloc, "--json"]);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    }
+
     /// `gpuslice ARGS` as `uid`.
     pub fn cli(&self, uid: u32, args: &[&str]) -> Output {
         self.command(uid, "gpuslice").args(args).output().unwrap()
@@ -238,6 +249,11 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// The environment of a process of slice `slice` with the memory quota `memory`.
+pub fn in_slice<'a>(slice: &'a str, memory: &'a str) -> [(&'static str, &'a str); 2] {
+    [("GPUSLICE_SLICE", slice), ("GPUSLICE_MEMORY", memory)]
 }
 
 /// A burn that allocates `alloc` and holds it `hold` seconds, started in the background; its
@@ -286,6 +302,22 @@ pub fn slices_named<'a>(
         .into_iter()
         .flatten()
         .filter(move |x| x["name"] == slice)
+}
+
+/// The slice named `slice` in a status (the first, if it is on several devices); the test fails
+/// showing the status when there is none.
+pub fn slice_named<'a>(s: &'a serde_json::Value, slice: &'a str) -> &'a serde_json::Value {
+    slices_named(s, slice)
+        .next()
+        .unwrap_or_else(|| panic!("no slice {slice:?}: {s:#}"))
+}
+
+/// Kill the background processes `children` and reap them.
+pub fn kill_all<'a>(children: impl IntoIterator<Item = &'a mut Child>) {
+    for c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }
 
 /// Wait until `status` shows `procs` live processes of slice `slice`.

@@ -397,30 +397,21 @@ fn a_tenant_sets_its_own_slices_priority_in_node_mode() {
     let o = n.cli(0, &["slice", "create", "op", "--memory", "1Gi"]);
     assert!(o.status.success(), "{}", text(&o));
     let run = |slice: &str| {
-        n.burn(TENANT_A)
-            .args(["--alloc", "1Mi", "--hold", "3", "--json"])
-            .env("GPUSLICE_SLICE", slice)
-            .env("GPUSLICE_MEMORY", "512Mi")
-            .env("GPUSLICE_PRIORITY", "latency")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+        let [s, m] = in_slice(slice, "512Mi");
+        holder(
+            &n,
+            TENANT_A,
+            &[s, m, ("GPUSLICE_PRIORITY", "latency")],
+            "1Mi",
+            "3",
+        )
     };
     let (a, b) = (run("mine"), run("op"));
     wait_for_slice(&n, "mine", 1);
     wait_for_slice(&n, "op", 1);
     let s = n.status();
-    let prio = |name: &str| {
-        s["slices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["name"] == name)
-            .map(|x| x["priority"].clone())
-    };
-    assert_eq!(prio("mine"), Some("latency".into()), "{s:#}");
-    assert_eq!(prio("op"), Some("normal".into()), "{s:#}");
+    assert_eq!(slice_named(&s, "mine")["priority"], "latency", "{s:#}");
+    assert_eq!(slice_named(&s, "op")["priority"], "normal", "{s:#}");
     for c in [a, b] {
         let o = c.wait_with_output().unwrap();
         assert!(o.status.success(), "{}", text(&o));
