@@ -44,13 +44,17 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Return from a test (it passes vacuously, saying why) unless it runs as root.
+/// Return from a test (it passes vacuously, saying why) unless it runs as root; with a value,
+/// return that (from a test's helper).
 #[macro_export]
 macro_rules! need_root {
     () => {
+        $crate::need_root!(())
+    };
+    ($ret:expr) => {
         if !$crate::node::is_root() {
             println!("skipped: needs root (to run the node's monitor and become other users)");
-            return;
+            return $ret;
         }
     };
 }

@@ -18,6 +18,14 @@ fn compute_serial() -> std::sync::MutexGuard<'static, ()> {
     COMPUTE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A compute test's node (one 16 GiB device, the node's monitor), the compute lock held while
+/// it lives; `None` without root (the test passes vacuously, saying why).
+fn compute_node() -> Option<(std::sync::MutexGuard<'static, ()>, Node)> {
+    need_root!(None);
+    let serial = compute_serial();
+    Some((serial, Node::new(1, "16Gi", &[])))
+}
+
 /// `c`, a `gpuslice-burn`, saturating the device for `secs` (1 ms kernels, 4 deep) with an
 /// interval line every half second; its output piped, for [`ran`].
 fn saturating<'c>(c: &'c mut Command, secs: &str) -> &'c mut Command {
@@ -39,6 +47,15 @@ fn compute_tenant(n: &Node, uid: u32, slice: &str, share: &str, secs: &str) -> C
         c.env("GPUSLICE_MEMORY", "1Gi");
     }
     c.spawn().unwrap()
+}
+
+/// The pair most tests here run: a 0.25 slice of `TENANT_A` (`{prefix}q`) and a 0.75 slice of
+/// `TENANT_B` (`{prefix}tq`), each saturating the device for `secs`.
+fn quarter_pair(n: &Node, prefix: &str, secs: &str) -> (Child, Child) {
+    (
+        compute_tenant(n, TENANT_A, &format!("{prefix}q"), "0.25", secs),
+        compute_tenant(n, TENANT_B, &format!("{prefix}tq"), "0.75", secs),
+    )
 }
 
 /// A finished compute tenant: `(start, end, gpu_seconds)` per interval on CLOCK_MONOTONIC.
@@ -127,11 +144,10 @@ fn per_interval(r: &Ran) -> Vec<String> {
 /// write the lease: the policy is read-only to them).
 #[test]
 fn node_mode_compute_shares_are_granted_by_the_monitor() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
-    let a = compute_tenant(&n, TENANT_A, "q", "0.25", "11.5");
-    let b = compute_tenant(&n, TENANT_B, "tq", "0.75", "11.5");
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
+    let (a, b) = quarter_pair(&n, "", "11.5");
     let (a, b) = (ran(a), ran(b));
     let (from, to) = all_ran(&[&a, &b], 1.0);
     assert!(
@@ -173,11 +189,10 @@ fn node_mode_compute_shares_are_granted_by_the_monitor() {
 /// pool, shared by that user's best-effort slices) get their compute shares the same way.
 #[test]
 fn best_effort_memory_slices_get_their_compute_shares() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
-    let a = compute_tenant(&n, TENANT_A, "be-q", "0.25", "6.5");
-    let b = compute_tenant(&n, TENANT_B, "be-tq", "0.75", "6.5");
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
+    let (a, b) = quarter_pair(&n, "be-", "6.5");
     let (a, b) = (ran(a), ran(b));
     let (from, to) = all_ran(&[&a, &b], 1.0);
     let (fa, fb, part) = parts(&a, &b, from, to);
@@ -195,9 +210,9 @@ fn best_effort_memory_slices_get_their_compute_shares() {
 /// process: it gets no more than its share, and the other tenant is never stalled.
 #[test]
 fn a_tenant_scribbling_its_turn_words_gets_no_more_than_its_share() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
     let a = compute_tenant(&n, TENANT_A, "hostile", "0.25", "9.5");
     wait_for_slice(&n, "hostile", 1);
     let scribbler = n
@@ -245,9 +260,9 @@ fn a_tenant_scribbling_its_turn_words_gets_no_more_than_its_share() {
 /// the monitor grants the next turn when the lease ends, and the stopped slice stops competing.
 #[test]
 fn a_stopped_compute_holder_costs_the_other_about_a_lease() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
     let a = compute_tenant(&n, TENANT_A, "stopped", "0.5", "30");
     let b = compute_tenant(&n, TENANT_B, "goes-on", "0.5", "6");
     wait_for_slice(&n, "goes-on", 1);
@@ -294,11 +309,10 @@ fn a_stopped_compute_holder_costs_the_other_about_a_lease() {
 /// again, the shares back from its first second.
 #[test]
 fn compute_goes_unthrottled_while_the_monitor_is_down_and_shares_come_back() {
-    need_root!();
-    let _serial = compute_serial();
-    let mut n = Node::new(1, "16Gi", &[]);
-    let a = compute_tenant(&n, TENANT_A, "q", "0.25", "10");
-    let b = compute_tenant(&n, TENANT_B, "tq", "0.75", "10");
+    let Some((_serial, mut n)) = compute_node() else {
+        return;
+    };
+    let (a, b) = quarter_pair(&n, "", "10");
     wait_for_slice(&n, "q", 1);
     wait_for_slice(&n, "tq", 1);
     std::thread::sleep(Duration::from_secs(2));
@@ -340,9 +354,9 @@ fn compute_goes_unthrottled_while_the_monitor_is_down_and_shares_come_back() {
 /// lease word, and the monitor grants nothing while it runs.
 #[test]
 fn a_solo_slice_in_node_mode_launches_on_the_fast_path() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
     let a = compute_tenant(&n, TENANT_A, "alone", "0.25", "3");
     wait_for_slice(&n, "alone", 1);
     std::thread::sleep(Duration::from_millis(500));
@@ -366,9 +380,9 @@ fn a_solo_slice_in_node_mode_launches_on_the_fast_path() {
 /// the device (never a solo lease: its budget is the monitor's).
 #[test]
 fn a_capped_slice_alone_is_held_to_its_cap_in_node_mode() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
     let a = saturating(&mut n.burn(TENANT_A), "5")
         .env("GPUSLICE_SLICE", "capped")
         .env("GPUSLICE_MEMORY", "1Gi")
@@ -459,8 +473,7 @@ fn handover_cost_personal_vs_node() {
             measure(a, b, l.devices()[0].sched.leases_total.load(SeqCst)),
         ));
         let n = Node::new(1, "16Gi", &[]);
-        let a = compute_tenant(&n, TENANT_A, "q", "0.25", "6");
-        let b = compute_tenant(&n, TENANT_B, "tq", "0.75", "6");
+        let (a, b) = quarter_pair(&n, "", "6");
         let (a, b) = (ran(a), ran(b));
         let l = gpuslice_ledger::Ledger::open(&n.world.runtime_dir()).unwrap();
         rows.push((
@@ -494,9 +507,9 @@ fn handover_cost_personal_vs_node() {
 #[test]
 #[ignore]
 fn first_grant_latency_in_node_mode() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
     let holder = compute_tenant(&n, TENANT_A, "holder", "0.5", "14");
     wait_for_slice(&n, "holder", 1);
     std::thread::sleep(Duration::from_millis(500));
