@@ -5,8 +5,8 @@
 //! refusals become per-claim errors an operator can act on.
 
 mod common;
-use common::{channel, consumed, TestClaim};
-use gpuslice_dra::proto::{registration, v1};
+use common::{channel, consumed, Kubelet, TestClaim};
+use gpuslice_dra::proto::registration;
 use gpuslice_e2e::{artifact, World};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use std::collections::BTreeMap;
@@ -256,11 +256,7 @@ async fn the_plugin_talks_to_the_api_server() {
         .any(|s| s.method == "GET" && s.target == slice_path));
 
     // A claim the API server holds, allocated on that GPU; and one it refuses to show.
-    let a = TestClaim {
-        namespace: "team-a",
-        name: "a",
-        uid: "2a2a2a2a-0000-4000-8000-00000000002a",
-    };
+    let a = TestClaim::new("team-a", "a", "2a2a2a2a-0000-4000-8000-00000000002a");
     let claim = a.allocated("node-k", &gpu.name, Some(consumed("4Gi", "250")));
     {
         let mut s = state.lock().unwrap();
@@ -292,27 +288,10 @@ async fn the_plugin_talks_to_the_api_server() {
         .await
         .unwrap()
         .into_inner();
-    let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(info.endpoint.into()).await);
-    let claims = vec![
-        a.proto(),
-        TestClaim {
-            namespace: "team-b",
-            name: "b",
-            uid: "2b2b2b2b-0000-4000-8000-00000000002b",
-        }
-        .proto(),
-        TestClaim {
-            namespace: "team-c",
-            name: "gone",
-            uid: "2c2c2c2c-0000-4000-8000-00000000002c",
-        }
-        .proto(),
-    ];
-    let r = dra
-        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut dra = Kubelet::connect(info.endpoint.as_ref()).await;
+    let b = TestClaim::new("team-b", "b", "2b2b2b2b-0000-4000-8000-00000000002b");
+    let gone = TestClaim::new("team-c", "gone", "2c2c2c2c-0000-4000-8000-00000000002c");
+    let r = dra.prepare(&[&a, &b, &gone]).await;
     let a = &r.claims["2a2a2a2a-0000-4000-8000-00000000002a"];
     assert_eq!(a.error, "");
     assert_eq!(

@@ -4,7 +4,7 @@
 
 #![allow(dead_code)] // each test binary uses a part
 
-use gpuslice_dra::proto::{health_v1alpha1, registration, v1};
+use gpuslice_dra::proto::{health_v1alpha1, registration, v1, v1beta1};
 use gpuslice_e2e::{artifact, World};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
@@ -131,6 +131,45 @@ pub async fn channel(path: PathBuf) -> tonic::transport::Channel {
         .expect("connect to the plugin's socket")
 }
 
+/// The kubelet's side of the DRA service (v1) on the plugin's endpoint.
+pub struct Kubelet(v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>);
+
+impl Kubelet {
+    pub async fn connect(endpoint: &Path) -> Kubelet {
+        Kubelet(v1::dra_plugin_client::DraPluginClient::new(
+            channel(endpoint.to_path_buf()).await,
+        ))
+    }
+
+    /// NodePrepareResources for `claims`, as the kubelet asks it.
+    pub async fn prepare(&mut self, claims: &[&TestClaim]) -> v1::NodePrepareResourcesResponse {
+        let req = v1::NodePrepareResourcesRequest {
+            claims: protos(claims),
+        };
+        self.0
+            .node_prepare_resources(req)
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// NodeUnprepareResources for `claims`.
+    pub async fn unprepare(&mut self, claims: &[&TestClaim]) -> v1::NodeUnprepareResourcesResponse {
+        let req = v1::NodeUnprepareResourcesRequest {
+            claims: protos(claims),
+        };
+        self.0
+            .node_unprepare_resources(req)
+            .await
+            .unwrap()
+            .into_inner()
+    }
+}
+
+fn protos(claims: &[&TestClaim]) -> Vec<v1::Claim> {
+    claims.iter().map(|c| c.proto()).collect()
+}
+
 /// The kubelet's registration: GetInfo, check, NotifyRegistrationStatus; returns the endpoint.
 pub async fn register(dirs: &Dirs) -> PathBuf {
     let mut reg = registration::registration_client::RegistrationClient::new(
@@ -208,8 +247,25 @@ pub struct TestClaim {
 }
 
 impl TestClaim {
+    pub const fn new(namespace: &'static str, name: &'static str, uid: &'static str) -> TestClaim {
+        TestClaim {
+            namespace,
+            name,
+            uid,
+        }
+    }
+
     pub fn proto(&self) -> v1::Claim {
         v1::Claim {
+            namespace: self.namespace.into(),
+            uid: self.uid.into(),
+            name: self.name.into(),
+        }
+    }
+
+    /// The claim as a kubelet that still speaks v1beta1 names it.
+    pub fn proto_v1beta1(&self) -> v1beta1::Claim {
+        v1beta1::Claim {
             namespace: self.namespace.into(),
             uid: self.uid.into(),
             name: self.name.into(),
