@@ -2,21 +2,18 @@
 //! owners are refused with a message saying what is wrong and how to fix it, and nothing a
 //! refused path points to is ever created, truncated or written.
 
+mod common;
+use common::{fresh_dir, is_root};
 use gpuslice_ledger::{Ledger, LedgerError};
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::PathBuf;
 
+/// A new, empty directory of mode 0755 for one test.
 fn dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gpuslice-rtdir-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
+    let d = fresh_dir("rtdir", tag);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
     d
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
 }
 
 #[test]
