@@ -24,6 +24,12 @@ pub const ALLOC_PATHS: [&str; 11] = [
     "capture",
 ];
 
+/// A command line's words, split at white space: `words("--alloc 1Gi --json")`. For the tests'
+/// command lines, none of whose arguments has a space in it.
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 /// `target/<profile>` of this build: the test executable lives in `target/<profile>/deps`.
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

@@ -6,7 +6,7 @@
 //! Timing bounds are loose: every wait polls up to a generous deadline, and the one bound the
 //! issue states (a killed process gone within 2 s) is the only timed assertion.
 
-use gpuslice_e2e::{run_json, World, GI, MI};
+use gpuslice_e2e::{run_json, words, World, GI, MI};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Lines, Read, Write};
 use std::process::{Child, ChildStderr, Stdio};
@@ -462,11 +462,6 @@ fn bad_usage(w: &World, args: &[&str], says: &str) {
         err.starts_with("gpuslice: ") && err.contains(says) && err.contains("usage: gpuslice"),
         "gpuslice {args:?}: {err}"
     );
-}
-
-/// A command line's words (none of the tests' arguments has a space).
-fn words(line: &str) -> Vec<&str> {
-    line.split_whitespace().collect()
 }
 
 #[test]
