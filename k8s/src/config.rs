@@ -131,6 +131,21 @@ pub enum ConfigError {
     Usage(String),
 }
 
+/// A `--claims`/`--publish` value: `api`, or `PREFIX` and a non-empty rest (`dir:DIR`,
+/// `file:PATH`), `Some(rest)`; anything else is bad usage, `expected` saying what is taken.
+fn api_or<'v>(
+    flag: &str,
+    v: &'v str,
+    prefix: &str,
+    expected: &str,
+) -> Result<Option<&'v str>, ConfigError> {
+    match v.strip_prefix(prefix) {
+        _ if v == "api" => Ok(None),
+        Some(rest) if !rest.is_empty() => Ok(Some(rest)),
+        _ => Err(ConfigError::Usage(format!("{flag} {v:?}: {expected}"))),
+    }
+}
+
 fn size(flag: &str, v: &str) -> Result<u64, ConfigError> {
     let b = crate::quantity::parse(v).map_err(|e| ConfigError::Usage(format!("{flag}: {e}")))?;
     u64::try_from(b)
@@ -197,26 +212,16 @@ impl Config {
                 }
                 Long("claims") => {
                     let v = val(&mut p)?;
-                    claims = match v.strip_prefix("dir:") {
-                        _ if v == "api" => ClaimsFrom::Api,
-                        Some(d) if !d.is_empty() => ClaimsFrom::Dir(d.into()),
-                        _ => {
-                            return Err(ConfigError::Usage(format!(
-                                "--claims {v:?}: api or dir:DIR"
-                            )))
-                        }
+                    claims = match api_or("--claims", &v, "dir:", "api or dir:DIR")? {
+                        None => ClaimsFrom::Api,
+                        Some(d) => ClaimsFrom::Dir(d.into()),
                     }
                 }
                 Long("publish") => {
                     let v = val(&mut p)?;
-                    publish = match v.strip_prefix("file:") {
-                        _ if v == "api" => PublishTo::Api,
-                        Some(f) if !f.is_empty() => PublishTo::File(f.into()),
-                        _ => {
-                            return Err(ConfigError::Usage(format!(
-                                "--publish {v:?}: api or file:PATH"
-                            )))
-                        }
+                    publish = match api_or("--publish", &v, "file:", "api or file:PATH")? {
+                        None => PublishTo::Api,
+                        Some(f) => PublishTo::File(f.into()),
                     }
                 }
                 Long("resync") => {
@@ -371,6 +376,10 @@ mod tests {
             (
                 &["--node-name", "n", "--claims", "dir:"][..],
                 "api or dir:DIR",
+            ),
+            (
+                &["--node-name", "n", "--publish", "dir:/x"][..],
+                "api or file:PATH",
             ),
             (
                 &["--node-name", "n", "--nvidia-cdi-name", "serial"][..],
