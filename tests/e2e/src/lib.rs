@@ -114,6 +114,19 @@ pub fn wait_within(
     }
 }
 
+/// Wait until `path` exists, at most 30 s; past that the test fails saying `why_not()`.
+pub fn wait_for_file(path: &Path, why_not: impl Fn() -> String) {
+    let t0 = std::time::Instant::now();
+    while !path.exists() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "{}",
+            why_not()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A private world for one test: its own fake-GPU state directory and ledger directory,
 /// removed when dropped.
 pub struct World {

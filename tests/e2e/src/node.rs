@@ -10,7 +10,7 @@
 //! can are the test binary run again as another user with `TENANTS_CHILD` set (each binary's
 //! `tenant_child`).
 
-use crate::{artifact, fake_lib_dir, World};
+use crate::{artifact, fake_lib_dir, wait_for_file, World};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -128,15 +128,9 @@ impl Node {
             .unwrap();
         self.monitor = Some(child);
         let sock = self.world.runtime_dir().join("monitor.sock");
-        let t0 = Instant::now();
-        while !sock.exists() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "the monitor did not come up: {}",
-                self.monitor_log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_file(&sock, || {
+            format!("the monitor did not come up: {}", self.monitor_log())
+        });
     }
 
     /// Kill the monitor (SIGKILL: as if it crashed).
