@@ -802,18 +802,8 @@ fn tenant_child() {
             assert_eq!(p, libc::MAP_FAILED, "the policy mapped writable");
         }
         "scribble-region" => {
-            use gpuslice_ledger::protocol::{self, Message};
-            use gpuslice_ledger::region::Region;
             use std::sync::atomic::Ordering::SeqCst;
-            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
-            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
-            let uuid = l.snapshot().devices[0].uuid.clone();
-            let mut m = Message::new("op", "admit");
-            m.push("slice", "b-hostile")
-                .push("dev", &format!("{uuid}\t{}\t0\t1000000\tX\tY", 1u64 << 30));
-            let (r, fds) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
-            assert!(r.get("err").is_none(), "{r:?}");
-            let region = Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap();
+            let region = admitted_region(&dir, Some("b-hostile"), Some(1 << 30), 0);
             // Truncation is impossible (sealed); scribble every word instead.
             // SAFETY: our fd; must fail.
             assert_ne!(unsafe { libc::ftruncate(region.fd(), 0) }, 0);
@@ -868,16 +858,7 @@ fn tenant_child() {
         }
         "scribble-pool" => {
             // A best-effort process that claims its pool holds everything.
-            use gpuslice_ledger::protocol::{self, Message};
-            use gpuslice_ledger::region::Region;
-            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
-            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
-            let uuid = l.snapshot().devices[0].uuid.clone();
-            let mut m = Message::new("op", "admit");
-            m.push("dev", &format!("{uuid}\t-\t0\t1000000\tX\tY"));
-            let (r, fds) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
-            assert!(r.get("err").is_none(), "{r:?}");
-            let region = Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap();
+            let region = admitted_region(&dir, None, None, 0);
             region
                 .header()
                 .memory_used
@@ -886,12 +867,8 @@ fn tenant_child() {
             std::thread::sleep(Duration::from_secs(8));
         }
         "admit-twice" => {
-            use gpuslice_ledger::protocol::{self, Message};
-            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
-            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
-            let uuid = l.snapshot().devices[0].uuid.clone();
-            let mut m = Message::new("op", "admit");
-            m.push("dev", &format!("{uuid}\t-\t0\t1000000\tX\tY"));
+            use gpuslice_ledger::protocol;
+            let (d, m) = admit_request(&dir, None, None, 0);
             let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
             assert!(r.get("err").is_none(), "{r:?}");
             let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();

@@ -549,20 +549,9 @@ fn tenant_child() {
             // Join the tenant's own slice (same user, same name) and write the worst into
             // every process slot's turn words of its region, for a while; and try to reach the
             // lease, which is the policy's (read-only).
-            use gpuslice_ledger::protocol::{self, Message};
-            use gpuslice_ledger::region::Region;
             use std::sync::atomic::Ordering::SeqCst;
-            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
+            let region = admitted_region(&dir, Some("hostile"), Some(1 << 30), 250_000);
             let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
-            let uuid = l.snapshot().devices[0].uuid.clone();
-            let mut m = Message::new("op", "admit");
-            m.push("slice", "hostile").push(
-                "dev",
-                &format!("{uuid}\t{}\t250000\t1000000\tX\tY", 1u64 << 30),
-            );
-            let (r, fds) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
-            assert!(r.get("err").is_none(), "{r:?}");
-            let region = Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap();
             assert!(!l.writable());
             let secs: f64 = std::env::var("SCRIBBLE_SECONDS").unwrap().parse().unwrap();
             let t0 = Instant::now();
