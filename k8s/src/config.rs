@@ -146,6 +146,18 @@ fn api_or<'v>(
     }
 }
 
+/// The value named `v` among `choices`; bad usage naming `flag` and every choice otherwise.
+fn one_of<T: Copy>(flag: &str, v: &str, choices: &[(&str, T)]) -> Result<T, ConfigError> {
+    match choices.iter().find(|c| c.0 == v) {
+        Some(c) => Ok(c.1),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|c| c.0).collect();
+            let names = names.join(", ");
+            Err(ConfigError::Usage(format!("{flag} {v:?}: one of {names}")))
+        }
+    }
+}
+
 fn size(flag: &str, v: &str) -> Result<u64, ConfigError> {
     let b = crate::quantity::parse(v).map_err(|e| ConfigError::Usage(format!("{flag}: {e}")))?;
     u64::try_from(b)
@@ -199,16 +211,12 @@ impl Config {
                 Long("cdi-kind") => cdi_kind = val(&mut p)?,
                 Long("nvidia-cdi-kind") => nvidia_cdi_kind = val(&mut p)?,
                 Long("nvidia-cdi-name") => {
-                    nvidia_cdi_name = match val(&mut p)?.as_str() {
-                        "uuid" => NvidiaCdiName::Uuid,
-                        "index" => NvidiaCdiName::Index,
-                        "none" => NvidiaCdiName::None,
-                        v => {
-                            return Err(ConfigError::Usage(format!(
-                                "--nvidia-cdi-name {v:?}: one of uuid, index, none"
-                            )))
-                        }
-                    }
+                    let names = [
+                        ("uuid", NvidiaCdiName::Uuid),
+                        ("index", NvidiaCdiName::Index),
+                        ("none", NvidiaCdiName::None),
+                    ];
+                    nvidia_cdi_name = one_of("--nvidia-cdi-name", &val(&mut p)?, &names)?;
                 }
                 Long("claims") => {
                     let v = val(&mut p)?;
@@ -240,16 +248,12 @@ impl Config {
                 Long("memory-step") => memory_step = size("--memory-step", &val(&mut p)?)?,
                 Long("memory-default") => memory_default = size("--memory-default", &val(&mut p)?)?,
                 Long("mode") => {
-                    mode = match val(&mut p)?.as_str() {
-                        "auto" => LedgerMode::Auto,
-                        "node" => LedgerMode::Node,
-                        "personal" => LedgerMode::Personal,
-                        v => {
-                            return Err(ConfigError::Usage(format!(
-                                "--mode {v:?}: one of auto, node, personal"
-                            )))
-                        }
-                    }
+                    let modes = [
+                        ("auto", LedgerMode::Auto),
+                        ("node", LedgerMode::Node),
+                        ("personal", LedgerMode::Personal),
+                    ];
+                    mode = one_of("--mode", &val(&mut p)?, &modes)?;
                 }
                 Long("keep-slice-on-exit") => keep_slice_on_exit = true,
                 other => return Err(ConfigError::Usage(other.unexpected().to_string())),
