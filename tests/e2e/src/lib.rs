@@ -206,30 +206,37 @@ impl Drop for World {
     }
 }
 
-/// Run a command to completion and parse the last line of its stdout as JSON, panicking with the
-/// command's stderr when it fails or prints no JSON.
+/// The first line `child` printed on its piped stdout, and that line as JSON (`Null` if it is
+/// not JSON). The stdout stays open in `child`, so it does not die of SIGPIPE when it prints
+/// more.
+pub fn first_line(child: &mut std::process::Child) -> (String, serde_json::Value) {
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).expect("read the child's stdout");
+    child.stdout = Some(out.into_inner());
+    let v = serde_json::from_str(line.trim()).unwrap_or(serde_json::Value::Null);
+    (line, v)
+}
+
 /// Spawn `cmd`, a `gpuslice-burn ... --hold S --json`, and return once it reports that it
-/// holds its allocations (its first line, `{"event":"holding",...}`), with that report. Its
-/// stdout stays open in the returned child, so the burn does not die of SIGPIPE when it prints
-/// its final report.
+/// holds its allocations (its first line, `{"event":"holding",...}`), with that report (the
+/// test fails if it reports anything else).
 pub fn spawn_holding(cmd: &mut Command) -> (std::process::Child, serde_json::Value) {
     let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("spawn gpuslice-burn");
-    let mut out = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).expect("read burn's stdout");
-    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or(serde_json::Value::Null);
+    let (line, v) = first_line(&mut child);
     if v["event"] != "holding" {
         let _ = child.kill();
         let _ = child.wait();
         panic!("burn did not report holding: {line:?}");
     }
-    child.stdout = Some(out.into_inner());
     (child, v)
 }
 
+/// Run a command to completion and parse the last line of its stdout as JSON, panicking with the
+/// command's stderr when it fails or prints no JSON.
 pub fn run_json(cmd: &mut Command) -> serde_json::Value {
     let out = cmd.output().expect("spawn");
     last_json(

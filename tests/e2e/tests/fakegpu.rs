@@ -2,9 +2,8 @@
 //! driver-API client in tests/fakegpu) `dlopen`s the fake as `libcuda.so.1` /
 //! `libnvidia-ml.so.1`, each test in a private world (its own FAKEGPU_STATE_DIR).
 
-use gpuslice_e2e::{artifact, run_json, run_json_within, World, GI};
+use gpuslice_e2e::{artifact, first_line, run_json, run_json_within, World, GI};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 fn client(w: &World) -> Command {
@@ -48,12 +47,8 @@ fn hold(w: &World, bytes: u64) -> (std::process::Child, Value) {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn holder");
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let v: Value =
-        serde_json::from_str(&line).unwrap_or_else(|_| panic!("holder printed {line:?}"));
+    let (line, v) = first_line(&mut child);
+    assert!(!v.is_null(), "holder printed {line:?}");
     (child, v)
 }
 
