@@ -611,15 +611,19 @@ fn drop_phys_if_done(m: &mut HashMap<u64, Phys>, h: u64) {
     }
 }
 
+/// The allocation of handle `h` while the program still holds it (not released), or
+/// `CUDA_ERROR_INVALID_VALUE`.
+fn held(m: &mut HashMap<u64, Phys>, h: u64) -> CuResult<&mut Phys> {
+    m.get_mut(&h)
+        .filter(|p| p.refs > 0)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
+}
+
 /// `cuMemRelease`: the memory goes when its last mapping does.
 pub fn vmm_release(h: u64) -> CuResult<()> {
     rt()?;
     with_handles(|m| {
-        let p = m
-            .get_mut(&h)
-            .filter(|p| p.refs > 0)
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        p.refs -= 1;
+        held(m, h)?.refs -= 1;
         drop_phys_if_done(m, h);
         Ok(())
     })
@@ -630,10 +634,7 @@ pub fn vmm_release(h: u64) -> CuResult<()> {
 pub fn vmm_export(h: u64, ty: CUmemAllocationHandleType) -> CuResult<i32> {
     rt()?;
     with_handles(|m| {
-        let p = m
-            .get(&h)
-            .filter(|p| p.refs > 0)
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let p = held(m, h)?;
         if ty != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
             || p.prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == 0
         {
