@@ -654,14 +654,14 @@ fn a_secret_slice_admits_only_with_its_secret() {
         ),
         (0, 0o600)
     );
+    // A process of `uid` allocating `alloc` in slice "sec", with `secret` if any.
+    let in_sec = |n: &Node, uid: u32, secret: Option<&str>, alloc: &str| {
+        let mut env = vec![("GPUSLICE_SLICE", "sec")];
+        env.extend(secret.map(|s| ("GPUSLICE_SLICE_SECRET", s)));
+        n.allocate(uid, &env, alloc)
+    };
     let refused = |n: &Node, uid: u32, secret: Option<&str>, why: &str| {
-        let mut c = n.burn(uid);
-        c.args(["--alloc", "1Mi", "--json"])
-            .env("GPUSLICE_SLICE", "sec");
-        if let Some(s) = secret {
-            c.env("GPUSLICE_SLICE_SECRET", s);
-        }
-        let o = c.output().unwrap();
+        let o = in_sec(n, uid, secret, "1Mi");
         assert_eq!(burn_json(&o)["error"]["call"], "cuInit", "{}", text(&o));
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(
@@ -674,13 +674,7 @@ fn a_secret_slice_admits_only_with_its_secret() {
         }
     };
     let admitted = |n: &Node, uid: u32, secret: Option<&str>| {
-        let mut c = n.burn(uid);
-        c.args(["--alloc", "768Mi,512Mi", "--json"])
-            .env("GPUSLICE_SLICE", "sec");
-        if let Some(s) = secret {
-            c.env("GPUSLICE_SLICE_SECRET", s);
-        }
-        let o = c.output().unwrap();
+        let o = in_sec(n, uid, secret, "768Mi,512Mi");
         let v = burn_json(&o);
         assert_eq!(v["mem_total"], 1u64 << 30, "{}", text(&o));
         assert_eq!(v["allocated_bytes"], 768u64 << 20, "{}", text(&o));
