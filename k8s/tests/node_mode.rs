@@ -73,8 +73,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
     let dirs = Dirs::new(&node.world);
     let mut p = plugin(&node, &dirs);
     let endpoint = register(&dirs).await;
-    wait_for(&dirs, "the ResourceSlice", || read_slice(&dirs).is_some());
-    let s = read_slice(&dirs).unwrap();
+    let s = published_slice(&dirs);
     let dev0 = s.spec.devices.as_ref().unwrap()[0].name.clone();
     assert_eq!(capacities(&s)[&dev0], ("16Gi".into(), "1000".into()));
     assert!(

@@ -22,12 +22,10 @@ use common::*;
 async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
     let world = World::new(2, "16Gi");
     let dirs = Dirs::new(&world);
-    let mut plugin = start_plugin(&world, &dirs);
-    let endpoint = register(&dirs).await;
+    let (mut plugin, endpoint) = start_registered(&world, &dirs).await;
 
     // The published slice: two shareable GPUs, named from their UUIDs, whole.
-    wait_for(&dirs, "the ResourceSlice", || read_slice(&dirs).is_some());
-    let s0 = read_slice(&dirs).unwrap();
+    let s0 = published_slice(&dirs);
     assert_eq!(s0.spec.driver, DRIVER);
     assert_eq!(s0.spec.node_name.as_deref(), Some(NODE));
     assert_eq!(s0.spec.pool.name, NODE);
@@ -274,8 +272,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
 
     plugin.kill().unwrap();
     plugin.wait().unwrap();
-    let mut plugin = start_plugin(&world, &dirs);
-    let endpoint = register(&dirs).await;
+    let (mut plugin, endpoint) = start_registered(&world, &dirs).await;
     let mut dra = Kubelet::connect(&endpoint).await;
 
     // Prepared before the restart: the same answer, from the ledger and the CDI directory.
@@ -381,12 +378,8 @@ fn fraction_between(intervals: &[serde_json::Value], from: f64, to: f64) -> f64 
 async fn claims_on_one_gpu_are_held_to_their_compute() {
     let world = World::new(1, "8Gi");
     let dirs = Dirs::new(&world);
-    let mut plugin = start_plugin(&world, &dirs);
-    let endpoint = register(&dirs).await;
-    wait_for(&dirs, "the ResourceSlice", || read_slice(&dirs).is_some());
-    let dev0 = read_slice(&dirs).unwrap().spec.devices.unwrap()[0]
-        .name
-        .clone();
+    let (mut plugin, endpoint) = start_registered(&world, &dirs).await;
+    let dev0 = published_slice(&dirs).spec.devices.unwrap()[0].name.clone();
     let q = TestClaim::new("ml", "quarter", "1a1a1a1a-0000-4000-8000-00000000001a");
     let t = TestClaim::new(
         "ml",

@@ -170,6 +170,13 @@ fn protos(claims: &[&TestClaim]) -> Vec<v1::Claim> {
     claims.iter().map(|c| c.proto()).collect()
 }
 
+/// The plugin started (on the fake GPU, with this build's shim) and registered as the kubelet
+/// registers it: the child and its DRA endpoint.
+pub async fn start_registered(world: &World, dirs: &Dirs) -> (Child, PathBuf) {
+    let plugin = start_plugin(world, dirs);
+    (plugin, register(dirs).await)
+}
+
 /// The kubelet's registration: GetInfo, check, NotifyRegistrationStatus; returns the endpoint.
 pub async fn register(dirs: &Dirs) -> PathBuf {
     let mut reg = registration::registration_client::RegistrationClient::new(
@@ -205,6 +212,12 @@ pub async fn register(dirs: &Dirs) -> PathBuf {
 pub fn read_slice(dirs: &Dirs) -> Option<ResourceSlice> {
     let text = std::fs::read_to_string(dirs.slice_file()).ok()?;
     Some(serde_json::from_str(&text).expect("the published ResourceSlice deserializes"))
+}
+
+/// The ResourceSlice, once the plugin has published it.
+pub fn published_slice(dirs: &Dirs) -> ResourceSlice {
+    wait_for(dirs, "the ResourceSlice", || read_slice(dirs).is_some());
+    read_slice(dirs).unwrap()
 }
 
 /// (memory, compute) capacity quantities of each device, by device name.
