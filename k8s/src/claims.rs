@@ -7,28 +7,21 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 
-/// A boxed future (the source is chosen at run time).
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// A claim being read: a boxed future (the source is chosen at run time); `Err` is a message
+/// for the cluster operator.
+pub type ClaimFuture<'a> = Pin<Box<dyn Future<Output = Result<ResourceClaim, String>> + Send + 'a>>;
 
 /// Reads ResourceClaims.
 pub trait ClaimSource: Send + Sync {
-    /// The claim `namespace/name`; `Err` is a message for the cluster operator.
-    fn get<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<ResourceClaim, String>>;
+    /// The claim `namespace/name`.
+    fn get<'a>(&'a self, namespace: &'a str, name: &'a str) -> ClaimFuture<'a>;
 }
 
 /// Claims from the API server.
 pub struct ApiClaims(pub kube::Client);
 
 impl ClaimSource for ApiClaims {
-    fn get<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<ResourceClaim, String>> {
+    fn get<'a>(&'a self, namespace: &'a str, name: &'a str) -> ClaimFuture<'a> {
         Box::pin(async move {
             let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.0.clone(), namespace);
             api.get(name).await.map_err(|e| match &e {
@@ -50,11 +43,7 @@ impl ClaimSource for ApiClaims {
 pub struct DirClaims(pub PathBuf);
 
 impl ClaimSource for DirClaims {
-    fn get<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<ResourceClaim, String>> {
+    fn get<'a>(&'a self, namespace: &'a str, name: &'a str) -> ClaimFuture<'a> {
         Box::pin(async move {
             if [namespace, name]
                 .iter()

@@ -131,6 +131,33 @@ pub enum ConfigError {
     Usage(String),
 }
 
+/// A `--claims`/`--publish` value: `api`, or `PREFIX` and a non-empty rest (`dir:DIR`,
+/// `file:PATH`), `Some(rest)`; anything else is bad usage, `expected` saying what is taken.
+fn api_or<'v>(
+    flag: &str,
+    v: &'v str,
+    prefix: &str,
+    expected: &str,
+) -> Result<Option<&'v str>, ConfigError> {
+    match v.strip_prefix(prefix) {
+        _ if v == "api" => Ok(None),
+        Some(rest) if !rest.is_empty() => Ok(Some(rest)),
+        _ => Err(ConfigError::Usage(format!("{flag} {v:?}: {expected}"))),
+    }
+}
+
+/// The value named `v` among `choices`; bad usage naming `flag` and every choice otherwise.
+fn one_of<T: Copy>(flag: &str, v: &str, choices: &[(&str, T)]) -> Result<T, ConfigError> {
+    match choices.iter().find(|c| c.0 == v) {
+        Some(c) => Ok(c.1),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|c| c.0).collect();
+            let names = names.join(", ");
+            Err(ConfigError::Usage(format!("{flag} {v:?}: one of {names}")))
+        }
+    }
+}
+
 fn size(flag: &str, v: &str) -> Result<u64, ConfigError> {
     let b = crate::quantity::parse(v).map_err(|e| ConfigError::Usage(format!("{flag}: {e}")))?;
     u64::try_from(b)
@@ -184,39 +211,25 @@ impl Config {
                 Long("cdi-kind") => cdi_kind = val(&mut p)?,
                 Long("nvidia-cdi-kind") => nvidia_cdi_kind = val(&mut p)?,
                 Long("nvidia-cdi-name") => {
-                    nvidia_cdi_name = match val(&mut p)?.as_str() {
-                        "uuid" => NvidiaCdiName::Uuid,
-                        "index" => NvidiaCdiName::Index,
-                        "none" => NvidiaCdiName::None,
-                        v => {
-                            return Err(ConfigError::Usage(format!(
-                                "--nvidia-cdi-name {v:?}: one of uuid, index, none"
-                            )))
-                        }
-                    }
+                    let names = [
+                        ("uuid", NvidiaCdiName::Uuid),
+                        ("index", NvidiaCdiName::Index),
+                        ("none", NvidiaCdiName::None),
+                    ];
+                    nvidia_cdi_name = one_of("--nvidia-cdi-name", &val(&mut p)?, &names)?;
                 }
                 Long("claims") => {
                     let v = val(&mut p)?;
-                    claims = match v.strip_prefix("dir:") {
-                        _ if v == "api" => ClaimsFrom::Api,
-                        Some(d) if !d.is_empty() => ClaimsFrom::Dir(d.into()),
-                        _ => {
-                            return Err(ConfigError::Usage(format!(
-                                "--claims {v:?}: api or dir:DIR"
-                            )))
-                        }
+                    claims = match api_or("--claims", &v, "dir:", "api or dir:DIR")? {
+                        None => ClaimsFrom::Api,
+                        Some(d) => ClaimsFrom::Dir(d.into()),
                     }
                 }
                 Long("publish") => {
                     let v = val(&mut p)?;
-                    publish = match v.strip_prefix("file:") {
-                        _ if v == "api" => PublishTo::Api,
-                        Some(f) if !f.is_empty() => PublishTo::File(f.into()),
-                        _ => {
-                            return Err(ConfigError::Usage(format!(
-                                "--publish {v:?}: api or file:PATH"
-                            )))
-                        }
+                    publish = match api_or("--publish", &v, "file:", "api or file:PATH")? {
+                        None => PublishTo::Api,
+                        Some(f) => PublishTo::File(f.into()),
                     }
                 }
                 Long("resync") => {
@@ -235,16 +248,12 @@ impl Config {
                 Long("memory-step") => memory_step = size("--memory-step", &val(&mut p)?)?,
                 Long("memory-default") => memory_default = size("--memory-default", &val(&mut p)?)?,
                 Long("mode") => {
-                    mode = match val(&mut p)?.as_str() {
-                        "auto" => LedgerMode::Auto,
-                        "node" => LedgerMode::Node,
-                        "personal" => LedgerMode::Personal,
-                        v => {
-                            return Err(ConfigError::Usage(format!(
-                                "--mode {v:?}: one of auto, node, personal"
-                            )))
-                        }
-                    }
+                    let modes = [
+                        ("auto", LedgerMode::Auto),
+                        ("node", LedgerMode::Node),
+                        ("personal", LedgerMode::Personal),
+                    ];
+                    mode = one_of("--mode", &val(&mut p)?, &modes)?;
                 }
                 Long("keep-slice-on-exit") => keep_slice_on_exit = true,
                 other => return Err(ConfigError::Usage(other.unexpected().to_string())),
@@ -371,6 +380,10 @@ mod tests {
             (
                 &["--node-name", "n", "--claims", "dir:"][..],
                 "api or dir:DIR",
+            ),
+            (
+                &["--node-name", "n", "--publish", "dir:/x"][..],
+                "api or file:PATH",
             ),
             (
                 &["--node-name", "n", "--nvidia-cdi-name", "serial"][..],

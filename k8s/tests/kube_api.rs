@@ -5,15 +5,10 @@
 //! refusals become per-claim errors an operator can act on.
 
 mod common;
-use common::channel;
-use gpuslice_dra::proto::{registration, v1};
+use common::{channel, consumed, Kubelet, TestClaim};
+use gpuslice_dra::proto::registration;
 use gpuslice_e2e::{artifact, World};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimStatus, ResourceSlice,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -261,35 +256,8 @@ async fn the_plugin_talks_to_the_api_server() {
         .any(|s| s.method == "GET" && s.target == slice_path));
 
     // A claim the API server holds, allocated on that GPU; and one it refuses to show.
-    let claim = ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some("a".into()),
-            namespace: Some("team-a".into()),
-            uid: Some("2a2a2a2a-0000-4000-8000-00000000002a".into()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        driver: "gpuslice.dev".into(),
-                        pool: "node-k".into(),
-                        device: gpu.name.clone(),
-                        request: "gpu".into(),
-                        consumed_capacity: Some(BTreeMap::from([
-                            ("memory".to_string(), Quantity("4Gi".into())),
-                            ("compute".to_string(), Quantity("250".into())),
-                        ])),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    };
+    let a = TestClaim::new("team-a", "a", "2a2a2a2a-0000-4000-8000-00000000002a");
+    let claim = a.allocated("node-k", &gpu.name, Some(consumed("4Gi", "250")));
     {
         let mut s = state.lock().unwrap();
         s.objects.insert(
@@ -320,29 +288,10 @@ async fn the_plugin_talks_to_the_api_server() {
         .await
         .unwrap()
         .into_inner();
-    let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(info.endpoint.into()).await);
-    let claims = vec![
-        v1::Claim {
-            namespace: "team-a".into(),
-            uid: "2a2a2a2a-0000-4000-8000-00000000002a".into(),
-            name: "a".into(),
-        },
-        v1::Claim {
-            namespace: "team-b".into(),
-            uid: "2b2b2b2b-0000-4000-8000-00000000002b".into(),
-            name: "b".into(),
-        },
-        v1::Claim {
-            namespace: "team-c".into(),
-            uid: "2c2c2c2c-0000-4000-8000-00000000002c".into(),
-            name: "gone".into(),
-        },
-    ];
-    let r = dra
-        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut dra = Kubelet::connect(info.endpoint.as_ref()).await;
+    let b = TestClaim::new("team-b", "b", "2b2b2b2b-0000-4000-8000-00000000002b");
+    let gone = TestClaim::new("team-c", "gone", "2c2c2c2c-0000-4000-8000-00000000002c");
+    let r = dra.prepare(&[&a, &b, &gone]).await;
     let a = &r.claims["2a2a2a2a-0000-4000-8000-00000000002a"];
     assert_eq!(a.error, "");
     assert_eq!(

@@ -49,26 +49,12 @@ fn plugin(node: &Node, dirs: &Dirs) -> Child {
 }
 
 async fn prepare(endpoint: &Path, claims: &[&TestClaim]) -> v1::NodePrepareResourcesResponse {
-    let mut dra =
-        v1::dra_plugin_client::DraPluginClient::new(channel(endpoint.to_path_buf()).await);
-    dra.node_prepare_resources(v1::NodePrepareResourcesRequest {
-        claims: claims.iter().map(|c| c.proto()).collect(),
-    })
-    .await
-    .unwrap()
-    .into_inner()
+    Kubelet::connect(endpoint).await.prepare(claims).await
 }
 
+/// Unprepare `claim` alone: the error for it.
 async fn unprepare(endpoint: &Path, claim: &TestClaim) -> String {
-    let mut dra =
-        v1::dra_plugin_client::DraPluginClient::new(channel(endpoint.to_path_buf()).await);
-    let r = dra
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![claim.proto()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r = Kubelet::connect(endpoint).await.unprepare(&[claim]).await;
     r.claims[claim.uid].error.clone()
 }
 
@@ -87,8 +73,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
     let dirs = Dirs::new(&node.world);
     let mut p = plugin(&node, &dirs);
     let endpoint = register(&dirs).await;
-    wait_for(&dirs, "the ResourceSlice", || read_slice(&dirs).is_some());
-    let s = read_slice(&dirs).unwrap();
+    let s = published_slice(&dirs);
     let dev0 = s.spec.devices.as_ref().unwrap()[0].name.clone();
     assert_eq!(capacities(&s)[&dev0], ("16Gi".into(), "1000".into()));
     assert!(
@@ -101,11 +86,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
 
     // A claim prepared: its slice is in the monitor's policy, made by the monitor (the
     // plugin never writes the policy: see the monitor-down case below).
-    let a = TestClaim {
-        namespace: "team-a",
-        name: "a",
-        uid: "3a3a3a3a-0000-4000-8000-00000000003a",
-    };
+    let a = TestClaim::new("team-a", "a", "3a3a3a3a-0000-4000-8000-00000000003a");
     a.write(&dirs, &dev0, "4Gi", "250");
     let r1 = prepare(&endpoint, &[&a]).await;
     let ids = prepared_ids(&r1, a.uid);
@@ -191,11 +172,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
 
     // The monitor down: a new claim is refused with a retryable error naming the monitor,
     // and nothing is made for it (no slice, no spec). The running process keeps its quota.
-    let b = TestClaim {
-        namespace: "team-b",
-        name: "b",
-        uid: "3b3b3b3b-0000-4000-8000-00000000003b",
-    };
+    let b = TestClaim::new("team-b", "b", "3b3b3b3b-0000-4000-8000-00000000003b");
     b.write(&dirs, &dev0, "2Gi", "100");
     let mut health = health_watch(&endpoint).await;
     next_health(&mut health, "a healthy GPU", |h| {

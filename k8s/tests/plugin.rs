@@ -7,7 +7,7 @@
 //! file:`): the same code paths as in a cluster except the API client itself.
 
 use gpuslice_dra::proto::health_v1alpha1::HealthStatus;
-use gpuslice_dra::proto::{v1, v1beta1};
+use gpuslice_dra::proto::v1beta1;
 use gpuslice_e2e::World;
 use gpuslice_ledger::{human_bytes, Ledger, OperatorSlice, PPM};
 use std::process::{Child, Stdio};
@@ -22,12 +22,10 @@ use common::*;
 async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
     let world = World::new(2, "16Gi");
     let dirs = Dirs::new(&world);
-    let mut plugin = start_plugin(&world, &dirs);
-    let endpoint = register(&dirs).await;
+    let (mut plugin, endpoint) = start_registered(&world, &dirs).await;
 
     // The published slice: two shareable GPUs, named from their UUIDs, whole.
-    wait_for(&dirs, "the ResourceSlice", || read_slice(&dirs).is_some());
-    let s0 = read_slice(&dirs).unwrap();
+    let s0 = published_slice(&dirs);
     assert_eq!(s0.spec.driver, DRIVER);
     assert_eq!(s0.spec.node_name.as_deref(), Some(NODE));
     assert_eq!(s0.spec.pool.name, NODE);
@@ -105,47 +103,21 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
 
     // Claims: two on GPU 0 (4Gi, 250 each, as deploy/example.yaml asks), one on GPU 1, and a
     // stale one that no longer fits GPU 1.
-    let a = TestClaim {
-        namespace: "team-a",
-        name: "a",
-        uid: "0a0a0a0a-0000-4000-8000-00000000000a",
-    };
-    let b = TestClaim {
-        namespace: "team-a",
-        name: "b",
-        uid: "0b0b0b0b-0000-4000-8000-00000000000b",
-    };
-    let c = TestClaim {
-        namespace: "team-c",
-        name: "c",
-        uid: "0c0c0c0c-0000-4000-8000-00000000000c",
-    };
-    let d = TestClaim {
-        namespace: "team-d",
-        name: "d",
-        uid: "0d0d0d0d-0000-4000-8000-00000000000d",
-    };
+    let a = TestClaim::new("team-a", "a", "0a0a0a0a-0000-4000-8000-00000000000a");
+    let b = TestClaim::new("team-a", "b", "0b0b0b0b-0000-4000-8000-00000000000b");
+    let c = TestClaim::new("team-c", "c", "0c0c0c0c-0000-4000-8000-00000000000c");
+    let d = TestClaim::new("team-d", "d", "0d0d0d0d-0000-4000-8000-00000000000d");
     a.write(&dirs, &dev0, "4Gi", "250");
     b.write(&dirs, &dev0, "4294967296", "250");
     c.write(&dirs, &dev1, "6Gi", "0");
     d.write(&dirs, &dev1, "12Gi", "0");
     // ... and one whose compute no longer fits GPU 0 (100 + 250 + 250 taken: 400 left).
-    let e = TestClaim {
-        namespace: "team-e",
-        name: "e",
-        uid: "0f0f0f0f-0000-4000-8000-00000000000f",
-    };
+    let e = TestClaim::new("team-e", "e", "0f0f0f0f-0000-4000-8000-00000000000f");
     e.write(&dirs, &dev0, "1Gi", "950");
 
-    let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(endpoint.clone()).await);
-    let req = v1::NodePrepareResourcesRequest {
-        claims: vec![a.proto(), b.proto(), c.proto(), d.proto(), e.proto()],
-    };
-    let r1 = dra
-        .node_prepare_resources(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let mut dra = Kubelet::connect(&endpoint).await;
+    let all = [&a, &b, &c, &d, &e];
+    let r1 = dra.prepare(&all).await;
     assert_eq!(r1.claims.len(), 5);
     let ids_a = prepared_ids(&r1, a.uid);
     let ids_b = prepared_ids(&r1, b.uid);
@@ -247,11 +219,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
         .unwrap()
         .modified()
         .unwrap();
-    let r2 = dra
-        .node_prepare_resources(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let r2 = dra.prepare(&all).await;
     assert_eq!(r2.claims[a.uid], r1.claims[a.uid]);
     assert_eq!(r2.claims[b.uid], r1.claims[b.uid]);
     assert_eq!(r2.claims[c.uid], r1.claims[c.uid]);
@@ -304,29 +272,18 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
 
     plugin.kill().unwrap();
     plugin.wait().unwrap();
-    let mut plugin = start_plugin(&world, &dirs);
-    let endpoint = register(&dirs).await;
-    let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(endpoint.clone()).await);
+    let (mut plugin, endpoint) = start_registered(&world, &dirs).await;
+    let mut dra = Kubelet::connect(&endpoint).await;
 
     // Prepared before the restart: the same answer, from the ledger and the CDI directory.
-    let r3 = dra
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![a.proto()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r3 = dra.prepare(&[&a]).await;
     assert_eq!(r3.claims[a.uid], r1.claims[a.uid]);
     // The same through v1beta1 (a kubelet that still asks for it).
     let mut beta =
         v1beta1::dra_plugin_client::DraPluginClient::new(channel(endpoint.clone()).await);
     let r4 = beta
         .node_prepare_resources(v1beta1::NodePrepareResourcesRequest {
-            claims: vec![v1beta1::Claim {
-                namespace: a.namespace.into(),
-                uid: a.uid.into(),
-                name: a.name.into(),
-            }],
+            claims: vec![a.proto_v1beta1()],
         })
         .await
         .unwrap()
@@ -337,13 +294,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
     assert_eq!(d4.devices[0].device_name, dev0);
 
     // B still has a live process: its unprepare fails for B alone, and nothing of B goes.
-    let un = dra
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![a.proto(), b.proto()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let un = dra.unprepare(&[&a, &b]).await;
     assert_eq!(un.claims[a.uid].error, "");
     let err_b = &un.claims[b.uid].error;
     assert!(
@@ -359,22 +310,12 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
     // The pod ends: now B goes too. C is unprepared through v1beta1; a repeat is a no-op.
     holder.kill().unwrap();
     holder.wait().unwrap();
-    let un = dra
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![b.proto()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let un = dra.unprepare(&[&b]).await;
     assert_eq!(un.claims[b.uid].error, "");
     for _ in 0..2 {
         let un = beta
             .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest {
-                claims: vec![v1beta1::Claim {
-                    namespace: c.namespace.into(),
-                    uid: c.uid.into(),
-                    name: c.name.into(),
-                }],
+                claims: vec![c.proto_v1beta1()],
             })
             .await
             .unwrap()
@@ -391,19 +332,9 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
     // A cluster without DRAConsumableCapacity allocates a device whole (no consumedCapacity):
     // the claim gets all the GPU offers. GPU 0 offers 14 GiB and 900 next to the operator's
     // slice.
-    let w = TestClaim {
-        namespace: "team-w",
-        name: "whole",
-        uid: "0e0e0e0e-0000-4000-8000-00000000000e",
-    };
+    let w = TestClaim::new("team-w", "whole", "0e0e0e0e-0000-4000-8000-00000000000e");
     w.write_consumed(&dirs, &dev0, None);
-    let r = dra
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![w.proto()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r = dra.prepare(&[&w]).await;
     prepared_ids(&r, w.uid);
     let snap = ledger.snapshot();
     let sw = snap.slices.iter().find(|s| s.name == name_of(&w)).unwrap();
@@ -411,13 +342,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
         (sw.memory_limit, sw.compute_share_ppm),
         (Some(14 * GI), 900_000)
     );
-    let un = dra
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![w.proto()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let un = dra.unprepare(&[&w]).await;
     assert_eq!(un.claims[w.uid].error, "");
 
     // The restarted plugin published again with a higher pool generation.
@@ -453,32 +378,18 @@ fn fraction_between(intervals: &[serde_json::Value], from: f64, to: f64) -> f64 
 async fn claims_on_one_gpu_are_held_to_their_compute() {
     let world = World::new(1, "8Gi");
     let dirs = Dirs::new(&world);
-    let mut plugin = start_plugin(&world, &dirs);
-    let endpoint = register(&dirs).await;
-    wait_for(&dirs, "the ResourceSlice", || read_slice(&dirs).is_some());
-    let dev0 = read_slice(&dirs).unwrap().spec.devices.unwrap()[0]
-        .name
-        .clone();
-    let q = TestClaim {
-        namespace: "ml",
-        name: "quarter",
-        uid: "1a1a1a1a-0000-4000-8000-00000000001a",
-    };
-    let t = TestClaim {
-        namespace: "ml",
-        name: "three-quarters",
-        uid: "1b1b1b1b-0000-4000-8000-00000000001b",
-    };
+    let (mut plugin, endpoint) = start_registered(&world, &dirs).await;
+    let dev0 = published_slice(&dirs).spec.devices.unwrap()[0].name.clone();
+    let q = TestClaim::new("ml", "quarter", "1a1a1a1a-0000-4000-8000-00000000001a");
+    let t = TestClaim::new(
+        "ml",
+        "three-quarters",
+        "1b1b1b1b-0000-4000-8000-00000000001b",
+    );
     q.write(&dirs, &dev0, "1Gi", "250");
     t.write(&dirs, &dev0, "1Gi", "750");
-    let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(endpoint).await);
-    let r = dra
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![q.proto(), t.proto()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut dra = Kubelet::connect(&endpoint).await;
+    let r = dra.prepare(&[&q, &t]).await;
     let ids = [prepared_ids(&r, q.uid), prepared_ids(&r, t.uid)];
     // Both saturate the GPU at once; each gets its claim's part of the time (± 8 points, as
     // the compute tests of tests/e2e allow on a loaded machine).
@@ -528,13 +439,7 @@ async fn claims_on_one_gpu_are_held_to_their_compute() {
             f / total
         );
     }
-    let un = dra
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![q.proto(), t.proto()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let un = dra.unprepare(&[&q, &t]).await;
     assert!(un.claims.values().all(|c| c.error.is_empty()), "{un:?}");
     plugin.kill().unwrap();
     plugin.wait().unwrap();

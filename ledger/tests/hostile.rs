@@ -2,6 +2,8 @@
 //! whose device index is 9999, a dead process whose account index is 70000) are skipped and
 //! reported, never a panic, and new processes still attach and join.
 
+mod common;
+use common::fresh_dir;
 use gpuslice_ledger::layout::*;
 use gpuslice_ledger::{Ledger, SliceRequest};
 use std::path::PathBuf;
@@ -9,19 +11,25 @@ use std::sync::atomic::Ordering::SeqCst;
 
 const MI: u64 = 1 << 20;
 
-fn dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gpuslice-hostile-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A new ledger in its own directory for test `tag`, with one 8 GiB device of UUID `uuid`.
+fn ledger(tag: &str, uuid: &str) -> (PathBuf, Ledger, usize) {
+    let d = fresh_dir("hostile", tag);
+    let l = Ledger::open_or_create(&d).unwrap();
+    let dev = l.ensure_device(uuid, "Fake", 8 << 30).unwrap();
+    (d, l, dev)
+}
+
+/// A newcomer still attaches to `l`, joins a slice with a quota on `dev` and charges it.
+fn a_newcomer_works(l: &Ledger, dev: usize) {
+    let p = l.attach("").unwrap();
+    l.join(p, dev, &SliceRequest::new(None, Some(MI))).unwrap();
+    assert!(l.account(p, dev).unwrap().try_charge(MI));
+    l.detach(p).unwrap();
 }
 
 #[test]
 fn a_slice_on_device_9999_is_skipped_and_reported() {
-    let d = dir("device");
-    let l = Ledger::open_or_create(&d).unwrap();
-    let dev = l
-        .ensure_device("GPU-00000000-0000-0000-0000-000000000001", "Fake", 8 << 30)
-        .unwrap();
+    let (d, l, dev) = ledger("device", "GPU-00000000-0000-0000-0000-000000000001");
     let me = l.attach("").unwrap();
     let j = l
         .join(me, dev, &SliceRequest::new(Some("bad"), Some(MI)))
@@ -40,23 +48,14 @@ fn a_slice_on_device_9999_is_skipped_and_reported() {
     l.reap_dead().unwrap();
     l.detach(me).unwrap();
     let other = Ledger::open(&d).unwrap();
-    let p = other.attach("").unwrap();
-    other
-        .join(p, dev, &SliceRequest::new(None, Some(MI)))
-        .unwrap();
-    assert!(other.account(p, dev).unwrap().try_charge(MI));
-    other.detach(p).unwrap();
+    a_newcomer_works(&other, dev);
     drop((l, other));
     std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn a_dead_process_with_account_70000_does_not_stop_new_processes() {
-    let d = dir("account");
-    let l = Ledger::open_or_create(&d).unwrap();
-    let dev = l
-        .ensure_device("GPU-00000000-0000-0000-0000-000000000002", "Fake", 8 << 30)
-        .unwrap();
+    let (d, l, dev) = ledger("account", "GPU-00000000-0000-0000-0000-000000000002");
     // A record of a process that is gone (no liveness lock), its account scribbled.
     let dead = &l.procs()[7];
     dead.pid.store(4242, SeqCst);
@@ -85,21 +84,14 @@ fn a_dead_process_with_account_70000_does_not_stop_new_processes() {
         STATE_FREE,
         "the bad record is freed"
     );
-    let me = l.attach("").unwrap();
-    l.join(me, dev, &SliceRequest::new(None, Some(MI))).unwrap();
-    assert!(l.account(me, dev).unwrap().try_charge(MI));
-    l.detach(me).unwrap();
+    a_newcomer_works(&l, dev);
     drop(l);
     std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn an_own_record_with_a_bad_slice_index_is_refused_not_used() {
-    let d = dir("own");
-    let l = Ledger::open_or_create(&d).unwrap();
-    let dev = l
-        .ensure_device("GPU-00000000-0000-0000-0000-000000000003", "Fake", 8 << 30)
-        .unwrap();
+    let (d, l, dev) = ledger("own", "GPU-00000000-0000-0000-0000-000000000003");
     let me = l.attach("").unwrap();
     l.procs()[me.slot].devices[dev].slice.store(50_000, SeqCst);
     l.procs()[me.slot].devices[dev]

@@ -5,6 +5,8 @@
 //! Child processes are `ledger-test-child` (`tests/helpers/child.rs`, a helper binary of this
 //! crate), so they run the real ledger code in a separate process.
 
+mod common;
+use common::fresh_dir;
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceRequest, PPM};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,9 +17,7 @@ const MI: u64 = 1 << 20;
 const UUID: &str = "GPU-00000000-1111-2222-3333-444444444444";
 
 fn dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gpuslice-ledger-test-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    fresh_dir("ledger-test", tag)
 }
 
 fn child(dir: &Path, mode: &str) -> Child {

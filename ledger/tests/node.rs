@@ -4,7 +4,7 @@
 //! these tests print why and pass vacuously (CI runs as root).
 
 mod common;
-use common::{is_root, peer, Table};
+use common::{node_policy, peer, Table};
 use gpuslice_ledger::layout::{POOL_ACCOUNT_BASE, STATE_ACTIVE};
 use gpuslice_ledger::node::{DeviceAsk, Limits};
 use gpuslice_ledger::region::Region;
@@ -17,17 +17,7 @@ const GI: u64 = 1 << 30;
 const UUID: &str = "GPU-00000000-0000-0000-0000-00000000000a";
 
 fn node(tag: &str) -> Option<(Ledger, Arc<Table>, PathBuf)> {
-    if !is_root() {
-        println!("skipped: a node policy needs root");
-        return None;
-    }
-    let d = std::env::temp_dir().join(format!("gpuslice-node-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    let l = Ledger::open_or_create_node(&d).unwrap();
-    l.ensure_device(UUID, "Fake", 16 * GI).unwrap();
-    let t = Arc::new(Table::default());
-    l.set_regions(t.clone());
-    Some((l, t, d))
+    node_policy("node", tag, &[UUID])
 }
 
 fn ask(name: Option<&str>, memory: Option<u64>) -> Vec<DeviceAsk> {

@@ -2,21 +2,23 @@
 //! owners are refused with a message saying what is wrong and how to fix it, and nothing a
 //! refused path points to is ever created, truncated or written.
 
+mod common;
+use common::{fresh_dir, is_root};
 use gpuslice_ledger::{Ledger, LedgerError};
 use std::os::unix::fs::{symlink, PermissionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+/// Why `Ledger::open_or_create(rt)` is refused (the test fails if it is not).
+fn refused(rt: &Path) -> LedgerError {
+    Ledger::open_or_create(rt).err().expect("refused")
+}
+
+/// A new, empty directory of mode 0755 for one test.
 fn dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gpuslice-rtdir-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
+    let d = fresh_dir("rtdir", tag);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
     d
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
 }
 
 #[test]
@@ -27,7 +29,7 @@ fn a_planted_ledger_symlink_is_refused_and_its_target_untouched() {
     let rt = d.join("rt");
     std::fs::create_dir(&rt).unwrap();
     symlink(&target, rt.join("ledger")).unwrap();
-    let e = Ledger::open_or_create(&rt).err().expect("refused");
+    let e = refused(&rt);
     assert!(
         matches!(e, LedgerError::UnsafeFile { .. }) && e.to_string().contains("symbolic link"),
         "{e}"
@@ -43,9 +45,7 @@ fn a_symlinked_directory_is_refused() {
     let real = d.join("real");
     std::fs::create_dir(&real).unwrap();
     symlink(&real, d.join("rt")).unwrap();
-    let e = Ledger::open_or_create(&d.join("rt"))
-        .err()
-        .expect("refused");
+    let e = refused(&d.join("rt"));
     assert!(e.to_string().contains("symbolic link"), "{e}");
     assert!(!real.join("ledger").exists());
     std::fs::remove_dir_all(&d).unwrap();
@@ -57,10 +57,7 @@ fn a_world_writable_directory_is_refused_with_the_fix() {
     let rt = d.join("rt");
     std::fs::create_dir(&rt).unwrap();
     std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let e = Ledger::open_or_create(&rt)
-        .err()
-        .expect("refused")
-        .to_string();
+    let e = refused(&rt).to_string();
     assert!(
         e.contains("writable by group or others") && e.contains("chmod 755"),
         "{e}"
@@ -107,7 +104,7 @@ fn files_or_directories_of_another_user_are_refused() {
     let d = dir("owner");
     let rt = d.join("rt");
     drop(Ledger::open_or_create(&rt).unwrap());
-    let c = |p: &std::path::Path| std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    let c = |p: &Path| std::ffi::CString::new(p.to_str().unwrap()).unwrap();
     let path = c(&rt.join("ledger"));
     // SAFETY: `path` is a valid NUL-terminated path that outlives the call.
     let rc = unsafe { libc::chown(path.as_ptr(), 4242, 4242) };
@@ -116,10 +113,7 @@ fn files_or_directories_of_another_user_are_refused() {
     assert!(e.contains("owned by uid 4242"), "{e}");
     // SAFETY: valid path.
     assert_eq!(unsafe { libc::chown(c(&rt).as_ptr(), 4242, 4242) }, 0);
-    let e = Ledger::open_or_create(&rt)
-        .err()
-        .expect("refused")
-        .to_string();
+    let e = refused(&rt).to_string();
     assert!(
         e.contains("owned by uid 4242") && e.contains("gpuslice monitor"),
         "{e}"
@@ -129,10 +123,8 @@ fn files_or_directories_of_another_user_are_refused() {
 
 #[test]
 fn a_relative_runtime_dir_is_refused() {
-    let e = Ledger::open_or_create(std::path::Path::new("relative/dir"))
-        .err()
-        .expect("refused");
+    let e = refused(Path::new("relative/dir"));
     assert!(matches!(e, LedgerError::RelativeRuntimeDir(_)), "{e}");
     assert!(e.to_string().contains("absolute"));
-    assert!(!std::path::Path::new("relative").exists());
+    assert!(!Path::new("relative").exists());
 }

@@ -5,30 +5,33 @@
 //! root; without it these tests print why and pass vacuously (CI runs as root).
 
 mod common;
-use common::{is_root, peer, Table};
-use gpuslice_ledger::node::{DeviceAsk, Limits};
+use common::{fresh_dir, node_policy, open_node, peer};
+use gpuslice_ledger::node::{Admitted, DeviceAsk, Limits};
 use gpuslice_ledger::secret::{Secret, SECRETS_FILE};
-use gpuslice_ledger::{Ledger, OperatorSlice, SliceRequest, PPM};
+use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceRequest, PPM};
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
-use std::sync::Arc;
 
 const GI: u64 = 1 << 30;
 const UUID: &str = "GPU-00000000-0000-0000-0000-00000000005a";
 const UUID2: &str = "GPU-00000000-0000-0000-0000-00000000005b";
 
-fn dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gpuslice-secret-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-fn node(d: &std::path::Path) -> Ledger {
-    let l = Ledger::open_or_create_node(d).unwrap();
-    l.ensure_device(UUID, "Fake", 16 * GI).unwrap();
-    l.ensure_device(UUID2, "Fake", 16 * GI).unwrap();
-    l.set_regions(Arc::new(Table::default()));
-    l
+/// Process `pid` of `uid` asking for slice `name` on `uuid`, with `secret`.
+fn join(
+    l: &Ledger,
+    pid: u32,
+    uid: u32,
+    name: &str,
+    uuid: &str,
+    secret: Option<&Secret>,
+) -> Result<Admitted, LedgerError> {
+    let lim = Limits::default();
+    l.admit_with_secret(
+        &peer(pid, uid),
+        name,
+        &ask(name, uuid),
+        &lim,
+        secret.map(Secret::expose),
+    )
 }
 
 fn op(name: &str, device: &str) -> OperatorSlice {
@@ -51,19 +54,15 @@ fn ask(name: &str, uuid: &str) -> Vec<DeviceAsk> {
 
 #[test]
 fn a_secret_slice_admits_only_with_its_secret_and_root() {
-    if !is_root() {
-        println!("skipped: a node policy needs root");
+    let Some((l, _, d)) = node_policy("secret", "admit", &[UUID, UUID2]) else {
         return;
-    }
-    let d = dir("admit");
-    let l = node(&d);
+    };
     let lim = Limits::default();
     let s = Secret::generate().unwrap();
     l.create_operator_slice_with_secret(&op("claim", UUID), Some(&s))
         .unwrap();
     // Without, and with a wrong secret: refused, naming the slice and the variable.
-    let e = l
-        .admit_with_secret(&peer(10, 1000), "claim", &ask("claim", UUID), &lim, None)
+    let e = join(&l, 10, 1000, "claim", UUID, None)
         .unwrap_err()
         .to_string();
     assert!(
@@ -72,14 +71,7 @@ fn a_secret_slice_admits_only_with_its_secret_and_root() {
         "{e}"
     );
     let wrong = Secret::generate().unwrap();
-    let e = l
-        .admit_with_secret(
-            &peer(11, 1000),
-            "claim",
-            &ask("claim", UUID),
-            &lim,
-            Some(wrong.expose()),
-        )
+    let e = join(&l, 11, 1000, "claim", UUID, Some(&wrong))
         .unwrap_err()
         .to_string();
     assert!(e.contains("does not match"), "{e}");
@@ -88,23 +80,12 @@ fn a_secret_slice_admits_only_with_its_secret_and_root() {
         .admit(&peer(12, 1000), "claim", &ask("claim", UUID), &lim)
         .is_err());
     // Naming it on another device (a new slice of that name) is refused the same way.
-    assert!(l
-        .admit_with_secret(&peer(13, 1000), "claim", &ask("claim", UUID2), &lim, None)
-        .is_err());
+    assert!(join(&l, 13, 1000, "claim", UUID2, None).is_err());
     // The right secret: admitted, into the operator's slice with its quota.
-    let a = l
-        .admit_with_secret(
-            &peer(14, 1000),
-            "claim",
-            &ask("claim", UUID),
-            &lim,
-            Some(s.expose()),
-        )
-        .unwrap();
+    let a = join(&l, 14, 1000, "claim", UUID, Some(&s)).unwrap();
     assert_eq!(a.devices[0].memory_limit, Some(2 * GI));
     // Root joins without it.
-    l.admit_with_secret(&peer(15, 0), "claim", &ask("claim", UUID), &lim, None)
-        .unwrap();
+    join(&l, 15, 0, "claim", UUID, None).unwrap();
     // A slice without a secret stays open to every uid that names it (as before).
     l.create_operator_slice(&op("open", UUID)).unwrap();
     l.admit(&peer(16, 2000), "open", &ask("open", UUID), &lim)
@@ -140,50 +121,27 @@ fn a_secret_slice_admits_only_with_its_secret_and_root() {
 
     // Reopened (a monitor restart): the secret still holds.
     drop(l);
-    let l = node(&d);
-    assert!(l
-        .admit_with_secret(&peer(17, 1000), "claim", &ask("claim", UUID), &lim, None)
-        .is_err());
-    l.admit_with_secret(
-        &peer(18, 1000),
-        "claim",
-        &ask("claim", UUID),
-        &lim,
-        Some(s.expose()),
-    )
-    .unwrap();
+    let (l, _) = open_node(&d, &[UUID, UUID2]);
+    assert!(join(&l, 17, 1000, "claim", UUID, None).is_err());
+    join(&l, 18, 1000, "claim", UUID, Some(&s)).unwrap();
     drop(l);
     std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn a_secret_goes_with_the_last_slice_of_its_name() {
-    if !is_root() {
-        println!("skipped: a node policy needs root");
+    let Some((l, t, d)) = node_policy("secret", "prune", &[UUID, UUID2]) else {
         return;
-    }
-    let d = dir("prune");
-    let l = node(&d);
-    let t = Arc::new(Table::default());
-    l.set_regions(t.clone());
+    };
     let lim = Limits::default();
     let s = Secret::generate().unwrap();
     l.create_operator_slice_with_secret(&op("c", UUID), Some(&s))
         .unwrap();
-    l.admit_with_secret(
-        &peer(20, 1000),
-        "c",
-        &ask("c", UUID),
-        &lim,
-        Some(s.expose()),
-    )
-    .unwrap();
+    join(&l, 20, 1000, "c", UUID, Some(&s)).unwrap();
     // Removed while a process uses it: the slice lingers with its process, and so does the
     // secret (a newcomer cannot slip in without it).
     assert_eq!(l.remove_slice("c").unwrap(), 0);
-    assert!(l
-        .admit_with_secret(&peer(21, 1000), "c", &ask("c", UUID), &lim, None)
-        .is_err());
+    assert!(join(&l, 21, 1000, "c", UUID, None).is_err());
     // Its process gone and reaped: the slice and the secret go.
     l.reap_node(&|_| false, t.as_ref()).unwrap();
     assert_eq!(l.slice_secret("c").unwrap(), None);
@@ -202,7 +160,7 @@ fn a_secret_goes_with_the_last_slice_of_its_name() {
 
 #[test]
 fn personal_mode_has_no_secrets() {
-    let d = dir("personal");
+    let d = fresh_dir("secret", "personal");
     let l = Ledger::open_or_create(&d).unwrap();
     if l.is_node() {
         return;

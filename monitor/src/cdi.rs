@@ -56,33 +56,28 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
     let mut library: Option<PathBuf> = None;
     let mut output: Option<PathBuf> = None;
     let mut secret_file: Option<PathBuf> = None;
-    let mut parser = cli::parser(args);
-    while let Some(arg) = parser.next().map_err(cli::lex(USAGE))? {
-        if cli::is_help(&arg) {
-            cli::outln!("usage: {USAGE}\n\n{HELP}")?;
-            return Ok(0);
-        }
+    let mut args = cli::Args::new(args, USAGE).with_help(HELP);
+    while let Some(arg) = args.next()? {
         match arg {
             lexopt::Arg::Long(name) if Limits::FLAGS.contains(&name) => {
                 let name = name.to_string();
-                let value = parser.value().map_err(cli::lex(USAGE))?;
-                limits.set(&name, value, USAGE)?;
+                limits.set(&name, &mut args)?;
             }
             lexopt::Arg::Long("kind") => {
-                let v = cli::utf8(parser.value().map_err(cli::lex(USAGE))?, "--kind", USAGE)?;
+                let v = args.utf8("--kind")?;
                 check_kind(&v).map_err(|e| Failure::usage(format!("--kind {v:?}: {e}"), USAGE))?;
                 cli::once(&mut kind, "--kind", v, USAGE)?;
             }
             lexopt::Arg::Long("library") => {
-                let v = parser.value().map_err(cli::lex(USAGE))?.into();
+                let v = args.value()?.into();
                 cli::once(&mut library, "--library", v, USAGE)?;
             }
             lexopt::Arg::Long("secret-file") => {
-                let v = parser.value().map_err(cli::lex(USAGE))?.into();
+                let v = args.value()?.into();
                 cli::once(&mut secret_file, "--secret-file", v, USAGE)?;
             }
             lexopt::Arg::Long("output") | lexopt::Arg::Short('o') => {
-                let v = parser.value().map_err(cli::lex(USAGE))?.into();
+                let v = args.value()?.into();
                 cli::once(&mut output, "--output", v, USAGE)?;
             }
             other => return Err(Failure::usage(other.unexpected().to_string(), USAGE)),
@@ -195,16 +190,18 @@ fn check_vendor_or_class(name: &str) -> Result<(), String> {
             "{name:?} must start with a letter and end with a letter or digit"
         ));
     }
-    if let Some(c) = b
-        .iter()
-        .find(|c| !(c.is_ascii_alphanumeric() || b"_-.".contains(c)))
-    {
+    if let Some(c) = first_outside(b, b"_-.") {
         return Err(format!(
-            "{name:?} has {:?}; allowed: letters, digits, _ - .",
-            *c as char
+            "{name:?} has {c:?}; allowed: letters, digits, _ - ."
         ));
     }
     Ok(())
+}
+
+/// The first character of `name` that is neither a letter, a digit, nor one of `extra`.
+fn first_outside(name: &[u8], extra: &[u8]) -> Option<char> {
+    let allowed = |c: &u8| c.is_ascii_alphanumeric() || extra.contains(c);
+    name.iter().find(|c| !allowed(c)).map(|&c| c as char)
 }
 
 /// A CDI kind: `vendor/class`.
@@ -226,13 +223,9 @@ pub fn check_device_name(name: &str) -> Result<(), String> {
     if !first.is_ascii_alphanumeric() || !last.is_ascii_alphanumeric() {
         return Err("a CDI device name starts and ends with a letter or digit".into());
     }
-    if let Some(c) = b
-        .iter()
-        .find(|c| !(c.is_ascii_alphanumeric() || b"_-.:".contains(c)))
-    {
+    if let Some(c) = first_outside(b, b"_-.:") {
         return Err(format!(
-            "a CDI device name cannot contain {:?}; allowed: letters, digits, _ - . :",
-            *c as char
+            "a CDI device name cannot contain {c:?}; allowed: letters, digits, _ - . :"
         ));
     }
     Ok(())

@@ -10,9 +10,12 @@ pub const EXIT_USAGE: i32 = 2;
 /// Any other failure (the ledger, the device, the system).
 pub const EXIT_FAILURE: i32 = 1;
 
-/// Why a subcommand failed; decides the exit status and how the message is shown.
+/// Why a subcommand stopped before its work was done; decides the exit status and how the
+/// message is shown.
 #[derive(Debug)]
 pub enum Failure {
+    /// Exit 0: `--help` was asked and answered ([`Args::next`]); nothing else runs.
+    Helped,
     /// Exit 2: the message, then the subcommand's usage line.
     Usage {
         /// What was wrong, naming the flag and the value.
@@ -33,9 +36,18 @@ impl Failure {
         }
     }
 
+    /// What is shown for it (empty for [`Failure::Helped`]).
+    pub fn message(&self) -> &str {
+        match self {
+            Failure::Helped => "",
+            Failure::Usage { msg, .. } | Failure::Other(msg) => msg,
+        }
+    }
+
     /// Print the failure on stderr and return the exit status.
     pub fn report(&self) -> i32 {
         match self {
+            Failure::Helped => 0,
             Failure::Usage { msg, usage } => {
                 eprintln!("gpuslice: {msg}\nusage: {usage}");
                 EXIT_USAGE
@@ -87,6 +99,73 @@ pub(crate) use outln;
 /// A parser over a subcommand's arguments.
 pub fn parser(args: Vec<OsString>) -> lexopt::Parser {
     lexopt::Parser::from_args(args)
+}
+
+/// A subcommand's arguments, `--help` answered: the one place every subcommand's usage is
+/// printed for `--help`/`-h` and bad usage is tied to its usage line.
+pub struct Args {
+    /// The arguments; [`Args::value`] reads a flag's value.
+    pub parser: lexopt::Parser,
+    /// The subcommand's `usage: ...` line.
+    pub usage: &'static str,
+    help: Option<&'static str>,
+}
+
+impl Args {
+    /// The arguments of the subcommand whose usage line is `usage`.
+    pub fn new(args: Vec<OsString>, usage: &'static str) -> Args {
+        Args {
+            parser: parser(args),
+            usage,
+            help: None,
+        }
+    }
+
+    /// With `help` printed after the usage line for `--help`.
+    pub fn with_help(self, help: &'static str) -> Args {
+        Args {
+            help: Some(help),
+            ..self
+        }
+    }
+
+    /// The next argument, `None` at the end. `--help`/`-h` prints the usage (and the help) on
+    /// stdout and ends the subcommand: [`Failure::Helped`], exit 0.
+    pub fn next(&mut self) -> Result<Option<lexopt::Arg<'_>>, Failure> {
+        let arg = self.parser.next().map_err(lex(self.usage))?;
+        if arg.as_ref().is_some_and(is_help) {
+            match self.help {
+                Some(help) => outln!("usage: {}\n\n{help}", self.usage)?,
+                None => outln!("usage: {}", self.usage)?,
+            }
+            return Err(Failure::Helped);
+        }
+        Ok(arg)
+    }
+
+    /// The value of the flag just read.
+    pub fn value(&mut self) -> Result<OsString, Failure> {
+        self.parser.value().map_err(lex(self.usage))
+    }
+
+    /// The value of the flag just read, as UTF-8 (bad usage naming `flag` if it is not).
+    pub fn utf8(&mut self, flag: &str) -> Result<String, Failure> {
+        let v = self.value()?;
+        utf8(v, flag, self.usage)
+    }
+}
+
+/// The arguments of a subcommand whose one option is `--json`: whether it was given.
+pub fn json_flag(args: Vec<OsString>, usage: &'static str) -> Result<bool, Failure> {
+    let mut json = false;
+    let mut args = Args::new(args, usage);
+    while let Some(arg) = args.next()? {
+        match arg {
+            lexopt::Arg::Long("json") => json = true,
+            _ => return Err(Failure::usage(arg.unexpected().to_string(), usage)),
+        }
+    }
+    Ok(json)
 }
 
 /// Map a lexopt error (unknown flag, missing value, bad encoding) to a usage failure.
@@ -204,4 +283,48 @@ pub fn stop_on_signals(signals: &[libc::c_int]) {
 /// Whether a signal installed by [`stop_on_signals`] arrived.
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
+}
+
+/// A command line from its words, for the subcommands' unit tests.
+#[cfg(test)]
+pub fn test_args(a: &[&str]) -> Vec<OsString> {
+    a.iter().map(OsString::from).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_args as args;
+    use super::*;
+
+    #[test]
+    fn help_ends_the_subcommand_in_order_with_exit_0() {
+        for help in ["--help", "-h"] {
+            let mut a = Args::new(args(&["--json", help, "--bogus"]), "gpuslice x");
+            assert!(matches!(a.next(), Ok(Some(lexopt::Arg::Long("json")))));
+            let f = a.next().unwrap_err();
+            assert!(matches!(f, Failure::Helped), "{f:?}");
+            assert_eq!(f.report(), 0);
+        }
+        // What comes before `--help` is read first: a bad flag there is bad usage.
+        match json_flag(args(&["--bogus", "--help"]), "gpuslice x") {
+            Err(Failure::Usage { msg, .. }) => assert!(msg.contains("--bogus"), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            json_flag(args(&["--help"]), "u"),
+            Err(Failure::Helped)
+        ));
+        assert!(json_flag(args(&["--json"]), "u").unwrap());
+        assert!(!json_flag(args(&[]), "u").unwrap());
+    }
+
+    #[test]
+    fn a_value_names_its_flag_and_the_usage() {
+        let mut a = Args::new(args(&["--interval"]), "gpuslice top");
+        assert!(a.next().unwrap().is_some());
+        match a.utf8("--interval") {
+            Err(Failure::Usage { usage, .. }) => assert_eq!(usage, "gpuslice top"),
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -9,11 +9,7 @@ const USAGE: &str = "gpuslice metrics";
 /// Entry point of `gpuslice metrics`.
 pub fn main(args: Vec<OsString>) -> i32 {
     cli::exit_status((|| {
-        let mut p = cli::parser(args);
-        if let Some(arg) = p.next().map_err(cli::lex(USAGE))? {
-            if cli::is_help(&arg) {
-                return cli::outln!("usage: {USAGE}");
-            }
+        if let Some(arg) = cli::Args::new(args, USAGE).next()? {
             return Err(Failure::usage(arg.unexpected().to_string(), USAGE));
         }
         let snap = crate::status::load(&cli::runtime_dir())?;

@@ -98,10 +98,11 @@ impl Limits {
     /// The flags (without `--`) that [`Limits::set`] takes; `gpuslice cdi` shares them.
     pub const FLAGS: [&'static str; 5] = ["memory", "compute", "compute-cap", "slice", "priority"];
 
-    /// Set one of [`Limits::FLAGS`] from its value, validating it.
-    pub fn set(&mut self, name: &str, value: OsString, usage: &'static str) -> Result<(), Failure> {
+    /// Set one of [`Limits::FLAGS`] from its value, the next of `args`, validating it.
+    pub fn set(&mut self, name: &str, args: &mut cli::Args) -> Result<(), Failure> {
         let flag = format!("--{name}");
-        let value = cli::utf8(value, &flag, usage)?;
+        let value = args.utf8(&flag)?;
+        let usage = args.usage;
         check_value(&flag, &value).map_err(|msg| Failure::usage(msg, usage))?;
         let slot = match name {
             "memory" => &mut self.memory,
@@ -173,24 +174,19 @@ fn check_value(flag: &str, value: &str) -> Result<(), String> {
 
 fn run(args: Vec<OsString>) -> Result<i32, Failure> {
     let mut limits = Limits::default();
-    let mut parser = cli::parser(args);
+    let mut args = cli::Args::new(args, USAGE).with_help(HELP);
     let mut command: Vec<OsString> = Vec::new();
-    while let Some(arg) = parser.next().map_err(cli::lex(USAGE))? {
-        if cli::is_help(&arg) {
-            cli::outln!("usage: {USAGE}\n\n{HELP}")?;
-            return Ok(0);
-        }
+    while let Some(arg) = args.next()? {
         match arg {
             lexopt::Arg::Long(name) if Limits::FLAGS.contains(&name) => {
                 let name = name.to_string();
-                let value = parser.value().map_err(cli::lex(USAGE))?;
-                limits.set(&name, value, USAGE)?;
+                limits.set(&name, &mut args)?;
             }
             // The first word that is not an option starts the program; everything after it,
             // options included, is the program's (`--` is optional but allowed).
             lexopt::Arg::Value(program) => {
                 command.push(program);
-                command.extend(parser.raw_args().map_err(cli::lex(USAGE))?);
+                command.extend(args.parser.raw_args().map_err(cli::lex(USAGE))?);
                 break;
             }
             other => return Err(Failure::usage(other.unexpected().to_string(), USAGE)),

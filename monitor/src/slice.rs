@@ -42,44 +42,40 @@ pub fn main(mut args: Vec<OsString>) -> i32 {
     })
 }
 
-/// Parse `slice create`'s arguments (no side effects), `None` for `--help`.
-fn parse_create(args: Vec<OsString>) -> Result<Option<SliceSpec>, Failure> {
+/// Parse `slice create`'s arguments (no side effects; `--help` is [`Failure::Helped`]).
+fn parse_create(args: Vec<OsString>) -> Result<SliceSpec, Failure> {
     use lexopt::Arg::*;
-    let mut p = cli::parser(args);
+    let mut p = cli::Args::new(args, CREATE);
     let (mut name, mut memory, mut compute, mut cap, mut device) = (None, None, None, None, None);
     let mut owner = None;
     let mut secret: Option<SecretArg> = None;
-    while let Some(arg) = p.next().map_err(cli::lex(CREATE))? {
-        if cli::is_help(&arg) {
-            cli::outln!("usage: {CREATE}")?;
-            return Ok(None);
-        }
+    while let Some(arg) = p.next()? {
         match arg {
             Long("memory") => {
-                let v = value(&mut p, "--memory")?;
+                let v = p.utf8("--memory")?;
                 let q = parse_quota("--memory", &v)
                     .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
                 cli::once(&mut memory, "--memory", q, CREATE)?;
             }
             Long("compute") => {
-                let v = value(&mut p, "--compute")?;
+                let v = p.utf8("--compute")?;
                 let ppm = parse_fraction("--compute", &v)
                     .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
                 cli::once(&mut compute, "--compute", (ppm, v), CREATE)?;
             }
             Long("compute-cap") => {
-                let v = value(&mut p, "--compute-cap")?;
+                let v = p.utf8("--compute-cap")?;
                 let ppm = parse_cap("--compute-cap", &v)
                     .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
                 cli::once(&mut cap, "--compute-cap", (ppm, v), CREATE)?;
             }
             Long("device") => {
-                let v = value(&mut p, "--device")?;
+                let v = p.utf8("--device")?;
                 cli::check_device("--device", &v, CREATE)?;
                 cli::once(&mut device, "--device", v, CREATE)?;
             }
             Long("owner") => {
-                let v = value(&mut p, "--owner")?;
+                let v = p.utf8("--owner")?;
                 if owner.is_some() {
                     return Err(Failure::usage(
                         "--owner is given twice; give it once",
@@ -95,7 +91,7 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceSpec>, Failure> {
             }
             Long(flag @ ("secret-file" | "new-secret-file")) => {
                 let flag = format!("--{flag}");
-                let v = std::path::PathBuf::from(p.value().map_err(cli::lex(CREATE))?);
+                let v = std::path::PathBuf::from(p.value()?);
                 if v.as_os_str().is_empty() {
                     return Err(Failure::usage(format!("{flag} needs a file path"), CREATE));
                 }
@@ -139,7 +135,7 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceSpec>, Failure> {
         .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
     }
     let (compute, cap) = (compute.map(|c| c.0), cap.map(|c| c.0));
-    Ok(Some(SliceSpec {
+    Ok(SliceSpec {
         name,
         memory,
         compute_ppm: compute.unwrap_or(0),
@@ -147,7 +143,7 @@ fn parse_create(args: Vec<OsString>) -> Result<Option<SliceSpec>, Failure> {
         device: device.unwrap_or_else(|| "0".into()),
         owner,
         secret,
-    }))
+    })
 }
 
 /// A uid given as digits or as a user name.
@@ -162,23 +158,17 @@ fn uid_of(v: &str) -> Option<u32> {
     (!p.is_null()).then(|| unsafe { (*p).pw_uid })
 }
 
-/// Parse `slice set`'s arguments (no side effects), `None` for `--help`.
-fn parse_set(
-    args: Vec<OsString>,
-) -> Result<Option<(String, gpuslice_ledger::SliceChange)>, Failure> {
+/// Parse `slice set`'s arguments (no side effects; `--help` is [`Failure::Helped`]).
+fn parse_set(args: Vec<OsString>) -> Result<(String, gpuslice_ledger::SliceChange), Failure> {
     use lexopt::Arg::*;
-    let mut p = cli::parser(args);
+    let mut p = cli::Args::new(args, SET);
     let mut name = None;
     let mut c = gpuslice_ledger::SliceChange::default();
     let bad = |e: &dyn std::fmt::Display| Failure::usage(e.to_string(), SET);
-    while let Some(arg) = p.next().map_err(cli::lex(SET))? {
-        if cli::is_help(&arg) {
-            cli::outln!("usage: {SET}")?;
-            return Ok(None);
-        }
+    while let Some(arg) = p.next()? {
         match arg {
             Long("memory") => {
-                let v = set_value(&mut p, "--memory")?;
+                let v = p.utf8("--memory")?;
                 c.memory = Some(
                     match gpuslice_ledger::parse_quota("--memory", &v).map_err(|e| bad(&e))? {
                         gpuslice_ledger::Size::Bytes(b) => b,
@@ -194,15 +184,15 @@ fn parse_set(
                 );
             }
             Long("compute") => {
-                let v = set_value(&mut p, "--compute")?;
+                let v = p.utf8("--compute")?;
                 c.compute_share_ppm = Some(parse_fraction("--compute", &v).map_err(|e| bad(&e))?);
             }
             Long("compute-cap") => {
-                let v = set_value(&mut p, "--compute-cap")?;
+                let v = p.utf8("--compute-cap")?;
                 c.compute_cap_ppm = Some(parse_cap("--compute-cap", &v).map_err(|e| bad(&e))?);
             }
             Long("priority") => {
-                let v = set_value(&mut p, "--priority")?;
+                let v = p.utf8("--priority")?;
                 c.class = Some(gpuslice_ledger::sched::parse_class(&v).ok_or_else(|| {
                     Failure::usage(format!("--priority {v:?}: expected latency or normal"), SET)
                 })?);
@@ -218,31 +208,19 @@ fn parse_set(
             SET,
         ));
     }
-    Ok(Some((name, c)))
-}
-
-/// The value of `flag`, as UTF-8 (for `slice set`).
-fn set_value(p: &mut lexopt::Parser, flag: &str) -> Result<String, Failure> {
-    cli::utf8(p.value().map_err(cli::lex(SET))?, flag, SET)
+    Ok((name, c))
 }
 
 /// `slice set`: change a slice live (running processes see it at their next allocation or
 /// turn); admission is re-checked by the ledger.
 fn set(args: Vec<OsString>) -> Result<(), Failure> {
-    let Some((name, change)) = parse_set(args)? else {
-        return Ok(());
-    };
+    let (name, change) = parse_set(args)?;
     let node = Node::open(&cli::runtime_dir())?;
     let n = node.set_slice(&name, &change)?;
     cli::outln!(
         "changed slice {name:?} ({n} device{})",
         if n == 1 { "" } else { "s" }
     )
-}
-
-/// The value of `flag`, as UTF-8.
-fn value(p: &mut lexopt::Parser, flag: &str) -> Result<String, Failure> {
-    cli::utf8(p.value().map_err(cli::lex(CREATE))?, flag, CREATE)
 }
 
 /// Take `--priority P` (or `--priority=P`) out of `slice create`'s arguments: the class is set
@@ -276,9 +254,7 @@ fn take_priority(args: &mut Vec<OsString>) -> Result<Option<u32>, Failure> {
 
 fn create(mut args: Vec<OsString>) -> Result<(), Failure> {
     let class = take_priority(&mut args)?;
-    let Some(req) = parse_create(args)? else {
-        return Ok(());
-    };
+    let req = parse_create(args)?;
     let dir = cli::runtime_dir();
     // A tenant's view of a node policy is read-only: its request goes to the monitor.
     let node = match Node::open(&dir) {
@@ -327,12 +303,9 @@ fn create(mut args: Vec<OsString>) -> Result<(), Failure> {
 
 fn rm(args: Vec<OsString>) -> Result<(), Failure> {
     use lexopt::Arg::*;
-    let mut p = cli::parser(args);
+    let mut p = cli::Args::new(args, RM);
     let mut name = None;
-    while let Some(arg) = p.next().map_err(cli::lex(RM))? {
-        if cli::is_help(&arg) {
-            return cli::outln!("usage: {RM}");
-        }
+    while let Some(arg) = p.next()? {
         match arg {
             Value(v) if name.is_none() => name = Some(cli::utf8(v, "NAME", RM)?),
             _ => return Err(Failure::usage(arg.unexpected().to_string(), RM)),
@@ -351,17 +324,7 @@ fn rm(args: Vec<OsString>) -> Result<(), Failure> {
 }
 
 fn ls(args: Vec<OsString>) -> Result<(), Failure> {
-    let mut json = false;
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::lex(LS))? {
-        if cli::is_help(&arg) {
-            return cli::outln!("usage: {LS}");
-        }
-        match arg {
-            lexopt::Arg::Long("json") => json = true,
-            _ => return Err(Failure::usage(arg.unexpected().to_string(), LS)),
-        }
-    }
+    let json = cli::json_flag(args, LS)?;
     let mut snap = crate::status::load(&cli::runtime_dir())?;
     snap.slices.retain(|s: &SliceView| s.operator);
     snap.processes.clear();
@@ -386,10 +349,7 @@ fn ls(args: Vec<OsString>) -> Result<(), Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(a: &[&str]) -> Vec<OsString> {
-        a.iter().map(OsString::from).collect()
-    }
+    use crate::cli::test_args as args;
 
     #[test]
     fn create_and_set_take_a_priority() {
@@ -406,13 +366,21 @@ mod tests {
         );
         assert!(take_priority(&mut args(&["s", "--priority", "high"])).is_err());
         assert!(take_priority(&mut args(&["s", "--priority"])).is_err());
-        let (name, c) = parse_set(args(&["s", "--priority", "latency", "--compute", "0.5"]))
-            .unwrap()
-            .unwrap();
+        let (name, c) =
+            parse_set(args(&["s", "--priority", "latency", "--compute", "0.5"])).unwrap();
         assert_eq!(name, "s");
         assert_eq!(c.class, Some(gpuslice_ledger::sched::CLASS_LATENCY));
         assert_eq!(c.compute_share_ppm, Some(500_000));
         assert!(parse_set(args(&["s"])).is_err(), "nothing to change");
+    }
+
+    #[test]
+    fn help_parses_nothing_further() {
+        let helped = |r: Result<(), Failure>| matches!(r, Err(Failure::Helped));
+        assert!(helped(
+            parse_create(args(&["a", "--help", "--memory"])).map(drop)
+        ));
+        assert!(helped(parse_set(args(&["-h"])).map(drop)));
     }
 
     fn usage_error(a: &[&str]) -> String {
@@ -434,7 +402,6 @@ mod tests {
             "--device",
             "1",
         ]))
-        .unwrap()
         .unwrap();
         assert_eq!(r.name, "train");
         assert_eq!(r.compute_ppm, 250_000);
@@ -486,17 +453,11 @@ mod tests {
 
     #[test]
     fn create_takes_one_secret_source() {
-        let r = parse_create(args(&["a", "--memory", "1Gi", "--secret-file", "/s"]))
-            .unwrap()
-            .unwrap();
+        let r = parse_create(args(&["a", "--memory", "1Gi", "--secret-file", "/s"])).unwrap();
         assert_eq!(r.secret, Some(SecretArg::File("/s".into())));
-        let r = parse_create(args(&["a", "--memory", "1Gi", "--new-secret-file=/n"]))
-            .unwrap()
-            .unwrap();
+        let r = parse_create(args(&["a", "--memory", "1Gi", "--new-secret-file=/n"])).unwrap();
         assert_eq!(r.secret, Some(SecretArg::New("/n".into())));
-        let r = parse_create(args(&["a", "--memory", "1Gi"]))
-            .unwrap()
-            .unwrap();
+        let r = parse_create(args(&["a", "--memory", "1Gi"])).unwrap();
         assert_eq!(r.secret, None);
         let msg = usage_error(&[
             "a",

@@ -12,17 +12,7 @@ const USAGE: &str = "gpuslice status [--json]";
 /// Entry point of `gpuslice status`.
 pub fn main(args: Vec<OsString>) -> i32 {
     cli::exit_status((|| {
-        let mut json = false;
-        let mut p = cli::parser(args);
-        while let Some(arg) = p.next().map_err(cli::lex(USAGE))? {
-            if cli::is_help(&arg) {
-                return cli::outln!("usage: {USAGE}");
-            }
-            match arg {
-                lexopt::Arg::Long("json") => json = true,
-                _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
-            }
-        }
+        let json = cli::json_flag(args, USAGE)?;
         let dir = cli::runtime_dir();
         let snap = load(&dir)?;
         if json {

@@ -64,8 +64,9 @@ enum Align {
     Right,
 }
 
-/// Lay out rows under headers, columns separated by two spaces, trailing spaces trimmed.
-fn layout(headers: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<String> {
+/// Lay out rows under headers, columns separated by two spaces, trailing spaces trimmed; with
+/// no rows, the headers and the line `none`.
+fn layout(headers: &[(&str, Align)], rows: &[Vec<String>], none: &str) -> Vec<String> {
     // Every cell may hold text from the ledger (names, UUIDs): escape it before measuring.
     let rows: Vec<Vec<String>> = rows
         .iter()
@@ -100,6 +101,9 @@ fn layout(headers: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<String> {
     let mut out = vec![line(headers.iter().map(|(h, _)| *h).collect())];
     for r in &rows {
         out.push(line(r.iter().map(String::as_str).collect()));
+    }
+    if rows.is_empty() {
+        out.push(none.into());
     }
     out
 }
@@ -138,12 +142,8 @@ pub fn render(snap: &NodeView) -> Vec<String> {
             ("COMPUTE RESERVED", Right),
         ],
         &devices,
+        "(no devices known yet: none found through NVML and no process has attached)",
     ));
-    if snap.devices.is_empty() {
-        out.push(
-            "(no devices known yet: none found through NVML and no process has attached)".into(),
-        );
-    }
     out.push(String::new());
 
     let slices: Vec<Vec<String>> = snap
@@ -194,10 +194,8 @@ pub fn render(snap: &NodeView) -> Vec<String> {
             ("PIDS", Left),
         ],
         &slices,
+        "(no slices)",
     ));
-    if snap.slices.is_empty() {
-        out.push("(no slices)".into());
-    }
     out.push(String::new());
 
     let procs: Vec<Vec<String>> = snap
@@ -220,10 +218,8 @@ pub fn render(snap: &NodeView) -> Vec<String> {
             ("STATE", Left),
         ],
         &procs,
+        "(no processes)",
     ));
-    if snap.processes.is_empty() {
-        out.push("(no processes)".into());
-    }
     out
 }
 
@@ -262,6 +258,19 @@ mod tests {
         // JSON stays exact.
         let json = snap.to_json();
         assert_eq!(json["slices"][0]["name"], snap.slices[0].name.as_str());
+    }
+
+    #[test]
+    fn an_empty_table_says_so_under_its_headers() {
+        let lines = render(&NodeView::default());
+        for (header, none) in [
+            ("GPU", "(no devices known yet"),
+            ("SLICE", "(no slices)"),
+            ("PID", "(no processes)"),
+        ] {
+            let at = lines.iter().position(|l| l.starts_with(header)).unwrap();
+            assert!(lines[at + 1].starts_with(none), "{lines:#?}");
+        }
     }
 
     #[test]

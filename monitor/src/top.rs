@@ -148,14 +148,11 @@ fn frame(lines: &[String], cols: usize, rows: usize) -> String {
 pub fn main(args: Vec<OsString>) -> i32 {
     cli::exit_status((|| {
         let mut interval: Option<Duration> = None;
-        let mut p = cli::parser(args);
-        while let Some(arg) = p.next().map_err(cli::lex(USAGE))? {
-            if cli::is_help(&arg) {
-                return cli::outln!("usage: {USAGE}");
-            }
+        let mut args = cli::Args::new(args, USAGE);
+        while let Some(arg) = args.next()? {
             match arg {
                 lexopt::Arg::Long("interval") => {
-                    let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--interval", USAGE)?;
+                    let v = args.utf8("--interval")?;
                     cli::millis(&mut interval, "--interval", &v, 100..=60_000, USAGE)?;
                 }
                 _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
@@ -180,9 +177,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
                 ];
                 match crate::status::load(&dir) {
                     Ok(snap) => lines.extend(crate::table::render(&snap)),
-                    Err(Failure::Other(e) | Failure::Usage { msg: e, .. }) => {
-                        lines.push(format!("error: {e}"))
-                    }
+                    Err(f) => lines.push(format!("error: {}", f.message())),
                 }
                 let _ = out.write_all(frame(&lines, cols, rows).as_bytes());
                 let _ = out.flush();

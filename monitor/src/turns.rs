@@ -546,26 +546,53 @@ mod tests {
     const MS: u64 = 1_000_000;
     const T0: u64 = 1_000 * MS;
 
-    /// Two slices both always waiting (honest processes that hand back at their lease's end):
-    /// the time granted to each over `secs`.
-    fn run_pair(shares: [f64; 2], hostile: bool, secs: u64) -> ([u64; 2], u64) {
-        let os = Clock::at(T0);
-        let dev = SchedDevice::default();
-        let t = slices(&[(shares[0], 1.0), (shares[1], 1.0)]);
-        let words = [GrantProc::default(), GrantProc::default()];
-        let members = members(&words);
+    /// A device and a clock at `T0`; slices `1..=n` of the given (share, cap), each with one
+    /// process, whose words are `w[id - 1]`.
+    struct World {
+        os: Clock,
+        dev: SchedDevice,
+        t: Slices,
+        w: Vec<GrantProc>,
+    }
+    impl World {
+        fn new(v: &[(f64, f64)]) -> World {
+            World {
+                os: Clock::at(T0),
+                dev: SchedDevice::default(),
+                t: slices(v),
+                w: v.iter().map(|_| GrantProc::default()).collect(),
+            }
+        }
+        /// One pass of the turns over this device at `now`.
+        fn step(&self, dt: &mut DeviceTurns, now: u64) -> u64 {
+            dt.step(&self.os, &self.dev, &self.t, &members(&self.w), now)
+        }
+        fn lease(&self) -> Lease {
+            Lease::unpack(self.dev.lease.load(SeqCst))
+        }
+        /// The virtual time slice `id` has been charged.
+        fn vt(&self, id: u32) -> u64 {
+            self.t.get(id).unwrap().0.vt.load(SeqCst)
+        }
+    }
+
+    /// Two slices both always waiting (honest processes that hand back at their lease's end)
+    /// for `secs`: asserts that slice 1 was granted its share of the time, within 0.02, and
+    /// returns slice 2's longest wait.
+    fn run_pair(shares: [f64; 2], hostile: bool, secs: u64) -> u64 {
+        let p = World::new(&[(shares[0], 1.0), (shares[1], 1.0)]);
         let mut dt = DeviceTurns::default();
         let mut got = [0u64; 2];
         let (mut gap, mut longest) = (0u64, 0u64); // slice 2's waits
         let end = T0 + secs * 1000 * MS;
         let mut now = T0;
         while now < end {
-            os.now.store(now, SeqCst);
-            let l = Lease::unpack(dev.lease.load(SeqCst));
+            p.os.now.store(now, SeqCst);
+            let l = p.lease();
             // Honest tenants: the holder launches (not waiting) until its lease ends, then hands
             // back and waits; the other waits. Slice 1 (if hostile) claims to wait forever,
             // wants the longest lease and says it is busy forever, never handing back.
-            for (i, w) in words.iter().enumerate() {
+            for (i, w) in p.w.iter().enumerate() {
                 let id = i as u32 + 1;
                 if hostile && i == 0 {
                     w.want_ns.store(u64::MAX, SeqCst);
@@ -579,7 +606,7 @@ mod tests {
                     w.busy_until_ns.store(now + 1_000_000, SeqCst);
                 } else {
                     if l.holder == id {
-                        w.done_turn.store(dev.turn.load(SeqCst), SeqCst);
+                        w.done_turn.store(p.dev.turn.load(SeqCst), SeqCst);
                     }
                     w.want_ns.store(now, SeqCst);
                 }
@@ -593,17 +620,17 @@ mod tests {
                 gap += 100_000;
                 longest = longest.max(gap);
             }
-            dt.step(&os, &dev, &t, &members, now);
+            p.step(&mut dt, now);
             now += 100_000;
         }
-        (got, longest)
+        let f = got[0] as f64 / (got[0] + got[1]) as f64;
+        assert!((f - shares[0]).abs() < 0.02, "{got:?} {f}");
+        longest
     }
 
     #[test]
     fn two_waiting_slices_get_their_shares() {
-        let (got, longest) = run_pair([0.25, 0.75], false, 10);
-        let f = got[0] as f64 / (got[0] + got[1]) as f64;
-        assert!((f - 0.25).abs() < 0.02, "{got:?} {f}");
+        let longest = run_pair([0.25, 0.75], false, 10);
         assert!(longest <= LEASE_NS + POLL_NS, "{longest}");
     }
 
@@ -612,9 +639,7 @@ mod tests {
         // Slice 1 writes the worst it can into its own words: waiting forever, the longest
         // lease, busy forever, a bogus hand-back. It is charged the span granted, so WFQ still
         // gives it a quarter; and the other is granted on time at every lease end.
-        let (got, longest) = run_pair([0.25, 0.75], true, 10);
-        let f = got[0] as f64 / (got[0] + got[1]) as f64;
-        assert!((f - 0.25).abs() < 0.02, "{got:?} {f}");
+        let longest = run_pair([0.25, 0.75], true, 10);
         // Its lies buy it at most the longest grant, paid in full.
         assert!(longest <= MAX_GRANT_NS + POLL_NS, "{longest}");
     }
@@ -631,103 +656,89 @@ mod tests {
             .collect()
     }
 
-    fn one(dev: &SchedDevice) -> Lease {
-        Lease::unpack(dev.lease.load(SeqCst))
-    }
-
     #[test]
     fn a_slice_alone_gets_a_solo_lease_revoked_when_another_asks() {
-        let os = Clock::at(T0);
-        let dev = SchedDevice::default();
-        let t = slices(&[(0.5, 1.0), (0.5, 1.0)]);
-        let w = [GrantProc::default(), GrantProc::default()];
-        let m = members(&w);
-        w[0].want_ns.store(T0, SeqCst);
+        let p = World::new(&[(0.5, 1.0), (0.5, 1.0)]);
+        p.w[0].want_ns.store(T0, SeqCst);
         let mut dt = DeviceTurns::default();
-        dt.step(&os, &dev, &t, &m, T0);
+        p.step(&mut dt, T0);
         assert_eq!(
-            one(&dev),
+            p.lease(),
             Lease {
                 holder: 1,
                 solo: true,
                 end_ns: 0
             }
         );
-        assert!(os.wakes.load(SeqCst) >= 1, "the waiter is woken");
-        w[0].want_ns.store(0, SeqCst); // launching on the fast path
-        let next = dt.step(&os, &dev, &t, &m, T0 + MS);
+        assert!(p.os.wakes.load(SeqCst) >= 1, "the waiter is woken");
+        p.w[0].want_ns.store(0, SeqCst); // launching on the fast path
+        let next = p.step(&mut dt, T0 + MS);
         assert_eq!(next, T0 + MS + POLL_SOLO_NS, "solo: looked at rarely");
-        assert!(one(&dev).solo);
+        assert!(p.lease().solo);
         // A second slice asks: the holder gets one ordinary lease, then the newcomer.
-        w[1].want_ns.store(T0 + 2 * MS, SeqCst);
-        dt.step(&os, &dev, &t, &m, T0 + 2 * MS);
-        let l = one(&dev);
+        p.w[1].want_ns.store(T0 + 2 * MS, SeqCst);
+        p.step(&mut dt, T0 + 2 * MS);
+        let l = p.lease();
         assert_eq!(
             (l.holder, l.solo, l.end_ns),
             (1, false, T0 + 2 * MS + LEASE_NS)
         );
         // The holder never hands back (stopped): the newcomer is granted at the lease's end,
         // not later.
-        w[0].busy_until_ns.store(u64::MAX, SeqCst);
-        dt.step(&os, &dev, &t, &m, T0 + 2 * MS + LEASE_NS - 1);
-        assert_eq!(one(&dev).holder, 1);
-        dt.step(&os, &dev, &t, &m, T0 + 2 * MS + LEASE_NS);
-        let l = one(&dev);
+        p.w[0].busy_until_ns.store(u64::MAX, SeqCst);
+        p.step(&mut dt, T0 + 2 * MS + LEASE_NS - 1);
+        assert_eq!(p.lease().holder, 1);
+        p.step(&mut dt, T0 + 2 * MS + LEASE_NS);
+        let l = p.lease();
         // Not solo yet: the stopped holder was active moments ago (it may be only slow).
         assert_eq!((l.holder, l.solo), (2, false));
         assert_eq!(
-            dev.takeovers_total.load(SeqCst),
+            p.dev.takeovers_total.load(SeqCst),
             1,
             "the overstay is counted"
         );
         // The stopped holder was charged its whole lease.
-        let vt = t.get(1).unwrap().0.vt.load(SeqCst);
-        assert_eq!(vt, LEASE_NS * PPM as u64 / 500_000);
+        assert_eq!(p.vt(1), LEASE_NS * PPM as u64 / 500_000);
         // The newcomer, waiting whenever it does not hold the device, keeps it; once the
         // stopped slice was quiet for SOLO_QUIET_NS, it gets it solo.
         let mut now = T0 + 2 * MS + LEASE_NS;
         while now < T0 + 2 * MS + LEASE_NS + SOLO_QUIET_NS + 2 * LEASE_NS {
             now += 100_000;
-            let l = one(&dev);
+            let l = p.lease();
             if l.holder == 2 && (l.solo || now + 100_000 < l.end_ns) {
-                w[1].want_ns.store(0, SeqCst);
-                w[1].busy_until_ns.store(now + MS, SeqCst);
+                p.w[1].want_ns.store(0, SeqCst);
+                p.w[1].busy_until_ns.store(now + MS, SeqCst);
             } else {
-                w[1].want_ns.store(now, SeqCst);
-                w[1].done_turn.store(dev.turn.load(SeqCst), SeqCst);
+                p.w[1].want_ns.store(now, SeqCst);
+                p.w[1].done_turn.store(p.dev.turn.load(SeqCst), SeqCst);
             }
-            dt.step(&os, &dev, &t, &m, now);
+            p.step(&mut dt, now);
             assert_eq!(
-                one(&dev).holder,
+                p.lease().holder,
                 2,
                 "the stopped slice is not granted again"
             );
         }
-        assert!(one(&dev).solo, "{:?}", one(&dev));
+        assert!(p.lease().solo, "{:?}", p.lease());
     }
 
     #[test]
     fn a_holder_that_hands_back_early_is_charged_only_its_span() {
-        let os = Clock::at(T0);
-        let dev = SchedDevice::default();
-        let t = slices(&[(0.5, 1.0), (0.5, 1.0)]);
-        let w = [GrantProc::default(), GrantProc::default()];
-        let m = members(&w);
-        w[0].want_ns.store(T0, SeqCst);
-        w[1].want_ns.store(T0, SeqCst);
+        let p = World::new(&[(0.5, 1.0), (0.5, 1.0)]);
+        p.w[0].want_ns.store(T0, SeqCst);
+        p.w[1].want_ns.store(T0, SeqCst);
         let mut dt = DeviceTurns::default();
-        dt.step(&os, &dev, &t, &m, T0);
-        let l = one(&dev);
+        p.step(&mut dt, T0);
+        let l = p.lease();
         assert!(!l.solo && l.holder != 0);
         let h = l.holder as usize - 1;
-        w[h].want_ns.store(0, SeqCst);
-        w[h].busy_until_ns.store(T0 + MS, SeqCst);
+        p.w[h].want_ns.store(0, SeqCst);
+        p.w[h].busy_until_ns.store(T0 + MS, SeqCst);
         // Done after 1 ms (idle for IDLE_GRACE_NS): the other gets it within one poll.
         let at = T0 + MS + IDLE_GRACE_NS + 1;
-        dt.step(&os, &dev, &t, &m, at);
-        assert_eq!(one(&dev).holder as usize - 1, 1 - h);
-        let vt = t.get(h as u32 + 1).unwrap().0.vt.load(SeqCst);
-        assert_eq!(vt, (at - T0) * 2);
+        p.step(&mut dt, at);
+        assert_eq!(p.lease().holder as usize - 1, 1 - h);
+        assert_eq!(p.vt(h as u32 + 1), (at - T0) * 2);
     }
 
     /// A latency slice's turn ends soon after its burst does, and it is looked at then: it pays
@@ -771,10 +782,8 @@ mod tests {
 
     #[test]
     fn a_lease_found_after_a_restart_is_not_charged() {
-        let os = Clock::at(T0);
-        let dev = SchedDevice::default();
-        let t = slices(&[(0.5, 1.0), (0.5, 1.0)]);
-        dev.lease.store(
+        let p = World::new(&[(0.5, 1.0), (0.5, 1.0)]);
+        p.dev.lease.store(
             Lease {
                 holder: 1,
                 solo: false,
@@ -783,36 +792,23 @@ mod tests {
             .pack(),
             SeqCst,
         );
-        dev.turn.store(77, SeqCst);
-        let w = [GrantProc::default(), GrantProc::default()];
-        w[1].want_ns.store(T0, SeqCst);
-        let m = members(&w);
+        p.dev.turn.store(77, SeqCst);
+        p.w[1].want_ns.store(T0, SeqCst);
         let mut dt = DeviceTurns::default();
-        dt.step(&os, &dev, &t, &m, T0);
-        assert_eq!(
-            t.get(1).unwrap().0.vt.load(SeqCst),
-            0,
-            "charged for the outage"
-        );
-        assert_eq!(one(&dev).holder, 2);
+        p.step(&mut dt, T0);
+        assert_eq!(p.vt(1), 0, "charged for the outage");
+        assert_eq!(p.lease().holder, 2);
     }
 
     #[test]
     fn caps_hold_when_alone() {
-        let os = Clock::at(T0);
-        let dev = SchedDevice::default();
-        let t = slices(&[(0.0, 0.3)]);
-        let w = GrantProc::default();
-        let m = [Member {
-            slot: 0,
-            slice: 1,
-            words: &w,
-        }];
+        let p = World::new(&[(0.0, 0.3)]);
+        let w = &p.w[0];
         let mut dt = DeviceTurns::default();
         let mut held = 0u64;
         let mut now = T0;
         while now < T0 + 2_000 * MS {
-            let l = one(&dev);
+            let l = p.lease();
             if l.holder == 1 && now + 100_000 < l.end_ns {
                 w.want_ns.store(0, SeqCst);
                 w.busy_until_ns.store(now + MS, SeqCst);
@@ -821,7 +817,7 @@ mod tests {
                 w.want_ns.store(now, SeqCst);
             }
             assert!(!l.solo, "a capped slice never gets a solo lease");
-            dt.step(&os, &dev, &t, &m, now);
+            p.step(&mut dt, now);
             now += 100_000;
         }
         let f = held as f64 / (2_000 * MS) as f64;
@@ -830,9 +826,7 @@ mod tests {
 
     #[test]
     fn hostile_words_of_a_slice_not_on_the_device_are_ignored() {
-        let os = Clock::at(T0);
-        let dev = SchedDevice::default();
-        let t = slices(&[(0.5, 1.0)]);
+        let p = World::new(&[(0.5, 1.0)]);
         let w = GrantProc::default();
         w.want_ns.store(u64::MAX, SeqCst);
         // A member naming a slice that does not exist (it cannot: the monitor wrote the word;
@@ -843,9 +837,9 @@ mod tests {
             words: &w,
         }];
         let mut dt = DeviceTurns::default();
-        dt.step(&os, &dev, &t, &m, T0);
-        assert_eq!(one(&dev), Lease::FREE);
-        assert_eq!(t.get(1).unwrap().0.waiters.load(SeqCst), 0);
+        dt.step(&p.os, &p.dev, &p.t, &m, T0);
+        assert_eq!(p.lease(), Lease::FREE);
+        assert_eq!(p.t.get(1).unwrap().0.waiters.load(SeqCst), 0);
     }
 
     /// The queue the tenant client sees: a fixed kernel length, nothing ever queued.

@@ -15,28 +15,44 @@ fn gated(stream: CUstream, launch: impl FnOnce() -> CUresult) -> CUresult {
     r
 }
 
-/// `cuLaunchKernel` and `cuLaunchKernel_ptsz`.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-pub unsafe fn launch_kernel(
-    real: pfn::cuLaunchKernel,
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    gated(stream, || {
-        // SAFETY: the handler contract: `real` with the program's arguments.
-        unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) }
-    })
+/// The grid launches take the same grid, block, shared memory, stream and parameters
+/// (`cuLaunchKernel` also `extra`): one handler through the gate, written once for both. The
+/// hook table checks each against its `pfn` type.
+macro_rules! grid_launch {
+    ($(#[$doc:meta])* $handler:ident: $pfn:ident $(, $extra:ident)?) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        #[inline]
+        pub unsafe fn $handler(
+            real: pfn::$pfn,
+            f: CUfunction,
+            gx: c_uint,
+            gy: c_uint,
+            gz: c_uint,
+            bx: c_uint,
+            by: c_uint,
+            bz: c_uint,
+            shmem: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+            $($extra: *mut *mut c_void,)?
+        ) -> CUresult {
+            gated(stream, || {
+                // SAFETY: the handler contract: `real` with the program's arguments.
+                unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params $(, $extra)?) }
+            })
+        }
+    };
 }
+
+grid_launch!(
+    /// `cuLaunchKernel` and `cuLaunchKernel_ptsz`.
+    launch_kernel: cuLaunchKernel, extra
+);
+grid_launch!(
+    /// `cuLaunchCooperativeKernel` and `_ptsz`.
+    launch_cooperative: cuLaunchCooperativeKernel
+);
 
 /// `cuLaunchKernelEx` and `_ptsz`: the stream is in the config.
 #[inline]
@@ -56,28 +72,6 @@ pub unsafe fn launch_kernel_ex(
     gated(stream, || {
         // SAFETY: the handler contract: `real` with the program's arguments.
         unsafe { real(config, f, params, extra) }
-    })
-}
-
-/// `cuLaunchCooperativeKernel` and `_ptsz`.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-pub unsafe fn launch_cooperative(
-    real: pfn::cuLaunchCooperativeKernel,
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-) -> CUresult {
-    gated(stream, || {
-        // SAFETY: the handler contract: `real` with the program's arguments.
-        unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params) }
     })
 }
 

@@ -120,6 +120,13 @@ def unless_skipped(*objs):
         raise Skipped(why)
 
 
+def load_ran(base):
+    """`load(base)` of a workload that ran: Skipped with its reason if it skipped."""
+    o = load(base)
+    unless_skipped(o)
+    return o
+
+
 # ---- burn-based checks (fake and real GPU) ----
 
 
@@ -284,8 +291,7 @@ RESOLVE = re.compile(r"dlsym|getprocaddress|proc.?address|resolv", re.I)
 def symbols(rec, a):
     """The shim's debug lines about symbol resolution, for a workload that completed. The lines
     go to `--log-out` (the record for docs/architecture.md)."""
-    o = load(a.base)
-    unless_skipped(o)
+    o = load_ran(a.base)
     lines = [ln for ln in _read(a.base + ".err").splitlines() if ln.startswith("gpuslice:")]
     resolution = [ln for ln in lines if RESOLVE.search(ln)]
     with open(a.log_out, "w") as f:
@@ -324,8 +330,7 @@ def _oom_ok(oom, flag):
 
 @judged
 def torch_memory(rec, a):
-    o = load(a.base)
-    unless_skipped(o)
+    o = load_ran(a.base)
     q = a.quota
     notes = []
     total = o["mem_get_info"]["total"]
@@ -371,8 +376,7 @@ def torch_memory(rec, a):
 
 @judged
 def jax_memory(rec, a):
-    o = load(a.base)
-    unless_skipped(o)
+    o = load_ran(a.base)
     notes = []
     lim = o.get("bytes_limit")
     if lim is None or lim > a.quota:
@@ -393,8 +397,7 @@ def jax_memory(rec, a):
 
 @judged
 def cupy_memory(rec, a):
-    o = load(a.base)
-    unless_skipped(o)
+    o = load_ran(a.base)
     notes = []
     total = o["mem_get_info"]["total"]
     n, n2 = o["tensors"], o["tensors_again"]
@@ -419,8 +422,7 @@ def cupy_memory(rec, a):
 def torch_shares(rec, a):
     """Shares of two PyTorch matmul tenants: their rates over the common window divided by the
     rate of a solo, unwrapped run of the same loop."""
-    solo = load(a.solo)
-    unless_skipped(solo)
+    solo = load_ran(a.solo)
     nums = {"solo_rate": solo["rate"]}
     ok = True
     shown = []

@@ -4,7 +4,7 @@
 
 #![allow(dead_code)] // each test binary uses a part
 
-use gpuslice_dra::proto::{health_v1alpha1, registration, v1};
+use gpuslice_dra::proto::{health_v1alpha1, registration, v1, v1beta1};
 use gpuslice_e2e::{artifact, World};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
@@ -131,6 +131,52 @@ pub async fn channel(path: PathBuf) -> tonic::transport::Channel {
         .expect("connect to the plugin's socket")
 }
 
+/// The kubelet's side of the DRA service (v1) on the plugin's endpoint.
+pub struct Kubelet(v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>);
+
+impl Kubelet {
+    pub async fn connect(endpoint: &Path) -> Kubelet {
+        Kubelet(v1::dra_plugin_client::DraPluginClient::new(
+            channel(endpoint.to_path_buf()).await,
+        ))
+    }
+
+    /// NodePrepareResources for `claims`, as the kubelet asks it.
+    pub async fn prepare(&mut self, claims: &[&TestClaim]) -> v1::NodePrepareResourcesResponse {
+        let req = v1::NodePrepareResourcesRequest {
+            claims: protos(claims),
+        };
+        self.0
+            .node_prepare_resources(req)
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// NodeUnprepareResources for `claims`.
+    pub async fn unprepare(&mut self, claims: &[&TestClaim]) -> v1::NodeUnprepareResourcesResponse {
+        let req = v1::NodeUnprepareResourcesRequest {
+            claims: protos(claims),
+        };
+        self.0
+            .node_unprepare_resources(req)
+            .await
+            .unwrap()
+            .into_inner()
+    }
+}
+
+fn protos(claims: &[&TestClaim]) -> Vec<v1::Claim> {
+    claims.iter().map(|c| c.proto()).collect()
+}
+
+/// The plugin started (on the fake GPU, with this build's shim) and registered as the kubelet
+/// registers it: the child and its DRA endpoint.
+pub async fn start_registered(world: &World, dirs: &Dirs) -> (Child, PathBuf) {
+    let plugin = start_plugin(world, dirs);
+    (plugin, register(dirs).await)
+}
+
 /// The kubelet's registration: GetInfo, check, NotifyRegistrationStatus; returns the endpoint.
 pub async fn register(dirs: &Dirs) -> PathBuf {
     let mut reg = registration::registration_client::RegistrationClient::new(
@@ -168,6 +214,12 @@ pub fn read_slice(dirs: &Dirs) -> Option<ResourceSlice> {
     Some(serde_json::from_str(&text).expect("the published ResourceSlice deserializes"))
 }
 
+/// The ResourceSlice, once the plugin has published it.
+pub fn published_slice(dirs: &Dirs) -> ResourceSlice {
+    wait_for(dirs, "the ResourceSlice", || read_slice(dirs).is_some());
+    read_slice(dirs).unwrap()
+}
+
 /// (memory, compute) capacity quantities of each device, by device name.
 pub fn capacities(s: &ResourceSlice) -> BTreeMap<String, (String, String)> {
     s.spec
@@ -193,6 +245,14 @@ pub fn uuid_attr(s: &ResourceSlice, i: usize) -> String {
         .unwrap()
 }
 
+/// The capacity a claim consumed of its device: `memory` and `compute` quantities.
+pub fn consumed(memory: &str, compute: &str) -> BTreeMap<String, Quantity> {
+    BTreeMap::from([
+        ("memory".to_string(), Quantity(memory.into())),
+        ("compute".to_string(), Quantity(compute.into())),
+    ])
+}
+
 pub struct TestClaim {
     pub namespace: &'static str,
     pub name: &'static str,
@@ -200,6 +260,14 @@ pub struct TestClaim {
 }
 
 impl TestClaim {
+    pub const fn new(namespace: &'static str, name: &'static str, uid: &'static str) -> TestClaim {
+        TestClaim {
+            namespace,
+            name,
+            uid,
+        }
+    }
+
     pub fn proto(&self) -> v1::Claim {
         v1::Claim {
             namespace: self.namespace.into(),
@@ -208,22 +276,29 @@ impl TestClaim {
         }
     }
 
-    /// Write the claim as the API server would hold it after allocation.
-    pub fn write(&self, dirs: &Dirs, device: &str, memory: &str, compute: &str) {
-        let mut consumed = BTreeMap::new();
-        consumed.insert("memory".to_string(), Quantity(memory.into()));
-        consumed.insert("compute".to_string(), Quantity(compute.into()));
-        self.write_consumed(dirs, device, Some(consumed));
+    /// The claim as a kubelet that still speaks v1beta1 names it.
+    pub fn proto_v1beta1(&self) -> v1beta1::Claim {
+        v1beta1::Claim {
+            namespace: self.namespace.into(),
+            uid: self.uid.into(),
+            name: self.name.into(),
+        }
     }
 
-    /// `consumed`: None as a cluster without consumable capacity allocates (the whole device).
-    pub fn write_consumed(
+    /// Write the claim as the API server would hold it after allocation.
+    pub fn write(&self, dirs: &Dirs, device: &str, memory: &str, compute: &str) {
+        self.write_consumed(dirs, device, Some(consumed(memory, compute)));
+    }
+
+    /// The claim as the API server holds it once allocated on `device` of `pool`. `consumed`:
+    /// None as a cluster without consumable capacity allocates (the whole device).
+    pub fn allocated(
         &self,
-        dirs: &Dirs,
+        pool: &str,
         device: &str,
         consumed: Option<BTreeMap<String, Quantity>>,
-    ) {
-        let rc = ResourceClaim {
+    ) -> ResourceClaim {
+        ResourceClaim {
             metadata: ObjectMeta {
                 name: Some(self.name.into()),
                 namespace: Some(self.namespace.into()),
@@ -236,7 +311,7 @@ impl TestClaim {
                     devices: Some(DeviceAllocationResult {
                         results: Some(vec![DeviceRequestAllocationResult {
                             driver: DRIVER.into(),
-                            pool: NODE.into(),
+                            pool: pool.into(),
                             device: device.into(),
                             request: "gpu".into(),
                             consumed_capacity: consumed,
@@ -249,7 +324,17 @@ impl TestClaim {
                 }),
                 ..Default::default()
             }),
-        };
+        }
+    }
+
+    /// Write the claim allocated on `device` of this node, as [`TestClaim::allocated`].
+    pub fn write_consumed(
+        &self,
+        dirs: &Dirs,
+        device: &str,
+        consumed: Option<BTreeMap<String, Quantity>>,
+    ) {
+        let rc = self.allocated(NODE, device, consumed);
         let dir = dirs.root.join("claims").join(self.namespace);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(

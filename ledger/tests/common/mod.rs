@@ -1,16 +1,54 @@
-//! What the node-mode ledger tests share: the root check, the monitor's table of slice regions,
-//! and a tenant's credentials as `SO_PEERCRED` would give them.
+//! What the ledger tests share: a fresh directory per test, the root check, a node policy, the
+//! monitor's table of slice regions, and a tenant's credentials as `SO_PEERCRED` would give them.
 
 #![allow(dead_code)] // each test binary uses a part
 
 use gpuslice_ledger::node::{Peer, Regions};
 use gpuslice_ledger::region::Region;
+use gpuslice_ledger::Ledger;
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+/// The directory of one test of `suite`: `gpuslice-SUITE-PID-TAG` in the temp directory, not
+/// there yet (a leftover of an earlier run is removed).
+pub fn fresh_dir(suite: &str, tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gpuslice-{suite}-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
 
 pub fn is_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// The node policy in `d` (made if absent; needs root) with the devices `uuids` (16 GiB each)
+/// and an empty table of regions, as the monitor holds them.
+pub fn open_node(d: &Path, uuids: &[&str]) -> (Ledger, Arc<Table>) {
+    let l = Ledger::open_or_create_node(d).unwrap();
+    for uuid in uuids {
+        l.ensure_device(uuid, "Fake", 16 << 30).unwrap();
+    }
+    let t = Arc::new(Table::default());
+    l.set_regions(t.clone());
+    (l, t)
+}
+
+/// [`open_node`] in a [`fresh_dir`]; `None` without root (the test passes vacuously, saying
+/// why).
+pub fn node_policy(
+    suite: &str,
+    tag: &str,
+    uuids: &[&str],
+) -> Option<(Ledger, Arc<Table>, PathBuf)> {
+    if !is_root() {
+        println!("skipped: a node policy needs root");
+        return None;
+    }
+    let d = fresh_dir(suite, tag);
+    let (l, t) = open_node(&d, uuids);
+    Some((l, t, d))
 }
 
 /// The regions a monitor keeps, by key.

@@ -4,7 +4,7 @@
 //! of them is destroyed. Its state: the list of charges and their holders (a mutex, cold
 //! paths only) and the count of open captures (one atomic load on the async allocation path).
 
-use super::{charge, oom};
+use super::reserved;
 use crate::hooks::{pfn, real};
 use crate::init::DevState;
 use core::sync::atomic::{AtomicUsize, Ordering::*};
@@ -104,16 +104,11 @@ pub(super) unsafe fn graph_alloc(
     add: impl FnOnce() -> CUresult,
 ) -> CUresult {
     // SAFETY: dev is a device of the started state (this function's contract).
-    if !unsafe { charge(dev, bytes) } {
-        return oom(dev, bytes);
-    }
-    let r = add();
-    if r != CUDA_SUCCESS {
-        dev.account.uncharge(bytes);
+    if let Err(r) = unsafe { reserved(dev, bytes, || (add(), ())) } {
         return r;
     }
     graph_charge_add(&mut graphs(), graph as usize, dev.ordinal, bytes);
-    r
+    CUDA_SUCCESS
 }
 
 /// A memory allocation node described by `p`, on a device: see [`graph_alloc`].

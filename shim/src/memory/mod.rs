@@ -91,6 +91,30 @@ unsafe fn charge(dev: &DevState, n: u64) -> bool {
     dev.account.try_charge(n) || (unsafe { reclaim_pools(dev) } && dev.account.try_charge(n))
 }
 
+/// Reserve first, allocate second: charge `bytes`, then make the driver call `alloc`, and
+/// undo the charge if the driver fails. `Ok` holds what `alloc` gave beside its status; `Err`
+/// is the status to return (`CUDA_ERROR_OUT_OF_MEMORY` over the quota, or the driver's).
+///
+/// # Safety
+/// As [`charge`]: `dev` is a device of the started state.
+#[inline]
+unsafe fn reserved<T>(
+    dev: &DevState,
+    bytes: u64,
+    alloc: impl FnOnce() -> (CUresult, T),
+) -> Result<T, CUresult> {
+    // SAFETY: dev is a device of the started state (this function's contract).
+    if !unsafe { charge(dev, bytes) } {
+        return Err(oom(dev, bytes));
+    }
+    let (r, out) = alloc();
+    if r != CUDA_SUCCESS {
+        dev.account.uncharge(bytes);
+        return Err(r);
+    }
+    Ok(out)
+}
+
 /// What an allocation closure gives [`charge_and_alloc`]: the driver's status and, only when
 /// it succeeded, the handle it wrote to `out` (0 otherwise: never read unwritten memory).
 ///
@@ -118,18 +142,15 @@ unsafe fn charge_and_alloc(
     alloc: impl FnOnce() -> (CUresult, u64),
 ) -> CUresult {
     // `bytes` fits a Charge (below 2^48) whenever the charge succeeds: no quota or device
-    // reaches 2^48 bytes, so a larger request is refused by `charge` below.
+    // reaches 2^48 bytes, so a larger request is refused by `charge`.
     // SAFETY: dev is a device of the started state (this function's contract).
-    if !unsafe { charge(dev, bytes) } {
-        return oom(dev, bytes);
+    match unsafe { reserved(dev, bytes, alloc) } {
+        Ok(h) => {
+            record(kind, h, Charge::new(bytes, dev, 0));
+            CUDA_SUCCESS
+        }
+        Err(r) => r,
     }
-    let (r, h) = alloc();
-    if r != CUDA_SUCCESS {
-        dev.account.uncharge(bytes);
-        return r;
-    }
-    record(kind, h, Charge::new(bytes, dev, 0));
-    r
 }
 
 /// Remember what handle `h` was charged, for its free.

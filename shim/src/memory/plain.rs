@@ -2,7 +2,7 @@
 //! `cuMemFree_v2`, charged to the calling thread's current device. No state of its own: what
 //! each pointer was charged lives in the pointer table.
 
-use super::{charge, charge_and_alloc, free_and_uncharge, oom, written};
+use super::{charge_and_alloc, free_and_uncharge, oom, reserved, written};
 use crate::hooks::{pfn, real};
 use crate::pointers::{self, Charge, Kind};
 use core::ffi::c_uint;
@@ -43,12 +43,7 @@ pub unsafe fn mem_alloc_pitch(
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
     // SAFETY: dev is a device of the started state.
-    if !unsafe { charge(dev, est) } {
-        return oom(dev, est);
-    }
-    let r = pass();
-    if r != CUDA_SUCCESS {
-        dev.account.uncharge(est);
+    if let Err(r) = unsafe { reserved(dev, est, || (pass(), ())) } {
         return r;
     }
     // SAFETY: both are the program's out-pointers, non-null (checked above), written by the
@@ -66,7 +61,7 @@ pub unsafe fn mem_alloc_pitch(
         dev.account.uncharge(est - actual);
     }
     pointers::insert(Kind::Ptr, ptr, Charge::new(actual, dev, 0));
-    r
+    CUDA_SUCCESS
 }
 
 /// `cuMemAllocManaged`: counted against the current device.

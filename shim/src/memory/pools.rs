@@ -453,6 +453,37 @@ pub unsafe fn event_synchronize(real: pfn::cuEventSynchronize, event: CUevent) -
     r
 }
 
+/// A stream-ordered allocation of `bytes` into `*dptr` from pool `slot` of `dev` (driver
+/// handle from `pool`): graph memory while `stream` is capturing (`graph::graph_alloc`), pool
+/// memory otherwise ([`alloc_from`]).
+///
+/// # Safety
+/// As [`alloc_from`]; `dptr` is the program's non-null out-pointer, which `alloc`, the
+/// program's allocation on `stream`, writes when it succeeds.
+#[inline]
+unsafe fn stream_alloc(
+    dev: &DevState,
+    slot: usize,
+    pool: impl FnOnce() -> Option<CUmemoryPool>,
+    bytes: usize,
+    dptr: *mut CUdeviceptr,
+    stream: CUstream,
+    alloc: impl Fn() -> CUresult,
+) -> CUresult {
+    // SAFETY: the program's stream (this function's contract).
+    if let Some(g) = unsafe { graph::capture_graph(stream) } {
+        // SAFETY: dev is the started state's (this function's contract).
+        return unsafe { graph::graph_alloc(dev, g, bytes as u64, alloc) };
+    }
+    // SAFETY: this function's contract; `written` reads `dptr` only after the driver succeeded.
+    unsafe {
+        alloc_from(dev, slot, pool, bytes as u64, stream, || {
+            let r = alloc();
+            (r, written(r, dptr).unwrap_or(0))
+        })
+    }
+}
+
 /// `cuMemAllocAsync(_ptsz)`: from the device's current pool.
 pub unsafe fn mem_alloc_async(
     real: pfn::cuMemAllocAsync,
@@ -467,24 +498,17 @@ pub unsafe fn mem_alloc_async(
         return pass();
     }
     let dev = current!(st, pass());
-    // SAFETY: the program's stream; dev is the started state's.
-    if let Some(g) = unsafe { graph::capture_graph(stream) } {
-        // SAFETY: dev is the started state's.
-        return unsafe { graph::graph_alloc(dev, g, bytes as u64, pass) };
-    }
     // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
-    // out-pointer.
+    // out-pointer; `pass` is the program's allocation on `stream`.
     unsafe {
-        alloc_from(
+        stream_alloc(
             dev,
             default_slot(dev),
             || default_pool_of(dev),
-            bytes as u64,
+            bytes,
+            dptr,
             stream,
-            || {
-                let r = pass();
-                (r, written(r, dptr).unwrap_or(0))
-            },
+            pass,
         )
     }
 }
@@ -507,26 +531,9 @@ pub unsafe fn mem_alloc_from_pool(
     let slot = explicit_slot(pool);
     // The pool's device, not the calling thread's: that is where the driver takes the memory.
     let dev = pool_device(st, slot, current);
-    // SAFETY: the program's stream.
-    if let Some(g) = unsafe { graph::capture_graph(stream) } {
-        // SAFETY: dev is the started state's.
-        return unsafe { graph::graph_alloc(dev, g, bytes as u64, pass) };
-    }
     // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
-    // out-pointer.
-    unsafe {
-        alloc_from(
-            dev,
-            slot,
-            || Some(pool),
-            bytes as u64,
-            stream,
-            || {
-                let r = pass();
-                (r, written(r, dptr).unwrap_or(0))
-            },
-        )
-    }
+    // out-pointer; `pass` is the program's allocation on `stream`.
+    unsafe { stream_alloc(dev, slot, || Some(pool), bytes, dptr, stream, pass) }
 }
 
 /// `cuMemFreeAsync(_ptsz)`.

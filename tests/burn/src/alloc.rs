@@ -203,14 +203,7 @@ impl Allocator {
             }
             AllocPath::Array3d => {
                 let (width, height, depth) = array3d_shape(size.div_ceil(ARRAY_ELEMENT).max(1));
-                let desc = CUDA_ARRAY3D_DESCRIPTOR {
-                    Width: width as usize,
-                    Height: height as usize,
-                    Depth: depth as usize,
-                    Format: CU_AD_FORMAT_FLOAT,
-                    NumChannels: 4,
-                    Flags: 0,
-                };
+                let desc = float4_array3d(width, height, depth);
                 let mut a: CUarray = null_mut();
                 cu!(d, cuArray3DCreate(&mut a, &desc))?;
                 return Ok(Allocation {
@@ -220,14 +213,7 @@ impl Allocator {
             }
             AllocPath::Mipmap => {
                 let (width, height, elems) = mipmap_shape(size.div_ceil(ARRAY_ELEMENT).max(1));
-                let desc = CUDA_ARRAY3D_DESCRIPTOR {
-                    Width: width as usize,
-                    Height: height as usize,
-                    Depth: 0,
-                    Format: CU_AD_FORMAT_FLOAT,
-                    NumChannels: 4,
-                    Flags: 0,
-                };
+                let desc = float4_array3d(width, height, 0);
                 let mut a: CUmipmappedArray = null_mut();
                 cu!(d, cuMipmappedArrayCreate(&mut a, &desc, MIPMAP_LEVELS))?;
                 return Ok(Allocation {
@@ -412,6 +398,18 @@ impl Allocator {
             self.stream = null_mut();
         }
         r
+    }
+}
+
+/// The descriptor of a 3D (or, `depth` 0, 2D) array of [`ARRAY_ELEMENT`]s: four float channels.
+fn float4_array3d(width: u64, height: u64, depth: u64) -> CUDA_ARRAY3D_DESCRIPTOR {
+    CUDA_ARRAY3D_DESCRIPTOR {
+        Width: width as usize,
+        Height: height as usize,
+        Depth: depth as usize,
+        Format: CU_AD_FORMAT_FLOAT,
+        NumChannels: 4,
+        Flags: 0,
     }
 }
 

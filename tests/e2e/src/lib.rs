@@ -24,6 +24,12 @@ pub const ALLOC_PATHS: [&str; 11] = [
     "capture",
 ];
 
+/// A command line's words, split at white space: `words("--alloc 1Gi --json")`. For the tests'
+/// command lines, none of whose arguments has a space in it.
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 /// `target/<profile>` of this build: the test executable lives in `target/<profile>/deps`.
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
@@ -108,6 +114,19 @@ pub fn wait_within(
     }
 }
 
+/// Wait until `path` exists, at most 30 s; past that the test fails saying `why_not()`.
+pub fn wait_for_file(path: &Path, why_not: impl Fn() -> String) {
+    let t0 = std::time::Instant::now();
+    while !path.exists() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "{}",
+            why_not()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A private world for one test: its own fake-GPU state directory and ledger directory,
 /// removed when dropped.
 pub struct World {
@@ -187,30 +206,37 @@ impl Drop for World {
     }
 }
 
-/// Run a command to completion and parse the last line of its stdout as JSON, panicking with the
-/// command's stderr when it fails or prints no JSON.
+/// The first line `child` printed on its piped stdout, and that line as JSON (`Null` if it is
+/// not JSON). The stdout stays open in `child`, so it does not die of SIGPIPE when it prints
+/// more.
+pub fn first_line(child: &mut std::process::Child) -> (String, serde_json::Value) {
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).expect("read the child's stdout");
+    child.stdout = Some(out.into_inner());
+    let v = serde_json::from_str(line.trim()).unwrap_or(serde_json::Value::Null);
+    (line, v)
+}
+
 /// Spawn `cmd`, a `gpuslice-burn ... --hold S --json`, and return once it reports that it
-/// holds its allocations (its first line, `{"event":"holding",...}`), with that report. Its
-/// stdout stays open in the returned child, so the burn does not die of SIGPIPE when it prints
-/// its final report.
+/// holds its allocations (its first line, `{"event":"holding",...}`), with that report (the
+/// test fails if it reports anything else).
 pub fn spawn_holding(cmd: &mut Command) -> (std::process::Child, serde_json::Value) {
     let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("spawn gpuslice-burn");
-    let mut out = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).expect("read burn's stdout");
-    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or(serde_json::Value::Null);
+    let (line, v) = first_line(&mut child);
     if v["event"] != "holding" {
         let _ = child.kill();
         let _ = child.wait();
         panic!("burn did not report holding: {line:?}");
     }
-    child.stdout = Some(out.into_inner());
     (child, v)
 }
 
+/// Run a command to completion and parse the last line of its stdout as JSON, panicking with the
+/// command's stderr when it fails or prints no JSON.
 pub fn run_json(cmd: &mut Command) -> serde_json::Value {
     let out = cmd.output().expect("spawn");
     last_json(

@@ -10,7 +10,7 @@
 //! can are the test binary run again as another user with `TENANTS_CHILD` set (each binary's
 //! `tenant_child`).
 
-use crate::{artifact, fake_lib_dir, World};
+use crate::{artifact, fake_lib_dir, wait_for_file, World};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -39,18 +39,64 @@ pub fn child_mode() -> Option<(String, PathBuf)> {
     Some((mode, PathBuf::from(std::env::var("TENANTS_DIR").ok()?)))
 }
 
+/// What a child mode asks the node's monitor to admit it with, as the shim asks it: device 0
+/// of the node in `dir`, with the memory quota `memory` (`None`: best effort) and the compute
+/// share `share_ppm`, into slice `slice` (`None`: its user's best-effort slice). The socket's
+/// directory, to send it through (`gpuslice_ledger::protocol::call`).
+pub fn admit_request(
+    dir: &Path,
+    slice: Option<&str>,
+    memory: Option<u64>,
+    share_ppm: u32,
+) -> (
+    gpuslice_ledger::RuntimeDir,
+    gpuslice_ledger::protocol::Message,
+) {
+    let d = gpuslice_ledger::RuntimeDir::open(dir).unwrap();
+    let l = gpuslice_ledger::Ledger::open(dir).unwrap();
+    let uuid = l.snapshot().devices[0].uuid.clone();
+    let memory = memory.map_or("-".to_string(), |m| m.to_string());
+    let mut m = gpuslice_ledger::protocol::Message::new("op", "admit");
+    if let Some(slice) = slice {
+        m.push("slice", slice);
+    }
+    m.push(
+        "dev",
+        &format!("{uuid}\t{memory}\t{share_ppm}\t1000000\tX\tY"),
+    );
+    (d, m)
+}
+
+/// Admitted by the node's monitor with [`admit_request`] (the test fails if it is refused): the
+/// region it was given, mapped writable.
+pub fn admitted_region(
+    dir: &Path,
+    slice: Option<&str>,
+    memory: Option<u64>,
+    share_ppm: u32,
+) -> gpuslice_ledger::region::Region {
+    let (d, m) = admit_request(dir, slice, memory, share_ppm);
+    let (r, fds) = gpuslice_ledger::protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
+    assert!(r.get("err").is_none(), "{r:?}");
+    gpuslice_ledger::region::Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap()
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Return from a test (it passes vacuously, saying why) unless it runs as root.
+/// Return from a test (it passes vacuously, saying why) unless it runs as root; with a value,
+/// return that (from a test's helper).
 #[macro_export]
 macro_rules! need_root {
     () => {
+        $crate::need_root!(())
+    };
+    ($ret:expr) => {
         if !$crate::node::is_root() {
             println!("skipped: needs root (to run the node's monitor and become other users)");
-            return;
+            return $ret;
         }
     };
 }
@@ -124,15 +170,9 @@ impl Node {
             .unwrap();
         self.monitor = Some(child);
         let sock = self.world.runtime_dir().join("monitor.sock");
-        let t0 = Instant::now();
-        while !sock.exists() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "the monitor did not come up: {}",
-                self.monitor_log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_file(&sock, || {
+            format!("the monitor did not come up: {}", self.monitor_log())
+        });
     }
 
     /// Kill the monitor (SIGKILL: as if it crashed).
@@ -198,6 +238,17 @@ impl Node {
         c
     }
 
+    /// `gpuslice-burn --alloc ALLOC --json` under the shim as `uid`, with `env`, run to its end
+    /// (read its report with [`burn_json`]).
+    pub fn allocate(&self, uid: u32, env: &[(&str, &str)], alloc: &str) -> Output {
+        let mut c = self.burn(uid);
+        c.args(["--alloc", alloc, "--json"]);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    }
+
     /// `gpuslice ARGS` as `uid`.
     pub fn cli(&self, uid: u32, args: &[&str]) -> Output {
         self.command(uid, "gpuslice").args(args).output().unwrap()
@@ -238,6 +289,11 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// The environment of a process of slice `slice` with the memory quota `memory`.
+pub fn in_slice<'a>(slice: &'a str, memory: &'a str) -> [(&'static str, &'a str); 2] {
+    [("GPUSLICE_SLICE", slice), ("GPUSLICE_MEMORY", memory)]
 }
 
 /// A burn that allocates `alloc` and holds it `hold` seconds, started in the background; its
@@ -286,6 +342,22 @@ pub fn slices_named<'a>(
         .into_iter()
         .flatten()
         .filter(move |x| x["name"] == slice)
+}
+
+/// The slice named `slice` in a status (the first, if it is on several devices); the test fails
+/// showing the status when there is none.
+pub fn slice_named<'a>(s: &'a serde_json::Value, slice: &'a str) -> &'a serde_json::Value {
+    slices_named(s, slice)
+        .next()
+        .unwrap_or_else(|| panic!("no slice {slice:?}: {s:#}"))
+}
+
+/// Kill the background processes `children` and reap them.
+pub fn kill_all<'a>(children: impl IntoIterator<Item = &'a mut Child>) {
+    for c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }
 
 /// Wait until `status` shows `procs` live processes of slice `slice`.

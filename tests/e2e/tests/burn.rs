@@ -1,11 +1,10 @@
 //! `gpuslice-burn` on the fake GPU, without the shim: every allocation path, every launch form,
 //! graphs, streams, both ways of resolving entry points, the report's fields and exit codes.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpuslice_e2e::{run_json, run_json_within, World, ALLOC_PATHS, GI, MI};
+use gpuslice_e2e::{run_json, run_json_within, spawn_holding, World, ALLOC_PATHS, GI, MI};
 use serde_json::Value;
 
 /// Run burn with `args` (plus `--json`); return its report and exit code.
@@ -351,27 +350,16 @@ fn report_interval_prints_shares_while_running() {
 fn held_memory_shows_in_other_processes_until_the_holder_dies() {
     let w = World::new(1, "8Gi");
     let start = u(&burn_ok(&w, &[])["mem_free"]);
-    let mut holder = w
-        .burn()
-        .args([
-            "--alloc",
-            "2Gi",
-            "--alloc-path",
-            "vmm",
-            "--hold",
-            "60",
-            "--json",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(holder.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let holding: Value =
-        serde_json::from_str(&line).unwrap_or_else(|_| panic!("holding line: {line:?}"));
-    assert_eq!(holding["event"], "holding");
+    // Its first line says it holds what it allocated (spawn_holding checks the event).
+    let (mut holder, holding) = spawn_holding(w.burn().args([
+        "--alloc",
+        "2Gi",
+        "--alloc-path",
+        "vmm",
+        "--hold",
+        "60",
+        "--json",
+    ]));
     assert_eq!(u(&holding["allocated_bytes"]), 2 * GI);
     assert_eq!(u(&burn_ok(&w, &[])["mem_free"]), start - 2 * GI);
     holder.kill().unwrap();

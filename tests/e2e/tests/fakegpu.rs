@@ -2,9 +2,8 @@
 //! driver-API client in tests/fakegpu) `dlopen`s the fake as `libcuda.so.1` /
 //! `libnvidia-ml.so.1`, each test in a private world (its own FAKEGPU_STATE_DIR).
 
-use gpuslice_e2e::{artifact, run_json, run_json_within, World, GI};
+use gpuslice_e2e::{artifact, first_line, run_json, run_json_within, World, GI};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 fn client(w: &World) -> Command {
@@ -13,6 +12,30 @@ fn client(w: &World) -> Command {
 
 fn scenario(w: &World, args: &[&str]) -> Value {
     run_json(client(w).args(args))
+}
+
+/// Start `fakegpu-client share 1000 SECS`: 1 ms kernels for `secs` seconds, then a report on
+/// `stdout` (read by [`shared`] when piped).
+fn share(w: &World, secs: &str, stdout: Stdio) -> std::process::Child {
+    client(w)
+        .args(["share", "1000", secs])
+        .stdout(stdout)
+        .spawn()
+        .unwrap()
+}
+
+/// The report of a [`share`] client, once it ended.
+fn shared(c: std::process::Child) -> Value {
+    let out = c.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("share printed {text:?}"))
+}
+
+/// A client that shared the engine with a neighbour for under a second, then had it alone:
+/// well above half of it, finished on time.
+fn assert_had_the_engine_back(v: &Value) {
+    assert!(v["share"].as_f64().unwrap() > 0.6, "{v}");
+    assert!(v["wall_seconds"].as_f64().unwrap() < 6.0, "{v}");
 }
 
 /// Start `fakegpu-client hold BYTES`; returns the child (holding until its stdin closes) and
@@ -24,12 +47,8 @@ fn hold(w: &World, bytes: u64) -> (std::process::Child, Value) {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn holder");
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let v: Value =
-        serde_json::from_str(&line).unwrap_or_else(|_| panic!("holder printed {line:?}"));
+    let (line, v) = first_line(&mut child);
+    assert!(!v.is_null(), "holder printed {line:?}");
     (child, v)
 }
 
@@ -94,23 +113,16 @@ fn events_measure_the_simulated_kernel_duration() {
 #[test]
 fn two_unthrottled_processes_share_the_engine_about_equally() {
     let w = World::new(1, "16Gi");
-    let spawn = || {
-        client(&w)
-            .args(["share", "1000", "3"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let (a, b) = (spawn(), spawn());
+    let (a, b) = (
+        share(&w, "3", Stdio::piped()),
+        share(&w, "3", Stdio::piped()),
+    );
     for child in [a, b] {
-        let out = child.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let v: Value =
-            serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("share printed {text:?}"));
-        let share = v["share"].as_f64().unwrap();
+        let v = shared(child);
+        let got = v["share"].as_f64().unwrap();
         assert!(
-            (0.40..=0.60).contains(&share),
-            "a process got {share} of the engine: {v}"
+            (0.40..=0.60).contains(&got),
+            "a process got {got} of the engine: {v}"
         );
     }
     // Alone, it gets (nearly) all of it.
@@ -155,11 +167,7 @@ fn zero_duration_kernels_complete_and_every_synchronize_returns() {
     }
     // With another process contending for the engine: two zero-kernel clients at once while
     // a third keeps launching 1 ms kernels.
-    let busy = client(&w)
-        .args(["share", "1000", "2"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let busy = share(&w, "2", Stdio::piped());
     std::thread::sleep(std::time::Duration::from_millis(200));
     std::thread::scope(|s| {
         let a = s.spawn(|| zero(3, 30));
@@ -167,10 +175,7 @@ fn zero_duration_kernels_complete_and_every_synchronize_returns() {
         a.join().unwrap();
         b.join().unwrap();
     });
-    let out = busy.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: Value =
-        serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("share printed {text:?}"));
+    let v = shared(busy);
     assert!(v["kernels"].as_u64().unwrap() > 0, "{v}");
 }
 
@@ -370,51 +375,26 @@ fn vmm_maps_real_bytes_and_counts_physical_memory() {
 #[test]
 fn a_killed_engine_holder_never_hangs_the_others() {
     let w = World::new(1, "16Gi");
-    let mut victim = client(&w)
-        .args(["share", "1000", "30"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let survivor = client(&w)
-        .args(["share", "1000", "3"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut victim = share(&w, "30", Stdio::null());
+    let survivor = share(&w, "3", Stdio::piped());
     std::thread::sleep(std::time::Duration::from_millis(800));
     victim.kill().unwrap();
     victim.wait().unwrap();
-    let out = survivor.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: Value =
-        serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("survivor printed {text:?}"));
-    // Shared for under a second, alone afterwards: well above half, and it finished on time.
-    assert!(v["share"].as_f64().unwrap() > 0.6, "{v}");
-    assert!(v["wall_seconds"].as_f64().unwrap() < 6.0, "{v}");
+    assert_had_the_engine_back(&shared(survivor));
 }
 
 #[test]
 fn a_stopped_engine_holder_loses_the_engine() {
     let w = World::new(1, "16Gi");
-    let mut stopped = client(&w)
-        .args(["share", "1000", "30"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let other = client(&w)
-        .args(["share", "1000", "3"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut stopped = share(&w, "30", Stdio::null());
+    let other = share(&w, "3", Stdio::piped());
     std::thread::sleep(std::time::Duration::from_millis(500));
     // SAFETY: signalling a child we own.
     unsafe { libc::kill(stopped.id() as i32, libc::SIGSTOP) };
-    let out = other.wait_with_output().unwrap();
+    let v = shared(other);
     // SAFETY: as above.
     unsafe { libc::kill(stopped.id() as i32, libc::SIGCONT) };
     stopped.kill().unwrap();
     stopped.wait().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("printed {text:?}"));
-    assert!(v["share"].as_f64().unwrap() > 0.6, "{v}");
-    assert!(v["wall_seconds"].as_f64().unwrap() < 6.0, "{v}");
+    assert_had_the_engine_back(&v);
 }

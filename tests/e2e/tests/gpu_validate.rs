@@ -138,27 +138,22 @@ fn fake_run_passes_its_burn_checks_and_skips_the_real_gpu_ones() {
 
 #[test]
 fn bad_arguments_are_refused_with_the_flag_named() {
-    let out = validate(&["--fake", "--bogus"]);
-    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("'--bogus'"),
-        "{}",
-        show(&out)
-    );
-
-    let out = validate(&["--fake", "--seconds", "ten"]);
-    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--seconds 'ten'"),
-        "{}",
-        show(&out)
-    );
-
-    let out = validate(&["--fake", "--target-dir", "/nonexistent/gpuslice"]);
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/gpuslice"),
-        "{}",
-        show(&out)
-    );
+    // Bad usage (2) names the flag; a target directory that cannot be made (1) names it.
+    for (args, code, says) in [
+        (&["--fake", "--bogus"][..], 2, "'--bogus'"),
+        (&["--fake", "--seconds", "ten"], 2, "--seconds 'ten'"),
+        (
+            &["--fake", "--target-dir", "/nonexistent/gpuslice"],
+            1,
+            "/nonexistent/gpuslice",
+        ),
+    ] {
+        let out = validate(args);
+        assert_eq!(out.status.code(), Some(code), "{}", show(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(says),
+            "{}",
+            show(&out)
+        );
+    }
 }

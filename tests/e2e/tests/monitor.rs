@@ -6,7 +6,7 @@
 //! Timing bounds are loose: every wait polls up to a generous deadline, and the one bound the
 //! issue states (a killed process gone within 2 s) is the only timed assertion.
 
-use gpuslice_e2e::{run_json, World, GI, MI};
+use gpuslice_e2e::{run_json, words, World, GI, MI};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Lines, Read, Write};
 use std::process::{Child, ChildStderr, Stdio};
@@ -465,90 +465,82 @@ fn bad_usage(w: &World, args: &[&str], says: &str) {
 }
 
 #[test]
+fn help_prints_the_usage_on_stdout_exits_0_and_touches_nothing() {
+    let w = World::new(1, "16Gi");
+    for line in [
+        "--help",
+        "status --help",
+        "metrics -h",
+        "top --help",
+        "slice --help",
+        "slice create --help",
+        "slice create x --memory 1Gi -h",
+        "slice set x --help",
+        "slice rm -h",
+        "slice ls --help",
+        "run --help",
+        "run --memory 1Gi --help",
+        "cdi --help",
+        "monitor --help",
+    ] {
+        let out = succeeds(&w, &words(line));
+        assert!(out.starts_with("usage: gpuslice"), "gpuslice {line}: {out}");
+    }
+    let made: Vec<_> = std::fs::read_dir(w.runtime_dir()).unwrap().collect();
+    assert!(made.is_empty(), "--help made {made:?}");
+}
+
+#[test]
 fn bad_usage_exits_2_with_a_usage_line_and_other_failures_exit_1_naming_what_failed() {
     let w = World::new(1, "16Gi");
-    for args in [
-        &[][..],
-        &["frobnicate"],
-        &["status", "--yaml"],
-        &["status", "extra"],
-        &["metrics", "--bogus"],
-        &["top", "--interval", "fast"],
-        &["monitor", "--metrics-listen", "9400"],
-        &["monitor", "--metrics-listen"],
-        &["slice"],
-        &["slice", "explode"],
-        &["slice", "create", "x"],
-        &["slice", "create", "x", "--memory", "12XB"],
-        &["slice", "create", "x", "--memory", "-1"],
-        &[
-            "slice",
-            "create",
-            "x",
-            "--memory",
-            "1Gi",
-            "--compute",
-            "1.5",
-        ],
-        &["slice", "rm"],
+    for line in [
+        "",
+        "frobnicate",
+        "status --yaml",
+        "status extra",
+        "metrics --bogus",
+        "top --interval fast",
+        "monitor --metrics-listen 9400",
+        "monitor --metrics-listen",
+        "slice",
+        "slice explode",
+        "slice create x",
+        "slice create x --memory 12XB",
+        "slice create x --memory -1",
+        "slice create x --memory 1Gi --compute 1.5",
+        "slice rm",
         // Bad usage everywhere: a device of the wrong form, a quota of 0 (the shim's rule for
         // GPUSLICE_MEMORY too), a repeated flag, arguments to `version`.
-        &["slice", "create", "x", "--memory", "1Gi", "--device", "-1"],
-        &["slice", "create", "x", "--memory", "0"],
-        &["slice", "create", "x", "--memory", "1Gi", "--memory", "2Gi"],
-        &["version", "extra"],
-        &["top", "--interval", "500", "--interval", "600"],
-        &["monitor", "--interval", "100", "--interval", "200"],
-        &[
-            "monitor",
-            "--metrics-listen",
-            "a:1",
-            "--metrics-listen",
-            "a:1",
-        ],
+        "slice create x --memory 1Gi --device -1",
+        "slice create x --memory 0",
+        "slice create x --memory 1Gi --memory 2Gi",
+        "version extra",
+        "top --interval 500 --interval 600",
+        "monitor --interval 100 --interval 200",
+        "monitor --metrics-listen a:1 --metrics-listen a:1",
     ] {
-        bad_usage(&w, args, "");
+        bad_usage(&w, &words(line), "");
     }
     let (_, err) = fails(&w, &["slice", "create", "x", "--memory", "12XB"]);
     assert!(err.contains("--memory") && err.contains("12XB"), "{err}");
     // The ledger's rules, as the shim and `run` apply them: names, caps, cap vs share.
-    for (args, says) in [
+    bad_usage(
+        &w,
+        &["slice", "create", "a b", "--memory", "1Gi"],
+        "NAME=\"a b\"",
+    );
+    for (line, says) in [
+        ("slice create pid-3 --memory 1Gi", "NAME=\"pid-3\""),
         (
-            &["slice", "create", "pid-3", "--memory", "1Gi"][..],
-            "NAME=\"pid-3\"",
-        ),
-        (
-            &["slice", "create", "a b", "--memory", "1Gi"][..],
-            "NAME=\"a b\"",
-        ),
-        (
-            &[
-                "slice",
-                "create",
-                "x",
-                "--memory",
-                "1Gi",
-                "--compute-cap",
-                "0",
-            ][..],
+            "slice create x --memory 1Gi --compute-cap 0",
             "--compute-cap",
         ),
         (
-            &[
-                "slice",
-                "create",
-                "x",
-                "--memory",
-                "1Gi",
-                "--compute",
-                "0.5",
-                "--compute-cap",
-                "0.25",
-            ][..],
+            "slice create x --memory 1Gi --compute 0.5 --compute-cap 0.25",
             "--compute=\"0.5\"",
         ),
     ] {
-        bad_usage(&w, args, says);
+        bad_usage(&w, &words(line), says);
     }
 
     // A device that does not exist is an error naming it.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuslice_e2e::{artifact, run_json, World};
+use gpuslice_e2e::{artifact, run_json, wait_for_file, World};
 
 /// Stops the monitor a `gpuslice run` started in a world's ledger directory, when the test
 /// ends (the world's directory goes away, the daemon would not).
@@ -85,15 +85,7 @@ fn burn() -> String {
 }
 
 fn wait_for(path: &Path) {
-    let t0 = Instant::now();
-    while !path.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_file(path, || format!("{} never appeared", path.display()));
 }
 
 /// The C library this test process runs with: a real library that is harmless to preload.

@@ -3,8 +3,7 @@
 //! from a library constructor while another thread makes the process's first CUDA call does
 //! not deadlock.
 
-use gpuslice_e2e::{artifact, World, GI};
-use std::io::BufRead;
+use gpuslice_e2e::{artifact, first_line, World, GI};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -38,10 +37,7 @@ fn a_killed_parent_is_reaped_while_its_forked_child_lives() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(parent.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (line, _) = first_line(&mut parent);
     let pids: Vec<libc::pid_t> = line
         .split_whitespace()
         .skip(1)

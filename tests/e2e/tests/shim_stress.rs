@@ -1,7 +1,7 @@
 //! Many processes at once and processes killed mid-allocation, observed from outside through
 //! the ledger (this test plays the monitor's part: it samples and reaps).
 
-use gpuslice_e2e::{artifact, wait_within, World, GI, MI};
+use gpuslice_e2e::{artifact, spawn_holding, wait_within, World, GI, MI};
 use gpuslice_ledger::{Ledger, OperatorSlice, PPM};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -146,18 +146,11 @@ fn processes_killed_while_allocating_give_everything_back() {
     let w = World::new(1, "16Gi");
     let ledger = operator_slice(&w, "victims", GI);
     // A live neighbour holding 256 MiB all along: what it holds must never be taken from it.
-    let mut holder = w.wrapped_burn();
-    holder
-        .env("GPUSLICE_SLICE", "victims")
-        .args(["--alloc", "256Mi", "--hold", "600", "--json"])
-        .stdout(Stdio::piped());
-    let mut holder = holder.spawn().unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let (mut holder, _) = spawn_holding(
+        w.wrapped_burn()
+            .env("GPUSLICE_SLICE", "victims")
+            .args(["--alloc", "256Mi", "--hold", "600", "--json"]),
+    );
     assert_eq!(slice_used(&ledger, "victims").0, 256 * MI);
 
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;

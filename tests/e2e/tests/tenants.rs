@@ -23,13 +23,7 @@ use std::time::{Duration, Instant};
 fn a_tenant_scribbling_everything_it_can_open_harms_no_one_else() {
     need_root!();
     let n = Node::new(1, "16Gi", &[]);
-    let a = holder(
-        &n,
-        TENANT_A,
-        &[("GPUSLICE_SLICE", "a"), ("GPUSLICE_MEMORY", "2Gi")],
-        "1Gi",
-        "6",
-    );
+    let a = holder(&n, TENANT_A, &in_slice("a", "2Gi"), "1Gi", "6");
     wait_for_slice(&n, "a", 1);
     // B: the files in the directory (truncate, overwrite, append), then its own region.
     let o = n.child(TENANT_B, "scribble-files").output().unwrap();
@@ -38,14 +32,7 @@ fn a_tenant_scribbling_everything_it_can_open_harms_no_one_else() {
     assert!(o.status.success(), "{}", text(&o));
     // A is still running and holding; its quota is what it was.
     let s = n.status();
-    let sa = s["slices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["name"] == "a")
-        .unwrap_or_else(|| panic!("slice a gone: {s:#}"))
-        .clone();
-    assert_eq!(sa["memory_limit"], 2u64 << 30, "{s:#}");
+    assert_eq!(slice_named(&s, "a")["memory_limit"], 2u64 << 30, "{s:#}");
     let out = a.wait_with_output().unwrap();
     assert!(
         out.status.success(),
@@ -54,23 +41,11 @@ fn a_tenant_scribbling_everything_it_can_open_harms_no_one_else() {
     );
     assert_eq!(burn_json(&out)["allocated_bytes"], 1u64 << 30);
     // A's new process: admitted, held to its quota.
-    let o = n
-        .burn(TENANT_A)
-        .args(["--alloc", "1Gi,1Gi,1Gi", "--json"])
-        .env("GPUSLICE_SLICE", "a2")
-        .env("GPUSLICE_MEMORY", "2Gi")
-        .output()
-        .unwrap();
+    let o = n.allocate(TENANT_A, &in_slice("a2", "2Gi"), "1Gi,1Gi,1Gi");
     let r = burn_json(&o);
     assert_eq!(r["allocated_bytes"], 2u64 << 30, "{}", text(&o));
     // B's own quota cannot be raised: a fresh B process gets exactly what it asks.
-    let o = n
-        .burn(TENANT_B)
-        .args(["--alloc", "512Mi,512Mi,512Mi", "--json"])
-        .env("GPUSLICE_SLICE", "b")
-        .env("GPUSLICE_MEMORY", "1Gi")
-        .output()
-        .unwrap();
+    let o = n.allocate(TENANT_B, &in_slice("b", "1Gi"), "512Mi,512Mi,512Mi");
     assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 30, "{}", text(&o));
     assert!(
         n.monitor.is_some() && n.cli(0, &["status"]).status.success(),
@@ -174,24 +149,14 @@ fn the_operator_cli_refuses_tenants() {
         ],
     );
     assert!(o.status.success(), "{}", text(&o));
-    let o = n
-        .burn(TENANT_B)
-        .args(["--alloc", "1Mi", "--json"])
-        .env("GPUSLICE_SLICE", "owned")
-        .output()
-        .unwrap();
+    let o = n.allocate(TENANT_B, &[("GPUSLICE_SLICE", "owned")], "1Mi");
     assert_eq!(burn_json(&o)["error"]["call"], "cuInit", "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains(&format!("belongs to uid {TENANT_A}")),
         "{}",
         text(&o)
     );
-    let o = n
-        .burn(TENANT_A)
-        .args(["--alloc", "1Mi", "--json"])
-        .env("GPUSLICE_SLICE", "owned")
-        .output()
-        .unwrap();
+    let o = n.allocate(TENANT_A, &[("GPUSLICE_SLICE", "owned")], "1Mi");
     assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 20, "{}", text(&o));
     assert!(n.cli(0, &["slice", "rm", "owned"]).status.success());
     let s = n.status();
@@ -223,9 +188,7 @@ fn the_operator_cli_refuses_tenants() {
             text(&o)
         );
         let s = n.status();
-        let ops = slices_named(&s, "ops")
-            .next()
-            .unwrap_or_else(|| panic!("{s:#}"));
+        let ops = slice_named(&s, "ops");
         assert_eq!(ops["memory_limit"], 3u64 << 30, "{s:#}");
         assert_eq!(ops["compute_share"], 0.2, "{s:#}");
     } else {
@@ -244,11 +207,7 @@ fn one_user_cannot_squat_the_process_slots() {
         .map(|_| holder(&n, TENANT_A, &[("GPUSLICE_SLICE", "squat")], "1Mi", "20"))
         .collect();
     wait_for_slice(&n, "squat", 3);
-    let o = n
-        .burn(TENANT_A)
-        .args(["--alloc", "1Mi", "--json"])
-        .output()
-        .unwrap();
+    let o = n.allocate(TENANT_A, &[], "1Mi");
     let r = burn_json(&o);
     assert_eq!(r["error"]["call"], "cuInit", "{}", text(&o));
     assert!(
@@ -256,18 +215,11 @@ fn one_user_cannot_squat_the_process_slots() {
         "{}",
         text(&o)
     );
-    let o = n
-        .burn(TENANT_B)
-        .args(["--alloc", "1Mi", "--json"])
-        .output()
-        .unwrap();
+    let o = n.allocate(TENANT_B, &[], "1Mi");
     assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 20, "{}", text(&o));
     let o = n.child(TENANT_B, "admit-twice").output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    for c in &mut held {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    kill_all(&mut held);
 }
 
 /// A tenant's process stopped (SIGSTOP) while it holds memory delays no other tenant: in node
@@ -277,26 +229,14 @@ fn one_user_cannot_squat_the_process_slots() {
 fn a_stopped_tenant_delays_no_one() {
     need_root!();
     let n = Node::new(1, "16Gi", &[]);
-    let a = holder(
-        &n,
-        TENANT_A,
-        &[("GPUSLICE_SLICE", "a"), ("GPUSLICE_MEMORY", "1Gi")],
-        "512Mi",
-        "30",
-    );
+    let a = holder(&n, TENANT_A, &in_slice("a", "1Gi"), "512Mi", "30");
     wait_for_slice(&n, "a", 1);
     let pid = a.id() as i32;
     // SAFETY: our child (setpriv exec'd into the burn, same pid).
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     let t0 = Instant::now();
     for _ in 0..3 {
-        let o = n
-            .burn(TENANT_B)
-            .args(["--alloc", "256Mi", "--json"])
-            .env("GPUSLICE_SLICE", "b")
-            .env("GPUSLICE_MEMORY", "1Gi")
-            .output()
-            .unwrap();
+        let o = n.allocate(TENANT_B, &in_slice("b", "1Gi"), "256Mi");
         assert_eq!(
             burn_json(&o)["allocated_bytes"],
             256u64 << 20,
@@ -380,7 +320,7 @@ fn the_audit_reports_and_kills_a_bypass() {
 fn enforcement_survives_the_monitor_and_a_restart_recovers_regions() {
     need_root!();
     let mut n = Node::new(1, "16Gi", &[]);
-    let env = [("GPUSLICE_SLICE", "a"), ("GPUSLICE_MEMORY", "1Gi")];
+    let env = in_slice("a", "1Gi");
     let h = holder(&n, TENANT_A, &env, "512Mi", "8");
     wait_for_slice(&n, "a", 1);
     // A second process of the slice: waits 2 s, then allocates 512 MiB pieces (up to 8 live)
@@ -409,11 +349,7 @@ fn enforcement_survives_the_monitor_and_a_restart_recovers_regions() {
     // Meanwhile a new process cannot be admitted: it retries briefly, then fails `cuInit` with
     // a line naming the socket.
     let t = Instant::now();
-    let o = n
-        .burn(TENANT_B)
-        .args(["--alloc", "1Mi", "--json"])
-        .output()
-        .unwrap();
+    let o = n.allocate(TENANT_B, &[], "1Mi");
     assert_eq!(burn_json(&o)["error"]["call"], "cuInit", "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("monitor.sock")
@@ -503,28 +439,13 @@ fn a_tenant_in_its_own_pid_namespace_is_admitted_and_reaped() {
 fn a_view_is_read_only_and_only_of_ones_own_slice() {
     need_root!();
     let n = Node::new(1, "16Gi", &[]);
-    let mut a = holder(
-        &n,
-        TENANT_A,
-        &[("GPUSLICE_SLICE", "mine"), ("GPUSLICE_MEMORY", "1Gi")],
-        "1Mi",
-        "20",
-    );
-    let mut b = holder(
-        &n,
-        TENANT_B,
-        &[("GPUSLICE_SLICE", "theirs"), ("GPUSLICE_MEMORY", "1Gi")],
-        "1Mi",
-        "20",
-    );
+    let mut a = holder(&n, TENANT_A, &in_slice("mine", "1Gi"), "1Mi", "20");
+    let mut b = holder(&n, TENANT_B, &in_slice("theirs", "1Gi"), "1Mi", "20");
     wait_for_slice(&n, "mine", 1);
     wait_for_slice(&n, "theirs", 1);
     let o = n.child(TENANT_A, "view").output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    for c in [&mut a, &mut b] {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    kill_all([&mut a, &mut b]);
 }
 
 /// Best-effort processes (no quota) of different users do not share one pool: each user's
@@ -555,12 +476,7 @@ fn best_effort_users_cannot_starve_each_other() {
         }
     }
     std::thread::sleep(Duration::from_millis(600)); // several monitor ticks
-    let o = n
-        .burn(TENANT_A)
-        .args(["--alloc", "2Gi", "--json"])
-        .env("GPUSLICE_SLICE", "a-be2")
-        .output()
-        .unwrap();
+    let o = n.allocate(TENANT_A, &[("GPUSLICE_SLICE", "a-be2")], "2Gi");
     assert_eq!(
         burn_json(&o)["allocated_bytes"],
         2u64 << 30,
@@ -568,10 +484,7 @@ fn best_effort_users_cannot_starve_each_other() {
         text(&o),
         n.monitor_log()
     );
-    for c in [&mut a, &mut b] {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    kill_all([&mut a, &mut b]);
 }
 
 /// `gpuslice run` by a tenant on a node: no monitor of its own (the node's serves it), the
@@ -741,14 +654,14 @@ fn a_secret_slice_admits_only_with_its_secret() {
         ),
         (0, 0o600)
     );
+    // A process of `uid` allocating `alloc` in slice "sec", with `secret` if any.
+    let in_sec = |n: &Node, uid: u32, secret: Option<&str>, alloc: &str| {
+        let mut env = vec![("GPUSLICE_SLICE", "sec")];
+        env.extend(secret.map(|s| ("GPUSLICE_SLICE_SECRET", s)));
+        n.allocate(uid, &env, alloc)
+    };
     let refused = |n: &Node, uid: u32, secret: Option<&str>, why: &str| {
-        let mut c = n.burn(uid);
-        c.args(["--alloc", "1Mi", "--json"])
-            .env("GPUSLICE_SLICE", "sec");
-        if let Some(s) = secret {
-            c.env("GPUSLICE_SLICE_SECRET", s);
-        }
-        let o = c.output().unwrap();
+        let o = in_sec(n, uid, secret, "1Mi");
         assert_eq!(burn_json(&o)["error"]["call"], "cuInit", "{}", text(&o));
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(
@@ -761,13 +674,7 @@ fn a_secret_slice_admits_only_with_its_secret() {
         }
     };
     let admitted = |n: &Node, uid: u32, secret: Option<&str>| {
-        let mut c = n.burn(uid);
-        c.args(["--alloc", "768Mi,512Mi", "--json"])
-            .env("GPUSLICE_SLICE", "sec");
-        if let Some(s) = secret {
-            c.env("GPUSLICE_SLICE_SECRET", s);
-        }
-        let o = c.output().unwrap();
+        let o = in_sec(n, uid, secret, "768Mi,512Mi");
         let v = burn_json(&o);
         assert_eq!(v["mem_total"], 1u64 << 30, "{}", text(&o));
         assert_eq!(v["allocated_bytes"], 768u64 << 20, "{}", text(&o));
@@ -802,24 +709,20 @@ fn a_secret_slice_admits_only_with_its_secret() {
             .unwrap();
         assert!(o.status.success(), "{}", text(&o));
         let tsecret = std::fs::read_to_string(&tfile).unwrap().trim().to_string();
-        let o = n
-            .burn(TENANT_A)
-            .args(["--alloc", "1Mi", "--json"])
-            .env("GPUSLICE_SLICE", "team")
-            .output()
-            .unwrap();
+        let o = n.allocate(TENANT_A, &[("GPUSLICE_SLICE", "team")], "1Mi");
         assert!(
             String::from_utf8_lossy(&o.stderr).contains("slice \"team\" requires its secret"),
             "{}",
             text(&o)
         );
-        let o = n
-            .burn(TENANT_A)
-            .args(["--alloc", "1Mi", "--json"])
-            .env("GPUSLICE_SLICE", "team")
-            .env("GPUSLICE_SLICE_SECRET", &tsecret)
-            .output()
-            .unwrap();
+        let o = n.allocate(
+            TENANT_A,
+            &[
+                ("GPUSLICE_SLICE", "team"),
+                ("GPUSLICE_SLICE_SECRET", tsecret.as_str()),
+            ],
+            "1Mi",
+        );
         assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 20, "{}", text(&o));
     }
     // A personal runtime directory (a tenant's own): secrets are refused, nothing is made.
@@ -893,18 +796,8 @@ fn tenant_child() {
             assert_eq!(p, libc::MAP_FAILED, "the policy mapped writable");
         }
         "scribble-region" => {
-            use gpuslice_ledger::protocol::{self, Message};
-            use gpuslice_ledger::region::Region;
             use std::sync::atomic::Ordering::SeqCst;
-            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
-            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
-            let uuid = l.snapshot().devices[0].uuid.clone();
-            let mut m = Message::new("op", "admit");
-            m.push("slice", "b-hostile")
-                .push("dev", &format!("{uuid}\t{}\t0\t1000000\tX\tY", 1u64 << 30));
-            let (r, fds) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
-            assert!(r.get("err").is_none(), "{r:?}");
-            let region = Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap();
+            let region = admitted_region(&dir, Some("b-hostile"), Some(1 << 30), 0);
             // Truncation is impossible (sealed); scribble every word instead.
             // SAFETY: our fd; must fail.
             assert_ne!(unsafe { libc::ftruncate(region.fd(), 0) }, 0);
@@ -959,16 +852,7 @@ fn tenant_child() {
         }
         "scribble-pool" => {
             // A best-effort process that claims its pool holds everything.
-            use gpuslice_ledger::protocol::{self, Message};
-            use gpuslice_ledger::region::Region;
-            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
-            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
-            let uuid = l.snapshot().devices[0].uuid.clone();
-            let mut m = Message::new("op", "admit");
-            m.push("dev", &format!("{uuid}\t-\t0\t1000000\tX\tY"));
-            let (r, fds) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
-            assert!(r.get("err").is_none(), "{r:?}");
-            let region = Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap();
+            let region = admitted_region(&dir, None, None, 0);
             region
                 .header()
                 .memory_used
@@ -977,12 +861,8 @@ fn tenant_child() {
             std::thread::sleep(Duration::from_secs(8));
         }
         "admit-twice" => {
-            use gpuslice_ledger::protocol::{self, Message};
-            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
-            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
-            let uuid = l.snapshot().devices[0].uuid.clone();
-            let mut m = Message::new("op", "admit");
-            m.push("dev", &format!("{uuid}\t-\t0\t1000000\tX\tY"));
+            use gpuslice_ledger::protocol;
+            let (d, m) = admit_request(&dir, None, None, 0);
             let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
             assert!(r.get("err").is_none(), "{r:?}");
             let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();

@@ -7,7 +7,7 @@
 
 use gpuslice_e2e::need_root;
 use gpuslice_e2e::node::*;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Held by the compute tests: shares are measured in real time on a small machine, so they do
@@ -18,21 +18,44 @@ fn compute_serial() -> std::sync::MutexGuard<'static, ()> {
     COMPUTE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A compute test's node (one 16 GiB device, the node's monitor), the compute lock held while
+/// it lives; `None` without root (the test passes vacuously, saying why).
+fn compute_node() -> Option<(std::sync::MutexGuard<'static, ()>, Node)> {
+    need_root!(None);
+    let serial = compute_serial();
+    Some((serial, Node::new(1, "16Gi", &[])))
+}
+
+/// `c`, a `gpuslice-burn`, saturating the device for `secs` (1 ms kernels, 4 deep) with an
+/// interval line every half second; its output piped, for [`ran`].
+fn saturating<'c>(c: &'c mut Command, secs: &str) -> &'c mut Command {
+    c.args(["--seconds", secs, "--kernel-us", "1000", "--depth", "4"])
+        .args(["--json", "--report-interval", "0.5"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+}
+
 /// A compute tenant: `gpuslice-burn` saturating the device for `secs` with interval lines.
 fn compute_tenant(n: &Node, uid: u32, slice: &str, share: &str, secs: &str) -> Child {
     let mut c = n.burn(uid);
-    c.args(["--seconds", secs, "--kernel-us", "1000", "--depth", "4"])
-        .args(["--json", "--report-interval", "0.5"])
+    saturating(&mut c, secs)
         .env("GPUSLICE_SLICE", slice)
-        .env("GPUSLICE_COMPUTE", share)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env("GPUSLICE_COMPUTE", share);
     // A slice name starting with "be-" has no memory quota: its processes charge into their
     // user's best-effort pool, whose region is where they ask for turns.
     if !slice.starts_with("be-") {
         c.env("GPUSLICE_MEMORY", "1Gi");
     }
     c.spawn().unwrap()
+}
+
+/// The pair most tests here run: a 0.25 slice of `TENANT_A` (`{prefix}q`) and a 0.75 slice of
+/// `TENANT_B` (`{prefix}tq`), each saturating the device for `secs`.
+fn quarter_pair(n: &Node, prefix: &str, secs: &str) -> (Child, Child) {
+    (
+        compute_tenant(n, TENANT_A, &format!("{prefix}q"), "0.25", secs),
+        compute_tenant(n, TENANT_B, &format!("{prefix}tq"), "0.75", secs),
+    )
 }
 
 /// A finished compute tenant: `(start, end, gpu_seconds)` per interval on CLOCK_MONOTONIC.
@@ -91,6 +114,24 @@ fn fraction_in(r: &Ran, from: f64, to: f64) -> f64 {
     inside.iter().map(|s| s.2).sum::<f64>() / span
 }
 
+/// Both tenants' fractions of the device inside `[from, to]`, and the first one's part of what
+/// the two got.
+fn parts(a: &Ran, b: &Ran, from: f64, to: f64) -> (f64, f64, f64) {
+    let (fa, fb) = (fraction_in(a, from, to), fraction_in(b, from, to));
+    (fa, fb, fa / (fa + fb))
+}
+
+/// Now on CLOCK_MONOTONIC, in seconds (burn's `mono`).
+fn mono() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
 fn per_interval(r: &Ran) -> Vec<String> {
     r.spans
         .iter()
@@ -103,11 +144,10 @@ fn per_interval(r: &Ran) -> Vec<String> {
 /// write the lease: the policy is read-only to them).
 #[test]
 fn node_mode_compute_shares_are_granted_by_the_monitor() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
-    let a = compute_tenant(&n, TENANT_A, "q", "0.25", "11.5");
-    let b = compute_tenant(&n, TENANT_B, "tq", "0.75", "11.5");
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
+    let (a, b) = quarter_pair(&n, "", "11.5");
     let (a, b) = (ran(a), ran(b));
     let (from, to) = all_ran(&[&a, &b], 1.0);
     assert!(
@@ -115,8 +155,7 @@ fn node_mode_compute_shares_are_granted_by_the_monitor() {
         "the tenants ran together {:.1} s only",
         to - from
     );
-    let (fa, fb) = (fraction_in(&a, from, to), fraction_in(&b, from, to));
-    let part = fa / (fa + fb);
+    let (fa, fb, part) = parts(&a, &b, from, to);
     println!(
         "node mode 0.25/0.75 over {:.1} s: {fa:.3} + {fb:.3} of the device, part {part:.3}",
         to - from
@@ -150,15 +189,13 @@ fn node_mode_compute_shares_are_granted_by_the_monitor() {
 /// pool, shared by that user's best-effort slices) get their compute shares the same way.
 #[test]
 fn best_effort_memory_slices_get_their_compute_shares() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
-    let a = compute_tenant(&n, TENANT_A, "be-q", "0.25", "6.5");
-    let b = compute_tenant(&n, TENANT_B, "be-tq", "0.75", "6.5");
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
+    let (a, b) = quarter_pair(&n, "be-", "6.5");
     let (a, b) = (ran(a), ran(b));
     let (from, to) = all_ran(&[&a, &b], 1.0);
-    let (fa, fb) = (fraction_in(&a, from, to), fraction_in(&b, from, to));
-    let part = fa / (fa + fb);
+    let (fa, fb, part) = parts(&a, &b, from, to);
     println!("best-effort memory, 0.25/0.75: {fa:.3} + {fb:.3}, part {part:.3}");
     assert!(
         (part - 0.25).abs() <= 0.04,
@@ -173,9 +210,9 @@ fn best_effort_memory_slices_get_their_compute_shares() {
 /// process: it gets no more than its share, and the other tenant is never stalled.
 #[test]
 fn a_tenant_scribbling_its_turn_words_gets_no_more_than_its_share() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
     let a = compute_tenant(&n, TENANT_A, "hostile", "0.25", "9.5");
     wait_for_slice(&n, "hostile", 1);
     let scribbler = n
@@ -190,7 +227,7 @@ fn a_tenant_scribbling_its_turn_words_gets_no_more_than_its_share() {
     let o = scribbler.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let (from, to) = all_ran(&[&a, &b], 1.0);
-    let (fa, fb) = (fraction_in(&a, from, to), fraction_in(&b, from, to));
+    let (fa, fb, part) = parts(&a, &b, from, to);
     let detail = format!(
         "a: {:?}\nb: {:?}\nscribbler: {}",
         per_interval(&a),
@@ -200,7 +237,6 @@ fn a_tenant_scribbling_its_turn_words_gets_no_more_than_its_share() {
     println!("beside a scribbler: it {fa:.3}, the honest one {fb:.3}");
     // Of the GPU time the two got, the scribbler's slice got no more than its share (4 points),
     // and the honest one no less than its own; neither below its share less 0.15 of the device.
-    let part = fa / (fa + fb);
     assert!(
         part <= 0.25 + 0.04,
         "the scribbler's slice got {part:.3} of it\n{detail}"
@@ -224,24 +260,17 @@ fn a_tenant_scribbling_its_turn_words_gets_no_more_than_its_share() {
 /// the monitor grants the next turn when the lease ends, and the stopped slice stops competing.
 #[test]
 fn a_stopped_compute_holder_costs_the_other_about_a_lease() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
     let a = compute_tenant(&n, TENANT_A, "stopped", "0.5", "30");
     let b = compute_tenant(&n, TENANT_B, "goes-on", "0.5", "6");
     wait_for_slice(&n, "goes-on", 1);
     std::thread::sleep(Duration::from_secs(2));
     let pid = a.id() as i32;
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: our child (setpriv exec'd into the burn, same pid); a valid out-parameter.
-    unsafe {
-        libc::kill(pid, libc::SIGSTOP);
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
-    }
-    let stopped_at = ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+    // SAFETY: our child (setpriv exec'd into the burn, same pid).
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped_at = mono();
     let b = ran(b);
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -280,22 +309,12 @@ fn a_stopped_compute_holder_costs_the_other_about_a_lease() {
 /// again, the shares back from its first second.
 #[test]
 fn compute_goes_unthrottled_while_the_monitor_is_down_and_shares_come_back() {
-    need_root!();
-    let _serial = compute_serial();
-    let mut n = Node::new(1, "16Gi", &[]);
-    let a = compute_tenant(&n, TENANT_A, "q", "0.25", "10");
-    let b = compute_tenant(&n, TENANT_B, "tq", "0.75", "10");
+    let Some((_serial, mut n)) = compute_node() else {
+        return;
+    };
+    let (a, b) = quarter_pair(&n, "", "10");
     wait_for_slice(&n, "q", 1);
     wait_for_slice(&n, "tq", 1);
-    let mono = || {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid out-parameter.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-    };
     std::thread::sleep(Duration::from_secs(2));
     let down = mono();
     n.stop_monitor();
@@ -312,10 +331,7 @@ fn compute_goes_unthrottled_while_the_monitor_is_down_and_shares_come_back() {
             assert!(f(&w[0]) > 0.05 || f(&w[1]) > 0.05, "frozen\n{detail}");
         }
     }
-    let part = |from: f64, to: f64| {
-        let (fa, fb) = (fraction_in(&a, from, to), fraction_in(&b, from, to));
-        fa / (fa + fb)
-    };
+    let part = |from: f64, to: f64| parts(&a, &b, from, to).2;
     // Unthrottled: the fake engine splits about evenly between the two.
     let unthrottled = part(down + 1.5, up);
     // Granted again: the quarter.
@@ -338,9 +354,9 @@ fn compute_goes_unthrottled_while_the_monitor_is_down_and_shares_come_back() {
 /// lease word, and the monitor grants nothing while it runs.
 #[test]
 fn a_solo_slice_in_node_mode_launches_on_the_fast_path() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
     let a = compute_tenant(&n, TENANT_A, "alone", "0.25", "3");
     wait_for_slice(&n, "alone", 1);
     std::thread::sleep(Duration::from_millis(500));
@@ -364,18 +380,13 @@ fn a_solo_slice_in_node_mode_launches_on_the_fast_path() {
 /// the device (never a solo lease: its budget is the monitor's).
 #[test]
 fn a_capped_slice_alone_is_held_to_its_cap_in_node_mode() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
-    let a = n
-        .burn(TENANT_A)
-        .args(["--seconds", "5", "--kernel-us", "1000", "--depth", "4"])
-        .args(["--json", "--report-interval", "0.5"])
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
+    let a = saturating(&mut n.burn(TENANT_A), "5")
         .env("GPUSLICE_SLICE", "capped")
         .env("GPUSLICE_MEMORY", "1Gi")
         .env("GPUSLICE_COMPUTE_CAP", "0.3")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let a = ran(a);
@@ -400,30 +411,21 @@ fn a_tenant_sets_its_own_slices_priority_in_node_mode() {
     let o = n.cli(0, &["slice", "create", "op", "--memory", "1Gi"]);
     assert!(o.status.success(), "{}", text(&o));
     let run = |slice: &str| {
-        n.burn(TENANT_A)
-            .args(["--alloc", "1Mi", "--hold", "3", "--json"])
-            .env("GPUSLICE_SLICE", slice)
-            .env("GPUSLICE_MEMORY", "512Mi")
-            .env("GPUSLICE_PRIORITY", "latency")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+        let [s, m] = in_slice(slice, "512Mi");
+        holder(
+            &n,
+            TENANT_A,
+            &[s, m, ("GPUSLICE_PRIORITY", "latency")],
+            "1Mi",
+            "3",
+        )
     };
     let (a, b) = (run("mine"), run("op"));
     wait_for_slice(&n, "mine", 1);
     wait_for_slice(&n, "op", 1);
     let s = n.status();
-    let prio = |name: &str| {
-        s["slices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["name"] == name)
-            .map(|x| x["priority"].clone())
-    };
-    assert_eq!(prio("mine"), Some("latency".into()), "{s:#}");
-    assert_eq!(prio("op"), Some("normal".into()), "{s:#}");
+    assert_eq!(slice_named(&s, "mine")["priority"], "latency", "{s:#}");
+    assert_eq!(slice_named(&s, "op")["priority"], "normal", "{s:#}");
     for c in [a, b] {
         let o = c.wait_with_output().unwrap();
         assert!(o.status.success(), "{}", text(&o));
@@ -457,13 +459,9 @@ fn handover_cost_personal_vs_node() {
     for _ in 0..rounds {
         let w = gpuslice_e2e::World::new(1, "16Gi");
         let t = |slice: &str, share: &str| {
-            w.wrapped_burn()
-                .args(["--seconds", "6", "--kernel-us", "1000", "--depth", "4"])
-                .args(["--json", "--report-interval", "0.5"])
+            saturating(&mut w.wrapped_burn(), "6")
                 .env("GPUSLICE_SLICE", slice)
                 .env("GPUSLICE_COMPUTE", share)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
         };
@@ -475,8 +473,7 @@ fn handover_cost_personal_vs_node() {
             measure(a, b, l.devices()[0].sched.leases_total.load(SeqCst)),
         ));
         let n = Node::new(1, "16Gi", &[]);
-        let a = compute_tenant(&n, TENANT_A, "q", "0.25", "6");
-        let b = compute_tenant(&n, TENANT_B, "tq", "0.75", "6");
+        let (a, b) = quarter_pair(&n, "", "6");
         let (a, b) = (ran(a), ran(b));
         let l = gpuslice_ledger::Ledger::open(&n.world.runtime_dir()).unwrap();
         rows.push((
@@ -510,9 +507,9 @@ fn handover_cost_personal_vs_node() {
 #[test]
 #[ignore]
 fn first_grant_latency_in_node_mode() {
-    need_root!();
-    let _serial = compute_serial();
-    let n = Node::new(1, "16Gi", &[]);
+    let Some((_serial, n)) = compute_node() else {
+        return;
+    };
     let holder = compute_tenant(&n, TENANT_A, "holder", "0.5", "14");
     wait_for_slice(&n, "holder", 1);
     std::thread::sleep(Duration::from_millis(500));
@@ -722,20 +719,9 @@ fn tenant_child() {
             // Join the tenant's own slice (same user, same name) and write the worst into
             // every process slot's turn words of its region, for a while; and try to reach the
             // lease, which is the policy's (read-only).
-            use gpuslice_ledger::protocol::{self, Message};
-            use gpuslice_ledger::region::Region;
             use std::sync::atomic::Ordering::SeqCst;
-            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
+            let region = admitted_region(&dir, Some("hostile"), Some(1 << 30), 250_000);
             let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
-            let uuid = l.snapshot().devices[0].uuid.clone();
-            let mut m = Message::new("op", "admit");
-            m.push("slice", "hostile").push(
-                "dev",
-                &format!("{uuid}\t{}\t250000\t1000000\tX\tY", 1u64 << 30),
-            );
-            let (r, fds) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
-            assert!(r.get("err").is_none(), "{r:?}");
-            let region = Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap();
             assert!(!l.writable());
             let secs: f64 = std::env::var("SCRIBBLE_SECONDS").unwrap().parse().unwrap();
             let t0 = Instant::now();

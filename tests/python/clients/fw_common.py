@@ -1,6 +1,7 @@
 """Shared by the framework clients (fw_*.py), which run in the framework venvs on the fake GPU.
 
 - `emit(**kv)`: print one JSON line (the tests read the last one, or each in `serve` mode).
+- `failure(e, oom, name)`: an exception as the tests read it, `{type, message}`.
 - `engine_ns()`: engine time the fake GPU has accounted to this process on device 0, from the
   fake's own books (`fakegpu_engine_ns`, exported by libfakegpu), not from gpuslice.
 - `serve(handlers)`: a line protocol on stdin for clients that hold memory while the test looks
@@ -15,6 +16,13 @@ MI = 1 << 20
 
 def emit(**kv):
     print(json.dumps(kv), flush=True)
+
+
+def failure(e, oom=(), oom_name=None):
+    """An exception as the tests read it: the name of its type (`oom_name` for any instance of
+    the framework's out-of-memory exception `oom`) and the start of its message."""
+    name = oom_name if oom and isinstance(e, oom) else type(e).__name__
+    return dict(type=name, message=str(e)[:300])
 
 
 def engine_ns():

@@ -4,7 +4,7 @@ import sys
 
 import cupy as cp
 
-from fw_common import MI, emit, serve
+from fw_common import MI, emit, failure, serve
 
 pool = cp.get_default_memory_pool()
 
@@ -25,11 +25,8 @@ def fill(step_mib):
     while len(held) < 10_000:
         try:
             held.append(cp.empty(step_mib * MI, dtype=cp.uint8))
-        except cp.cuda.memory.OutOfMemoryError as e:
-            error = dict(type="OutOfMemoryError", message=str(e)[:300])
-            break
         except Exception as e:
-            error = dict(type=type(e).__name__, message=str(e)[:300])
+            error = failure(e, cp.cuda.memory.OutOfMemoryError, "OutOfMemoryError")
             break
     n = len(held)
     del held

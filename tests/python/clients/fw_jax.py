@@ -12,7 +12,7 @@ hardware_utils.has_visible_nvidia_gpu = lambda: True
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from fw_common import MI, emit  # noqa: E402
+from fw_common import MI, emit, failure  # noqa: E402
 
 
 def stats():
@@ -29,8 +29,7 @@ def fill(step_mib):
         try:
             held.append(jnp.zeros((step_mib * MI,), dtype=jnp.uint8).block_until_ready())
         except Exception as e:
-            error = dict(type=type(e).__name__, message=str(e)[:300],
-                         resource_exhausted="RESOURCE_EXHAUSTED" in str(e))
+            error = dict(failure(e), resource_exhausted="RESOURCE_EXHAUSTED" in str(e))
             break
     emit(platform=dev.platform, before=before, first=first, allocated=len(held) - 1, error=error,
          after=stats())

@@ -16,7 +16,7 @@ for sp in site.getsitepackages():
 
 import tensorflow as tf  # noqa: E402
 
-from fw_common import MI, emit, serve  # noqa: E402
+from fw_common import MI, emit, failure, serve  # noqa: E402
 
 
 def setup(how):
@@ -46,11 +46,8 @@ def fill(step_mib, how):
                 _ = t.shape
                 held.append(t)
                 info()
-            except tf.errors.ResourceExhaustedError as e:
-                error = dict(type="ResourceExhaustedError", message=str(e)[:300])
-                break
             except Exception as e:
-                error = dict(type=type(e).__name__, message=str(e)[:300])
+                error = failure(e, tf.errors.ResourceExhaustedError, "ResourceExhaustedError")
                 break
     emit(allocated=len(held), error=error, info=info(), allocator=os.environ.get("TF_GPU_ALLOCATOR"))
 

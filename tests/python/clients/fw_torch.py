@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from fw_common import MI, emit, engine_ns, serve
+from fw_common import MI, emit, engine_ns, failure, serve
 
 
 def info():
@@ -23,11 +23,8 @@ def fill(step_mib, limit=10_000):
     for _ in range(limit):
         try:
             held.append(torch.empty(step_mib * MI, dtype=torch.uint8, device="cuda"))
-        except torch.cuda.OutOfMemoryError as e:
-            error = dict(type="OutOfMemoryError", message=str(e)[:300])
-            break
         except Exception as e:
-            error = dict(type=type(e).__name__, message=str(e)[:300])
+            error = failure(e, torch.cuda.OutOfMemoryError, "OutOfMemoryError")
             break
         max_reserved = max(max_reserved, torch.cuda.memory_reserved())
     n = len(held)
