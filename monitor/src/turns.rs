@@ -746,34 +746,29 @@ mod tests {
     /// (request/response work was charged about 3x its GPU time in node mode).
     #[test]
     fn a_latency_holder_done_with_its_burst_pays_only_a_short_grace() {
-        let os = Clock::at(T0);
-        let dev = SchedDevice::default();
-        let t = slices(&[(0.2, 1.0), (0.8, 1.0)]);
-        t.get(1).unwrap().0.class.store(CLASS_LATENCY, SeqCst);
-        let w = [GrantProc::default(), GrantProc::default()];
-        let m = members(&w);
-        w[0].want_ns.store(T0, SeqCst);
+        let p = World::new(&[(0.2, 1.0), (0.8, 1.0)]);
+        p.t.get(1).unwrap().0.class.store(CLASS_LATENCY, SeqCst);
+        p.w[0].want_ns.store(T0, SeqCst);
         let mut dt = DeviceTurns::default();
-        dt.step(&os, &dev, &t, &m, T0);
+        p.step(&mut dt, T0);
         // The trainer asks; the latency slice's solo lease becomes one ordinary lease.
-        w[1].want_ns.store(T0 + MS, SeqCst);
-        dt.step(&os, &dev, &t, &m, T0 + MS);
-        let l = one(&dev);
+        p.w[1].want_ns.store(T0 + MS, SeqCst);
+        p.step(&mut dt, T0 + MS);
+        let l = p.lease();
         assert_eq!((l.holder, l.solo), (1, false));
         // Its burst is queued until 1.5 ms, and it launches nothing more.
-        w[0].want_ns.store(0, SeqCst);
-        w[0].busy_until_ns.store(T0 + MS + MS / 2, SeqCst);
-        let look = dt.step(&os, &dev, &t, &m, T0 + MS + 100_000);
-        let idle_at = T0 + MS + MS / 2 + idle_grace(t.get(1).unwrap().0);
+        p.w[0].want_ns.store(0, SeqCst);
+        p.w[0].busy_until_ns.store(T0 + MS + MS / 2, SeqCst);
+        let look = p.step(&mut dt, T0 + MS + 100_000);
+        let idle_at = T0 + MS + MS / 2 + idle_grace(p.t.get(1).unwrap().0);
         assert!(look <= idle_at + 1, "looked at {look}, idle at {idle_at}");
-        dt.step(&os, &dev, &t, &m, look);
+        p.step(&mut dt, look);
         assert_eq!(
-            one(&dev).holder,
+            p.lease().holder,
             2,
             "the trainer's turn, at the end of the grace"
         );
-        let vt = t.get(1).unwrap().0.vt.load(SeqCst);
-        let paid = vt * 200_000 / PPM as u64;
+        let paid = p.vt(1) * 200_000 / PPM as u64;
         assert!(
             paid <= MS / 2 + MS / 2,
             "paid {paid} ns for a turn whose work ended 0.5 ms in"
