@@ -185,11 +185,17 @@ mod tests {
         .unwrap();
     }
 
-    #[test]
-    fn a_change_applies_to_the_record_and_the_device_sums() {
+    /// [`ledger`] with the operator slices `a` (2 GiB, share 0.25) and `b` (2 GiB, share 0.5).
+    fn a_and_b() -> (Ledger, std::path::PathBuf) {
         let (l, dir, _) = ledger();
         operator(&l, "a", 2 << 30, 0.25);
         operator(&l, "b", 2 << 30, 0.5);
+        (l, dir)
+    }
+
+    #[test]
+    fn a_change_applies_to_the_record_and_the_device_sums() {
+        let (l, dir) = a_and_b();
         let change = SliceChange {
             memory: Some(3 << 30),
             compute_share_ppm: Some(500_000),
@@ -218,45 +224,31 @@ mod tests {
 
     #[test]
     fn admission_is_rechecked_and_nothing_changes_on_refusal() {
-        let (l, dir, _) = ledger();
-        operator(&l, "a", 2 << 30, 0.25);
-        operator(&l, "b", 2 << 30, 0.5);
-        let e = l
-            .set_slice(
-                "a",
-                &SliceChange {
-                    compute_share_ppm: Some(600_000),
-                    ..Default::default()
-                },
-            )
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("requested 0.60, available 0.50"), "{e}");
-        let e = l
-            .set_slice(
-                "a",
-                &SliceChange {
-                    memory: Some(7 << 30),
-                    compute_share_ppm: Some(100_000),
-                    ..Default::default()
-                },
-            )
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("requested 7 GiB, available 6 GiB"), "{e}");
-        // All or nothing: the share did not change either.
-        assert_eq!(l.devices()[0].compute_reserved.load(SeqCst), 750_000);
-        let e = l
-            .set_slice(
-                "a",
-                &SliceChange {
-                    compute_cap_ppm: Some(100_000),
-                    ..Default::default()
-                },
-            )
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("--compute-cap"), "{e}");
+        let (l, dir) = a_and_b();
+        // Each refusal, in turn, with what its message names.
+        let share = SliceChange {
+            compute_share_ppm: Some(600_000),
+            ..Default::default()
+        };
+        let memory_and_share = SliceChange {
+            memory: Some(7 << 30),
+            compute_share_ppm: Some(100_000),
+            ..Default::default()
+        };
+        let cap_below_share = SliceChange {
+            compute_cap_ppm: Some(100_000),
+            ..Default::default()
+        };
+        for (change, says) in [
+            (share, "requested 0.60, available 0.50"),
+            (memory_and_share, "requested 7 GiB, available 6 GiB"),
+            (cap_below_share, "--compute-cap"),
+        ] {
+            let e = l.set_slice("a", &change).unwrap_err().to_string();
+            assert!(e.contains(says), "{change:?}: {e}");
+            // All or nothing: the share did not change either.
+            assert_eq!(l.devices()[0].compute_reserved.load(SeqCst), 750_000);
+        }
         assert!(matches!(
             l.set_slice("nope", &SliceChange::default()),
             Err(LedgerError::NoSuchSlice(_))

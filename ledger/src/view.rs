@@ -486,16 +486,26 @@ mod tests {
     use super::*;
     use crate::{OperatorSlice, SliceRequest};
 
+    /// The directory of one test, not there yet (a leftover of an earlier run is removed).
     fn dir(tag: &str) -> std::path::PathBuf {
-        std::env::temp_dir().join(format!("gpuslice-view-{tag}-{}", std::process::id()))
+        let d = std::env::temp_dir().join(format!("gpuslice-view-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
     }
 
     const UUID: &str = "GPU-00000000-0000-0000-0000-0000000000aa";
 
+    /// A new ledger in [`dir`]`(tag)` with the one device [`UUID`] of `total` bytes.
+    fn ledger(tag: &str, total: u64) -> (std::path::PathBuf, Ledger, usize) {
+        let d = dir(tag);
+        let l = Ledger::open_or_create(&d).unwrap();
+        let dev = l.ensure_device(UUID, "Fake", total).unwrap();
+        (d, l, dev)
+    }
+
     #[test]
     fn missing_ledger_is_none_and_nothing_is_created() {
         let d = dir("missing");
-        let _ = std::fs::remove_dir_all(&d);
         assert!(ReadOnlyLedger::open(&d).unwrap().is_none());
         assert!(!d.exists());
         std::fs::create_dir_all(&d).unwrap();
@@ -514,10 +524,7 @@ mod tests {
 
     #[test]
     fn sees_slices_usage_and_processes_without_writing() {
-        let d = dir("slices");
-        let _ = std::fs::remove_dir_all(&d);
-        let l = Ledger::open_or_create(&d).unwrap();
-        let dev = l.ensure_device(UUID, "Fake", 16 << 30).unwrap();
+        let (d, l, dev) = ledger("slices", 16 << 30);
         l.create_operator_slice(&OperatorSlice {
             name: "op".into(),
             device: UUID.into(),
@@ -575,7 +582,6 @@ mod tests {
     #[test]
     fn a_replaced_ledger_is_noticed() {
         let d = dir("replaced");
-        let _ = std::fs::remove_dir_all(&d);
         drop(Ledger::open_or_create(&d).unwrap());
         let ro = ReadOnlyLedger::open(&d).unwrap().unwrap();
         assert!(ro.is_current(&d));
@@ -588,10 +594,7 @@ mod tests {
 
     #[test]
     fn hostile_records_are_bounded() {
-        let d = dir("hostile");
-        let _ = std::fs::remove_dir_all(&d);
-        let l = Ledger::open_or_create(&d).unwrap();
-        let dev = l.ensure_device(UUID, "Fake", 8 << 30).unwrap();
+        let (d, l, dev) = ledger("hostile", 8 << 30);
         let me = l.attach("x").unwrap();
         let j = l
             .join(me, dev, &SliceRequest::new(Some("x"), Some(1 << 30)))

@@ -3,16 +3,15 @@
 //! reported, never a panic, and new processes still attach and join.
 
 mod common;
-use common::fresh_dir;
+use common::{fresh_dir, Scratch};
 use gpuslice_ledger::layout::*;
 use gpuslice_ledger::{Ledger, SliceRequest};
-use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 
 const MI: u64 = 1 << 20;
 
 /// A new ledger in its own directory for test `tag`, with one 8 GiB device of UUID `uuid`.
-fn ledger(tag: &str, uuid: &str) -> (PathBuf, Ledger, usize) {
+fn ledger(tag: &str, uuid: &str) -> (Scratch, Ledger, usize) {
     let d = fresh_dir("hostile", tag);
     let l = Ledger::open_or_create(&d).unwrap();
     let dev = l.ensure_device(uuid, "Fake", 8 << 30).unwrap();
@@ -50,12 +49,11 @@ fn a_slice_on_device_9999_is_skipped_and_reported() {
     let other = Ledger::open(&d).unwrap();
     a_newcomer_works(&other, dev);
     drop((l, other));
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn a_dead_process_with_account_70000_does_not_stop_new_processes() {
-    let (d, l, dev) = ledger("account", "GPU-00000000-0000-0000-0000-000000000002");
+    let (_d, l, dev) = ledger("account", "GPU-00000000-0000-0000-0000-000000000002");
     // A record of a process that is gone (no liveness lock), its account scribbled.
     let dead = &l.procs()[7];
     dead.pid.store(4242, SeqCst);
@@ -85,13 +83,11 @@ fn a_dead_process_with_account_70000_does_not_stop_new_processes() {
         "the bad record is freed"
     );
     a_newcomer_works(&l, dev);
-    drop(l);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn an_own_record_with_a_bad_slice_index_is_refused_not_used() {
-    let (d, l, dev) = ledger("own", "GPU-00000000-0000-0000-0000-000000000003");
+    let (_d, l, dev) = ledger("own", "GPU-00000000-0000-0000-0000-000000000003");
     let me = l.attach("").unwrap();
     l.procs()[me.slot].devices[dev].slice.store(50_000, SeqCst);
     l.procs()[me.slot].devices[dev]
@@ -100,6 +96,4 @@ fn an_own_record_with_a_bad_slice_index_is_refused_not_used() {
     assert!(l.join(me, dev, &SliceRequest::new(None, Some(MI))).is_err());
     assert!(l.account(me, dev).is_none());
     l.detach(me).unwrap();
-    drop(l);
-    std::fs::remove_dir_all(&d).unwrap();
 }

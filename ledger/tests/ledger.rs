@@ -6,9 +6,9 @@
 //! crate), so they run the real ledger code in a separate process.
 
 mod common;
-use common::fresh_dir;
+use common::{fresh_dir, Scratch};
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceRequest, PPM};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -16,8 +16,16 @@ use std::time::{Duration, Instant};
 const MI: u64 = 1 << 20;
 const UUID: &str = "GPU-00000000-1111-2222-3333-444444444444";
 
-fn dir(tag: &str) -> PathBuf {
+fn dir(tag: &str) -> Scratch {
     fresh_dir("ledger-test", tag)
+}
+
+/// A new ledger in [`dir`]`(tag)` with the one device [`UUID`] of `total` bytes.
+fn ledger(tag: &str, total: u64) -> (Scratch, Ledger, usize) {
+    let d = dir(tag);
+    let l = Ledger::open_or_create(&d).unwrap();
+    let dev = l.ensure_device(UUID, "test", total).unwrap();
+    (d, l, dev)
 }
 
 fn child(dir: &Path, mode: &str) -> Child {
@@ -57,7 +65,7 @@ fn creation_races_end_with_one_ledger() {
     let d = dir("race");
     let handles: Vec<_> = (0..8)
         .map(|_| {
-            let d = d.clone();
+            let d = d.to_path_buf();
             std::thread::spawn(move || {
                 let l = Ledger::open_or_create(&d).unwrap();
                 l.ensure_device(UUID, "test", 8 << 30).unwrap()
@@ -74,7 +82,6 @@ fn creation_races_end_with_one_ledger() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names, ["ledger"], "no temporary files left");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -97,14 +104,11 @@ fn a_foreign_or_other_version_file_is_a_clear_error() {
     assert!(Ledger::open(&d).is_err());
     let e = Ledger::open(&dir("missing")).err().unwrap();
     assert!(matches!(e, LedgerError::NotFound(_)), "{e}");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
 fn admission_reservations_and_best_effort() {
-    let d = dir("admission");
-    let l = Ledger::open_or_create(&d).unwrap();
-    let dev = l.ensure_device(UUID, "test", 1000 * MI).unwrap();
+    let (_d, l, dev) = ledger("admission", 1000 * MI);
     let p1 = l.attach("").unwrap();
     l.join(p1, dev, &SliceRequest::new(None, Some(600 * MI)))
         .unwrap();
@@ -150,14 +154,11 @@ fn admission_reservations_and_best_effort() {
     l.detach(p1).unwrap();
     l.join(p4, dev, &SliceRequest::new(None, Some(500 * MI)))
         .unwrap();
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
 fn operator_slices_persist_and_win() {
-    let d = dir("operator");
-    let l = Ledger::open_or_create(&d).unwrap();
-    let dev = l.ensure_device(UUID, "test", 1000 * MI).unwrap();
+    let (_d, l, dev) = ledger("operator", 1000 * MI);
     let spec = |m| OperatorSlice {
         name: "team".into(),
         device: UUID.into(),
@@ -197,7 +198,6 @@ fn operator_slices_persist_and_win() {
         l.remove_slice("team"),
         Err(LedgerError::NoSuchSlice(_))
     ));
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -259,14 +259,11 @@ fn threads_of_many_processes_never_exceed_the_quota() {
         "the last leaver removed the slice"
     );
     assert_eq!(l.snapshot().devices[0].memory_reserved, 0);
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
 fn sigkill_at_any_instruction_returns_exactly_what_the_dead_held() {
-    let d = dir("sigkill");
-    let l = Ledger::open_or_create(&d).unwrap();
-    let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
+    let (d, l, dev) = ledger("sigkill", 64 << 30);
     l.create_operator_slice(&OperatorSlice {
         name: "s".into(),
         device: UUID.into(),
@@ -344,7 +341,6 @@ fn sigkill_at_any_instruction_returns_exactly_what_the_dead_held() {
         assert_eq!(a.used(), held);
         assert_eq!(a.charged(), held);
     });
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -371,5 +367,4 @@ fn a_lock_holder_killed_does_not_hang_anyone() {
     assert!(t.elapsed() < Duration::from_secs(30));
     k.kill().unwrap();
     k.wait().unwrap();
-    let _ = std::fs::remove_dir_all(&d);
 }

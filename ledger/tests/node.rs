@@ -4,19 +4,18 @@
 //! these tests print why and pass vacuously (CI runs as root).
 
 mod common;
-use common::{node_policy, peer, Table};
+use common::{node_policy, peer, Scratch, Table};
 use gpuslice_ledger::layout::{POOL_ACCOUNT_BASE, STATE_ACTIVE};
-use gpuslice_ledger::node::{DeviceAsk, Limits};
+use gpuslice_ledger::node::{Admitted, DeviceAsk, Limits};
 use gpuslice_ledger::region::Region;
-use gpuslice_ledger::{Account, Ledger, SliceRequest};
-use std::path::PathBuf;
+use gpuslice_ledger::{Account, Ledger, LedgerError, SliceRequest};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
 const GI: u64 = 1 << 30;
 const UUID: &str = "GPU-00000000-0000-0000-0000-00000000000a";
 
-fn node(tag: &str) -> Option<(Ledger, Arc<Table>, PathBuf)> {
+fn node(tag: &str) -> Option<(Ledger, Arc<Table>, Scratch)> {
     node_policy("node", tag, &[UUID])
 }
 
@@ -27,9 +26,20 @@ fn ask(name: Option<&str>, memory: Option<u64>) -> Vec<DeviceAsk> {
     }]
 }
 
+/// Process `pid` of user `uid` admitted under the default per-user bounds, asking for slice
+/// `name` (none: the user's best-effort pool) with `memory`.
+fn admit(
+    l: &Ledger,
+    (pid, uid): (u32, u32),
+    name: Option<&str>,
+    memory: Option<u64>,
+) -> Result<Admitted, LedgerError> {
+    l.admit(&peer(pid, uid), "", &ask(name, memory), &Limits::default())
+}
+
 #[test]
 fn admission_bounds_and_one_record_per_process() {
-    let Some((l, _t, d)) = node("bounds") else {
+    let Some((l, _t, _d)) = node("bounds") else {
         return;
     };
     assert!(l.is_node());
@@ -64,22 +74,15 @@ fn admission_bounds_and_one_record_per_process() {
         e.to_string().contains("not one the node's monitor knows"),
         "{e}"
     );
-    drop(l);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn the_monitor_reaps_by_its_own_liveness_into_the_regions() {
-    let Some((l, t, d)) = node("reap") else {
+    let Some((l, t, _d)) = node("reap") else {
         return;
     };
-    let lim = Limits::default();
-    let a = l
-        .admit(&peer(30, 1000), "", &ask(Some("s"), Some(4 * GI)), &lim)
-        .unwrap();
-    let b = l
-        .admit(&peer(31, 1000), "", &ask(Some("s"), Some(4 * GI)), &lim)
-        .unwrap();
+    let a = admit(&l, (30, 1000), Some("s"), Some(4 * GI)).unwrap();
+    let b = admit(&l, (31, 1000), Some("s"), Some(4 * GI)).unwrap();
     let key = a.devices[0].key;
     let r = t.make(key);
     let dev = &l.devices()[a.devices[0].device];
@@ -106,19 +109,14 @@ fn the_monitor_reaps_by_its_own_liveness_into_the_regions() {
     l.mirror_usage(t.as_ref());
     let snap = l.snapshot();
     assert_eq!(snap.slices[0].memory_used, GI);
-    drop(l);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn best_effort_grants_are_fair_and_a_liar_keeps_at_most_its_grant() {
-    let Some((l, t, d)) = node("pools") else {
+    let Some((l, t, _d)) = node("pools") else {
         return;
     };
-    let lim = Limits::default();
-    let a = l
-        .admit(&peer(40, 1000), "", &ask(None, None), &lim)
-        .unwrap();
+    let a = admit(&l, (40, 1000), None, None).unwrap();
     let pa = a.devices[0].pool.unwrap();
     let ra = t.make(POOL_ACCOUNT_BASE + pa as u32);
     l.rebalance_pools().unwrap();
@@ -129,9 +127,7 @@ fn best_effort_grants_are_fair_and_a_liar_keeps_at_most_its_grant() {
     );
     let acc_a = Account::in_pool(&l.pools()[pa], &ra, a.slot).unwrap();
     assert!(acc_a.try_charge(4 * GI));
-    let b = l
-        .admit(&peer(41, 2000), "", &ask(None, None), &lim)
-        .unwrap();
+    let b = admit(&l, (41, 2000), None, None).unwrap();
     let pb = b.devices[0].pool.unwrap();
     assert_ne!(pa, pb, "one pool per user");
     let rb = t.make(POOL_ACCOUNT_BASE + pb as u32);
@@ -168,18 +164,13 @@ fn best_effort_grants_are_fair_and_a_liar_keeps_at_most_its_grant() {
     };
     let before = held(pa, &ra) + held(pb, &rb);
     assert!(before <= 15 * GI, "{before}");
-    l.admit(&peer(42, 3000), "", &ask(Some("q"), Some(GI)), &lim)
-        .expect("1 GiB fits beside what the pools may hold");
+    admit(&l, (42, 3000), Some("q"), Some(GI)).expect("1 GiB fits beside what the pools may hold");
     let grants = l.pools()[pa].grant.load(SeqCst) + l.pools()[pb].grant.load(SeqCst);
     assert!(
         grants <= 15 * GI,
         "grants lowered to the new reservation: {grants}"
     );
     // A quota that does not fit beside the pools is refused, naming what is available.
-    let e = l
-        .admit(&peer(43, 3000), "", &ask(Some("big"), Some(8 * GI)), &lim)
-        .unwrap_err();
+    let e = admit(&l, (43, 3000), Some("big"), Some(8 * GI)).unwrap_err();
     assert!(e.to_string().contains("requested 8 GiB"), "{e}");
-    drop(l);
-    std::fs::remove_dir_all(&d).unwrap();
 }

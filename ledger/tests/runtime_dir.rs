@@ -3,10 +3,10 @@
 //! refused path points to is ever created, truncated or written.
 
 mod common;
-use common::{fresh_dir, is_root};
+use common::{fresh_dir, is_root, Scratch};
 use gpuslice_ledger::{Ledger, LedgerError};
 use std::os::unix::fs::{symlink, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Why `Ledger::open_or_create(rt)` is refused (the test fails if it is not).
 fn refused(rt: &Path) -> LedgerError {
@@ -14,7 +14,7 @@ fn refused(rt: &Path) -> LedgerError {
 }
 
 /// A new, empty directory of mode 0755 for one test.
-fn dir(tag: &str) -> PathBuf {
+fn dir(tag: &str) -> Scratch {
     let d = fresh_dir("rtdir", tag);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -36,7 +36,6 @@ fn a_planted_ledger_symlink_is_refused_and_its_target_untouched() {
     );
     assert!(Ledger::open(&rt).is_err());
     assert_eq!(std::fs::read(&target).unwrap(), b"keep me");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -48,7 +47,6 @@ fn a_symlinked_directory_is_refused() {
     let e = refused(&d.join("rt"));
     assert!(e.to_string().contains("symbolic link"), "{e}");
     assert!(!real.join("ledger").exists());
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -63,7 +61,6 @@ fn a_world_writable_directory_is_refused_with_the_fix() {
         "{e}"
     );
     assert!(!rt.join("ledger").exists());
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -80,8 +77,6 @@ fn a_new_directory_and_ledger_are_private_to_their_owner() {
         & 0o7777;
     assert_eq!(dm & 0o022, 0, "directory mode {dm:o}");
     assert_eq!(fm, 0o600, "ledger mode {fm:o}");
-    drop(l);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -92,7 +87,6 @@ fn a_ledger_writable_by_others_is_refused() {
     std::fs::set_permissions(rt.join("ledger"), std::fs::Permissions::from_mode(0o666)).unwrap();
     let e = Ledger::open(&rt).err().expect("refused").to_string();
     assert!(e.contains("writable by group or others"), "{e}");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -118,7 +112,6 @@ fn files_or_directories_of_another_user_are_refused() {
         e.contains("owned by uid 4242") && e.contains("gpuslice monitor"),
         "{e}"
     );
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]

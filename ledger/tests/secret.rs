@@ -24,14 +24,18 @@ fn join(
     uuid: &str,
     secret: Option<&Secret>,
 ) -> Result<Admitted, LedgerError> {
-    let lim = Limits::default();
     l.admit_with_secret(
         &peer(pid, uid),
         name,
         &ask(name, uuid),
-        &lim,
+        &Limits::default(),
         secret.map(Secret::expose),
     )
+}
+
+/// The same through the request of before join secrets (no secret field): [`Ledger::admit`].
+fn admit(l: &Ledger, pid: u32, uid: u32, name: &str, uuid: &str) -> Result<Admitted, LedgerError> {
+    l.admit(&peer(pid, uid), name, &ask(name, uuid), &Limits::default())
 }
 
 fn op(name: &str, device: &str) -> OperatorSlice {
@@ -57,7 +61,6 @@ fn a_secret_slice_admits_only_with_its_secret_and_root() {
     let Some((l, _, d)) = node_policy("secret", "admit", &[UUID, UUID2]) else {
         return;
     };
-    let lim = Limits::default();
     let s = Secret::generate().unwrap();
     l.create_operator_slice_with_secret(&op("claim", UUID), Some(&s))
         .unwrap();
@@ -76,9 +79,7 @@ fn a_secret_slice_admits_only_with_its_secret_and_root() {
         .to_string();
     assert!(e.contains("does not match"), "{e}");
     // The old request (no secret field) is the same as none.
-    assert!(l
-        .admit(&peer(12, 1000), "claim", &ask("claim", UUID), &lim)
-        .is_err());
+    assert!(admit(&l, 12, 1000, "claim", UUID).is_err());
     // Naming it on another device (a new slice of that name) is refused the same way.
     assert!(join(&l, 13, 1000, "claim", UUID2, None).is_err());
     // The right secret: admitted, into the operator's slice with its quota.
@@ -88,8 +89,7 @@ fn a_secret_slice_admits_only_with_its_secret_and_root() {
     join(&l, 15, 0, "claim", UUID, None).unwrap();
     // A slice without a secret stays open to every uid that names it (as before).
     l.create_operator_slice(&op("open", UUID)).unwrap();
-    l.admit(&peer(16, 2000), "open", &ask("open", UUID), &lim)
-        .unwrap();
+    admit(&l, 16, 2000, "open", UUID).unwrap();
 
     // The secret is in a root-only file, not in the policy tenants map.
     let f = d.join(SECRETS_FILE);
@@ -124,16 +124,13 @@ fn a_secret_slice_admits_only_with_its_secret_and_root() {
     let (l, _) = open_node(&d, &[UUID, UUID2]);
     assert!(join(&l, 17, 1000, "claim", UUID, None).is_err());
     join(&l, 18, 1000, "claim", UUID, Some(&s)).unwrap();
-    drop(l);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn a_secret_goes_with_the_last_slice_of_its_name() {
-    let Some((l, t, d)) = node_policy("secret", "prune", &[UUID, UUID2]) else {
+    let Some((l, t, _d)) = node_policy("secret", "prune", &[UUID, UUID2]) else {
         return;
     };
-    let lim = Limits::default();
     let s = Secret::generate().unwrap();
     l.create_operator_slice_with_secret(&op("c", UUID), Some(&s))
         .unwrap();
@@ -147,15 +144,12 @@ fn a_secret_goes_with_the_last_slice_of_its_name() {
     assert_eq!(l.slice_secret("c").unwrap(), None);
     // A new slice of that name without a secret is open again.
     l.create_operator_slice(&op("c", UUID)).unwrap();
-    l.admit(&peer(22, 2000), "c", &ask("c", UUID), &lim)
-        .unwrap();
+    admit(&l, 22, 2000, "c", UUID).unwrap();
     // A failed creation (it does not fit) leaves no secret behind.
     let mut big = op("big", UUID2);
     big.memory = 64 * GI;
     assert!(l.create_operator_slice_with_secret(&big, Some(&s)).is_err());
     assert_eq!(l.slice_secret("big").unwrap(), None);
-    drop(l);
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -173,6 +167,4 @@ fn personal_mode_has_no_secrets() {
     assert!(e.contains("node mode only"), "{e}");
     assert!(l.snapshot().slices.is_empty(), "nothing was created");
     assert!(!d.join(SECRETS_FILE).exists());
-    drop(l);
-    std::fs::remove_dir_all(&d).unwrap();
 }

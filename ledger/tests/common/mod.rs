@@ -12,10 +12,41 @@ use std::sync::{Arc, Mutex};
 
 /// The directory of one test of `suite`: `gpuslice-SUITE-PID-TAG` in the temp directory, not
 /// there yet (a leftover of an earlier run is removed).
-pub fn fresh_dir(suite: &str, tag: &str) -> PathBuf {
+pub fn fresh_dir(suite: &str, tag: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("gpuslice-{suite}-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
-    d
+    Scratch(d)
+}
+
+/// A test's directory ([`fresh_dir`]), removed with all it holds when the test ends well; kept
+/// after a failure, to look at. A directory that is there and cannot be removed fails the test.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        match std::fs::remove_dir_all(&self.0) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                panic!("removing {}: {e}", self.0.display())
+            }
+            _ => {}
+        }
+    }
 }
 
 pub fn is_root() -> bool {
@@ -41,7 +72,7 @@ pub fn node_policy(
     suite: &str,
     tag: &str,
     uuids: &[&str],
-) -> Option<(Ledger, Arc<Table>, PathBuf)> {
+) -> Option<(Ledger, Arc<Table>, Scratch)> {
     if !is_root() {
         println!("skipped: a node policy needs root");
         return None;
