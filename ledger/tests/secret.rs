@@ -49,6 +49,14 @@ fn op(name: &str, device: &str) -> OperatorSlice {
     }
 }
 
+/// A new secret and the operator slice `name` on [`UUID`] made with it.
+fn secret_slice(l: &Ledger, name: &str) -> Secret {
+    let s = Secret::generate().unwrap();
+    l.create_operator_slice_with_secret(&op(name, UUID), Some(&s))
+        .unwrap();
+    s
+}
+
 fn ask(name: &str, uuid: &str) -> Vec<DeviceAsk> {
     vec![DeviceAsk {
         uuid: uuid.into(),
@@ -61,9 +69,7 @@ fn a_secret_slice_admits_only_with_its_secret_and_root() {
     let Some((l, _, d)) = node_policy("secret", "admit", &[UUID, UUID2]) else {
         return;
     };
-    let s = Secret::generate().unwrap();
-    l.create_operator_slice_with_secret(&op("claim", UUID), Some(&s))
-        .unwrap();
+    let s = secret_slice(&l, "claim");
     // Without, and with a wrong secret: refused, naming the slice and the variable.
     let e = join(&l, 10, 1000, "claim", UUID, None)
         .unwrap_err()
@@ -131,9 +137,7 @@ fn a_secret_goes_with_the_last_slice_of_its_name() {
     let Some((l, t, _d)) = node_policy("secret", "prune", &[UUID, UUID2]) else {
         return;
     };
-    let s = Secret::generate().unwrap();
-    l.create_operator_slice_with_secret(&op("c", UUID), Some(&s))
-        .unwrap();
+    let s = secret_slice(&l, "c");
     join(&l, 20, 1000, "c", UUID, Some(&s)).unwrap();
     // Removed while a process uses it: the slice lingers with its process, and so does the
     // secret (a newcomer cannot slip in without it).
