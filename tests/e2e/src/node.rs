@@ -39,6 +39,23 @@ pub fn child_mode() -> Option<(String, PathBuf)> {
     Some((mode, PathBuf::from(std::env::var("TENANTS_DIR").ok()?)))
 }
 
+/// A child mode of a test binary: its name (`TENANTS_CHILD`) and what it runs, given the node's
+/// runtime directory.
+pub type ChildMode = (&'static str, fn(&Path));
+
+/// The body of a test binary's `tenant_child` test: run as a child ([`child_mode`]), the mode
+/// of `modes` it names, given the runtime directory (a mode not there fails); run as a test,
+/// nothing.
+pub fn serve_child(modes: &[ChildMode]) {
+    let Some((mode, dir)) = child_mode() else {
+        return;
+    };
+    match modes.iter().find(|(m, _)| *m == mode) {
+        Some((_, run)) => run(&dir),
+        None => panic!("unknown TENANTS_CHILD {mode}"),
+    }
+}
+
 /// What a child mode asks the node's monitor to admit it with, as the shim asks it: device 0
 /// of the node in `dir`, with the memory quota `memory` (`None`: best effort) and the compute
 /// share `share_ppm`, into slice `slice` (`None`: its user's best-effort slice). The socket's
@@ -307,6 +324,20 @@ pub fn holder(n: &Node, uid: u32, env: &[(&str, &str)], alloc: &str, hold: &str)
         c.env(k, v);
     }
     c.spawn().unwrap()
+}
+
+/// A [`holder`] of slice `slice` with the quota `memory` ([`in_slice`]), returned once the
+/// node's `status` shows it in the slice.
+pub fn holder_in(
+    n: &Node,
+    uid: u32,
+    (slice, memory): (&str, &str),
+    alloc: &str,
+    hold: &str,
+) -> Child {
+    let c = holder(n, uid, &in_slice(slice, memory), alloc, hold);
+    wait_for_slice(n, slice, 1);
+    c
 }
 
 /// Poll the node's `status` every 50 ms until `f` answers, at most `secs` seconds; on time-out

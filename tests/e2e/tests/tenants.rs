@@ -23,8 +23,7 @@ use std::time::{Duration, Instant};
 fn a_tenant_scribbling_everything_it_can_open_harms_no_one_else() {
     need_root!();
     let n = Node::new(1, "16Gi", &[]);
-    let a = holder(&n, TENANT_A, &in_slice("a", "2Gi"), "1Gi", "6");
-    wait_for_slice(&n, "a", 1);
+    let a = holder_in(&n, TENANT_A, ("a", "2Gi"), "1Gi", "6");
     // B: the files in the directory (truncate, overwrite, append), then its own region.
     let o = n.child(TENANT_B, "scribble-files").output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
@@ -229,8 +228,7 @@ fn one_user_cannot_squat_the_process_slots() {
 fn a_stopped_tenant_delays_no_one() {
     need_root!();
     let n = Node::new(1, "16Gi", &[]);
-    let a = holder(&n, TENANT_A, &in_slice("a", "1Gi"), "512Mi", "30");
-    wait_for_slice(&n, "a", 1);
+    let a = holder_in(&n, TENANT_A, ("a", "1Gi"), "512Mi", "30");
     let pid = a.id() as i32;
     // SAFETY: our child (setpriv exec'd into the burn, same pid).
     unsafe { libc::kill(pid, libc::SIGSTOP) };
@@ -321,8 +319,7 @@ fn enforcement_survives_the_monitor_and_a_restart_recovers_regions() {
     need_root!();
     let mut n = Node::new(1, "16Gi", &[]);
     let env = in_slice("a", "1Gi");
-    let h = holder(&n, TENANT_A, &env, "512Mi", "8");
-    wait_for_slice(&n, "a", 1);
+    let h = holder_in(&n, TENANT_A, ("a", "1Gi"), "512Mi", "8");
     // A second process of the slice: waits 2 s, then allocates 512 MiB pieces (up to 8 live)
     // for 2 s, while the monitor is gone.
     let mut c = n.burn(TENANT_A);
@@ -757,120 +754,131 @@ fn a_secret_slice_admits_only_with_its_secret() {
 /// `TENANTS_CHILD` it returns at once.
 #[test]
 fn tenant_child() {
-    let Some((mode, dir)) = child_mode() else {
-        return;
-    };
-    match mode.as_str() {
-        "scribble-files" => {
-            // Every name in the directory: none may be opened for writing, truncated,
-            // replaced or added to.
-            for e in std::fs::read_dir(&dir).unwrap() {
-                let p = e.unwrap().path();
-                assert!(
-                    std::fs::OpenOptions::new().write(true).open(&p).is_err(),
-                    "{} opened for writing",
-                    p.display()
-                );
-                let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-                // SAFETY: c is a valid NUL-terminated path; truncate only reads it.
-                let r = unsafe { libc::truncate(c.as_ptr(), 0) };
-                assert_ne!(r, 0, "{}", p.display());
-                assert!(std::fs::remove_file(&p).is_err(), "{} removed", p.display());
-            }
-            assert!(std::fs::write(dir.join("ledger.new"), b"x").is_err());
-            assert!(std::os::unix::fs::symlink("/etc/passwd", dir.join("monitor.log2")).is_err());
-            // The policy maps read-only, whatever is asked.
-            let f = std::fs::File::open(dir.join("ledger")).unwrap();
-            use std::os::fd::AsRawFd;
-            // SAFETY: a mapping attempt on our fd; the result is checked and unmapped.
-            let p = unsafe {
-                libc::mmap(
-                    core::ptr::null_mut(),
-                    4096,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    f.as_raw_fd(),
-                    0,
-                )
-            };
-            assert_eq!(p, libc::MAP_FAILED, "the policy mapped writable");
-        }
-        "scribble-region" => {
-            use std::sync::atomic::Ordering::SeqCst;
-            let region = admitted_region(&dir, Some("b-hostile"), Some(1 << 30), 0);
-            // Truncation is impossible (sealed); scribble every word instead.
-            // SAFETY: our fd; must fail.
-            assert_ne!(unsafe { libc::ftruncate(region.fd(), 0) }, 0);
-            let h = region.header();
-            h.memory_used.store(u64::MAX, SeqCst);
-            h.reaping.store(1, SeqCst);
-            h.alloc_total.store(u64::MAX, SeqCst);
-            for w in region.procs() {
-                w.charged.store(u64::MAX / 3, SeqCst);
-                w.ops_begun.store(7, SeqCst);
-                w.ops_ended.store(3, SeqCst);
-            }
-        }
-        "view" => {
-            use gpuslice_ledger::protocol::{self, Message};
-            use gpuslice_ledger::region::Region;
-            let d = gpuslice_ledger::RuntimeDir::open(&dir).unwrap();
-            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
-            let snap = l.snapshot();
-            let slice_of = |name: &str| {
-                snap.slices
-                    .iter()
-                    .find(|s| s.name == name)
-                    .unwrap_or_else(|| panic!("no slice {name}: {snap:?}"))
-                    .index
-            };
-            let ask = |si: usize| {
-                let mut m = Message::new("op", "view");
-                m.push("slice", &si.to_string());
-                protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap()
-            };
-            let (r, fds) = ask(slice_of("mine"));
-            assert!(r.get("err").is_none(), "{r:?}");
-            let fd = fds.into_iter().next().expect("a descriptor");
-            assert!(
-                Region::from_fd(fd.try_clone().unwrap(), true).is_err(),
-                "a view maps writable"
-            );
-            let v = Region::from_fd(fd, false).unwrap();
-            assert!(
-                v.header()
-                    .memory_used
-                    .load(std::sync::atomic::Ordering::SeqCst)
-                    >= 1 << 20
-            );
-            let (r, fds) = ask(slice_of("theirs"));
-            assert!(
-                r.get("err").is_some_and(|e| e.contains("not yours")),
-                "{r:?}"
-            );
-            assert!(fds.is_empty());
-        }
-        "scribble-pool" => {
-            // A best-effort process that claims its pool holds everything.
-            let region = admitted_region(&dir, None, None, 0);
-            region
-                .header()
-                .memory_used
-                .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
-            println!("ready");
-            std::thread::sleep(Duration::from_secs(8));
-        }
-        "admit-twice" => {
-            use gpuslice_ledger::protocol;
-            let (d, m) = admit_request(&dir, None, None, 0);
-            let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
-            assert!(r.get("err").is_none(), "{r:?}");
-            let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
-            assert!(
-                r.get("err").is_some_and(|e| e.contains("admitted already")),
-                "{r:?}"
-            );
-        }
-        other => panic!("unknown TENANTS_CHILD {other}"),
+    serve_child(&[
+        ("scribble-files", scribble_files),
+        ("scribble-region", scribble_region),
+        ("view", view),
+        ("scribble-pool", scribble_pool),
+        ("admit-twice", admit_twice),
+    ]);
+}
+
+/// Child mode `scribble-files`, in the node's runtime directory `dir`.
+fn scribble_files(dir: &Path) {
+    // Every name in the directory: none may be opened for writing, truncated,
+    // replaced or added to.
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        assert!(
+            std::fs::OpenOptions::new().write(true).open(&p).is_err(),
+            "{} opened for writing",
+            p.display()
+        );
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: c is a valid NUL-terminated path; truncate only reads it.
+        let r = unsafe { libc::truncate(c.as_ptr(), 0) };
+        assert_ne!(r, 0, "{}", p.display());
+        assert!(std::fs::remove_file(&p).is_err(), "{} removed", p.display());
     }
+    assert!(std::fs::write(dir.join("ledger.new"), b"x").is_err());
+    assert!(std::os::unix::fs::symlink("/etc/passwd", dir.join("monitor.log2")).is_err());
+    // The policy maps read-only, whatever is asked.
+    let f = std::fs::File::open(dir.join("ledger")).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: a mapping attempt on our fd; the result is checked and unmapped.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_eq!(p, libc::MAP_FAILED, "the policy mapped writable");
+}
+
+/// Child mode `scribble-region`, in the node's runtime directory `dir`.
+fn scribble_region(dir: &Path) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let region = admitted_region(dir, Some("b-hostile"), Some(1 << 30), 0);
+    // Truncation is impossible (sealed); scribble every word instead.
+    // SAFETY: our fd; must fail.
+    assert_ne!(unsafe { libc::ftruncate(region.fd(), 0) }, 0);
+    let h = region.header();
+    h.memory_used.store(u64::MAX, SeqCst);
+    h.reaping.store(1, SeqCst);
+    h.alloc_total.store(u64::MAX, SeqCst);
+    for w in region.procs() {
+        w.charged.store(u64::MAX / 3, SeqCst);
+        w.ops_begun.store(7, SeqCst);
+        w.ops_ended.store(3, SeqCst);
+    }
+}
+
+/// Child mode `view`, in the node's runtime directory `dir`.
+fn view(dir: &Path) {
+    use gpuslice_ledger::protocol::{self, Message};
+    use gpuslice_ledger::region::Region;
+    let d = gpuslice_ledger::RuntimeDir::open(dir).unwrap();
+    let l = gpuslice_ledger::Ledger::open(dir).unwrap();
+    let snap = l.snapshot();
+    let slice_of = |name: &str| {
+        snap.slices
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no slice {name}: {snap:?}"))
+            .index
+    };
+    let ask = |si: usize| {
+        let mut m = Message::new("op", "view");
+        m.push("slice", &si.to_string());
+        protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap()
+    };
+    let (r, fds) = ask(slice_of("mine"));
+    assert!(r.get("err").is_none(), "{r:?}");
+    let fd = fds.into_iter().next().expect("a descriptor");
+    assert!(
+        Region::from_fd(fd.try_clone().unwrap(), true).is_err(),
+        "a view maps writable"
+    );
+    let v = Region::from_fd(fd, false).unwrap();
+    assert!(
+        v.header()
+            .memory_used
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 1 << 20
+    );
+    let (r, fds) = ask(slice_of("theirs"));
+    assert!(
+        r.get("err").is_some_and(|e| e.contains("not yours")),
+        "{r:?}"
+    );
+    assert!(fds.is_empty());
+}
+
+/// Child mode `scribble-pool`, in the node's runtime directory `dir`.
+fn scribble_pool(dir: &Path) {
+    // A best-effort process that claims its pool holds everything.
+    let region = admitted_region(dir, None, None, 0);
+    region
+        .header()
+        .memory_used
+        .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+    println!("ready");
+    std::thread::sleep(Duration::from_secs(8));
+}
+
+/// Child mode `admit-twice`, in the node's runtime directory `dir`.
+fn admit_twice(dir: &Path) {
+    use gpuslice_ledger::protocol;
+    let (d, m) = admit_request(dir, None, None, 0);
+    let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
+    assert!(r.get("err").is_none(), "{r:?}");
+    let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
+    assert!(
+        r.get("err").is_some_and(|e| e.contains("admitted already")),
+        "{r:?}"
+    );
 }

@@ -7,6 +7,7 @@
 
 use gpuslice_e2e::need_root;
 use gpuslice_e2e::node::*;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -711,38 +712,35 @@ struct LatencyRun {
 /// Child modes of this binary (see `gpuslice_e2e::node`); without `TENANTS_CHILD` it returns at once.
 #[test]
 fn tenant_child() {
-    let Some((mode, dir)) = child_mode() else {
-        return;
-    };
-    match mode.as_str() {
-        "scribble-turns" => {
-            // Join the tenant's own slice (same user, same name) and write the worst into
-            // every process slot's turn words of its region, for a while; and try to reach the
-            // lease, which is the policy's (read-only).
-            use std::sync::atomic::Ordering::SeqCst;
-            let region = admitted_region(&dir, Some("hostile"), Some(1 << 30), 250_000);
-            let l = gpuslice_ledger::Ledger::open(&dir).unwrap();
-            assert!(!l.writable());
-            let secs: f64 = std::env::var("SCRIBBLE_SECONDS").unwrap().parse().unwrap();
-            let t0 = Instant::now();
-            let mut k = 0u64;
-            while t0.elapsed().as_secs_f64() < secs {
-                k += 1;
-                for w in region.procs() {
-                    w.grant.want_ns.store(u64::MAX - k % 2, SeqCst);
-                    w.grant.need_ns.store(u64::MAX, SeqCst);
-                    w.grant.busy_until_ns.store(u64::MAX, SeqCst);
-                    w.grant.done_turn.store(k, SeqCst);
-                    w.grant.solo_gpu_ns.store(u64::MAX, SeqCst);
-                    w.sched.waiting_mask.store(u32::MAX, SeqCst);
-                }
-                let h = &region.header().sched;
-                h.waiters.store(u32::MAX, SeqCst);
-                h.vt.store(0, SeqCst);
-                h.want_ns.store(u64::MAX, SeqCst);
-                std::thread::sleep(Duration::from_micros(200));
-            }
+    serve_child(&[("scribble-turns", scribble_turns)]);
+}
+
+/// Child mode `scribble-turns`, in the node's runtime directory `dir`.
+fn scribble_turns(dir: &Path) {
+    // Join the tenant's own slice (same user, same name) and write the worst into
+    // every process slot's turn words of its region, for a while; and try to reach the
+    // lease, which is the policy's (read-only).
+    use std::sync::atomic::Ordering::SeqCst;
+    let region = admitted_region(dir, Some("hostile"), Some(1 << 30), 250_000);
+    let l = gpuslice_ledger::Ledger::open(dir).unwrap();
+    assert!(!l.writable());
+    let secs: f64 = std::env::var("SCRIBBLE_SECONDS").unwrap().parse().unwrap();
+    let t0 = Instant::now();
+    let mut k = 0u64;
+    while t0.elapsed().as_secs_f64() < secs {
+        k += 1;
+        for w in region.procs() {
+            w.grant.want_ns.store(u64::MAX - k % 2, SeqCst);
+            w.grant.need_ns.store(u64::MAX, SeqCst);
+            w.grant.busy_until_ns.store(u64::MAX, SeqCst);
+            w.grant.done_turn.store(k, SeqCst);
+            w.grant.solo_gpu_ns.store(u64::MAX, SeqCst);
+            w.sched.waiting_mask.store(u32::MAX, SeqCst);
         }
-        other => panic!("unknown TENANTS_CHILD {other}"),
+        let h = &region.header().sched;
+        h.waiters.store(u32::MAX, SeqCst);
+        h.vt.store(0, SeqCst);
+        h.want_ns.store(u64::MAX, SeqCst);
+        std::thread::sleep(Duration::from_micros(200));
     }
 }
