@@ -93,6 +93,21 @@ fn held_now(w: &World) -> u64 {
     Sampler::start(w).max_held()
 }
 
+/// The device held at most the slice's 1 GiB quota (`held`, as a [`Sampler`] saw it).
+fn assert_within_quota(held: u64, when: &str) {
+    assert!(
+        held <= GI,
+        "{when}: the device held {held} bytes for the slice"
+    );
+}
+
+/// The end of a test of two processes: [`assert_within_quota`], and both exit cleanly.
+fn end_within_quota(held: u64, when: &str, a: Steps, b: Steps) {
+    assert_within_quota(held, when);
+    a.end();
+    b.end();
+}
+
 fn mib(n: u64) -> u64 {
     n * MI
 }
@@ -119,10 +134,7 @@ fn memory_a_pool_keeps_stays_the_slices_until_trimmed() {
     b.ok(&format!("async y {}", mib(512)));
     a.refused(&format!("async z {}", mib(768)));
     a.ok(&format!("async z {}", mib(512)));
-    let held = sampler.max_held();
-    assert!(held <= GI, "the device held {held} bytes for the slice");
-    a.end();
-    b.end();
+    end_within_quota(sampler.max_held(), "over the run", a, b);
 }
 
 /// The default release threshold (0): the pool gives freed memory back at the next
@@ -140,10 +152,7 @@ fn a_synchronize_under_the_release_threshold_gives_pool_memory_back_to_the_slice
     b.ok(&format!("plain y {}", mib(512)));
     a.ok(&format!("async x {}", mib(512)));
     a.refused(&format!("async w {}", 1));
-    let held = sampler.max_held();
-    assert!(held <= GI, "the device held {held} bytes for the slice");
-    a.end();
-    b.end();
+    end_within_quota(sampler.max_held(), "over the run", a, b);
 }
 
 /// A pool that holds a freed block too large to reuse for a small request grows instead (the
@@ -166,18 +175,16 @@ fn a_pool_that_grows_while_it_holds_freed_memory_stays_within_the_quota() {
         }
         b.ok(&format!("plain y {}", mib(400)));
         a.ok(&format!("async w {}", mib(100)));
-        let held = held_now(&w);
-        assert!(
-            held <= GI,
-            "sync first {sync_first}: the device holds {held} bytes for the slice"
-        );
+        assert_within_quota(held_now(&w), &format!("sync first {sync_first}, grown"));
         a.ok("sync");
         // What is left of the quota is still to be had, and no more.
         b.ok(&format!("plain v {}", mib(500)));
         b.refused(&format!("plain u {}", mib(30)));
-        let held = held_now(&w);
-        assert!(held <= GI, "sync first {sync_first}: {held} bytes");
-        a.end();
-        b.end();
+        end_within_quota(
+            held_now(&w),
+            &format!("sync first {sync_first}, at the end"),
+            a,
+            b,
+        );
     }
 }
