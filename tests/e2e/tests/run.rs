@@ -2,44 +2,49 @@
 //! signals pass through, a user's `LD_PRELOAD` survives, the monitor is started once, and bad
 //! input (a flag, a value, a missing library) is exit 2 before anything starts.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuslice_e2e::{artifact, run_json, wait_for_file, World};
 
-/// Stops the monitor a `gpuslice run` started in a world's ledger directory, when the test
-/// ends (the world's directory goes away, the daemon would not).
-struct MonitorGuard(PathBuf);
+/// A world of one 16 GiB device for `gpuslice run`; the monitor a run starts in its ledger
+/// directory is stopped when the test ends (the world's directory goes away, the daemon would
+/// not).
+struct RunWorld(World);
 
-impl MonitorGuard {
-    fn new(world: &World) -> MonitorGuard {
-        MonitorGuard(world.runtime_dir())
+impl std::ops::Deref for RunWorld {
+    type Target = World;
+    fn deref(&self) -> &World {
+        &self.0
+    }
+}
+
+impl RunWorld {
+    fn new() -> RunWorld {
+        RunWorld(World::new(1, "16Gi"))
     }
 
     /// The pid in `monitor.lock` while someone holds that lock, as `gpuslice` tests it.
-    fn running(&self) -> Option<i32> {
+    fn monitor_pid(&self) -> Option<i32> {
         use std::os::fd::AsRawFd;
-        let f = std::fs::File::open(self.0.join("monitor.lock")).ok()?;
+        let lock = self.runtime_dir().join("monitor.lock");
+        let f = std::fs::File::open(&lock).ok()?;
         // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
             return None;
         }
-        std::fs::read_to_string(self.0.join("monitor.lock"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        std::fs::read_to_string(&lock).ok()?.trim().parse().ok()
     }
 }
 
-impl Drop for MonitorGuard {
+impl Drop for RunWorld {
     fn drop(&mut self) {
-        if let Some(pid) = self.running() {
+        if let Some(pid) = self.monitor_pid() {
             // SAFETY: kill() on the pid that holds this test's private monitor lock.
             unsafe { libc::kill(pid, libc::SIGTERM) };
             let t0 = Instant::now();
-            while self.running().is_some() && t0.elapsed() < Duration::from_secs(10) {
+            while self.monitor_pid().is_some() && t0.elapsed() < Duration::from_secs(10) {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
@@ -84,6 +89,13 @@ fn burn() -> String {
     artifact("gpuslice-burn").display().to_string()
 }
 
+/// `gpuslice run RUN_ARGS -- gpuslice-burn BURN_ARGS` in `world`: burn's JSON report.
+fn run_burn(world: &World, run_args: &[&str], burn_args: &[&str]) -> serde_json::Value {
+    let b = burn();
+    let args: Vec<&str> = [run_args, &["--", &b], burn_args].concat();
+    run_json(&mut run(world, &args))
+}
+
 fn wait_for(path: &Path) {
     wait_for_file(path, || format!("{} never appeared", path.display()));
 }
@@ -104,21 +116,12 @@ fn libc_path() -> String {
 
 #[test]
 fn quota_is_enforced_on_a_wrapped_burn() {
-    let world = World::new(1, "16Gi");
-    let _monitor = MonitorGuard::new(&world);
-    let b = burn();
-    let report = run_json(&mut run(
+    let world = RunWorld::new();
+    let report = run_burn(
         &world,
-        &[
-            "--memory",
-            "1Gi",
-            "--",
-            &b,
-            "--alloc",
-            "512Mi,512Mi,512Mi",
-            "--json",
-        ],
-    ));
+        &["--memory", "1Gi"],
+        &["--alloc", "512Mi,512Mi,512Mi", "--json"],
+    );
     assert_eq!(report["allocated_bytes"], 1u64 << 30, "{report}");
     assert_eq!(report["alloc_errors"], serde_json::json!([2]), "{report}");
     // The device's memory is reported as the quota.
@@ -135,8 +138,7 @@ fn quota_is_enforced_on_a_wrapped_burn() {
 
 #[test]
 fn flags_reach_the_program_and_variables_apply_without_flags() {
-    let world = World::new(1, "16Gi");
-    let _monitor = MonitorGuard::new(&world);
+    let world = RunWorld::new();
     let (code, out, err) = output(&mut run(
         &world,
         &[
@@ -185,8 +187,7 @@ fn flags_reach_the_program_and_variables_apply_without_flags() {
 
 #[test]
 fn exit_status_passes_through() {
-    let world = World::new(1, "16Gi");
-    let _monitor = MonitorGuard::new(&world);
+    let world = RunWorld::new();
     for (script, want) in [
         ("exit 0", 0),
         ("exit 7", 7),
@@ -247,8 +248,7 @@ fn wait_status(mut child: std::process::Child, what: &str) -> std::process::Exit
 
 #[test]
 fn signals_are_forwarded_to_the_program() {
-    let world = World::new(1, "16Gi");
-    let _monitor = MonitorGuard::new(&world);
+    let world = RunWorld::new();
     let dir = world.fake_state_dir();
     for (sig, name) in FORWARDED {
         // The program traps the signal and exits with a status naming it, once its trap is set.
@@ -288,8 +288,7 @@ fn signals_are_forwarded_to_the_program() {
 #[test]
 fn an_ignored_signal_stays_ignored() {
     use std::os::unix::process::CommandExt;
-    let world = World::new(1, "16Gi");
-    let _monitor = MonitorGuard::new(&world);
+    let world = RunWorld::new();
     let ready = world.fake_state_dir().join("ready");
     let script = format!("touch '{}'; sleep 1; exit 3", ready.display());
     let mut cmd = run(&world, &["--", "sh", "-c", &script]);
@@ -310,8 +309,7 @@ fn an_ignored_signal_stays_ignored() {
 
 #[test]
 fn an_existing_ld_preload_is_kept() {
-    let world = World::new(1, "16Gi");
-    let _monitor = MonitorGuard::new(&world);
+    let world = RunWorld::new();
     let ours = artifact("libgpuslice.so")
         .canonicalize()
         .unwrap()
@@ -340,20 +338,19 @@ fn an_existing_ld_preload_is_kept() {
 
 #[test]
 fn the_monitor_is_started_once() {
-    let world = World::new(1, "16Gi");
-    let monitor = MonitorGuard::new(&world);
-    assert_eq!(monitor.running(), None);
+    let world = RunWorld::new();
+    assert_eq!(world.monitor_pid(), None);
     let (code, _, err) = output(&mut run(&world, &["true"]));
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("started the node monitor"), "{err}");
-    let pid = monitor
-        .running()
+    let pid = world
+        .monitor_pid()
         .expect("a monitor holds the lock after `gpuslice run`");
     let (code, _, err) = output(&mut run(&world, &["true"]));
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("monitor"), "said it again: {err}");
     assert_eq!(
-        monitor.running(),
+        world.monitor_pid(),
         Some(pid),
         "the same monitor keeps serving"
     );
@@ -363,8 +360,7 @@ fn the_monitor_is_started_once() {
 /// never ran, no monitor).
 #[test]
 fn bad_flags_are_exit_2_before_anything_starts() {
-    let world = World::new(1, "16Gi");
-    let monitor = MonitorGuard::new(&world);
+    let world = RunWorld::new();
     let marker = world.fake_state_dir().join("ran");
     let touch = format!("touch '{}'", marker.display());
     for (args, says) in [
@@ -413,13 +409,12 @@ fn bad_flags_are_exit_2_before_anything_starts() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--memory"), "{err}");
     assert!(!marker.exists(), "the program ran");
-    assert_eq!(monitor.running(), None, "a monitor was started");
+    assert_eq!(world.monitor_pid(), None, "a monitor was started");
 }
 
 #[test]
 fn a_missing_library_is_exit_2_with_what_to_do() {
-    let world = World::new(1, "16Gi");
-    let monitor = MonitorGuard::new(&world);
+    let world = RunWorld::new();
     // A gpuslice binary alone in a directory: neither beside it nor in ../lib.
     let lonely = world.fake_state_dir().join("bin");
     std::fs::create_dir_all(&lonely).unwrap();
@@ -458,14 +453,12 @@ fn a_missing_library_is_exit_2_with_what_to_do() {
         "{err}"
     );
     assert!(!marker.exists(), "the program ran");
-    drop(monitor);
 }
 
 /// The install layout: PREFIX/bin/gpuslice finds PREFIX/lib/libgpuslice.so.
 #[test]
 fn an_installed_layout_finds_its_library() {
-    let world = World::new(1, "16Gi");
-    let _monitor = MonitorGuard::new(&world);
+    let world = RunWorld::new();
     let prefix = world.fake_state_dir().join("prefix");
     std::fs::create_dir_all(prefix.join("bin")).unwrap();
     std::fs::create_dir_all(prefix.join("lib")).unwrap();
@@ -584,13 +577,12 @@ fn programs_without_cuda_never_touch_the_ledger() {
 /// whole device (a loose bound; the compute tests measure accuracy).
 #[test]
 fn compute_cap_holds_a_wrapped_burn() {
-    let world = World::new(1, "16Gi");
-    let _monitor = MonitorGuard::new(&world);
-    let b = burn();
-    let report = run_json(&mut run(
+    let world = RunWorld::new();
+    let report = run_burn(
         &world,
-        &["--compute-cap", "0.3", "--", &b, "--seconds", "2", "--json"],
-    ));
+        &["--compute-cap", "0.3"],
+        &["--seconds", "2", "--json"],
+    );
     let fraction = report["gpu_fraction"].as_f64().expect("gpu_fraction");
     assert!(
         fraction > 0.05 && fraction < 0.5,
@@ -604,8 +596,7 @@ fn compute_cap_holds_a_wrapped_burn() {
 /// each), they hold at most 8 GiB together, in one generated slice that goes away with them.
 #[test]
 fn a_process_tree_under_run_is_one_slice() {
-    let world = World::new(1, "16Gi");
-    let _monitor = MonitorGuard::new(&world);
+    let world = RunWorld::new();
     let dir = world.fake_state_dir();
     let b = burn();
     // Each worker asks for 2 GiB, then 2 GiB more, holding both: 12 GiB asked, 8 GiB quota.
