@@ -198,12 +198,27 @@ impl World {
     pub fn gpuslice(&self) -> Command {
         self.command(artifact("gpuslice"))
     }
+
+    /// `gpuslice ARGS` in this world, which must succeed ([`succeeds`]): its stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        String::from_utf8_lossy(&succeeds(self.gpuslice().args(args)).stdout).into_owned()
+    }
+
+    /// `gpuslice status --json` in this world, parsed ([`run_json`]).
+    pub fn status(&self) -> serde_json::Value {
+        run_json(self.gpuslice().args(["status", "--json"]))
+    }
 }
 
 impl Drop for World {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.root);
     }
+}
+
+/// The environment of a process of slice `slice` with the memory quota `memory`; `Command::envs` takes it.
+pub fn in_slice<'a>(slice: &'a str, memory: &'a str) -> [(&'static str, &'a str); 2] {
+    [("GPUSLICE_SLICE", slice), ("GPUSLICE_MEMORY", memory)]
 }
 
 /// The first line `child` printed on its piped stdout, and that line as JSON (`Null` if it is
@@ -233,6 +248,21 @@ pub fn spawn_holding(cmd: &mut Command) -> (std::process::Child, serde_json::Val
         panic!("burn did not report holding: {line:?}");
     }
     (child, v)
+}
+
+/// Run `cmd` to its end, which must succeed: the test fails with its status and stderr when it
+/// does not, or cannot start.
+pub fn succeeds(cmd: &mut Command) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?} did not start (is the program installed?): {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// Run a command to completion and parse the last line of its stdout as JSON, panicking with the

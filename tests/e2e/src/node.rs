@@ -10,6 +10,7 @@
 //! can are the test binary run again as another user with `TENANTS_CHILD` set (each binary's
 //! `tenant_child`).
 
+pub use crate::in_slice;
 use crate::{artifact, fake_lib_dir, wait_for_file, World};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -306,11 +307,6 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-/// The environment of a process of slice `slice` with the memory quota `memory`.
-pub fn in_slice<'a>(slice: &'a str, memory: &'a str) -> [(&'static str, &'a str); 2] {
-    [("GPUSLICE_SLICE", slice), ("GPUSLICE_MEMORY", memory)]
 }
 
 /// A burn that allocates `alloc` and holds it `hold` seconds, started in the background; its

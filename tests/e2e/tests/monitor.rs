@@ -6,7 +6,8 @@
 //! Timing bounds are loose: every wait polls up to a generous deadline, and the one bound the
 //! issue states (a killed process gone within 2 s) is the only timed assertion.
 
-use gpuslice_e2e::{run_json, words, World, GI, MI};
+use gpuslice_e2e::node::slice_named;
+use gpuslice_e2e::{in_slice, run_json, words, World, GI, MI};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Lines, Read, Write};
 use std::process::{Child, ChildStderr, Stdio};
@@ -84,24 +85,10 @@ fn start_monitor(w: &World) -> Proc {
 fn start_burn(w: &World, slice: &str, memory: &str, alloc: &str) -> (Proc, u64) {
     let (child, v) = gpuslice_e2e::spawn_holding(
         w.wrapped_burn()
-            .env("GPUSLICE_SLICE", slice)
-            .env("GPUSLICE_MEMORY", memory)
+            .envs(in_slice(slice, memory))
             .args(["--alloc", alloc, "--hold", "120", "--json"]),
     );
     (Proc(child), v["allocated_bytes"].as_u64().unwrap())
-}
-
-fn status(w: &World) -> Value {
-    run_json(w.gpuslice().args(["status", "--json"]))
-}
-
-fn slice<'a>(st: &'a Value, name: &str) -> &'a Value {
-    st["slices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == name)
-        .unwrap_or_else(|| panic!("no slice {name} in {st}"))
 }
 
 fn process(st: &Value, pid: u32) -> Option<&Value> {
@@ -155,7 +142,7 @@ fn scene() -> Scene {
 #[test]
 fn status_json_lists_devices_slices_and_processes_that_agree() {
     let s = scene();
-    let st = status(&s.w);
+    let st = s.w.status();
 
     let devs = st["devices"].as_array().unwrap();
     assert_eq!(devs.len(), 1, "{st}");
@@ -172,7 +159,7 @@ fn status_json_lists_devices_slices_and_processes_that_agree() {
     assert_eq!(d["memory_used"], 2 * GI, "1Gi + 512Mi + 512Mi: {st}");
     assert_eq!(d["compute_reserved"], 0.0, "{st}");
 
-    let alpha = slice(&st, "alpha");
+    let alpha = slice_named(&st, "alpha");
     assert_eq!(alpha["device_uuid"], d["uuid"]);
     assert_eq!(alpha["memory_limit"], 4 * GI);
     assert_eq!(alpha["memory_used"], GI + 512 * MI);
@@ -181,7 +168,7 @@ fn status_json_lists_devices_slices_and_processes_that_agree() {
         v.sort();
         v
     });
-    let beta = slice(&st, "beta");
+    let beta = slice_named(&st, "beta");
     assert_eq!(beta["memory_limit"], 2 * GI);
     assert_eq!(beta["memory_used"], 512 * MI);
     assert_eq!(pids(beta), vec![s.b.0.pid() as u64]);
@@ -205,7 +192,7 @@ fn status_json_lists_devices_slices_and_processes_that_agree() {
     assert_eq!(st["processes"].as_array().unwrap().len(), 3, "{st}");
 
     // The human table says the same, in GiB/MiB and percentages.
-    let text = succeeds(&s.w, &["status"]);
+    let text = s.w.cli_ok(&["status"]);
     assert!(text.contains("1.50 GiB / 4 GiB (37.5%)"), "{text}");
     assert!(text.contains("512 MiB / 2 GiB (25%)"), "{text}");
     assert!(
@@ -218,25 +205,29 @@ fn status_json_lists_devices_slices_and_processes_that_agree() {
 fn a_killed_process_is_gone_within_two_seconds_and_its_memory_returned() {
     let mut s = scene();
     let victim = s.a1.0.pid();
-    let before = status(&s.w);
-    assert_eq!(slice(&before, "alpha")["memory_used"], GI + 512 * MI);
+    let before = s.w.status();
+    assert_eq!(slice_named(&before, "alpha")["memory_used"], GI + 512 * MI);
 
     s.a1.0.kill();
     let killed = Instant::now();
     let after = wait_for(10, "the killed process to leave status", || {
-        let st = status(&s.w);
+        let st = s.w.status();
         process(&st, victim).is_none().then_some(st)
     });
     let took = killed.elapsed();
     assert!(took < Duration::from_secs(2), "took {took:?}");
-    let alpha = slice(&after, "alpha");
+    let alpha = slice_named(&after, "alpha");
     assert_eq!(
         alpha["memory_used"],
         512 * MI,
         "dropped by exactly the 1Gi it held: {after}"
     );
     assert_eq!(pids(alpha), vec![s.a2.0.pid() as u64]);
-    assert_eq!(slice(&after, "beta")["memory_used"], 512 * MI, "{after}");
+    assert_eq!(
+        slice_named(&after, "beta")["memory_used"],
+        512 * MI,
+        "{after}"
+    );
     assert_eq!(after["devices"][0]["memory_used"], GI, "{after}");
     assert_eq!(after["processes"].as_array().unwrap().len(), 2, "{after}");
 }
@@ -253,7 +244,7 @@ fn stable(st: &Value) -> Value {
 #[test]
 fn the_monitor_can_be_sigkilled_and_restarted_without_losing_or_double_counting() {
     let mut s = scene();
-    let before = status(&s.w);
+    let before = s.w.status();
 
     // Kill the monitor while the processes run; a second monitor meanwhile is refused clearly.
     let (code, err) = fails(&s.w, &["monitor"]);
@@ -264,7 +255,7 @@ fn the_monitor_can_be_sigkilled_and_restarted_without_losing_or_double_counting(
     );
     s.monitor.kill();
     assert_eq!(
-        stable(&status(&s.w)),
+        stable(&s.w.status()),
         stable(&before),
         "state lives in the ledger, not the monitor"
     );
@@ -279,15 +270,15 @@ fn the_monitor_can_be_sigkilled_and_restarted_without_losing_or_double_counting(
         10,
         "the restarted monitor to reap the dead processes",
         || {
-            let st = status(&s.w);
+            let st = s.w.status();
             (process(&st, a1_pid).is_none() && process(&st, beta_pid).is_none()).then_some(st)
         },
     );
     // Give the new monitor several more ticks: nothing may be reaped or returned twice.
     std::thread::sleep(Duration::from_millis(800));
-    let settled = status(&s.w);
+    let settled = s.w.status();
     assert_eq!(stable(&settled), stable(&after));
-    let alpha = slice(&settled, "alpha");
+    let alpha = slice_named(&settled, "alpha");
     assert_eq!(
         alpha["memory_used"],
         512 * MI,
@@ -325,26 +316,22 @@ fn the_monitor_can_be_sigkilled_and_restarted_without_losing_or_double_counting(
 #[test]
 fn an_operator_slice_caps_what_its_processes_ask_and_admission_refuses_what_does_not_fit() {
     let w = World::new(1, "16Gi");
-    succeeds(
-        &w,
-        &[
-            "slice",
-            "create",
-            "op",
-            "--memory",
-            "2Gi",
-            "--compute",
-            "0.5",
-        ],
-    );
+    w.cli_ok(&[
+        "slice",
+        "create",
+        "op",
+        "--memory",
+        "2Gi",
+        "--compute",
+        "0.5",
+    ]);
 
     // The process asks for 8Gi in the operator's 2Gi slice: it gets 2Gi.
-    let r = run_json(
-        w.wrapped_burn()
-            .env("GPUSLICE_SLICE", "op")
-            .env("GPUSLICE_MEMORY", "8Gi")
-            .args(["--alloc", "1Gi,1Gi,1Gi", "--json"]),
-    );
+    let r = run_json(w.wrapped_burn().envs(in_slice("op", "8Gi")).args([
+        "--alloc",
+        "1Gi,1Gi,1Gi",
+        "--json",
+    ]));
     assert_eq!(r["allocated_bytes"], 2 * GI, "{r}");
     assert_eq!(
         r["alloc_errors"],
@@ -361,8 +348,7 @@ fn an_operator_slice_caps_what_its_processes_ask_and_admission_refuses_what_does
     // joins the slice silently.
     let asked = w
         .wrapped_burn()
-        .env("GPUSLICE_SLICE", "op")
-        .env("GPUSLICE_MEMORY", "8Gi")
+        .envs(in_slice("op", "8Gi"))
         .args(["--alloc", "1Mi"])
         .output()
         .unwrap();
@@ -421,27 +407,16 @@ fn an_operator_slice_caps_what_its_processes_ask_and_admission_refuses_what_does
         "{err}"
     );
     // What fits still fits, and rm frees it for others.
-    succeeds(&w, &["slice", "create", "big", "--memory", "14Gi"]);
-    succeeds(&w, &["slice", "rm", "big"]);
+    w.cli_ok(&["slice", "create", "big", "--memory", "14Gi"]);
+    w.cli_ok(&["slice", "rm", "big"]);
     let ls = run_json(w.gpuslice().args(["slice", "ls", "--json"]));
     assert_eq!(ls["slices"].as_array().unwrap().len(), 1, "{ls}");
-    let st = status(&w);
+    let st = w.status();
     assert_eq!(st["devices"][0]["memory_reserved"], 2 * GI, "{st}");
     assert_eq!(st["devices"][0]["compute_reserved"], 0.5, "{st}");
     let (code, err) = fails(&w, &["slice", "rm", "nosuch"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("nosuch"), "{err}");
-}
-
-/// Run `gpuslice ARGS`, which must succeed (else its stderr is the failure); its stdout.
-fn succeeds(w: &World, args: &[&str]) -> String {
-    let out = w.gpuslice().args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "gpuslice {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Run `gpuslice ARGS`, expected to fail: its exit status and stderr.
@@ -483,7 +458,7 @@ fn help_prints_the_usage_on_stdout_exits_0_and_touches_nothing() {
         "cdi --help",
         "monitor --help",
     ] {
-        let out = succeeds(&w, &words(line));
+        let out = w.cli_ok(&words(line));
         assert!(out.starts_with("usage: gpuslice"), "gpuslice {line}: {out}");
     }
     let made: Vec<_> = std::fs::read_dir(w.runtime_dir()).unwrap().collect();
@@ -574,7 +549,7 @@ fn ledger_file(w: &World) -> std::path::PathBuf {
 fn a_corrupt_ledger_is_a_clear_error_and_the_monitor_keeps_running() {
     let w = World::new(1, "16Gi");
     // Create a real ledger, then break its magic.
-    succeeds(&w, &["slice", "create", "op", "--memory", "1Gi"]);
+    w.cli_ok(&["slice", "create", "op", "--memory", "1Gi"]);
     let path = ledger_file(&w);
     let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.write_all(b"NOTALEDG").unwrap();
@@ -604,7 +579,7 @@ fn a_corrupt_ledger_is_a_clear_error_and_the_monitor_keeps_running() {
         let l = lines.next()?.ok()?;
         l.contains("usable again").then_some(())
     });
-    let st = status(&w);
+    let st = w.status();
     assert_eq!(st["slices"], serde_json::json!([]), "{st}");
     assert_eq!(
         st["devices"][0]["memory_total"],
@@ -675,7 +650,7 @@ fn a_stale_lock_file_is_not_a_running_monitor() {
     // `status` finds the monitor by its lock, not by a pid file that may outlive it.
     let w = World::new(1, "1Gi");
     std::fs::write(w.runtime_dir().join("monitor.lock"), "999999\n").unwrap();
-    let text = succeeds(&w, &["status"]);
+    let text = w.cli_ok(&["status"]);
     assert!(text.contains("monitor not running"), "{text}");
 }
 
@@ -694,14 +669,14 @@ fn status_and_metrics_show_the_compute_a_slice_uses() {
     );
     // Alone on the device, the slice uses it (loosely: well above nothing).
     let st = wait_for(20, "the busy slice to use the device", || {
-        let st = status(&w);
+        let st = w.status();
         let s = st["slices"]
             .as_array()?
             .iter()
             .find(|s| s["name"] == "busy")?;
         (s["compute_used"].as_f64()? > 0.2).then_some(st.clone())
     });
-    let busy = slice(&st, "busy");
+    let busy = slice_named(&st, "busy");
     assert_eq!(busy["compute_share"], 0.5, "{st}");
     assert_eq!(busy["compute_cap"], 1.0, "{st}");
     assert!(busy["compute_used"].as_f64().unwrap() <= 1.0, "{st}");

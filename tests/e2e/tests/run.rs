@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuslice_e2e::{artifact, run_json, wait_for_file, World};
+use gpuslice_e2e::{artifact, in_slice, run_json, wait_for_file, World};
 
 /// A world of one 16 GiB device for `gpuslice run`; the monitor a run starts in its ledger
 /// directory is stopped when the test ends (the world's directory goes away, the daemon would
@@ -179,8 +179,7 @@ fn flags_reach_the_program_and_variables_apply_without_flags() {
                 "echo $GPUSLICE_MEMORY $GPUSLICE_SLICE",
             ],
         )
-        .env("GPUSLICE_MEMORY", "1Gi")
-        .env("GPUSLICE_SLICE", "from-env"),
+        .envs(in_slice("from-env", "1Gi")),
     );
     assert_eq!(out.trim(), "3Gi from-env");
 }

@@ -2,7 +2,7 @@
 //! fake GPU. Every allocation path, both ways of resolving entry points, pass-through, what the
 //! program is told about memory, and quotas per device.
 
-use gpuslice_e2e::{World, ALLOC_PATHS, GI, MI};
+use gpuslice_e2e::{in_slice, World, ALLOC_PATHS, GI, MI};
 use serde_json::Value;
 
 /// Run `cmd` with `--json`; its report, exit code and stderr.
@@ -279,13 +279,11 @@ fn quotas_are_per_device_and_devices_are_keyed_by_uuid() {
     // Two processes seeing the devices in different orders share one slice per physical
     // device: the ledger knows each device once, by UUID.
     let mut a = w.wrapped_burn();
-    a.env("GPUSLICE_MEMORY", "1Gi")
-        .env("GPUSLICE_SLICE", "pair")
+    a.envs(in_slice("pair", "1Gi"))
         .env("CUDA_VISIBLE_DEVICES", "1");
     let (va, _, _) = run(a, &["--alloc", "768Mi"]);
     let mut b = w.wrapped_burn();
-    b.env("GPUSLICE_MEMORY", "1Gi")
-        .env("GPUSLICE_SLICE", "pair")
+    b.envs(in_slice("pair", "1Gi"))
         .env("CUDA_VISIBLE_DEVICES", "1,0");
     let (vb, _, _) = run(b, &["--device", "0"]);
     assert_eq!(
@@ -360,14 +358,12 @@ fn a_named_slice_is_shared_and_its_values_win() {
     let w = World::new(1, "16Gi");
     let (mut holder, _) = gpuslice_e2e::spawn_holding(
         w.wrapped_burn()
-            .env("GPUSLICE_MEMORY", "1Gi")
-            .env("GPUSLICE_SLICE", "team")
+            .envs(in_slice("team", "1Gi"))
             .args(["--alloc", "768Mi", "--hold", "30", "--json"]),
     );
     // Asks for 4Gi, gets the slice's 1Gi (with a warning), of which 768Mi are taken.
     let mut c = w.wrapped_burn();
-    c.env("GPUSLICE_MEMORY", "4Gi")
-        .env("GPUSLICE_SLICE", "team");
+    c.envs(in_slice("team", "4Gi"));
     let (v, _, err) = run(c, &["--alloc", "256Mi,1"]);
     assert_eq!(oks(&v), [true, false], "{v:#}\n{err}");
     assert_eq!(v["mem"]["start"]["total"], GI);
@@ -430,8 +426,7 @@ fn pool_memory_is_charged_and_credited_on_the_pools_device() {
     let mut h = w
         .wrapped(gpuslice_e2e::artifact("gpuslice-e2e-helper"))
         .args(["pool-devices", &(256 * MI).to_string()])
-        .env("GPUSLICE_MEMORY", "1Gi")
-        .env("GPUSLICE_SLICE", "pools")
+        .envs(in_slice("pools", "1Gi"))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()

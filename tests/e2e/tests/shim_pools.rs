@@ -5,7 +5,7 @@
 //! however the pool grows, the device never holds more for the slice's processes than the
 //! quota: a sampler outside gpuslice (the fake GPU's own NVML) watches every step.
 
-use gpuslice_e2e::{artifact, World, GI, MI};
+use gpuslice_e2e::{artifact, in_slice, World, GI, MI};
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
@@ -21,8 +21,7 @@ impl Steps {
         let mut child = w
             .wrapped(artifact("gpuslice-e2e-helper"))
             .arg("pool-steps")
-            .env("GPUSLICE_MEMORY", "1Gi")
-            .env("GPUSLICE_SLICE", "edge")
+            .envs(in_slice("edge", "1Gi"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

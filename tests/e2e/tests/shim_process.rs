@@ -3,7 +3,7 @@
 //! from a library constructor while another thread makes the process's first CUDA call does
 //! not deadlock.
 
-use gpuslice_e2e::{artifact, first_line, World, GI};
+use gpuslice_e2e::{artifact, first_line, in_slice, succeeds, World, GI};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -31,8 +31,7 @@ fn a_killed_parent_is_reaped_while_its_forked_child_lives() {
     let mut parent = w
         .wrapped(artifact("gpuslice-e2e-helper"))
         .args(["fork-hold", &GI.to_string(), "60"])
-        .env("GPUSLICE_MEMORY", "4Gi")
-        .env("GPUSLICE_SLICE", "forked")
+        .envs(in_slice("forked", "4Gi"))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -129,16 +128,12 @@ __attribute__((constructor)) static void ctor(void) {
 "#,
     )
     .unwrap();
-    let cc = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .expect("a C compiler (cc) is needed for this test");
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
+    // A C compiler (cc) is needed for this test.
+    succeeds(
+        std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&lib)
+            .arg(&src),
     );
     let mut c = w
         .wrapped(artifact("gpuslice-e2e-helper"))

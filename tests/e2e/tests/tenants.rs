@@ -390,8 +390,7 @@ fn a_tenant_in_its_own_pid_namespace_is_admitted_and_reaped() {
         .arg(burn.get_program())
         .args(burn.get_args())
         .args(["--alloc", "256Mi", "--hold", "3", "--json"])
-        .env("GPUSLICE_SLICE", "boxed")
-        .env("GPUSLICE_MEMORY", "1Gi")
+        .envs(in_slice("boxed", "1Gi"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in burn.get_envs() {

@@ -385,8 +385,7 @@ fn a_capped_slice_alone_is_held_to_its_cap_in_node_mode() {
         return;
     };
     let a = saturating(&mut n.burn(TENANT_A), "5")
-        .env("GPUSLICE_SLICE", "capped")
-        .env("GPUSLICE_MEMORY", "1Gi")
+        .envs(in_slice("capped", "1Gi"))
         .env("GPUSLICE_COMPUTE_CAP", "0.3")
         .spawn()
         .unwrap();
@@ -519,8 +518,7 @@ fn first_grant_latency_in_node_mode() {
             let o = n
                 .burn(TENANT_B)
                 .args(["--kernels", "1", "--kernel-us", "100", "--json"])
-                .env("GPUSLICE_SLICE", "newcomer")
-                .env("GPUSLICE_MEMORY", "1Gi")
+                .envs(in_slice("newcomer", "1Gi"))
                 .env("GPUSLICE_COMPUTE", "0.5")
                 .output()
                 .unwrap();
