@@ -7,6 +7,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use gpuslice_e2e::node::slice_named;
 use gpuslice_e2e::World;
 use serde_json::Value;
 
@@ -16,6 +17,11 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// [`serial`], and a new world of one 8 GiB device.
+fn serial_world() -> (std::sync::MutexGuard<'static, ()>, World) {
+    (serial(), World::new(1, "8Gi"))
 }
 
 /// A wrapped `gpuslice-burn` started in the background.
@@ -71,6 +77,12 @@ fn finish(t: Tenant) -> Ran {
         report,
         stderr,
     }
+}
+
+/// One saturating tenant (`secs` seconds, with `env`) alone in a new world, run to its end.
+fn alone(name: &str, env: (&str, &str), secs: &str) -> Ran {
+    let (_serial, w) = serial_world();
+    finish(spawn(&w, name, &[env], &saturating(secs)))
 }
 
 /// The interval lines of a tenant as `(start, end, gpu_seconds)` on CLOCK_MONOTONIC (burn's
@@ -143,6 +155,12 @@ fn assert_within(what: &str, got: f64, want: f64, tol: f64, r: &Ran) {
     );
 }
 
+/// burn's arguments for a tenant that keeps the device busy for `secs` seconds: 1 ms kernels,
+/// four in flight.
+fn saturating(secs: &str) -> [&str; 6] {
+    ["--kernel-us", "1000", "--seconds", secs, "--depth", "4"]
+}
+
 /// Tenants with `shares`, all saturating for `secs`; each one's fraction over the window in
 /// which all of them ran (less a warm-up second and the last half second).
 fn contend(shares: &[&str], args: &[&str], secs: f64) -> Vec<(f64, Ran)> {
@@ -182,38 +200,33 @@ fn assert_shares(what: &str, got: &[(f64, Ran)], want: &[f64]) {
     }
 }
 
+/// The pair 0.25/0.75 through each way of launching: plain launches, graphs, `cuLaunchKernelEx`.
 #[test]
-fn two_tenants_get_a_quarter_and_three_quarters() {
+fn each_way_of_launching_is_held_to_its_share() {
     let _serial = serial();
-    let got = contend(
-        &["0.25", "0.75"],
-        &["--kernel-us", "1000", "--depth", "4"],
-        5.0,
-    );
-    assert_shares("plain launches", &got, &[0.25, 0.75]);
-}
-
-#[test]
-fn graphs_are_held_to_their_share() {
-    let _serial = serial();
-    let args = ["--kernel-us", "200", "--graph", "8", "--depth", "2"];
-    let got = contend(&["0.25", "0.75"], &args, 5.0);
-    assert_shares("graphs", &got, &[0.25, 0.75]);
-}
-
-#[test]
-fn launch_ex_is_held_to_its_share() {
-    let _serial = serial();
-    let args = ["--kernel-us", "500", "--launch", "ex", "--depth", "4"];
-    let got = contend(&["0.25", "0.75"], &args, 5.0);
-    assert_shares("cuLaunchKernelEx", &got, &[0.25, 0.75]);
+    for (what, args) in [
+        (
+            "plain launches",
+            &["--kernel-us", "1000", "--depth", "4"][..],
+        ),
+        (
+            "graphs",
+            &["--kernel-us", "200", "--graph", "8", "--depth", "2"],
+        ),
+        (
+            "cuLaunchKernelEx",
+            &["--kernel-us", "500", "--launch", "ex", "--depth", "4"],
+        ),
+    ] {
+        let got = contend(&["0.25", "0.75"], args, 5.0);
+        assert_shares(what, &got, &[0.25, 0.75]);
+    }
 }
 
 #[test]
 fn a_slice_of_two_processes_shares_one_share() {
-    let _serial = serial();
-    let w = World::new(1, "8Gi");
-    let args = ["--kernel-us", "1000", "--seconds", "11.5", "--depth", "4"];
+    let (_serial, w) = serial_world();
+    let args = saturating("11.5");
     let half = [("GPUSLICE_COMPUTE", "0.5")];
     let ddp: Vec<Tenant> = (0..2).map(|_| spawn(&w, "ddp", &half, &args)).collect();
     let other = spawn(&w, "other", &half, &args);
@@ -239,8 +252,7 @@ fn a_slice_of_two_processes_shares_one_share() {
 /// neighbour, event records are burn's own one per launch plus a few, not three per launch.
 #[test]
 fn contended_launches_record_events_on_a_sample() {
-    let _serial = serial();
-    let w = World::new(1, "8Gi");
+    let (_serial, w) = serial_world();
     let half = ("GPUSLICE_COMPUTE", "0.5");
     let traced = spawn(
         &w,
@@ -248,12 +260,7 @@ fn contended_launches_record_events_on_a_sample() {
         &[half, ("FAKEGPU_DEBUG", "2")],
         &["--kernel-us", "20", "--seconds", "3", "--depth", "4"],
     );
-    let other = spawn(
-        &w,
-        "other",
-        &[half],
-        &["--kernel-us", "1000", "--seconds", "3.5", "--depth", "4"],
-    );
+    let other = spawn(&w, "other", &[half], &saturating("3.5"));
     let t = finish(traced);
     let o = finish(other);
     let calls = |name: &str| {
@@ -282,9 +289,8 @@ fn contended_launches_record_events_on_a_sample() {
 /// still gets its share, not more: past its lead it waits for turns like any slice.
 #[test]
 fn a_saturating_latency_slice_keeps_to_its_share() {
-    let _serial = serial();
-    let w = World::new(1, "8Gi");
-    let args = ["--kernel-us", "1000", "--seconds", "6", "--depth", "4"];
+    let (_serial, w) = serial_world();
+    let args = saturating("6");
     let lat = spawn(
         &w,
         "lat",
@@ -310,39 +316,22 @@ fn a_saturating_latency_slice_keeps_to_its_share() {
 
 #[test]
 fn a_cap_holds_when_alone() {
-    let _serial = serial();
-    let w = World::new(1, "8Gi");
-    let t = spawn(
-        &w,
-        "capped",
-        &[("GPUSLICE_COMPUTE_CAP", "0.3")],
-        &["--kernel-us", "1000", "--seconds", "4", "--depth", "4"],
-    );
-    let r = finish(t);
+    let r = alone("capped", ("GPUSLICE_COMPUTE_CAP", "0.3"), "4");
     let f = fraction_between(&r, 0.5, 3.5);
     assert_near("cap 0.3 alone", f, 0.3, &r);
 }
 
 #[test]
 fn a_share_alone_borrows_the_whole_device() {
-    let _serial = serial();
-    let w = World::new(1, "8Gi");
-    let t = spawn(
-        &w,
-        "alone",
-        &[("GPUSLICE_COMPUTE", "0.25")],
-        &["--kernel-us", "1000", "--seconds", "3", "--depth", "4"],
-    );
-    let r = finish(t);
+    let r = alone("alone", ("GPUSLICE_COMPUTE", "0.25"), "3");
     let f = r.report["gpu_fraction"].as_f64().unwrap();
     assert!(f >= 0.85, "share 0.25 alone got {f:.3}; {:?}", r.report);
 }
 
 #[test]
 fn a_killed_tenant_gives_its_time_back_within_a_second() {
-    let _serial = serial();
-    let w = World::new(1, "8Gi");
-    let args = ["--kernel-us", "1000", "--seconds", "6", "--depth", "4"];
+    let (_serial, w) = serial_world();
+    let args = saturating("6");
     let stays = spawn(&w, "stays", &[("GPUSLICE_COMPUTE", "0.5")], &args);
     let mut dies = spawn(&w, "dies", &[("GPUSLICE_COMPUTE", "0.5")], &args);
     std::thread::sleep(Duration::from_millis(2500));
@@ -362,19 +351,13 @@ fn a_killed_tenant_gives_its_time_back_within_a_second() {
 
 #[test]
 fn an_idle_neighbour_lends_its_time_and_gets_it_back() {
-    let _serial = serial();
-    let w = World::new(1, "8Gi");
-    let long = spawn(
-        &w,
-        "long",
-        &[("GPUSLICE_COMPUTE", "0.5")],
-        &["--kernel-us", "1000", "--seconds", "6", "--depth", "4"],
-    );
+    let (_serial, w) = serial_world();
+    let long = spawn(&w, "long", &[("GPUSLICE_COMPUTE", "0.5")], &saturating("6"));
     let short = spawn(
         &w,
         "short",
         &[("GPUSLICE_COMPUTE", "0.5")],
-        &["--kernel-us", "1000", "--seconds", "2.5", "--depth", "4"],
+        &saturating("2.5"),
     );
     let s = finish(short);
     let l = finish(long);
@@ -392,31 +375,17 @@ fn an_idle_neighbour_lends_its_time_and_gets_it_back() {
 
 #[test]
 fn status_reports_compute_used() {
-    let _serial = serial();
-    let w = World::new(1, "8Gi");
+    let (_serial, w) = serial_world();
     let t = spawn(
         &w,
         "seen",
         &[("GPUSLICE_COMPUTE_CAP", "0.5")],
-        &["--kernel-us", "1000", "--seconds", "3", "--depth", "4"],
+        &saturating("3"),
     );
     std::thread::sleep(Duration::from_millis(2000));
-    let out = w
-        .gpuslice()
-        .args(["status", "--json"])
-        .output()
-        .expect("gpuslice status");
+    let v = w.status();
     let _ = finish(t);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "status --json: {e}: {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    });
-    let s = v["slices"]
-        .as_array()
-        .and_then(|a| a.iter().find(|s| s["name"] == "seen"))
-        .unwrap_or_else(|| panic!("slice 'seen' missing from status: {v:#}"));
+    let s = slice_named(&v, "seen");
     let used = s["compute_used"].as_f64().unwrap_or(-1.0);
     assert!(
         (0.3..=0.7).contains(&used),
@@ -554,78 +523,30 @@ fn shares_hold_with_every_cpu_busy() {
 /// and `status` shows the new shares at once.
 #[test]
 fn slice_set_changes_running_shares_within_a_second() {
-    let _serial = serial();
-    let w = World::new(1, "8Gi");
-    let args = ["--kernel-us", "1000", "--seconds", "7", "--depth", "4"];
+    let (_serial, w) = serial_world();
+    let args = saturating("7");
     let a = spawn(&w, "t0", &[("GPUSLICE_COMPUTE", "0.25")], &args);
     let b = spawn(&w, "t1", &[("GPUSLICE_COMPUTE", "0.75")], &args);
     std::thread::sleep(Duration::from_millis(2500));
-    let set = |name: &str, share: &str| {
-        let out = w
-            .gpuslice()
-            .args(["slice", "set", name, "--compute", share])
-            .output()
-            .expect("gpuslice slice set");
-        assert!(
-            out.status.success(),
-            "slice set {name} --compute {share}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let set = |name: &str, change: &[&str]| {
+        w.cli_ok(&[&["slice", "set", name][..], change].concat());
     };
     // Lower first, so the raise is admitted (guarantees never sum past 1).
-    set("t1", "0.25");
-    set("t0", "0.75");
+    set("t1", &["--compute", "0.25"]);
+    set("t0", &["--compute", "0.75"]);
     let changed = gpuslice_ledger::sched::now_ns() as f64 / 1e9;
-    let out = w
-        .gpuslice()
-        .args(["status", "--json"])
-        .output()
-        .expect("gpuslice status");
-    let v: Value = serde_json::from_slice(&out.stdout).expect("status --json");
-    let share_of = |n: &str| {
-        v["slices"]
-            .as_array()
-            .and_then(|a| a.iter().find(|s| s["name"] == n))
-            .map_or(-1.0, |s| s["compute_share"].as_f64().unwrap_or(-1.0))
-    };
+    let v = w.status();
+    let share_of = |n: &str| slice_named(&v, n)["compute_share"].as_f64().unwrap_or(-1.0);
     assert!(
         (share_of("t0") - 0.75).abs() < 1e-6 && (share_of("t1") - 0.25).abs() < 1e-6,
         "status does not show the new shares: {v:#}"
     );
-    assert_eq!(
-        v["slices"]
-            .as_array()
-            .and_then(|a| a.iter().find(|s| s["name"] == "t0"))
-            .map(|s| s["priority"].clone()),
-        Some(Value::from("normal")),
-        "{v:#}"
-    );
+    assert_eq!(slice_named(&v, "t0")["priority"], "normal", "{v:#}");
     // The class too is shown at once (and set back: this test is about shares).
     for class in ["latency", "normal"] {
-        let out = w
-            .gpuslice()
-            .args(["slice", "set", "t1", "--priority", class])
-            .output()
-            .expect("gpuslice slice set --priority");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let out = w
-            .gpuslice()
-            .args(["status", "--json"])
-            .output()
-            .expect("gpuslice status");
-        let v2: Value = serde_json::from_slice(&out.stdout).expect("status --json");
-        assert_eq!(
-            v2["slices"]
-                .as_array()
-                .and_then(|a| a.iter().find(|s| s["name"] == "t1"))
-                .map(|s| s["priority"].clone()),
-            Some(Value::from(class)),
-            "{v2:#}"
-        );
+        set("t1", &["--priority", class]);
+        let v2 = w.status();
+        assert_eq!(slice_named(&v2, "t1")["priority"], class, "{v2:#}");
     }
     // Refused with both figures: raising past what the device has left.
     let out = w
