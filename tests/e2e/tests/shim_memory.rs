@@ -25,6 +25,13 @@ fn run(mut cmd: std::process::Command, args: &[&str]) -> (Value, i32, String) {
     (v, out.status.code().unwrap_or(-1), stderr)
 }
 
+/// [`run`] a wrapped `gpuslice-burn ARGS` with the memory quota `quota`.
+fn under_quota(w: &World, quota: &str, args: &[&str]) -> (Value, i32, String) {
+    let mut c = w.wrapped_burn();
+    c.env("GPUSLICE_MEMORY", quota);
+    run(c, args)
+}
+
 fn oks(v: &Value) -> Vec<bool> {
     v["allocs"]
         .as_array()
@@ -43,16 +50,32 @@ fn codes(v: &Value) -> Vec<Option<u64>> {
         .collect()
 }
 
+/// Allocation `i` of report `v` was refused with CUDA_ERROR_OUT_OF_MEMORY (2).
+fn assert_refused(v: &Value, i: usize, what: &str) {
+    assert_eq!(
+        codes(v)[i],
+        Some(2),
+        "{what}: allocation {i} is refused with CUDA_ERROR_OUT_OF_MEMORY: {v:#}"
+    );
+}
+
+/// Report `v` of a process under a 1 GiB quota: it got all of it, was full then (as the driver
+/// told it), and had all of it back after its frees (in the same process).
+fn assert_held_the_quota_then_freed(v: &Value, what: &str) {
+    assert_eq!(v["allocated_bytes"], GI, "{what}: {v:#}");
+    assert_eq!(v["mem"]["after_alloc"]["free"], 0, "{what}: {v:#}");
+    assert_eq!(v["mem"]["after_free"]["free"], GI, "{what}: {v:#}");
+}
+
 #[test]
 fn every_alloc_path_is_held_to_the_quota_and_freed_memory_can_be_had_again() {
     // Per path, in one process: round 1 gets 4×256Mi of the 1Gi quota and is refused the
     // 5th; everything is freed; round 2 gets the SAME 4×256Mi again and is refused the 5th.
     let w = World::new(1, "16Gi");
     for path in ALLOC_PATHS {
-        let mut c = w.wrapped_burn();
-        c.env("GPUSLICE_MEMORY", "1Gi");
-        let (v, code, err) = run(
-            c,
+        let (v, code, err) = under_quota(
+            &w,
+            "1Gi",
             &[
                 "--alloc-path",
                 path,
@@ -73,11 +96,7 @@ fn every_alloc_path_is_held_to_the_quota_and_freed_memory_can_be_had_again() {
                 [true, true, true, true, false, false],
                 "{path} round {round}: {r:#}"
             );
-            assert_eq!(
-                codes(r)[4],
-                Some(2),
-                "{path} round {round}: the refusal is CUDA_ERROR_OUT_OF_MEMORY: {r:#}"
-            );
+            assert_refused(r, 4, &format!("{path} round {round}"));
             assert_eq!(r["allocated_bytes"], GI, "{path} round {round}: {r:#}");
             assert_eq!(
                 r["mem_after_alloc"]["free"], 0,
@@ -91,16 +110,9 @@ fn every_alloc_path_is_held_to_the_quota_and_freed_memory_can_be_had_again() {
             [true, true, true, true, false, false],
             "{path}: {v:#}"
         );
-        assert_eq!(
-            codes(&v)[4],
-            Some(2),
-            "{path}: the refusal is CUDA_ERROR_OUT_OF_MEMORY"
-        );
-        assert_eq!(v["allocated_bytes"], GI, "{path}");
-        // Full after allocating, all of it back after the frees (in the same process).
-        assert_eq!(v["mem"]["after_alloc"]["free"], 0, "{path}: {v:#}");
+        assert_refused(&v, 4, path);
+        assert_held_the_quota_then_freed(&v, path);
         assert_eq!(v["mem"]["after_alloc"]["total"], GI, "{path}");
-        assert_eq!(v["mem"]["after_free"]["free"], GI, "{path}: {v:#}");
     }
 }
 
@@ -118,28 +130,20 @@ fn graph_memory_beyond_the_quota_is_refused() {
         assert_eq!(code, 0, "{path} without the shim: {v:#}\n{err}");
         assert_eq!(oks(&v), [true; 5], "{path} without the shim: {v:#}");
 
-        let mut c = w.wrapped_burn();
-        c.env("GPUSLICE_MEMORY", "1Gi");
-        let (v, code, err) = run(c, &["--alloc-path", path, "--alloc", sizes, "--free"]);
+        let (v, code, err) = under_quota(
+            &w,
+            "1Gi",
+            &["--alloc-path", path, "--alloc", sizes, "--free"],
+        );
         assert_eq!(code, 0, "{path}: {v:#}\n{err}");
         assert_eq!(
             oks(&v),
             [true, false, true, false, false],
             "{path}: 768Mi fits, 512Mi more does not, 256Mi does, then nothing: {v:#}"
         );
-        assert_eq!(
-            codes(&v)[1],
-            Some(2),
-            "{path}: CUDA_ERROR_OUT_OF_MEMORY: {v:#}"
-        );
-        assert_eq!(
-            codes(&v)[3],
-            Some(2),
-            "{path}: CUDA_ERROR_OUT_OF_MEMORY: {v:#}"
-        );
-        assert_eq!(v["allocated_bytes"], GI, "{path}");
-        assert_eq!(v["mem"]["after_alloc"]["free"], 0, "{path}: {v:#}");
-        assert_eq!(v["mem"]["after_free"]["free"], GI, "{path}: {v:#}");
+        assert_refused(&v, 1, path);
+        assert_refused(&v, 3, path);
+        assert_held_the_quota_then_freed(&v, path);
     }
 }
 
@@ -188,10 +192,9 @@ fn the_quota_comes_back_after_frees_in_an_allocation_loop() {
     // allocated, and at the end everything is free again.
     let w = World::new(1, "16Gi");
     for path in ["plain", "async", "vmm"] {
-        let mut c = w.wrapped_burn();
-        c.env("GPUSLICE_MEMORY", "256Mi");
-        let (v, code, err) = run(
-            c,
+        let (v, code, err) = under_quota(
+            &w,
+            "256Mi",
             &[
                 "--alloc-path",
                 path,
@@ -214,9 +217,7 @@ fn the_quota_comes_back_after_frees_in_an_allocation_loop() {
 fn dlsym_and_proc_address_are_both_enforced_and_disable_passes_through() {
     let w = World::new(1, "16Gi");
     for resolve in ["dlsym", "proc-address"] {
-        let mut c = w.wrapped_burn();
-        c.env("GPUSLICE_MEMORY", "1Gi");
-        let (v, _, err) = run(c, &["--resolve", resolve, "--alloc", "1Gi,1"]);
+        let (v, _, err) = under_quota(&w, "1Gi", &["--resolve", resolve, "--alloc", "1Gi,1"]);
         assert_eq!(oks(&v), [true, false], "{resolve}: {v:#}\n{err}");
         assert_eq!(v["mem_total"], GI, "{resolve}");
 
@@ -228,10 +229,9 @@ fn dlsym_and_proc_address_are_both_enforced_and_disable_passes_through() {
     }
     // The stream-ordered path through cuGetProcAddress (the per-thread `_ptsz` variants are
     // checked by address in tests/python/test_shim_clients.py).
-    let mut c = w.wrapped_burn();
-    c.env("GPUSLICE_MEMORY", "512Mi");
-    let (v, _, err) = run(
-        c,
+    let (v, _, err) = under_quota(
+        &w,
+        "512Mi",
         &[
             "--resolve",
             "proc-address",
@@ -247,9 +247,7 @@ fn dlsym_and_proc_address_are_both_enforced_and_disable_passes_through() {
 #[test]
 fn the_program_is_told_its_quota() {
     let w = World::new(1, "16Gi");
-    let mut c = w.wrapped_burn();
-    c.env("GPUSLICE_MEMORY", "25%");
-    let (v, _, _) = run(c, &["--alloc", "1Gi"]);
+    let (v, _, _) = under_quota(&w, "25%", &["--alloc", "1Gi"]);
     assert_eq!(v["mem"]["start"]["total"], 4 * GI);
     assert_eq!(v["mem"]["start"]["free"], 4 * GI);
     assert_eq!(v["mem"]["after_alloc"]["free"], 3 * GI);
@@ -271,9 +269,7 @@ fn quotas_are_per_device_and_devices_are_keyed_by_uuid() {
         assert!(!*oks(&v).last().unwrap(), "device {dev}: {v:#}");
     }
     // A device not listed has no quota.
-    let mut c = w.wrapped_burn();
-    c.env("GPUSLICE_MEMORY", "0=1Gi");
-    let (v, _, _) = run(c, &["--device", "1", "--alloc", "2Gi"]);
+    let (v, _, _) = under_quota(&w, "0=1Gi", &["--device", "1", "--alloc", "2Gi"]);
     assert_eq!(oks(&v), [true]);
 
     // Two processes seeing the devices in different orders share one slice per physical
@@ -301,9 +297,7 @@ fn quotas_are_per_device_and_devices_are_keyed_by_uuid() {
 #[test]
 fn a_slice_that_does_not_fit_is_refused_with_requested_and_available() {
     let w = World::new(1, "16Gi");
-    let mut c = w.wrapped_burn();
-    c.env("GPUSLICE_MEMORY", "100Gi");
-    let (v, code, err) = run(c, &["--alloc", "1Mi"]);
+    let (v, code, err) = under_quota(&w, "100Gi", &["--alloc", "1Mi"]);
     assert_ne!(code, 0);
     assert_eq!(v["error"]["call"], "cuInit", "{v:#}");
     assert_eq!(v["error"]["code"], 1, "CUDA_ERROR_INVALID_VALUE: {v:#}");
@@ -324,9 +318,7 @@ fn a_slice_that_does_not_fit_is_refused_with_requested_and_available() {
             .env("GPUSLICE_MEMORY", "10Gi")
             .args(["--hold", "30", "--json"]),
     );
-    let mut c = w.wrapped_burn();
-    c.env("GPUSLICE_MEMORY", "10Gi");
-    let (v, _, err) = run(c, &["--alloc", "1Mi"]);
+    let (v, _, err) = under_quota(&w, "10Gi", &["--alloc", "1Mi"]);
     assert_eq!(v["error"]["code"], 1, "{v:#}");
     assert!(err.contains("requested 10 GiB, available 6 GiB"), "{err}");
     // Compute guarantees too.
