@@ -7,7 +7,6 @@
 //! file:`): the same code paths as in a cluster except the API client itself.
 
 use gpuslice_dra::proto::health_v1alpha1::HealthStatus;
-use gpuslice_dra::proto::v1beta1;
 use gpuslice_e2e::World;
 use gpuslice_ledger::{human_bytes, Ledger, OperatorSlice, PPM};
 use std::process::{Child, Stdio};
@@ -279,15 +278,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
     let r3 = dra.prepare(&[&a]).await;
     assert_eq!(r3.claims[a.uid], r1.claims[a.uid]);
     // The same through v1beta1 (a kubelet that still asks for it).
-    let mut beta =
-        v1beta1::dra_plugin_client::DraPluginClient::new(channel(endpoint.clone()).await);
-    let r4 = beta
-        .node_prepare_resources(v1beta1::NodePrepareResourcesRequest {
-            claims: vec![a.proto_v1beta1()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r4 = dra.prepare_v1beta1(&[&a]).await;
     let d4 = &r4.claims[a.uid];
     assert_eq!(d4.error, "");
     assert_eq!(d4.devices[0].cdi_device_ids, ids_a);
@@ -313,13 +304,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
     let un = dra.unprepare(&[&b]).await;
     assert_eq!(un.claims[b.uid].error, "");
     for _ in 0..2 {
-        let un = beta
-            .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest {
-                claims: vec![c.proto_v1beta1()],
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let un = dra.unprepare_v1beta1(&[&c]).await;
         assert_eq!(un.claims[c.uid].error, "");
     }
     let snap = ledger.snapshot();

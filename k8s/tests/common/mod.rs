@@ -131,22 +131,28 @@ pub async fn channel(path: PathBuf) -> tonic::transport::Channel {
         .expect("connect to the plugin's socket")
 }
 
-/// The kubelet's side of the DRA service (v1) on the plugin's endpoint.
-pub struct Kubelet(v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>);
+/// The kubelet's side of the DRA service on the plugin's endpoint: v1, and v1beta1 as a kubelet
+/// that still asks for it.
+pub struct Kubelet {
+    v1: v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>,
+    v1beta1: v1beta1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>,
+}
 
 impl Kubelet {
     pub async fn connect(endpoint: &Path) -> Kubelet {
-        Kubelet(v1::dra_plugin_client::DraPluginClient::new(
-            channel(endpoint.to_path_buf()).await,
-        ))
+        let channel = channel(endpoint.to_path_buf()).await;
+        Kubelet {
+            v1: v1::dra_plugin_client::DraPluginClient::new(channel.clone()),
+            v1beta1: v1beta1::dra_plugin_client::DraPluginClient::new(channel),
+        }
     }
 
     /// NodePrepareResources for `claims`, as the kubelet asks it.
     pub async fn prepare(&mut self, claims: &[&TestClaim]) -> v1::NodePrepareResourcesResponse {
         let req = v1::NodePrepareResourcesRequest {
-            claims: protos(claims),
+            claims: claims.iter().map(|c| c.proto()).collect(),
         };
-        self.0
+        self.v1
             .node_prepare_resources(req)
             .await
             .unwrap()
@@ -156,18 +162,44 @@ impl Kubelet {
     /// NodeUnprepareResources for `claims`.
     pub async fn unprepare(&mut self, claims: &[&TestClaim]) -> v1::NodeUnprepareResourcesResponse {
         let req = v1::NodeUnprepareResourcesRequest {
-            claims: protos(claims),
+            claims: claims.iter().map(|c| c.proto()).collect(),
         };
-        self.0
+        self.v1
             .node_unprepare_resources(req)
             .await
             .unwrap()
             .into_inner()
     }
-}
 
-fn protos(claims: &[&TestClaim]) -> Vec<v1::Claim> {
-    claims.iter().map(|c| c.proto()).collect()
+    /// [`Kubelet::prepare`] through v1beta1.
+    pub async fn prepare_v1beta1(
+        &mut self,
+        claims: &[&TestClaim],
+    ) -> v1beta1::NodePrepareResourcesResponse {
+        let req = v1beta1::NodePrepareResourcesRequest {
+            claims: claims.iter().map(|c| c.proto_v1beta1()).collect(),
+        };
+        self.v1beta1
+            .node_prepare_resources(req)
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// [`Kubelet::unprepare`] through v1beta1.
+    pub async fn unprepare_v1beta1(
+        &mut self,
+        claims: &[&TestClaim],
+    ) -> v1beta1::NodeUnprepareResourcesResponse {
+        let req = v1beta1::NodeUnprepareResourcesRequest {
+            claims: claims.iter().map(|c| c.proto_v1beta1()).collect(),
+        };
+        self.v1beta1
+            .node_unprepare_resources(req)
+            .await
+            .unwrap()
+            .into_inner()
+    }
 }
 
 /// The plugin started (on the fake GPU, with this build's shim) and registered as the kubelet
