@@ -29,6 +29,15 @@ fn operator_slice(w: &World, name: &str, memory: u64) -> Ledger {
     ledger
 }
 
+/// A wrapped `gpuslice-burn` of slice `slice` that allocates and frees the sizes `sizes` at
+/// random for `secs` seconds (`--alloc-loop`).
+fn alloc_loop(w: &World, slice: &str, sizes: &str, secs: &str) -> std::process::Command {
+    let mut c = w.wrapped_burn();
+    c.env("GPUSLICE_SLICE", slice)
+        .args(["--alloc-loop", "--alloc", sizes, "--seconds", secs]);
+    c
+}
+
 fn slice_used(l: &Ledger, name: &str) -> (u64, u64) {
     let s = l
         .snapshot()
@@ -57,20 +66,12 @@ fn sixteen_processes_in_one_slice_never_exceed_the_quota() {
         .unwrap();
     let mut kids: Vec<Child> = (0..16)
         .map(|_| {
-            let mut c = w.wrapped_burn();
-            c.env("GPUSLICE_SLICE", "shared")
-                .args([
-                    "--alloc-loop",
-                    "--alloc",
-                    "16Mi,64Mi,128Mi,200Mi",
-                    "--seconds",
-                    "3",
-                    "--free",
-                    "--json",
-                ])
+            alloc_loop(&w, "shared", "16Mi,64Mi,128Mi,200Mi", "3")
+                .args(["--free", "--json"])
                 .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            c.spawn().unwrap()
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
         })
         .collect();
     let (mut samples, mut max, mut nonzero) = (0u64, 0u64, 0u64);
@@ -156,18 +157,11 @@ fn processes_killed_while_allocating_give_everything_back() {
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let runs = 120;
     for i in 0..runs {
-        let mut c = w.wrapped_burn();
-        c.env("GPUSLICE_SLICE", "victims")
-            .args([
-                "--alloc-loop",
-                "--alloc",
-                "1Mi,16Mi,48Mi,96Mi",
-                "--seconds",
-                "60",
-            ])
+        let mut kid = alloc_loop(&w, "victims", "1Mi,16Mi,48Mi,96Mi", "60")
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let mut kid = c.spawn().unwrap();
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         // Wait until it is attached and allocating, then kill it at a random point.
         let t = Instant::now();
         loop {
