@@ -576,9 +576,8 @@ fn programs_without_cuda_never_touch_the_ledger() {
 /// whole device (a loose bound; the compute tests measure accuracy).
 #[test]
 fn compute_cap_holds_a_wrapped_burn() {
-    let world = RunWorld::new();
     let report = run_burn(
-        &world,
+        &RunWorld::new(),
         &["--compute-cap", "0.3"],
         &["--seconds", "2", "--json"],
     );
