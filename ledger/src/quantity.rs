@@ -604,16 +604,21 @@ mod tests {
         assert!(check("0.5", "0.5").is_ok());
         assert!(check("0=0.5", "1=0.2").is_ok()); // different devices
         assert!(check("0.5", "1=0.6").is_ok());
-        let m = check("0.5", "0.2").unwrap_err().to_string();
+        let m = refused(check("0.5", "0.2"));
         assert!(
             m.contains("GPUSLICE_COMPUTE_CAP=\"0.2\"") && m.contains("GPUSLICE_COMPUTE=\"0.5\""),
             "{m}"
         );
-        assert!(check("0.5", "0=0.6,1=0.4")
-            .unwrap_err()
-            .to_string()
-            .contains("device 1"));
+        assert!(refused(check("0.5", "0=0.6,1=0.4")).contains("device 1"));
         assert!(check("1=0.5", "0.4").is_err());
+    }
+
+    /// The message of the error `r` must be (the test fails on `Ok`).
+    fn refused<T: std::fmt::Debug>(r: Result<T, impl std::fmt::Display>) -> String {
+        match r {
+            Ok(v) => panic!("accepted: {v:?}"),
+            Err(e) => e.to_string(),
+        }
     }
 
     fn bytes(v: &str) -> u64 {
@@ -667,15 +672,13 @@ mod tests {
         ] {
             let r = parse_size("GPUSLICE_MEMORY", v);
             assert!(r.is_err(), "{v:?} gave {r:?}");
-            let msg = r.unwrap_err().to_string();
+            let msg = refused(r);
             assert!(
                 msg.contains("GPUSLICE_MEMORY") && msg.contains("accepted"),
                 "{msg}"
             );
         }
-        let msg = parse_size("GPUSLICE_MEMORY", "12XB")
-            .unwrap_err()
-            .to_string();
+        let msg = refused(parse_size("GPUSLICE_MEMORY", "12XB"));
         assert!(
             msg.contains("12XB") && msg.contains("unknown unit"),
             "{msg}"
@@ -685,18 +688,13 @@ mod tests {
     #[test]
     fn zero_is_never_a_quota() {
         for v in ["0", "0Gi", "0.0Mi", "0B", "0=0", "0=1Gi,1=0", "0%"] {
-            let msg = parse_size_per_device("GPUSLICE_MEMORY", v)
-                .unwrap_err()
-                .to_string();
+            let msg = refused(parse_size_per_device("GPUSLICE_MEMORY", v));
             assert!(
                 msg.contains("GPUSLICE_MEMORY") && msg.contains("0"),
                 "{v}: {msg}"
             );
         }
-        assert!(parse_quota("--memory", "0")
-            .unwrap_err()
-            .to_string()
-            .contains("quota of 0 bytes"));
+        assert!(refused(parse_quota("--memory", "0")).contains("quota of 0 bytes"));
         assert_eq!(parse_quota("--memory", "1").unwrap(), Size::Bytes(1));
         // A size that is not a quota (an allocation's) may still be 0.
         assert_eq!(parse_size("--alloc", "0").unwrap(), Size::Bytes(0));
