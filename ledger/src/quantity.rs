@@ -202,16 +202,33 @@ fn percent_ppm(body: &str, allow_zero: bool) -> Result<u32, String> {
     Ok(ppm as u32)
 }
 
+/// How a size or a fraction is written: a percentage (its number, before the `%`) or a plain
+/// number with whatever follows it.
+enum Form<'a> {
+    Percent(&'a str),
+    Plain(&'a str),
+}
+
+/// `value` without surrounding white space, as a [`Form`]; empty is refused (the reading
+/// [`parse_size`] and [`parse_fraction`] share).
+fn form(value: &str) -> Result<Form<'_>, String> {
+    let s = value.trim();
+    if s.is_empty() {
+        return Err("empty".into());
+    }
+    Ok(match s.strip_suffix('%') {
+        Some(body) => Form::Percent(body),
+        None => Form::Plain(s),
+    })
+}
+
 /// Parse one size (not the per-device form). `variable` names the source for errors.
 pub fn parse_size(variable: &str, value: &str) -> Result<Size, QuantityError> {
     let e = |r: String| err(variable, value, r, SIZE_FORMS);
-    let s = value.trim();
-    if s.is_empty() {
-        return Err(e("empty".into()));
-    }
-    if let Some(body) = s.strip_suffix('%') {
-        return percent_ppm(body, false).map(Size::Percent).map_err(e);
-    }
+    let s = match form(value).map_err(e)? {
+        Form::Percent(body) => return percent_ppm(body, false).map(Size::Percent).map_err(e),
+        Form::Plain(s) => s,
+    };
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
@@ -257,13 +274,10 @@ pub fn parse_quota(variable: &str, value: &str) -> Result<Size, QuantityError> {
 /// Parse a compute fraction (`0.25`, `25%`, `1`) into ppm, 0..=1_000_000.
 pub fn parse_fraction(variable: &str, value: &str) -> Result<u32, QuantityError> {
     let e = |r: String| err(variable, value, r, FRACTION_FORMS);
-    let s = value.trim();
-    if s.is_empty() {
-        return Err(e("empty".into()));
-    }
-    if let Some(body) = s.strip_suffix('%') {
-        return percent_ppm(body, true).map_err(e);
-    }
+    let s = match form(value).map_err(e)? {
+        Form::Percent(body) => return percent_ppm(body, true).map_err(e),
+        Form::Plain(s) => s,
+    };
     if s.starts_with('-') {
         return Err(e("negative".into()));
     }
