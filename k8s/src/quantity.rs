@@ -106,10 +106,14 @@ mod tests {
 
     #[test]
     fn writes_binary_units() {
-        assert_eq!(bytes(4 << 30), "4Gi");
-        assert_eq!(bytes(1536 << 20), "1536Mi");
-        assert_eq!(bytes(12345), "12345");
-        assert_eq!(bytes(0), "0");
+        for (n, written) in [
+            (4 << 30, "4Gi"),
+            (1536 << 20, "1536Mi"),
+            (12345, "12345"),
+            (0, "0"),
+        ] {
+            assert_eq!(bytes(n), written, "{n}");
+        }
         assert_eq!(parse(&bytes(16 << 30)).unwrap(), 16 << 30);
     }
 }
