@@ -28,6 +28,18 @@ fn ledger(tag: &str, total: u64) -> (Scratch, Ledger, usize) {
     (d, l, dev)
 }
 
+/// Operator slice `name` on [`UUID`] with the quota `memory`, no guarantee and no cap.
+fn operator(name: &str, memory: u64) -> OperatorSlice {
+    OperatorSlice {
+        name: name.into(),
+        device: UUID.into(),
+        memory,
+        compute_share_ppm: 0,
+        compute_cap_ppm: PPM,
+        claim: None,
+    }
+}
+
 fn child(dir: &Path, mode: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_ledger-test-child"))
         .arg(dir)
@@ -159,14 +171,7 @@ fn admission_reservations_and_best_effort() {
 #[test]
 fn operator_slices_persist_and_win() {
     let (_d, l, dev) = ledger("operator", 1000 * MI);
-    let spec = |m| OperatorSlice {
-        name: "team".into(),
-        device: UUID.into(),
-        memory: m,
-        compute_share_ppm: 0,
-        compute_cap_ppm: PPM,
-        claim: None,
-    };
+    let spec = |m| operator("team", m);
     l.create_operator_slice(&spec(100 * MI)).unwrap();
     assert!(matches!(
         l.create_operator_slice(&spec(100 * MI)),
@@ -264,15 +269,7 @@ fn threads_of_many_processes_never_exceed_the_quota() {
 #[test]
 fn sigkill_at_any_instruction_returns_exactly_what_the_dead_held() {
     let (d, l, dev) = ledger("sigkill", 64 << 30);
-    l.create_operator_slice(&OperatorSlice {
-        name: "s".into(),
-        device: UUID.into(),
-        memory: 64 * MI,
-        compute_share_ppm: 0,
-        compute_cap_ppm: PPM,
-        claim: None,
-    })
-    .unwrap();
+    l.create_operator_slice(&operator("s", 64 * MI)).unwrap();
     // A live member of the slice keeps churning in this process while others die and are
     // reaped: the reaper must not take anything from it.
     let me = l.attach("s").unwrap();
