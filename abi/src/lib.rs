@@ -27,3 +27,32 @@ pub fn describe_cu(code: CUresult) -> String {
         None => format!("unknown CUresult ({code})"),
     }
 }
+
+/// Render a device UUID as NVML and nvidia-smi write it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn uuid_text(u: &CUuuid) -> String {
+    let b: Vec<u8> = u.bytes.iter().map(|&c| c as u8).collect();
+    let h =
+        |r: core::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h(0..4),
+        h(4..6),
+        h(6..8),
+        h(8..10),
+        h(10..16)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_uuid_reads_as_nvml_writes_it() {
+        let mut u = CUuuid { bytes: [0; 16] };
+        for (i, b) in u.bytes.iter_mut().enumerate() {
+            *b = (i as u8 * 17) as _;
+        }
+        assert_eq!(uuid_text(&u), "GPU-00112233-4455-6677-8899-aabbccddeeff");
+    }
+}

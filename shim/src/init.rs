@@ -198,21 +198,6 @@ fn cu(call: &str, r: CUresult) -> Result<(), (CUresult, String)> {
     }
 }
 
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML and nvidia-smi write it.
-pub fn uuid_text(u: &CUuuid) -> String {
-    let b: Vec<u8> = u.bytes.iter().map(|&c| c as u8).collect();
-    let h =
-        |r: core::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h(0..4),
-        h(4..6),
-        h(6..8),
-        h(8..10),
-        h(10..16)
-    )
-}
-
 fn missing(name: &str) -> (CUresult, String) {
     (
         CUDA_ERROR_NOT_FOUND,

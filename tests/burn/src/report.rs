@@ -22,7 +22,7 @@
 
 use serde_json::{json, Value};
 
-use gpuslice_abi::{cu_result_name, CUuuid};
+use gpuslice_abi::{cu_result_name, uuid_text, CUuuid};
 
 use crate::cli::Options;
 use crate::driver::{Driver, Failure};
@@ -123,21 +123,6 @@ fn mem_json(m: Option<MemInfo>) -> Value {
     m.map_or(Value::Null, |m| json!({ "free": m.free, "total": m.total }))
 }
 
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as nvidia-smi and NVML print a UUID.
-pub fn format_uuid(u: &CUuuid) -> String {
-    let b: Vec<u8> = u.bytes.iter().map(|&c| c as u8).collect();
-    let hex =
-        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        hex(0..4),
-        hex(4..6),
-        hex(6..8),
-        hex(8..10),
-        hex(10..16)
-    )
-}
-
 impl Report {
     pub fn new(o: &Options) -> Report {
         Report {
@@ -192,7 +177,7 @@ impl Report {
             "index": index,
             "count": count,
             "name": String::from_utf8_lossy(&name),
-            "uuid": format_uuid(uuid),
+            "uuid": uuid_text(uuid),
         });
     }
 
