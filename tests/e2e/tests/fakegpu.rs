@@ -14,6 +14,11 @@ fn scenario(w: &World, args: &[&str]) -> Value {
     run_json(client(w).args(args))
 }
 
+/// [`scenario`] in a new world of one 16 GiB device.
+fn scenario_alone(args: &[&str]) -> Value {
+    scenario(&World::new(1, "16Gi"), args)
+}
+
 /// Start `fakegpu-client share 1000 SECS`: 1 ms kernels for `secs` seconds, then a report on
 /// `stdout` (read by [`shared`] when piped).
 fn share(w: &World, secs: &str, stdout: Stdio) -> std::process::Child {
@@ -181,8 +186,7 @@ fn zero_duration_kernels_complete_and_every_synchronize_returns() {
 
 #[test]
 fn proc_address_resolves_like_the_driver() {
-    let w = World::new(1, "16Gi");
-    let v = scenario(&w, &["procaddr"]);
+    let v = scenario_alone(&["procaddr"]);
     let ok = |k: &str, ptr: &Value| {
         assert_eq!(v[k]["result"], 0, "{k}: {v}");
         assert_eq!(v[k]["status"], 0, "{k}: {v}");
@@ -229,8 +233,7 @@ fn proc_address_matches_the_reference_driver_for_what_the_fake_implements() {
             shared.display()
         );
     }
-    let w = World::new(1, "16Gi");
-    let v = scenario(&w, &["fidelity", tsv.to_str().unwrap()]);
+    let v = scenario_alone(&["fidelity", tsv.to_str().unwrap()]);
     assert!(v["bases"].as_u64().unwrap() > 100, "{v}");
     assert_eq!(v["mismatches"].as_array().unwrap().len(), 0, "{v:#}");
 }
@@ -264,8 +267,7 @@ fn errors_before_init_without_context_and_on_bad_values() {
 
 #[test]
 fn copies_and_memsets_move_real_bytes() {
-    let w = World::new(1, "16Gi");
-    let v = scenario(&w, &["copies"]);
+    let v = scenario_alone(&["copies"]);
     assert_eq!(v["roundtrip"], true, "{v}");
     assert_eq!(v["memset"], true, "{v}");
     assert_eq!(v["alloc_zero"], 1, "cuMemAlloc(0) is INVALID_VALUE: {v}");
@@ -278,8 +280,7 @@ fn copies_and_memsets_move_real_bytes() {
 /// start (docs/fakegpu.md).
 #[test]
 fn stream_memory_operations_wait_and_write_in_order() {
-    let w = World::new(1, "16Gi");
-    let v = scenario(&w, &["memops"]);
+    let v = scenario_alone(&["memops"]);
     assert_eq!(
         v["blocked"], 600,
         "CUDA_ERROR_NOT_READY while the wait holds: {v}"
@@ -322,8 +323,7 @@ fn devices_have_stable_uuids_and_follow_cuda_visible_devices() {
 
 #[test]
 fn graphs_capture_and_replay_with_memory_nodes() {
-    let w = World::new(1, "16Gi");
-    let v = scenario(&w, &["graph"]);
+    let v = scenario_alone(&["graph"]);
     assert_eq!(v["capturing_status"], 1, "{v}");
     assert_eq!(v["sync_while_capturing"], 900, "{v}");
     assert_eq!(v["end_invalidated"], 901, "{v}");
@@ -340,8 +340,7 @@ fn graphs_capture_and_replay_with_memory_nodes() {
 
 #[test]
 fn pools_keep_freed_memory_until_trimmed_or_below_threshold() {
-    let w = World::new(1, "16Gi");
-    let v = scenario(&w, &["pool"]);
+    let v = scenario_alone(&["pool"]);
     let mib256 = 256u64 << 20;
     assert_eq!(v["taken_by_alloc"], mib256, "{v}");
     assert_eq!(
@@ -358,8 +357,7 @@ fn pools_keep_freed_memory_until_trimmed_or_below_threshold() {
 
 #[test]
 fn vmm_maps_real_bytes_and_counts_physical_memory() {
-    let w = World::new(1, "16Gi");
-    let v = scenario(&w, &["vmm"]);
+    let v = scenario_alone(&["vmm"]);
     assert_eq!(v["granularity"], 2u64 << 20, "{v}");
     assert_eq!(v["created"], 4u64 << 20, "{v}");
     assert_eq!(v["bytes"], true, "{v}");
