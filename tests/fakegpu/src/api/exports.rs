@@ -21,10 +21,9 @@ use super::errors::{error_name, error_string};
 use super::launch::{cluster_size, launch, launch_ex, occupancy_blocks};
 use super::mem_op::{batch_mem_op, mem_op, prefetch, MemOp};
 use super::stream::{
-    add_callback, alloc_async, async_op, capture_info, free_async, host_func, stream_create,
-    sync_op,
+    alloc_async, async_op, capture_info, free_async, host_call, stream_create, sync_op,
 };
-use crate::exec::{Event, Stream};
+use crate::exec::{Event, Op, Stream};
 use crate::graph::{self, Graph, GraphExec};
 use crate::mem::{self, Kind, Pool};
 use crate::module::{self, Func, Module};
@@ -537,8 +536,8 @@ exports! {
     fn cuStreamGetCtx_v2_ptsz(s: CUstream, c: *mut CUcontext, g: *mut *mut c_void) { put(c, Stream::resolve(s, true)?.ctx.handle())?; put_opt(g, std::ptr::null_mut()); Ok(()) }
     fn cuStreamGetId(s: CUstream, id: *mut u64) { put(id, Stream::resolve(s, false)? as *const Stream as u64) }
     fn cuStreamGetId_ptsz(s: CUstream, id: *mut u64) { put(id, Stream::resolve(s, true)? as *const Stream as u64) }
-    fn cuStreamAddCallback(s: CUstream, cb: CUstreamCallback, d: *mut c_void, _f: c_uint) { add_callback(s, false, cb, d) }
-    fn cuStreamAddCallback_ptsz(s: CUstream, cb: CUstreamCallback, d: *mut c_void, _f: c_uint) { add_callback(s, true, cb, d) }
+    fn cuStreamAddCallback(s: CUstream, cb: CUstreamCallback, d: *mut c_void, _f: c_uint) { host_call(s, false, cb, |f| Op::Callback(f, s as usize, d as usize)) }
+    fn cuStreamAddCallback_ptsz(s: CUstream, cb: CUstreamCallback, d: *mut c_void, _f: c_uint) { host_call(s, true, cb, |f| Op::Callback(f, s as usize, d as usize)) }
     fn cuStreamWaitValue32(s: CUstream, a: CUdeviceptr, v: u32, f: c_uint) { mem_op(s, MemOp { addr: a, value: v as u64, flags: f, wide: false, write: false }) }
     fn cuStreamWaitValue32_v2(s: CUstream, a: CUdeviceptr, v: u32, f: c_uint) { mem_op(s, MemOp { addr: a, value: v as u64, flags: f, wide: false, write: false }) }
     fn cuStreamWaitValue64(s: CUstream, a: CUdeviceptr, v: u64, f: c_uint) { mem_op(s, MemOp { addr: a, value: v, flags: f, wide: true, write: false }) }
@@ -549,8 +548,8 @@ exports! {
     fn cuStreamBatchMemOp_v2(s: CUstream, n: c_uint, p: *mut c_void, _f: c_uint) { batch_mem_op(s, n, p as *const u8) }
     fn cuMemPrefetchAsync(p: CUdeviceptr, n: usize, _d: CUdevice, s: CUstream) { prefetch(p, n, s) }
     fn cuMemPrefetchAsync_v2(p: CUdeviceptr, n: usize, _l: CUmemLocation, _f: c_uint, s: CUstream) { prefetch(p, n, s) }
-    fn cuLaunchHostFunc(s: CUstream, f: CUhostFn, d: *mut c_void) { host_func(s, false, f, d) }
-    fn cuLaunchHostFunc_ptsz(s: CUstream, f: CUhostFn, d: *mut c_void) { host_func(s, true, f, d) }
+    fn cuLaunchHostFunc(s: CUstream, f: CUhostFn, d: *mut c_void) { host_call(s, false, f, |f| Op::Host(f, d as usize)) }
+    fn cuLaunchHostFunc_ptsz(s: CUstream, f: CUhostFn, d: *mut c_void) { host_call(s, true, f, |f| Op::Host(f, d as usize)) }
     fn cuStreamIsCapturing(s: CUstream, st: *mut CUstreamCaptureStatus) { put(st, Stream::resolve(s, false)?.capture_info().0) }
     fn cuStreamIsCapturing_ptsz(s: CUstream, st: *mut CUstreamCaptureStatus) { put(st, Stream::resolve(s, true)?.capture_info().0) }
     fn cuStreamGetCaptureInfo(s: CUstream, st: *mut CUstreamCaptureStatus, id: *mut u64) {

@@ -34,24 +34,16 @@ pub(super) fn stream_create(out: *mut CUstream, flags: c_uint, prio: c_int) -> C
     )
 }
 
-pub(super) fn host_func(
+/// Queue a host function (`cuLaunchHostFunc`) or a stream callback (`cuStreamAddCallback`),
+/// the op `op` makes of the function; a null function is `CUDA_ERROR_INVALID_VALUE`.
+pub(super) fn host_call<F>(
     h: CUstream,
     per_thread: bool,
-    f: CUhostFn,
-    data: *mut c_void,
+    f: Option<F>,
+    op: impl FnOnce(F) -> Op,
 ) -> CuResult<()> {
     let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    async_op(h, per_thread, Op::Host(f, data as usize))
-}
-
-pub(super) fn add_callback(
-    h: CUstream,
-    per_thread: bool,
-    cb: CUstreamCallback,
-    data: *mut c_void,
-) -> CuResult<()> {
-    let f = cb.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    async_op(h, per_thread, Op::Callback(f, h as usize, data as usize))
+    async_op(h, per_thread, op(f))
 }
 
 #[allow(clippy::too_many_arguments)]
