@@ -1,8 +1,8 @@
 //! The C boundary the exports share: running a body without unwinding into C ([`guard`]),
 //! writing out-parameters and strings, reading structs by value, and the arguments several
 //! exports resolve alike (a context or the current one, a CUDA 13 pool location, a file path,
-//! a module image). Apart from the table so that every export reads and writes its caller's
-//! memory through the same few null checks.
+//! a module image, a module global's address and size). Apart from the table so that every
+//! export reads and writes its caller's memory through the same few null checks.
 
 use crate::module;
 use crate::runtime::{cur_ctx, rt, Ctx, CuResult};
@@ -101,4 +101,18 @@ pub(super) fn load_module(out: *mut CUmodule, img: *const c_void) -> CuResult<()
 
 pub(super) fn read_file(path: *const c_char) -> CuResult<Vec<u8>> {
     std::fs::read(cstr(path)?).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)
+}
+
+/// Write a module global's address and size, each an optional out-parameter
+/// (`cuModuleGetGlobal`, `cuLibraryGetGlobal`, `cuLibraryGetManaged`).
+pub(super) fn put_global(
+    p: *mut CUdeviceptr,
+    bytes: *mut usize,
+    m: &'static module::Module,
+    name: *const c_char,
+) -> CuResult<()> {
+    let (ptr, size) = m.global(cstr(name)?)?;
+    put_opt(p, ptr);
+    put_opt(bytes, size as usize);
+    Ok(())
 }

@@ -2,6 +2,8 @@
 //! static C strings. Apart because the names come from `gpuslice_abi`'s one list, built into
 //! C strings once, while the descriptions are the driver's own wording.
 
+use super::args::{put, put_opt};
+use crate::runtime::CuResult;
 use gpuslice_abi::*;
 use std::ffi::{c_char, CStr};
 
@@ -49,4 +51,16 @@ pub(super) fn error_name(e: CUresult) -> Option<*const c_char> {
             .collect()
     });
     m.get(&e).map(|s| s.as_ptr())
+}
+
+/// Write a name or description found for a result code; an unknown code writes null and is
+/// `CUDA_ERROR_INVALID_VALUE`.
+pub(super) fn put_text(out: *mut *const c_char, text: Option<*const c_char>) -> CuResult<()> {
+    match text {
+        Some(p) => put(out, p),
+        None => {
+            put_opt(out, std::ptr::null());
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+    }
 }

@@ -10,18 +10,19 @@
 )]
 
 use super::args::{
-    arg, cstr, ctx_or_current, guard, load_module, location_device, put, put_opt, put_str,
-    read_file,
+    arg, cstr, ctx_or_current, guard, load_module, location_device, put, put_global, put_opt,
+    put_str, read_file,
 };
 use super::attributes::{
     device_attribute, driver_version, func_attribute, func_name, pointer_attribute, sm_resource,
 };
 use super::copy::{copy2d_op, copy3d_op, copy_op, set_op};
-use super::errors::{error_name, error_string};
-use super::launch::{cluster_size, launch, launch_ex, occupancy_blocks};
+use super::errors::{error_name, error_string, put_text};
+use super::launch::{cluster_size, launch, launch_ex, occupancy_blocks, potential_block_size};
 use super::mem_op::{batch_mem_op, mem_op, prefetch, MemOp};
 use super::stream::{
-    alloc_async, async_op, capture_info, free_async, host_call, stream_create, sync_op,
+    alloc_async, async_op, capture_info, end_capture, free_async, host_call, set_mem_pool,
+    stream_create, sync_op,
 };
 use crate::exec::{Event, Op, Stream};
 use crate::graph::{self, Graph, GraphExec};
@@ -61,17 +62,9 @@ exports! {
     fn cuInit(flags: c_uint) { rtm::init(flags) }
     fn cuDriverGetVersion(v: *mut c_int) { put(v, driver_version()) }
     fn cuGetExportTable(table: *mut *const c_void, id: *const CUuuid) { crate::export::get_export_table(table, id) }
-    fn cuGetErrorName(e: CUresult, out: *mut *const c_char) {
-        match error_name(e) {
-            Some(p) => put(out, p),
-            None => { put_opt(out, std::ptr::null()); Err(CUDA_ERROR_INVALID_VALUE) }
-        }
-    }
+    fn cuGetErrorName(e: CUresult, out: *mut *const c_char) { put_text(out, error_name(e)) }
     fn cuGetErrorString(e: CUresult, out: *mut *const c_char) {
-        match error_string(e).map(|s| s.as_ptr()).or_else(|| error_name(e)) {
-            Some(p) => put(out, p),
-            None => { put_opt(out, std::ptr::null()); Err(CUDA_ERROR_INVALID_VALUE) }
-        }
+        put_text(out, error_string(e).map(|s| s.as_ptr()).or_else(|| error_name(e)))
     }
     fn cuGetProcAddress(sym: *const c_char, pfn: *mut *mut c_void, ver: c_int, flags: u64) {
         let name = cstr(sym)?;
@@ -147,21 +140,8 @@ exports! {
     fn cuMemGetMemPool(p: *mut CUmemoryPool, loc: *mut CUmemLocation, ty: CUmemAllocationType) {
         put(p, device(location_device(loc, ty)?)?.mempool.load(Acquire) as CUmemoryPool)
     }
-    fn cuMemSetMemPool(loc: *mut CUmemLocation, ty: CUmemAllocationType, p: CUmemoryPool) {
-        let d = location_device(loc, ty)?;
-        let dev = device(d)?;
-        let pool = Pool::resolve(p)?;
-        if pool.dev != d as usize { return Err(CUDA_ERROR_INVALID_DEVICE); }
-        dev.mempool.store(p as usize, Release);
-        Ok(())
-    }
-    fn cuDeviceSetMemPool(d: CUdevice, p: CUmemoryPool) {
-        let dev = device(d)?;
-        let pool = Pool::resolve(p)?;
-        if pool.dev != d as usize { return Err(CUDA_ERROR_INVALID_DEVICE); }
-        dev.mempool.store(p as usize, Release);
-        Ok(())
-    }
+    fn cuMemSetMemPool(loc: *mut CUmemLocation, ty: CUmemAllocationType, p: CUmemoryPool) { set_mem_pool(location_device(loc, ty)?, p) }
+    fn cuDeviceSetMemPool(d: CUdevice, p: CUmemoryPool) { set_mem_pool(d, p) }
     fn cuDeviceGraphMemTrim(d: CUdevice) { device(d).map(|_| ()) }
     fn cuDeviceGetDevResource(d: CUdevice, r: *mut c_void, ty: c_uint) { device(d)?; sm_resource(r, ty as c_int) }
     fn cuCtxGetDevResource(c: CUcontext, r: *mut c_void, ty: c_uint) {
@@ -574,20 +554,8 @@ exports! {
     fn cuStreamBeginCapture_v2_ptsz(s: CUstream, _mode: CUstreamCaptureMode) { Stream::resolve(s, true)?.begin_capture() }
     fn cuStreamBeginCapture(s: CUstream) { Stream::resolve(s, false)?.begin_capture() }
     fn cuStreamBeginCapture_ptsz(s: CUstream) { Stream::resolve(s, true)?.begin_capture() }
-    fn cuStreamEndCapture(s: CUstream, g: *mut CUgraph) {
-        if g.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        match Stream::resolve(s, false)?.end_capture() {
-            Ok(graph) => put(g, graph.handle()),
-            Err(e) => { put(g, std::ptr::null_mut())?; Err(e) }
-        }
-    }
-    fn cuStreamEndCapture_ptsz(s: CUstream, g: *mut CUgraph) {
-        if g.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
-        match Stream::resolve(s, true)?.end_capture() {
-            Ok(graph) => put(g, graph.handle()),
-            Err(e) => { put(g, std::ptr::null_mut())?; Err(e) }
-        }
-    }
+    fn cuStreamEndCapture(s: CUstream, g: *mut CUgraph) { end_capture(s, false, g) }
+    fn cuStreamEndCapture_ptsz(s: CUstream, g: *mut CUgraph) { end_capture(s, true, g) }
     fn cuThreadExchangeStreamCaptureMode(m: *mut CUstreamCaptureMode) { if m.is_null() { Err(CUDA_ERROR_INVALID_VALUE) } else { Ok(()) } }
 
     fn cuStreamWriteValue32(s: CUstream, addr: CUdeviceptr, v: c_uint, _f: c_uint) { async_op(s, false, set_op(addr, 0, v, 1, 1, 4)?) }
@@ -631,10 +599,7 @@ exports! {
         put(f, Module::resolve(m)?.function(cstr(name)?)?.handle())
     }
     fn cuModuleGetGlobal_v2(p: *mut CUdeviceptr, bytes: *mut usize, m: CUmodule, name: *const c_char) {
-        let (ptr, size) = Module::resolve(m)?.global(cstr(name)?)?;
-        put_opt(p, ptr);
-        put_opt(bytes, size as usize);
-        Ok(())
+        put_global(p, bytes, Module::resolve(m)?, name)
     }
     fn cuLinkCreate_v2(_n: c_uint, _o: *mut c_int, _v: *mut *mut c_void, out: *mut CUlinkState) {
         cur_ctx()?;
@@ -679,17 +644,11 @@ exports! {
     fn cuLibraryGetModule(m: *mut CUmodule, lib: CUlibrary) { put(m, Module::resolve(lib)?.handle()) }
     fn cuLibraryGetKernelCount(n: *mut c_uint, lib: CUlibrary) { put(n, Module::resolve(lib)?.kernel_count()? as c_uint) }
     fn cuLibraryGetGlobal(p: *mut CUdeviceptr, bytes: *mut usize, lib: CUlibrary, name: *const c_char) {
-        let (ptr, size) = Module::resolve(lib)?.global(cstr(name)?)?;
-        put_opt(p, ptr);
-        put_opt(bytes, size as usize);
-        Ok(())
+        put_global(p, bytes, Module::resolve(lib)?, name)
     }
     // A `__managed__` variable is a global the host can address too: the fake's globals are host memory.
     fn cuLibraryGetManaged(p: *mut CUdeviceptr, bytes: *mut usize, lib: CUlibrary, name: *const c_char) {
-        let (ptr, size) = Module::resolve(lib)?.global(cstr(name)?)?;
-        put_opt(p, ptr);
-        put_opt(bytes, size as usize);
-        Ok(())
+        put_global(p, bytes, Module::resolve(lib)?, name)
     }
     fn cuKernelGetLibrary(lib: *mut CUlibrary, k: CUkernel) { put(lib, Func::resolve(k)?.module as CUlibrary) }
     fn cuKernelGetFunction(f: *mut CUfunction, k: CUkernel) { cur_ctx()?; put(f, Func::resolve(k)?.handle()) }
@@ -729,16 +688,10 @@ exports! {
         put(n, 8)
     }
     fn cuOccupancyMaxPotentialBlockSize(grid: *mut c_int, block: *mut c_int, f: CUfunction, _cb: *mut c_void, _smem: usize, limit: c_int) {
-        Func::resolve(f)?;
-        let b = if limit > 0 { limit.min(1024) } else { 1024 };
-        put(grid, 132 * occupancy_blocks(b))?;
-        put(block, b)
+        potential_block_size(grid, block, f, limit)
     }
     fn cuOccupancyMaxPotentialBlockSizeWithFlags(grid: *mut c_int, block: *mut c_int, f: CUfunction, _cb: *mut c_void, _smem: usize, limit: c_int, _fl: c_uint) {
-        Func::resolve(f)?;
-        let b = if limit > 0 { limit.min(1024) } else { 1024 };
-        put(grid, 132 * occupancy_blocks(b))?;
-        put(block, b)
+        potential_block_size(grid, block, f, limit)
     }
 
     // --- launches -------------------------------------------------------------------------

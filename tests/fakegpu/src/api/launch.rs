@@ -3,7 +3,7 @@
 //! attribute, and the occupancy the fake answers with. Apart because the launch variants
 //! (`cuLaunchKernel`, cooperative, `Ex`, per-thread) and the occupancy calls share it.
 
-use super::args::arg;
+use super::args::{arg, put};
 use crate::exec::{Op, Stream};
 use crate::module::Func;
 use crate::runtime::{cur_ctx, CuResult};
@@ -110,4 +110,18 @@ pub(super) fn occupancy_blocks(block: c_int) -> c_int {
     } else {
         (2048 / block).clamp(1, 32)
     }
+}
+
+/// `cuOccupancyMaxPotentialBlockSize(WithFlags)`: the largest block the limit allows, and a
+/// grid that fills every SM with it.
+pub(super) fn potential_block_size(
+    grid: *mut c_int,
+    block: *mut c_int,
+    f: CUfunction,
+    limit: c_int,
+) -> CuResult<()> {
+    Func::resolve(f)?;
+    let b = if limit > 0 { limit.min(1024) } else { 1024 };
+    put(grid, 132 * occupancy_blocks(b))?;
+    put(block, b)
 }

@@ -1,13 +1,14 @@
 //! The bodies the stream exports share: queueing an op on a stream (and waiting for it, for
-//! the synchronous calls), stream creation, host functions and callbacks, capture state, and
-//! stream-ordered allocation and free (into the capturing graph or the pool). Apart because
-//! each has a legacy and a per-thread (`_ptsz`) export that differ only in the stream.
+//! the synchronous calls), stream creation, host functions and callbacks, capture state and
+//! its end, and stream-ordered allocation and free (into the capturing graph or the pool) with
+//! the device's current pool. Apart because each has a legacy and a per-thread (`_ptsz`)
+//! export (or a CUDA 13 twin) that differ only in the stream (or how the device is named).
 
 use super::args::{put, put_opt};
 use crate::exec::{Op, Stream};
 use crate::graph;
 use crate::mem::{self, Kind, Pool};
-use crate::runtime::{cur_ctx, rt, CuResult};
+use crate::runtime::{cur_ctx, device, rt, CuResult};
 use gpuslice_abi::*;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering::*;
@@ -107,4 +108,30 @@ pub(super) fn free_async(ptr: CUdeviceptr, h: CUstream, per_thread: bool) -> CuR
     // Pool memory leaves the pool's used bytes now, before the stream reaches the free.
     mem::free_async_called(ptr);
     s.submit(Op::Free(ptr))
+}
+
+/// `cuStreamEndCapture(_ptsz)`: the captured graph, or null and the capture's error.
+pub(super) fn end_capture(h: CUstream, per_thread: bool, g: *mut CUgraph) -> CuResult<()> {
+    if g.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    match Stream::resolve(h, per_thread)?.end_capture() {
+        Ok(graph) => put(g, graph.handle()),
+        Err(e) => {
+            put(g, std::ptr::null_mut())?;
+            Err(e)
+        }
+    }
+}
+
+/// Make `p` device `d`'s current pool (`cuDeviceSetMemPool`, CUDA 13's `cuMemSetMemPool`): a
+/// pool of another device is `CUDA_ERROR_INVALID_DEVICE`.
+pub(super) fn set_mem_pool(d: CUdevice, p: CUmemoryPool) -> CuResult<()> {
+    let dev = device(d)?;
+    let pool = Pool::resolve(p)?;
+    if pool.dev != d as usize {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    dev.mempool.store(p as usize, Release);
+    Ok(())
 }
