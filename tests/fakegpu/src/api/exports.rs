@@ -39,12 +39,12 @@ macro_rules! exports {
             #[no_mangle]
             #[allow(unused_unsafe)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-                crate::export::trace(stringify!($name));
+                crate::debug::trace(stringify!($name));
                 // SAFETY: the caller follows the CUDA API contract for this entry point: every
                 // pointer argument is valid for what the API documents it reads or writes.
                 let r = guard(move || unsafe { $body });
                 if r != CUDA_SUCCESS {
-                    crate::export::debug_error(stringify!($name), r);
+                    crate::debug::debug_error(stringify!($name), r);
                 }
                 r
             }
@@ -79,7 +79,7 @@ exports! {
         if pfn.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
         let (r, p, st) = crate::procaddr::get_proc_address(name, ver, flags);
         if r != CUDA_SUCCESS { return Err(r); }
-        if p.is_null() { crate::export::debug_missing(name, ver, flags, st); }
+        if p.is_null() { crate::debug::debug_missing(name, ver, flags, st); }
         put(pfn, p)?;
         put_opt(status, st);
         Ok(())

@@ -11,7 +11,7 @@
 //!   stream-ordered allocation;
 //! - `mem_op.rs`: stream memory operations (waits and writes on device words) and prefetches;
 //! - `attributes.rs`: the fake's answers about itself: [`driver_version`],
-//!   [`device_attribute`], function and pointer attributes;
+//!   `device_attribute`, function and pointer attributes;
 //! - `errors.rs`: the names and descriptions of result codes.
 
 mod args;
