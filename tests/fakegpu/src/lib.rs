@@ -13,7 +13,8 @@
 //! - [`export`] serves `cuGetExportTable`: the private tables NVIDIA's CUDA runtime needs,
 //!   with its integrity check (HMAC-MD2);
 //! - [`api`] and [`nvml`] are the exports: thin wrappers, one table ([`api::EXPORTS`]) that
-//!   [`procaddr`] resolves `cuGetProcAddress` against with its version table.
+//!   [`procaddr`] resolves `cuGetProcAddress` against with its version table; [`debug`] is
+//!   the `FAKEGPU_DEBUG` log they write to.
 //!
 //! The library links with `-Bsymbolic` and never calls its own exports, so an interposer
 //! such as `libgpuslice.so` sees exactly the client's calls.
@@ -21,6 +22,7 @@
 mod abi_check;
 pub mod api;
 pub mod config;
+pub mod debug;
 pub mod exec;
 pub mod export;
 pub mod graph;
