@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{bin_dir, collect, window, Env};
+use crate::harness::{bin_dir, Env};
 
 /// One tenant's interval lines on CLOCK_MONOTONIC: (start, end, kernels, gpu_seconds).
 pub(crate) fn mono_spans(child: Child) -> Vec<(f64, f64, u64, f64)> {

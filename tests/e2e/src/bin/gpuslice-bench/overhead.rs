@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{burn_args, collect, spawn_burn, Env, Spec};
+use crate::harness::{burn_args, spawn_burn, Env, Spec};
 
 pub(crate) fn overhead(launches: usize) {
     let me = std::env::current_exe().unwrap();
