@@ -226,6 +226,7 @@ fn a_slice_of_two_processes_shares_one_share() {
     // Charged by slice: the two processes' launches run in the same turns, and together they
     // pay at most the turn, so their slice gets its share over the 10 s, not less.
     let part = together / (together + other_f);
+    eprintln!("slice of two processes: {together:.3} ({f:?}), other {other_f:.3}: part {part:.3}");
     assert!(
         (part - 0.5).abs() <= 0.04,
         "over {:.1} s the slice of two processes got {together:.3} ({f:?}), the other slice \
