@@ -18,9 +18,8 @@
 //!   but only a sample carries events (`events.rs`): about one launch in
 //!   [`events::FENCE_NS`] of estimated GPU work gets an event after it, which tells when the
 //!   queue completes (the lease's holder drains it before handing over, so a deep asynchronous
-//!   queue is paid for by whoever queued it), and most of those an event before it too, which
-//!   measures the launch (the estimates that keep a lease on time and are charged for the
-//!   turn). The other launches cost the current device's lookup (`cuCtxGetDevice`), a lock, a
+//!   queue is paid for by whoever queued it), and an event before it, which measures the launch
+//!   (the estimates that keep a lease on time and are charged for the turn). The other launches cost the current device's lookup (`cuCtxGetDevice`), a lock, a
 //!   few loads and clock reads: no event, no capture query, no syscall.
 //!
 //! In node mode the lease word is the policy's (read-only here) and the client is
@@ -233,11 +232,8 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
     inner.events.next = inner.events.estimate(kind);
     // The one stream a hand-over inside the admission may record a fence on.
     inner.events.current = stream;
-    let admission = inner.client.acquire(&mut inner.events);
+    inner.client.acquire(&mut inner.events);
     inner.events.current = null_mut();
-    if admission.throttled_ns > 0 {
-        inner.events.after_wait = true;
-    }
     if inner.client.solo() {
         return Gate {
             gate: Some(g),
@@ -246,9 +242,7 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
         };
     }
     let now = sched::now_ns();
-    let track = inner.events.plan(stream, kind, now);
-    inner.events.after_wait = false;
-    match track {
+    match inner.events.plan(stream, kind, now) {
         Track::Run => {
             inner.events.add_to_run(stream, kind, now);
             Gate {
@@ -257,11 +251,6 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
                 start: null_mut(),
             }
         }
-        Track::Fence => Gate {
-            gate: Some(g),
-            kind,
-            start: null_mut(),
-        },
         Track::Measure => Gate {
             gate: Some(g),
             kind,

@@ -1,0 +1,125 @@
+//! `gpuslice-bench`: the compute-share benchmark behind `scripts/bench.sh` (a benchmark, not a
+//! test: it reports numbers, it asserts nothing).
+//!
+//! - `gpuslice-bench shares [--scenario A,B] [--kernel-us N,M] [--launch plain,ex,graph]
+//!   [--seconds S] [--all]`: runs `gpuslice-burn` tenants under the shim on the fake GPU (or on
+//!   whatever `libcuda.so.1` the environment provides) and prints, per scenario and tenant, the
+//!   assigned share, the achieved fraction over the measured window (S − 2 s, default 10 s) and
+//!   the worst 1 s interval. Achieved = burn's own count of completed kernels × kernel time,
+//!   never the scheduler's bookkeeping.
+//! - `gpuslice-bench overhead [--launches N]`: ns per `cuLaunchKernel` call, direct, under the
+//!   shim alone on the device, and under the shim while another slice contends (median of the
+//!   admitted calls, so time spent waiting for a turn is not counted as overhead).
+//! - `gpuslice-bench freeze [--runs N] [--seconds S]`: issue 14's pair started together and
+//!   0-300 ms apart, N times: longest gap without a completed kernel and worst 5 s split.
+//! - `gpuslice-bench latency [--seconds S]`: a request/response client (bursts of 20 kernels)
+//!   alone, next to a trainer, and next to it with `GPUSLICE_PRIORITY=latency`: p50/p99 burst
+//!   latency and the trainer's GPU fraction (`burst-loop` is the client it runs).
+//! - `gpuslice-bench launch-loop N`: the client `overhead` runs (times N launch calls).
+//!
+//! Artifacts (`gpuslice-burn`, `libgpuslice.so`, `libfakegpu.so`) are looked up beside this
+//! executable; `FAKEGPU=0` in the environment uses the system's `libcuda.so.1` instead.
+
+mod client;
+mod freeze;
+mod harness;
+mod latency;
+mod overhead;
+mod shares;
+
+use client::{burst_loop, launch_loop};
+use freeze::freeze;
+use latency::latency;
+use overhead::overhead;
+use shares::{shares, Opts};
+
+fn list(v: &str) -> Vec<String> {
+    v.split(',')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: gpuslice-bench shares [--scenario pair,article,eight,cap,idle,alone] \
+         [--kernel-us 20,1000,5000] [--launch plain,ex,graph] [--seconds S] [--all]\n       \
+         gpuslice-bench overhead [--launches N]\n       gpuslice-bench freeze [--runs N] [--seconds S]\n       \
+         gpuslice-bench latency [--seconds S]\n       \
+         gpuslice-bench launch-loop N"
+    );
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(cmd) = args.first() else { usage() };
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+    };
+    match cmd.as_str() {
+        "shares" => {
+            let all = args.iter().any(|a| a == "--all");
+            let mut o = Opts {
+                scenarios: list("pair,article,eight,cap,idle,alone"),
+                kernels: vec![1000],
+                launches: list("plain"),
+                seconds: 12.0,
+            };
+            if all {
+                o.kernels = vec![20, 1000, 5000];
+                o.launches = list("plain,ex,graph");
+            }
+            if let Some(v) = value("--scenario") {
+                o.scenarios = list(v);
+            }
+            if let Some(v) = value("--kernel-us") {
+                o.kernels = list(v)
+                    .iter()
+                    .map(|k| k.parse().unwrap_or_else(|_| usage()))
+                    .collect();
+            }
+            if let Some(v) = value("--launch") {
+                o.launches = list(v);
+            }
+            if let Some(v) = value("--seconds") {
+                o.seconds = v.parse().unwrap_or_else(|_| usage());
+            }
+            shares(&o);
+        }
+        "overhead" => {
+            let n = value("--launches").map_or(20_000, |v| v.parse().unwrap_or_else(|_| usage()));
+            overhead(n);
+        }
+        "freeze" => {
+            let runs = value("--runs").map_or(50, |v| v.parse().unwrap_or_else(|_| usage()));
+            let secs = value("--seconds").map_or(6.0, |v| v.parse().unwrap_or_else(|_| usage()));
+            freeze(runs, secs);
+        }
+        "latency" => {
+            let secs = value("--seconds").map_or(8.0, |v| v.parse().unwrap_or_else(|_| usage()));
+            latency(secs);
+        }
+        "burst-loop" => {
+            let secs: f64 = args
+                .get(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage());
+            let us: u64 = args
+                .get(2)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage());
+            burst_loop(secs, us);
+        }
+        "launch-loop" => {
+            let n = args
+                .get(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage());
+            launch_loop(n);
+        }
+        _ => usage(),
+    }
+}
