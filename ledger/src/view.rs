@@ -266,7 +266,12 @@ impl<'a> View<'a> {
             memory_used: memory_limit.map_or(0, |l| s.memory_used.0.load(Relaxed).min(l)),
             compute_share_ppm: s.compute_share_ppm.load(Relaxed).min(PPM),
             compute_cap_ppm: s.compute_cap_ppm.load(Relaxed).min(PPM),
-            compute_used: sched::slice_stats(&s.sched, sched::now_ns()).used_fraction,
+            compute_used: sched::slice_stats(
+                &self.devices[device].sched,
+                &s.sched,
+                sched::now_ns(),
+            )
+            .used_fraction,
             operator_defined: s.operator_defined.load(Relaxed) != 0,
             private: s.private.load(Relaxed) != 0,
         })

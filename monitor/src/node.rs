@@ -221,11 +221,23 @@ impl Node {
             .map(|sl| (sl.index, sl.name.as_str()))
             .collect();
         let alive: HashMap<u32, bool> = s.processes.iter().map(|p| (p.pid, p.alive)).collect();
-        let slices = s
+        // Every slice's compute figures at one moment, so a device's `compute_used` sum to at
+        // most 1.
+        let now = gpuslice_ledger::sched::now_ns();
+        let mut compute: Vec<_> = s
             .slices
             .iter()
             .map(|sl| {
-                let compute = crate::compute::slice_compute(&self.ledger, sl.index);
+                let c = crate::compute::slice_compute(&self.ledger, sl.index, now);
+                (sl.device_uuid.as_str(), c)
+            })
+            .collect();
+        crate::compute::shares_of_busy_time(&mut compute);
+        let slices = s
+            .slices
+            .iter()
+            .zip(compute)
+            .map(|(sl, (_, compute))| {
                 SliceView {
                     name: sl.name.clone(),
                     device_uuid: sl.device_uuid.clone(),

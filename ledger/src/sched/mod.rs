@@ -67,7 +67,7 @@ pub use policy::{
     WANT_STALE_NS,
 };
 pub use records::{
-    class_name, parse_class, slice_stats, Lease, SchedDevice, SchedProc, SchedSlice,
+    class_name, parse_class, slice_stats, used_fraction, Lease, SchedDevice, SchedProc, SchedSlice,
     SliceComputeStats, Window, CLASS_LATENCY, CLASS_NORMAL, MAX_SLICE_ID, WINDOW_NS,
 };
 

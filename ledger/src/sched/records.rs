@@ -119,9 +119,15 @@ impl Window {
         self.cur_ns.fetch_add(ns, AcqRel);
     }
 
-    /// Fraction of `WINDOW_NS` charged over the last `WINDOW_NS` before `now` (the previous
-    /// bucket weighted by how much of it is still inside the window).
+    /// Fraction of `WINDOW_NS` charged over the last `WINDOW_NS` before `now`.
     pub(crate) fn fraction(&self, now: u64) -> f64 {
+        (self.ns(now) / WINDOW_NS as f64).clamp(0.0, 1.0)
+    }
+
+    /// GPU ns charged over the last `WINDOW_NS` before `now` (the previous bucket weighted by
+    /// how much of it is still inside the window), unclamped. The buckets of every window
+    /// start at multiples of `WINDOW_NS`, so a slice's and its device's are weighted alike.
+    pub(crate) fn ns(&self, now: u64) -> f64 {
         let start = self.start_ns.load(Acquire);
         let (cur, prev) = (
             self.cur_ns.load(Acquire) as f64,
@@ -129,14 +135,13 @@ impl Window {
         );
         let w = WINDOW_NS as f64;
         let into = now.saturating_sub(start) as f64;
-        let ns = if into < w {
+        if into < w {
             cur + prev * (w - into) / w
         } else if into < 2.0 * w {
             cur * (2.0 * w - into) / w
         } else {
             0.0
-        };
-        (ns / w).clamp(0.0, 1.0)
+        }
     }
 }
 
@@ -291,8 +296,12 @@ pub struct SchedProc {
 /// What the monitor shows for one slice.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SliceComputeStats {
-    /// Fraction of the device the slice held over the last [`WINDOW_NS`] (`compute_used`).
+    /// `compute_used`: the slice's part of the device's time over the last [`WINDOW_NS`]
+    /// ([`used_fraction`] against the device's record, read a moment apart; a view of all a
+    /// device's slices divides by their [`SliceComputeStats::window_ns`] summed instead).
     pub used_fraction: f64,
+    /// GPU ns charged to the slice over the last [`WINDOW_NS`] (the older bucket weighted).
+    pub window_ns: f64,
     /// GPU ns charged since the slice was created.
     pub gpu_ns_total: u64,
     /// ns its processes spent throttled (waiting for a lease).
@@ -301,10 +310,24 @@ pub struct SliceComputeStats {
     pub launches_total: u64,
 }
 
-/// The statistics of one slice at `now_ns` (CLOCK_MONOTONIC, see [`crate::sched::Os::now_ns`]).
-pub fn slice_stats(s: &SchedSlice, now_ns: u64) -> SliceComputeStats {
+/// `compute_used` of a slice charged `slice_ns` of GPU time over the last [`WINDOW_NS`] on a
+/// device whose slices were charged `device_ns` together: the slice's part of the window, or,
+/// when the charges together exceed it (a turn's queued work runs into the next one's, and
+/// both are charged for it), its part of what the device was charged. So it is a share of the
+/// device's busy time, and slices divided by the sum of their own charges never sum over 1.
+pub fn used_fraction(slice_ns: f64, device_ns: f64) -> f64 {
+    // Both are sums of u64 charges (finite, ≥ 0); the clamp covers a slice charged in a
+    // bucket its device rolled over a moment before.
+    (slice_ns / device_ns.max(WINDOW_NS as f64)).clamp(0.0, 1.0)
+}
+
+/// The statistics of slice `s` on device `dev` at `now_ns` (CLOCK_MONOTONIC, see
+/// [`crate::sched::Os::now_ns`]).
+pub fn slice_stats(dev: &SchedDevice, s: &SchedSlice, now_ns: u64) -> SliceComputeStats {
+    let window_ns = s.window.ns(now_ns);
     SliceComputeStats {
-        used_fraction: s.window.fraction(now_ns),
+        used_fraction: used_fraction(window_ns, dev.window.ns(now_ns)),
+        window_ns,
         gpu_ns_total: s.gpu_ns_total.load(Relaxed),
         throttled_ns_total: s.throttled_ns_total.load(Relaxed),
         launches_total: s.launches_total.load(Relaxed),

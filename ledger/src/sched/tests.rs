@@ -392,15 +392,71 @@ fn stats_report_recent_use() {
     let s = SchedSlice::default();
     let t0 = 10 * WINDOW_NS;
     charge(&dev, &s, 250_000, PPM, t0, t0 + WINDOW_NS / 4, u64::MAX);
-    let st = slice_stats(&s, t0 + WINDOW_NS / 2);
+    let st = slice_stats(&dev, &s, t0 + WINDOW_NS / 2);
     assert!((st.used_fraction - 0.25).abs() < 1e-6, "{st:?}");
     assert_eq!(st.gpu_ns_total, WINDOW_NS / 4);
     assert_eq!(s.vt.load(Relaxed), WINDOW_NS); // 0.25 s held at share 0.25
                                                // Half a window later the old bucket still counts for half; two windows on, nothing.
-    let st = slice_stats(&s, t0 + WINDOW_NS + WINDOW_NS / 2);
+    let st = slice_stats(&dev, &s, t0 + WINDOW_NS + WINDOW_NS / 2);
     assert!((st.used_fraction - 0.125).abs() < 1e-6, "{st:?}");
-    assert_eq!(slice_stats(&s, t0 + 3 * WINDOW_NS).used_fraction, 0.0);
+    assert_eq!(slice_stats(&dev, &s, t0 + 3 * WINDOW_NS).used_fraction, 0.0);
     assert!((dev.window.fraction(t0 + WINDOW_NS / 2) - 0.25).abs() < 1e-6);
+}
+
+/// `compute_used` is a share of the device's busy time: when the slices' charges overlap (each
+/// turn charged work that ran into the next), they are scaled to the device's, so a device's
+/// slices never sum over 1; below that each is its plain fraction of the window.
+#[test]
+fn compute_used_of_a_devices_slices_never_sums_over_one() {
+    let dev = SchedDevice::default();
+    let (a, b, c) = (
+        SchedSlice::default(),
+        SchedSlice::default(),
+        SchedSlice::default(),
+    );
+    let t0 = 10 * WINDOW_NS;
+    // 0.27 + 0.82 of the window charged (issue 20's status: 26.8% and 81.6%).
+    charge(
+        &dev,
+        &a,
+        250_000,
+        PPM,
+        t0,
+        t0 + WINDOW_NS,
+        WINDOW_NS * 27 / 100,
+    );
+    charge(
+        &dev,
+        &b,
+        750_000,
+        PPM,
+        t0,
+        t0 + WINDOW_NS,
+        WINDOW_NS * 82 / 100,
+    );
+    let now = t0 + WINDOW_NS + WINDOW_NS / 3;
+    let (ua, ub) = (
+        slice_stats(&dev, &a, now).used_fraction,
+        slice_stats(&dev, &b, now).used_fraction,
+    );
+    assert!(ua + ub <= 1.0 + 1e-12, "{ua} + {ub}");
+    assert!((ua / (ua + ub) - 27.0 / 109.0).abs() < 1e-9, "{ua} {ub}");
+    assert!((ua + ub - 1.0).abs() < 1e-9, "{ua} + {ub}");
+    // Under the window: each its own fraction.
+    let later = t0 + 3 * WINDOW_NS + WINDOW_NS / 2;
+    charge(
+        &dev,
+        &c,
+        0,
+        PPM,
+        later - WINDOW_NS / 2,
+        later,
+        WINDOW_NS / 10,
+    );
+    assert!((slice_stats(&dev, &c, later).used_fraction - 0.1).abs() < 1e-6);
+    assert_eq!(slice_stats(&dev, &a, later).used_fraction, 0.0);
+    // A slice charged in a bucket its device does not show yet reads at most 1.
+    assert!(used_fraction(5.0 * WINDOW_NS as f64, 0.0) <= 1.0);
 }
 
 #[test]
@@ -570,7 +626,7 @@ fn charging_tolerates_zero_shares_and_any_values() {
     dev.window.start_ns.store(u64::MAX - 1, Relaxed);
     charge(&dev, &s, 1, 1, 0, u64::MAX, u64::MAX);
     assert_eq!(s.cap_tat_ns.load(Relaxed), u64::MAX);
-    let _ = slice_stats(&s, 0);
+    let _ = slice_stats(&dev, &s, 0);
     let _ = dev.window.fraction(u64::MAX);
     assert!(!admits(u64::MAX, 1));
 }

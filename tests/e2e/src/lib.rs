@@ -30,11 +30,16 @@ pub fn words(line: &str) -> Vec<&str> {
     line.split_whitespace().collect()
 }
 
-/// `target/<profile>` of this build: the test executable lives in `target/<profile>/deps`.
+/// `target/<profile>` of this build: a test executable lives in `target/<profile>/deps`, a
+/// binary of this crate (`gpuslice-bench`) in `target/<profile>`.
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("test executable has a directory");
-    deps.parent().expect("deps has a parent").to_path_buf()
+    let dir = exe.parent().expect("the executable has a directory");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().expect("deps has a parent").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 /// A built artifact of the workspace; panics with what to run when it is missing.

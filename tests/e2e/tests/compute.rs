@@ -394,6 +394,81 @@ fn status_reports_compute_used() {
     );
 }
 
+/// `compute_used` is a slice's part of the device's busy time over the last second: with
+/// several slices busy at once (2 ms kernels 8 deep, so the work a turn queued runs into the
+/// next turn), a device's slices never sum over 1, in `status --json`, the `status` table and
+/// the metrics alike (issue 20: 26.8% + 81.6% before), and the busy device shows near 1.
+#[test]
+fn compute_used_of_busy_slices_never_sums_over_one() {
+    let (_serial, w) = serial_world();
+    let args = ["--kernel-us", "2000", "--depth", "8", "--seconds", "7"];
+    let tenants: Vec<Tenant> = [("u1", "0.25"), ("u2", "0.25"), ("u3", "0.5"), ("u4", "")]
+        .iter()
+        .map(|(name, share)| {
+            let env: &[(&str, &str)] = if share.is_empty() {
+                &[]
+            } else {
+                &[("GPUSLICE_COMPUTE", share)]
+            };
+            spawn(&w, name, env, &args)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(2000));
+    let mut busiest: f64 = 0.0;
+    for _ in 0..8 {
+        let v = w.status();
+        let json: f64 = v["slices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["compute_used"].as_f64().unwrap())
+            .sum();
+        let out = w.gpuslice().arg("metrics").output().unwrap();
+        let metrics: f64 = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("gpuslice_slice_compute_used_ratio{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum();
+        let table = w.cli_ok(&["status"]);
+        let shown = compute_used_column(&table);
+        assert_eq!(shown.len(), 4, "{table}");
+        let percent: f64 = shown.iter().sum();
+        println!("compute_used summed: json {json:.4}, metrics {metrics:.4}, table {percent:.1}%");
+        assert!(json <= 1.0 + 1e-9, "slices sum to {json}: {v:#}");
+        assert!(metrics <= 1.0 + 1e-6, "metrics sum to {metrics}");
+        // Each figure is rounded to a tenth of a point.
+        assert!(percent <= 100.0 + 0.05 * 4.0, "{table}");
+        busiest = busiest.max(json);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    for t in tenants {
+        let _ = finish(t);
+    }
+    assert!(
+        busiest >= 0.8,
+        "four busy slices shown using {busiest:.3} of the device"
+    );
+}
+
+/// The COMPUTE USED column of the slices table in `gpuslice status`, in percent (the column is
+/// right-aligned under its header).
+fn compute_used_column(table: &str) -> Vec<f64> {
+    let mut lines = table.lines().skip_while(|l| !l.starts_with("SLICE "));
+    let header = lines
+        .next()
+        .unwrap_or_else(|| panic!("no slices table: {table}"));
+    let end = header.find("COMPUTE USED").unwrap() + "COMPUTE USED".len();
+    lines
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| {
+            let cell = l[..end].split_whitespace().last().unwrap();
+            cell.trim_end_matches('%')
+                .parse::<f64>()
+                .unwrap_or_else(|_| panic!("{l}"))
+        })
+        .collect()
+}
+
 /// The longest time in `[from, to]` (CLOCK_MONOTONIC) in which a tenant completed nothing,
 /// seen through its interval lines (a line with no kernels extends the gap).
 fn longest_gap(r: &Ran, from: f64, to: f64) -> f64 {

@@ -38,6 +38,14 @@
 //!     Until stdin closes, sample device 0's used memory as the fake GPU's NVML reports it
 //!     for the whole node (every process, whatever gpuslice's ledger says); then print
 //!     `{"samples": N, "min_used": BYTES, "max_used": BYTES}`. Run it without the shim.
+//! gpuslice-e2e-helper engine-ns
+//!     The fake GPU's own engine accounting, on request: for each line of pids read on stdin,
+//!     print one line `MONO_NS NS NS ...`, the CLOCK_MONOTONIC time and the engine time the
+//!     fake has charged each pid on device 0 (`fakegpu_engine_ns`; `-` for a pid not attached),
+//!     until stdin closes. Run it without the shim, as root.
+//! gpuslice-e2e-helper pulse KERNEL_US PERIOD_MS SECONDS
+//!     A lightly used tenant: one `gpuslice_spin` kernel of KERNEL_US, waited for, every
+//!     PERIOD_MS for SECONDS; prints `{"launches": N}`.
 //! ```
 //!
 //! The driver is reached the way programs reach it, through `dlopen("libcuda.so.1")` and
@@ -440,6 +448,129 @@ fn ctor_cuda(library: &str) {
     println!("ok");
 }
 
+/// `CLOCK_MONOTONIC` now, ns: the clock the fake's simulated time and burn's `mono` use.
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn engine_ns() {
+    use std::io::{BufRead, Write};
+    let cuda = libcuda();
+    let cu_init: unsafe extern "C" fn(u32) -> CuResult = sym(cuda, c"cuInit");
+    // SAFETY: the driver's signature; cuInit attaches this process to the fake's node state.
+    check("cuInit", unsafe { cu_init(0) });
+    let busy: unsafe extern "C" fn(u32, u32) -> u64 = sym(cuda, c"fakegpu_engine_ns");
+    let mut out = std::io::stdout().lock();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let mut reply = mono_ns().to_string();
+        for pid in line.split_whitespace() {
+            let pid: u32 = pid
+                .parse()
+                .unwrap_or_else(|_| die(&format!("bad pid {pid:?}")));
+            // SAFETY: the fake's export, `uint64_t fakegpu_engine_ns(uint32_t, uint32_t)`.
+            match unsafe { busy(pid, 0) } {
+                u64::MAX => reply.push_str(" -"),
+                ns => reply.push_str(&format!(" {ns}")),
+            }
+        }
+        if writeln!(out, "{reply}").and_then(|()| out.flush()).is_err() {
+            break;
+        }
+    }
+}
+
+/// The `gpuslice_spin` kernel `pulse` launches (its one parameter: the ns it takes).
+const SPIN_PTX: &CStr = c"
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry gpuslice_spin(.param .u64 ns) { ret; }
+";
+
+fn pulse(kernel_us: u64, period_ms: u64, seconds: u64) {
+    let cuda = libcuda();
+    let cu_init: unsafe extern "C" fn(u32) -> CuResult = sym(cuda, c"cuInit");
+    let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult =
+        sym(cuda, c"cuDevicePrimaryCtxRetain");
+    let set_current: unsafe extern "C" fn(*mut c_void) -> CuResult = sym(cuda, c"cuCtxSetCurrent");
+    let load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CuResult =
+        sym(cuda, c"cuModuleLoadData");
+    let get: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> CuResult =
+        sym(cuda, c"cuModuleGetFunction");
+    type Launch = unsafe extern "C" fn(
+        *mut c_void,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> CuResult;
+    let launch: Launch = sym(cuda, c"cuLaunchKernel");
+    let sync: unsafe extern "C" fn() -> CuResult = sym(cuda, c"cuCtxSynchronize");
+    let (mut ctx, mut module, mut func) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: the driver's signatures above; out-parameters are valid locals, the PTX is
+    // NUL-terminated.
+    unsafe {
+        check("cuInit", cu_init(0));
+        check("cuDevicePrimaryCtxRetain", retain(&mut ctx, 0));
+        check("cuCtxSetCurrent", set_current(ctx));
+        check(
+            "cuModuleLoadData",
+            load(&mut module, SPIN_PTX.as_ptr().cast()),
+        );
+        check(
+            "cuModuleGetFunction",
+            get(&mut func, module, c"gpuslice_spin".as_ptr()),
+        );
+    }
+    let t0 = std::time::Instant::now();
+    let mut launches = 0u64;
+    while t0.elapsed() < Duration::from_secs(seconds) {
+        let mut ns = kernel_us * 1000;
+        let mut params: [*mut c_void; 1] = [(&mut ns as *mut u64).cast()];
+        // SAFETY: a 1x1x1 launch of the module's kernel on the legacy stream, its one
+        // parameter a live local; synchronized before `ns` goes out of scope.
+        unsafe {
+            check(
+                "cuLaunchKernel",
+                launch(
+                    func,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+            );
+            check("cuCtxSynchronize", sync());
+        }
+        launches += 1;
+        std::thread::sleep(Duration::from_millis(period_ms));
+    }
+    println!("{{\"launches\": {launches}}}");
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let n = |i: usize| -> u64 {
@@ -455,6 +586,8 @@ fn main() {
         Some("node-usage") => node_usage(),
         Some("pool-steps") => pool_steps(),
         Some("nvml-fork") => nvml_fork(n(1)),
+        Some("engine-ns") => engine_ns(),
+        Some("pulse") => pulse(n(1), n(2), n(3)),
         _ => usage(),
     }
 }
@@ -462,7 +595,8 @@ fn main() {
 fn usage() -> ! {
     eprintln!(
         "usage: gpuslice-e2e-helper fork-hold BYTES CHILD_SECONDS | fork-cuda | ctor-cuda LIBRARY | \
-         pool-devices BYTES | pool-steps | nvml-fork N | node-usage"
+         pool-devices BYTES | pool-steps | nvml-fork N | node-usage | engine-ns | \
+         pulse KERNEL_US PERIOD_MS SECONDS"
     );
     std::process::exit(2);
 }

@@ -15,6 +15,10 @@
 //! - `gpuslice-bench latency [--seconds S]`: a request/response client (bursts of 20 kernels)
 //!   alone, next to a trainer, and next to it with `GPUSLICE_PRIORITY=latency`: p50/p99 burst
 //!   latency and the trainer's GPU fraction (`burst-loop` is the client it runs).
+//! - `gpuslice-bench pair [--depths 1,2,8] [--modes personal,node] [--runs 5] [--seconds 12]`:
+//!   issue 20's pair (0.25 / 0.75, 1 ms kernels) at each queue depth in each mode (node mode
+//!   needs root: a root monitor, the tenants two unprivileged users): the 0.25 tenant's
+//!   fraction of the device over the middle of each run, and the median.
 //! - `gpuslice-bench launch-loop N`: the client `overhead` runs (times N launch calls).
 //!
 //! Artifacts (`gpuslice-burn`, `libgpuslice.so`, `libfakegpu.so`) are looked up beside this
@@ -25,12 +29,14 @@ mod freeze;
 mod harness;
 mod latency;
 mod overhead;
+mod pair;
 mod shares;
 
 use client::{burst_loop, launch_loop};
 use freeze::freeze;
 use latency::latency;
 use overhead::overhead;
+use pair::{pair, PairOpts};
 use shares::{shares, Opts};
 
 fn list(v: &str) -> Vec<String> {
@@ -46,6 +52,7 @@ fn usage() -> ! {
          [--kernel-us 20,1000,5000] [--launch plain,ex,graph] [--seconds S] [--all]\n       \
          gpuslice-bench overhead [--launches N]\n       gpuslice-bench freeze [--runs N] [--seconds S]\n       \
          gpuslice-bench latency [--seconds S]\n       \
+         gpuslice-bench pair [--depths 1,2,8] [--modes personal,node] [--runs N] [--seconds S]\n       \
          gpuslice-bench launch-loop N"
     );
     std::process::exit(2)
@@ -97,6 +104,18 @@ fn main() {
             let runs = value("--runs").map_or(50, |v| v.parse().unwrap_or_else(|_| usage()));
             let secs = value("--seconds").map_or(6.0, |v| v.parse().unwrap_or_else(|_| usage()));
             freeze(runs, secs);
+        }
+        "pair" => {
+            let number = |v: &str| -> f64 { v.parse().unwrap_or_else(|_| usage()) };
+            let o = PairOpts {
+                depths: value("--depths").map_or(vec![1, 2, 8], |v| {
+                    list(v).iter().map(|d| number(d) as u64).collect()
+                }),
+                modes: list(value("--modes").map_or("personal,node", |v| v)),
+                runs: value("--runs").map_or(5, |v| number(v) as usize),
+                seconds: value("--seconds").map_or(12.0, |v| number(v)),
+            };
+            pair(&o);
         }
         "latency" => {
             let secs = value("--seconds").map_or(8.0, |v| v.parse().unwrap_or_else(|_| usage()));
