@@ -64,10 +64,10 @@ pub use granted::{
     GrantProc, Granted, Scheduler, MONITOR_BEAT_NS, MONITOR_STALE_NS, NODE_HANDOFF_LEAD_NS,
 };
 pub use policy::{
-    admits, charge, charge_solo, idle_grace, pick, recheck_at, takeover_due, Tenants,
+    admits, charge, charge_solo, idle_grace, pick, recheck_at, rejoin, takeover_due, Tenants,
     BEST_EFFORT_PPM, CAP_SLACK_NS, GRACE_NS, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LATENCY_ACTIVE_NS,
-    LATENCY_LEAD_NS, LATENCY_QUEUE_NS, LEASE_NS, MAX_LEASE_NS, MAX_SLEEP_NS, WAKE_ALLOW_NS,
-    WANT_STALE_NS,
+    LATENCY_LEAD_NS, LATENCY_QUEUE_NS, LEASE_NS, MAX_LEASE_NS, MAX_SLEEP_NS, REJOIN_DEBT_NS,
+    RETURN_NS, WAKE_ALLOW_NS, WANT_STALE_NS,
 };
 pub use records::{
     class_name, parse_class, slice_stats, Lease, SchedDevice, SchedProc, SchedSlice,

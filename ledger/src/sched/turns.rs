@@ -196,17 +196,17 @@ impl DeviceTurns {
                 }),
             }
         }
-        let floor = dev.vt_floor.load(Acquire);
         let holder = l0.holder;
         let mut latency_waits = false;
+        let mut returning: Vec<u32> = vec![];
         t.each(&mut |id, s, _, _| {
             let a = asks.iter().find(|a| a.id == id);
             s.waiters.store(a.map_or(0, |a| a.waiters), Release);
             if a.is_some() {
-                // Coming back after idling (no demand and no turn for WANT_STALE_NS): start
-                // from the device's current virtual time, so idling earns no burst.
-                if now.saturating_sub(s.want_ns.load(Acquire)) >= WANT_STALE_NS {
-                    s.vt.fetch_max(floor, AcqRel);
+                // Coming back after idling (no demand and no turn for RETURN_NS): placed
+                // below, once every slice's demand is in.
+                if id != holder && now.saturating_sub(s.want_ns.load(Acquire)) >= RETURN_NS {
+                    returning.push(id);
                 }
                 if s.class.load(Relaxed) == CLASS_LATENCY {
                     latency_waits = true;
@@ -217,6 +217,11 @@ impl DeviceTurns {
                 s.want_ns.store(now, Release);
             }
         });
+        // Where the competing slices stand, so idling earns no burst (and nobody's idle,
+        // lightly used or best-effort clock sets anyone's start).
+        for id in returning {
+            rejoin(t, id, holder, now);
+        }
         if latency_waits {
             dev.latency_ns.store(now, Release);
         }
@@ -253,13 +258,8 @@ impl DeviceTurns {
             }
             // Someone else wants in (or a cap was set): the solo holder gets one ordinary lease,
             // and the newcomers compete from its virtual time (it was not charged while alone).
-            if let Some((h, _, _)) = t.get(l.holder) {
-                let hv = h.vt.load(Acquire);
-                for a in asks.iter().filter(|a| a.id != l.holder) {
-                    if let Some((s, _, _)) = t.get(a.id) {
-                        s.vt.fetch_max(hv, AcqRel);
-                    }
-                }
+            for a in asks.iter().filter(|a| a.id != l.holder) {
+                rejoin(t, a.id, l.holder, now);
             }
             let nl = Lease {
                 holder: l.holder,
@@ -351,7 +351,6 @@ impl DeviceTurns {
         dev.lease.store(l.pack(), Release);
         self.start_ns = now;
         if let Some((s, _, _)) = t.get(l.holder) {
-            dev.vt_floor.fetch_max(s.vt.load(Acquire), AcqRel);
             s.leases_total.fetch_add(1, Relaxed);
             dev.leases_total.fetch_add(1, Relaxed);
         }
