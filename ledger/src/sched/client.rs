@@ -64,7 +64,6 @@ pub(super) fn install(
         return false;
     }
     if let Some((s, _, _)) = t.get(new.holder) {
-        dev.vt_floor.fetch_max(s.vt.load(Acquire), AcqRel);
         s.leases_total.fetch_add(1, Relaxed);
         dev.leases_total.fetch_add(1, Relaxed);
     }
@@ -488,12 +487,12 @@ impl<'a> Client<'a> {
             }
             if !registered {
                 registered = true;
-                if self.me.waiters.fetch_add(1, AcqRel) == 0 && !fresh(self.me, now) {
-                    // Coming back after idling: start from the device's current virtual time,
-                    // so the idle time earns no burst that would starve the others.
-                    self.me
-                        .vt
-                        .fetch_max(self.dev.vt_floor.load(Acquire), AcqRel);
+                if self.me.waiters.fetch_add(1, AcqRel) == 0
+                    && now.saturating_sub(self.me.want_ns.load(Acquire)) >= RETURN_NS
+                {
+                    // Coming back after idling: start where the competing slices stand, so
+                    // the idle time earns no burst that would starve them.
+                    rejoin(self.tenants, self.id, l.holder, now);
                 }
                 self.proc.waiting_mask.fetch_or(self.bit(), AcqRel);
             }
@@ -502,8 +501,8 @@ impl<'a> Client<'a> {
             if l.solo {
                 // Someone is alone on the device: give it one more ordinary lease, then compete
                 // from its virtual time on (it was not charged while alone).
+                rejoin(self.tenants, self.id, l.holder, now);
                 if let Some((h, _, _)) = self.tenants.get(l.holder) {
-                    self.me.vt.fetch_max(h.vt.load(Acquire), AcqRel);
                     h.busy_until_ns.fetch_max(now + WAKE_ALLOW_NS, AcqRel);
                 }
                 let nl = Lease {

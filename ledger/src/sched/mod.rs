@@ -20,6 +20,8 @@
 //!   unit tests run the same code on a simulated clock and CPU (`sim.rs`), deterministically.
 //! - `granted.rs`: node mode, where the monitor grants the turns ([`Granted`], [`GrantProc`]);
 //!   [`Scheduler`] is either client behind one set of methods (what the shim holds).
+//! - `turns.rs`: node mode's grantor, [`DeviceTurns`]: one device's turns as the monitor's
+//!   thread drives them, and every write the monitor makes into the policy's records.
 //! - [`slice_stats`] and [`on_process_dead`] are for the monitor and the reaper (the ledger's
 //!   adapter, `tenants.rs`, calls it for each dead process); [`SchedSlice::reset`] for the ledger
 //!   when it reuses a slice record.
@@ -55,20 +57,25 @@ mod records;
 mod sim;
 #[cfg(test)]
 mod tests;
+mod turns;
 
 pub use client::{on_process_dead, Admission, Client, Os, SystemOs, Work, SYSTEM};
 pub use granted::{
     GrantProc, Granted, Scheduler, MONITOR_BEAT_NS, MONITOR_STALE_NS, NODE_HANDOFF_LEAD_NS,
 };
 pub use policy::{
-    admits, charge, charge_solo, idle_grace, pick, recheck_at, takeover_due, Tenants,
+    admits, charge, charge_solo, idle_grace, pick, recheck_at, rejoin, takeover_due, Tenants,
     BEST_EFFORT_PPM, CAP_SLACK_NS, GRACE_NS, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LATENCY_ACTIVE_NS,
-    LATENCY_LEAD_NS, LATENCY_QUEUE_NS, LEASE_NS, MAX_LEASE_NS, MAX_SLEEP_NS, WAKE_ALLOW_NS,
-    WANT_STALE_NS,
+    LATENCY_LEAD_NS, LATENCY_QUEUE_NS, LEASE_NS, MAX_LEASE_NS, MAX_SLEEP_NS, REJOIN_DEBT_NS,
+    RETURN_NS, WAKE_ALLOW_NS, WANT_STALE_NS,
 };
 pub use records::{
     class_name, parse_class, slice_stats, used_fraction, Lease, SchedDevice, SchedProc, SchedSlice,
     SliceComputeStats, Window, CLASS_LATENCY, CLASS_NORMAL, MAX_SLICE_ID, WINDOW_NS,
+};
+pub use turns::{
+    beat, DeviceTurns, Member, HAND_BACK_POLL_NS, HAND_BACK_WINDOW_NS, MAX_GRANT_NS, POLL_NS,
+    POLL_SOLO_NS, SOLO_QUIET_NS,
 };
 
 /// CLOCK_MONOTONIC in ns, the clock of every timestamp here ([`SYSTEM`]'s).

@@ -155,7 +155,8 @@ pub struct SchedDevice {
     pub seq: AtomicU32,
     /// Processes asleep on `seq` (a hint: one killed asleep only costs a spare wake).
     pub sleepers: AtomicU32,
-    /// Virtual time of the latest slice granted the lease: where a returning slice restarts.
+    /// Unused since issue 20 (it was the virtual time of the latest slice granted the lease,
+    /// where a returning slice restarted: a floor a tenant could push); kept for the layout.
     pub vt_floor: AtomicU64,
     /// GPU ns charged on this device, all slices.
     pub gpu_ns_total: AtomicU64,
