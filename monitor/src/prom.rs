@@ -175,7 +175,7 @@ pub fn render(snap: &NodeView, facts: Option<&MonitorFacts>) -> String {
         (
             "gpuslice_slice_compute_used_ratio",
             "gauge",
-            "Fraction of the device's time the slice used over the scheduler's last window.",
+            "The slice's part of the device's busy time over the last second (0..1; a device's slices sum to at most 1).",
             |s| Some(s.compute_used),
         ),
         (

@@ -35,7 +35,8 @@ pub struct SliceView {
     pub compute_share: f64,
     /// Hard ceiling, 0..1; 1 means none.
     pub compute_cap: f64,
-    /// Fraction of the device's time this slice used over the scheduler's last window.
+    /// COMPUTE USED: the slice's part of the device's busy time over the last second (a
+    /// device's slices sum to at most 1; `crate::compute::shares_of_busy_time`).
     pub compute_used: f64,
     /// Live processes attached to the slice.
     pub pids: Vec<u32>,

@@ -122,13 +122,34 @@ def contend(fw_env, shares, seconds=6.0, graph=(False, False)):
             p.stop()
 
 
+def demand(t):
+    """The part of its window in which tenant `t` had work outstanding (queued on the device or
+    waiting in a launch call for its turn); the rest its Python thread spent without work in
+    flight, on a busy machine mostly waiting for a CPU."""
+    return min(1.0, t["queued_s"] / t["wall_s"])
+
+
+def judge_pair(a, b, share=0.25, tol=0.04):
+    """The 0.25 / 0.75 split of the engine time the two got, within `tol` of the shares, told
+    apart from a starved tenant: a tenant that had nothing outstanding for part of the window
+    lends that time, so its neighbour may get that much more than its share (never a tenant
+    that had work outstanding: that one was refused). Returns the 0.25 tenant's part."""
+    total = a["engine_s"] + b["engine_s"]
+    part = a["engine_s"] / total
+    lent_by_b, lent_by_a = 1.0 - demand(b), 1.0 - demand(a)
+    why = dict(part=round(part, 3), demand_a=round(demand(a), 3), demand_b=round(demand(b), 3),
+               a=a, b=b)
+    assert part <= share + tol + (1 - share) * lent_by_b, ("the 0.75 tenant was refused", why)
+    assert part >= share - tol - share * lent_by_a, ("the 0.25 tenant was refused", why)
+    return part
+
+
 @pytest.mark.parametrize("graph", [(False, False), (True, False)], ids=["launches", "cudagraph"])
 def test_torch_compute_shares_quarter_and_three_quarters(fw_env, graph):
     a, b = contend(fw_env, ["0.25", "0.75"], graph=graph)
     total = a["engine_s"] + b["engine_s"]
     assert total > 0.8 * a["wall_s"], ("the engine stayed busy", a, b)
-    assert abs(a["engine_s"] / total - 0.25) <= 0.08, (a, b)
-    assert abs(b["engine_s"] / total - 0.75) <= 0.08, (a, b)
+    judge_pair(a, b)
     assert a["graph"] == graph[0]
 
 
