@@ -253,6 +253,8 @@ struct Node {
     beat: AtomicU64,
     bell: AtomicU32,
     words: Vec<GrantProc>,
+    /// Each slice's words in its region.
+    regions: Vec<SchedSlice>,
 }
 
 fn run_sim(
@@ -282,6 +284,7 @@ fn run_sim(
         beat: AtomicU64::new(0),
         bell: AtomicU32::new(0),
         words: tenants.iter().map(|_| GrantProc::default()).collect(),
+        regions: t.0.iter().map(|_| SchedSlice::default()).collect(),
     };
     if mode.node {
         // The class is the policy's (the operator's) in node mode.
@@ -303,18 +306,15 @@ fn run_sim(
             body: Box::new(move |cpu: &Cpu| {
                 let mut c = if mode.node {
                     let (s, _, _) = t.get(ten.id).unwrap();
-                    Scheduler::Granted(
-                        Granted::new(
-                            dev,
-                            &node.beat,
-                            &node.bell,
-                            &s.class,
-                            &node.words[i],
-                            ten.id,
-                            cpu,
-                        )
-                        .unwrap(),
-                    )
+                    let w = GrantWords {
+                        dev,
+                        beat: &node.beat,
+                        bell: &node.bell,
+                        class: &s.class,
+                        shared: &node.regions[ten.id as usize - 1],
+                        me: &node.words[i],
+                    };
+                    Scheduler::Granted(Granted::new(w, ten.id, cpu).unwrap())
                 } else {
                     let c = Client::new(dev, 0, t, ten.id, proc, cpu).unwrap();
                     c.set_class(ten.class);

@@ -174,3 +174,28 @@ fn the_headline_pair_gets_its_guarantee() {
     }
     assert!(failed.is_empty(), "{failed:?}");
 }
+
+#[test]
+#[ignore]
+fn debug_many() {
+    let t = Table::new(&[(0.25, 0.0), (0.75, 0.0)]);
+    let mut ts: Vec<Tenant> = (0..16)
+        .map(|_| Tenant {
+            depth: 2,
+            learn: true,
+            ..tenant(1, 8000)
+        })
+        .collect();
+    ts.push(t2(2));
+    let r = simulate_in(NODE, &t, &ts, 2.0);
+    for (i, (s, _, _)) in t.0.iter().enumerate() {
+        eprintln!(
+            "slice {}: vt {} gpu {} leases {} frac {:.3}",
+            i + 1,
+            s.vt.load(Relaxed),
+            s.gpu_ns_total.load(Relaxed),
+            s.leases_total.load(Relaxed),
+            r.slice_fraction(i as u32 + 1, S / 2, 2 * S)
+        );
+    }
+}
