@@ -928,6 +928,7 @@ fn the_reaper_revokes_a_dead_holder_at_once() {
     };
     let devr = &dev;
     let reaped = AtomicU64::new(0);
+    let holder = AtomicU32::new(0);
     let r = simulate_with(
         &t,
         &[tenant(1, 1000), dies],
@@ -939,14 +940,18 @@ fn the_reaper_revokes_a_dead_holder_at_once() {
             }
             on_process_dead(cpu, devr, 0, t, 2, &t.0[1].0, &procs[1]);
             reaped.store(cpu.peek(), Relaxed);
+            holder.store(Lease::unpack(devr.lease.load(Relaxed)).holder, Relaxed);
         },
     );
     let at = reaped.load(Relaxed);
-    assert!(r.fraction(0, at + 5 * MS, 2 * S) >= 0.97);
-    // The survivor's next kernel completes within about its own kernel time of the reaping
-    // (a takeover would wait out the dead holder's lease and grace first).
+    // The lease is the survivor's the moment the reaper is done (a takeover would wait out the
+    // dead holder's lease and grace first).
+    assert_eq!(holder.load(Relaxed), 1, "not revoked at once");
+    assert!(r.fraction(0, at + 10 * MS, 2 * S) >= 0.97);
+    // The survivor's next kernel completes within its own kernel time after what the dead
+    // process left queued (up to its depth, 4 ms, on the engine).
     assert!(
-        r.max_gap(0, at, 2 * S) <= 3 * MS,
+        r.max_gap(0, at, 2 * S) <= 6 * MS,
         "{}",
         r.max_gap(0, at, 2 * S)
     );

@@ -99,6 +99,7 @@ struct Ask {
 }
 
 /// The monitor's state for one device (process-local; the shared state is the policy's).
+#[derive(Default)]
 pub struct DeviceTurns {
     /// When the current ordinary turn's charge starts (monitor clock): its grant, or the end
     /// of what the previous holder left queued, whichever is later; and its turn number.
@@ -112,19 +113,6 @@ pub struct DeviceTurns {
     /// Per slot, the last `solo_gpu_ns` seen.
     solo_seen: Vec<u64>,
     last_ns: u64,
-}
-
-impl Default for DeviceTurns {
-    fn default() -> DeviceTurns {
-        DeviceTurns {
-            start_ns: 0,
-            granted: None,
-            charged_until: 0,
-            owed: None,
-            solo_seen: Vec::new(),
-            last_ns: 0,
-        }
-    }
 }
 
 impl DeviceTurns {
