@@ -123,6 +123,11 @@ pub trait Work {
     fn next_ns(&mut self) -> u64;
     /// Wait until all queued work is complete; returns when it completed (ns, ≤ now).
     fn drain(&mut self) -> u64;
+    /// When the queued work was seen complete (ns, ≤ now), if all of it is (may poll
+    /// completions); `None` while some is pending, or when it cannot tell.
+    fn finished_at(&mut self) -> Option<u64> {
+        None
+    }
     /// Wait until the queued work is estimated to need at most `ns` more; returns that estimate.
     fn wait_below(&mut self, ns: u64) -> u64;
     /// Launches queued and not yet complete (may poll completions).
@@ -162,6 +167,9 @@ pub struct Client<'a> {
     pub(super) charged_until: u64,
     /// Estimated GPU time of the launches admitted under the current lease.
     admitted_ns: u64,
+    /// End of the span charged at this process's latest hand-over, while the work it left
+    /// queued then may still run past it (0: nothing owed).
+    owed_from: u64,
     solo_word: u64,
 }
 
@@ -192,6 +200,7 @@ impl<'a> Client<'a> {
             busy_until: 0,
             charged_until: 0,
             admitted_ns: 0,
+            owed_from: 0,
             solo_word: Lease::solo_word(id),
         })
     }
@@ -295,6 +304,8 @@ impl<'a> Client<'a> {
             // This process's part, then the slice's: the processes of a slice share one turn,
             // and together pay at most its span (what their launches measured includes time
             // spent queued behind each other's kernels).
+            // Not for work another holder left queued past its charge (it pays for that).
+            let start = start.max(self.dev.overrun_until_ns.load(Acquire).min(end));
             let mine = end.saturating_sub(start).min(busy);
             let paid = if self.me.turn_key.load(Acquire) == self.held_turn {
                 let span = end.saturating_sub(self.me.turn_start_ns.load(Acquire));
@@ -309,10 +320,43 @@ impl<'a> Client<'a> {
             };
             charge(self.dev, self.me, share, cap, start, end, paid);
             self.charged_until = end;
+            // The next holder's charge starts after what we leave queued, as we estimate it,
+            // at most the hand-over lead (an estimate learned while others' kernels
+            // interleaved runs long, and would give the next holder engine time unpaid).
+            let lead_end = self.os.now_ns().saturating_add(HANDOFF_LEAD_NS);
+            self.dev
+                .charged_until_ns
+                .fetch_max(end.min(lead_end), AcqRel);
             self.proc.holding_mask.fetch_and(!self.bit(), AcqRel);
             others = self.me.turn_holders.leave(self.held_turn);
         }
         others
+    }
+
+    /// Pay for what this process left queued at its latest hand-over and ran past the span it
+    /// was charged then, once it sees all of it complete: the slice's GPU time is what its work
+    /// took, not what it was estimated to take. Returns whether something is still owed.
+    fn settle_owed(&mut self, work: &mut dyn Work, now: u64) -> bool {
+        if self.owed_from == 0 {
+            return false;
+        }
+        let Some(done) = work.finished_at() else {
+            if now >= self.owed_from.saturating_add(MAX_LEASE_NS) {
+                self.owed_from = 0; // it cannot tell: the estimate stands
+            }
+            return self.owed_from != 0;
+        };
+        // At most a hand-over lead more: past its estimate the work shares the engine with
+        // the next holder's (or waits behind a stalled holder's queue), so the wall time to
+        // its end says less about its own GPU time the longer it is.
+        let from = core::mem::take(&mut self.owed_from);
+        let done = done.min(now).min(from.saturating_add(HANDOFF_LEAD_NS));
+        if done > from {
+            let (share, cap) = self.share_cap();
+            charge(self.dev, self.me, share, cap, from, done, done - from);
+            self.dev.overrun_until_ns.fetch_max(done, AcqRel);
+        }
+        false
     }
 
     /// After finishing its own queue at the end of turn `turn` (lease word `w`): sleep until
@@ -356,6 +400,7 @@ impl<'a> Client<'a> {
         let mut out = Admission::default();
         loop {
             let now = self.os.now_ns();
+            let owed = self.settle_owed(work, now);
             let w = self.dev.lease.load(Acquire);
             let turn = self.dev.turn.load(Acquire);
             let l = Lease::unpack(w);
@@ -368,8 +413,17 @@ impl<'a> Client<'a> {
                     self.settle(self.busy_until.min(now));
                 }
                 if self.held_since.is_none() {
-                    // Not before the end of what was already charged (a handoff lead).
-                    let since = now.max(self.charged_until);
+                    // What is left of our previous turn's work now runs in this turn, paid
+                    // with it.
+                    self.owed_from = 0;
+                    // Not before the end of what was already charged (a handoff lead), ours or
+                    // the previous holder's (a hostile word: at most a lease ahead).
+                    let prev = self
+                        .dev
+                        .charged_until_ns
+                        .load(Acquire)
+                        .min(now.saturating_add(MAX_LEASE_NS));
+                    let since = now.max(self.charged_until).max(prev);
                     self.held_since = Some(since);
                     self.held_turn = turn;
                     // The first process of the slice to launch in this turn starts the slice's
@@ -458,7 +512,13 @@ impl<'a> Client<'a> {
                 // `left` should be about the lead, but a drain that gave up on a hung kernel
                 // reports the whole rest: charge at most a lease ahead, or `charged_until`
                 // would hold the start of this process's next turns far beyond the clock.
-                let others = self.settle(now + left.min(MAX_LEASE_NS));
+                let end = now + left.min(MAX_LEASE_NS);
+                let others = self.settle(end);
+                if left > 0 && others == 0 {
+                    // The last of the slice to hand over: what it left queued runs into the
+                    // next holder's turn (a sibling's runs in the slice's own turn).
+                    self.owed_from = end;
+                }
                 if others > 0 {
                     // Siblings of this slice still have work queued in the turn (the engine
                     // runs it after or between ours): the last of them hands over, so the next
@@ -487,8 +547,15 @@ impl<'a> Client<'a> {
             }
             if !registered {
                 registered = true;
+                // Not idle while its own work is queued or was moments ago (blocked on a
+                // kernel that other slices' work delays).
+                let busy = match work.finished_at() {
+                    None => work.pending() > 0,
+                    Some(at) => now.saturating_sub(at) < RETURN_NS,
+                };
                 if self.me.waiters.fetch_add(1, AcqRel) == 0
                     && now.saturating_sub(self.me.want_ns.load(Acquire)) >= RETURN_NS
+                    && !busy
                 {
                     // Coming back after idling: start where the competing slices stand, so
                     // the idle time earns no burst that would starve them.
@@ -531,7 +598,16 @@ impl<'a> Client<'a> {
             if self.dev.lease.load(Acquire) != w {
                 continue;
             }
-            let deadline = recheck_at(self.tenants, self.me, Lease::unpack(w), now);
+            let mut deadline = recheck_at(self.tenants, self.me, Lease::unpack(w), now);
+            if owed {
+                // Look at our leftover work when it should be done, then every 500 µs (no
+                // busy polling while it runs late).
+                let look = self
+                    .owed_from
+                    .saturating_add(50_000)
+                    .max(now.saturating_add(500_000));
+                deadline = deadline.min(look);
+            }
             self.dev.sleepers.fetch_add(1, AcqRel);
             self.os
                 .futex_wait(&self.dev.seq, seq, deadline.saturating_sub(now));

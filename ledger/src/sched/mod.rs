@@ -61,7 +61,8 @@ mod turns;
 
 pub use client::{on_process_dead, Admission, Client, Os, SystemOs, Work, SYSTEM};
 pub use granted::{
-    GrantProc, Granted, Scheduler, MONITOR_BEAT_NS, MONITOR_STALE_NS, NODE_HANDOFF_LEAD_NS,
+    GrantProc, GrantWords, Granted, Scheduler, MONITOR_BEAT_NS, MONITOR_STALE_NS,
+    NODE_HANDOFF_LEAD_NS,
 };
 pub use policy::{
     admits, charge, charge_solo, idle_grace, pick, recheck_at, rejoin, takeover_due, Tenants,

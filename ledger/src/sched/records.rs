@@ -176,8 +176,16 @@ pub struct SchedDevice {
     /// Latest heartbeat of a latency-class slice waiting or launching here (ns): while it is
     /// recent, normal holders keep their queues short and track each launch.
     pub latency_ns: AtomicU64,
+    /// End of the latest span charged to any slice here, the work its holder left queued
+    /// included (personal mode): the next holder's charge starts no earlier (its first kernels
+    /// wait behind that work), so no engine time is charged twice at a hand-over.
+    pub charged_until_ns: AtomicU64,
+    /// Latest end of work a holder left queued past the span it was charged at its hand-over
+    /// (it ran longer than estimated; personal mode): that holder pays for it once it sees
+    /// it done, and whoever held the device meanwhile is not charged for it.
+    pub overrun_until_ns: AtomicU64,
     /// Room to grow without moving the ledger layout.
-    pub reserved: [u64; 5],
+    pub reserved: [u64; 3],
 }
 
 /// Per-slice scheduler state (in the ledger's `Slice` record). The share and cap themselves are

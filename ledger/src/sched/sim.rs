@@ -534,6 +534,8 @@ pub struct Queue<'a, 'w> {
     pub est_ns: u64,
     /// Estimated end of the tracked work.
     tail_end: u64,
+    /// The latest tracked launch.
+    last_tracked: Option<KernelId>,
 }
 
 impl<'a, 'w> Queue<'a, 'w> {
@@ -548,6 +550,7 @@ impl<'a, 'w> Queue<'a, 'w> {
             learn: false,
             est_ns,
             tail_end: 0,
+            last_tracked: None,
         }
     }
 
@@ -559,6 +562,7 @@ impl<'a, 'w> Queue<'a, 'w> {
         self.all.push_back(k);
         if tracked {
             self.tracked.push_back(k);
+            self.last_tracked = Some(k);
             self.tail_end = self.tail_end.max(now) + self.est_ns;
         }
         k
@@ -621,6 +625,13 @@ impl Work for Queue<'_, '_> {
         }
         self.poll();
         self.cpu.peek()
+    }
+
+    fn finished_at(&mut self) -> Option<u64> {
+        if self.poll() {
+            return None;
+        }
+        self.engine.done(self.last_tracked?, self.cpu.peek())
     }
 
     fn pending(&mut self) -> usize {

@@ -174,3 +174,32 @@ fn the_headline_pair_gets_its_guarantee() {
     }
     assert!(failed.is_empty(), "{failed:?}");
 }
+
+/// The figures of docs/benchmarks.md (`cargo test -p gpuslice-ledger --lib print_the_headline
+/// -- --ignored --nocapture`): the pair over 10 s, and what each slice was charged.
+#[test]
+#[ignore]
+fn print_the_headline_figures() {
+    for mode in [PERSONAL, NODE] {
+        for depth in [1, 2, 8] {
+            let t = Table::new(&[(0.25, 0.0), (0.75, 0.0)]);
+            let ten = |id| Tenant {
+                depth,
+                learn: true,
+                ..tenant(id, 1000)
+            };
+            let r = simulate_in(mode, &t, &[ten(1), ten(2)], 10.5);
+            let (a, b) = (S / 2, 10 * S + S / 2);
+            eprintln!(
+                "node {} depth {depth}: {:.3} {:.3} charged {} {} leases {} {}",
+                mode.node,
+                r.fraction(0, a, b),
+                r.fraction(1, a, b),
+                t.0[0].0.gpu_ns_total.load(Relaxed) / 1_000_000,
+                t.0[1].0.gpu_ns_total.load(Relaxed) / 1_000_000,
+                t.0[0].0.leases_total.load(Relaxed),
+                t.0[1].0.leases_total.load(Relaxed),
+            );
+        }
+    }
+}
