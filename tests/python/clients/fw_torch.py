@@ -67,7 +67,8 @@ def vllm():
 
 
 def compute(start_at, seconds, graph=False):
-    """Launch kernels in a loop from wall time `start_at` for `seconds`; report the engine time
+    """Launch kernels in a loop from wall time `start_at` (`"stdin"`: read from stdin after
+    reporting ready) for `seconds`; report the engine time
     the fake accounted to this process between 1 s in and 0.5 s before the end, and over the
     same time how long the process had work outstanding (`queued_s`: from a batch's first
     launch call to its synchronize's return; within it `launch_s`, inside the launch calls,
@@ -86,6 +87,10 @@ def compute(start_at, seconds, graph=False):
                 x.add_(1)
     torch.cuda.synchronize()
     emit(event="ready")
+    if start_at == "stdin":
+        # The test's go, once every tenant is ready (importing torch can take a minute on a busy
+        # machine): the wall time to start at.
+        start_at = float(sys.stdin.readline())
     while time.time() < start_at:
         time.sleep(0.01)
     t_from, t_to = start_at + 1.0, start_at + seconds - 0.5
@@ -143,6 +148,7 @@ if __name__ == "__main__":
     elif mode == "vllm":
         vllm()
     elif mode == "compute":
-        compute(float(sys.argv[2]), float(sys.argv[3]), len(sys.argv) > 4 and sys.argv[4] == "graph")
+        start = sys.argv[2] if sys.argv[2] == "stdin" else float(sys.argv[2])
+        compute(start, float(sys.argv[3]), len(sys.argv) > 4 and sys.argv[4] == "graph")
     else:
         sys.exit(f"unknown mode {mode}")
