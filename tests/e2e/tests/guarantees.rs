@@ -7,11 +7,13 @@
 //!
 //! Measured from the fake GPU's own books (engine time per process, `fakegpu_engine_ns`,
 //! sampled every 100 ms by `gpuslice-e2e-helper engine-ns` running as root), never from
-//! gpuslice's figures. The tests hold one lock (they measure in real time) and pass with every
-//! CPU busy: t2's figure is its part of the time the two users got together (how much the
-//! device idles depends on whether the launchers get a CPU); t1's is a ceiling, which a busy
-//! host can only lower; where an attack idles the device (a stopped holder), t2 is compared
-//! with what it got beside the same tenant just before, side by side.
+//! gpuslice's figures. The tests hold one lock (they measure in real time) and are meant to
+//! pass with every CPU busy: t2's figure is its part of the time the two users got together
+//! (how much the device idles depends on whether the launchers get a CPU); where an attack
+//! idles the device (a stopped holder), t2 is compared with what it got beside the same tenant
+//! just before, side by side. t1's ceiling per second is absolute: a host that keeps t2's one
+//! launcher off a CPU for long lends its time to t1 (rightly: t2 had nothing queued), which
+//! these tests cannot tell apart from a refusal.
 
 use gpuslice_e2e::node::*;
 use gpuslice_e2e::{artifact, need_root};

@@ -68,12 +68,8 @@ def vllm():
 
 def compute(start_at, seconds, graph=False):
     """Launch kernels in a loop from wall time `start_at` (`"stdin"`: read from stdin after
-    reporting ready) for `seconds`; report the engine time
-    the fake accounted to this process between 1 s in and 0.5 s before the end, and over the
-    same time how long the process had work outstanding (`queued_s`: from a batch's first
-    launch call to its synchronize's return; within it `launch_s`, inside the launch calls,
-    where a turn not granted holds it): a tenant with work outstanding that gets little was
-    refused, one without work outstanding (its Python thread without a CPU) was starved."""
+    reporting ready) for `seconds`; report the engine time the fake accounted to this process
+    between 1 s in and 0.5 s before the end."""
     x = torch.zeros(1024, device="cuda")
     s = torch.cuda.Stream()
     g = None
@@ -96,7 +92,6 @@ def compute(start_at, seconds, graph=False):
     t_from, t_to = start_at + 1.0, start_at + seconds - 0.5
     e_from = e_to = None
     launches = 0
-    queued = launching = 0.0
     with torch.cuda.stream(s):
         while True:
             now = time.time()
@@ -112,13 +107,9 @@ def compute(start_at, seconds, graph=False):
                 else:
                     x.add_(1)
                     launches += 1
-            launched = time.time()
             s.synchronize()
-            if e_from is not None:
-                queued += time.time() - now
-                launching += launched - now
     emit(engine_s=(e_to - e_from) / 1e9, wall_s=w_to - w_from, launches=launches,
-         graph=bool(graph), queued_s=queued, launch_s=launching)
+         graph=bool(graph))
 
 
 def probe():
