@@ -30,6 +30,8 @@ fn victim_keeps_its_share(
         .filter(|&i| r.tenants[i].id != victim)
         .map(|i| r.fraction(i, a, b))
         .sum();
+    // The figures of docs/benchmarks.md (`-- --nocapture`).
+    eprintln!("{what}: 0.75 slice {got:.3}, attacker {others:.3}");
     if got < 0.71 || others > 0.29 {
         failed.push(format!(
             "{what}: over {:.1}..{:.1} s the 0.75 slice got {got:.3}, the attacker {others:.3}",
@@ -167,6 +169,7 @@ fn the_headline_pair_gets_its_guarantee() {
             let (a, b) = (S / 2, 10 * S + S / 2);
             let f = r.fraction(0, a, b);
             let g = r.fraction(1, a, b);
+            eprintln!("pair, node {} depth {depth}: {f:.3} / {g:.3}", mode.node);
             if !(0.24..=0.26).contains(&f) || f + g < 0.97 {
                 failed.push(format!("node {} depth {depth}: {f:.3} / {g:.3}", mode.node));
             }
