@@ -7,9 +7,10 @@ use crate::admission::RegionTable;
 use crate::cli::Failure;
 use crate::nvml::Gpu;
 use crate::view::{DeviceView, NodeView, ProcessView, SliceView};
-use gpuslice_ledger::protocol::{self, Message};
 use gpuslice_ledger::secret::Secret;
-use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, Size, PPM};
+use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, PPM};
+use gpuslice_protocol::{self as protocol, Message};
+use gpuslice_quantity::Size;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -223,7 +224,7 @@ impl Node {
         let alive: HashMap<u32, bool> = s.processes.iter().map(|p| (p.pid, p.alive)).collect();
         // Every slice's compute figures at one moment, so a device's `compute_used` sum to at
         // most 1.
-        let now = gpuslice_ledger::sched::now_ns();
+        let now = gpuslice_sched::now_ns();
         let mut compute: Vec<_> = s
             .slices
             .iter()
@@ -480,7 +481,7 @@ mod tests {
             .unwrap();
         let req = |memory: &str, compute_ppm, cap_ppm| SliceSpec {
             name: "op".into(),
-            memory: gpuslice_ledger::parse_size("--memory", memory).unwrap(),
+            memory: gpuslice_quantity::parse_size("--memory", memory).unwrap(),
             compute_ppm,
             cap_ppm,
             device: "0".into(),

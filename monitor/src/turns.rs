@@ -2,7 +2,7 @@
 //!
 //! One thread ([`spawn`]) serves every device: each pass it finds the processes of each device
 //! and their words in their regions, and runs that device's [`DeviceTurns`] (the grantor, in
-//! the scheduler: `ledger/src/sched/turns.rs`, which makes every write into the policy's
+//! the scheduler: `sched/src/turns.rs`, which makes every write into the policy's
 //! records). It also refreshes the policy's `monitor_beat_ns`: while it is stale (the monitor
 //! is down) tenants launch unthrottled (`sched::MONITOR_STALE_NS`).
 
@@ -13,11 +13,11 @@ use std::time::Duration;
 use gpuslice_ledger::layout::{STATE_ACTIVE, STATE_FREE};
 use gpuslice_ledger::node::{region_key, Regions};
 use gpuslice_ledger::region::Region;
-use gpuslice_ledger::sched::{
-    self, DeviceTurns, Lease, Member, Os, SchedSlice, Tenants, MONITOR_BEAT_NS,
-};
 use gpuslice_ledger::tenants::LedgerTenants;
 use gpuslice_ledger::{Ledger, MAX_DEVICES, MAX_SLICES};
+use gpuslice_sched::{
+    self as sched, DeviceTurns, Lease, Member, Os, SchedSlice, Tenants, MONITOR_BEAT_NS,
+};
 
 use crate::admission::RegionTable;
 

@@ -445,10 +445,10 @@ fn a_stop_continue_cycling_tenant_costs_the_other_nothing() {
     let b = t2(&n, &m, 17.0);
     wait_for_slice(&n, "t2", 1);
     std::thread::sleep(Duration::from_millis(5000));
-    let cycling = gpuslice_ledger::sched::now_ns() as f64 / 1e9;
+    let cycling = gpuslice_sched::now_ns() as f64 / 1e9;
     let pid = a.id() as i32;
     let done = cycling + WINDOW_S + 1.0;
-    while (gpuslice_ledger::sched::now_ns() as f64 / 1e9) < done {
+    while (gpuslice_sched::now_ns() as f64 / 1e9) < done {
         // SAFETY: our child (setpriv exec'd into the burn, same pid), not yet reaped.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
         std::thread::sleep(Duration::from_millis(190));

@@ -20,7 +20,7 @@ use super::client::Os;
 use super::granted::{GrantProc, MONITOR_BEAT_NS};
 use super::policy::*;
 use super::records::{Lease, SchedDevice, CLASS_LATENCY};
-use crate::layout::PPM;
+use gpuslice_quantity::PPM;
 
 /// Slots beyond this are ignored for solo statistics (a bound on what a member list can make
 /// the turns allocate).
@@ -409,7 +409,7 @@ impl DeviceTurns {
 mod tests {
 
     use super::*;
-    use crate::sched::{GrantWords, Granted, SchedSlice, Work, CLASS_NORMAL, MONITOR_STALE_NS};
+    use crate::{GrantWords, Granted, SchedSlice, Work, CLASS_NORMAL, MONITOR_STALE_NS};
     use core::sync::atomic::{AtomicU32, AtomicU64};
     use std::cell::Cell;
 

@@ -30,6 +30,8 @@ fn victim_keeps_its_share(
         .filter(|&i| r.tenants[i].id != victim)
         .map(|i| r.fraction(i, a, b))
         .sum();
+    // The figures of docs/benchmarks.md (`-- --nocapture`).
+    eprintln!("{what}: 0.75 slice {got:.3}, attacker {others:.3}");
     if got < 0.71 || others > 0.29 {
         failed.push(format!(
             "{what}: over {:.1}..{:.1} s the 0.75 slice got {got:.3}, the attacker {others:.3}",
@@ -39,13 +41,29 @@ fn victim_keeps_its_share(
     }
 }
 
+/// Runs `case` in personal and node mode, each adding what failed to the list; asserts none did.
+fn in_both_modes(case: impl Fn(Mode, &mut Vec<String>)) {
+    let mut failed = Vec::new();
+    for mode in [PERSONAL, NODE] {
+        case(mode, &mut failed);
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+}
+
+/// A saturating process of slice `id`: 1 ms kernels, two in flight.
+fn saturating(id: u32) -> Tenant {
+    Tenant {
+        depth: 2,
+        ..tenant(id, 1000)
+    }
+}
+
 /// (a) Many processes in one slice, each with deep queues of long kernels: every process's
 /// first launch of a turn went, and what they queued outlasted the turn by far (t2 got 0.05-0.07
 /// of the device in node mode on main).
 #[test]
 fn many_processes_in_one_slice_do_not_take_the_device() {
-    let mut failed = Vec::new();
-    for mode in [PERSONAL, NODE] {
+    in_both_modes(|mode, failed| {
         for (n, kernel_us) in [(16, 8000), (32, 1000)] {
             let t = Table::new(&[(0.25, 0.0), (0.75, 0.0)]);
             let mut ts: Vec<Tenant> = (0..n)
@@ -58,10 +76,9 @@ fn many_processes_in_one_slice_do_not_take_the_device() {
             ts.push(t2(2));
             let r = simulate_in(mode, &t, &ts, 4.0);
             let what = format!("{n} processes x {kernel_us} us, node {}", mode.node);
-            victim_keeps_its_share(&mut failed, &r, 2, S, 4 * S, &what);
+            victim_keeps_its_share(failed, &r, 2, S, 4 * S, &what);
         }
-    }
-    assert!(failed.is_empty(), "{failed:#?}");
+    });
 }
 
 /// (b) The virtual-time-floor pump: t1's two best-effort slices (whose virtual time runs 100x
@@ -71,8 +88,7 @@ fn many_processes_in_one_slice_do_not_take_the_device() {
 /// got no turn for seconds.
 #[test]
 fn the_virtual_time_floor_cannot_be_pumped() {
-    let mut failed = Vec::new();
-    for mode in [PERSONAL, NODE] {
+    in_both_modes(|mode, failed| {
         let t = Table::new(&[(0.25, 0.0), (0.0, 0.0), (0.0, 0.0), (0.75, 0.0)]);
         let join = 3 * S;
         let light = Tenant {
@@ -86,54 +102,38 @@ fn the_virtual_time_floor_cannot_be_pumped() {
             learn: true,
             ..tenant(1, 1000)
         };
-        let be = |id| Tenant {
-            depth: 2,
-            ..tenant(id, 1000)
-        };
+        let be = saturating;
         let late = Tenant {
             start_ns: join,
             ..t2(4)
         };
         let r = simulate_in(mode, &t, &[light, saturate, be(2), be(3), late], 6.0);
         let what = format!("pump, node {}", mode.node);
-        victim_keeps_its_share(&mut failed, &r, 4, join + 200 * MS, 6 * S, &what);
-    }
-    assert!(failed.is_empty(), "{failed:#?}");
+        victim_keeps_its_share(failed, &r, 4, join + 200 * MS, 6 * S, &what);
+    });
 }
 
 /// (c) 64 best-effort slices of one process each next to t1's 0.25 slice: each weighed 1%
 /// (0.64 together), and cut t2 to 0.44.
 #[test]
 fn many_best_effort_slices_share_only_what_is_not_guaranteed() {
-    let mut failed = Vec::new();
-    for mode in [PERSONAL, NODE] {
+    in_both_modes(|mode, failed| {
         let mut slices = vec![(0.25, 0.0), (0.75, 0.0)];
         slices.extend((0..64).map(|_| (0.0, 0.0)));
         let t = Table::new(&slices);
-        let mut ts = vec![
-            Tenant {
-                depth: 2,
-                ..tenant(1, 1000)
-            },
-            t2(2),
-        ];
-        ts.extend((0..64).map(|i| Tenant {
-            depth: 2,
-            ..tenant(3 + i, 1000)
-        }));
+        let mut ts = vec![saturating(1), t2(2)];
+        ts.extend((0..64).map(|i| saturating(3 + i)));
         let r = simulate_in(mode, &t, &ts, 3.0);
         let what = format!("64 best-effort slices, node {}", mode.node);
-        victim_keeps_its_share(&mut failed, &r, 2, S, 3 * S, &what);
-    }
-    assert!(failed.is_empty(), "{failed:#?}");
+        victim_keeps_its_share(failed, &r, 2, S, 3 * S, &what);
+    });
 }
 
 /// (d) t1's process stopped 190 ms and continued 10 ms, over and over: it left its queue
 /// running when stopped, and was charged for less than it used.
 #[test]
 fn stop_continue_cycling_takes_nothing() {
-    let mut failed = Vec::new();
-    for mode in [PERSONAL, NODE] {
+    in_both_modes(|mode, failed| {
         let t = Table::new(&[(0.25, 0.0), (0.75, 0.0)]);
         let cycling = Tenant {
             depth: 8,
@@ -145,17 +145,15 @@ fn stop_continue_cycling_takes_nothing() {
         };
         let r = simulate_in(mode, &t, &[cycling, t2(2)], 5.0);
         let what = format!("SIGSTOP/SIGCONT 190/10 ms, node {}", mode.node);
-        victim_keeps_its_share(&mut failed, &r, 2, S / 2, 5 * S, &what);
-    }
-    assert!(failed.is_empty(), "{failed:#?}");
+        victim_keeps_its_share(failed, &r, 2, S / 2, 5 * S, &what);
+    });
 }
 
 /// (e) The headline pair, 0.25 / 0.75, 1 ms kernels at depth 1, 2 and 8, estimates learned from
 /// events as the shim does: the 0.25 tenant gets 0.24-0.26 over 10 s (0.22 on main).
 #[test]
 fn the_headline_pair_gets_its_guarantee() {
-    let mut failed = Vec::new();
-    for mode in [PERSONAL, NODE] {
+    in_both_modes(|mode, failed| {
         for depth in [1, 2, 8] {
             let t = Table::new(&[(0.25, 0.0), (0.75, 0.0)]);
             let ten = |id| Tenant {
@@ -167,39 +165,10 @@ fn the_headline_pair_gets_its_guarantee() {
             let (a, b) = (S / 2, 10 * S + S / 2);
             let f = r.fraction(0, a, b);
             let g = r.fraction(1, a, b);
+            eprintln!("pair, node {} depth {depth}: {f:.3} / {g:.3}", mode.node);
             if !(0.24..=0.26).contains(&f) || f + g < 0.97 {
                 failed.push(format!("node {} depth {depth}: {f:.3} / {g:.3}", mode.node));
             }
         }
-    }
-    assert!(failed.is_empty(), "{failed:?}");
-}
-
-/// The figures of docs/benchmarks.md (`cargo test -p gpuslice-ledger --lib print_the_headline
-/// -- --ignored --nocapture`): the pair over 10 s, and what each slice was charged.
-#[test]
-#[ignore]
-fn print_the_headline_figures() {
-    for mode in [PERSONAL, NODE] {
-        for depth in [1, 2, 8] {
-            let t = Table::new(&[(0.25, 0.0), (0.75, 0.0)]);
-            let ten = |id| Tenant {
-                depth,
-                learn: true,
-                ..tenant(id, 1000)
-            };
-            let r = simulate_in(mode, &t, &[ten(1), ten(2)], 10.5);
-            let (a, b) = (S / 2, 10 * S + S / 2);
-            eprintln!(
-                "node {} depth {depth}: {:.3} {:.3} charged {} {} leases {} {}",
-                mode.node,
-                r.fraction(0, a, b),
-                r.fraction(1, a, b),
-                t.0[0].0.gpu_ns_total.load(Relaxed) / 1_000_000,
-                t.0[1].0.gpu_ns_total.load(Relaxed) / 1_000_000,
-                t.0[0].0.leases_total.load(Relaxed),
-                t.0[1].0.leases_total.load(Relaxed),
-            );
-        }
-    }
+    });
 }

@@ -1,4 +1,5 @@
-//! Compute shares: who may launch on a device, and when.
+//! The compute scheduler of gpuslice: who may launch on a device, and when (policy, the
+//! records it keeps in the ledger's shared memory, and a simulation to test it on).
 //!
 //! Kernels of different processes already time-share a GPU, so a share is enforced by deciding
 //! who may *launch*: each device has one **lease** word in the ledger naming the slice whose
@@ -16,7 +17,7 @@
 //!   time its launches used, and hands the lease to the next slice.
 //! - [`Work`] is how a `Client` sees the process's queued GPU work (the shim implements it with
 //!   CUDA events; the unit tests with a simulated engine).
-//! - [`Os`]: the clock and the futex, injected ([`SYSTEM`] is the real one, `crate::sys`); the
+//! - [`Os`]: the clock and the futex, injected ([`SYSTEM`] is the real one, `sys.rs`); the
 //!   unit tests run the same code on a simulated clock and CPU (`sim.rs`), deterministically.
 //! - `granted.rs`: node mode, where the monitor grants the turns ([`Granted`], [`GrantProc`]);
 //!   [`Scheduler`] is either client behind one set of methods (what the shim holds).
@@ -30,8 +31,10 @@
 //! its launches used during its turns, divided by its share (best-effort slices weigh
 //! [`BEST_EFFORT_PPM`]); the lease goes to the waiting slice with the least virtual time, so
 //! under contention each gets its share and the surplus is split by share. Only slices with a
-//! fresh heartbeat compete (work-conserving); a slice coming back starts at the device's current
-//! virtual time, so idling earns no burst. A cap is a GCRA budget (`cap_tat`): a slice is
+//! fresh heartbeat compete (work-conserving); a slice coming back, or joining a solo holder,
+//! starts where the slices of its kind competing now stand ([`rejoin`]), so idling earns no
+//! burst and no idle, lightly used or best-effort slice sets anyone's start. Best-effort slices
+//! get the device only while no guaranteed slice competes. A cap is a GCRA budget (`cap_tat`): a slice is
 //! eligible only once the GPU time it used, divided by its cap, has been "paid" by the clock. A
 //! slice alone and uncapped gets a **solo** lease: its processes launch after one load of the
 //! lease word, with no clock, no event and no syscall; a newcomer turns the solo lease into an
@@ -42,12 +45,19 @@
 //! asynchronous queue is paid for by whoever queued it, and the next holder's first kernel meets
 //! a busy engine). The GPU time charged is the estimated time of the launches admitted in the
 //! turn (the shim measures each launch with events), at most the turn's span: a launcher too
-//! slow to keep the engine busy is not charged for the idle time. Nothing waits on a holder
+//! slow to keep the engine busy is not charged for the idle time. The next holder's charge
+//! starts after the span the previous one was charged, and what a holder left queued past its
+//! charge is paid by it once it sees it done ([`Work::finished_at`]); a holder taken over
+//! without launching pays for the turn it held idle. In node mode the monitor charges the span
+//! granted plus what the slice's processes left queued past it (`turns.rs`), and the slice's
+//! processes together queue at most a turn (`granted.rs`). Nothing waits on a holder
 //! forever: a lease whose end is [`GRACE_NS`] past, or whose holder's queued work ran out
 //! [`IDLE_GRACE_NS`] ago with nothing new launched, is taken over by any waiter, so a holder
 //! that dies, hangs or goes idle loses its turn within milliseconds without the monitor. A
 //! waiter that dies stops refreshing its heartbeat and stops competing after
 //! [`WANT_STALE_NS`].
+
+#![deny(missing_docs)]
 
 mod client;
 mod granted;
@@ -55,6 +65,7 @@ mod policy;
 mod records;
 #[cfg(test)]
 mod sim;
+mod sys;
 #[cfg(test)]
 mod tests;
 mod turns;

@@ -54,7 +54,9 @@ pub struct GrantProc {
     /// The device turn (`SchedDevice::turn`) the process handed back (it stopped launching
     /// in it); the monitor ends a turn early once every process of the slice is done or idle.
     pub done_turn: AtomicU64,
-    /// While launching: when its queued work is estimated to complete (ns).
+    /// When its queued work is estimated to complete (ns), written at each launch and at the
+    /// hand-back, and set to the moment it was seen done by a waiting process: the monitor
+    /// charges the slice until then for what its processes left queued past a turn.
     pub busy_until_ns: AtomicU64,
     /// GPU ns sampled while solo (statistics only).
     pub solo_gpu_ns: AtomicU64,

@@ -120,7 +120,7 @@ impl Window {
     }
 
     /// Fraction of `WINDOW_NS` charged over the last `WINDOW_NS` before `now`.
-    pub(crate) fn fraction(&self, now: u64) -> f64 {
+    pub fn fraction(&self, now: u64) -> f64 {
         (self.ns(now) / WINDOW_NS as f64).clamp(0.0, 1.0)
     }
 
@@ -331,7 +331,7 @@ pub fn used_fraction(slice_ns: f64, device_ns: f64) -> f64 {
 }
 
 /// The statistics of slice `s` on device `dev` at `now_ns` (CLOCK_MONOTONIC, see
-/// [`crate::sched::Os::now_ns`]).
+/// [`crate::Os::now_ns`]).
 pub fn slice_stats(dev: &SchedDevice, s: &SchedSlice, now_ns: u64) -> SliceComputeStats {
     let window_ns = s.window.ns(now_ns);
     SliceComputeStats {
