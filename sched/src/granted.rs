@@ -137,14 +137,9 @@ impl<'a> Granted<'a> {
                 .is_ok()
         {
             sh.turn_start_ns.store(now, Release);
-            sh.turn_used_ns.store(0, Release);
+            sh.turn_queued_ns.store(0, Release);
         }
-        let len = end.saturating_sub(sh.turn_start_ns.load(Acquire).min(now));
-        sh.turn_used_ns
-            .fetch_update(AcqRel, Acquire, |u| {
-                (u == 0 || u.saturating_add(next) <= len).then(|| u.saturating_add(next))
-            })
-            .is_ok()
+        sh.queue_in_turn(now, end, next)
     }
 
     /// The launch fast path: true when the slice holds a solo lease (one load).
