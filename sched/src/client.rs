@@ -485,6 +485,11 @@ impl<'a> Client<'a> {
                 // whose queue stays short would otherwise stretch it launch after launch and
                 // keep the device for good (the freeze of issue 14, `a_shallow_queue_...`).
                 let first = self.admitted_ns == 0 && self.dev.stretched.load(Acquire) != turn;
+                // Each process of a slice bounds its own queue by the turn, not the slice's
+                // together (node mode does, `Granted`): here their estimates, learned from
+                // kernels that interleave with each other's, grow with their number, so the
+                // sum bounds itself, and a sum of them held a slice of two at 0.44 of 0.5;
+                // what runs past the turn is paid (`settle_owed`).
                 if now < l.end_ns && (first || done_at <= l.end_ns) {
                     if done_at > l.end_ns {
                         // One launch longer than what is left of the lease: stretch the lease

@@ -8,12 +8,14 @@
 //! (`Device::sched.seq`: `FUTEX_WAIT` only reads, so a read-only shared mapping serves). The
 //! monitor's turns thread (`monitor/src/turns.rs`) runs the same pure policy as personal mode
 //! ([`super::pick`], [`super::charge`]) over the policy's slice records, which only it writes,
-//! so virtual time and cap budgets cannot be forged; it charges every turn the span it granted,
-//! whatever a tenant writes, and grants the next turn when a lease ends whether or not its
-//! holder stopped (nobody waits on a tenant).
+//! so virtual time and cap budgets cannot be forged; it charges every turn at least the span it
+//! granted, whatever a tenant writes, plus what the slice's processes left queued past it, and
+//! grants the next turn when a lease ends whether or not its holder stopped (nobody waits on a
+//! tenant).
 //!
 //! [`Granted`] is one process's side of one device: the same [`Work`]-driven admission as
-//! [`Client`] (launch while the queued work fits before the lease's end, then drain to
+//! [`Client`] (launch while the queued work fits before the lease's end, and while the slice's
+//! processes together have queued at most the turn's length, then drain to
 //! [`NODE_HANDOFF_LEAD_NS`] and hand back), but it never writes the policy. A slice alone and
 //! uncapped gets a solo lease: launches cost one load of the lease word ([`Granted::solo`]).
 //!
@@ -137,14 +139,9 @@ impl<'a> Granted<'a> {
                 .is_ok()
         {
             sh.turn_start_ns.store(now, Release);
-            sh.turn_used_ns.store(0, Release);
+            sh.turn_queued_ns.store(0, Release);
         }
-        let len = end.saturating_sub(sh.turn_start_ns.load(Acquire).min(now));
-        sh.turn_used_ns
-            .fetch_update(AcqRel, Acquire, |u| {
-                (u == 0 || u.saturating_add(next) <= len).then(|| u.saturating_add(next))
-            })
-            .is_ok()
+        sh.queue_in_turn(now, end, next)
     }
 
     /// The launch fast path: true when the slice holds a solo lease (one load).

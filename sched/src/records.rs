@@ -230,8 +230,9 @@ pub struct SchedSlice {
     /// Latest estimated end of the work its processes queued (ns): how long a process that
     /// finished its own queue waits, at most, for a sibling that never comes back to hand over.
     pub tail_ns: AtomicU64,
-    /// Room to grow without moving the ledger layout.
-    pub reserved: [u64; 1],
+    /// Estimated GPU ns its processes queued in turn `turn_key`, all together: at most the
+    /// turn's length ([`SchedSlice::queue_in_turn`]; node mode, in the slice's region).
+    pub turn_queued_ns: AtomicU64,
 }
 
 /// How many processes of a slice hold queued work in one turn: one word, so a process joining
@@ -344,6 +345,20 @@ pub fn slice_stats(dev: &SchedDevice, s: &SchedSlice, now_ns: u64) -> SliceCompu
 }
 
 impl SchedSlice {
+    /// Count `next` ns of work into what the slice's processes queued in their current turn
+    /// (`turn_key`, begun at `turn_start_ns`, lease end `end`) if it fits: together at most the
+    /// turn's length, however many processes the slice has; the slice's first launch of a turn
+    /// always goes (a kernel longer than a turn would never run otherwise). Returns whether it
+    /// was counted. The words may be anything (saturating arithmetic).
+    pub fn queue_in_turn(&self, now: u64, end: u64, next: u64) -> bool {
+        let len = end.saturating_sub(self.turn_start_ns.load(Acquire).min(now));
+        self.turn_queued_ns
+            .fetch_update(AcqRel, Acquire, |u| {
+                (u == 0 || u.saturating_add(next) <= len).then(|| u.saturating_add(next))
+            })
+            .is_ok()
+    }
+
     /// Forget everything of a previous slice that used this record: the ledger calls it when it
     /// creates a slice in a freed record, before publishing it.
     pub fn reset(&self) {
@@ -360,6 +375,7 @@ impl SchedSlice {
             &self.turn_start_ns,
             &self.turn_used_ns,
             &self.tail_ns,
+            &self.turn_queued_ns,
             &self.window.start_ns,
             &self.window.cur_ns,
             &self.window.prev_ns,

@@ -1061,20 +1061,25 @@ fn a_waiter_wrongly_reaped_still_competes() {
 /// events do), which each process used to pay for on its own, leaving the slice well short.
 #[test]
 fn a_slice_of_two_processes_gets_its_share() {
-    let t = Table::new(&[(0.5, 0.0), (0.5, 0.0)]);
     let learning = |id| Tenant {
         learn: true,
         ..tenant(id, 1000)
     };
-    let r = simulate(&t, &[learning(1), learning(1), learning(2)], 10.5);
-    let (a, b) = (S / 2, 10 * S + S / 2);
-    let slice = r.fraction(0, a, b) + r.fraction(1, a, b);
-    let other = r.fraction(2, a, b);
-    assert!(slice + other >= 0.9, "{slice} {other}");
-    assert!(
-        (slice - 0.5).abs() <= 0.04,
-        "the slice of two got {slice:.3}, the other {other:.3}"
-    );
+    // On the engine of the older tests, and on the time-sliced one in both modes.
+    for mode in [FIFO, PERSONAL, NODE] {
+        let t = Table::new(&[(0.5, 0.0), (0.5, 0.0)]);
+        let r = simulate_in(mode, &t, &[learning(1), learning(1), learning(2)], 10.5);
+        let (a, b) = (S / 2, 10 * S + S / 2);
+        let slice = r.fraction(0, a, b) + r.fraction(1, a, b);
+        let other = r.fraction(2, a, b);
+        assert!(slice + other >= 0.9, "{slice} {other}");
+        assert!(
+            (slice - 0.5).abs() <= 0.04,
+            "the slice of two got {slice:.3}, the other {other:.3} (sliced {}, node {})",
+            mode.slice_ns != 0,
+            mode.node
+        );
+    }
 }
 
 fn percentile(v: &[u64], p: f64) -> u64 {
