@@ -7,7 +7,7 @@ use crate::view::NodeView;
 use std::ffi::OsString;
 use std::path::Path;
 
-const USAGE: &str = "gpuslice status [--json]";
+const USAGE: &cli::Command = &crate::commands::STATUS;
 
 /// Entry point of `gpuslice status`.
 pub fn main(args: Vec<OsString>) -> i32 {
