@@ -77,5 +77,7 @@ pub use quantity::{
     parse_quota, parse_size, valid_slice_name, ComputeSetting, PerDevice, QuantityError, Size,
 };
 pub use reslice::SliceChange;
-pub use snapshot::{DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, SliceInfo, Snapshot};
+pub use snapshot::{
+    DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, RemovedSlice, SliceInfo, Snapshot,
+};
 pub use view::innermost_pid_of;

@@ -122,6 +122,7 @@ impl Ledger {
                 slot: i,
                 pid: p.pid.load(SeqCst),
                 start_time: p.start_time.load(SeqCst),
+                pid_ns: p.pid_ns.load(SeqCst),
                 slice: p.slice_name.get(),
                 alive: alive[i],
                 memory_used: devices
