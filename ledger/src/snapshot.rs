@@ -91,6 +91,9 @@ pub struct ProcInfo {
     /// Inode of its PID namespace (0 if unknown): whether `pid` means the same process to a
     /// reader in its own namespace.
     pub pid_ns: u64,
+    /// Node mode: its pid in the monitor's (the host's) PID namespace, which `start_time` is
+    /// of. Personal mode: its own pid.
+    pub host_pid: u32,
     /// Slice name it asked for (empty: private).
     pub slice: String,
     /// Whether it still runs (its liveness lock is held).

@@ -193,7 +193,8 @@ impl Node {
     /// (what `nvidia-smi` shows), else the ledger's.
     pub fn snapshot(&self) -> NodeView {
         let mut s = self.ledger.snapshot();
-        as_reaped(&mut s, &exited);
+        let node_mode = self.ledger.is_node();
+        as_reaped(&mut s, &|p| exited(p, node_mode));
         let nvml = crate::nvml::indices();
         let index = |uuid: &str, ledger_index: usize| {
             nvml.get(uuid).copied().unwrap_or(ledger_index as u32)
@@ -472,18 +473,26 @@ fn removed_lines(removed: &[gpuslice_ledger::RemovedSlice]) -> Vec<String> {
         .collect()
 }
 
-/// Whether process `p` has exited, checked now rather than at the reaper's last tick: its
-/// liveness lock is gone (personal mode), or, in our PID namespace, its pid no longer runs
-/// with its start time (node mode keeps the record active until the monitor reaps it). A
-/// process in another namespace is as the ledger says.
-fn exited(p: &ProcInfo) -> bool {
+/// Whether process `p` has exited, checked now rather than at the reaper's last tick: the
+/// ledger says so (personal mode: its liveness lock is gone), or its pid no longer runs with
+/// its start time. Node mode keeps a record active until the monitor reaps it; there the pid
+/// to look at is the host's (the monitor runs in the host's PID namespace), so only a reader
+/// there can look. In personal mode it is the pid in the process's namespace, when it is ours.
+/// Otherwise the process is as the ledger says.
+fn exited(p: &ProcInfo, node_mode: bool) -> bool {
+    use gpuslice_ledger::view::{own_pid_identity, INITIAL_PID_NS};
     if !p.alive {
         return true;
     }
-    let own_ns = gpuslice_ledger::view::own_pid_identity().0;
-    p.pid_ns != 0
-        && p.pid_ns == own_ns
-        && gpuslice_ledger::start_time_of(&p.pid.to_string()) != p.start_time
+    let own_ns = own_pid_identity().0;
+    let pid = if node_mode {
+        (own_ns == INITIAL_PID_NS).then_some(p.host_pid)
+    } else {
+        (p.pid_ns != 0 && p.pid_ns == own_ns).then_some(p.pid)
+    };
+    pid.is_some_and(|pid| {
+        pid != 0 && gpuslice_ledger::start_time_of(&pid.to_string()) != p.start_time
+    })
 }
 
 /// The node as the reaper will leave it: processes that have `exited` are gone at once, what
@@ -627,6 +636,7 @@ mod tests {
             pid,
             start_time: 1,
             pid_ns: 0,
+            host_pid: pid,
             slice: String::new(),
             alive,
             memory_used: charged,
