@@ -97,15 +97,9 @@ pub(crate) fn parse(args: Vec<OsString>) -> Result<Request, Failure> {
 }
 
 fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
-    let Request {
-        limits,
-        slice,
-        kind,
-        library,
-        output,
-        secret_file,
-    } = parse(args)?;
-    let library = match library {
+    let r = parse(args)?;
+    let (limits, slice, kind, output) = (r.limits, r.slice, r.kind, r.output);
+    let library = match r.library {
         Some(p) if p.is_file() => p.canonicalize().unwrap_or(p),
         Some(p) => {
             return Err(Failure::usage(
@@ -132,7 +126,8 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
             runtime_dir.display()
         );
     }
-    let secret = secret_file
+    let secret = r
+        .secret_file
         .map(|p| gpuslice_ledger::secret::Secret::read_file(&p))
         .transpose()?;
     let mut spec = spec(

@@ -96,6 +96,10 @@ const COMPUTE: &str = "guaranteed compute share: 0.25 or 25% (lent to others whi
 const COMPUTE_CAP: &str = "hard compute ceiling, same syntax (never more, even when idle)";
 const PRIORITY: &str = "latency: launches go at once, ahead of normal work; normal (the default)";
 const SLICE_MEMORY: &str = "VRAM quota on the device: 4Gi, 4096Mi, 4G, bytes, or 25% of it";
+const MEMORY_FLAG: Flag = flag("memory", "Q", MEMORY);
+const COMPUTE_FLAG: Flag = flag("compute", "F", COMPUTE);
+const CAP_FLAG: Flag = flag("compute-cap", "F", COMPUTE_CAP);
+const PRIORITY_FLAG: Flag = flag("priority", "latency|normal", PRIORITY);
 
 pub static RUN: Command = Command {
     name: "run",
@@ -103,10 +107,10 @@ pub static RUN: Command = Command {
     trailing: "[--] CMD ARGS...",
     summary: "run a program under gpuslice, held to a VRAM quota and a compute share",
     flags: &[
-        flag("memory", "Q", MEMORY),
-        flag("compute", "F", COMPUTE),
-        flag("compute-cap", "F", COMPUTE_CAP),
-        flag("priority", "latency|normal", PRIORITY),
+        MEMORY_FLAG,
+        COMPUTE_FLAG,
+        CAP_FLAG,
+        PRIORITY_FLAG,
         flag(
             "slice",
             "NAME",
@@ -206,9 +210,9 @@ pub static SLICE_CREATE: Command = Command {
     summary: "define a slice ahead of the programs that join it",
     flags: &[
         flag("memory", "Q", SLICE_MEMORY).required(),
-        flag("compute", "F", COMPUTE),
-        flag("compute-cap", "F", COMPUTE_CAP),
-        flag("priority", "latency|normal", PRIORITY),
+        COMPUTE_FLAG,
+        CAP_FLAG,
+        PRIORITY_FLAG,
         flag(
             "device",
             "I|UUID",
@@ -246,9 +250,9 @@ pub static SLICE_SET: Command = Command {
             "Q",
             "VRAM quota, in bytes (4Gi, 4096Mi, 4G, bytes)",
         ),
-        flag("compute", "F", COMPUTE),
-        flag("compute-cap", "F", COMPUTE_CAP),
-        flag("priority", "latency|normal", PRIORITY),
+        COMPUTE_FLAG,
+        CAP_FLAG,
+        PRIORITY_FLAG,
     ],
     details: "Running processes see the change at their next allocation or compute turn.",
     subcommands: &[],
@@ -296,10 +300,10 @@ pub static CDI: Command = Command {
             "the slice, and the CDI device name (letters, digits, _ - . :)",
         )
         .required(),
-        flag("memory", "Q", MEMORY),
-        flag("compute", "F", COMPUTE),
-        flag("compute-cap", "F", COMPUTE_CAP),
-        flag("priority", "latency|normal", PRIORITY),
+        MEMORY_FLAG,
+        COMPUTE_FLAG,
+        CAP_FLAG,
+        PRIORITY_FLAG,
         flag(
             "secret-file",
             "PATH",
