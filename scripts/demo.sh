@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# gpuslice in about 20 seconds, on a machine without a GPU (the first run builds for a minute or
-# two before: about 1 GB under target/release; later runs build nothing).
+# gpuslice in about 15 seconds, on a machine without a GPU (the first run builds for a minute or
+# more before: about 100 MB under target/release; later runs build nothing).
 #
 # Builds everything (release, quietly: one line says so), then on a private fake GPU (tests/fakegpu: a CPU-backed
 # libcuda/libnvidia-ml whose kernels take simulated time on one engine shared by every process):
@@ -58,7 +58,7 @@ if [ -n "${DEMO_BUILD_DIR:-}" ]; then
     fake_lib_dir="$work/fakelib"
 else
     # One line, not cargo's: its output goes to a log, shown only if the build fails.
-    echo "building gpuslice (cargo build --release; the first time takes a minute or two)..."
+    echo "building gpuslice (cargo build --release; the first time takes a minute or more)..."
     build_log="$work/build.log"
     if ! { cargo build --release --quiet -p gpuslice -p gpuslice-shim -p gpuslice-burn &&
            fake_lib_dir=$(CARGO_TERM_QUIET=true scripts/fakegpu.sh </dev/null | tail -n 1); } \
