@@ -125,7 +125,7 @@ const LEGEND: [&str; 3] = [
 
 /// `COMPUTE USED (1 s)`: the column, with the scheduler's window.
 fn compute_used_header() -> String {
-    let ms = gpuslice_ledger::sched::WINDOW_NS / 1_000_000;
+    let ms = gpuslice_sched::WINDOW_NS / 1_000_000;
     if ms.is_multiple_of(1000) {
         format!("COMPUTE USED ({} s)", ms / 1000)
     } else {
