@@ -329,6 +329,60 @@ fn help_and_every_usage_error_name_every_subcommand_and_flag_and_end_with_a_newl
     assert!(out.ends_with('\n'), "{out:?}");
 }
 
+/// The synopses of docs/operations.md (a code line `gpuslice NAME ...` and the indented lines
+/// after it) name the flags `gpuslice NAME --help` names.
+#[test]
+fn the_operations_guide_synopses_name_the_flags_help_names() {
+    let w = World::new(1, "1Gi");
+    let doc = repo_file("docs/operations.md");
+    let lines: Vec<&str> = doc.lines().collect();
+    let mut checked = 0;
+    for name in [
+        "monitor",
+        "slice create",
+        "slice set",
+        "slice rm",
+        "slice ls",
+    ] {
+        let head = format!("gpuslice {name}");
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with(&format!("{head} ")) || *l == head)
+            .unwrap_or_else(|| panic!("docs/operations.md has no `{head}` synopsis"));
+        let synopsis: Vec<&str> = std::iter::once(lines[at])
+            .chain(
+                lines[at + 1..]
+                    .iter()
+                    .copied()
+                    .take_while(|l| l.starts_with(' ')),
+            )
+            .collect();
+        let (code, help, _) = cli(&w, &words(&format!("{name} --help")));
+        assert_eq!(code, Some(0));
+        let usage = help.split("\n\n").next().unwrap();
+        assert_eq!(
+            flags(&synopsis.join(" ")),
+            flags(usage),
+            "docs/operations.md's `{head}` and its --help differ"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 5);
+    // And README's synopsis of `gpuslice run`.
+    let readme = repo_file("README.md");
+    let run = readme
+        .split("`gpuslice run [")
+        .nth(1)
+        .and_then(|r| r.split('`').next())
+        .expect("README shows `gpuslice run [...]`");
+    let (_, help, _) = cli(&w, &["run", "--help"]);
+    assert_eq!(
+        flags(run),
+        flags(help.split("\n\n").next().unwrap()),
+        "README's `gpuslice run` synopsis and its --help differ"
+    );
+}
+
 // --- status -------------------------------------------------------------------------------
 
 #[test]
