@@ -56,14 +56,16 @@ fn main() {
         Some("top") => top::main(args),
         Some("slice") => slice::main(args),
         Some("metrics") => metrics::main(args),
-        Some("version" | "--version" | "-V") if args.is_empty() => {
-            cli::exit_status(cli::outln!("gpuslice {}", env!("CARGO_PKG_VERSION")))
-        }
-        Some("version" | "--version" | "-V") => cli::Failure::usage(
-            format!("version takes no arguments, got {:?}", args[0]),
-            &commands::VERSION,
-        )
-        .report(),
+        Some("version" | "--version" | "-V") => cli::exit_status((|| {
+            // `--help` is answered, any other argument is bad usage.
+            if let Some(arg) = cli::Args::new(args, &commands::VERSION).next()? {
+                return Err(cli::Failure::usage(
+                    format!("version takes no arguments: {}", arg.unexpected()),
+                    &commands::VERSION,
+                ));
+            }
+            cli::outln!("gpuslice {}", env!("CARGO_PKG_VERSION"))
+        })()),
         Some("help" | "--help" | "-h") => cli::exit_status(cli::outln!("{}", commands::overview())),
         _ => {
             eprintln!(
