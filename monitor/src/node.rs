@@ -477,9 +477,11 @@ fn removed_lines(removed: &[gpuslice_ledger::RemovedSlice]) -> Vec<String> {
 /// Whether process `p` has exited, checked now rather than at the reaper's last tick: the
 /// ledger says so (personal mode: its liveness lock is gone), or its pid no longer runs with
 /// its start time. Node mode keeps a record active until the monitor reaps it; there the pid
-/// to look at is the host's (the monitor runs in the host's PID namespace), so only a reader
-/// there can look. In personal mode it is the pid in the process's namespace, when it is ours.
-/// Otherwise the process is as the ledger says.
+/// to look at is the host's (the monitor runs in the host's PID namespace), so only root in
+/// that namespace looks (it sees every user's processes, whatever `/proc`'s `hidepid`). In
+/// personal mode it is the pid in the process's namespace, when that is ours. A pid whose
+/// `/proc` entry exists but cannot be read is not taken for gone. Otherwise the process is as
+/// the ledger says.
 fn exited(p: &ProcInfo, node_mode: bool) -> bool {
     use gpuslice_ledger::view::{own_pid_identity, INITIAL_PID_NS};
     if !p.alive {
@@ -487,13 +489,17 @@ fn exited(p: &ProcInfo, node_mode: bool) -> bool {
     }
     let own_ns = own_pid_identity().0;
     let pid = if node_mode {
-        (own_ns == INITIAL_PID_NS).then_some(p.host_pid)
+        (own_ns == INITIAL_PID_NS && gpuslice_ledger::dir::euid() == 0).then_some(p.host_pid)
     } else {
         (p.pid_ns != 0 && p.pid_ns == own_ns).then_some(p.pid)
     };
-    pid.is_some_and(|pid| {
-        pid != 0 && gpuslice_ledger::start_time_of(&pid.to_string()) != p.start_time
-    })
+    let Some(pid) = pid.filter(|&pid| pid != 0) else {
+        return false;
+    };
+    match gpuslice_ledger::start_time_of(&pid.to_string()) {
+        0 => !Path::new(&format!("/proc/{pid}")).exists(),
+        start => start != p.start_time,
+    }
 }
 
 /// The node as the reaper will leave it: processes that have `exited` are gone at once, what
