@@ -122,6 +122,79 @@ The gpuslice DRA kubelet plugin: publishes this node's GPUs as shareable devices
                          existing ledger's mode, else node for root on /dev/shm/gpuslice
   --keep-slice-on-exit   leave the ResourceSlice at a clean exit (default: delete it)";
 
+/// `gpuslice-dra cleanup`: the ResourceSlices to remove when the driver is uninstalled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cleanup {
+    /// Driver name (`spec.driver` of the slices removed).
+    pub driver: String,
+    /// Only this node's slices; `None`: every node's (`--all-nodes`).
+    pub node: Option<String>,
+    /// Where the slices are (`api`; `file:PATH` removes that file).
+    pub publish: PublishTo,
+}
+
+/// Usage line of `cleanup`.
+pub const CLEANUP_USAGE: &str =
+    "gpuslice-dra cleanup [--node-name NAME | --all-nodes] [--driver NAME] [--publish api|file:PATH]";
+
+/// Help text of `cleanup`.
+pub const CLEANUP_HELP: &str = "\
+Removes the driver's ResourceSlices (uninstall: the chart's pre-delete Job runs it with
+--all-nodes, deploy/cleanup.yaml; a plugin stopped by SIGTERM does the same for its node).
+  --node-name NAME   that node's slices (default $NODE_NAME)
+  --all-nodes        every node's slices of the driver
+  --driver NAME      driver name (default gpuslice.dev)
+  --publish DST      api (default) or file:PATH (removes the file)";
+
+impl Cleanup {
+    /// Parse the flags after `cleanup`.
+    pub fn parse(args: Vec<OsString>) -> Result<Cleanup, ConfigError> {
+        use lexopt::Arg::Long;
+        let mut p = lexopt::Parser::from_args(args);
+        let mut driver = DEFAULT_DRIVER.to_string();
+        let mut node = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty());
+        let mut all = false;
+        let mut publish = PublishTo::Api;
+        let usage = |e: lexopt::Error| ConfigError::Usage(e.to_string());
+        while let Some(arg) = p.next().map_err(usage)? {
+            let val = |p: &mut lexopt::Parser| -> Result<String, ConfigError> {
+                p.value()
+                    .map_err(usage)?
+                    .into_string()
+                    .map_err(|v| ConfigError::Usage(format!("{v:?} is not UTF-8")))
+            };
+            match arg {
+                Long("help") | lexopt::Arg::Short('h') => return Err(ConfigError::Help),
+                Long("driver") => driver = val(&mut p)?,
+                Long("node-name") => node = Some(val(&mut p)?),
+                Long("all-nodes") => all = true,
+                Long("publish") => {
+                    let v = val(&mut p)?;
+                    publish = match api_or("--publish", &v, "file:", "api or file:PATH")? {
+                        None => PublishTo::Api,
+                        Some(f) => PublishTo::File(f.into()),
+                    }
+                }
+                other => return Err(ConfigError::Usage(other.unexpected().to_string())),
+            }
+        }
+        let node = match (all, node) {
+            (true, _) => None,
+            (false, Some(n)) => Some(n),
+            (false, None) => {
+                return Err(ConfigError::Usage(
+                    "cleanup: name the node (--node-name, or NODE_NAME) or pass --all-nodes".into(),
+                ))
+            }
+        };
+        Ok(Cleanup {
+            driver,
+            node,
+            publish,
+        })
+    }
+}
+
 /// Why the flags were refused.
 #[derive(Debug)]
 pub enum ConfigError {
