@@ -2,7 +2,7 @@
 
 use gpuslice_dra::claims::{ApiClaims, ClaimSource, DirClaims};
 use gpuslice_dra::config::{
-    Cleanup, ClaimsFrom, Config, ConfigError, PublishTo, CLEANUP_HELP, CLEANUP_USAGE, HELP, USAGE,
+    ClaimsFrom, Cleanup, Config, ConfigError, PublishTo, CLEANUP_HELP, CLEANUP_USAGE, HELP, USAGE,
 };
 use gpuslice_dra::driver::Driver;
 use gpuslice_dra::publish::{self, Sink};
@@ -140,7 +140,10 @@ async fn run(cfg: Config) -> Result<(), String> {
         let removal = sink.remove_all(&cfg.driver, Some(&cfg.node_name));
         match tokio::time::timeout(std::time::Duration::from_secs(10), removal).await {
             Ok(Ok(names)) if names.is_empty() => {
-                eprintln!("gpuslice-dra: no ResourceSlice of node {} to delete", cfg.node_name)
+                eprintln!(
+                    "gpuslice-dra: no ResourceSlice of node {} to delete",
+                    cfg.node_name
+                )
             }
             Ok(Ok(names)) => eprintln!("gpuslice-dra: deleted ResourceSlice {}", names.join(", ")),
             Ok(Err(e)) => eprintln!("gpuslice-dra: {e}"),

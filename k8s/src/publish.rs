@@ -62,7 +62,11 @@ impl Sink {
     /// Remove the ResourceSlices of `driver` on `node` (every node: `None`), at a clean exit
     /// or an uninstall, so the scheduler sees no devices of a driver that is gone; the names
     /// removed. Slices gone already are fine. A file sink removes its file.
-    pub async fn remove_all(&self, driver: &str, node: Option<&str>) -> Result<Vec<String>, String> {
+    pub async fn remove_all(
+        &self,
+        driver: &str,
+        node: Option<&str>,
+    ) -> Result<Vec<String>, String> {
         match self {
             Sink::Api(c) => {
                 let api: kube::Api<ResourceSlice> = kube::Api::all(c.clone());
@@ -149,22 +153,25 @@ fn refused(code: u16) -> bool {
     (400..500).contains(&code) && ![401, 403, 404, 408, 409, 429].contains(&code)
 }
 
-/// The devices a refusal names (`spec.devices[N]` in the API server's message), or all of
-/// them when it names none.
+/// The devices a refusal names (by name, or as `spec.devices[N]` in the API server's field
+/// paths), or all of them when it names none.
 pub fn devices_named(message: &str, devices: &[Device]) -> Vec<String> {
-    let mut named = Vec::new();
-    for part in message.split("spec.devices[").skip(1) {
-        let i = part.split(']').next().and_then(|n| n.parse::<usize>().ok());
-        if let Some(d) = i.and_then(|i| devices.get(i)) {
-            if !named.contains(&d.name) {
-                named.push(d.name.clone());
-            }
-        }
-    }
+    let by_index: Vec<usize> = message
+        .split("spec.devices[")
+        .skip(1)
+        .filter_map(|p| p.split(']').next()?.parse().ok())
+        .collect();
+    let named: Vec<String> = devices
+        .iter()
+        .enumerate()
+        .filter(|(i, d)| by_index.contains(i) || message.contains(&d.name))
+        .map(|(_, d)| d.name.clone())
+        .collect();
     if named.is_empty() {
-        named = devices.iter().map(|d| d.name.clone()).collect();
+        devices.iter().map(|d| d.name.clone()).collect()
+    } else {
+        named
     }
-    named
 }
 
 /// Publish the node's slice now and whenever its devices change (checked every `resync`).
@@ -273,6 +280,7 @@ mod tests {
                  value: \"1\": one step 1 is larger than capacity value: 0";
         assert_eq!(devices_named(m, &devices), ["gpu-b"]);
         assert_eq!(devices_named("bad", &devices), ["gpu-a", "gpu-b"]);
+        assert_eq!(devices_named("policy denied gpu-a", &devices), ["gpu-a"]);
         assert!(refused(422) && refused(400) && !refused(409) && !refused(500));
     }
 }

@@ -4,6 +4,10 @@
 
 #![allow(dead_code)] // each test binary uses a part
 
+pub mod allocator;
+pub mod apiserver;
+pub mod strict;
+
 use gpuslice_dra::proto::{health_v1alpha1, registration, v1, v1beta1};
 use gpuslice_e2e::{artifact, World};
 use k8s_openapi::api::resource::v1::{
