@@ -242,4 +242,52 @@ mod tests {
         assert!(long.len() <= 63);
         assert_eq!(object_name("Node_1", "gpuslice.dev"), "node-1-gpuslice.dev");
     }
+
+    fn policy(c: &DeviceCapacity) -> (String, String, String, String) {
+        let p = c.request_policy.as_ref().unwrap();
+        let r = p.valid_range.as_ref().unwrap();
+        (
+            c.value.0.clone(),
+            p.default.as_ref().unwrap().0.clone(),
+            r.min.0.clone(),
+            r.step.as_ref().unwrap().0.clone(),
+        )
+    }
+
+    #[test]
+    fn request_policies_stay_within_what_is_left() {
+        let (mi, gi) = (1u64 << 20, 1u64 << 30);
+        let s = |v: &str| v.to_string();
+        let m = |left| memory_capacity(left, 256 * mi, gi).map(|c| policy(&c));
+        assert_eq!(
+            m(16 * gi),
+            Some((s("16Gi"), s("1Gi"), s("256Mi"), s("256Mi")))
+        );
+        // Less than the default left: the default is what is left, on the grid.
+        assert_eq!(
+            m(768 * mi + 5),
+            Some((s("805306373"), s("768Mi"), s("256Mi"), s("256Mi")))
+        );
+        assert_eq!(
+            m(512 * mi),
+            Some((s("512Mi"), s("512Mi"), s("256Mi"), s("256Mi")))
+        );
+        // Less than two steps: no policy the API server accepts; the GPU is left out.
+        assert_eq!(m(512 * mi - 1), None);
+        assert_eq!(m(256 * mi), None);
+        assert_eq!(m(0), None);
+        assert_eq!(
+            policy(&compute_capacity(1)),
+            (s("1"), s("0"), s("0"), s("1"))
+        );
+        let none = compute_capacity(0);
+        assert_eq!((none.value.0.as_str(), none.request_policy), ("0", None));
+    }
+
+    #[test]
+    fn long_attributes_are_cut_to_the_api_limit() {
+        let a = string_attr(&"é".repeat(40));
+        let v = a.string.unwrap();
+        assert!(v.len() <= ATTRIBUTE_MAX && v.chars().all(|c| c == 'é'));
+    }
 }

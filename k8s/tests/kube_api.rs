@@ -5,41 +5,12 @@
 //! refusals become per-claim errors an operator can act on.
 
 mod common;
-use common::apiserver::{status, FakeApiServer, Seen, State};
+use common::apiserver::{exited, spawn_api_plugin, status, wait_until, FakeApiServer, Seen, State};
 use common::{channel, consumed, Kubelet, TestClaim};
 use gpuslice_dra::proto::registration;
-use gpuslice_e2e::{artifact, World};
+use gpuslice_e2e::World;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
-
-async fn wait_until(what: &str, log: &std::path::Path, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}; plugin log:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Wait for `child` without blocking this thread (the fake API server runs on it and must
-/// answer the plugin's last requests).
-async fn exited(child: &mut std::process::Child) -> std::process::ExitStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the plugin did not exit"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn the_plugin_talks_to_the_api_server() {
@@ -52,34 +23,7 @@ async fn the_plugin_talks_to_the_api_server() {
     let kubeconfig = root.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
     let log = root.join("plugin.log");
-    let start = |extra: &[&str]| {
-        world
-            .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
-            .env("KUBECONFIG", &kubeconfig)
-            .env("NODE_NAME", "node-k")
-            .arg("--registry-dir")
-            .arg(root.join("reg"))
-            .arg("--plugin-dir")
-            .arg(root.join("plugin"))
-            .arg("--cdi-dir")
-            .arg(root.join("cdi"))
-            .arg("--runtime-dir")
-            .arg(world.runtime_dir())
-            .arg("--library")
-            .arg(artifact("libgpuslice.so"))
-            .args(["--resync", "0.1"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap()
-    };
+    let start = |extra: &[&str]| spawn_api_plugin(&world, &root, &kubeconfig, "node-k", extra);
     let mut plugin = start(&[]);
 
     // The slice, by server-side apply: PATCH with the apply content type, as field manager

@@ -5,10 +5,13 @@
 //! when it passes. Every request and every verdict is recorded for the tests.
 
 use super::strict::{check_resource_slice, Refusal};
+use gpuslice_e2e::{artifact, World};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
@@ -101,6 +104,74 @@ impl FakeApiServer {
 
     pub fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap()
+    }
+}
+
+/// The plugin on node `node` of the fake GPUs of `world`, talking to the API server of
+/// `kubeconfig` (claims and slices), its directories under `root`, its log appended to
+/// `root/plugin.log`; resync every 0.1 s.
+pub fn spawn_api_plugin(
+    world: &World,
+    root: &Path,
+    kubeconfig: &Path,
+    node: &str,
+    extra: &[&str],
+) -> Child {
+    world
+        .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
+        .env("KUBECONFIG", kubeconfig)
+        .env("NODE_NAME", node)
+        .arg("--registry-dir")
+        .arg(root.join("reg"))
+        .arg("--plugin-dir")
+        .arg(root.join("plugin"))
+        .arg("--cdi-dir")
+        .arg(root.join("cdi"))
+        .arg("--runtime-dir")
+        .arg(world.runtime_dir())
+        .arg("--library")
+        .arg(artifact("libgpuslice.so"))
+        .args(["--resync", "0.1"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(root.join("plugin.log"))
+                .unwrap(),
+        )
+        .spawn()
+        .unwrap()
+}
+
+/// Wait (without blocking the thread the fake server runs on) for `cond`, generously: the
+/// machine may be busy; failing with the plugin's log.
+pub async fn wait_until(what: &str, log: &Path, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}; plugin log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Wait for `child` without blocking this thread (the fake API server runs on it and must
+/// answer the plugin's last requests).
+pub async fn exited(child: &mut Child) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the plugin did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
