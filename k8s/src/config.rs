@@ -120,7 +120,11 @@ The gpuslice DRA kubelet plugin: publishes this node's GPUs as shareable devices
   --mode M               node: the root monitor's policy, slices made over monitor.sock;
                          personal: a ledger the plugin writes itself; auto (default): an
                          existing ledger's mode, else node for root on /dev/shm/gpuslice
-  --keep-slice-on-exit   leave the ResourceSlice at a clean exit (default: delete it)";
+  --keep-slice-on-exit   leave the ResourceSlice at a clean exit (default: delete it)
+A GPU with less than two --memory-step steps of memory left after operator slices is left
+out of the ResourceSlice (logged); a slice the API server refuses is logged once and sent
+again when the GPUs or their reservations change.
+`gpuslice-dra cleanup --help`: removing the driver's ResourceSlices at uninstall.";
 
 /// `gpuslice-dra cleanup`: the ResourceSlices to remove when the driver is uninstalled.
 #[derive(Debug, Clone, PartialEq, Eq)]

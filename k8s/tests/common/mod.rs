@@ -251,7 +251,10 @@ pub fn read_slice(dirs: &Dirs) -> Option<ResourceSlice> {
     let text = std::fs::read_to_string(dirs.slice_file()).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).expect("the published slice is JSON");
     if let Err(r) = strict::check_resource_slice(&v) {
-        panic!("the API server would refuse {v}: {:?}", r.status("slice")["message"]);
+        panic!(
+            "the API server would refuse {v}: {:?}",
+            r.status("slice")["message"]
+        );
     }
     Some(serde_json::from_value(v).expect("the published ResourceSlice deserializes"))
 }
