@@ -12,7 +12,7 @@ use std::sync::Arc;
 /// A ResourceSlice destination.
 #[derive(Clone)]
 pub enum Sink {
-    /// Server-side apply (field manager `gpuslice-dra`).
+    /// Server-side apply (field manager `gpuslice-dra`, strict field validation).
     Api(kube::Client),
     /// A JSON file, written atomically.
     File(PathBuf),
@@ -108,7 +108,11 @@ impl Sink {
                 let api: kube::Api<ResourceSlice> = kube::Api::all(c.clone());
                 api.patch(
                     &name,
-                    &kube::api::PatchParams::apply("gpuslice-dra").force(),
+                    // Strict: a field this API server does not know is an error, not
+                    // silently dropped (an older API server than the plugin's types).
+                    &kube::api::PatchParams::apply("gpuslice-dra")
+                        .force()
+                        .validation_strict(),
                     &kube::api::Patch::Apply(&obj),
                 )
                 .await

@@ -49,7 +49,9 @@ async fn the_plugin_talks_to_the_api_server() {
     let (path, query) = patch.target.split_once('?').unwrap();
     assert_eq!(path, slice_path);
     assert!(
-        query.contains("fieldManager=gpuslice-dra") && query.contains("force=true"),
+        query.contains("fieldManager=gpuslice-dra")
+            && query.contains("force=true")
+            && query.contains("fieldValidation=Strict"),
         "{query}"
     );
     assert_eq!(patch.content_type, "application/apply-patch+yaml");
