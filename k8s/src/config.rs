@@ -126,6 +126,14 @@ out of the ResourceSlice (logged); a slice the API server refuses is logged once
 again when the GPUs or their reservations change.
 `gpuslice-dra cleanup --help`: removing the driver's ResourceSlices at uninstall.";
 
+/// The value of the flag just read, as UTF-8.
+fn value(p: &mut lexopt::Parser) -> Result<String, ConfigError> {
+    p.value()
+        .map_err(|e| ConfigError::Usage(e.to_string()))?
+        .into_string()
+        .map_err(|v| ConfigError::Usage(format!("{v:?} is not UTF-8")))
+}
+
 /// `gpuslice-dra cleanup`: the ResourceSlices to remove when the driver is uninstalled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cleanup {
@@ -161,19 +169,13 @@ impl Cleanup {
         let mut publish = PublishTo::Api;
         let usage = |e: lexopt::Error| ConfigError::Usage(e.to_string());
         while let Some(arg) = p.next().map_err(usage)? {
-            let val = |p: &mut lexopt::Parser| -> Result<String, ConfigError> {
-                p.value()
-                    .map_err(usage)?
-                    .into_string()
-                    .map_err(|v| ConfigError::Usage(format!("{v:?} is not UTF-8")))
-            };
             match arg {
                 Long("help") | lexopt::Arg::Short('h') => return Err(ConfigError::Help),
-                Long("driver") => driver = val(&mut p)?,
-                Long("node-name") => node = Some(val(&mut p)?),
+                Long("driver") => driver = value(&mut p)?,
+                Long("node-name") => node = Some(value(&mut p)?),
                 Long("all-nodes") => all = true,
                 Long("publish") => {
-                    let v = val(&mut p)?;
+                    let v = value(&mut p)?;
                     publish = match api_or("--publish", &v, "file:", "api or file:PATH")? {
                         None => PublishTo::Api,
                         Some(f) => PublishTo::File(f.into()),
@@ -270,47 +272,41 @@ impl Config {
         let mut keep_slice_on_exit = false;
         let usage = |e: lexopt::Error| ConfigError::Usage(e.to_string());
         while let Some(arg) = p.next().map_err(usage)? {
-            let val = |p: &mut lexopt::Parser| -> Result<String, ConfigError> {
-                p.value()
-                    .map_err(usage)?
-                    .into_string()
-                    .map_err(|v| ConfigError::Usage(format!("{v:?} is not UTF-8")))
-            };
             match arg {
                 Long("help") | lexopt::Arg::Short('h') => return Err(ConfigError::Help),
-                Long("driver") => driver = val(&mut p)?,
-                Long("node-name") => node_name = val(&mut p)?,
-                Long("registry-dir") => registry_dir = val(&mut p)?.into(),
-                Long("plugin-dir") => plugin_dir = Some(val(&mut p)?.into()),
-                Long("cdi-dir") => cdi_dir = val(&mut p)?.into(),
-                Long("runtime-dir") => runtime_dir = val(&mut p)?.into(),
-                Long("library") => library = val(&mut p)?.into(),
-                Long("cdi-kind") => cdi_kind = val(&mut p)?,
-                Long("nvidia-cdi-kind") => nvidia_cdi_kind = val(&mut p)?,
+                Long("driver") => driver = value(&mut p)?,
+                Long("node-name") => node_name = value(&mut p)?,
+                Long("registry-dir") => registry_dir = value(&mut p)?.into(),
+                Long("plugin-dir") => plugin_dir = Some(value(&mut p)?.into()),
+                Long("cdi-dir") => cdi_dir = value(&mut p)?.into(),
+                Long("runtime-dir") => runtime_dir = value(&mut p)?.into(),
+                Long("library") => library = value(&mut p)?.into(),
+                Long("cdi-kind") => cdi_kind = value(&mut p)?,
+                Long("nvidia-cdi-kind") => nvidia_cdi_kind = value(&mut p)?,
                 Long("nvidia-cdi-name") => {
                     let names = [
                         ("uuid", NvidiaCdiName::Uuid),
                         ("index", NvidiaCdiName::Index),
                         ("none", NvidiaCdiName::None),
                     ];
-                    nvidia_cdi_name = one_of("--nvidia-cdi-name", &val(&mut p)?, &names)?;
+                    nvidia_cdi_name = one_of("--nvidia-cdi-name", &value(&mut p)?, &names)?;
                 }
                 Long("claims") => {
-                    let v = val(&mut p)?;
+                    let v = value(&mut p)?;
                     claims = match api_or("--claims", &v, "dir:", "api or dir:DIR")? {
                         None => ClaimsFrom::Api,
                         Some(d) => ClaimsFrom::Dir(d.into()),
                     }
                 }
                 Long("publish") => {
-                    let v = val(&mut p)?;
+                    let v = value(&mut p)?;
                     publish = match api_or("--publish", &v, "file:", "api or file:PATH")? {
                         None => PublishTo::Api,
                         Some(f) => PublishTo::File(f.into()),
                     }
                 }
                 Long("resync") => {
-                    let v = val(&mut p)?;
+                    let v = value(&mut p)?;
                     resync = v
                         .parse::<f64>()
                         .ok()
@@ -322,15 +318,17 @@ impl Config {
                             ))
                         })?;
                 }
-                Long("memory-step") => memory_step = size("--memory-step", &val(&mut p)?)?,
-                Long("memory-default") => memory_default = size("--memory-default", &val(&mut p)?)?,
+                Long("memory-step") => memory_step = size("--memory-step", &value(&mut p)?)?,
+                Long("memory-default") => {
+                    memory_default = size("--memory-default", &value(&mut p)?)?
+                }
                 Long("mode") => {
                     let modes = [
                         ("auto", LedgerMode::Auto),
                         ("node", LedgerMode::Node),
                         ("personal", LedgerMode::Personal),
                     ];
-                    mode = one_of("--mode", &val(&mut p)?, &modes)?;
+                    mode = one_of("--mode", &value(&mut p)?, &modes)?;
                 }
                 Long("keep-slice-on-exit") => keep_slice_on_exit = true,
                 other => return Err(ConfigError::Usage(other.unexpected().to_string())),

@@ -5,31 +5,29 @@
 //! refusals become per-claim errors an operator can act on.
 
 mod common;
-use common::apiserver::{exited, spawn_api_plugin, status, wait_until, FakeApiServer, Seen, State};
+use common::apiserver::{exited, status, wait_until, Cluster, Seen, State};
 use common::{channel, consumed, Kubelet, TestClaim};
 use gpuslice_dra::proto::registration;
-use gpuslice_e2e::World;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use std::process::Stdio;
 
 #[tokio::test(flavor = "current_thread")]
 async fn the_plugin_talks_to_the_api_server() {
-    let world = World::new(1, "16Gi");
-    let root = world.runtime_dir().parent().unwrap().join("k8s");
-    std::fs::create_dir_all(&root).unwrap();
-    let api = FakeApiServer::start().await;
-    api.add_node("node-k", "node-uid-1");
-    let state = api.state.clone();
-    let kubeconfig = root.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
-    let log = root.join("plugin.log");
-    let start = |extra: &[&str]| spawn_api_plugin(&world, &root, &kubeconfig, "node-k", extra);
+    let cluster = Cluster::new(1, "node-k").await;
+    let (world, root, kubeconfig, log) = (
+        &cluster.world,
+        &cluster.root,
+        &cluster.kubeconfig,
+        &cluster.log,
+    );
+    let state = cluster.api.state.clone();
+    let start = |extra: &[&str]| cluster.spawn_plugin(extra);
     let mut plugin = start(&[]);
 
     // The slice, by server-side apply: PATCH with the apply content type, as field manager
     // gpuslice-dra, forced; a ResourceSlice of this node.
     let slice_path = "/apis/resource.k8s.io/v1/resourceslices/node-k-gpuslice.dev";
-    wait_until("the ResourceSlice applied", &log, || {
+    wait_until("the ResourceSlice applied", log, || {
         state
             .lock()
             .unwrap()
@@ -66,7 +64,7 @@ async fn the_plugin_talks_to_the_api_server() {
         .expect("owned by its Node")[0];
     assert_eq!(
         (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
-        ("Node", "node-k", "node-uid-1")
+        ("Node", "node-k", "uid-of-node-k")
     );
     assert_eq!(slice.spec.node_name.as_deref(), Some("node-k"));
     let gpu = slice.spec.devices.as_ref().unwrap()[0].clone();
@@ -100,7 +98,7 @@ async fn the_plugin_talks_to_the_api_server() {
             ),
         );
     }
-    wait_until("the registration socket", &log, || {
+    wait_until("the registration socket", log, || {
         root.join("reg/gpuslice.dev-reg.sock").exists()
     })
     .await;
@@ -152,7 +150,7 @@ async fn the_plugin_talks_to_the_api_server() {
     assert!(
         st.success(),
         "{st:?}\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
+        std::fs::read_to_string(log).unwrap_or_default()
     );
     assert!(!root.join("reg/gpuslice.dev-reg.sock").exists());
     assert!(!root.join("plugin/dra.sock").exists());
@@ -176,7 +174,7 @@ async fn the_plugin_talks_to_the_api_server() {
         state.lock().unwrap().slices.is_empty(),
         "the fake holds no slice any more"
     );
-    assert!(std::fs::read_to_string(&log)
+    assert!(std::fs::read_to_string(log)
         .unwrap()
         .contains("deleted ResourceSlice node-k-gpuslice.dev"));
     assert!(ledger
@@ -190,7 +188,7 @@ async fn the_plugin_talks_to_the_api_server() {
     let patches = |st: &State| st.count("PATCH");
     let before = patches(&state.lock().unwrap());
     let mut plugin = start(&["--keep-slice-on-exit"]);
-    wait_until("the ResourceSlice applied again", &log, || {
+    wait_until("the ResourceSlice applied again", log, || {
         patches(&state.lock().unwrap()) > before
     })
     .await;
@@ -226,7 +224,7 @@ async fn the_plugin_talks_to_the_api_server() {
     }
     let out = world
         .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
-        .env("KUBECONFIG", &kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
         .env_remove("NODE_NAME")
         .args(["cleanup", "--all-nodes"])
         .stdout(Stdio::null())
@@ -247,7 +245,7 @@ async fn the_plugin_talks_to_the_api_server() {
     // Without a node and without --all-nodes, cleanup refuses to guess.
     let out = world
         .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
-        .env("KUBECONFIG", &kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
         .env_remove("NODE_NAME")
         .arg("cleanup")
         .output()

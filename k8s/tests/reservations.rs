@@ -8,11 +8,10 @@
 
 mod common;
 use common::allocator::{allocate, Allocation};
-use common::apiserver::{exited, spawn_api_plugin, wait_until, FakeApiServer};
+use common::apiserver::{exited, wait_until, Cluster, FakeApiServer};
 use common::strict::quantity_milli;
 use common::{channel, Kubelet, TestClaim};
 use gpuslice_dra::proto::registration;
-use gpuslice_e2e::World;
 use gpuslice_ledger::{Ledger, OperatorSlice, PPM};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
@@ -123,17 +122,11 @@ async fn kubelet(root: &Path, log: &Path) -> Kubelet {
 
 #[tokio::test(flavor = "current_thread")]
 async fn every_reservation_level_publishes_a_slice_the_api_server_accepts() {
-    let world = World::new(2, "16Gi");
-    let root = world.runtime_dir().parent().unwrap().join("k8s");
-    std::fs::create_dir_all(&root).unwrap();
-    let api = FakeApiServer::start().await;
-    api.add_node(NODE, "node-uid-r");
-    let kubeconfig = root.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
-    let log = root.join("plugin.log");
-    let mut plugin = spawn_api_plugin(&world, &root, &kubeconfig, NODE, &[]);
-    wait_until("the first ResourceSlice", &log, || stored(&api).is_some()).await;
-    let s0 = stored(&api).unwrap();
+    let cluster = Cluster::new(2, NODE).await;
+    let (world, api, root, log) = (&cluster.world, &cluster.api, &cluster.root, &cluster.log);
+    let mut plugin = cluster.spawn_plugin(&[]);
+    wait_until("the first ResourceSlice", log, || stored(api).is_some()).await;
+    let s0 = stored(api).unwrap();
     let names: Vec<String> = s0["spec"]["devices"]
         .as_array()
         .unwrap()
@@ -150,8 +143,8 @@ async fn every_reservation_level_publishes_a_slice_the_api_server_accepts() {
     assert_eq!(values(device(&s0, &dev0).unwrap()), full);
     let gpu1_full = device(&s0, &dev1).unwrap().clone();
     assert_policies_sane(&s0);
-    assert_all_accepted(&api);
-    let mut dra = kubelet(&root, &log).await;
+    assert_all_accepted(api);
+    let mut dra = kubelet(root, log).await;
     let ledger = Ledger::open(&world.runtime_dir()).unwrap();
 
     // The three levels, and what GPU 0 must look like at each.
@@ -179,17 +172,17 @@ async fn every_reservation_level_publishes_a_slice_the_api_server_accepts() {
             Some(_) => false,
             None => i > 0,
         };
-        wait_until(level, &log, || stored(&api).is_some_and(|s| expect(&s))).await;
+        wait_until(level, log, || stored(api).is_some_and(|s| expect(&s))).await;
         if i > 0 {
             // Left out, and said so with what is left.
             let left = ["256Mi", "0"][i - 1];
             let said = format!("{dev0} is left out of ResourceSlice {SLICE}: {left} of its memory");
-            wait_until(level, &log, || {
-                std::fs::read_to_string(&log).is_ok_and(|t| t.contains(&said))
+            wait_until(level, log, || {
+                std::fs::read_to_string(log).is_ok_and(|t| t.contains(&said))
             })
             .await;
         }
-        let s = stored(&api).unwrap();
+        let s = stored(api).unwrap();
         let g = s["spec"]["pool"]["generation"].as_i64().unwrap();
         if i < 2 {
             assert!(g > generation, "{level}: a new pool generation");
@@ -199,7 +192,7 @@ async fn every_reservation_level_publishes_a_slice_the_api_server_accepts() {
         }
         generation = g;
         // Every slice sent passed the API server's checks, and the issue's policy rules hold.
-        assert_all_accepted(&api);
+        assert_all_accepted(api);
         assert_policies_sane(&s);
         // GPU 1 is untouched: its full capacities and policies.
         assert_eq!(device(&s, &dev1), Some(&gpu1_full), "{level}");
@@ -211,7 +204,7 @@ async fn every_reservation_level_publishes_a_slice_the_api_server_accepts() {
         assert_eq!(a.device, dev1, "{level}");
         assert_eq!(a.quantities()["memory"], (4 * GI).to_string());
         assert_eq!(a.quantities()["compute"], "250");
-        hold_claim(&api, &claims[i], &a);
+        hold_claim(api, &claims[i], &a);
         let r = dra.prepare(&[&claims[i]]).await;
         assert_eq!(r.claims[claims[i].uid].error, "", "{level}");
         assert_eq!(r.claims[claims[i].uid].devices[0].device_name, dev1);
@@ -243,17 +236,17 @@ async fn every_reservation_level_publishes_a_slice_the_api_server_accepts() {
     }
     // GPU 1 has taken three claims; its published capacities never changed (claims are the
     // scheduler's to count), and what is left there is what the allocator sees.
-    let s = stored(&api).unwrap();
+    let s = stored(api).unwrap();
     let fourth = allocate(&s, &placed, &[("memory", "5Gi")]).unwrap_err();
     assert!(fourth.contains("memory"), "{fourth}");
 
     // The operator's slice gone: GPU 0 is back, whole.
     ledger.remove_slice("ops").unwrap();
-    wait_until("GPU 0 back", &log, || {
-        stored(&api).is_some_and(|s| device(&s, &dev0).is_some_and(|d| values(d) == full))
+    wait_until("GPU 0 back", log, || {
+        stored(api).is_some_and(|s| device(&s, &dev0).is_some_and(|d| values(d) == full))
     })
     .await;
-    assert_all_accepted(&api);
+    assert_all_accepted(api);
 
     // Uninstall (SIGTERM as the DaemonSet is deleted): no ResourceSlice of the node is left.
     // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
@@ -282,22 +275,16 @@ fn at_most_900_compute(slice: &Value) -> Option<String> {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_refused_slice_is_reported_once_and_sent_again_when_reservations_change() {
-    let world = World::new(1, "16Gi");
-    let root = world.runtime_dir().parent().unwrap().join("k8s");
-    std::fs::create_dir_all(&root).unwrap();
-    let api = FakeApiServer::start().await;
-    api.add_node(NODE, "node-uid-r");
+    let cluster = Cluster::new(1, NODE).await;
+    let (world, api, log) = (&cluster.world, &cluster.api, &cluster.log);
     api.lock().admission = Some(at_most_900_compute);
-    let kubeconfig = root.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
-    let log = root.join("plugin.log");
-    let mut plugin = spawn_api_plugin(&world, &root, &kubeconfig, NODE, &[]);
+    let mut plugin = cluster.spawn_plugin(&[]);
     let refused = "the API server refused ResourceSlice";
-    wait_until("the refusal logged", &log, || {
-        std::fs::read_to_string(&log).is_ok_and(|t| t.contains(refused))
+    wait_until("the refusal logged", log, || {
+        std::fs::read_to_string(log).is_ok_and(|t| t.contains(refused))
     })
     .await;
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = std::fs::read_to_string(log).unwrap();
     let line = text
         .lines()
         .find(|l| l.contains(refused))
@@ -318,7 +305,7 @@ async fn a_refused_slice_is_reported_once_and_sent_again_when_reservations_chang
             && line.contains("this cluster allows at most 900 per device"),
         "{line}"
     );
-    assert!(stored(&api).is_none());
+    assert!(stored(api).is_none());
     // Many resyncs (0.1 s each) with nothing changed: not sent again, not logged again. The
     // plugin keeps resyncing all along (the change below is seen by it).
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
@@ -326,7 +313,7 @@ async fn a_refused_slice_is_reported_once_and_sent_again_when_reservations_chang
         let s = api.lock();
         assert_eq!(s.count("PATCH"), 1, "sent once");
     }
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = std::fs::read_to_string(log).unwrap();
     assert_eq!(text.matches(refused).count(), 1, "{text}");
 
     // The reservation changes (an operator takes 10% of the compute): the slice is sent again,
@@ -334,21 +321,21 @@ async fn a_refused_slice_is_reported_once_and_sent_again_when_reservations_chang
     let ledger = Ledger::open(&world.runtime_dir()).unwrap();
     let uuid = ledger.snapshot().devices[0].uuid.clone();
     reserve(&ledger, &uuid, GI, PPM / 10);
-    wait_until("the slice accepted", &log, || stored(&api).is_some()).await;
-    let s = stored(&api).unwrap();
+    wait_until("the slice accepted", log, || stored(api).is_some()).await;
+    let s = stored(api).unwrap();
     assert_eq!(
         values(device(&s, &dev).unwrap()),
         ("15Gi".into(), "900".into())
     );
     assert_eq!(api.lock().count("PATCH"), 2);
-    assert!(std::fs::read_to_string(&log)
+    assert!(std::fs::read_to_string(log)
         .unwrap()
         .contains(&format!("published ResourceSlice {SLICE}")));
 
     // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
     assert_eq!(unsafe { libc::kill(plugin.id() as i32, libc::SIGTERM) }, 0);
     assert!(exited(&mut plugin).await.success());
-    assert!(stored(&api).is_none());
+    assert!(stored(api).is_none());
 }
 
 /// The strict checks refuse what the issue found the plugin sending before, in the API

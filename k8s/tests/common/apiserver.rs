@@ -8,7 +8,7 @@ use super::strict::{check_resource_slice, Refusal};
 use gpuslice_e2e::{artifact, World};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -107,42 +107,72 @@ impl FakeApiServer {
     }
 }
 
-/// The plugin on node `node` of the fake GPUs of `world`, talking to the API server of
-/// `kubeconfig` (claims and slices), its directories under `root`, its log appended to
-/// `root/plugin.log`; resync every 0.1 s.
-pub fn spawn_api_plugin(
-    world: &World,
-    root: &Path,
-    kubeconfig: &Path,
-    node: &str,
-    extra: &[&str],
-) -> Child {
-    world
-        .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
-        .env("KUBECONFIG", kubeconfig)
-        .env("NODE_NAME", node)
-        .arg("--registry-dir")
-        .arg(root.join("reg"))
-        .arg("--plugin-dir")
-        .arg(root.join("plugin"))
-        .arg("--cdi-dir")
-        .arg(root.join("cdi"))
-        .arg("--runtime-dir")
-        .arg(world.runtime_dir())
-        .arg("--library")
-        .arg(artifact("libgpuslice.so"))
-        .args(["--resync", "0.1"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(root.join("plugin.log"))
-                .unwrap(),
-        )
-        .spawn()
-        .unwrap()
+/// A test's cluster: fake GPUs (`world`), the fake API server holding node `node`, a
+/// kubeconfig pointing at it, and the plugin's directories under `root` (its log in `log`).
+pub struct Cluster {
+    pub world: World,
+    pub api: FakeApiServer,
+    pub node: String,
+    pub root: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Cluster {
+    /// `gpus` fake GPUs of 16 GiB.
+    pub async fn new(gpus: u32, node: &str) -> Cluster {
+        let world = World::new(gpus, "16Gi");
+        let root = world.runtime_dir().parent().unwrap().join("k8s");
+        std::fs::create_dir_all(&root).unwrap();
+        let api = FakeApiServer::start().await;
+        api.add_node(node, &format!("uid-of-{node}"));
+        let kubeconfig = root.join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig);
+        Cluster {
+            world,
+            api,
+            node: node.into(),
+            log: root.join("plugin.log"),
+            root,
+            kubeconfig,
+        }
+    }
+
+    /// The plugin on the node, talking to the API server (claims and slices), its log
+    /// appended to `log`; resync every 0.1 s.
+    pub fn spawn_plugin(&self, extra: &[&str]) -> Child {
+        self.world
+            .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("NODE_NAME", &self.node)
+            .arg("--registry-dir")
+            .arg(self.root.join("reg"))
+            .arg("--plugin-dir")
+            .arg(self.root.join("plugin"))
+            .arg("--cdi-dir")
+            .arg(self.root.join("cdi"))
+            .arg("--runtime-dir")
+            .arg(self.world.runtime_dir())
+            .arg("--library")
+            .arg(artifact("libgpuslice.so"))
+            .args(["--resync", "0.1"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&self.log)
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap()
+    }
+
+    /// The plugin's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
 }
 
 /// Wait (without blocking the thread the fake server runs on) for `cond`, generously: the
@@ -199,6 +229,11 @@ fn field<'a>(obj: &'a Value, path: &str) -> Option<&'a str> {
     path.split('.').try_fold(obj, |o, k| o.get(k))?.as_str()
 }
 
+fn not_found(name: &str) -> (u16, String) {
+    let m = format!("resourceslices.resource.k8s.io {name:?} not found");
+    (404, status(404, "NotFound", &m))
+}
+
 /// One request: (status, JSON body).
 fn answer(s: &mut State, method: &str, target: &str, body: &str) -> (u16, String) {
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
@@ -236,14 +271,7 @@ fn answer(s: &mut State, method: &str, target: &str, body: &str) -> (u16, String
         }
         ("GET", Some(name)) => match s.slices.get(name) {
             Some(o) => (200, o.to_string()),
-            None => (
-                404,
-                status(
-                    404,
-                    "NotFound",
-                    &format!("resourceslices.resource.k8s.io {name:?} not found"),
-                ),
-            ),
+            None => not_found(name),
         },
         ("PATCH", Some(name)) => {
             let obj: Value = match serde_json::from_str(body) {
@@ -287,14 +315,7 @@ fn answer(s: &mut State, method: &str, target: &str, body: &str) -> (u16, String
         }
         ("DELETE", Some(name)) => match s.slices.remove(name) {
             Some(o) => (200, o.to_string()),
-            None => (
-                404,
-                status(
-                    404,
-                    "NotFound",
-                    &format!("resourceslices.resource.k8s.io {name:?} not found"),
-                ),
-            ),
+            None => not_found(name),
         },
         ("GET", None) => s
             .objects
