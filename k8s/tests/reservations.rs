@@ -172,7 +172,13 @@ async fn every_reservation_level_publishes_a_slice_the_api_server_accepts() {
             Some(_) => false,
             None => i > 0,
         };
-        wait_until(level, log, || stored(api).is_some_and(|s| expect(&s))).await;
+        // (A refusal ends the wait: assert_all_accepted below shows it.)
+        let refused = || api.lock().verdicts.iter().any(|v| v.refusal.is_some());
+        wait_until(level, log, || {
+            refused() || stored(api).is_some_and(|s| expect(&s))
+        })
+        .await;
+        assert_all_accepted(api);
         if i > 0 {
             // Left out, and said so with what is left.
             let left = ["256Mi", "0"][i - 1];
