@@ -333,10 +333,13 @@ async fn a_refused_slice_is_reported_once_and_sent_again_when_reservations_chang
         values(device(&s, &dev).unwrap()),
         ("15Gi".into(), "900".into())
     );
+    // (The plugin logs once it has the answer.)
+    let published = format!("published ResourceSlice {SLICE}");
+    wait_until("the publication logged", log, || {
+        std::fs::read_to_string(log).is_ok_and(|t| t.contains(&published))
+    })
+    .await;
     assert_eq!(api.lock().count("PATCH"), 2);
-    assert!(std::fs::read_to_string(log)
-        .unwrap()
-        .contains(&format!("published ResourceSlice {SLICE}")));
 
     // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
     assert_eq!(unsafe { libc::kill(plugin.id() as i32, libc::SIGTERM) }, 0);

@@ -210,7 +210,9 @@ fn check_schema(
 }
 
 /// A quantity's value in thousandths, rounded up (the API server keeps 3 decimal places);
-/// `None` when it is not in the grammar of apimachinery's `resource.ParseQuantity`.
+/// `None` when it is not in the grammar of apimachinery's `resource.ParseQuantity`. Written
+/// apart from the plugin's own reader (`gpuslice-quantity`) on purpose: this models the API
+/// server that checks the plugin, so it must not share the plugin's code or its mistakes.
 pub fn quantity_milli(s: &str) -> Option<i128> {
     let (neg, t) = match s.as_bytes().first()? {
         b'-' => (true, &s[1..]),
