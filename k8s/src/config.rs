@@ -124,6 +124,8 @@ The gpuslice DRA kubelet plugin: publishes this node's GPUs as shareable devices
 A GPU with less than two --memory-step steps of memory left after operator slices is left
 out of the ResourceSlice (logged); a slice the API server refuses is logged once and sent
 again when the GPUs or their reservations change.
+`gpuslice-dra slice [FLAGS]` prints the ResourceSlice the plugin would publish now (JSON;
+for `kubectl apply --dry-run=server --validate=strict -f -`), reading NVML and the ledger only.
 `gpuslice-dra cleanup --help`: removing the driver's ResourceSlices at uninstall.";
 
 /// The value of the flag just read, as UTF-8.

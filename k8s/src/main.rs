@@ -6,7 +6,7 @@ use gpuslice_dra::config::{
 };
 use gpuslice_dra::driver::Driver;
 use gpuslice_dra::publish::{self, Sink};
-use gpuslice_dra::server;
+use gpuslice_dra::{server, slice};
 use std::sync::Arc;
 
 fn main() {
@@ -20,11 +20,45 @@ fn main() {
         block_on(cleanup(c));
         return;
     }
+    let print = args.first().is_some_and(|a| a == "slice");
+    if print {
+        args.remove(0);
+    }
     let cfg = match Config::parse(args) {
         Ok(c) => c,
         Err(e) => exit_usage(e, USAGE, HELP),
     };
+    if print {
+        if let Err(e) = print_slice(&cfg) {
+            eprintln!("gpuslice-dra: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     block_on(run(cfg));
+}
+
+/// `gpuslice-dra slice [FLAGS]`: the ResourceSlice the plugin would publish now, as JSON on
+/// stdout (for `kubectl apply --dry-run=server --validate=strict -f -`), from NVML and the
+/// ledger's reservations, read only; the GPUs left out are named on stderr.
+fn print_slice(cfg: &Config) -> Result<(), String> {
+    let inv = gpuslice_dra::nvml::Nvml::load()?.inventory()?;
+    let snap = match gpuslice_ledger::Ledger::open(&cfg.runtime_dir) {
+        Ok(l) => l.snapshot(),
+        Err(gpuslice_ledger::LedgerError::NotFound(_)) => Default::default(),
+        Err(e) => return Err(format!("the ledger in {}: {e}", cfg.runtime_dir.display())),
+    };
+    let found = slice::devices(&inv, &snap, cfg.memory_step, cfg.memory_default);
+    for (dev, why) in &found.left_out {
+        eprintln!("gpuslice-dra: {dev} is left out: {why}");
+    }
+    let s = slice::resource_slice(&cfg.node_name, &cfg.driver, 1, None, found.published);
+    let obj = publish::to_object(&s).map_err(|e| e.to_string())?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&obj).map_err(|e| e.to_string())?
+    );
+    Ok(())
 }
 
 /// `--help` (exit 0) or a usage error (exit 2).

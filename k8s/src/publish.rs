@@ -100,9 +100,7 @@ impl Sink {
     /// Publish `s`.
     pub async fn publish(&self, s: &ResourceSlice) -> Result<(), PublishError> {
         let name = s.metadata.name.clone().unwrap_or_default();
-        let mut obj = serde_json::to_value(s).map_err(|e| PublishError::Failed(e.to_string()))?;
-        obj["apiVersion"] = "resource.k8s.io/v1".into();
-        obj["kind"] = "ResourceSlice".into();
+        let obj = to_object(s).map_err(|e| PublishError::Failed(e.to_string()))?;
         match self {
             Sink::Api(c) => {
                 let api: kube::Api<ResourceSlice> = kube::Api::all(c.clone());
@@ -134,6 +132,14 @@ impl Sink {
             }
         }
     }
+}
+
+/// `s` as the object sent: with its `apiVersion` and `kind`.
+pub fn to_object(s: &ResourceSlice) -> Result<serde_json::Value, serde_json::Error> {
+    let mut obj = serde_json::to_value(s)?;
+    obj["apiVersion"] = "resource.k8s.io/v1".into();
+    obj["kind"] = "ResourceSlice".into();
+    Ok(obj)
 }
 
 /// Why a slice was not published.

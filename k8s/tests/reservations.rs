@@ -235,6 +235,22 @@ async fn every_reservation_level_publishes_a_slice_the_api_server_accepts() {
             assert_eq!(be.quantities()["compute"], "0");
             let some = allocate(&s, &placed, &[("memory", "1Gi"), ("compute", "1")]).unwrap();
             assert_eq!(some.device, dev1);
+            // `gpuslice-dra slice` prints the same devices, a slice the API server accepts
+            // (what docs/kubernetes.md pipes into `kubectl apply --dry-run=server`).
+            let out = world
+                .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
+                .args(["slice", "--node-name", NODE, "--runtime-dir"])
+                .arg(world.runtime_dir())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+            common::strict::check_resource_slice(&printed).unwrap();
+            assert_eq!(printed["spec"]["devices"], s["spec"]["devices"]);
             // A request that names a capacity no device has fits nowhere (exact names).
             let e = allocate(&s, &placed, &[("gpuslice.dev/memory", "1Gi")]).unwrap_err();
             assert!(e.contains("no capacity named"), "{e}");
