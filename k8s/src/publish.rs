@@ -221,6 +221,12 @@ pub async fn run(driver: Arc<Driver>, sink: Sink) {
                      other GPUs stay schedulable"
                 );
             }
+            for (dev, _) in left_out
+                .iter()
+                .filter(|(d, _)| !found.left_out.iter().any(|(now, _)| now == d))
+            {
+                eprintln!("gpuslice-dra: {dev} has room again: back in ResourceSlice {name}");
+            }
             left_out = found.left_out;
         }
         let devices = found.published;

@@ -269,6 +269,10 @@ async fn every_reservation_level_publishes_a_slice_the_api_server_accepts() {
     })
     .await;
     assert_all_accepted(api);
+    wait_until("GPU 0 back, logged", log, || {
+        std::fs::read_to_string(log).is_ok_and(|t| t.contains(&format!("{dev0} has room again")))
+    })
+    .await;
 
     // Uninstall (SIGTERM as the DaemonSet is deleted): no ResourceSlice of the node is left.
     // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
