@@ -195,7 +195,8 @@ impl Node {
     pub fn snapshot(&self) -> NodeView {
         let mut s = self.ledger.snapshot();
         let node_mode = self.ledger.is_node();
-        as_reaped(&mut s, &|p| exited(p, node_mode));
+        let own_ns = gpuslice_ledger::view::own_pid_identity().0;
+        as_reaped(&mut s, &|p| exited(p, node_mode, own_ns));
         let nvml = crate::nvml::indices();
         let index = |uuid: &str, ledger_index: usize| {
             nvml.get(uuid).copied().unwrap_or(ledger_index as u32)
@@ -482,14 +483,13 @@ fn removed_lines(removed: &[gpuslice_ledger::RemovedSlice]) -> Vec<String> {
 /// personal mode it is the pid in the process's namespace, when that is ours. A pid whose
 /// `/proc` entry exists but cannot be read is not taken for gone. Otherwise the process is as
 /// the ledger says.
-fn exited(p: &ProcInfo, node_mode: bool) -> bool {
-    use gpuslice_ledger::view::{own_pid_identity, INITIAL_PID_NS};
+fn exited(p: &ProcInfo, node_mode: bool, own_ns: u64) -> bool {
     if !p.alive {
         return true;
     }
-    let own_ns = own_pid_identity().0;
     let pid = if node_mode {
-        (own_ns == INITIAL_PID_NS && gpuslice_ledger::dir::euid() == 0).then_some(p.host_pid)
+        (own_ns == gpuslice_ledger::view::INITIAL_PID_NS && gpuslice_ledger::dir::euid() == 0)
+            .then_some(p.host_pid)
     } else {
         (p.pid_ns != 0 && p.pid_ns == own_ns).then_some(p.pid)
     };
