@@ -451,13 +451,14 @@ fn compute_used_of_busy_slices_never_sums_over_one() {
 }
 
 /// The COMPUTE USED column of the slices table in `gpuslice status`, in percent (the column is
-/// right-aligned under its header).
+/// right-aligned under its header, `COMPUTE USED (1 s)`).
 fn compute_used_column(table: &str) -> Vec<f64> {
     let mut lines = table.lines().skip_while(|l| !l.starts_with("SLICE "));
     let header = lines
         .next()
         .unwrap_or_else(|| panic!("no slices table: {table}"));
-    let end = header.find("COMPUTE USED").unwrap() + "COMPUTE USED".len();
+    let at = header.find("COMPUTE USED").unwrap();
+    let end = at + header[at..].find("  ").unwrap_or(header.len() - at);
     lines
         .take_while(|l| !l.trim().is_empty())
         .map(|l| {
