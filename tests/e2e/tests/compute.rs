@@ -460,7 +460,8 @@ fn compute_used_column(table: &str) -> Vec<f64> {
     let at = header.find("COMPUTE USED").unwrap();
     let end = at + header[at..].find("  ").unwrap_or(header.len() - at);
     lines
-        .take_while(|l| !l.trim().is_empty())
+        // The rows end at a blank line or at the legend under the table.
+        .take_while(|l| !l.trim().is_empty() && !l.starts_with("COMPUTE SHARE:"))
         .map(|l| {
             let cell = l[..end].split_whitespace().last().unwrap();
             cell.trim_end_matches('%')
