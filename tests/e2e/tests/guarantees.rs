@@ -108,6 +108,8 @@ struct Sample {
 /// (a process that is gone counts with its last reading).
 struct Meter {
     pids: Arc<Mutex<Vec<(Who, u32)>>>,
+    /// Each process's engine time at the latest reading.
+    last: Arc<Mutex<std::collections::HashMap<u32, u64>>>,
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<Vec<Sample>>,
 }
@@ -116,21 +118,23 @@ impl Meter {
     fn start(n: &Node) -> Meter {
         let mut books = Books::open(n);
         let pids: Arc<Mutex<Vec<(Who, u32)>>> = Arc::default();
+        let last: Arc<Mutex<std::collections::HashMap<u32, u64>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
-        let (p, s) = (pids.clone(), stop.clone());
+        let (p, l, s) = (pids.clone(), last.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
-            let mut last = std::collections::HashMap::<u32, u64>::new();
             let mut samples = vec![];
             while !s.load(SeqCst) {
                 let now: Vec<(Who, u32)> = p.lock().unwrap().clone();
                 let ids: Vec<u32> = now.iter().map(|x| x.1).collect();
                 let (t, ns) = books.read(&ids);
                 let mut sum = [0u64; 2];
+                let mut last = l.lock().unwrap();
                 for ((who, pid), ns) in now.iter().zip(ns) {
                     let v = last.entry(*pid).or_insert(0);
                     *v = ns.unwrap_or(*v).max(*v);
                     sum[(*who == Who::T2) as usize] += *v;
                 }
+                drop(last);
                 samples.push(Sample {
                     t,
                     t1: sum[0] as f64 / 1e9,
@@ -140,11 +144,37 @@ impl Meter {
             }
             samples
         });
-        Meter { pids, stop, thread }
+        Meter {
+            pids,
+            last,
+            stop,
+            thread,
+        }
     }
 
     fn add(&self, who: Who, c: &Child) {
         self.pids.lock().unwrap().push((who, c.id()));
+    }
+
+    /// Wait (60 s at most) until every process of `children` has had the engine, then one
+    /// second more: the attack runs in full before t2 comes (16 launchers on a busy host take a
+    /// while to start).
+    fn wait_running(&self, children: &[Child]) {
+        let t0 = std::time::Instant::now();
+        let running = || {
+            let last = self.last.lock().unwrap();
+            children
+                .iter()
+                .all(|c| last.get(&c.id()).is_some_and(|&ns| ns > 0))
+        };
+        while !running() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "t1's processes did not all get the engine within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_secs(1));
     }
 
     fn finish(self) -> Vec<Sample> {
@@ -330,6 +360,7 @@ fn many_processes_in_one_slice(case: &str, procs: usize, kernel_us: u64) {
         })
         .collect();
     wait_for_slice(&n, "t1", procs);
+    m.wait_running(&t1);
     let b = t2(&n, &m, 11.5);
     finished(b);
     let s = m.finish();
@@ -401,20 +432,23 @@ fn sixty_four_best_effort_slices_take_nothing_guaranteed() {
         return;
     };
     let m = Meter::start(&n);
-    let mut t1: Vec<Child> = (0..64)
-        .map(|i| {
-            let c = burn(&n, TENANT_A, &format!("be{i}"), None, 1000, 20.0);
-            m.add(Who::T1, &c);
-            c
-        })
-        .collect();
-    let q = burn(&n, TENANT_A, "t1", Some("0.25"), 1000, 20.0);
+    let q = burn(&n, TENANT_A, "t1", Some("0.25"), 1000, 30.0);
     m.add(Who::T1, &q);
-    t1.push(q);
+    let mut t1 = vec![q];
     wait_for_slice(&n, "t1", 1);
+    // Eight at a time, each eight admitted before the next: 64 processes asking at once on a
+    // busy 2-CPU host can outwait the admission's time-out.
     for i in 0..64 {
-        wait_for_slice(&n, &format!("be{i}"), 1);
+        let c = burn(&n, TENANT_A, &format!("be{i}"), None, 1000, 30.0);
+        m.add(Who::T1, &c);
+        t1.push(c);
+        if i % 8 == 7 {
+            for j in i - 7..=i {
+                wait_for_slice(&n, &format!("be{j}"), 1);
+            }
+        }
     }
+    m.wait_running(&t1);
     let b = t2(&n, &m, 11.5);
     finished(b);
     let s = m.finish();
