@@ -40,9 +40,10 @@
 //!     `{"samples": N, "min_used": BYTES, "max_used": BYTES}`. Run it without the shim.
 //! gpuslice-e2e-helper engine-ns
 //!     The fake GPU's own engine accounting, on request: for each line of pids read on stdin,
-//!     print one line `MONO_NS NS NS ...`, the CLOCK_MONOTONIC time and the engine time the
-//!     fake has charged each pid on device 0 (`fakegpu_engine_ns`; `-` for a pid not attached),
-//!     until stdin closes. Run it without the shim, as root.
+//!     print one line `FROM_NS TO_NS NS NS ...`: the CLOCK_MONOTONIC times before and after
+//!     the reading, and the engine time the fake has charged each pid on device 0
+//!     (`fakegpu_engine_ns`; `-` for a pid not attached), until stdin closes. Run it without
+//!     the shim, as root.
 //! gpuslice-e2e-helper pulse KERNEL_US PERIOD_MS SECONDS
 //!     A lightly used tenant: one `gpuslice_spin` kernel of KERNEL_US, waited for, every
 //!     PERIOD_MS for SECONDS; prints `{"launches": N}`.
@@ -469,18 +470,23 @@ fn engine_ns() {
     let mut out = std::io::stdout().lock();
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
-        let mut reply = mono_ns().to_string();
+        let from = mono_ns();
+        let mut values = String::new();
         for pid in line.split_whitespace() {
             let pid: u32 = pid
                 .parse()
                 .unwrap_or_else(|_| die(&format!("bad pid {pid:?}")));
             // SAFETY: the fake's export, `uint64_t fakegpu_engine_ns(uint32_t, uint32_t)`.
             match unsafe { busy(pid, 0) } {
-                u64::MAX => reply.push_str(" -"),
-                ns => reply.push_str(&format!(" {ns}")),
+                u64::MAX => values.push_str(" -"),
+                ns => values.push_str(&format!(" {ns}")),
             }
         }
-        if writeln!(out, "{reply}").and_then(|()| out.flush()).is_err() {
+        let to = mono_ns();
+        if writeln!(out, "{from} {to}{values}")
+            .and_then(|()| out.flush())
+            .is_err()
+        {
             break;
         }
     }
