@@ -209,11 +209,12 @@ pub fn pick(t: &dyn Tenants, now: u64, renewing: u32, exclude: u32) -> Lease {
     }
 }
 
-/// A slice that neither waited nor held the device for this long, and asks again, is
-/// *returning*: it starts where the slices competing now stand ([`rejoin`]). Longer than a
-/// slice waits between two of its turns (it is registered as waiting meanwhile), shorter than
-/// the 100 ms a lightly used slice may pause between launches to save up virtual time.
-pub const RETURN_NS: u64 = 20_000_000;
+/// A slice that neither waited, held the device nor had work queued for this long, and asks
+/// again, is *returning*: it starts where the slices competing now stand ([`rejoin`]). As long
+/// as a waiter's heartbeat stays fresh ([`WANT_STALE_NS`]): a process the CPU does not run for
+/// tens of ms on a busy host is not idle, and must not lose the virtual time it is owed (20 ms
+/// cut a 0.5 slice to 0.37 with every CPU busy).
+pub const RETURN_NS: u64 = WANT_STALE_NS;
 /// How much GPU time (at its share) a returning slice may stay behind the slices competing now:
 /// a debt of its own overrun is paid back, a debt older than this is forgiven (a slice that was
 /// away does not starve behind a newcomer that started from zero).
