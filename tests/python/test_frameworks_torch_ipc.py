@@ -1,0 +1,122 @@
+"""CUDA memory shared between PyTorch processes (`torch.multiprocessing`, CUDA IPC memory and
+event handles) on the fake GPU, without and under libgpuslice.so (issue 23).
+
+A producer passes a 256 MiB CUDA tensor to a consumer process, which reads every value back.
+Under the shim the tensor is charged once, to the producer's slice: a consumer with its own
+1 GiB quota sees all of it free after importing the tensor and allocates 960 MiB of its own
+(which would not fit if the tensor were charged to it too); two processes of one slice see the
+tensor in their shared account once. Meanwhile `gpuslice monitor --on-violation kill` audits
+NVML's per-process figures: it sees each slice hold exactly its own allocations, reports no
+violation and kills no one.
+"""
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from conftest import artifact, framework_venv, CLIENTS, last_json, run_framework
+
+GI = 1 << 30
+MI = 1 << 20
+
+
+def test_torch_ipc_without_the_shim(fw_env):
+    r = run_framework("torch", "fw_torch_ipc", fw_env(preload=False), 256, 512, 0, 0)
+    c = r["consumer"]
+    assert r["consumer_exit"] == 0 and c["read_ok"] and c["numel"] == 64 * MI, r
+    # The fake counts the tensor once, to the producer: what the consumer sees used before its
+    # own allocation is the producer's 256 MiB.
+    assert c["before"]["free"] == c["before"]["total"] - 256 * MI, r
+    assert c["after_own"]["free"] == c["before"]["total"] - 768 * MI, r
+
+
+class Monitor:
+    """`gpuslice monitor --on-violation kill` serving metrics; `observed()` scrapes what its NVML
+    audit saw per slice; `log()` is what it printed."""
+
+    def __init__(self, gpuslice, env):
+        env = {k: v for k, v in env.items()
+               if k not in ("LD_PRELOAD", "GPUSLICE_MEMORY", "GPUSLICE_SLICE")}
+        self.proc = subprocess.Popen(
+            [str(gpuslice), "monitor", "--interval", "50", "--on-violation", "kill",
+             "--metrics-listen", "127.0.0.1:0"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            stdin=subprocess.DEVNULL)
+        self.lines = []
+        self.url = None
+        while self.url is None:
+            line = self.proc.stderr.readline()
+            assert line, "the monitor exited: " + "".join(self.lines)
+            self.lines.append(line)
+            self.url = next((w for w in line.split() if w.startswith("http://")), None)
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+
+    def observed(self):
+        text = urllib.request.urlopen(self.url, timeout=10).read().decode()
+        return {m.group(1): float(m.group(2)) for m in re.finditer(
+            r'^gpuslice_slice_memory_observed_bytes\{slice="([^"]*)"[^}]*\} (\S+)$', text, re.M)}
+
+    def log(self):
+        return "".join(self.lines)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def shared_under_audit(gpuslice, env, more_mib):
+    """Run the producer/consumer under a killing monitor; return (report, the most the audit
+    saw per slice, the monitor's log)."""
+    mon = Monitor(gpuslice, env)
+    try:
+        cmd = [str(framework_venv("torch")), str(CLIENTS / "fw_torch_ipc.py"), "256", "512",
+               str(more_mib), "6"]
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, stdin=subprocess.DEVNULL)
+        seen = {}
+        while p.poll() is None:
+            for k, v in mon.observed().items():
+                seen[k] = max(seen.get(k, 0), v)
+            time.sleep(0.2)
+        out, err = p.communicate(timeout=60)
+        report = last_json(out)
+        assert p.returncode == 0 and report, f"exit {p.returncode}\n{out}\n{err[-6000:]}\n{mon.log()}"
+        return report, seen, mon.log()
+    finally:
+        mon.stop()
+
+
+@pytest.fixture
+def gpuslice_bin(profile_dir):
+    return artifact(profile_dir, "gpuslice")
+
+
+def test_torch_ipc_each_process_its_own_quota(fw_env, gpuslice_bin):
+    env = fw_env(GPUSLICE_MEMORY="1Gi")
+    r, seen, log = shared_under_audit(gpuslice_bin, env, 448)
+    c, prod = r["consumer"], r["producer"]
+    assert r["consumer_exit"] == 0 and c["read_ok"], r
+    # The imported tensor is not the consumer's: its whole quota is free before its own
+    # allocations, and 512 + 448 MiB of its own fit (they would not if 256 MiB were charged).
+    assert c["before"] == {"free": GI, "total": GI}, r
+    assert c["after_own"]["free"] == GI - 512 * MI, r
+    assert c["more_error"] is None and c["after_more"]["free"] == GI - 960 * MI, r
+    assert prod["shared"] == {"free": GI - 256 * MI, "total": GI}, r
+    # The audit looked while the memory was shared, and saw each slice hold its own.
+    assert sorted(v for v in seen.values() if v) == [256 * MI, 960 * MI], (seen, log)
+    assert "audit:" not in log, log
+
+
+def test_torch_ipc_both_in_one_slice(fw_env, gpuslice_bin):
+    env = fw_env(GPUSLICE_MEMORY="1Gi", GPUSLICE_SLICE="pair")
+    r, seen, log = shared_under_audit(gpuslice_bin, env, 0)
+    c = r["consumer"]
+    assert r["consumer_exit"] == 0 and c["read_ok"], r
+    # One account: the tensor is in it once (the producer's), then the consumer's own 512 MiB.
+    assert c["before"] == {"free": GI - 256 * MI, "total": GI}, r
+    assert c["after_own"]["free"] == GI - 768 * MI, r
+    assert seen.get("pair") == 768 * MI, (seen, log)
+    assert "audit:" not in log, log
