@@ -9,15 +9,11 @@ tensor in their shared account once. Meanwhile `gpuslice monitor --on-violation 
 NVML's per-process figures: it sees each slice hold exactly its own allocations, reports no
 violation and kills no one.
 """
-import re
 import subprocess
-import threading
 import time
-import urllib.request
 
-import pytest
-
-from conftest import artifact, framework_venv, CLIENTS, last_json, run_framework
+from conftest import framework_venv, CLIENTS, last_json, run_framework
+from helpers import Monitor
 
 GI = 1 << 30
 MI = 1 << 20
@@ -31,40 +27,6 @@ def test_torch_ipc_without_the_shim(fw_env):
     # own allocation is the producer's 256 MiB.
     assert c["before"]["free"] == c["before"]["total"] - 256 * MI, r
     assert c["after_own"]["free"] == c["before"]["total"] - 768 * MI, r
-
-
-class Monitor:
-    """`gpuslice monitor --on-violation kill` serving metrics; `observed()` scrapes what its NVML
-    audit saw per slice; `log()` is what it printed."""
-
-    def __init__(self, gpuslice, env):
-        env = {k: v for k, v in env.items()
-               if k not in ("LD_PRELOAD", "GPUSLICE_MEMORY", "GPUSLICE_SLICE")}
-        self.proc = subprocess.Popen(
-            [str(gpuslice), "monitor", "--interval", "50", "--on-violation", "kill",
-             "--metrics-listen", "127.0.0.1:0"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            stdin=subprocess.DEVNULL)
-        self.lines = []
-        self.url = None
-        while self.url is None:
-            line = self.proc.stderr.readline()
-            assert line, "the monitor exited: " + "".join(self.lines)
-            self.lines.append(line)
-            self.url = next((w for w in line.split() if w.startswith("http://")), None)
-        threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
-
-    def observed(self):
-        text = urllib.request.urlopen(self.url, timeout=10).read().decode()
-        return {m.group(1): float(m.group(2)) for m in re.finditer(
-            r'^gpuslice_slice_memory_observed_bytes\{slice="([^"]*)"[^}]*\} (\S+)$', text, re.M)}
-
-    def log(self):
-        return "".join(self.lines)
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
 
 
 def shared_under_audit(gpuslice, env, more_mib):
@@ -87,11 +49,6 @@ def shared_under_audit(gpuslice, env, more_mib):
         return report, seen, mon.log()
     finally:
         mon.stop()
-
-
-@pytest.fixture
-def gpuslice_bin(profile_dir):
-    return artifact(profile_dir, "gpuslice")
 
 
 def test_torch_ipc_each_process_its_own_quota(fw_env, gpuslice_bin):

@@ -153,7 +153,9 @@ pub unsafe fn mem_unmap(real: pfn::cuMemUnmap, ptr: CUdeviceptr, size: usize) ->
         let gone: Vec<u64> = m.at.range(ptr..end).map(|(&a, _)| a).collect();
         let mut freed = Vec::new();
         for a in gone {
-            let Some((_, h)) = m.at.remove(&a) else { continue };
+            let Some((_, h)) = m.at.remove(&a) else {
+                continue;
+            };
             let n = m.count.entry(h).or_insert(1);
             *n -= 1;
             if *n == 0 {

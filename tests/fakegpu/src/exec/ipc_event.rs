@@ -55,7 +55,10 @@ static EXPORTED: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
 /// Opened events of this process: event address -> (slot, serial).
 static OPENED: Mutex<Option<HashMap<usize, (usize, u64)>>> = Mutex::new(None);
 
-fn with<V, T>(m: &Mutex<Option<HashMap<usize, V>>>, f: impl FnOnce(&mut HashMap<usize, V>) -> T) -> T {
+fn with<V, T>(
+    m: &Mutex<Option<HashMap<usize, V>>>,
+    f: impl FnOnce(&mut HashMap<usize, V>) -> T,
+) -> T {
     let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
     f(g.get_or_insert_with(HashMap::new))
 }
@@ -137,7 +140,8 @@ fn decode(h: &CUipcEventHandle) -> Option<(u32, usize, u64)> {
     let b = h.reserved.map(|x| x as u8);
     let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
     let serial = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
-    (u32_at(0) == HANDLE_MAGIC && (u32_at(8) as usize) < SLOTS).then(|| (u32_at(4), u32_at(8) as usize, serial))
+    (u32_at(0) == HANDLE_MAGIC && (u32_at(8) as usize) < SLOTS)
+        .then(|| (u32_at(4), u32_at(8) as usize, serial))
 }
 
 /// `cuIpcGetEventHandle`.
@@ -188,7 +192,9 @@ pub fn open_event_handle(h: &CUipcEventHandle) -> CuResult<&'static Event> {
     }
     let e = Event::create(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
     e.flags.fetch_or(IMPORTED, AcqRel);
-    with(&OPENED, |m| m.insert(e as *const Event as usize, (i, serial)));
+    with(&OPENED, |m| {
+        m.insert(e as *const Event as usize, (i, serial))
+    });
     Ok(e)
 }
 

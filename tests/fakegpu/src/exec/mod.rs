@@ -25,7 +25,7 @@ mod ops;
 mod stream;
 
 pub use event::Event;
-pub use ipc_event::{get_event_handle, open_event_handle};
 pub use executor::{shutdown, Executor, HORIZON_NS, QUEUE_DEPTH};
+pub use ipc_event::{get_event_handle, open_event_handle};
 pub use ops::{Copy3D, Memset, Op, StreamCallback};
 pub use stream::{ctx_synchronize, Stream};

@@ -40,10 +40,7 @@ static N_EXPORTED: AtomicUsize = AtomicUsize::new(0);
 /// Memory this process opened: by key, (address, opens).
 static IMPORTED: Mutex<Option<HashMap<u64, (u64, u32)>>> = Mutex::new(None);
 
-fn with<K, V, T>(
-    m: &Mutex<Option<HashMap<K, V>>>,
-    f: impl FnOnce(&mut HashMap<K, V>) -> T,
-) -> T {
+fn with<K, V, T>(m: &Mutex<Option<HashMap<K, V>>>, f: impl FnOnce(&mut HashMap<K, V>) -> T) -> T {
     let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
     f(g.get_or_insert_with(HashMap::new))
 }

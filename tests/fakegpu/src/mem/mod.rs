@@ -29,8 +29,8 @@ mod vmm;
 pub use array::{array_create, array_destroy, array_of, array_pitch, format_bytes, Array};
 pub use device::{alloc, free, free_all_of, free_now};
 pub use graph_mem::{graph_mem_attribute, set_graph_live, set_graph_mem_attribute};
-pub use ipc::{close_mem_handle, get_mem_handle, open_mem_handle};
 pub use host::{alloc_host, free_host, host_register, host_unregister};
+pub use ipc::{close_mem_handle, get_mem_handle, open_mem_handle};
 pub use pool::{after_sync, after_sync_phys, free_async_called, Pool};
 pub use ranges::{lookup, Kind, Range};
 pub use vmm::{
