@@ -135,9 +135,17 @@ pub fn get_mem_handle(ctx: &'static Ctx, ptr: u64) -> CuResult<CUipcMemHandle> {
 fn share_mapping(base: u64, len: usize) -> CuResult<i32> {
     // SAFETY: memfd_create with a static name; the fd is checked.
     let fd = unsafe { libc::memfd_create(c"fakegpu-ipc".as_ptr(), libc::MFD_CLOEXEC) };
-    // SAFETY: sizing our own memfd.
-    if fd < 0 || unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+    if fd < 0 {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let fail = || {
+        // SAFETY: our own memfd, not handed out.
+        unsafe { libc::close(fd) };
+        Err(CUDA_ERROR_OUT_OF_MEMORY)
+    };
+    // SAFETY: sizing our own memfd.
+    if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+        return fail();
     }
     const CHUNK: usize = 1 << 20;
     let mut off = 0;
@@ -146,13 +154,12 @@ fn share_mapping(base: u64, len: usize) -> CuResult<i32> {
         // SAFETY: `base..base+len` is a live range of ours (readable, read-write mapped).
         let src = unsafe { std::slice::from_raw_parts((base as usize + off) as *const u8, n) };
         // Untouched memory reads as zeros, which the memfd already holds: copy only the rest.
-        // SAFETY: pwrite of a readable slice into our memfd.
-        if src.iter().any(|&b| b != 0)
-            && unsafe { libc::pwrite(fd, src.as_ptr().cast(), n, off as libc::off_t) } != n as isize
-        {
-            // SAFETY: our memfd.
-            unsafe { libc::close(fd) };
-            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        if src.iter().any(|&b| b != 0) {
+            // SAFETY: pwrite of a readable slice into our memfd.
+            let wrote = unsafe { libc::pwrite(fd, src.as_ptr().cast(), n, off as libc::off_t) };
+            if wrote != n as isize {
+                return fail();
+            }
         }
         off += n;
     }
@@ -169,9 +176,7 @@ fn share_mapping(base: u64, len: usize) -> CuResult<i32> {
         )
     };
     if p == libc::MAP_FAILED {
-        // SAFETY: our memfd.
-        unsafe { libc::close(fd) };
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        return fail();
     }
     Ok(fd)
 }
