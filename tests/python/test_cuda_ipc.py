@@ -89,6 +89,9 @@ def test_vmm_fd_charged_to_its_creator_only(gpu_env, gpuslice_bin, tmp_path):
             assert got["status"] == 0 and got["read_ok"], got
             # The importer's slice is not charged: its whole quota is free, and all of it fits.
             assert got["free"] == GI and got["total"] == GI, got
+            # NVML inside each slice says what the driver would: the memory is the creator's.
+            assert made["nvml_used"] == 256 * MI and used_by(made, x.pid) == 256 * MI, made
+            assert got["nvml_used"] == 0 and got["nvml_procs"] == {str(m.pid): 0}, got
             own = m.ask("alloc 1024")
             assert own["status"] == 0 and own["free"] == 0, own
             # The creator releases and unmaps its handle while the importer still maps it: the
