@@ -260,3 +260,19 @@ pub(super) fn synchronize(e: &Event) -> CuResult<()> {
     sleep_until(s.ts.load(Acquire));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_handle_reads_back_and_names_only_slots_that_exist() {
+        let h = encode(77, 12, 5);
+        assert_eq!(decode(&h), Some((77, 12, 5)));
+        let mut far = h;
+        far.reserved[8..12]
+            .copy_from_slice(&(SLOTS as u32).to_le_bytes().map(|b| b as std::ffi::c_char));
+        assert_eq!(decode(&far), None, "a slot past the table");
+        assert_eq!(decode(&CUipcEventHandle { reserved: [0; 64] }), None);
+    }
+}

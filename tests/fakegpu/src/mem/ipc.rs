@@ -291,3 +291,26 @@ pub(super) fn exported_freed(ptr: u64) -> bool {
     shared_mem::leave(e.key);
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handle_reads_back_as_written_and_a_foreign_one_not_at_all() {
+        let h = Handle {
+            pid: 4242,
+            fd: 17,
+            phys: 3,
+            key: 99,
+            ino: 1 << 40,
+            size: 256 << 20,
+        };
+        assert_eq!(Handle::decode(&h.encode()), Some(h));
+        let mut other = h.encode();
+        other.reserved[0] ^= 1;
+        assert_eq!(Handle::decode(&other), None, "not a handle of this driver");
+        let zero = CUipcMemHandle { reserved: [0; 64] };
+        assert_eq!(Handle::decode(&zero), None);
+    }
+}
