@@ -75,7 +75,12 @@ class Monitor:
         threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
 
     def observed(self):
-        text = urllib.request.urlopen(self.url, timeout=10).read().decode()
+        """{slice: bytes} from one scrape, {} when the scrape timed out (a busy machine): the
+        callers poll."""
+        try:
+            text = urllib.request.urlopen(self.url, timeout=5).read().decode()
+        except (OSError, TimeoutError):
+            return {}
         return {m.group(1): float(m.group(2)) for m in re.finditer(
             r'^gpuslice_slice_memory_observed_bytes\{slice="([^"]*)"[^}]*\} (\S+)$', text, re.M)}
 

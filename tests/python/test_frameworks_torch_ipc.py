@@ -35,7 +35,7 @@ def shared_under_audit(gpuslice, env, more_mib):
     mon = Monitor(gpuslice, env)
     try:
         cmd = [str(framework_venv("torch")), str(CLIENTS / "fw_torch_ipc.py"), "256", "512",
-               str(more_mib), "6"]
+               str(more_mib), "8"]
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, stdin=subprocess.DEVNULL)
         seen = {}

@@ -14,6 +14,7 @@
 //! recording an opened event is not seen by its exporter.
 
 use super::Event;
+use crate::mem::map_node_file;
 use crate::runtime::{rt, rt_unchecked, CuResult};
 use crate::shared::{now_ns, sleep_until, slot_alive};
 use gpuslice_abi::*;
@@ -65,51 +66,12 @@ fn with<V, T>(
 
 fn file() -> CuResult<&'static File> {
     *FILE.get_or_init(|| {
-        let path = rt_unchecked().cfg.state_dir.join("ipc-events");
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| CUDA_ERROR_OPERATING_SYSTEM)?;
-        let size = std::mem::size_of::<File>();
-        // SAFETY: plain syscalls on a file of the state directory, grown to `size` before it
-        // is mapped (so every byte of `File` is backed), creation serialised by flock; a
-        // zeroed file is all slots free.
+        let (p, fd) = map_node_file("ipc-events", std::mem::size_of::<File>(), MAGIC)?;
+        // SAFETY: the mapping outlives the process and a zeroed `File` (all atomics) is all
+        // slots free; the fd is ours and no longer needed once mapped.
         unsafe {
-            let fd = libc::open(
-                c.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
-                0o600,
-            );
-            if fd < 0 {
-                return Err(CUDA_ERROR_OPERATING_SYSTEM);
-            }
-            libc::flock(fd, libc::LOCK_EX);
-            let mut st: libc::stat = std::mem::zeroed();
-            libc::fstat(fd, &mut st);
-            let ok = (st.st_size as usize) >= size || libc::ftruncate(fd, size as libc::off_t) == 0;
-            let p = if ok {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    size,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
-            } else {
-                libc::MAP_FAILED
-            };
-            let r = if p == libc::MAP_FAILED {
-                Err(CUDA_ERROR_OPERATING_SYSTEM)
-            } else {
-                let f = &*(p as *const File);
-                if f.magic.load(Acquire) != MAGIC {
-                    std::ptr::write_bytes(p as *mut u8, 0, size);
-                    f.magic.store(MAGIC, Release);
-                }
-                Ok(f)
-            };
-            libc::flock(fd, libc::LOCK_UN);
             libc::close(fd);
-            r
+            Ok(&*(p as *const File))
         }
     })
 }

@@ -98,13 +98,24 @@ fn alive(state: &State, p: &Proc) -> bool {
 
 /// Open (creating if needed) the table.
 fn open() -> CuResult<Local> {
-    let dir = &rt_unchecked().cfg.state_dir;
-    let path = dir.join("shared-mem");
+    let (p, fd) = map_node_file("shared-mem", std::mem::size_of::<Table>(), MAGIC)?;
+    Ok(Local {
+        table: p as *mut Table,
+        fd,
+        refs: HashMap::new(),
+    })
+}
+
+/// Map `FAKEGPU_STATE_DIR/<name>` shared and read-write, created and grown to `size` bytes if
+/// need be: (address, its open fd). A file whose first eight bytes are not `magic` (new, or of
+/// another layout) is zeroed and then stamped, under `flock`, so exactly one process starts it.
+pub(crate) fn map_node_file(name: &str, size: usize, magic: u64) -> CuResult<(*mut u8, i32)> {
+    let path = rt_unchecked().cfg.state_dir.join(name);
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| CUDA_ERROR_OPERATING_SYSTEM)?;
-    let size = std::mem::size_of::<Table>();
     // SAFETY: plain syscalls on a path of the state directory; the file is grown to `size`
-    // before it is mapped, so every byte of `Table` is backed; failures are checked.
+    // before it is mapped, so every byte of the mapping is backed; failures are checked; the
+    // first eight bytes are read and written only under the file lock.
     unsafe {
         let fd = libc::open(
             c.as_ptr(),
@@ -130,22 +141,16 @@ fn open() -> CuResult<Local> {
         } else {
             libc::MAP_FAILED
         };
+        if p != libc::MAP_FAILED && std::ptr::read_volatile(p as *const u64) != magic {
+            std::ptr::write_bytes(p as *mut u8, 0, size);
+            std::ptr::write_volatile(p as *mut u64, magic);
+        }
+        libc::flock(fd, libc::LOCK_UN);
         if p == libc::MAP_FAILED {
-            libc::flock(fd, libc::LOCK_UN);
             libc::close(fd);
             return Err(CUDA_ERROR_OPERATING_SYSTEM);
         }
-        let t = p as *mut Table;
-        if (*t).magic != MAGIC {
-            std::ptr::write_bytes(p as *mut u8, 0, size);
-            (*t).magic = MAGIC;
-        }
-        libc::flock(fd, libc::LOCK_UN);
-        Ok(Local {
-            table: t,
-            fd,
-            refs: HashMap::new(),
-        })
+        Ok((p as *mut u8, fd))
     }
 }
 
