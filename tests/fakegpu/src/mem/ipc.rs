@@ -148,9 +148,19 @@ fn share_mapping(base: u64, len: usize) -> CuResult<i32> {
         return fail();
     }
     const CHUNK: usize = 1 << 20;
+    let resident = resident_pages(base, len);
     let mut off = 0;
     while off < len {
         let n = CHUNK.min(len - off);
+        // A page never touched is not resident and reads as zeros: skip what holds none.
+        if resident.as_ref().is_some_and(|v| {
+            v[off / PAGE..(off + n).div_ceil(PAGE)]
+                .iter()
+                .all(|&b| b & 1 == 0)
+        }) {
+            off += n;
+            continue;
+        }
         // SAFETY: `base..base+len` is a live range of ours (readable, read-write mapped).
         let src = unsafe { std::slice::from_raw_parts((base as usize + off) as *const u8, n) };
         // Untouched memory reads as zeros, which the memfd already holds: copy only the rest.
@@ -179,6 +189,28 @@ fn share_mapping(base: u64, len: usize) -> CuResult<i32> {
         return fail();
     }
     Ok(fd)
+}
+
+const PAGE: usize = 4096;
+
+/// Which pages of the private mapping `base..base+len` are resident (`mincore`), when that
+/// tells which were never written: only without swap, where a written page is always resident
+/// (a swapped-out one would read as untouched).
+fn resident_pages(base: u64, len: usize) -> Option<Vec<u8>> {
+    static NO_SWAP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let no_swap = *NO_SWAP.get_or_init(|| {
+        std::fs::read_to_string("/proc/meminfo").is_ok_and(|m| {
+            m.lines()
+                .any(|l| l.starts_with("SwapTotal:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+    });
+    if !no_swap {
+        return None;
+    }
+    let mut v = vec![0u8; len.div_ceil(PAGE)];
+    // SAFETY: `base..base+len` is a page-aligned mapping of ours; `v` has a byte per page.
+    let r = unsafe { libc::mincore(base as *mut libc::c_void, len, v.as_mut_ptr()) };
+    (r == 0).then_some(v)
 }
 
 /// `cuIpcOpenMemHandle(_v2)`: map memory another process exported, in context `ctx`.
