@@ -355,6 +355,27 @@ pub fn vmm_lookup(ptr: u64) -> Option<(u64, u64)> {
     mapping_at(ptr).map(|(s, len, _)| (s, len))
 }
 
+/// Whether `ptr..ptr+len` lies in VMM mappings end to end (a range the program reserved once
+/// and mapped piece by piece, as PyTorch's expandable segments do, is copied as one).
+pub fn vmm_covers(ptr: u64, len: u64) -> bool {
+    let end = ptr.saturating_add(len);
+    let g = MAPPINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((&s, &(n, _))) = g.range(..=ptr).next_back() else {
+        return false;
+    };
+    let mut covered = s + n;
+    if ptr >= covered {
+        return false;
+    }
+    for (&s, &(n, _)) in g.range(ptr + 1..end) {
+        if s != covered {
+            return false;
+        }
+        covered = s + n;
+    }
+    covered >= end
+}
+
 /// The mapping containing `ptr`: (start, size, handle).
 fn mapping_at(ptr: u64) -> Option<(u64, u64, u64)> {
     let g = MAPPINGS.lock().unwrap_or_else(|e| e.into_inner());
