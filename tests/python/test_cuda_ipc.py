@@ -115,19 +115,25 @@ def test_vmm_fd_charged_to_its_creator_only(gpu_env, gpuslice_bin, tmp_path):
 
 
 
-def test_a_killed_importer_leaves_nothing_held(gpu_env, tmp_path):
+def test_an_importer_that_dies_or_exits_holding_leaves_nothing_held(gpu_env, tmp_path):
     """An importer SIGKILLed while it maps shared memory: once the exporter lets go, the memory
-    is free again (the driver drops a dead process's references)."""
+    is free again. One that exits without closing, after the exporter let go: free at its exit
+    (the driver drops a gone process's references)."""
     env = gpu_env()
-    for role, make, release in [("ipc", "alloc_shared 64", ["free"]),
-                                ("vmm", "create 64", ["release", "unmap"])]:
-        sock = tmp_path / f"{role}.sock"
+    cases = [("ipc", "alloc_shared 64", ["free"]), ("vmm", "create 64", ["release", "unmap"])]
+    for (role, make, release), end in [(c, e) for c in cases for e in ("kill", "exit")]:
+        sock = tmp_path / f"{role}-{end}.sock"
         with Client(env, f"{role}-export", sock) as e, Client(env, f"{role}-import", sock) as i:
             e.ask(make)
             got = handed(e, i, "open" if role == "ipc" else "import")
             assert got["status"] == 0 and got["read_ok"], (role, got)
-            i.proc.kill()
-            i.proc.wait(timeout=30)
+            if end == "kill":
+                i.proc.kill()
+                i.proc.wait(timeout=30)
             for command in release:
                 left = e.ask(command)
-            assert used_by(left, e.pid) == 0 and left["free"] == left["total"], (role, left)
+            if end == "exit":
+                assert used_by(left, e.pid) == 64 * MI, ("still mapped by the importer", left)
+                assert i.ask("exit")["event"] == "exit" and i.proc.wait(timeout=30) == 0
+                left = e.ask("info")
+            assert used_by(left, e.pid) == 0 and left["free"] == left["total"], (role, end, left)

@@ -293,21 +293,44 @@ pub fn leave(key: u64) {
     let _ = with_table(|t, refs, state| {
         let Some(n) = refs.get_mut(&key) else { return };
         *n -= 1;
-        if *n > 0 {
-            return;
-        }
-        refs.remove(&key);
-        let Some(r) = find(t, key) else { return };
-        if r.owner == me {
-            r.owner_holds = 0;
-        }
-        for h in r.holders.iter_mut().filter(|h| **h == me) {
-            *h = Proc::default();
-        }
-        if r.holders.iter().all(|h| h.pid == 0) {
-            give_back(r, state);
+        if *n == 0 {
+            refs.remove(&key);
+            stop_holding(t, state, key, me);
         }
     });
+}
+
+/// At exit: this process stops holding all it still holds, as a driver's teardown drops a
+/// process's references (a SIGKILLed process is dropped by the next change anyone makes).
+/// Skipped when another thread is inside the table now: exit must not wait.
+pub fn leave_all() {
+    let Ok(mut g) = LOCAL.try_lock() else { return };
+    let Some(l) = g.as_mut() else { return };
+    let me = me();
+    let state = rt_unchecked().node.state;
+    // SAFETY: as in `with_table`: under LOCAL's mutex and the file lock, only we touch it.
+    unsafe {
+        libc::flock(l.fd, libc::LOCK_EX);
+        let t = &mut *l.table;
+        for (key, _) in l.refs.drain() {
+            stop_holding(t, state, key, me);
+        }
+        libc::flock(l.fd, libc::LOCK_UN);
+    }
+}
+
+/// `me` no longer holds `key`: the last holder anywhere returns the memory.
+fn stop_holding(t: &mut Table, state: &State, key: u64, me: Proc) {
+    let Some(r) = find(t, key) else { return };
+    if r.owner == me {
+        r.owner_holds = 0;
+    }
+    for h in r.holders.iter_mut().filter(|h| **h == me) {
+        *h = Proc::default();
+    }
+    if r.holders.iter().all(|h| h.pid == 0) {
+        give_back(r, state);
+    }
 }
 
 /// The inode of a memfd: what names shared memory across processes (an fd passed on or

@@ -142,7 +142,9 @@ pub fn vmm_export(h: u64, ty: CUmemAllocationHandleType) -> CuResult<i32> {
         if p.shared == 0 && p.counted {
             let ino = inode(p.fd).ok_or(CUDA_ERROR_OPERATING_SYSTEM)?;
             let phys = rt_unchecked().devices[p.dev].phys;
-            p.shared = super::shared_mem::share(Some(VMM_KEY | ino), phys, p.size)?;
+            // Without the node-wide table (a state directory another user made) the fd still
+            // works; the memory is then counted only while this process holds it.
+            p.shared = super::shared_mem::share(Some(VMM_KEY | ino), phys, p.size).unwrap_or(0);
         }
         // SAFETY: duplicating the memfd this handle owns; the caller owns the copy.
         let fd = unsafe { libc::dup(p.fd) };
