@@ -137,3 +137,17 @@ def test_an_importer_that_dies_or_exits_holding_leaves_nothing_held(gpu_env, tmp
                 assert i.ask("exit")["event"] == "exit" and i.proc.wait(timeout=30) == 0
                 left = e.ask("info")
             assert used_by(left, e.pid) == 0 and left["free"] == left["total"], (role, end, left)
+
+
+def test_a_vmm_handle_released_while_mapped_stays_charged_until_unmapped(gpu_env, tmp_path):
+    """The driver frees a VMM allocation when it is released *and* unmapped (NCCL and UCX
+    release right after mapping): the slice stays charged until the unmap, never less than
+    the driver holds."""
+    env = gpu_env(preload=True, GPUSLICE_MEMORY="1Gi")
+    with Client(env, "vmm-export", tmp_path / "unused.sock") as x:
+        assert x.ask("create 256")["free"] == GI - 256 * MI
+        released = x.ask("release")
+        assert released["status"] == 0 and released["free"] == GI - 256 * MI, released
+        assert used_by(released, x.pid) == 256 * MI, ("the driver still holds it", released)
+        gone = x.ask("unmap")
+        assert gone["unmap"] == 0 and gone["free"] == GI and gone["nvml_used"] == 0, gone

@@ -142,12 +142,14 @@ pub unsafe fn mem_map(
 /// `cuMemUnmap`: a handle released earlier whose last mapping this was returns its charge
 /// (unless it was exported).
 pub unsafe fn mem_unmap(real: pfn::cuMemUnmap, ptr: CUdeviceptr, size: usize) -> CUresult {
-    let st = ready!();
     // SAFETY: the handler contract: `real` with the program's arguments.
     let r = unsafe { real(ptr, size) };
     if r != CUDA_SUCCESS || !USED.load(Acquire) {
         return r;
     }
+    let Ok(st) = crate::init::state() else {
+        return r;
+    };
     let end = ptr.saturating_add(size as u64);
     let freed: Vec<Charge> = with_maps(|m| {
         let gone: Vec<u64> = m.at.range(ptr..end).map(|(&a, _)| a).collect();
