@@ -18,6 +18,7 @@ GI = 1 << 30
 MI = 1 << 20
 CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_INVALID_CONTEXT = 201
+CUDA_ERROR_NOT_READY = 600
 
 
 class Client(Served):
@@ -31,12 +32,13 @@ class Client(Served):
         self.ready = self._read()
 
 
-def handed(exporter, importer, command):
-    """`send` on the exporter (it listens), `command` on the importer (it connects)."""
-    assert exporter.ask("send")["event"] == "listening"
+def handed(exporter, importer, command, send="send"):
+    """`send` on the exporter (it listens), `command` on the importer (it connects); the
+    importer's answer (the exporter's is left in `exporter.sent`)."""
+    assert exporter.ask(send)["event"] == "listening"
     got = importer.ask(command)
-    sent = exporter.read()
-    assert "error" not in sent, sent
+    exporter.sent = exporter.read()
+    assert "error" not in exporter.sent, exporter.sent
     return got
 
 
@@ -151,3 +153,17 @@ def test_a_vmm_handle_released_while_mapped_stays_charged_until_unmapped(gpu_env
         assert used_by(released, x.pid) == 256 * MI, ("the driver still holds it", released)
         gone = x.ask("unmap")
         assert gone["unmap"] == 0 and gone["free"] == GI and gone["nvml_used"] == 0, gone
+
+
+def test_an_interprocess_event_is_seen_from_another_process(gpu_env, tmp_path):
+    """The exporter records an interprocess event after a 5 s kernel: the importer's opened
+    event is not ready at first, synchronizes until the kernel is done, then is complete."""
+    env = gpu_env()
+    sock = tmp_path / "event.sock"
+    with Client(env, "ipc-export", sock) as e, Client(env, "ipc-import", sock) as i:
+        got = handed(e, i, "event_open", send="event_send 5000")
+        assert e.sent["without_flag"] == CUDA_ERROR_INVALID_VALUE, "needs CU_EVENT_INTERPROCESS"
+        assert e.sent["own"] == CUDA_ERROR_INVALID_CONTEXT, "opened in its own process"
+        assert got["status"] == 0 and got["first_query"] == CUDA_ERROR_NOT_READY, got
+        assert got["sync"] == 0 and got["waited_s"] > 0, got
+        assert got["after_query"] == 0 and got["stream_wait"] == 0 and got["destroy"] == 0, got

@@ -13,7 +13,9 @@ Roles and their commands:
   (cuIpcOpenMemHandle of its own handle: the driver refuses), `free` (cuMemFree);
 - `ipc-import SOCKET`: `open` (receive a handle, cuIpcOpenMemHandle, compare the bytes),
   `reopen` (the same handle again), `close` (cuIpcCloseMemHandle; its status, also when it
-  fails).
+  fails);
+- interprocess events: `event_send MS` on `ipc-export` (an event recorded after a kernel of MS
+  ms, its handle sent), `event_open` on `ipc-import` (opened, queried, synchronized, waited on).
 Every role: `alloc MIB` (cuMemAlloc of its own), `info` (cuMemGetInfo; NVML's device memory
 and per-process figures as this process sees them).
 """
@@ -22,6 +24,7 @@ import ctypes
 import os
 import socket
 import sys
+import time
 
 from cuda_ctx import primary_context
 from fw_common import MI, emit, serve
@@ -246,11 +249,75 @@ def ipc_close():
     return dict(status=cuda.cuIpcCloseMemHandle(c_u64(state["ptr"])), **info())
 
 
+# --- interprocess events ------------------------------------------------------------------------
+
+PTX = b""".version 8.0
+.target sm_90
+.address_size 64
+.visible .entry gpuslice_spin(.param .u64 ns) { ret; }
+"""
+
+
+class IpcEventHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+def event_send(spin_ms):
+    """An interprocess event recorded after a kernel of SPIN_MS ms, its handle sent; also what
+    the driver says to an event made without the flag, and to opening the handle here."""
+    plain, ev = ctypes.c_void_p(), ctypes.c_void_p()
+    assert cuda.cuEventCreate(ctypes.byref(plain), 2) == 0
+    h = IpcEventHandle()
+    without_flag = cuda.cuIpcGetEventHandle(ctypes.byref(h), plain)
+    assert cuda.cuEventCreate(ctypes.byref(ev), 2 | 4) == 0  # DISABLE_TIMING | INTERPROCESS
+    assert cuda.cuIpcGetEventHandle(ctypes.byref(h), ev) == 0
+    mine = ctypes.c_void_p()
+    own = cuda.cuIpcOpenEventHandle(ctypes.byref(mine), h)
+    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    assert cuda.cuModuleLoadData(ctypes.byref(mod), PTX + b"\0") == 0
+    assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"gpuslice_spin") == 0
+    ns = ctypes.c_uint64(int(spin_ms) * 1_000_000)
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(ns), ctypes.c_void_p))
+    assert cuda.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, None, params, None) == 0
+    assert cuda.cuEventRecord(ev, None) == 0
+    srv = listen_once()
+    emit(event="listening")
+    conn, _ = srv.accept()
+    conn.sendall(bytes(h))
+    conn.close()
+    state["event"] = ev
+    return dict(without_flag=without_flag, own=own)
+
+
+def event_open():
+    """Open the exporter's event: query at once, synchronize (timed), query again, and wait on
+    it from a stream."""
+    s = connect()
+    data = b""
+    while len(data) < 64:
+        chunk = s.recv(64 - len(data))
+        assert chunk, "the exporter closed the socket"
+        data += chunk
+    s.close()
+    ev = ctypes.c_void_p()
+    r = cuda.cuIpcOpenEventHandle(ctypes.byref(ev), IpcEventHandle.from_buffer_copy(data))
+    if r != 0:
+        return dict(status=r)
+    first = cuda.cuEventQuery(ev)
+    t0 = time.monotonic()
+    sync = cuda.cuEventSynchronize(ev)
+    waited = time.monotonic() - t0
+    return dict(status=0, first_query=first, sync=sync, waited_s=waited,
+                after_query=cuda.cuEventQuery(ev), stream_wait=cuda.cuStreamWaitEvent(None, ev, 0),
+                destroy=cuda.cuEventDestroy_v2(ev))
+
+
 ROLES = {
     "vmm-export": dict(create=vmm_create, send=vmm_send, release=vmm_release, unmap=vmm_unmap),
     "vmm-import": dict(import_=vmm_import, unmap=vmm_import_unmap),
-    "ipc-export": dict(alloc_shared=ipc_alloc, send=ipc_send, own=ipc_own, free=ipc_free),
-    "ipc-import": dict(open=ipc_open, reopen=ipc_reopen, close=ipc_close),
+    "ipc-export": dict(alloc_shared=ipc_alloc, send=ipc_send, own=ipc_own, free=ipc_free,
+                       event_send=event_send),
+    "ipc-import": dict(open=ipc_open, reopen=ipc_reopen, close=ipc_close, event_open=event_open),
 }
 
 if __name__ == "__main__":
