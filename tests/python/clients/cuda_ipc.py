@@ -19,7 +19,6 @@ Roles and their commands:
 Every role: `alloc MIB` (cuMemAlloc of its own), `info` (cuMemGetInfo; NVML's device memory
 and per-process figures as this process sees them).
 """
-import array
 import ctypes
 import os
 import socket
