@@ -95,30 +95,26 @@ pub fn get_mem_handle(ctx: &'static Ctx, ptr: u64) -> CuResult<CUipcMemHandle> {
     }
     let phys = super::ranges::phys(r.dev) as u32;
     let pid = std::process::id();
-    let found = with(&EXPORTED, |m| m.get(&base).map(|e| (e.fd, e.key, e.ino)));
-    let (fd, key, ino) = match found {
-        Some(f) => f,
-        None => {
-            // Queued copies may still read or write it: let them finish before its bytes move.
-            let dev = &rt_unchecked().devices[r.dev];
-            if dev.exec.pending_mem.load(Acquire) > 0 {
-                let _ = crate::exec::ctx_synchronize(ctx);
-            }
-            let fd = share_mapping(base, r.map_len)?;
-            let ino = inode(fd).ok_or(CUDA_ERROR_OPERATING_SYSTEM)?;
-            let key = match shared_mem::share(None, phys as usize, r.size) {
-                Ok(k) => k,
-                Err(e) => {
-                    // SAFETY: our memfd; the mapping keeps the memory.
-                    unsafe { libc::close(fd) };
-                    return Err(e);
-                }
-            };
-            with(&EXPORTED, |m| m.insert(base, Exported { fd, key, ino }));
-            N_EXPORTED.fetch_add(1, Release);
-            (fd, key, ino)
+    let known = |m: &mut HashMap<u64, Exported>| m.get(&base).map(|e| (e.fd, e.key, e.ino));
+    if with(&EXPORTED, known).is_none() {
+        // Queued copies may still read or write it: let them finish before its bytes move
+        // (outside the lock, which the executor's frees take).
+        let dev = &rt_unchecked().devices[r.dev];
+        if dev.exec.pending_mem.load(Acquire) > 0 {
+            let _ = crate::exec::ctx_synchronize(ctx);
         }
-    };
+    }
+    // Under the lock, so two threads asking at once export it once.
+    let (fd, key, ino) = with(&EXPORTED, |m| -> CuResult<(i32, u64, u64)> {
+        if let Some(f) = known(m) {
+            return Ok(f);
+        }
+        let e = export(base, &r, phys as usize)?;
+        let f = (e.fd, e.key, e.ino);
+        m.insert(base, e);
+        N_EXPORTED.fetch_add(1, Release);
+        Ok(f)
+    })?;
     Ok(Handle {
         pid,
         fd,
@@ -128,6 +124,23 @@ pub fn get_mem_handle(ctx: &'static Ctx, ptr: u64) -> CuResult<CUipcMemHandle> {
         size: r.size,
     }
     .encode())
+}
+
+/// Export the allocation `r` at `base`: its bytes into a memfd, its entry in the node-wide
+/// table.
+fn export(base: u64, r: &Range, phys: usize) -> CuResult<Exported> {
+    let fd = share_mapping(base, r.map_len)?;
+    let shared = inode(fd)
+        .ok_or(CUDA_ERROR_OPERATING_SYSTEM)
+        .and_then(|ino| Ok((ino, shared_mem::share(None, phys, r.size)?)));
+    match shared {
+        Ok((ino, key)) => Ok(Exported { fd, key, ino }),
+        Err(e) => {
+            // SAFETY: our memfd, not handed out; the mapping keeps the memory.
+            unsafe { libc::close(fd) };
+            Err(e)
+        }
+    }
 }
 
 /// Move the private mapping `base..base+len` into a memfd mapped shared at the same address;
@@ -222,24 +235,41 @@ pub fn open_mem_handle(ctx: &'static Ctx, h: &CUipcMemHandle, flags: u32) -> CuR
     if h.pid == std::process::id() {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
-    let again = with(&IMPORTED, |m| {
-        m.get_mut(&h.key).map(|(p, n)| {
-            *n += 1;
-            *p
-        })
-    });
-    if let Some(p) = again {
+    if let Some(p) = open_again(h.key) {
         return Ok(p);
     }
     let joined = shared_mem::join(h.key, true)?;
-    let mapped = map_remote(&h, joined.size);
-    let Ok((ptr, len)) = mapped else {
-        shared_mem::leave(h.key);
-        return Err(mapped.err().unwrap_or(CUDA_ERROR_INVALID_VALUE));
-    };
-    ranges().insert(ptr, Range::new(Some(ctx), joined.size, len, Kind::Imported));
-    with(&IMPORTED, |m| m.insert(h.key, (ptr, 1)));
-    Ok(ptr)
+    let (ptr, len) = map_remote(&h, joined.size).inspect_err(|_| shared_mem::leave(h.key))?;
+    // Another thread may have opened it meanwhile: then its mapping is the one.
+    let raced = with(&IMPORTED, |m| match m.get_mut(&h.key) {
+        Some((p, n)) => {
+            *n += 1;
+            Some(*p)
+        }
+        None => {
+            ranges().insert(ptr, Range::new(Some(ctx), joined.size, len, Kind::Imported));
+            m.insert(h.key, (ptr, 1));
+            None
+        }
+    });
+    match raced {
+        Some(p) => {
+            unmap(ptr, len);
+            shared_mem::leave(h.key);
+            Ok(p)
+        }
+        None => Ok(ptr),
+    }
+}
+
+/// The address memory `key` is open at in this process, opened once more.
+fn open_again(key: u64) -> Option<u64> {
+    with(&IMPORTED, |m| {
+        m.get_mut(&key).map(|(p, n)| {
+            *n += 1;
+            *p
+        })
+    })
 }
 
 /// Map the exporter's memfd: (address, mapped length).
