@@ -183,6 +183,7 @@ def vmm_import_unmap():
 # --- legacy IPC ---------------------------------------------------------------------------------
 
 class IpcHandle(ctypes.Structure):
+    """`CUipcMemHandle` and `CUipcEventHandle`: 64 bytes passed by value."""
     _fields_ = [("reserved", ctypes.c_char * 64)]
 
 
@@ -222,14 +223,20 @@ def ipc_free():
     return dict(status=cuda.cuMemFree_v2(c_u64(state["ptr"])), **info())
 
 
-def ipc_open():
+def receive(n):
+    """`n` bytes from the exporter, over a fresh connection."""
     s = connect()
     data = b""
-    while len(data) < 72:
-        chunk = s.recv(72 - len(data))
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
         assert chunk, "the exporter closed the socket"
         data += chunk
     s.close()
+    return data
+
+
+def ipc_open():
+    data = receive(72)
     state.update(size=int.from_bytes(data[:8], "little"),
                  handle=IpcHandle.from_buffer_copy(data[8:]))
     return ipc_reopen()
@@ -257,16 +264,12 @@ PTX = b""".version 8.0
 """
 
 
-class IpcEventHandle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]
-
-
 def event_send(spin_ms):
     """An interprocess event recorded after a kernel of SPIN_MS ms, its handle sent; also what
     the driver says to an event made without the flag, and to opening the handle here."""
     plain, ev = ctypes.c_void_p(), ctypes.c_void_p()
     assert cuda.cuEventCreate(ctypes.byref(plain), 2) == 0
-    h = IpcEventHandle()
+    h = IpcHandle()
     without_flag = cuda.cuIpcGetEventHandle(ctypes.byref(h), plain)
     assert cuda.cuEventCreate(ctypes.byref(ev), 2 | 4) == 0  # DISABLE_TIMING | INTERPROCESS
     assert cuda.cuIpcGetEventHandle(ctypes.byref(h), ev) == 0
@@ -291,15 +294,9 @@ def event_send(spin_ms):
 def event_open():
     """Open the exporter's event: query at once, synchronize (timed), query again, and wait on
     it from a stream."""
-    s = connect()
-    data = b""
-    while len(data) < 64:
-        chunk = s.recv(64 - len(data))
-        assert chunk, "the exporter closed the socket"
-        data += chunk
-    s.close()
+    data = receive(64)
     ev = ctypes.c_void_p()
-    r = cuda.cuIpcOpenEventHandle(ctypes.byref(ev), IpcEventHandle.from_buffer_copy(data))
+    r = cuda.cuIpcOpenEventHandle(ctypes.byref(ev), IpcHandle.from_buffer_copy(data))
     if r != 0:
         return dict(status=r)
     first = cuda.cuEventQuery(ev)
