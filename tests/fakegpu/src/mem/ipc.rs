@@ -281,7 +281,14 @@ fn map_remote(h: &Handle, size: u64) -> CuResult<(u64, usize)> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let len = page_round(size);
-    let ok = inode(fd) == Some(h.ino);
+    // The memfd the handle names, and as large as the (writable by anyone) table says: a
+    // mapping past its end would fault on access.
+    // SAFETY: libc::stat is plain data; fstat writes it or fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of the fd we opened into a local.
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0
+        && st.st_ino == h.ino
+        && st.st_size as u64 >= len as u64;
     // SAFETY: a fresh shared mapping of the memfd we opened; checked below.
     let p = ok.then(|| unsafe {
         libc::mmap(

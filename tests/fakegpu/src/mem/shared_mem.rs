@@ -88,8 +88,12 @@ fn me() -> Proc {
     }
 }
 
+/// Whether `p` is still the live process of its slot. The table is hostile input (any process
+/// of the user can write it): indices are checked before use, here and in [`give_back`].
 fn alive(state: &State, p: &Proc) -> bool {
-    let s = &state.procs[p.slot as usize % state.procs.len()];
+    let Some(s) = state.procs.get(p.slot as usize) else {
+        return false;
+    };
     p.pid != 0
         && s.pid.load(Acquire) == p.pid
         && s.start_time.load(Acquire) == p.start
@@ -194,9 +198,9 @@ fn collect(t: &mut Table, state: &State) {
 /// The last holder is gone: the owner's count drops by the record's size (unless the owner
 /// died, whose whole count went when its slot was reclaimed), and the record is free.
 fn give_back(r: &mut Rec, state: &State) {
-    if alive(state, &r.owner) {
+    let phys = r.phys as usize;
+    if phys < state.dev.len() && alive(state, &r.owner) {
         let s = &state.procs[r.owner.slot as usize];
-        let phys = r.phys as usize;
         // Only what the slot still holds: a slot being reclaimed has swapped its count to 0
         // and returns that to the device itself.
         if s.pid.load(Acquire) != RECLAIMING

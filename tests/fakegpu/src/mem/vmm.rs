@@ -189,7 +189,8 @@ pub fn vmm_import(fd: i32, ty: CUmemAllocationHandleType) -> CuResult<u64> {
     let (size, dev, shared) = match super::shared_mem::join(key, false) {
         Ok(j) => {
             let dev = r.devices.iter().position(|d| d.phys == j.phys).unwrap_or(0);
-            (j.size, dev, key)
+            // The table is anyone's to write: never more than the memfd holds.
+            (j.size.min(st.st_size as u64), dev, key)
         }
         // Not exported through cuMemExportToShareableHandle (or its holders are all gone).
         Err(_) => (st.st_size as u64, 0, 0),
