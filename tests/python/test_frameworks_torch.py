@@ -155,26 +155,29 @@ def contend(fw_env, shares, seconds=6.0, graph=(False, False), gpuslice_bin=None
 
 
 def judge_pair(a, b, share=0.25, tol=0.04):
-    """The 0.25 / 0.75 split of the engine time the two got, within `tol` of the shares unless
-    the tenant that got less was *starved*, not *refused*: while its neighbour ran past its
-    share it was not waiting for a turn (`waited`: the part of the run it waited, gpuslice's
-    own count; a tenant whose launches are refused waits whenever the other runs, so about the
-    other's fraction of the device). Then lending its time was right (its Python thread had no
-    CPU to launch with), and the test says so instead of failing. Returns the 0.25 tenant's
-    part and the verdict."""
+    """The 0.25 / 0.75 split of the engine time the two got, within `tol` of the shares, told
+    apart from a *starved* tenant: one whose launching thread waited for a CPU (`starved_s`,
+    its run-queue time from the kernel's schedstat) could not ask for that part of its time,
+    so its neighbour may rightly get up to that much more than its share. Past that the tenant
+    that got less was *refused* (it could have launched and was not let), and the test fails
+    saying which. `waited` (gpuslice's count of waiting for a turn) is shown beside it."""
     total = a["engine_s"] + b["engine_s"]
     part = a["engine_s"] / total
     fa, fb = a["engine_s"] / a["wall_s"], b["engine_s"] / b["wall_s"]
+    starved_a, starved_b = (min(1.0, t["starved_s"] / t["wall_s"]) for t in (a, b))
     why = dict(part=round(part, 3), device_a=round(fa, 3), device_b=round(fb, 3),
+               starved_a=round(starved_a, 3), starved_b=round(starved_b, 3),
                waited_a=round(a["waited"], 3), waited_b=round(b["waited"], 3), a=a, b=b)
     verdict = "within"
     if part > share + tol:
-        # b got less than its share: refused if it waited through most of a's running time.
-        verdict = "0.75 tenant refused" if b["waited"] >= 0.8 * fa else "0.75 tenant starved"
+        over = part > share + tol + (1 - share) * starved_b
+        verdict = "0.75 tenant refused" if over else "0.75 tenant starved"
     elif part < share - tol:
-        verdict = "0.25 tenant refused" if a["waited"] >= 0.8 * fb else "0.25 tenant starved"
+        under = part < share - tol - share * starved_a
+        verdict = "0.25 tenant refused" if under else "0.25 tenant starved"
     print(f"0.25 tenant's part {part:.3f} ({verdict}); of the device: {fa:.3f} / {fb:.3f}; "
-          f"waited for turns: {a['waited']:.3f} / {b['waited']:.3f} of the run")
+          f"without a CPU: {starved_a:.3f} / {starved_b:.3f}; waited for turns: "
+          f"{a['waited']:.3f} / {b['waited']:.3f} of the run")
     assert "refused" not in verdict, (verdict, why)
     return part, verdict
 

@@ -66,10 +66,18 @@ def vllm():
     emit(total=total, free=free, size=size, after=info(), ok=t.numel() == size)
 
 
+def run_queue_s():
+    """Seconds this thread has waited for a CPU on a run queue (/proc/thread-self/schedstat's
+    second field): time it could not launch however much it wanted to."""
+    with open("/proc/thread-self/schedstat") as f:
+        return int(f.read().split()[1]) / 1e9
+
+
 def compute(start_at, seconds, graph=False):
     """Launch kernels in a loop from wall time `start_at` (`"stdin"`: read from stdin after
     reporting ready) for `seconds`; report the engine time the fake accounted to this process
-    between 1 s in and 0.5 s before the end."""
+    between 1 s in and 0.5 s before the end, and how long the launching thread waited for a
+    CPU meanwhile (`starved_s`)."""
     x = torch.zeros(1024, device="cuda")
     s = torch.cuda.Stream()
     g = None
@@ -96,9 +104,9 @@ def compute(start_at, seconds, graph=False):
         while True:
             now = time.time()
             if e_from is None and now >= t_from:
-                e_from, w_from = engine_ns(), now
+                e_from, w_from, q_from = engine_ns(), now, run_queue_s()
             if now >= t_to:
-                e_to, w_to = engine_ns(), now
+                e_to, w_to, q_to = engine_ns(), now, run_queue_s()
                 break
             for _ in range(2 if graph else 20):
                 if g is not None:
@@ -109,7 +117,7 @@ def compute(start_at, seconds, graph=False):
                     launches += 1
             s.synchronize()
     emit(engine_s=(e_to - e_from) / 1e9, wall_s=w_to - w_from, launches=launches,
-         graph=bool(graph))
+         graph=bool(graph), starved_s=q_to - q_from)
 
 
 def probe():
