@@ -188,7 +188,10 @@ def test_torch_compute_shares_quarter_and_three_quarters(fw_env, gpuslice_bin, g
     total = a["engine_s"] + b["engine_s"]
     # Not frozen (how busy the two keep the device also depends on whether their Python threads
     # get a CPU: 0.75 of the window with every CPU busy and a load of 20 on 2 CPUs).
-    assert total > 0.3 * a["wall_s"], ("the engine stayed busy", a, b)
+    assert total > 0.3 * a["wall_s"], (
+        f"the device idled: {total:.2f} s of engine time in the 0.25 tenant's {a['wall_s']:.1f} s "
+        f"(the 0.75 tenant's window {b['wall_s']:.1f} s); without a CPU: {a['starved_s']:.1f} s / "
+        f"{b['starved_s']:.1f} s; waited for turns: {a['waited']:.3f} / {b['waited']:.3f} of the run")
     judge_pair(a, b)
     assert a["graph"] == graph[0]
 
