@@ -284,7 +284,7 @@ fn handle(server: &Server, sock: RawFd, pid: u32, uid: u32) {
 
 /// The peer's identity as `/proc` shows it to the monitor.
 fn peer_of(pid: u32, uid: u32) -> Result<Peer, String> {
-    let start_time = gpuslice_ledger::start_time_of(&pid.to_string());
+    let start_time = gpuslice_ledger::live_start_time_of(&pid.to_string());
     if start_time == 0 {
         return Err(format!("cannot read /proc/{pid}: the process is gone"));
     }

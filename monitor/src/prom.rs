@@ -27,12 +27,45 @@ pub struct AuditRow {
     pub limit: Option<u64>,
     /// The NVML pids counted (the monitor's PID namespace).
     pub pids: Vec<u32>,
+    /// Per pid (same order): what NVML reports beyond what the process charged to the slice
+    /// (all of it for a process the ledger does not know).
+    pub excess: Vec<u64>,
+    /// The slice's ledger record (names are namespaced by owner, so two may share a name).
+    pub index: usize,
 }
 
 impl AuditRow {
     /// Real usage beyond the quota: memory that did not go through gpuslice.
     pub fn over_quota(&self) -> bool {
         self.limit.is_some_and(|l| self.observed > l)
+    }
+
+    /// The pids `--on-violation kill` ends for a slice over its quota: only processes that are
+    /// themselves over (hold more than they charged), the largest excess first, until what is
+    /// left fits the quota. A process within what it charged is never among them, so a
+    /// bypass that names the slice cannot get its honest members killed.
+    pub fn to_kill(&self) -> Vec<u32> {
+        let Some(limit) = self.limit else {
+            return vec![];
+        };
+        let mut by_excess: Vec<(u64, u32)> = self
+            .excess
+            .iter()
+            .copied()
+            .zip(self.pids.iter().copied())
+            .filter(|&(e, _)| e > 0)
+            .collect();
+        by_excess.sort_unstable_by(|a, b| b.cmp(a));
+        let mut left = self.observed;
+        let mut out = vec![];
+        for (e, pid) in by_excess {
+            if left <= limit {
+                break;
+            }
+            out.push(pid);
+            left = left.saturating_sub(e);
+        }
+        out
     }
 }
 
@@ -286,6 +319,8 @@ mod tests {
             reaped_total: 2,
             audit: vec![AuditRow {
                 pids: vec![],
+                excess: vec![],
+                index: 0,
                 slice: "train".into(),
                 device_uuid: "GPU-x".into(),
                 observed: 5,

@@ -178,6 +178,7 @@ pub fn render(snap: &NodeView) -> Vec<String> {
                 },
                 percent(s.compute_used),
                 if s.operator { "operator" } else { "process" }.into(),
+                s.owner.map_or("any".into(), |u| format!("uid {u}")),
                 pids,
             ]
         })
@@ -191,6 +192,7 @@ pub fn render(snap: &NodeView) -> Vec<String> {
             ("CAP", Right),
             ("COMPUTE USED", Right),
             ("DEFINED BY", Left),
+            ("OWNER", Left),
             ("PIDS", Left),
         ],
         &slices,

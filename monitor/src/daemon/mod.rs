@@ -166,6 +166,7 @@ fn run(opts: Options) -> Result<(), Failure> {
         fresh: first,
         last_error: None,
         over: HashSet::new(),
+        bypassing: HashSet::new(),
         facts,
     };
     let mut last_audit = Instant::now() - Duration::from_secs(10);
@@ -206,8 +207,10 @@ struct Monitor {
     fresh: Option<Node>,
     /// The last error opening the ledger, logged once until it changes.
     last_error: Option<String>,
-    /// Slices currently flagged over quota, to log transitions only.
-    over: HashSet<(String, String)>,
+    /// Slices (record, device) currently flagged over quota, to log transitions only.
+    over: HashSet<(usize, String)>,
+    /// Bypasses (pid, start time) reported already, to log each once in report mode.
+    bypassing: HashSet<(u32, u64)>,
     facts: Shared,
 }
 

