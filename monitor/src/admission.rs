@@ -162,6 +162,9 @@ pub struct Server {
     pub limits: Limits,
     /// gid of the operator group, if it exists.
     pub operator_gid: Option<u32>,
+    /// The slices' unused reservations held on the GPUs (`None`: `--balloons off`, or no
+    /// driver).
+    pub balloons: Option<Arc<crate::balloon::Balloons>>,
 }
 
 /// Bind `monitor.sock` in the (checked, root-owned) runtime directory, mode 0666.

@@ -7,7 +7,8 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 pub(super) const USAGE: &str = "gpuslice monitor [--metrics-listen ADDR] [--interval MS] [--mode node|personal] \
-[--on-violation report|kill] [--max-procs-per-user N] [--max-slices-per-user N] [--operator-group NAME]";
+[--on-violation report|kill] [--balloons on|off] [--max-procs-per-user N] [--max-slices-per-user N] \
+[--operator-group NAME]";
 
 /// The operator group's default name (docs/operations.md).
 pub const OPERATOR_GROUP: &str = "gpuslice";
@@ -47,6 +48,8 @@ pub(super) struct Options {
     pub(super) limits: gpuslice_ledger::node::Limits,
     pub(super) operator_group: String,
     pub(super) on_violation: OnViolation,
+    /// Node mode: hold every slice's unused reservation physically (`crate::balloon`).
+    pub(super) balloons: bool,
 }
 
 pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
@@ -59,6 +62,7 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         limits: Default::default(),
         operator_group: OPERATOR_GROUP.into(),
         on_violation: OnViolation::Report,
+        balloons: true,
     };
     let mut interval = None;
     while let Some(arg) = p.next().map_err(cli::lex(USAGE))? {
@@ -102,6 +106,19 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                     _ => {
                         return Err(Failure::usage(
                             format!("--on-violation {v:?}: expected report or kill"),
+                            USAGE,
+                        ))
+                    }
+                };
+            }
+            Long("balloons") => {
+                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--balloons", USAGE)?;
+                o.balloons = match v.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => {
+                        return Err(Failure::usage(
+                            format!("--balloons {v:?}: expected on or off"),
                             USAGE,
                         ))
                     }
