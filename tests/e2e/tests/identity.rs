@@ -344,23 +344,285 @@ fn a_planted_secret_file_is_refused() {
     );
 }
 
+/// The OOM status (`CUDA_ERROR_OUT_OF_MEMORY`) in a burn report's `alloc_errors`.
+const OOM: u64 = 2;
+
+/// Poll until an unwrapped program of t1 asking for `alloc` is refused by the (fake) driver
+/// with out-of-memory: the balloons are in place (30 s at most).
+fn wait_held(n: &Node, alloc: &str) {
+    let t0 = Instant::now();
+    loop {
+        let o = n
+            .command(TENANT_A, "gpuslice-burn")
+            .env_remove("LD_PRELOAD")
+            .args(["--alloc", alloc, "--json"])
+            .output()
+            .unwrap();
+        if burn_json(&o)["alloc_errors"] == serde_json::json!([OOM]) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the balloons never held: {}\n{}",
+            text(&o),
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue #27, "reserved memory can be taken": on a 4 GiB device t2 has 1 GiB reserved (an
+/// operator slice of its own, nothing used yet). Node mode's default settings hold it
+/// physically (balloons), so (b) t1's unwrapped program that asks for everything gets
+/// `CUDA_ERROR_OUT_OF_MEMORY` from the driver, and while t1 holds all it could get t2 still
+/// allocates its whole 1 GiB; (a) the same while t1's processes zero their slice's usage counter
+/// before every allocation.
+#[test]
+fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
+    need_root!();
+    let n = Node::new(1, "4Gi", &[]);
+    let o = n.cli(
+        0,
+        &[
+            "slice",
+            "create",
+            "t2res",
+            "--memory",
+            "1Gi",
+            "--owner",
+            &TENANT_B.to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    wait_held(&n, "3584Mi");
+    let t2_allocates = |n: &Node| {
+        let o = n.allocate(TENANT_B, &[("GPUSLICE_SLICE", "t2res")], "1Gi");
+        let r = burn_json(&o);
+        assert_eq!(
+            (r["allocated_bytes"].as_u64(), r["alloc_errors"].clone()),
+            (Some(1 << 30), serde_json::json!([])),
+            "t2 could not allocate what it reserved: {}\n{}",
+            text(&o),
+            n.monitor_log()
+        );
+    };
+    // (b) An unwrapped program asking for everything: the driver says out of memory.
+    let o = n
+        .command(TENANT_A, "gpuslice-burn")
+        .env_remove("LD_PRELOAD")
+        .args(["--alloc", "4Gi", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(burn_json(&o)["alloc_errors"], serde_json::json!([OOM]), "{}", text(&o));
+    // It holds what it can get (3 GiB: all but t2's reservation) ...
+    let mut hog = unwrapped(&n, TENANT_A, &[], "1Gi,1Gi,1Gi,1Gi", "60");
+    let (_, v) = gpuslice_e2e::first_line(&mut hog);
+    assert_eq!(v["allocated_bytes"], 3u64 << 30, "{v}");
+    // ... and t2 still gets its 1 GiB.
+    t2_allocates(&n);
+    kill_all([&mut hog]);
+    // (a) t1's own slice (1 GiB), whose usage counter t1's sidecar zeroes without pause while
+    // t1's wrapped program allocates 256 MiB pieces.
+    wait_held(&n, "3584Mi");
+    let mut sidecar = n
+        .child(TENANT_A, "zero-used")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let line = read_until(&mut sidecar, "ready");
+    assert!(line.starts_with("ready"), "{line}");
+    let mut greedy = n.burn(TENANT_A);
+    greedy
+        .args(["--alloc", &["256Mi"; 16].join(","), "--hold", "60", "--json"])
+        .envs(in_slice("t1s", "1Gi"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut greedy = greedy.spawn().unwrap();
+    let (_, v) = gpuslice_e2e::first_line(&mut greedy);
+    let got = v["allocated_bytes"].as_u64().unwrap();
+    assert!(
+        got > 1 << 30 && got <= 3 << 30,
+        "the scribbler overspent its quota, but only into memory no other slice reserved: \
+         {v}"
+    );
+    t2_allocates(&n);
+    kill_all([&mut greedy, &mut sidecar]);
+}
+
+/// Issue #27, "a reused pid redirects admission": t1 connects to the monitor from a child that
+/// exits, and sends its request once t2's new job holds the child's pid. Admission is bound to
+/// the process that connected (a pidfd), so t1's request is refused and t2's job is admitted,
+/// in each of 5 attempts where the pid really came round.
+#[test]
+fn a_reused_pid_cannot_redirect_admission() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let (mut done, mut tries) = (0, 0);
+    while done < 5 {
+        tries += 1;
+        assert!(tries <= 100, "the pid came round in only {done} of {tries} attempts");
+        let mut t1 = n
+            .child(TENANT_A, "stale-peer")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let line = read_until(&mut t1, "pid ");
+        let x: i32 = line.trim().trim_start_matches("pid ").parse().unwrap();
+        // t2's job takes pid x (the kernel hands out ns_last_pid + 1 next), sleeps, then
+        // becomes the CUDA program.
+        let burn = n.burn(TENANT_B);
+        let mut job = Command::new("sh");
+        job.args(["-c", "sleep 0.5; exec \"$@\"", "sh"])
+            .arg(burn.get_program())
+            .args(burn.get_args())
+            .args(["--alloc", "1Mi", "--json"])
+            .envs(
+                burn.get_envs()
+                    .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (x - 1).to_string()).unwrap();
+        let job = job.spawn().unwrap();
+        if job.id() as i32 != x {
+            // Another process took it first: not an attempt.
+            let _ = t1.kill();
+            let _ = t1.wait();
+            let _ = job.wait_with_output();
+            continue;
+        }
+        write_line(&mut t1, "go");
+        let reply = read_until(&mut t1, "reply ");
+        let o = job.wait_with_output().unwrap();
+        assert_eq!(
+            burn_json(&o)["allocated_bytes"],
+            1u64 << 20,
+            "attempt {}: t2's job was not admitted (t1 got: {reply}): {}",
+            done + 1,
+            text(&o)
+        );
+        assert!(
+            reply.contains("err") && reply.contains("exited"),
+            "t1's request from a process that is gone: {reply}"
+        );
+        let _ = t1.wait();
+        done += 1;
+    }
+    println!("5 pid reuses in {tries} attempts");
+}
+
+/// Issue #27: the slow path's hand-back and the restart: when the monitor dies the balloons
+/// fall away (memory enforcement goes on in software); a restarted monitor holds them again
+/// without touching what running processes hold.
+#[test]
+fn balloons_fall_away_with_the_monitor_and_come_back_with_it() {
+    need_root!();
+    let mut n = Node::new(1, "4Gi", &[]);
+    let mut h = holder_in(&n, TENANT_B, ("b", "2Gi"), "512Mi", "60");
+    wait_held(&n, "2560Mi");
+    n.stop_monitor();
+    // The driver freed the monitor's memory: 3.5 GiB are free (4 GiB less t2's 512 MiB).
+    let t0 = Instant::now();
+    loop {
+        let o = n
+            .command(TENANT_A, "gpuslice-burn")
+            .env_remove("LD_PRELOAD")
+            .args(["--alloc", "3Gi", "--json"])
+            .output()
+            .unwrap();
+        if burn_json(&o)["allocated_bytes"] == 3u64 << 30 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", text(&o));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    n.start_monitor();
+    wait_held(&n, "2560Mi");
+    assert!(
+        h.try_wait().unwrap().is_none(),
+        "t2's process was harmed by the restart"
+    );
+    // Its quota still holds in software, and what it holds is intact.
+    let o = n.allocate(TENANT_B, &in_slice("b", "2Gi"), "1536Mi,1Gi");
+    let r = burn_json(&o);
+    assert_eq!(r["allocated_bytes"], 1536u64 << 20, "{}", text(&o));
+    kill_all([&mut h]);
+}
+
 /// The hostile tenants (run as another user by the tests above). Not a test of its own: without
 /// `TENANTS_CHILD` it returns at once.
 #[test]
 fn tenant_child() {
-    serve_child(&[]);
+    serve_child(&[("zero-used", zero_used), ("stale-peer", stale_peer)]);
 }
 
-#[allow(dead_code)]
-fn read_line(c: &mut Child) -> String {
-    let mut line = String::new();
-    BufReader::new(c.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    line
+/// Child mode `zero-used`: admitted to t1's slice `t1s` (1 GiB), it stores 0 into the slice's
+/// usage counter without pause for 30 s (its processes may write their region).
+fn zero_used(dir: &Path) {
+    let region = admitted_region(dir, Some("t1s"), Some(1 << 30), 0);
+    println!("ready");
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(30) {
+        region
+            .header()
+            .memory_used
+            .store(0, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(Duration::from_micros(100));
+    }
 }
 
-#[allow(dead_code)]
+/// Child mode `stale-peer`: connect to the monitor from a child that exits at once, say the
+/// child's pid (`pid X`), wait for a line on stdin, then send an admission request on that
+/// connection and say the reply (`reply ...`).
+fn stale_peer(dir: &Path) {
+    use gpuslice_ledger::protocol;
+    let (d, m) = admit_request(dir, None, None, 0);
+    // SAFETY: constants.
+    let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    assert!(s >= 0);
+    let addr =
+        protocol::unix_addr(&format!("/proc/self/fd/{}/{}", d.fd(), protocol::SOCKET_FILE))
+            .unwrap();
+    // SAFETY: the child only connects and exits (async-signal-safe calls).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: valid socket and address; _exit never returns.
+        unsafe {
+            let r = libc::connect(
+                s,
+                (&addr as *const libc::sockaddr_un).cast(),
+                size_of::<libc::sockaddr_un>() as u32,
+            );
+            libc::_exit(if r == 0 { 0 } else { 1 });
+        }
+    }
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    assert_eq!(st, 0, "the child could not connect");
+    println!("pid {pid}");
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).unwrap();
+    let reply = protocol::send(s, &m, &[]).and_then(|()| protocol::recv(s));
+    println!("reply {:?}", reply.map(|r| r.map(|(m, _)| m)));
+}
+
+/// Read `c`'s stdout up to the first line that starts with `prefix` (the test harness prints
+/// its own lines first); that line.
+fn read_until(c: &mut Child, prefix: &str) -> String {
+    let mut r = BufReader::new(c.stdout.as_mut().unwrap());
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap() == 0 {
+            return line;
+        }
+        if line.starts_with(prefix) {
+            return line;
+        }
+    }
+}
+
 fn write_line(c: &mut Child, s: &str) {
     writeln!(c.stdin.as_mut().unwrap(), "{s}").unwrap();
 }
