@@ -55,6 +55,7 @@ mod file;
 pub mod layout;
 mod ledger;
 pub mod node;
+pub mod pidfd;
 pub mod protocol;
 pub mod quantity;
 pub mod region;

@@ -413,7 +413,12 @@ fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
         .args(["--alloc", "4Gi", "--json"])
         .output()
         .unwrap();
-    assert_eq!(burn_json(&o)["alloc_errors"], serde_json::json!([OOM]), "{}", text(&o));
+    assert_eq!(
+        burn_json(&o)["alloc_errors"],
+        serde_json::json!([OOM]),
+        "{}",
+        text(&o)
+    );
     // It holds what it can get (3 GiB: all but t2's reservation) ...
     let mut hog = unwrapped(&n, TENANT_A, &[], "1Gi,1Gi,1Gi,1Gi", "60");
     let (_, v) = gpuslice_e2e::first_line(&mut hog);
@@ -433,7 +438,13 @@ fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
     assert!(line.starts_with("ready"), "{line}");
     let mut greedy = n.burn(TENANT_A);
     greedy
-        .args(["--alloc", &["256Mi"; 16].join(","), "--hold", "60", "--json"])
+        .args([
+            "--alloc",
+            &["256Mi"; 16].join(","),
+            "--hold",
+            "60",
+            "--json",
+        ])
         .envs(in_slice("t1s", "1Gi"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -460,7 +471,10 @@ fn a_reused_pid_cannot_redirect_admission() {
     let (mut done, mut tries) = (0, 0);
     while done < 5 {
         tries += 1;
-        assert!(tries <= 100, "the pid came round in only {done} of {tries} attempts");
+        assert!(
+            tries <= 100,
+            "the pid came round in only {done} of {tries} attempts"
+        );
         let mut t1 = n
             .child(TENANT_A, "stale-peer")
             .stdin(Stdio::piped())
@@ -581,9 +595,12 @@ fn stale_peer(dir: &Path) {
     // SAFETY: constants.
     let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
     assert!(s >= 0);
-    let addr =
-        protocol::unix_addr(&format!("/proc/self/fd/{}/{}", d.fd(), protocol::SOCKET_FILE))
-            .unwrap();
+    let addr = protocol::unix_addr(&format!(
+        "/proc/self/fd/{}/{}",
+        d.fd(),
+        protocol::SOCKET_FILE
+    ))
+    .unwrap();
     // SAFETY: the child only connects and exits (async-signal-safe calls).
     let pid = unsafe { libc::fork() };
     if pid == 0 {
