@@ -302,6 +302,38 @@ impl Balloons {
         freed
     }
 
+    /// The `release` request of an admitted process (`pid` in the monitor's namespace, with
+    /// its start time at accept): free at least `bytes` of the balloon of the slice the policy
+    /// says it joined on device `uuid`. Only its own slice: nothing it sends names a slice. The
+    /// bytes freed.
+    pub fn release_for(
+        &self,
+        ledger: &Ledger,
+        pid: u32,
+        start_time: u64,
+        uuid: &str,
+        bytes: u64,
+    ) -> Result<u64, String> {
+        let dev = ledger
+            .find_device(uuid)
+            .ok_or_else(|| format!("device {uuid:?} is not one the node's monitor knows"))?;
+        let me = ledger
+            .procs()
+            .iter()
+            .find(|p| {
+                p.state.load(SeqCst) == STATE_ACTIVE
+                    && p.host_pid.load(SeqCst) == pid
+                    && p.start_time.load(SeqCst) == start_time
+            })
+            .ok_or("not admitted: only an admitted process may ask for its slice's memory")?;
+        let si = me
+            .devices
+            .get(dev)
+            .map(|d| d.slice.load(SeqCst) as usize)
+            .ok_or("bad device index")?;
+        Ok(self.release(si, uuid, bytes))
+    }
+
     /// What the balloons hold per device UUID, for the log and metrics.
     pub fn held(&self) -> HashMap<String, u64> {
         let mut m: HashMap<String, u64> = HashMap::new();

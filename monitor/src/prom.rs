@@ -14,6 +14,9 @@ pub struct MonitorFacts {
     pub audit: Vec<AuditRow>,
     /// Per device UUID: memory in use as NVML reports it, whoever holds it.
     pub device_observed: Vec<(String, u64)>,
+    /// Node mode, per device UUID: the slices' unused reservations the monitor holds there
+    /// (`crate::balloon`).
+    pub balloons: Vec<(String, u64)>,
 }
 
 /// What NVML says a slice's processes really hold on a device.
@@ -298,6 +301,15 @@ pub fn render(snap: &NodeView, facts: Option<&MonitorFacts>) -> String {
         for (uuid, used) in &facts.device_observed {
             f.sample(&[("uuid", uuid)], *used as f64);
         }
+        let mut f = family(
+            &mut out,
+            "gpuslice_device_memory_held_bytes",
+            "gauge",
+            "Node mode: reserved memory no slice uses, held on the device by the monitor so that nobody else can take it (balloons).",
+        );
+        for (uuid, held) in &facts.balloons {
+            f.sample(&[("uuid", uuid)], *held as f64);
+        }
         family(
             &mut out,
             "gpuslice_monitor_reaped_processes_total",
@@ -327,6 +339,7 @@ mod tests {
                 limit: Some(4),
             }],
             device_observed: vec![("GPU-x".into(), 7)],
+            balloons: vec![("GPU-x".into(), 3)],
         };
         let text = render(&crate::view::tests::sample(), Some(&facts));
         assert!(

@@ -295,6 +295,10 @@ impl Monitor {
             for l in b.tick(&ledger, regions.as_ref()) {
                 log!("{l}");
             }
+            if let Ok(mut f) = self.facts.lock() {
+                f.balloons = b.held().into_iter().collect();
+                f.balloons.sort();
+            }
         }
     }
 }
