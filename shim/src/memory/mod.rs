@@ -47,6 +47,7 @@ macro_rules! current {
 }
 
 mod arrays;
+mod balloon;
 mod graph;
 mod plain;
 mod pools;
@@ -101,13 +102,18 @@ unsafe fn charge(dev: &DevState, n: u64) -> bool {
 unsafe fn reserved<T>(
     dev: &DevState,
     bytes: u64,
-    alloc: impl FnOnce() -> (CUresult, T),
+    mut alloc: impl FnMut() -> (CUresult, T),
 ) -> Result<T, CUresult> {
     // SAFETY: dev is a device of the started state (this function's contract).
     if !unsafe { charge(dev, bytes) } {
         return Err(oom(dev, bytes));
     }
-    let (r, out) = alloc();
+    let (mut r, mut out) = alloc();
+    if r == CUDA_ERROR_OUT_OF_MEMORY && dev.region.is_some() && dev.account.is_quota() {
+        // Node mode, the device physically full: the monitor may hold part of this slice's
+        // own reservation (balloons). Ask for it and try again (cold: the driver said no).
+        (r, out) = balloon::retry(dev, bytes, &mut alloc, (r, out));
+    }
     if r != CUDA_SUCCESS {
         dev.account.uncharge(bytes);
         return Err(r);
@@ -139,7 +145,7 @@ unsafe fn charge_and_alloc(
     dev: &DevState,
     kind: Kind,
     bytes: u64,
-    alloc: impl FnOnce() -> (CUresult, u64),
+    alloc: impl FnMut() -> (CUresult, u64),
 ) -> CUresult {
     // `bytes` fits a Charge (below 2^48) whenever the charge succeeds: no quota or device
     // reaches 2^48 bytes, so a larger request is refused by `charge`.
