@@ -10,7 +10,7 @@ use crate::init::DevState;
 use crate::log::log;
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use gpuslice_abi::*;
-use gpuslice_ledger::protocol::{self, Message};
+use gpuslice_protocol::{self as protocol, Message};
 
 /// Hand-backs asked for one allocation before its out-of-memory stands (a bypass may take
 /// what was handed back before the retry; the second ask gets more).

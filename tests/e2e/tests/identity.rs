@@ -602,7 +602,7 @@ fn zero_used(dir: &Path) {
 /// child's pid (`pid X`), wait for a line on stdin, then send an admission request on that
 /// connection and say the reply (`reply ...`).
 fn stale_peer(dir: &Path) {
-    use gpuslice_ledger::protocol;
+    use gpuslice_protocol as protocol;
     let (d, m) = admit_request(dir, None, None, 0);
     // SAFETY: constants.
     let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
