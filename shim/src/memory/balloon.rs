@@ -26,6 +26,7 @@ pub(super) fn retry<T>(
     alloc: &mut impl FnMut() -> (CUresult, T),
     first: (CUresult, T),
 ) -> (CUresult, T) {
+    let t0 = std::time::Instant::now();
     let mut last = first;
     for _ in 0..ASKS {
         if !ask(dev, bytes) {
@@ -36,6 +37,18 @@ pub(super) fn retry<T>(
             break;
         }
     }
+    // The slow path's cost, for docs/benchmarks.md ("Balloons").
+    log!(
+        Debug,
+        "slow path for {bytes} bytes on device {}: {} after {} µs",
+        dev.ordinal,
+        if last.0 == CUDA_SUCCESS {
+            "allocated"
+        } else {
+            "still out of memory"
+        },
+        t0.elapsed().as_micros()
+    );
     last
 }
 

@@ -31,6 +31,21 @@ fn unwrapped(n: &Node, uid: u32, env: &[(&str, &str)], alloc: &str, hold: &str) 
     c.spawn().unwrap()
 }
 
+/// `sh -c SCRIPT` (root's shell) with `"$@"` the shim-wrapped `gpuslice-burn` of `uid` (as
+/// [`Node::burn`] runs it) and its environment; the caller adds burn's arguments.
+fn burn_in_sh(n: &Node, uid: u32, script: &str) -> Command {
+    let burn = n.burn(uid);
+    let mut c = Command::new("sh");
+    c.args(["-c", script, "sh"])
+        .arg(burn.get_program())
+        .args(burn.get_args())
+        .envs(
+            burn.get_envs()
+                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
+        );
+    c
+}
+
 /// Wait until the monitor's log has a line with every one of `words` (60 s at most); the line.
 fn wait_log(n: &Node, words: &[&str]) -> String {
     let t0 = Instant::now();
@@ -200,16 +215,8 @@ fn a_zombies_memory_returns_to_its_slice() {
     let n = Node::new(1, "16Gi", &[]);
     let mut keep = holder_in(&n, TENANT_A, ("z", "1Gi"), "1Mi", "60");
     // sh starts the burn in the background and becomes `sleep`, which never waits for it.
-    let burn = n.burn(TENANT_A);
-    let mut parent = Command::new("sh")
-        .args(["-c", "\"$@\" & exec sleep 60", "sh"])
-        .arg(burn.get_program())
-        .args(burn.get_args())
+    let mut parent = burn_in_sh(&n, TENANT_A, "\"$@\" & exec sleep 60")
         .args(["--alloc", "768Mi", "--hold", "60", "--json"])
-        .envs(
-            burn.get_envs()
-                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
-        )
         .envs(in_slice("z", "1Gi"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -497,16 +504,8 @@ fn a_reused_pid_cannot_redirect_admission() {
         let x: i32 = line.trim().trim_start_matches("pid ").parse().unwrap();
         // t2's job takes pid x (the kernel hands out ns_last_pid + 1 next), sleeps, then
         // becomes the CUDA program.
-        let burn = n.burn(TENANT_B);
-        let mut job = Command::new("sh");
-        job.args(["-c", "sleep 0.5; exec \"$@\"", "sh"])
-            .arg(burn.get_program())
-            .args(burn.get_args())
-            .args(["--alloc", "1Mi", "--json"])
-            .envs(
-                burn.get_envs()
-                    .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))),
-            )
+        let mut job = burn_in_sh(&n, TENANT_B, "sleep 0.5; exec \"$@\"");
+        job.args(["--alloc", "1Mi", "--json"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         std::fs::write("/proc/sys/kernel/ns_last_pid", (x - 1).to_string()).unwrap();
@@ -574,6 +573,129 @@ fn balloons_fall_away_with_the_monitor_and_come_back_with_it() {
     let r = burn_json(&o);
     assert_eq!(r["allocated_bytes"], 1536u64 << 20, "{}", text(&o));
     kill_all([&mut h]);
+}
+
+/// The balloons' costs, for docs/benchmarks.md ("Balloons"); not a test (no assertion on time):
+/// `cargo test -p gpuslice-e2e --test identity balloon_costs -- --ignored --nocapture`.
+/// Prints the monitor's own device memory with nothing reserved, the slow path's latency (the
+/// driver full, a 256 MiB allocation asks the monitor for its slice's reservation and
+/// retries; median of 15) and the monitor's start-up with 3 GiB reserved in 1 GiB slices.
+#[test]
+#[ignore]
+fn balloon_costs() {
+    need_root!();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let mut n = Node::new(1, "4Gi", &[]);
+    // The monitor's own device memory with nothing reserved: what the driver shows free to an
+    // unwrapped program, against the device's size.
+    let o = n
+        .command(TENANT_A, "gpuslice-burn")
+        .env_remove("LD_PRELOAD")
+        .args(["--alloc", "1Mi", "--json"])
+        .output()
+        .unwrap();
+    let start = &burn_json(&o)["mem"]["start"];
+    println!(
+        "monitor alone: the driver shows {} of {} bytes free (the monitor's own: {} bytes)",
+        start["free"],
+        start["total"],
+        start["total"].as_u64().unwrap() - start["free"].as_u64().unwrap()
+    );
+    // The slow path: t2's slice s0 (1 GiB) held, a hog holding the rest of the device.
+    let o = n.cli(
+        0,
+        &[
+            "slice",
+            "create",
+            "s0",
+            "--memory",
+            "1Gi",
+            "--owner",
+            &TENANT_B.to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    wait_held(&n, "3584Mi");
+    let mut hog = unwrapped(&n, TENANT_A, &[], "1Gi,1Gi,1Gi,1Gi", "300");
+    let (_, v) = gpuslice_e2e::first_line(&mut hog);
+    assert_eq!(v["allocated_bytes"], 3u64 << 30, "{v}");
+    let mut slow = vec![];
+    let mut runs = 0;
+    while slow.len() < 15 {
+        runs += 1;
+        assert!(runs <= 60, "{slow:?}\n{}", n.monitor_log());
+        std::thread::sleep(Duration::from_millis(600)); // the balloon is refilled
+        let o = n.allocate(
+            TENANT_B,
+            &[("GPUSLICE_SLICE", "s0"), ("GPUSLICE_LOG", "debug")],
+            "256Mi",
+        );
+        assert_eq!(
+            burn_json(&o)["allocated_bytes"],
+            256u64 << 20,
+            "{}",
+            text(&o)
+        );
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        // A run that found memory free (the balloon not refilled yet) took no slow path.
+        if let Some(us) = err
+            .lines()
+            .find(|l| l.contains("slow path for"))
+            .and_then(|l| l.split(" after ").nth(1))
+            .and_then(|v| v.trim_end_matches(" µs").parse::<f64>().ok())
+        {
+            slow.push(us);
+        } else if runs == 1 {
+            println!("{err}");
+        }
+    }
+    println!(
+        "slow path (256 MiB, device full), {} of {runs} runs: median {} µs of {slow:?}",
+        slow.len(),
+        median(slow.clone())
+    );
+    kill_all([&mut hog]);
+    // Start-up: the first tick holds 3 GiB reserved in 1 GiB slices.
+    for i in 1..3 {
+        let o = n.cli(0, &["slice", "create", &format!("s{i}"), "--memory", "1Gi"]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let mut starts = vec![];
+    for _ in 0..5 {
+        let before = n.monitor_log().matches("start-up").count();
+        n.stop_monitor();
+        n.start_monitor();
+        let t0 = Instant::now();
+        let line = loop {
+            let log = n.monitor_log();
+            if log.matches("start-up").count() > before {
+                break log
+                    .lines()
+                    .rev()
+                    .find(|l| l.contains("start-up"))
+                    .unwrap()
+                    .to_string();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "{log}");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        println!("{line}");
+        let ms: f64 = line
+            .rsplit("start-up ")
+            .next()
+            .unwrap()
+            .trim_end_matches(" ms)")
+            .parse()
+            .unwrap();
+        starts.push(ms);
+    }
+    println!(
+        "start-up with 3 GiB reserved in 1 GiB slices: median {} ms of {starts:?}",
+        median(starts.clone())
+    );
 }
 
 /// The hostile tenants (run as another user by the tests above). Not a test of its own: without
