@@ -649,6 +649,7 @@ mod tests {
             pid_ns: 0,
             host_pid: pid,
             slice: String::new(),
+            uid: 1000,
             alive,
             memory_used: charged,
             devices: vec![gpuslice_ledger::ProcDeviceInfo {
@@ -676,6 +677,7 @@ mod tests {
             alloc_total: 0,
             alloc_denied_total: 0,
             claim: None,
+            owner: None,
             priority: 0,
             over_quota: false,
             audit_observed: 0,

@@ -19,7 +19,10 @@ const ASKS: usize = 2;
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Try `alloc` again after each hand-back, at most [`ASKS`] times; what the last attempt
-/// gave (`first` when the monitor handed nothing back).
+/// gave (`first` when the monitor handed nothing back). Cold and never inlined: the hot path
+/// pays one comparison of the driver's status for it.
+#[cold]
+#[inline(never)]
 pub(super) fn retry<T>(
     dev: &DevState,
     bytes: u64,
