@@ -18,41 +18,52 @@ const ASKS: usize = 2;
 /// How long one ask may take (the monitor answers at once; this bounds a stuck one).
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Try `alloc` again after each hand-back, at most [`ASKS`] times; what the last attempt
-/// gave (`first` when the monitor handed nothing back). Cold and never inlined: the hot path
-/// pays one comparison of the driver's status for it.
+/// The driver refused an allocation of `bytes` that was charged to `dev`'s account, with
+/// status `r`. In node mode, when the refusal is out of memory and the account is a slice's
+/// quota, the monitor may hold part of this slice's own reservation (balloons): ask for it and
+/// try `alloc` again after each hand-back, at most [`ASKS`] times. Whatever fails in the end
+/// is uncharged and its status returned. Cold and never inlined: the hot path pays only the
+/// one comparison of the driver's status it always made.
 #[cold]
 #[inline(never)]
-pub(super) fn retry<T>(
+pub(super) fn refused<T>(
     dev: &DevState,
     bytes: u64,
-    alloc: &mut impl FnMut() -> (CUresult, T),
-    first: (CUresult, T),
-) -> (CUresult, T) {
-    let t0 = std::time::Instant::now();
-    let mut last = first;
-    for _ in 0..ASKS {
-        if !ask(dev, bytes) {
-            break;
+    mut alloc: impl FnMut() -> (CUresult, T),
+    r: CUresult,
+) -> Result<T, CUresult> {
+    let mut r = r;
+    if r == CUDA_ERROR_OUT_OF_MEMORY && dev.region.is_some() && dev.account.is_quota() {
+        let t0 = std::time::Instant::now();
+        for _ in 0..ASKS {
+            if !ask(dev, bytes) {
+                break;
+            }
+            let (again, out) = alloc();
+            r = again;
+            if r == CUDA_SUCCESS {
+                // The slow path's cost, for docs/benchmarks.md ("Balloons").
+                log!(
+                    Debug,
+                    "slow path for {bytes} bytes on device {}: allocated after {} µs",
+                    dev.ordinal,
+                    t0.elapsed().as_micros()
+                );
+                return Ok(out);
+            }
+            if r != CUDA_ERROR_OUT_OF_MEMORY {
+                break;
+            }
         }
-        last = alloc();
-        if last.0 != CUDA_ERROR_OUT_OF_MEMORY {
-            break;
-        }
+        log!(
+            Debug,
+            "slow path for {bytes} bytes on device {}: still refused after {} µs",
+            dev.ordinal,
+            t0.elapsed().as_micros()
+        );
     }
-    // The slow path's cost, for docs/benchmarks.md ("Balloons").
-    log!(
-        Debug,
-        "slow path for {bytes} bytes on device {}: {} after {} µs",
-        dev.ordinal,
-        if last.0 == CUDA_SUCCESS {
-            "allocated"
-        } else {
-            "still out of memory"
-        },
-        t0.elapsed().as_micros()
-    );
-    last
+    dev.account.uncharge(bytes);
+    Err(r)
 }
 
 /// Ask the monitor for `bytes` of this slice's reservation on `dev`: whether it handed any

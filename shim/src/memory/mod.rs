@@ -108,15 +108,9 @@ unsafe fn reserved<T>(
     if !unsafe { charge(dev, bytes) } {
         return Err(oom(dev, bytes));
     }
-    let (mut r, mut out) = alloc();
-    if r == CUDA_ERROR_OUT_OF_MEMORY && dev.region.is_some() && dev.account.is_quota() {
-        // Node mode, the device physically full: the monitor may hold part of this slice's
-        // own reservation (balloons). Ask for it and try again (cold: the driver said no).
-        (r, out) = balloon::retry(dev, bytes, &mut alloc, (r, out));
-    }
+    let (r, out) = alloc();
     if r != CUDA_SUCCESS {
-        dev.account.uncharge(bytes);
-        return Err(r);
+        return balloon::refused(dev, bytes, alloc, r);
     }
     Ok(out)
 }
