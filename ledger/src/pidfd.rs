@@ -121,10 +121,9 @@ mod tests {
     fn a_peer_that_exits_after_connecting_is_refused() {
         let mut fds = [0; 2];
         // SAFETY: a socketpair into a local array.
-        assert_eq!(
-            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) },
-            0
-        );
+        let r =
+            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) };
+        assert_eq!(r, 0);
         // The kernel's pidfd of the peer (this process, on a socketpair), where it has one.
         let me = PeerProcess::at_accept(fds[0], std::process::id());
         assert!(me.check().is_ok(), "{me:?}");

@@ -105,15 +105,16 @@ impl Balloons {
         if lib.is_null() {
             return Err("cannot load libcuda.so.1".into());
         }
-        // SAFETY (all `sym` calls): a live handle; each type is the entry point's signature
-        // from gpuslice_abi::pfn. The handle is never closed (the driver stays for the process).
-        let (init, count, get, uuid, retain): (
+        type Entry = (
             pfn::cuInit,
             pfn::cuDeviceGetCount,
             pfn::cuDeviceGet,
             pfn::cuDeviceGetUuid_v2,
             pfn::cuDevicePrimaryCtxRetain,
-        ) = unsafe {
+        );
+        // SAFETY: for all `sym` calls: a live handle; each type is the entry point's signature
+        // from gpuslice_abi::pfn. The handle is never closed (the driver stays for the process).
+        let (init, count, get, uuid, retain): Entry = unsafe {
             (
                 sym(lib, "cuInit")?,
                 sym(lib, "cuDeviceGetCount")?,
