@@ -382,6 +382,24 @@ fn wait_held(n: &Node, alloc: &str) {
     }
 }
 
+/// Root's slice `name` of 1 GiB for t2 (on a 4 GiB device), once the balloons hold it.
+fn reserve_for_t2(n: &Node, name: &str) {
+    let o = n.cli(
+        0,
+        &[
+            "slice",
+            "create",
+            name,
+            "--memory",
+            "1Gi",
+            "--owner",
+            &TENANT_B.to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    wait_held(n, "3584Mi");
+}
+
 /// Issue #27, "reserved memory can be taken": on a 4 GiB device t2 has 1 GiB reserved (an
 /// operator slice of its own, nothing used yet). Node mode's default settings hold it
 /// physically (balloons), so (b) t1's unwrapped program that asks for everything gets
@@ -392,20 +410,7 @@ fn wait_held(n: &Node, alloc: &str) {
 fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
     need_root!();
     let n = Node::new(1, "4Gi", &[]);
-    let o = n.cli(
-        0,
-        &[
-            "slice",
-            "create",
-            "t2res",
-            "--memory",
-            "1Gi",
-            "--owner",
-            &TENANT_B.to_string(),
-        ],
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    wait_held(&n, "3584Mi");
+    reserve_for_t2(&n, "t2res");
     let t2_allocates = |n: &Node| {
         let o = n.allocate(
             TENANT_B,
@@ -599,20 +604,7 @@ fn balloon_costs() {
         start["total"].as_u64().unwrap() - start["free"].as_u64().unwrap()
     );
     // The slow path: t2's slice s0 (1 GiB) held, a hog holding the rest of the device.
-    let o = n.cli(
-        0,
-        &[
-            "slice",
-            "create",
-            "s0",
-            "--memory",
-            "1Gi",
-            "--owner",
-            &TENANT_B.to_string(),
-        ],
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    wait_held(&n, "3584Mi");
+    reserve_for_t2(&n, "s0");
     let mut hog = unwrapped(&n, TENANT_A, &[], "1Gi,1Gi,1Gi,1Gi", "300");
     let (_, v) = gpuslice_e2e::first_line(&mut hog);
     assert_eq!(v["allocated_bytes"], 3u64 << 30, "{v}");
