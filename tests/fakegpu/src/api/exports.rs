@@ -217,6 +217,9 @@ exports! {
         let c = cur_ctx()?;
         crate::exec::ctx_synchronize(c)
     }
+    // CUDA 13.0 forms: the context is a parameter (null: the current one).
+    fn cuCtxGetDevice_v2(d: *mut CUdevice, c: CUcontext) { put(d, ctx_or_current(c)?.dev as CUdevice) }
+    fn cuCtxSynchronize_v2(c: CUcontext) { crate::exec::ctx_synchronize(ctx_or_current(c)?) }
     fn cuCtxGetApiVersion(c: CUcontext, v: *mut c_uint) { ctx_or_current(c)?; put(v, 3020) }
     fn cuCtxGetFlags(f: *mut c_uint) { put(f, cur_ctx()?.flags.load(Relaxed)) }
     fn cuCtxSetFlags(f: c_uint) { cur_ctx()?.flags.store(f, Relaxed); Ok(()) }
