@@ -234,7 +234,12 @@ exports! {
     fn cuCtxDisablePeerAccess(_c: CUcontext) { cur_ctx().map(|_| ()) }
     fn cuCtxGetLimit(v: *mut usize, limit: c_uint) {
         cur_ctx()?;
-        put(v, match limit { 0 => 1024, 1 => 1 << 20, 2 => 8 << 20, 3 => 2, 4 => 2048, 5 => 64, 6 => 0, _ => return Err(CUDA_ERROR_UNSUPPORTED_LIMIT) })
+        // 7..9 (CUDA 12.4+) describe CIG contexts, which the fake never makes: the shared memory
+        // a kernel may use is the device's, CIG is off, its fallback on. cuBLASLt reads
+        // CU_LIMIT_CIG_ENABLED when it creates a handle and ignores a failure, using whatever its
+        // variable held: unanswered, it saw a CIG context at random and refused every GEMM with
+        // CUBLAS_STATUS_ARCH_MISMATCH.
+        put(v, match limit { 0 => 1024, 1 => 1 << 20, 2 => 8 << 20, 3 => 2, 4 => 2048, 5 => 64, 6 => 0, 7 => 232_448, 8 => 0, 9 => 1, _ => return Err(CUDA_ERROR_UNSUPPORTED_LIMIT) })
     }
     fn cuCtxSetLimit(_limit: c_uint, _v: usize) { cur_ctx().map(|_| ()) }
     fn cuCtxGetCacheConfig(v: *mut c_uint) { cur_ctx()?; put(v, 0) }
