@@ -174,6 +174,7 @@ checked! {
         nvmlDeviceGetAccountingStats,
     }
     nvml {
+        nvmlDeviceGetDriverModel, nvmlDeviceGetDriverModel_v2,
         nvmlDeviceGetClockInfo, nvmlDeviceGetMaxClockInfo, nvmlDeviceGetClock,
         nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetCurrentClocksThrottleReasons,
         nvmlDeviceGetPowerManagementLimit, nvmlDeviceGetEnforcedPowerLimit,

@@ -194,6 +194,9 @@ nvml_exports! {
         }
         Ok(())
     }
+    // Driver models (WDDM, TCC) are Windows'; NVML on Linux has none.
+    fn nvmlDeviceGetDriverModel(h: nvmlDevice_t, _c: *mut c_uint, _p: *mut c_uint) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
+    fn nvmlDeviceGetDriverModel_v2(h: nvmlDevice_t, _c: *mut c_uint, _p: *mut c_uint) { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) }
     fn nvmlDeviceGetArchitecture(h: nvmlDevice_t, a: *mut c_uint) { dev(h)?; put(a, ARCH_HOPPER) }
     fn nvmlDeviceGetMemoryBusWidth(h: nvmlDevice_t, w: *mut c_uint) { dev(h)?; put(w, 6144) }
     fn nvmlDeviceGetNumGpuCores(h: nvmlDevice_t, n: *mut c_uint) { dev(h)?; put(n, 132 * 128) }

@@ -122,10 +122,67 @@ def probe():
     emit(**out)
 
 
+def gemm():
+    """cuBLAS GEMMs as a fresh process makes them: a 7x7 matmul (cublasGemmEx) and a batched
+    one (cublasGemmStridedBatchedEx)."""
+    out = {}
+    for name, f in (("matmul", lambda: torch.matmul(a, a)),
+                    ("bmm", lambda: torch.bmm(b, b))):
+        try:
+            a = torch.randn(7, 7, device="cuda")
+            b = torch.randn(3, 7, 7, device="cuda")
+            y = f()
+            torch.cuda.synchronize()
+            out[name] = dict(shape=list(y.shape))
+        except Exception as e:
+            out[name] = dict(error=type(e).__name__, message=str(e)[:300])
+    emit(**out)
+
+
+def backward(steps=5):
+    """A backward pass over two streams with autograd callbacks, as training loops with
+    side streams run it: the autograd thread records, waits on and destroys events while work
+    is still queued, and a tensor hook queues an engine callback. Events created and dropped
+    while their stream is busy are destroyed with work pending."""
+    from torch.autograd import Variable
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    w1 = torch.randn(64, 64, device="cuda", requires_grad=True)
+    w2 = torch.randn(64, 64, device="cuda", requires_grad=True)
+    x = torch.randn(64, 64, device="cuda")
+    hooks, callbacks, dropped = 0, 0, 0
+
+    def on_done():
+        nonlocal callbacks
+        callbacks += 1
+
+    def hook(g):
+        nonlocal hooks
+        hooks += 1
+        Variable._execution_engine.queue_callback(on_done)
+        return g
+
+    for _ in range(steps):
+        with torch.cuda.stream(s1):
+            a = (x @ w1).relu()
+            busy = torch.cuda.Event()
+            busy.record(s1)
+        with torch.cuda.stream(s2):
+            s2.wait_stream(s1)
+            loss = (a @ w2).sum()
+        a.register_hook(hook)
+        with torch.cuda.stream(s2):
+            loss.backward()
+        del busy  # cudaEventDestroy while s1/s2 may still have queued work
+        dropped += 1
+        torch.cuda.synchronize()
+    emit(steps=steps, hooks=hooks, callbacks=callbacks, dropped_events=dropped,
+         grad=list(w1.grad.shape))
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
-    if mode == "probe":
-        probe()
+    if mode in ("probe", "gemm", "backward"):
+        {"probe": probe, "gemm": gemm, "backward": backward}[mode]()
         sys.exit(0)
     if mode == "fill":
         fill(int(sys.argv[2]))
