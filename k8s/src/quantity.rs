@@ -21,23 +21,14 @@ pub fn parse(s: &str) -> Result<u128, String> {
     let digits: u128 = format!("{int}{frac}")
         .parse()
         .map_err(|_| bad("the number is too large"))?;
+    // The unit table is the settings grammar's (`gpuslice_quantity::kubernetes_unit`); only
+    // the sub-units and exponents, which sizes never take, are read here.
+    let unit = gpuslice_quantity::kubernetes_unit(suffix);
     let (mul_num, mul_den_pow10): (u128, i32) = match suffix {
-        "" => (1, 0),
-        "Ki" => (1 << 10, 0),
-        "Mi" => (1 << 20, 0),
-        "Gi" => (1 << 30, 0),
-        "Ti" => (1 << 40, 0),
-        "Pi" => (1 << 50, 0),
-        "Ei" => (1 << 60, 0),
+        _ if unit.is_some() => (unit.unwrap_or(1), 0),
         "n" => (1, 9),
         "u" => (1, 6),
         "m" => (1, 3),
-        "k" => (1_000, 0),
-        "M" => (1_000_000, 0),
-        "G" => (1_000_000_000, 0),
-        "T" => (1_000_000_000_000, 0),
-        "P" => (1_000_000_000_000_000, 0),
-        "E" => (1_000_000_000_000_000_000, 0),
         e if e.starts_with(['e', 'E']) => {
             let exp: i32 = e[1..].parse().map_err(|_| bad("bad exponent"))?;
             if exp > 30 {
@@ -69,14 +60,8 @@ pub fn parse(s: &str) -> Result<u128, String> {
 /// Bytes as a quantity: the largest binary unit that divides them exactly (`4Gi`, `1536Mi`,
 /// `12345`).
 pub fn bytes(b: u64) -> String {
-    for (unit, shift) in [
-        ("Ei", 60),
-        ("Pi", 50),
-        ("Ti", 40),
-        ("Gi", 30),
-        ("Mi", 20),
-        ("Ki", 10),
-    ] {
+    for (unit, power) in gpuslice_quantity::BINARY_UNITS.iter().rev() {
+        let shift = 10 * power;
         if b != 0 && b.is_multiple_of(1u64 << shift) {
             return format!("{}{unit}", b >> shift);
         }
@@ -99,7 +84,9 @@ mod tests {
         assert_eq!(parse("1e3").unwrap(), 1000);
         assert_eq!(parse("100m").unwrap(), 1); // a fraction rounds up
         assert_eq!(parse("0").unwrap(), 0);
-        for bad in ["", "Gi", "-1", "4XB", "1.2.3", "4 Gi", "1e99"] {
+        assert_eq!(parse("2Ei").unwrap(), 2 << 60);
+        assert_eq!(parse("1E").unwrap(), 1_000_000_000_000_000_000);
+        for bad in ["", "Gi", "-1", "4XB", "1.2.3", "4 Gi", "1e99", "1K", "4GiB"] {
             assert!(parse(bad).is_err(), "{bad}");
         }
     }

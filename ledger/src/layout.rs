@@ -7,17 +7,18 @@
 //! mutex, hot-path counters (`Slice::memory_used`, `Device::best_effort_used`, `ProcDevice`)
 //! only through `account.rs`.
 //!
-//! Any change to these structs (or to `sched.rs`) must bump [`LAYOUT_VERSION`]: processes of
-//! different versions then refuse each other's file with a clear error instead of misreading it.
+//! Any change to these structs (or to the records of `gpuslice-sched`, `sched/src/records.rs`)
+//! must bump [`LAYOUT_VERSION`]: processes of different versions then refuse each other's file
+//! with a clear error instead of misreading it.
 
-use crate::sched::{SchedDevice, SchedProc, SchedSlice};
 use core::cell::UnsafeCell;
 use core::mem::size_of;
 use core::sync::atomic::{AtomicU32, AtomicU64};
+use gpuslice_sched::{SchedDevice, SchedProc, SchedSlice};
 
 /// The first 8 bytes of every ledger file.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
-/// Bumped on every layout change (including `sched.rs`).
+/// Bumped on every layout change (including `gpuslice-sched`'s records).
 pub const LAYOUT_VERSION: u32 = 4;
 /// Devices per node.
 pub const MAX_DEVICES: usize = 16;
@@ -32,6 +33,8 @@ pub const MAX_POOLS: usize = 256;
 pub const POOL_ACCOUNT_BASE: u32 = 0x4000_0000;
 /// Longest slice name, in bytes (names are NUL-padded, not NUL-terminated when full).
 pub const NAME_LEN: usize = 64;
+// The settings grammar refuses any name the record cannot hold.
+const _: () = assert!(gpuslice_quantity::MAX_SLICE_NAME < NAME_LEN);
 /// Room for a device UUID as text (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` is 40 bytes).
 pub const UUID_LEN: usize = 48;
 /// Room for a slice's claim label (Kubernetes `namespace/name`: 63 + 1 + 253 bytes, rounded).
@@ -45,8 +48,8 @@ pub const ACCOUNT_NONE: u32 = u32::MAX;
 pub const ACCOUNT_BEST_EFFORT: u32 = u32::MAX - 1;
 /// `Slice::memory_limit` of a slice without a quota (its processes are best effort).
 pub const NO_LIMIT: u64 = u64::MAX;
-/// Compute fractions are stored in parts per million.
-pub const PPM: u32 = 1_000_000;
+/// Compute fractions are stored in parts per million (the settings grammar's unit).
+pub use gpuslice_quantity::PPM;
 
 /// Record states (`Device::state`, `Slice::state`, `Proc::state`).
 pub const STATE_FREE: u32 = 0;

@@ -2,14 +2,13 @@
 //! gpuslice process on a node agrees on devices, slices, processes, quotas and compute leases.
 //!
 //! Both the shim (inside each wrapped program) and the monitor (`gpuslice`) map the same file;
-//! this crate is the only definition of its layout and the only code that mutates it. It also
-//! holds the one parser of the size and fraction syntax ([`quantity`]), shared by the shim's
-//! variables, the CLI's flags and `gpuslice-burn`, and the rules across settings that the
-//! shim and the CLI must agree on (slice names, a cap never below its share).
+//! this crate is the only definition of its layout and the only code that mutates it. The
+//! settings grammar is `gpuslice-quantity`, the compute scheduler whose records live in the
+//! file `gpuslice-sched`, the node-mode socket protocol `gpuslice-protocol`.
 //!
 //! How the parts meet:
 //! - [`layout`]: the records (`Header`, `Device`, `Slice`, `Proc`) and their offsets, pinned by
-//!   tests; [`sched`] holds the compute scheduler's part of each record and its policy;
+//!   tests; `gpuslice_sched` holds the compute scheduler's part of each record and its policy;
 //!   [`tenants`] adapts the ledger's records to it; `sys` holds the OS calls (clock, futex, OFD locks).
 //! - [`dir`]: the runtime directory opened once as a descriptor, every file in it opened with
 //!   `O_NOFOLLOW` and checked (owner, mode) before use, and the mode decision (personal or
@@ -55,11 +54,8 @@ mod file;
 pub mod layout;
 mod ledger;
 pub mod node;
-pub mod protocol;
-pub mod quantity;
 pub mod region;
 mod reslice;
-pub mod sched;
 pub mod secret;
 mod snapshot;
 mod sys;
@@ -72,10 +68,6 @@ pub use error::{human_bytes, AdmissionError, LedgerError};
 pub use file::{own_start_time, start_time_of, LOCK_TIMEOUT};
 pub use layout::{MAX_DEVICES, MAX_PROCS, MAX_SLICES, PPM};
 pub use ledger::{Joined, Ledger, LockGuard, OperatorSlice, ProcHandle, SliceRequest};
-pub use quantity::{
-    check_cap_not_below_share, check_slice_name, parse_cap, parse_cap_per_device, parse_fraction,
-    parse_quota, parse_size, valid_slice_name, ComputeSetting, PerDevice, QuantityError, Size,
-};
 pub use reslice::SliceChange;
 pub use snapshot::{DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, SliceInfo, Snapshot};
 pub use view::innermost_pid_of;

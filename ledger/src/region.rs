@@ -18,9 +18,9 @@
 
 use crate::error::LedgerError;
 use crate::layout::{CacheLine, MAX_PROCS};
-use crate::sched::{GrantProc, SchedProc, SchedSlice};
 use core::mem::size_of;
 use core::sync::atomic::{AtomicU32, AtomicU64};
+use gpuslice_sched::{GrantProc, SchedProc, SchedSlice};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// First bytes of a region.
@@ -64,7 +64,7 @@ pub struct RegionProc {
     pub charged: AtomicU64,
     /// Compute scheduler, per process.
     pub sched: SchedProc,
-    /// Node-mode compute turns: what the process asks of the monitor (`sched/granted.rs`).
+    /// Node-mode compute turns: what the process asks of the monitor (`gpuslice_sched::Granted`).
     pub grant: GrantProc,
 }
 

@@ -9,7 +9,6 @@ use core::sync::atomic::Ordering::*;
 
 use crate::error::{human_bytes, AdmissionError, LedgerError};
 use crate::layout::{NO_LIMIT, PPM, STATE_ACTIVE};
-use crate::sched;
 use crate::Ledger;
 
 /// What `gpuslice slice set` changes (None: leave as it is).
@@ -21,7 +20,7 @@ pub struct SliceChange {
     pub compute_share_ppm: Option<u32>,
     /// New compute cap (ppm; [`PPM`] is none).
     pub compute_cap_ppm: Option<u32>,
-    /// New priority class ([`sched::CLASS_NORMAL`] or [`sched::CLASS_LATENCY`]).
+    /// New priority class ([`gpuslice_sched::CLASS_NORMAL`] or [`gpuslice_sched::CLASS_LATENCY`]).
     pub class: Option<u32>,
 }
 
@@ -104,7 +103,7 @@ impl Ledger {
         if let Some(new) = c.compute_share_ppm {
             let old = s.compute_share_ppm.load(SeqCst) as u64;
             let others = d.compute_reserved.load(SeqCst).saturating_sub(old);
-            if !sched::admits(others, new) {
+            if !gpuslice_sched::admits(others, new) {
                 return Err(AdmissionError {
                     setting: "--compute".into(),
                     device: uuid,
@@ -200,7 +199,7 @@ mod tests {
             memory: Some(3 << 30),
             compute_share_ppm: Some(500_000),
             compute_cap_ppm: Some(750_000),
-            class: Some(sched::CLASS_LATENCY),
+            class: Some(gpuslice_sched::CLASS_LATENCY),
         };
         assert_eq!(l.set_slice("a", &change).unwrap(), 1);
         let s = l.snapshot();
@@ -217,7 +216,7 @@ mod tests {
                 .sched
                 .class
                 .load(SeqCst),
-            sched::CLASS_LATENCY
+            gpuslice_sched::CLASS_LATENCY
         );
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -214,7 +214,7 @@ impl Store {
         let mut s = Store::default();
         for (i, line) in text.lines().enumerate() {
             let (name, secret) = line.split_once('\t').ok_or(i + 1)?;
-            if !crate::quantity::valid_slice_name(name) {
+            if !gpuslice_quantity::valid_slice_name(name) {
                 return Err(i + 1);
             }
             let secret = Secret::parse("", secret).map_err(|_| i + 1)?;

@@ -5,7 +5,7 @@
 use core::sync::atomic::{AtomicU32, Ordering::*};
 
 use crate::layout::{Device, Proc, Slice, STATE_ACTIVE};
-use crate::sched::{on_process_dead, SchedSlice, Tenants, SYSTEM};
+use gpuslice_sched::{on_process_dead, SchedSlice, Tenants, SYSTEM};
 
 /// The ledger's slices on one device.
 pub struct LedgerTenants<'a> {

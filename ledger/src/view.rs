@@ -52,7 +52,6 @@
 
 use crate::file::{self, Mapping};
 use crate::layout::*;
-use crate::sched;
 use crate::{Ledger, LedgerError};
 use core::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::os::unix::fs::MetadataExt;
@@ -233,7 +232,7 @@ impl<'a> View<'a> {
             memory_total: total,
             memory_reserved: reserved,
             best_effort_used: d.best_effort_used.load(Relaxed).min(total - reserved),
-            compute_used: d.sched.window.fraction(sched::now_ns()),
+            compute_used: d.sched.window.fraction(gpuslice_sched::now_ns()),
         })
     }
 
@@ -266,7 +265,8 @@ impl<'a> View<'a> {
             memory_used: memory_limit.map_or(0, |l| s.memory_used.0.load(Relaxed).min(l)),
             compute_share_ppm: s.compute_share_ppm.load(Relaxed).min(PPM),
             compute_cap_ppm: s.compute_cap_ppm.load(Relaxed).min(PPM),
-            compute_used: sched::slice_stats(&s.sched, sched::now_ns()).used_fraction,
+            compute_used: gpuslice_sched::slice_stats(&s.sched, gpuslice_sched::now_ns())
+                .used_fraction,
             operator_defined: s.operator_defined.load(Relaxed) != 0,
             private: s.private.load(Relaxed) != 0,
         })

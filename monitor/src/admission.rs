@@ -14,10 +14,10 @@
 
 use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
 use gpuslice_ledger::node::{region_key, DeviceAsk, Limits, Peer, Regions};
-use gpuslice_ledger::protocol::{self, Message, SOCKET_FILE};
 use gpuslice_ledger::region::Region;
 use gpuslice_ledger::secret::Secret;
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceRequest};
+use gpuslice_protocol::{self as protocol, Message, SOCKET_FILE};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -376,8 +376,8 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
                     let ppm = |k: &str| opt(k).map(|v| v.map(|v| v.min(PPM as u64) as u32));
                     let class = opt("class")?;
                     if class.is_some_and(|c| {
-                        c != gpuslice_ledger::sched::CLASS_NORMAL as u64
-                            && c != gpuslice_ledger::sched::CLASS_LATENCY as u64
+                        c != gpuslice_sched::CLASS_NORMAL as u64
+                            && c != gpuslice_sched::CLASS_LATENCY as u64
                     }) {
                         return Err("bad request: field \"class\" is not a priority class".into());
                     }
@@ -424,7 +424,7 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, S
     let peer = peer_of(pid, uid)?;
     let name = req.get("slice").filter(|n| !n.is_empty()).map(String::from);
     if let Some(n) = &name {
-        gpuslice_ledger::check_slice_name("GPUSLICE_SLICE", n).map_err(|e| e.to_string())?;
+        gpuslice_quantity::check_slice_name("GPUSLICE_SLICE", n).map_err(|e| e.to_string())?;
     }
     let mut asks = vec![];
     for line in req.all("dev") {
@@ -483,7 +483,7 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, S
                 if s.operator_defined.load(SeqCst) == 0 {
                     s.sched
                         .class
-                        .store(class.min(gpuslice_ledger::sched::CLASS_LATENCY), SeqCst);
+                        .store(class.min(gpuslice_sched::CLASS_LATENCY), SeqCst);
                 }
             }
         }

@@ -1,10 +1,10 @@
 //! Compute figures of a slice (used fraction, launches, throttled time), read from the
-//! scheduler's part of the ledger ([`gpuslice_ledger::sched::slice_stats`]).
+//! scheduler's part of the ledger ([`gpuslice_sched::slice_stats`]).
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use gpuslice_ledger::sched::{class_name, now_ns, slice_stats};
 use gpuslice_ledger::Ledger;
+use gpuslice_sched::{class_name, now_ns, slice_stats};
 
 /// A slice's compute figures.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -117,7 +117,7 @@ impl Limits {
     /// Checks that need more than one flag: a cap below the share it caps (the ledger's rule,
     /// the one the shim applies to the variables).
     pub fn check(&self, usage: &'static str) -> Result<(), Failure> {
-        use gpuslice_ledger::quantity::{
+        use gpuslice_quantity::{
             check_cap_not_below_share, parse_cap_per_device, parse_fraction_per_device,
             ComputeSetting,
         };
@@ -152,7 +152,7 @@ impl Limits {
 /// error here rather than a failed `cuInit` inside the program. The message names the flag,
 /// the value and the accepted forms.
 fn check_value(flag: &str, value: &str) -> Result<(), String> {
-    use gpuslice_ledger::quantity::{
+    use gpuslice_quantity::{
         check_slice_name, parse_cap_per_device, parse_fraction_per_device, parse_size_per_device,
     };
     // `parse_size_per_device` is the quota parser: it refuses 0, as the shim does.
@@ -162,7 +162,7 @@ fn check_value(flag: &str, value: &str) -> Result<(), String> {
         "--compute-cap" => parse_cap_per_device(flag, value).map(drop),
         "--slice" => check_slice_name(flag, value),
         "--priority" => {
-            return match gpuslice_ledger::sched::parse_class(value) {
+            return match gpuslice_sched::parse_class(value) {
                 Some(_) => Ok(()),
                 None => Err(format!("--priority {value:?}: expected latency or normal")),
             }

@@ -8,7 +8,7 @@
 use crate::cli::{self, Failure};
 use crate::node::{Node, SecretArg, SliceSpec};
 use crate::view::SliceView;
-use gpuslice_ledger::{
+use gpuslice_quantity::{
     check_cap_not_below_share, check_slice_name, parse_cap, parse_fraction, parse_quota,
     ComputeSetting, PerDevice,
 };
@@ -170,8 +170,8 @@ fn parse_set(args: Vec<OsString>) -> Result<(String, gpuslice_ledger::SliceChang
             Long("memory") => {
                 let v = p.utf8("--memory")?;
                 c.memory = Some(
-                    match gpuslice_ledger::parse_quota("--memory", &v).map_err(|e| bad(&e))? {
-                        gpuslice_ledger::Size::Bytes(b) => b,
+                    match gpuslice_quantity::parse_quota("--memory", &v).map_err(|e| bad(&e))? {
+                        gpuslice_quantity::Size::Bytes(b) => b,
                         other => {
                             return Err(Failure::usage(
                                 format!(
@@ -193,7 +193,7 @@ fn parse_set(args: Vec<OsString>) -> Result<(String, gpuslice_ledger::SliceChang
             }
             Long("priority") => {
                 let v = p.utf8("--priority")?;
-                c.class = Some(gpuslice_ledger::sched::parse_class(&v).ok_or_else(|| {
+                c.class = Some(gpuslice_sched::parse_class(&v).ok_or_else(|| {
                     Failure::usage(format!("--priority {v:?}: expected latency or normal"), SET)
                 })?);
             }
@@ -242,7 +242,7 @@ fn take_priority(args: &mut Vec<OsString>) -> Result<Option<u32>, Failure> {
             i += 1;
             continue;
         };
-        class = Some(gpuslice_ledger::sched::parse_class(&v).ok_or_else(|| {
+        class = Some(gpuslice_sched::parse_class(&v).ok_or_else(|| {
             Failure::usage(
                 format!("--priority {v:?}: expected latency or normal"),
                 CREATE,
@@ -356,20 +356,20 @@ mod tests {
         let mut a = args(&["s", "--memory", "1Gi", "--priority", "latency"]);
         assert_eq!(
             take_priority(&mut a).unwrap(),
-            Some(gpuslice_ledger::sched::CLASS_LATENCY)
+            Some(gpuslice_sched::CLASS_LATENCY)
         );
         assert_eq!(a, args(&["s", "--memory", "1Gi"]));
         let mut a = args(&["s", "--priority=normal"]);
         assert_eq!(
             take_priority(&mut a).unwrap(),
-            Some(gpuslice_ledger::sched::CLASS_NORMAL)
+            Some(gpuslice_sched::CLASS_NORMAL)
         );
         assert!(take_priority(&mut args(&["s", "--priority", "high"])).is_err());
         assert!(take_priority(&mut args(&["s", "--priority"])).is_err());
         let (name, c) =
             parse_set(args(&["s", "--priority", "latency", "--compute", "0.5"])).unwrap();
         assert_eq!(name, "s");
-        assert_eq!(c.class, Some(gpuslice_ledger::sched::CLASS_LATENCY));
+        assert_eq!(c.class, Some(gpuslice_sched::CLASS_LATENCY));
         assert_eq!(c.compute_share_ppm, Some(500_000));
         assert!(parse_set(args(&["s"])).is_err(), "nothing to change");
     }

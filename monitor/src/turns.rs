@@ -22,13 +22,13 @@ use std::time::Duration;
 use gpuslice_ledger::layout::{STATE_ACTIVE, STATE_FREE};
 use gpuslice_ledger::node::{region_key, Regions};
 use gpuslice_ledger::region::Region;
-use gpuslice_ledger::sched::{
-    self, charge, charge_solo, idle_grace, pick, GrantProc, Lease, Os, SchedDevice, SchedSlice,
-    Tenants, CLASS_LATENCY, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LEASE_NS, MAX_LEASE_NS,
-    MONITOR_BEAT_NS, WANT_STALE_NS,
-};
 use gpuslice_ledger::tenants::LedgerTenants;
 use gpuslice_ledger::{Ledger, MAX_DEVICES, MAX_PROCS, MAX_SLICES};
+use gpuslice_sched::{
+    self as sched, charge, charge_solo, idle_grace, pick, GrantProc, Lease, Os, SchedDevice,
+    SchedSlice, Tenants, CLASS_LATENCY, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LEASE_NS, MAX_LEASE_NS,
+    MONITOR_BEAT_NS, WANT_STALE_NS,
+};
 
 use crate::admission::RegionTable;
 
@@ -486,8 +486,8 @@ fn run(ledger: &Ledger, regions: &RegionTable) {
 mod tests {
     use super::*;
     use core::sync::atomic::{AtomicU32, AtomicU64};
-    use gpuslice_ledger::sched::{Granted, SchedSlice, Work, CLASS_NORMAL};
     use gpuslice_ledger::PPM;
+    use gpuslice_sched::{Granted, SchedSlice, Work, CLASS_NORMAL};
     use std::cell::Cell;
 
     /// A clock the test moves; futex calls only count.

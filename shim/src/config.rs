@@ -9,8 +9,8 @@
 
 use crate::log::Level;
 use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
-use gpuslice_ledger::quantity::{self, ComputeSetting, PerDevice, QuantityError, Size};
 use gpuslice_ledger::PPM;
+use gpuslice_quantity::{self as quantity, ComputeSetting, PerDevice, QuantityError, Size};
 use std::path::PathBuf;
 
 static DISABLED: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 enabled, 2 disabled
@@ -224,7 +224,7 @@ impl Config {
             .map_err(|e| ConfigError(e.to_string()))?;
         // Checked here so a bad value fails cuInit; the compute gate reads it when it binds.
         if let Some(v) = get("GPUSLICE_PRIORITY") {
-            gpuslice_ledger::sched::parse_class(v).ok_or_else(|| {
+            gpuslice_sched::parse_class(v).ok_or_else(|| {
                 ConfigError(format!(
                     "GPUSLICE_PRIORITY={v:?} is not valid; accepted: latency, normal"
                 ))

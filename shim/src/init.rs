@@ -331,8 +331,8 @@ fn build_node(
     ledger: &'static Ledger,
     found: Vec<Found>,
 ) -> Result<State, (CUresult, String)> {
-    use gpuslice_ledger::protocol::{self, Message};
     use gpuslice_ledger::region::Region;
+    use gpuslice_protocol::{self as protocol, Message};
     let mut req = Message::new("op", "admit");
     req.push("slice", config.slice.as_deref().unwrap_or(""));
     if let (Some(_), Some(s)) = (&config.slice, &config.secret) {
@@ -341,7 +341,7 @@ fn build_node(
     // The slice's compute class (the monitor sets it on slices that are not an operator's).
     if let Some(class) = std::env::var("GPUSLICE_PRIORITY")
         .ok()
-        .and_then(|v| gpuslice_ledger::sched::parse_class(&v))
+        .and_then(|v| gpuslice_sched::parse_class(&v))
     {
         req.push("priority", &class.to_string());
     }

@@ -166,7 +166,7 @@ impl Ledger {
             }
             None => {
                 let name = req.name.clone().unwrap_or_else(|| format!("pid-{pid}"));
-                if !crate::quantity::storable_name(&name) {
+                if !gpuslice_quantity::storable_name(&name) {
                     return Err(LedgerError::BadName(name));
                 }
                 let si = self.create_slice_locked(
@@ -253,7 +253,7 @@ impl Ledger {
             .ok_or_else(|| self.slices_full())?;
         // Compute first: it has no hot-path counterpart, so a plain check under the lock is exact.
         let cpu = d.compute_reserved.load(SeqCst);
-        if !crate::sched::admits(cpu, share) {
+        if !gpuslice_sched::admits(cpu, share) {
             return Err(AdmissionError {
                 setting: cpu_setting.into(),
                 device: uuid,

@@ -40,7 +40,7 @@ impl Ledger {
         spec: &OperatorSlice,
         secret: Option<&crate::secret::Secret>,
     ) -> Result<usize, LedgerError> {
-        if !crate::quantity::valid_slice_name(&spec.name) {
+        if !gpuslice_quantity::valid_slice_name(&spec.name) {
             return Err(LedgerError::BadName(spec.name.clone()));
         }
         let _g = self.lock()?;
@@ -131,7 +131,7 @@ impl Ledger {
             {
                 s.sched
                     .class
-                    .store(priority.min(crate::sched::CLASS_LATENCY), SeqCst);
+                    .store(priority.min(gpuslice_sched::CLASS_LATENCY), SeqCst);
                 n += 1;
             }
         }

@@ -83,7 +83,11 @@ impl Ledger {
                 over_quota: s.over_quota.load(SeqCst) != 0,
                 audit_observed: s.audit_observed.load(SeqCst),
                 violations_total: s.violations_total.load(SeqCst),
-                priority: s.sched.class.load(SeqCst).min(crate::sched::CLASS_LATENCY),
+                priority: s
+                    .sched
+                    .class
+                    .load(SeqCst)
+                    .min(gpuslice_sched::CLASS_LATENCY),
             });
         }
         for d in &mut snap.devices {

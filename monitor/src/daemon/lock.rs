@@ -22,9 +22,9 @@ pub fn monitor_running(dir: &Path) -> Option<u32> {
     let d = RuntimeDir::open(dir).ok()?;
     if d.owner() == Owner::Root {
         // A node directory seen by a tenant: the lock is root's; ask the monitor itself.
-        let (r, _) = gpuslice_ledger::protocol::call(
+        let (r, _) = gpuslice_protocol::call(
             d.fd(),
-            &gpuslice_ledger::protocol::Message::new("op", "ping"),
+            &gpuslice_protocol::Message::new("op", "ping"),
             Duration::from_secs(2),
         )
         .ok()?;

@@ -118,7 +118,7 @@ fn run(opts: Options) -> Result<(), Failure> {
             "node mode: the policy {} is written by this monitor only; processes are admitted \
              at {} (operator group {:?}, at most {} processes and {} slices per user)",
             dir.join("ledger").display(),
-            dir.join(gpuslice_ledger::protocol::SOCKET_FILE).display(),
+            dir.join(gpuslice_protocol::SOCKET_FILE).display(),
             opts.operator_group,
             opts.limits.procs_per_uid,
             opts.limits.slices_per_uid

@@ -22,7 +22,7 @@
 use core::ptr::null_mut;
 
 use gpuslice_abi::*;
-use gpuslice_ledger::sched::{self, Work};
+use gpuslice_sched::{self as sched, Work};
 
 use super::Kind;
 use crate::hooks::real;

@@ -2,7 +2,7 @@
 //!
 //! The launch hooks call [`before_launch`] / [`before_graph_launch`], make the real launch, then
 //! call [`after_launch`]. The scheduling itself (leases, virtual time, caps, takeover of dead
-//! holders) is `gpuslice_ledger::sched`; this module is the process's side of it:
+//! holders) is `gpuslice_sched`; this module is the process's side of it:
 //!
 //! - one [`DevGate`] per device ordinal: the ledger's lease word for that device, the solo word
 //!   of this process's slice, and (behind a process-local mutex, off the fast path) the
@@ -33,7 +33,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
 use gpuslice_abi::*;
-use gpuslice_ledger::sched::{self, Client, Granted, Scheduler};
+use gpuslice_sched::{self as sched, Client, Granted, Scheduler};
 
 mod events;
 use events::{Events, Track};

@@ -12,8 +12,8 @@ use core::ffi::{c_char, c_uint};
 use core::sync::atomic::{AtomicBool, Ordering::*};
 use gpuslice_abi::*;
 use gpuslice_ledger::layout::{MAX_PROCS, UUID_LEN};
-use gpuslice_ledger::sched::now_ns;
 use gpuslice_ledger::view::{PidMap, ReadOnlyLedger};
+use gpuslice_sched::now_ns;
 
 /// How often an NVML-only process looks for a ledger that is not there yet.
 const RETRY_NS: u64 = 200_000_000;

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::driver::Resolve;
-use gpuslice_ledger::{parse_size, Size};
+use gpuslice_quantity::{parse_size, Size};
 
 pub const USAGE: &str = "\
 gpuslice-burn: a CUDA driver-API load generator (runs on the fake GPU and on real GPUs)

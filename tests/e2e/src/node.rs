@@ -60,21 +60,18 @@ pub fn serve_child(modes: &[ChildMode]) {
 /// What a child mode asks the node's monitor to admit it with, as the shim asks it: device 0
 /// of the node in `dir`, with the memory quota `memory` (`None`: best effort) and the compute
 /// share `share_ppm`, into slice `slice` (`None`: its user's best-effort slice). The socket's
-/// directory, to send it through (`gpuslice_ledger::protocol::call`).
+/// directory, to send it through (`gpuslice_protocol::call`).
 pub fn admit_request(
     dir: &Path,
     slice: Option<&str>,
     memory: Option<u64>,
     share_ppm: u32,
-) -> (
-    gpuslice_ledger::RuntimeDir,
-    gpuslice_ledger::protocol::Message,
-) {
+) -> (gpuslice_ledger::RuntimeDir, gpuslice_protocol::Message) {
     let d = gpuslice_ledger::RuntimeDir::open(dir).unwrap();
     let l = gpuslice_ledger::Ledger::open(dir).unwrap();
     let uuid = l.snapshot().devices[0].uuid.clone();
     let memory = memory.map_or("-".to_string(), |m| m.to_string());
-    let mut m = gpuslice_ledger::protocol::Message::new("op", "admit");
+    let mut m = gpuslice_protocol::Message::new("op", "admit");
     if let Some(slice) = slice {
         m.push("slice", slice);
     }
@@ -94,7 +91,7 @@ pub fn admitted_region(
     share_ppm: u32,
 ) -> gpuslice_ledger::region::Region {
     let (d, m) = admit_request(dir, slice, memory, share_ppm);
-    let (r, fds) = gpuslice_ledger::protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
+    let (r, fds) = gpuslice_protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
     assert!(r.get("err").is_none(), "{r:?}");
     gpuslice_ledger::region::Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap()
 }

@@ -535,7 +535,7 @@ fn slice_set_changes_running_shares_within_a_second() {
     // Lower first, so the raise is admitted (guarantees never sum past 1).
     set("t1", &["--compute", "0.25"]);
     set("t0", &["--compute", "0.75"]);
-    let changed = gpuslice_ledger::sched::now_ns() as f64 / 1e9;
+    let changed = gpuslice_sched::now_ns() as f64 / 1e9;
     let v = w.status();
     let share_of = |n: &str| slice_named(&v, n)["compute_share"].as_f64().unwrap_or(-1.0);
     assert!(

@@ -818,8 +818,8 @@ fn scribble_region(dir: &Path) {
 
 /// Child mode `view`, in the node's runtime directory `dir`.
 fn view(dir: &Path) {
-    use gpuslice_ledger::protocol::{self, Message};
     use gpuslice_ledger::region::Region;
+    use gpuslice_protocol::{self as protocol, Message};
     let d = gpuslice_ledger::RuntimeDir::open(dir).unwrap();
     let l = gpuslice_ledger::Ledger::open(dir).unwrap();
     let snap = l.snapshot();
@@ -871,7 +871,7 @@ fn scribble_pool(dir: &Path) {
 
 /// Child mode `admit-twice`, in the node's runtime directory `dir`.
 fn admit_twice(dir: &Path) {
-    use gpuslice_ledger::protocol;
+    use gpuslice_protocol as protocol;
     let (d, m) = admit_request(dir, None, None, 0);
     let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
     assert!(r.get("err").is_none(), "{r:?}");

@@ -363,8 +363,7 @@ fn a_solo_slice_in_node_mode_launches_on_the_fast_path() {
     std::thread::sleep(Duration::from_millis(500));
     let l = gpuslice_ledger::Ledger::open(&n.world.runtime_dir()).unwrap();
     let dev = &l.devices()[0].sched;
-    let lease =
-        gpuslice_ledger::sched::Lease::unpack(dev.lease.load(std::sync::atomic::Ordering::SeqCst));
+    let lease = gpuslice_sched::Lease::unpack(dev.lease.load(std::sync::atomic::Ordering::SeqCst));
     let leases = dev.leases_total.load(std::sync::atomic::Ordering::SeqCst);
     std::thread::sleep(Duration::from_secs(1));
     let later = dev.leases_total.load(std::sync::atomic::Ordering::SeqCst);

@@ -7,7 +7,7 @@ use core::sync::atomic::{AtomicU32, Ordering::*};
 
 use super::policy::*;
 use super::records::{Lease, SchedDevice, SchedProc, SchedSlice, CLASS_LATENCY, MAX_SLICE_ID};
-use crate::layout::PPM;
+use gpuslice_quantity::PPM;
 
 /// What the scheduler needs from the operating system: one clock for every process of the
 /// node, and a futex in shared memory. [`SYSTEM`] is the real one; the unit tests use a

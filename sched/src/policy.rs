@@ -18,7 +18,7 @@
 use core::sync::atomic::Ordering::*;
 
 use super::records::{Lease, SchedDevice, SchedSlice, CLASS_LATENCY};
-use crate::layout::PPM;
+use gpuslice_quantity::PPM;
 
 /// Length of an ordinary lease: long enough that handoffs (futex wake + first launch, 0.1-1 ms
 /// on a loaded machine, mostly hidden by [`HANDOFF_LEAD_NS`]) cost little, short enough that

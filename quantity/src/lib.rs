@@ -1,5 +1,6 @@
-//! The one parser for sizes and fractions, used by the shim (variables), the `gpuslice` CLI
-//! (flags) and `gpuslice-burn`.
+//! The settings grammar: the one parser for sizes and fractions, used by the shim (variables),
+//! the `gpuslice` CLI (flags), `gpuslice-burn` and `gpuslice-dra` (Kubernetes quantities read
+//! with the same unit table, [`kubernetes_unit`]).
 //!
 //! Forms accepted:
 //! - sizes (`GPUSLICE_MEMORY`, `--memory`): plain bytes `4294967296`; Kubernetes quantities
@@ -18,7 +19,45 @@
 //! Nothing here ever turns a bad value into "unlimited": every function returns an error that
 //! names the variable, the value and the accepted forms.
 
+#![deny(missing_docs)]
+
 use std::fmt;
+
+/// Parts per million: the one unit of a compute share or cap (and of a percentage of memory)
+/// everywhere past the edges that read or show fractions. `PPM` is 1.0, and means "no cap".
+pub const PPM: u32 = 1_000_000;
+
+/// Longest slice name (bytes). The ledger's name records hold one more byte (a NUL).
+pub const MAX_SLICE_NAME: usize = 63;
+
+/// The binary units (powers of 1024), as Kubernetes writes them: `Ki` is 1024¹.
+pub const BINARY_UNITS: [(&str, u32); 6] = [
+    ("Ki", 1),
+    ("Mi", 2),
+    ("Gi", 3),
+    ("Ti", 4),
+    ("Pi", 5),
+    ("Ei", 6),
+];
+/// The decimal units (powers of 1000), as Kubernetes writes them: `k` is 1000¹.
+pub const DECIMAL_UNITS: [(&str, u32); 6] =
+    [("k", 1), ("M", 2), ("G", 3), ("T", 4), ("P", 5), ("E", 6)];
+
+/// The multiplier of a Kubernetes quantity suffix (`""`, `Ki`…`Ei`, `k`…`E`), from the one
+/// unit table; `None` for anything else (the sub-units `n` `u` `m` and exponents are the
+/// Kubernetes reader's own business, sizes never take them).
+pub fn kubernetes_unit(suffix: &str) -> Option<u128> {
+    if suffix.is_empty() {
+        return Some(1);
+    }
+    let find = |table: &[(&str, u32)], base: u128| {
+        table
+            .iter()
+            .find(|(s, _)| *s == suffix)
+            .map(|(_, p)| base.pow(*p))
+    };
+    find(&BINARY_UNITS, 1024).or_else(|| find(&DECIMAL_UNITS, 1000))
+}
 
 /// A parsed size: bytes, or a share of the device's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,25 +201,14 @@ fn whole_bytes(d: &Decimal, unit: u128) -> Result<u64, String> {
     u64::try_from(num / den).map_err(|_| "too large (more than 2^64 bytes)".into())
 }
 
+/// The multiplier of a size suffix: a Kubernetes unit ([`kubernetes_unit`]), optionally
+/// followed by `B` (`GiB`, `GB`, plain `B`), and `K` as well as `k` for 1000.
 fn unit_of(suffix: &str) -> Option<u128> {
-    const K: u128 = 1000;
-    const KI: u128 = 1024;
-    Some(match suffix {
-        "" | "B" => 1,
-        "k" | "K" | "kB" | "KB" => K,
-        "M" | "MB" => K.pow(2),
-        "G" | "GB" => K.pow(3),
-        "T" | "TB" => K.pow(4),
-        "P" | "PB" => K.pow(5),
-        "E" | "EB" => K.pow(6),
-        "Ki" | "KiB" => KI,
-        "Mi" | "MiB" => KI.pow(2),
-        "Gi" | "GiB" => KI.pow(3),
-        "Ti" | "TiB" => KI.pow(4),
-        "Pi" | "PiB" => KI.pow(5),
-        "Ei" | "EiB" => KI.pow(6),
-        _ => return None,
-    })
+    let s = suffix.strip_suffix('B').unwrap_or(suffix);
+    match s {
+        "K" => Some(1000),
+        _ => kubernetes_unit(s),
+    }
 }
 
 /// Parse a percentage body (`25`, `12.5`) into ppm, 0 < p ≤ 100 (or 0 when `allow_zero`).
@@ -408,7 +436,7 @@ pub fn parse_hami_size(variable: &str, value: &str) -> Result<u64, QuantityError
 }
 
 /// `CUDA_DEVICE_SM_LIMIT` as HAMi reads it: a whole percentage, 0 meaning no limit. Returns a
-/// cap in ppm ([`crate::PPM`] for 0 / no limit).
+/// cap in ppm ([`PPM`] for 0 / no limit).
 pub fn parse_hami_sm_limit(variable: &str, value: &str) -> Result<u32, QuantityError> {
     let e = |r: &str| err(variable, value, r, HAMI_SM_FORMS);
     let s = value.trim();
@@ -441,7 +469,7 @@ pub const CAP_VS_SHARE: &str = "a cap at or above the guaranteed compute share (
 /// Prefix of processes' private slices (`pid-<pid>`), which no user-given name may take.
 pub const PRIVATE_SLICE_PREFIX: &str = "pid-";
 
-/// Whether `name` fits a ledger name record: 1 to `NAME_LEN - 1` bytes of letters, digits,
+/// Whether `name` fits a ledger name record: 1 to [`MAX_SLICE_NAME`] bytes of letters, digits,
 /// `-`, `_`, `.`, `:`, `/`. Private slices (`pid-N`) pass this; [`check_slice_name`] adds the
 /// rule for names users give.
 pub fn storable_name(name: &str) -> bool {
@@ -449,7 +477,7 @@ pub fn storable_name(name: &str) -> bool {
 }
 
 fn slice_name_problem(name: &str) -> Option<String> {
-    const MAX: usize = crate::layout::NAME_LEN - 1;
+    const MAX: usize = MAX_SLICE_NAME;
     if name.is_empty() {
         return Some("a slice name cannot be empty".into());
     }

@@ -1,9 +1,7 @@
 //! Property tests of the size and fraction parsers: random input never panics, and never comes
 //! back as a value the input did not spell (in particular never a silent "unlimited").
 
-use gpuslice_ledger::quantity::{
-    parse_fraction, parse_hami_size, parse_size, parse_size_per_device, Size,
-};
+use gpuslice_quantity::{parse_fraction, parse_hami_size, parse_size, parse_size_per_device, Size};
 use proptest::prelude::*;
 
 /// Strings that are often close to valid: digits, dots, units, signs, junk.

@@ -1,4 +1,5 @@
-//! Node mode: the messages on `monitor.sock` and the socket calls that carry them.
+//! gpuslice's node mode on the wire: the messages on `monitor.sock` and the socket calls that
+//! carry them (the shim, the monitor, the CLI and the DRA plugin speak it).
 //!
 //! The socket is `SOCK_SEQPACKET`: one `sendmsg` is one message, delivered whole or not at
 //! all, with descriptors attached (`SCM_RIGHTS`). A message is UTF-8 text, one `key=value` per
@@ -15,9 +16,54 @@
 //! one means what it always meant): `secret=` on `admit` (the process's
 //! `GPUSLICE_SLICE_SECRET`) and on `slice-create` (the new slice's join secret; `secret.rs`).
 
-use crate::error::LedgerError;
+#![deny(missing_docs)]
+
+use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
+
+/// Why a message did not go out or come in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// A socket call failed: what was being done, and the OS error number.
+    Socket {
+        /// `create`, `connect to`, `write to`, `read from`.
+        what: &'static str,
+        /// The `errno` of the call.
+        errno: i32,
+    },
+    /// A message or its descriptors over [`MAX_MESSAGE`] / [`MAX_FDS`].
+    TooLarge,
+    /// A message the kernel had to cut ([`MAX_MESSAGE`], [`MAX_FDS`]).
+    Truncated,
+    /// A message that is not `key=value` lines of UTF-8.
+    NotKeyValue,
+    /// A socket path too long for `sockaddr_un`.
+    PathTooLong(String),
+    /// The monitor closed the connection without a reply.
+    NoAnswer,
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtocolError::Socket { what, errno } => write!(
+                f,
+                "cannot {what} the node's monitor socket: {}",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
+            ProtocolError::TooLarge => f.write_str("message too large"),
+            ProtocolError::Truncated => f.write_str("a truncated message"),
+            ProtocolError::NotKeyValue => f.write_str("a message that is not key=value lines"),
+            ProtocolError::PathTooLong(p) => write!(f, "socket path {p:?} is too long"),
+            ProtocolError::NoAnswer => {
+                f.write_str("the node's monitor closed the connection without answering")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ProtocolError {}
 
 /// The socket's name in the runtime directory.
 pub const SOCKET_FILE: &str = "monitor.sock";
@@ -88,18 +134,18 @@ impl Message {
     }
 }
 
-fn os(what: &str) -> LedgerError {
-    LedgerError::Monitor(format!(
-        "cannot {what} the node's monitor socket: {}",
-        std::io::Error::last_os_error()
-    ))
+fn os(what: &'static str) -> ProtocolError {
+    ProtocolError::Socket {
+        what,
+        errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+    }
 }
 
 /// Send one message with descriptors.
-pub fn send(sock: RawFd, m: &Message, fds: &[RawFd]) -> Result<(), LedgerError> {
+pub fn send(sock: RawFd, m: &Message, fds: &[RawFd]) -> Result<(), ProtocolError> {
     let data = m.encode();
     if data.len() > MAX_MESSAGE || fds.len() > MAX_FDS {
-        return Err(LedgerError::Monitor("message too large".into()));
+        return Err(ProtocolError::TooLarge);
     }
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
@@ -137,7 +183,7 @@ pub fn send(sock: RawFd, m: &Message, fds: &[RawFd]) -> Result<(), LedgerError> 
 
 /// Receive one message and the descriptors that came with it (`None` at end of stream).
 /// A truncated message or truncated descriptor list is an error, never half-used.
-pub fn recv(sock: RawFd) -> Result<Option<(Message, Vec<OwnedFd>)>, LedgerError> {
+pub fn recv(sock: RawFd) -> Result<Option<(Message, Vec<OwnedFd>)>, ProtocolError> {
     let mut data = vec![0u8; MAX_MESSAGE];
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr().cast(),
@@ -176,10 +222,9 @@ pub fn recv(sock: RawFd) -> Result<Option<(Message, Vec<OwnedFd>)>, LedgerError>
         return Ok(None);
     }
     if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
-        return Err(LedgerError::Monitor("a truncated message".into()));
+        return Err(ProtocolError::Truncated);
     }
-    let m = Message::decode(&data[..n as usize])
-        .ok_or_else(|| LedgerError::Monitor("a message that is not key=value lines".into()))?;
+    let m = Message::decode(&data[..n as usize]).ok_or(ProtocolError::NotKeyValue)?;
     Ok(Some((m, fds)))
 }
 
@@ -205,7 +250,7 @@ pub fn set_timeouts(sock: RawFd, t: Duration) {
 
 /// Connect to the monitor socket of the runtime directory held open as `dirfd` (through
 /// `/proc/self/fd`, so the checked directory is the one used, whatever its path does since).
-pub fn connect(dirfd: RawFd, timeout: Duration) -> Result<OwnedFd, LedgerError> {
+pub fn connect(dirfd: RawFd, timeout: Duration) -> Result<OwnedFd, ProtocolError> {
     // SAFETY: constants.
     let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
     if s < 0 {
@@ -231,12 +276,12 @@ pub fn connect(dirfd: RawFd, timeout: Duration) -> Result<OwnedFd, LedgerError> 
 }
 
 /// A `sockaddr_un` for `path`.
-pub fn unix_addr(path: &str) -> Result<libc::sockaddr_un, LedgerError> {
+pub fn unix_addr(path: &str) -> Result<libc::sockaddr_un, ProtocolError> {
     // SAFETY: plain data.
     let mut a: libc::sockaddr_un = unsafe { core::mem::zeroed() };
     a.sun_family = libc::AF_UNIX as libc::sa_family_t;
     if path.len() >= a.sun_path.len() {
-        return Err(LedgerError::BadPath(path.into()));
+        return Err(ProtocolError::PathTooLong(path.into()));
     }
     for (d, b) in a.sun_path.iter_mut().zip(path.bytes()) {
         *d = b as libc::c_char;
@@ -268,14 +313,12 @@ pub fn call(
     dirfd: RawFd,
     m: &Message,
     timeout: Duration,
-) -> Result<(Message, Vec<OwnedFd>), LedgerError> {
+) -> Result<(Message, Vec<OwnedFd>), ProtocolError> {
     let s = connect(dirfd, timeout)?;
     send(s.as_raw_fd(), m, &[])?;
     match recv(s.as_raw_fd())? {
         Some(r) => Ok(r),
-        None => Err(LedgerError::Monitor(
-            "the node's monitor closed the connection without answering".into(),
-        )),
+        None => Err(ProtocolError::NoAnswer),
     }
 }
 
@@ -307,13 +350,26 @@ mod tests {
         let rc =
             unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) };
         assert_eq!(rc, 0);
-        let r = crate::region::Region::create(1, 0).unwrap();
-        send(sv[0], &Message::new("op", "x"), &[r.fd()]).unwrap();
+        // A pipe's write end goes; what is written through the received copy comes out of the
+        // read end kept here, so the descriptor is the same open file.
+        let mut pipe = [0; 2];
+        // SAFETY: `pipe` is a valid out-parameter for two fds.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        send(sv[0], &Message::new("op", "x"), &[pipe[1]]).unwrap();
         let (m, fds) = recv(sv[1]).unwrap().unwrap();
         assert_eq!(m.get("op"), Some("x"));
         assert_eq!(fds.len(), 1);
-        let got = crate::region::Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap();
-        assert_eq!(got.header().key, 1);
+        let mut sent = std::fs::File::from(fds.into_iter().next().unwrap());
+        std::io::Write::write_all(&mut sent, b"same file").unwrap();
+        drop(sent);
+        // SAFETY: our fds; the read end becomes a File that closes it.
+        let mut read = unsafe {
+            libc::close(pipe[1]);
+            std::fs::File::from_raw_fd(pipe[0])
+        };
+        let mut got = String::new();
+        std::io::Read::read_to_string(&mut read, &mut got).unwrap();
+        assert_eq!(got, "same file");
         let (pid, uid, _) = peer(sv[1]).unwrap();
         assert_eq!(pid, std::process::id());
         // SAFETY: geteuid cannot fail.

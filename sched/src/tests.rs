@@ -6,8 +6,8 @@
 
 use super::sim::{Cpu, Engine, Process, Queue, World};
 use super::*;
-use crate::layout::PPM;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use gpuslice_quantity::PPM;
 use std::sync::Mutex;
 
 const MS: u64 = 1_000_000;

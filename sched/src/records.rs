@@ -121,7 +121,7 @@ impl Window {
 
     /// Fraction of `WINDOW_NS` charged over the last `WINDOW_NS` before `now` (the previous
     /// bucket weighted by how much of it is still inside the window).
-    pub(crate) fn fraction(&self, now: u64) -> f64 {
+    pub fn fraction(&self, now: u64) -> f64 {
         let start = self.start_ns.load(Acquire);
         let (cur, prev) = (
             self.cur_ns.load(Acquire) as f64,
@@ -301,7 +301,7 @@ pub struct SliceComputeStats {
     pub launches_total: u64,
 }
 
-/// The statistics of one slice at `now_ns` (CLOCK_MONOTONIC, see [`crate::sched::Os::now_ns`]).
+/// The statistics of one slice at `now_ns` (CLOCK_MONOTONIC, see [`crate::Os::now_ns`]).
 pub fn slice_stats(s: &SchedSlice, now_ns: u64) -> SliceComputeStats {
     SliceComputeStats {
         used_fraction: s.window.fraction(now_ns),

@@ -1,4 +1,5 @@
-//! Compute shares: who may launch on a device, and when.
+//! The compute scheduler of gpuslice: who may launch on a device, and when (policy, the
+//! records it keeps in the ledger's shared memory, and a simulation to test it on).
 //!
 //! Kernels of different processes already time-share a GPU, so a share is enforced by deciding
 //! who may *launch*: each device has one **lease** word in the ledger naming the slice whose
@@ -16,7 +17,7 @@
 //!   time its launches used, and hands the lease to the next slice.
 //! - [`Work`] is how a `Client` sees the process's queued GPU work (the shim implements it with
 //!   CUDA events; the unit tests with a simulated engine).
-//! - [`Os`]: the clock and the futex, injected ([`SYSTEM`] is the real one, `crate::sys`); the
+//! - [`Os`]: the clock and the futex, injected ([`SYSTEM`] is the real one, `sys.rs`); the
 //!   unit tests run the same code on a simulated clock and CPU (`sim.rs`), deterministically.
 //! - `granted.rs`: node mode, where the monitor grants the turns ([`Granted`], [`GrantProc`]);
 //!   [`Scheduler`] is either client behind one set of methods (what the shim holds).
@@ -47,12 +48,15 @@
 //! waiter that dies stops refreshing its heartbeat and stops competing after
 //! [`WANT_STALE_NS`].
 
+#![deny(missing_docs)]
+
 mod client;
 mod granted;
 mod policy;
 mod records;
 #[cfg(test)]
 mod sim;
+mod sys;
 #[cfg(test)]
 mod tests;
 
