@@ -2,8 +2,8 @@
 //
 // Sources: cuda.h, cudaTypedefs.h and cudaProfilerTypedefs.h with CUDA_VERSION 12090 (nvidia-cuda-runtime-cu12 12.9.79),
 // nvml.h with NVML_API_VERSION 12 (nvidia-nvml-dev-cu12 12.9.79).
-// Entry points those lack, from cudaTypedefs.h with CUDA_VERSION 13010.
-// 646 driver and 387 NVML entry points.
+// Entry points those lack, from cudaTypedefs.h with CUDA_VERSION 13020.
+// 663 driver and 387 NVML entry points.
 //
 // Left out (a parameter type the generator cannot map):
 //   cuProfilerInitialize (PFN_cuProfilerInitialize_v4000): unknown type `CUoutput_mode`
@@ -24,25 +24,26 @@
 //   CUcheckpointRestoreArgs CUcheckpointUnlockArgs CUctxCreateParams CUdevResource CUdevprop_v1
 //   CUexecAffinityParam CUgraphEdgeData CUgraphExecUpdateResultInfo CUkernelNodeAttrValue_v1
 //   CUmemDecompressParams CUmemPoolPtrExportData_v1 CUmemcpyAttributes_v1 CUmulticastObjectProp
-//   CUstreamAttrValue_v1 CUstreamBatchMemOpParams CUstreamBatchMemOpParams_v1 CUtensorMap
-//   nvmlAccountingStats_t nvmlActiveVgpuInstanceInfo_t nvmlBAR1Memory_t nvmlBridgeChipHierarchy_t
-//   nvmlC2cModeInfo_v1_t nvmlClkMonStatus_t nvmlClockOffset_t nvmlComputeInstanceInfo_t
-//   nvmlComputeInstancePlacement_t nvmlComputeInstanceProfileInfo_t
-//   nvmlComputeInstanceProfileInfo_v2_t nvmlConfComputeGetKeyRotationThresholdInfo_t
-//   nvmlConfComputeGpuAttestationReport_t nvmlConfComputeGpuCertificate_t
-//   nvmlConfComputeMemSizeInfo_t nvmlConfComputeSetKeyRotationThresholdInfo_t
-//   nvmlConfComputeSystemCaps_t nvmlConfComputeSystemState_t nvmlCoolerInfo_t
-//   nvmlDeviceAttributes_t nvmlDeviceCapabilities_t nvmlDeviceCurrentClockFreqs_t
-//   nvmlDevicePerfModes_t nvmlDramEncryptionInfo_t nvmlEccErrorCounts_t nvmlEccSramErrorStatus_t
-//   nvmlEncoderSessionInfo_t nvmlEventData_t nvmlExcludedDeviceInfo_t nvmlFBCSessionInfo_t
-//   nvmlFBCStats_t nvmlFanSpeedInfo_t nvmlFieldValue_t nvmlGpmMetricsGet_t nvmlGpmSupport_t
-//   nvmlGpuDynamicPstatesInfo_t nvmlGpuFabricInfoV_t nvmlGpuFabricInfo_t nvmlGpuInstanceInfo_t
-//   nvmlGpuInstancePlacement_t nvmlGpuInstanceProfileInfo_t nvmlGpuInstanceProfileInfo_v2_t
-//   nvmlGpuThermalSettings_t nvmlGridLicensableFeatures_t nvmlHwbcEntry_t nvmlLedState_t
-//   nvmlMarginTemperature_t nvmlNvLinkPowerThres_t nvmlNvLinkUtilizationControl_t
-//   nvmlNvlinkGetBwMode_t nvmlNvlinkSetBwMode_t nvmlNvlinkSupportedBwModes_t nvmlPSUInfo_t
-//   nvmlPciInfoExt_t nvmlPlatformInfo_t nvmlPowerSmoothingProfile_t nvmlPowerSmoothingState_t
-//   nvmlPowerValue_v2_t nvmlProcessDetailList_t nvmlProcessInfo_v1_t nvmlProcessUtilizationSample_t
+//   CUstreamAttrValue_v1 CUstreamBatchMemOpParams CUstreamBatchMemOpParams_v1
+//   CUstreamCigCaptureParams CUtensorMap nvmlAccountingStats_t nvmlActiveVgpuInstanceInfo_t
+//   nvmlBAR1Memory_t nvmlBridgeChipHierarchy_t nvmlC2cModeInfo_v1_t nvmlClkMonStatus_t
+//   nvmlClockOffset_t nvmlComputeInstanceInfo_t nvmlComputeInstancePlacement_t
+//   nvmlComputeInstanceProfileInfo_t nvmlComputeInstanceProfileInfo_v2_t
+//   nvmlConfComputeGetKeyRotationThresholdInfo_t nvmlConfComputeGpuAttestationReport_t
+//   nvmlConfComputeGpuCertificate_t nvmlConfComputeMemSizeInfo_t
+//   nvmlConfComputeSetKeyRotationThresholdInfo_t nvmlConfComputeSystemCaps_t
+//   nvmlConfComputeSystemState_t nvmlCoolerInfo_t nvmlDeviceAttributes_t nvmlDeviceCapabilities_t
+//   nvmlDeviceCurrentClockFreqs_t nvmlDevicePerfModes_t nvmlDramEncryptionInfo_t
+//   nvmlEccErrorCounts_t nvmlEccSramErrorStatus_t nvmlEncoderSessionInfo_t nvmlEventData_t
+//   nvmlExcludedDeviceInfo_t nvmlFBCSessionInfo_t nvmlFBCStats_t nvmlFanSpeedInfo_t
+//   nvmlFieldValue_t nvmlGpmMetricsGet_t nvmlGpmSupport_t nvmlGpuDynamicPstatesInfo_t
+//   nvmlGpuFabricInfoV_t nvmlGpuFabricInfo_t nvmlGpuInstanceInfo_t nvmlGpuInstancePlacement_t
+//   nvmlGpuInstanceProfileInfo_t nvmlGpuInstanceProfileInfo_v2_t nvmlGpuThermalSettings_t
+//   nvmlGridLicensableFeatures_t nvmlHwbcEntry_t nvmlLedState_t nvmlMarginTemperature_t
+//   nvmlNvLinkPowerThres_t nvmlNvLinkUtilizationControl_t nvmlNvlinkGetBwMode_t
+//   nvmlNvlinkSetBwMode_t nvmlNvlinkSupportedBwModes_t nvmlPSUInfo_t nvmlPciInfoExt_t
+//   nvmlPlatformInfo_t nvmlPowerSmoothingProfile_t nvmlPowerSmoothingState_t nvmlPowerValue_v2_t
+//   nvmlProcessDetailList_t nvmlProcessInfo_v1_t nvmlProcessUtilizationSample_t
 //   nvmlProcessesUtilizationInfo_t nvmlRowRemapperHistogramValues_t nvmlSample_t
 //   nvmlSystemConfComputeSettings_t nvmlSystemDriverBranchInfo_t nvmlSystemEventSetCreateRequest_t
 //   nvmlSystemEventSetFreeRequest_t nvmlSystemEventSetWaitRequest_t
@@ -123,10 +124,18 @@ pub type cuCheckpointProcessLock = unsafe extern "C" fn(pid: c_int, args: *mut c
 pub type cuCheckpointProcessRestore = unsafe extern "C" fn(pid: c_int, args: *mut c_void) -> CUresult;
 /// `PFN_cuCheckpointProcessUnlock_v12080`
 pub type cuCheckpointProcessUnlock = unsafe extern "C" fn(pid: c_int, args: *mut c_void) -> CUresult;
+/// `PFN_cuCoredumpDeregisterCompleteCallback_v13020 (CUDA 13)`
+pub type cuCoredumpDeregisterCompleteCallback = unsafe extern "C" fn(callback: *mut c_void) -> CUresult;
+/// `PFN_cuCoredumpDeregisterStartCallback_v13020 (CUDA 13)`
+pub type cuCoredumpDeregisterStartCallback = unsafe extern "C" fn(callback: *mut c_void) -> CUresult;
 /// `PFN_cuCoredumpGetAttribute_v12010`
 pub type cuCoredumpGetAttribute = unsafe extern "C" fn(get: c_uint, value: *mut c_void, size: *mut usize) -> CUresult;
 /// `PFN_cuCoredumpGetAttributeGlobal_v12010`
 pub type cuCoredumpGetAttributeGlobal = unsafe extern "C" fn(get: c_uint, value: *mut c_void, size: *mut usize) -> CUresult;
+/// `PFN_cuCoredumpRegisterCompleteCallback_v13020 (CUDA 13)`
+pub type cuCoredumpRegisterCompleteCallback = unsafe extern "C" fn(callback: Option<unsafe extern "C" fn(*mut c_void, c_int, CUdevice)>, userData: *mut c_void, callbackOut: *mut *mut c_void) -> CUresult;
+/// `PFN_cuCoredumpRegisterStartCallback_v13020 (CUDA 13)`
+pub type cuCoredumpRegisterStartCallback = unsafe extern "C" fn(callback: Option<unsafe extern "C" fn(*mut c_void, c_int, CUdevice)>, userData: *mut c_void, callbackOut: *mut *mut c_void) -> CUresult;
 /// `PFN_cuCoredumpSetAttribute_v12010`
 pub type cuCoredumpSetAttribute = unsafe extern "C" fn(set: c_uint, value: *mut c_void, size: *mut usize) -> CUresult;
 /// `PFN_cuCoredumpSetAttributeGlobal_v12010`
@@ -325,6 +334,8 @@ pub type cuFuncGetAttribute = unsafe extern "C" fn(pi: *mut c_int, attrib: CUfun
 pub type cuFuncGetModule = unsafe extern "C" fn(hmod: *mut CUmodule, hfunc: CUfunction) -> CUresult;
 /// `PFN_cuFuncGetName_v12030`
 pub type cuFuncGetName = unsafe extern "C" fn(name: *mut *const c_char, hfunc: CUfunction) -> CUresult;
+/// `PFN_cuFuncGetParamCount_v13020 (CUDA 13)`
+pub type cuFuncGetParamCount = unsafe extern "C" fn(func: CUfunction, paramCount: *mut usize) -> CUresult;
 /// `PFN_cuFuncGetParamInfo_v12040`
 pub type cuFuncGetParamInfo = unsafe extern "C" fn(func: CUfunction, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) -> CUresult;
 /// `PFN_cuFuncIsLoaded_v12040`
@@ -525,6 +536,8 @@ pub type cuGraphNodeGetDependentNodes_v2 = unsafe extern "C" fn(hNode: CUgraphNo
 pub type cuGraphNodeGetEnabled = unsafe extern "C" fn(hGraphExec: CUgraphExec, hNode: CUgraphNode, isEnabled: *mut c_uint) -> CUresult;
 /// `PFN_cuGraphNodeGetLocalId_v13010 (CUDA 13)`
 pub type cuGraphNodeGetLocalId = unsafe extern "C" fn(hNode: CUgraphNode, nodeId: *mut c_uint) -> CUresult;
+/// `PFN_cuGraphNodeGetParams_v13020 (CUDA 13)`
+pub type cuGraphNodeGetParams = unsafe extern "C" fn(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) -> CUresult;
 /// `PFN_cuGraphNodeGetToolsId_v13010 (CUDA 13)`
 pub type cuGraphNodeGetToolsId = unsafe extern "C" fn(hNode: CUgraphNode, nodeId: *mut u64) -> CUresult;
 /// `PFN_cuGraphNodeGetType_v10000`
@@ -607,6 +620,8 @@ pub type cuKernelGetFunction = unsafe extern "C" fn(pFunc: *mut CUfunction, kern
 pub type cuKernelGetLibrary = unsafe extern "C" fn(pLib: *mut CUlibrary, kernel: CUkernel) -> CUresult;
 /// `PFN_cuKernelGetName_v12030`
 pub type cuKernelGetName = unsafe extern "C" fn(name: *mut *const c_char, hfunc: CUkernel) -> CUresult;
+/// `PFN_cuKernelGetParamCount_v13020 (CUDA 13)`
+pub type cuKernelGetParamCount = unsafe extern "C" fn(kernel: CUkernel, paramCount: *mut usize) -> CUresult;
 /// `PFN_cuKernelGetParamInfo_v12040`
 pub type cuKernelGetParamInfo = unsafe extern "C" fn(kernel: CUkernel, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) -> CUresult;
 /// `PFN_cuKernelSetAttribute_v12000`
@@ -629,6 +644,10 @@ pub type cuLaunchGridAsync = unsafe extern "C" fn(f: CUfunction, grid_width: c_i
 pub type cuLaunchHostFunc = unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void) -> CUresult;
 /// `PFN_cuLaunchHostFunc_v10000_ptsz`
 pub type cuLaunchHostFunc_ptsz = unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void) -> CUresult;
+/// `PFN_cuLaunchHostFunc_v13010 (CUDA 13)`
+pub type cuLaunchHostFunc_v2 = unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void, syncMode: c_uint) -> CUresult;
+/// `PFN_cuLaunchHostFunc_v13010_ptsz (CUDA 13)`
+pub type cuLaunchHostFunc_v2_ptsz = unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void, syncMode: c_uint) -> CUresult;
 /// `PFN_cuLaunchKernel_v4000`
 pub type cuLaunchKernel = unsafe extern "C" fn(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult;
 /// `PFN_cuLaunchKernelEx_v11060`
@@ -873,6 +892,10 @@ pub type cuMemcpy3DPeerAsync = unsafe extern "C" fn(pCopy: *const c_void, hStrea
 pub type cuMemcpy3DPeerAsync_ptsz = unsafe extern "C" fn(pCopy: *const c_void, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemcpy3DPeer_v7000_ptds`
 pub type cuMemcpy3DPeer_ptds = unsafe extern "C" fn(pCopy: *const c_void) -> CUresult;
+/// `PFN_cuMemcpy3DWithAttributesAsync_v13020 (CUDA 13)`
+pub type cuMemcpy3DWithAttributesAsync = unsafe extern "C" fn(op: *mut c_void, flags: u64, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemcpy3DWithAttributesAsync_v13020_ptsz (CUDA 13)`
+pub type cuMemcpy3DWithAttributesAsync_ptsz = unsafe extern "C" fn(op: *mut c_void, flags: u64, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemcpy3D_v3020`
 pub type cuMemcpy3D_v2 = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D) -> CUresult;
 /// `PFN_cuMemcpy3D_v7000_ptds`
@@ -975,6 +998,10 @@ pub type cuMemcpyPeerAsync = unsafe extern "C" fn(dstDevice: CUdeviceptr, dstCon
 pub type cuMemcpyPeerAsync_ptsz = unsafe extern "C" fn(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemcpyPeer_v7000_ptds`
 pub type cuMemcpyPeer_ptds = unsafe extern "C" fn(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CUresult;
+/// `PFN_cuMemcpyWithAttributesAsync_v13020 (CUDA 13)`
+pub type cuMemcpyWithAttributesAsync = unsafe extern "C" fn(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut c_void, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemcpyWithAttributesAsync_v13020_ptsz (CUDA 13)`
+pub type cuMemcpyWithAttributesAsync_ptsz = unsafe extern "C" fn(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut c_void, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemcpy_v7000_ptds`
 pub type cuMemcpy_ptds = unsafe extern "C" fn(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize) -> CUresult;
 /// `PFN_cuMemsetD16_v2000`
@@ -1145,6 +1172,10 @@ pub type cuStreamBatchMemOp_v2 = unsafe extern "C" fn(stream: CUstream, count: c
 pub type cuStreamBatchMemOp_v2_ptsz = unsafe extern "C" fn(stream: CUstream, count: c_uint, paramArray: *mut c_void, flags: c_uint) -> CUresult;
 /// `PFN_cuStreamBeginCapture_v10000`
 pub type cuStreamBeginCapture = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
+/// `PFN_cuStreamBeginCaptureToCig_v13010 (CUDA 13)`
+pub type cuStreamBeginCaptureToCig = unsafe extern "C" fn(hStream: CUstream, streamCigCaptureParams: *mut c_void) -> CUresult;
+/// `PFN_cuStreamBeginCaptureToCig_v13010_ptsz (CUDA 13)`
+pub type cuStreamBeginCaptureToCig_ptsz = unsafe extern "C" fn(hStream: CUstream, streamCigCaptureParams: *mut c_void) -> CUresult;
 /// `PFN_cuStreamBeginCaptureToGraph_v12030`
 pub type cuStreamBeginCaptureToGraph = unsafe extern "C" fn(hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const c_void, numDependencies: usize, mode: CUstreamCaptureMode) -> CUresult;
 /// `PFN_cuStreamBeginCaptureToGraph_v12030_ptsz`
@@ -1169,6 +1200,10 @@ pub type cuStreamDestroy = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
 pub type cuStreamDestroy_v2 = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
 /// `PFN_cuStreamEndCapture_v10000`
 pub type cuStreamEndCapture = unsafe extern "C" fn(hStream: CUstream, phGraph: *mut CUgraph) -> CUresult;
+/// `PFN_cuStreamEndCaptureToCig_v13010 (CUDA 13)`
+pub type cuStreamEndCaptureToCig = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
+/// `PFN_cuStreamEndCaptureToCig_v13010_ptsz (CUDA 13)`
+pub type cuStreamEndCaptureToCig_ptsz = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
 /// `PFN_cuStreamEndCapture_v10000_ptsz`
 pub type cuStreamEndCapture_ptsz = unsafe extern "C" fn(hStream: CUstream, phGraph: *mut CUgraph) -> CUresult;
 /// `PFN_cuStreamGetAttribute_v11000`
@@ -2189,8 +2224,12 @@ macro_rules! signature {
     (cuCheckpointProcessLock => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pid: ::core::ffi::c_int, args: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuCheckpointProcessRestore => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pid: ::core::ffi::c_int, args: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuCheckpointProcessUnlock => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pid: ::core::ffi::c_int, args: *mut ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuCoredumpDeregisterCompleteCallback => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (callback: *mut ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuCoredumpDeregisterStartCallback => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (callback: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuCoredumpGetAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (get: ::core::ffi::c_uint, value: *mut ::core::ffi::c_void, size: *mut usize) -> $crate::CUresult} };
     (cuCoredumpGetAttributeGlobal => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (get: ::core::ffi::c_uint, value: *mut ::core::ffi::c_void, size: *mut usize) -> $crate::CUresult} };
+    (cuCoredumpRegisterCompleteCallback => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (callback: Option<unsafe extern "C" fn(*mut ::core::ffi::c_void, ::core::ffi::c_int, $crate::CUdevice)>, userData: *mut ::core::ffi::c_void, callbackOut: *mut *mut ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuCoredumpRegisterStartCallback => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (callback: Option<unsafe extern "C" fn(*mut ::core::ffi::c_void, ::core::ffi::c_int, $crate::CUdevice)>, userData: *mut ::core::ffi::c_void, callbackOut: *mut *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuCoredumpSetAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (set: ::core::ffi::c_uint, value: *mut ::core::ffi::c_void, size: *mut usize) -> $crate::CUresult} };
     (cuCoredumpSetAttributeGlobal => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (set: ::core::ffi::c_uint, value: *mut ::core::ffi::c_void, size: *mut usize) -> $crate::CUresult} };
     (cuCtxAttach => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pctx: *mut $crate::CUcontext, flags: ::core::ffi::c_uint) -> $crate::CUresult} };
@@ -2290,6 +2329,7 @@ macro_rules! signature {
     (cuFuncGetAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pi: *mut ::core::ffi::c_int, attrib: $crate::CUfunction_attribute, hfunc: $crate::CUfunction) -> $crate::CUresult} };
     (cuFuncGetModule => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hmod: *mut $crate::CUmodule, hfunc: $crate::CUfunction) -> $crate::CUresult} };
     (cuFuncGetName => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (name: *mut *const ::core::ffi::c_char, hfunc: $crate::CUfunction) -> $crate::CUresult} };
+    (cuFuncGetParamCount => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (func: $crate::CUfunction, paramCount: *mut usize) -> $crate::CUresult} };
     (cuFuncGetParamInfo => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (func: $crate::CUfunction, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) -> $crate::CUresult} };
     (cuFuncIsLoaded => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (state: *mut ::core::ffi::c_uint, hfunc: $crate::CUfunction) -> $crate::CUresult} };
     (cuFuncLoad => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hfunc: $crate::CUfunction) -> $crate::CUresult} };
@@ -2390,6 +2430,7 @@ macro_rules! signature {
     (cuGraphNodeGetDependentNodes_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, dependentNodes: *mut $crate::CUgraphNode, edgeData: *mut ::core::ffi::c_void, numDependentNodes: *mut usize) -> $crate::CUresult} };
     (cuGraphNodeGetEnabled => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraphExec: $crate::CUgraphExec, hNode: $crate::CUgraphNode, isEnabled: *mut ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuGraphNodeGetLocalId => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, nodeId: *mut ::core::ffi::c_uint) -> $crate::CUresult} };
+    (cuGraphNodeGetParams => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, nodeParams: *mut $crate::CUgraphNodeParams) -> $crate::CUresult} };
     (cuGraphNodeGetToolsId => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, nodeId: *mut u64) -> $crate::CUresult} };
     (cuGraphNodeGetType => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, type_: *mut $crate::CUgraphNodeType) -> $crate::CUresult} };
     (cuGraphNodeSetEnabled => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraphExec: $crate::CUgraphExec, hNode: $crate::CUgraphNode, isEnabled: ::core::ffi::c_uint) -> $crate::CUresult} };
@@ -2431,6 +2472,7 @@ macro_rules! signature {
     (cuKernelGetFunction => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pFunc: *mut $crate::CUfunction, kernel: $crate::CUkernel) -> $crate::CUresult} };
     (cuKernelGetLibrary => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pLib: *mut $crate::CUlibrary, kernel: $crate::CUkernel) -> $crate::CUresult} };
     (cuKernelGetName => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (name: *mut *const ::core::ffi::c_char, hfunc: $crate::CUkernel) -> $crate::CUresult} };
+    (cuKernelGetParamCount => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (kernel: $crate::CUkernel, paramCount: *mut usize) -> $crate::CUresult} };
     (cuKernelGetParamInfo => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (kernel: $crate::CUkernel, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) -> $crate::CUresult} };
     (cuKernelSetAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (attrib: $crate::CUfunction_attribute, val: ::core::ffi::c_int, kernel: $crate::CUkernel, dev: $crate::CUdevice) -> $crate::CUresult} };
     (cuKernelSetCacheConfig => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (kernel: $crate::CUkernel, config: ::core::ffi::c_uint, dev: $crate::CUdevice) -> $crate::CUresult} };
@@ -2442,6 +2484,8 @@ macro_rules! signature {
     (cuLaunchGridAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (f: $crate::CUfunction, grid_width: ::core::ffi::c_int, grid_height: ::core::ffi::c_int, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuLaunchHostFunc => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, fn_: $crate::CUhostFn, userData: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuLaunchHostFunc_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, fn_: $crate::CUhostFn, userData: *mut ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuLaunchHostFunc_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, fn_: $crate::CUhostFn, userData: *mut ::core::ffi::c_void, syncMode: ::core::ffi::c_uint) -> $crate::CUresult} };
+    (cuLaunchHostFunc_v2_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, fn_: $crate::CUhostFn, userData: *mut ::core::ffi::c_void, syncMode: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuLaunchKernel => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (f: $crate::CUfunction, gridDimX: ::core::ffi::c_uint, gridDimY: ::core::ffi::c_uint, gridDimZ: ::core::ffi::c_uint, blockDimX: ::core::ffi::c_uint, blockDimY: ::core::ffi::c_uint, blockDimZ: ::core::ffi::c_uint, sharedMemBytes: ::core::ffi::c_uint, hStream: $crate::CUstream, kernelParams: *mut *mut ::core::ffi::c_void, extra: *mut *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuLaunchKernelEx => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (config: *const $crate::CUlaunchConfig, f: $crate::CUfunction, kernelParams: *mut *mut ::core::ffi::c_void, extra: *mut *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuLaunchKernelEx_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (config: *const $crate::CUlaunchConfig, f: $crate::CUfunction, kernelParams: *mut *mut ::core::ffi::c_void, extra: *mut *mut ::core::ffi::c_void) -> $crate::CUresult} };
@@ -2564,6 +2608,8 @@ macro_rules! signature {
     (cuMemcpy3DPeerAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const ::core::ffi::c_void, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpy3DPeerAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const ::core::ffi::c_void, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpy3DPeer_ptds => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuMemcpy3DWithAttributesAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (op: *mut ::core::ffi::c_void, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemcpy3DWithAttributesAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (op: *mut ::core::ffi::c_void, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpy3D_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const $crate::CUDA_MEMCPY3D) -> $crate::CUresult} };
     (cuMemcpy3D_v2_ptds => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const $crate::CUDA_MEMCPY3D) -> $crate::CUresult} };
     (cuMemcpyAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dst: $crate::CUdeviceptr, src: $crate::CUdeviceptr, ByteCount: usize, hStream: $crate::CUstream) -> $crate::CUresult} };
@@ -2615,6 +2661,8 @@ macro_rules! signature {
     (cuMemcpyPeerAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstDevice: $crate::CUdeviceptr, dstContext: $crate::CUcontext, srcDevice: $crate::CUdeviceptr, srcContext: $crate::CUcontext, ByteCount: usize, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpyPeerAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstDevice: $crate::CUdeviceptr, dstContext: $crate::CUcontext, srcDevice: $crate::CUdeviceptr, srcContext: $crate::CUcontext, ByteCount: usize, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpyPeer_ptds => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstDevice: $crate::CUdeviceptr, dstContext: $crate::CUcontext, srcDevice: $crate::CUdeviceptr, srcContext: $crate::CUcontext, ByteCount: usize) -> $crate::CUresult} };
+    (cuMemcpyWithAttributesAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dst: $crate::CUdeviceptr, src: $crate::CUdeviceptr, size: usize, attr: *mut ::core::ffi::c_void, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemcpyWithAttributesAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dst: $crate::CUdeviceptr, src: $crate::CUdeviceptr, size: usize, attr: *mut ::core::ffi::c_void, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpy_ptds => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dst: $crate::CUdeviceptr, src: $crate::CUdeviceptr, ByteCount: usize) -> $crate::CUresult} };
     (cuMemsetD16 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstDevice: ::core::ffi::c_uint, us: u16, N: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuMemsetD16Async => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstDevice: $crate::CUdeviceptr, us: u16, N: usize, hStream: $crate::CUstream) -> $crate::CUresult} };
@@ -2700,6 +2748,8 @@ macro_rules! signature {
     (cuStreamBatchMemOp_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (stream: $crate::CUstream, count: ::core::ffi::c_uint, paramArray: *mut ::core::ffi::c_void, flags: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuStreamBatchMemOp_v2_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (stream: $crate::CUstream, count: ::core::ffi::c_uint, paramArray: *mut ::core::ffi::c_void, flags: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuStreamBeginCapture => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuStreamBeginCaptureToCig => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, streamCigCaptureParams: *mut ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuStreamBeginCaptureToCig_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, streamCigCaptureParams: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuStreamBeginCaptureToGraph => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, hGraph: $crate::CUgraph, dependencies: *const $crate::CUgraphNode, dependencyData: *const ::core::ffi::c_void, numDependencies: usize, mode: $crate::CUstreamCaptureMode) -> $crate::CUresult} };
     (cuStreamBeginCaptureToGraph_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, hGraph: $crate::CUgraph, dependencies: *const $crate::CUgraphNode, dependencyData: *const ::core::ffi::c_void, numDependencies: usize, mode: $crate::CUstreamCaptureMode) -> $crate::CUresult} };
     (cuStreamBeginCapture_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream) -> $crate::CUresult} };
@@ -2712,6 +2762,8 @@ macro_rules! signature {
     (cuStreamDestroy => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuStreamDestroy_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuStreamEndCapture => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, phGraph: *mut $crate::CUgraph) -> $crate::CUresult} };
+    (cuStreamEndCaptureToCig => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuStreamEndCaptureToCig_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuStreamEndCapture_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, phGraph: *mut $crate::CUgraph) -> $crate::CUresult} };
     (cuStreamGetAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, attr: $crate::CUlaunchAttributeID, value: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuStreamGetAttribute_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, attr: $crate::CUlaunchAttributeID, value_out: *mut ::core::ffi::c_void) -> $crate::CUresult} };

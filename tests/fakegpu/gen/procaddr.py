@@ -42,24 +42,30 @@ def last_sym(base):
     syms = [s for (v, s) in sorted(rows.get((base, 0), [])) if s != "-"]
     return syms[-1] if syms else None
 
+def add_version(base, ver, pt, protos, bare_if_new):
+    """Rows for `base` from `ver` on: the next `_v<n>` after its newest symbol (which must have a
+    prototype in `protos`), or the bare base name for an entry point with no earlier symbol
+    when `bare_if_new`; `pt` is the per-thread suffix of the flags-2 row, if any."""
+    prev = last_sym(base)
+    if prev is None:
+        if not bare_if_new:
+            sys.stderr.write(f"skip {base} {ver}: no earlier symbol\n")
+            return
+        sym = base
+    else:
+        n = int(re.match(r"^(cu\w+?)(?:_v(\d+))?$", prev).group(2) or 1)
+        sym = f"{base}_v{n + 1}"
+        if sym not in protos:
+            sys.stderr.write(f"skip {base} {ver}: {sym} has no prototype\n")
+            return
+    for flags in (0, 1, 2):
+        if not rows[(base, flags)]:
+            rows[(base, flags)].append((2000, "-"))
+        rows[(base, flags)].append((ver, sym + pt if (flags == 2 and pt) else sym))
+
 for base in sorted(newer):
     for ver in sorted(newer[base]):
-        prev = last_sym(base)
-        if prev is None:
-            sym = base
-        else:
-            m = re.match(r"^(cu\w+?)(?:_v(\d+))?$", prev)
-            n = int(m.group(2) or 1)
-            sym = f"{base}_v{n + 1}"
-            if sym not in protos:
-                sys.stderr.write(f"skip {base} {ver}: {sym} has no prototype\n")
-                continue
-        pt = newer[base][ver]
-        for flags in (0, 1, 2):
-            s = sym + pt if (flags == 2 and pt) else sym
-            if not rows[(base, flags)]:
-                rows[(base, flags)].append((2000, "-"))
-            rows[(base, flags)].append((ver, s))
+        add_version(base, ver, newer[base][ver], protos, True)
 
 if len(sys.argv) > 3:
     inc13 = sys.argv[3]
@@ -89,18 +95,7 @@ if len(sys.argv) > 3:
     # against 13's prototypes (where `_v2` names are declared outright).
     for base in sorted(changed13):
         for ver in sorted(changed13[base]):
-            prev = last_sym(base)
-            m = re.match(r"^(cu\w+?)(?:_v(\d+))?$", prev) if prev else None
-            if not m:
-                sys.stderr.write(f"skip {base} {ver}: no earlier symbol\n")
-                continue
-            sym = f"{base}_v{int(m.group(2) or 1) + 1}"
-            if sym not in protos13:
-                sys.stderr.write(f"skip {base} {ver}: {sym} has no prototype in 13\n")
-                continue
-            pt = changed13[base][ver]
-            for flags in (0, 1, 2):
-                rows[(base, flags)].append((ver, sym + pt if (flags == 2 and pt) else sym))
+            add_version(base, ver, changed13[base][ver], protos13, False)
 
 for (base, flags) in sorted(rows):
     for ver, sym in sorted(rows[(base, flags)]):

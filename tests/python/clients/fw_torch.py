@@ -107,36 +107,32 @@ def compute(start_at, seconds, graph=False):
          graph=bool(graph))
 
 
-def probe():
-    """Which libraries start: is_available, a cuDNN convolution, a cuBLAS matmul."""
-    out = dict(available=torch.cuda.is_available())
-    for name, f in (("conv", lambda: torch.nn.functional.conv2d(
-                        torch.zeros(1, 3, 32, 32, device="cuda"), torch.zeros(8, 3, 3, 3, device="cuda"))),
-                    ("matmul", lambda: torch.zeros(64, 64, device="cuda") @ torch.zeros(64, 64, device="cuda"))):
+def attempt(**calls):
+    """Run each call and synchronize: {name: {shape} or {error, message}}."""
+    out = {}
+    for name, f in calls.items():
         try:
             y = f()
             torch.cuda.synchronize()
             out[name] = dict(shape=list(y.shape))
         except Exception as e:
             out[name] = dict(error=type(e).__name__, message=str(e)[:300])
-    emit(**out)
+    return out
+
+
+def probe():
+    """Which libraries start: is_available, a cuDNN convolution, a cuBLAS matmul."""
+    emit(available=torch.cuda.is_available(), **attempt(
+        conv=lambda: torch.nn.functional.conv2d(
+            torch.zeros(1, 3, 32, 32, device="cuda"), torch.zeros(8, 3, 3, 3, device="cuda")),
+        matmul=lambda: torch.zeros(64, 64, device="cuda") @ torch.zeros(64, 64, device="cuda")))
 
 
 def gemm():
     """cuBLAS GEMMs as a fresh process makes them: a 7x7 matmul (cublasGemmEx) and a batched
     one (cublasGemmStridedBatchedEx)."""
-    out = {}
-    for name, f in (("matmul", lambda: torch.matmul(a, a)),
-                    ("bmm", lambda: torch.bmm(b, b))):
-        try:
-            a = torch.randn(7, 7, device="cuda")
-            b = torch.randn(3, 7, 7, device="cuda")
-            y = f()
-            torch.cuda.synchronize()
-            out[name] = dict(shape=list(y.shape))
-        except Exception as e:
-            out[name] = dict(error=type(e).__name__, message=str(e)[:300])
-    emit(**out)
+    emit(**attempt(matmul=lambda: torch.matmul(*[torch.randn(7, 7, device="cuda")] * 2),
+                   bmm=lambda: torch.bmm(*[torch.randn(3, 7, 7, device="cuda")] * 2)))
 
 
 def backward(steps=5):
