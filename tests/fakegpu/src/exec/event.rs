@@ -49,10 +49,10 @@ impl Event {
     /// `cuEventCreate`.
     pub fn create(flags: u32) -> &'static Event {
         if let Some(e) = FREE_EVENTS.lock().unwrap_or_else(|e| e.into_inner()).pop() {
-            // Its records are all planned (that is when it was recycled); generations go on.
+            // Its records are all planned (that is when it was recycled); generations and the
+            // last record's time go on, for waits queued on another device before the destroy.
             e.flags.store(flags as u64, Relaxed);
             e.base.store(e.gen.load(Acquire), Relaxed);
-            e.ts.store(0, Relaxed);
             e.recycled.store(false, Relaxed);
             e.destroyed.store(false, Release);
             return e;
