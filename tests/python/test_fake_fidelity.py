@@ -74,6 +74,16 @@ def test_torch_multi_stream_backward_with_callbacks_completes(fw_env):
     assert r["grad"] == [64, 64], r
 
 
+def test_torch_cuda_graph_raw_executable_and_debug_dump(fw_env, tmp_path):
+    """PyTorch 2.15's CUDA-graph calls beyond capture and replay reach the 13.0 driver's entry
+    points: a kept graph's raw executable, and a debug dump (DOT) of the captured kernel."""
+    dot = tmp_path / "graph.dot"
+    r = run_framework("torch", "fw_torch", fw_env(preload=False), "graphs", dot)
+    assert r["raw_exec"] is True, r
+    assert isinstance(r["dump"], str) and r["dump"].startswith("digraph"), r
+    assert "KERNEL" in r["dump"], r
+
+
 @pytest.mark.parametrize("cuda", [None, "12020"], ids=["default", "12.2"])
 def test_driver_version_nvml_and_proc_address_describe_one_driver(gpu_env, cuda):
     env = gpu_env() if cuda is None else gpu_env(FAKEGPU_DRIVER_VERSION=cuda)

@@ -90,7 +90,7 @@ checked! {
         cuDevicePrimaryCtxSetFlags, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4,
         cuCtxDestroy_v2, cuCtxSetCurrent, cuCtxGetCurrent, cuCtxPushCurrent_v2,
         cuCtxPopCurrent_v2, cuCtxGetDevice, cuCtxSynchronize, cuCtxGetApiVersion, cuCtxGetFlags,
-        cuCtxGetDevice_v2, cuCtxSynchronize_v2,
+        cuCtxGetDevice_v2, cuCtxSynchronize_v2, cuGraphDebugDotPrint,
         cuCtxSetFlags, cuCtxGetId, cuCtxGetStreamPriorityRange, cuCtxEnablePeerAccess,
         cuCtxDisablePeerAccess, cuCtxGetLimit, cuCtxSetLimit, cuCtxGetCacheConfig,
         cuCtxSetCacheConfig, cuMemGetInfo_v2, cuMemAlloc_v2, cuMemAllocPitch_v2,

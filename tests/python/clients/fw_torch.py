@@ -135,6 +135,35 @@ def gemm():
                    bmm=lambda: torch.bmm(*[torch.randn(3, 7, 7, device="cuda")] * 2)))
 
 
+def graphs(dot_path):
+    """The CUDA-graph calls PyTorch makes beyond capture and replay: a graph kept for its raw
+    executable (`keep_graph=True`, `instantiate`, `raw_cuda_graph_exec`) and a debug dump
+    (`cudaGraphDebugDotPrint`), which cudart refuses with cudaErrorCallRequiresNewerDriver when
+    the driver lacks the entry point."""
+    x = torch.zeros(8, device="cuda")
+    out = {}
+    try:
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(g):
+            x.add_(1)
+        g.instantiate()
+        out["raw_exec"] = bool(g.raw_cuda_graph_exec())
+        g.replay()
+        torch.cuda.synchronize()
+    except Exception as e:
+        out["raw_exec"] = failure(e)
+    try:
+        g = torch.cuda.CUDAGraph()
+        g.enable_debug_mode()
+        with torch.cuda.graph(g):
+            x.add_(1)
+        g.debug_dump(dot_path)
+        out["dump"] = open(dot_path).read()[:2000]
+    except Exception as e:
+        out["dump"] = failure(e)
+    emit(**out)
+
+
 def backward(steps=5):
     """A backward pass over two streams with autograd callbacks, as training loops with
     side streams run it: the autograd thread records, waits on and destroys events while work
@@ -179,6 +208,9 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     if mode in ("probe", "gemm", "backward"):
         {"probe": probe, "gemm": gemm, "backward": backward}[mode]()
+        sys.exit(0)
+    if mode == "graphs":
+        graphs(sys.argv[2])
         sys.exit(0)
     if mode == "fill":
         fill(int(sys.argv[2]))

@@ -723,6 +723,12 @@ exports! {
     // --- graphs ---------------------------------------------------------------------------
     fn cuGraphCreate(g: *mut CUgraph, _flags: c_uint) { rt()?; put(g, Graph::new().handle()) }
     fn cuGraphDestroy(g: CUgraph) { Graph::resolve(g).map(|_| ()) }
+    // torch.cuda.CUDAGraph.debug_dump: cudart answers cudaErrorCallRequiresNewerDriver when
+    // the driver lacks it.
+    fn cuGraphDebugDotPrint(g: CUgraph, path: *const c_char, _flags: c_uint) {
+        let dot = Graph::resolve(g)?.dot();
+        std::fs::write(cstr(path)?, dot).map_err(|_| CUDA_ERROR_OPERATING_SYSTEM)
+    }
     fn cuGraphGetNodes(g: CUgraph, nodes: *mut CUgraphNode, n: *mut usize) {
         let g = Graph::resolve(g)?;
         let len = g.len();
