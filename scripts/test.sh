@@ -11,7 +11,18 @@
 # Steps 3 and 4 both run even if one fails; the exit status is non-zero if anything failed.
 # Each step has a time limit (GPUSLICE_TEST_TIMEOUT seconds, default 1200), so a hung test fails
 # the run instead of stalling CI. Extra arguments go to pytest (e.g. `scripts/test.sh -k numba`).
+#
+# `scripts/test.sh --no-frameworks` (first argument) leaves out the GPU frameworks: nothing is
+# downloaded into the framework cache (about 18 GB the first time) and tests/python/
+# test_frameworks_*.py are not run, which the run says at its end. The full run (no flag) is
+# the default and what CI runs.
 set -euo pipefail
+
+frameworks=1
+if [ "${1:-}" = "--no-frameworks" ]; then
+    frameworks=0
+    shift
+fi
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -33,10 +44,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
     echo "$sum" >"$stamp"
 fi
 
-step "GPU framework venvs (scripts/framework-venvs.sh)"
-fw_start=$(date +%s)
-bash scripts/framework-venvs.sh </dev/null
-echo "frameworks ready in $(( $(date +%s) - fw_start )) s" >&2
+pytest_args=()
+if [ "$frameworks" = 1 ]; then
+    step "GPU framework venvs (scripts/framework-venvs.sh)"
+    fw_start=$(date +%s)
+    bash scripts/framework-venvs.sh </dev/null
+    echo "frameworks ready in $(( $(date +%s) - fw_start )) s" >&2
+else
+    step "GPU framework venvs: skipped (--no-frameworks)"
+    pytest_args+=(--ignore-glob='tests/python/test_frameworks_*.py')
+fi
 
 step "cargo build --workspace"
 cargo build --workspace
@@ -52,10 +69,15 @@ step "cargo test --workspace --no-fail-fast"
 timeout -k 10 "$limit" cargo test --workspace --no-fail-fast || failed+=("cargo test")
 
 step "pytest tests/python"
-timeout -k 10 "$limit" "$venv/bin/python" -m pytest tests/python "$@" </dev/null || failed+=("pytest")
+timeout -k 10 "$limit" "$venv/bin/python" -m pytest tests/python ${pytest_args[@]+"${pytest_args[@]}"} "$@" </dev/null ||
+    failed+=("pytest")
+not_run=""
+if [ "$frameworks" = 0 ]; then
+    not_run=" (NOT RUN: the GPU framework tests, tests/python/test_frameworks_*.py: --no-frameworks)"
+fi
 
 if [ ${#failed[@]} -gt 0 ]; then
-    step "FAILED: ${failed[*]}"
+    step "FAILED: ${failed[*]}$not_run"
     exit 1
 fi
-step "all tests passed"
+step "all tests passed$not_run"
