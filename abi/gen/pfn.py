@@ -439,6 +439,8 @@ def main():
     ap.add_argument("--cuda-include", required=True)
     ap.add_argument("--nvml-include", required=True)
     ap.add_argument("--tsv", help="a real driver's cuGetProcAddress table, to check the names")
+    ap.add_argument("--cuda13-include", help="CUDA 13's cuda.h and cudaTypedefs.h: adds the "
+                    "entry points 13.x has and the main headers lack (cuCtxSynchronize_v2)")
     ap.add_argument("--cuda-wheel", default="", help="wheel name and version, for the header")
     ap.add_argument("--nvml-wheel", default="", help="wheel name and version, for the header")
     here = os.path.dirname(os.path.abspath(__file__))
@@ -452,6 +454,8 @@ def main():
     nvml_h = open(nvml_h_path).read()
 
     types = Types()
+    cuda13_h = open(os.path.join(a.cuda13_include, "cuda.h")).read() if a.cuda13_include else ""
+    types.read(cuda13_h)  # first, so the main headers' definitions win
     types.read(cuda_h)
     profiler_h = os.path.join(a.cuda_include, "cudaProfiler.h")  # not in every wheel
     if os.path.exists(profiler_h):
@@ -502,6 +506,17 @@ def main():
             add(m.group(1), "cuda.h: no PFN_ typedef", "CUresult", split_params(m.group(2)))
     for name, ret, params in nvml_prototypes(nvml_h):
         add(name, "nvml.h", ret, params)
+    if a.cuda13_include:
+        # Only symbols the main headers lack: their signatures stay the main headers'.
+        pfns13 = pfn_typedefs(open(os.path.join(a.cuda13_include, "cudaTypedefs.h")).read())
+        names13 = export_names(pfns13)
+        have = set(items)
+        for base, ver, variant, ret, params in pfns13:
+            sym = names13[(base, ver, variant)]
+            if sym not in have:
+                add(sym, f"PFN_{base}_v{ver}{variant} (CUDA 13)", ret, params)
+        cuda13_version = version_of(os.path.join(a.cuda13_include, "cuda.h"),
+                                    r"^#define CUDA_VERSION (\d+)")
 
     cuda_version = version_of(cuda_h_path, r"^#define CUDA_VERSION (\d+)")
     nvml_version = version_of(nvml_h_path, r"^#define NVML_API_VERSION\s+(\d+)")
@@ -515,6 +530,8 @@ def main():
       + (f" ({a.cuda_wheel})" if a.cuda_wheel else "") + ",")
     w(f"// nvml.h with NVML_API_VERSION {nvml_version}"
       + (f" ({a.nvml_wheel})" if a.nvml_wheel else "") + ".")
+    if a.cuda13_include:
+        w(f"// Entry points those lack, from cudaTypedefs.h with CUDA_VERSION {cuda13_version}.")
     w(f"// {ncuda} driver and {nnvml} NVML entry points.")
     if skipped:
         w("//")

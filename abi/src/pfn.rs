@@ -2,7 +2,8 @@
 //
 // Sources: cuda.h, cudaTypedefs.h and cudaProfilerTypedefs.h with CUDA_VERSION 12090 (nvidia-cuda-runtime-cu12 12.9.79),
 // nvml.h with NVML_API_VERSION 12 (nvidia-nvml-dev-cu12 12.9.79).
-// 618 driver and 387 NVML entry points.
+// Entry points those lack, from cudaTypedefs.h with CUDA_VERSION 13020.
+// 663 driver and 387 NVML entry points.
 //
 // Left out (a parameter type the generator cannot map):
 //   cuProfilerInitialize (PFN_cuProfilerInitialize_v4000): unknown type `CUoutput_mode`
@@ -18,14 +19,15 @@
 //   CUDA_GRAPH_INSTANTIATE_PARAMS CUDA_HOST_NODE_PARAMS_v1 CUDA_KERNEL_NODE_PARAMS_v1
 //   CUDA_KERNEL_NODE_PARAMS_v2 CUDA_LAUNCH_PARAMS_v1 CUDA_MEMCPY2D_v1 CUDA_MEMCPY3D_BATCH_OP_v1
 //   CUDA_MEMCPY3D_PEER_v1 CUDA_MEMCPY3D_v1 CUDA_MEMSET_NODE_PARAMS_v1 CUDA_RESOURCE_DESC_v1
-//   CUDA_RESOURCE_VIEW_DESC_v1 CUDA_TEXTURE_DESC_v1 CUarrayMapInfo_v1 CUasyncNotificationInfo
-//   CUcheckpointCheckpointArgs CUcheckpointLockArgs CUcheckpointRestoreArgs CUcheckpointUnlockArgs
-//   CUctxCreateParams CUdevResource CUdevprop_v1 CUexecAffinityParam CUgraphEdgeData
-//   CUgraphExecUpdateResultInfo CUkernelNodeAttrValue_v1 CUmemDecompressParams
-//   CUmemPoolPtrExportData_v1 CUmemcpyAttributes_v1 CUmulticastObjectProp CUstreamAttrValue_v1
-//   CUstreamBatchMemOpParams CUstreamBatchMemOpParams_v1 CUtensorMap nvmlAccountingStats_t
-//   nvmlActiveVgpuInstanceInfo_t nvmlBAR1Memory_t nvmlBridgeChipHierarchy_t nvmlC2cModeInfo_v1_t
-//   nvmlClkMonStatus_t nvmlClockOffset_t nvmlComputeInstanceInfo_t nvmlComputeInstancePlacement_t
+//   CUDA_RESOURCE_VIEW_DESC_v1 CUDA_TEXTURE_DESC_v1 CU_DEV_SM_RESOURCE_GROUP_PARAMS
+//   CUarrayMapInfo_v1 CUasyncNotificationInfo CUcheckpointCheckpointArgs CUcheckpointLockArgs
+//   CUcheckpointRestoreArgs CUcheckpointUnlockArgs CUctxCreateParams CUdevResource CUdevprop_v1
+//   CUexecAffinityParam CUgraphEdgeData CUgraphExecUpdateResultInfo CUkernelNodeAttrValue_v1
+//   CUmemDecompressParams CUmemPoolPtrExportData_v1 CUmemcpyAttributes_v1 CUmulticastObjectProp
+//   CUstreamAttrValue_v1 CUstreamBatchMemOpParams CUstreamBatchMemOpParams_v1
+//   CUstreamCigCaptureParams CUtensorMap nvmlAccountingStats_t nvmlActiveVgpuInstanceInfo_t
+//   nvmlBAR1Memory_t nvmlBridgeChipHierarchy_t nvmlC2cModeInfo_v1_t nvmlClkMonStatus_t
+//   nvmlClockOffset_t nvmlComputeInstanceInfo_t nvmlComputeInstancePlacement_t
 //   nvmlComputeInstanceProfileInfo_t nvmlComputeInstanceProfileInfo_v2_t
 //   nvmlConfComputeGetKeyRotationThresholdInfo_t nvmlConfComputeGpuAttestationReport_t
 //   nvmlConfComputeGpuCertificate_t nvmlConfComputeMemSizeInfo_t
@@ -122,10 +124,18 @@ pub type cuCheckpointProcessLock = unsafe extern "C" fn(pid: c_int, args: *mut c
 pub type cuCheckpointProcessRestore = unsafe extern "C" fn(pid: c_int, args: *mut c_void) -> CUresult;
 /// `PFN_cuCheckpointProcessUnlock_v12080`
 pub type cuCheckpointProcessUnlock = unsafe extern "C" fn(pid: c_int, args: *mut c_void) -> CUresult;
+/// `PFN_cuCoredumpDeregisterCompleteCallback_v13020 (CUDA 13)`
+pub type cuCoredumpDeregisterCompleteCallback = unsafe extern "C" fn(callback: *mut c_void) -> CUresult;
+/// `PFN_cuCoredumpDeregisterStartCallback_v13020 (CUDA 13)`
+pub type cuCoredumpDeregisterStartCallback = unsafe extern "C" fn(callback: *mut c_void) -> CUresult;
 /// `PFN_cuCoredumpGetAttribute_v12010`
 pub type cuCoredumpGetAttribute = unsafe extern "C" fn(get: c_uint, value: *mut c_void, size: *mut usize) -> CUresult;
 /// `PFN_cuCoredumpGetAttributeGlobal_v12010`
 pub type cuCoredumpGetAttributeGlobal = unsafe extern "C" fn(get: c_uint, value: *mut c_void, size: *mut usize) -> CUresult;
+/// `PFN_cuCoredumpRegisterCompleteCallback_v13020 (CUDA 13)`
+pub type cuCoredumpRegisterCompleteCallback = unsafe extern "C" fn(callback: Option<unsafe extern "C" fn(*mut c_void, c_int, CUdevice)>, userData: *mut c_void, callbackOut: *mut *mut c_void) -> CUresult;
+/// `PFN_cuCoredumpRegisterStartCallback_v13020 (CUDA 13)`
+pub type cuCoredumpRegisterStartCallback = unsafe extern "C" fn(callback: Option<unsafe extern "C" fn(*mut c_void, c_int, CUdevice)>, userData: *mut c_void, callbackOut: *mut *mut c_void) -> CUresult;
 /// `PFN_cuCoredumpSetAttribute_v12010`
 pub type cuCoredumpSetAttribute = unsafe extern "C" fn(set: c_uint, value: *mut c_void, size: *mut usize) -> CUresult;
 /// `PFN_cuCoredumpSetAttributeGlobal_v12010`
@@ -162,6 +172,8 @@ pub type cuCtxGetCurrent = unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresul
 pub type cuCtxGetDevResource = unsafe extern "C" fn(hCtx: CUcontext, result: *mut c_void, type_: c_uint) -> CUresult;
 /// `PFN_cuCtxGetDevice_v2000`
 pub type cuCtxGetDevice = unsafe extern "C" fn(device: *mut CUdevice) -> CUresult;
+/// `PFN_cuCtxGetDevice_v13000 (CUDA 13)`
+pub type cuCtxGetDevice_v2 = unsafe extern "C" fn(device: *mut CUdevice, ctx: CUcontext) -> CUresult;
 /// `PFN_cuCtxGetExecAffinity_v11040`
 pub type cuCtxGetExecAffinity = unsafe extern "C" fn(pExecAffinity: *mut c_void, type_: c_uint) -> CUresult;
 /// `PFN_cuCtxGetFlags_v7000`
@@ -198,6 +210,8 @@ pub type cuCtxSetLimit = unsafe extern "C" fn(limit: c_uint, value: usize) -> CU
 pub type cuCtxSetSharedMemConfig = unsafe extern "C" fn(config: c_uint) -> CUresult;
 /// `PFN_cuCtxSynchronize_v2000`
 pub type cuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
+/// `PFN_cuCtxSynchronize_v13000 (CUDA 13)`
+pub type cuCtxSynchronize_v2 = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
 /// `PFN_cuCtxWaitEvent_v12050`
 pub type cuCtxWaitEvent = unsafe extern "C" fn(hCtx: CUcontext, hEvent: CUevent) -> CUresult;
 /// `PFN_cuDestroyExternalMemory_v10000`
@@ -206,6 +220,8 @@ pub type cuDestroyExternalMemory = unsafe extern "C" fn(extMem: *mut c_void) -> 
 pub type cuDestroyExternalSemaphore = unsafe extern "C" fn(extSem: *mut c_void) -> CUresult;
 /// `PFN_cuDevResourceGenerateDesc_v12040`
 pub type cuDevResourceGenerateDesc = unsafe extern "C" fn(phDesc: *mut *mut c_void, resources: *mut c_void, nbResources: c_uint) -> CUresult;
+/// `PFN_cuDevSmResourceSplit_v13010 (CUDA 13)`
+pub type cuDevSmResourceSplit = unsafe extern "C" fn(result: *mut c_void, nbGroups: c_uint, input: *const c_void, remainder: *mut c_void, flags: c_uint, groupParams: *mut c_void) -> CUresult;
 /// `PFN_cuDevSmResourceSplitByCount_v12040`
 pub type cuDevSmResourceSplitByCount = unsafe extern "C" fn(result: *mut c_void, nbGroups: *mut c_uint, input: *const c_void, remaining: *mut c_void, useFlags: c_uint, minCount: c_uint) -> CUresult;
 /// `PFN_cuDeviceCanAccessPeer_v4000`
@@ -228,6 +244,8 @@ pub type cuDeviceGetDevResource = unsafe extern "C" fn(dev: CUdevice, result: *m
 pub type cuDeviceGetExecAffinitySupport = unsafe extern "C" fn(pi: *mut c_int, type_: c_uint, dev: CUdevice) -> CUresult;
 /// `PFN_cuDeviceGetGraphMemAttribute_v11040`
 pub type cuDeviceGetGraphMemAttribute = unsafe extern "C" fn(device: CUdevice, attr: c_uint, value: *mut c_void) -> CUresult;
+/// `PFN_cuDeviceGetHostAtomicCapabilities_v13000 (CUDA 13)`
+pub type cuDeviceGetHostAtomicCapabilities = unsafe extern "C" fn(capabilities: *mut c_uint, operations: *const c_uint, count: c_uint, dev: CUdevice) -> CUresult;
 /// `PFN_cuDeviceGetLuid_v10000`
 pub type cuDeviceGetLuid = unsafe extern "C" fn(luid: *mut c_char, deviceNodeMask: *mut c_uint, dev: CUdevice) -> CUresult;
 /// `PFN_cuDeviceGetMemPool_v11020`
@@ -236,6 +254,8 @@ pub type cuDeviceGetMemPool = unsafe extern "C" fn(pool: *mut CUmemoryPool, dev:
 pub type cuDeviceGetName = unsafe extern "C" fn(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
 /// `PFN_cuDeviceGetNvSciSyncAttributes_v10020`
 pub type cuDeviceGetNvSciSyncAttributes = unsafe extern "C" fn(nvSciSyncAttrList: *mut c_void, dev: CUdevice, flags: c_int) -> CUresult;
+/// `PFN_cuDeviceGetP2PAtomicCapabilities_v13000 (CUDA 13)`
+pub type cuDeviceGetP2PAtomicCapabilities = unsafe extern "C" fn(capabilities: *mut c_uint, operations: *const c_uint, count: c_uint, srcDevice: CUdevice, dstDevice: CUdevice) -> CUresult;
 /// `PFN_cuDeviceGetP2PAttribute_v8000`
 pub type cuDeviceGetP2PAttribute = unsafe extern "C" fn(value: *mut c_int, attrib: c_uint, srcDevice: CUdevice, dstDevice: CUdevice) -> CUresult;
 /// `PFN_cuDeviceGetPCIBusId_v4010`
@@ -314,6 +334,8 @@ pub type cuFuncGetAttribute = unsafe extern "C" fn(pi: *mut c_int, attrib: CUfun
 pub type cuFuncGetModule = unsafe extern "C" fn(hmod: *mut CUmodule, hfunc: CUfunction) -> CUresult;
 /// `PFN_cuFuncGetName_v12030`
 pub type cuFuncGetName = unsafe extern "C" fn(name: *mut *const c_char, hfunc: CUfunction) -> CUresult;
+/// `PFN_cuFuncGetParamCount_v13020 (CUDA 13)`
+pub type cuFuncGetParamCount = unsafe extern "C" fn(func: CUfunction, paramCount: *mut usize) -> CUresult;
 /// `PFN_cuFuncGetParamInfo_v12040`
 pub type cuFuncGetParamInfo = unsafe extern "C" fn(func: CUfunction, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) -> CUresult;
 /// `PFN_cuFuncIsLoaded_v12040`
@@ -418,6 +440,8 @@ pub type cuGraphExecExternalSemaphoresSignalNodeSetParams = unsafe extern "C" fn
 pub type cuGraphExecExternalSemaphoresWaitNodeSetParams = unsafe extern "C" fn(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const c_void) -> CUresult;
 /// `PFN_cuGraphExecGetFlags_v12000`
 pub type cuGraphExecGetFlags = unsafe extern "C" fn(hGraphExec: CUgraphExec, flags: *mut u64) -> CUresult;
+/// `PFN_cuGraphExecGetId_v13010 (CUDA 13)`
+pub type cuGraphExecGetId = unsafe extern "C" fn(hGraphExec: CUgraphExec, graphId: *mut c_uint) -> CUresult;
 /// `PFN_cuGraphExecHostNodeSetParams_v10020`
 pub type cuGraphExecHostNodeSetParams = unsafe extern "C" fn(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const c_void) -> CUresult;
 /// `PFN_cuGraphExecKernelNodeSetParams_v10010`
@@ -446,6 +470,8 @@ pub type cuGraphExternalSemaphoresWaitNodeSetParams = unsafe extern "C" fn(hNode
 pub type cuGraphGetEdges = unsafe extern "C" fn(hGraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, numEdges: *mut usize) -> CUresult;
 /// `PFN_cuGraphGetEdges_v12030`
 pub type cuGraphGetEdges_v2 = unsafe extern "C" fn(hGraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, edgeData: *mut c_void, numEdges: *mut usize) -> CUresult;
+/// `PFN_cuGraphGetId_v13010 (CUDA 13)`
+pub type cuGraphGetId = unsafe extern "C" fn(hGraph: CUgraph, graphId: *mut c_uint) -> CUresult;
 /// `PFN_cuGraphGetNodes_v10000`
 pub type cuGraphGetNodes = unsafe extern "C" fn(hGraph: CUgraph, nodes: *mut CUgraphNode, numNodes: *mut usize) -> CUresult;
 /// `PFN_cuGraphGetRootNodes_v10000`
@@ -496,6 +522,8 @@ pub type cuGraphMemsetNodeGetParams = unsafe extern "C" fn(hNode: CUgraphNode, n
 pub type cuGraphMemsetNodeSetParams = unsafe extern "C" fn(hNode: CUgraphNode, nodeParams: *const c_void) -> CUresult;
 /// `PFN_cuGraphNodeFindInClone_v10000`
 pub type cuGraphNodeFindInClone = unsafe extern "C" fn(phNode: *mut CUgraphNode, hOriginalNode: CUgraphNode, hClonedGraph: CUgraph) -> CUresult;
+/// `PFN_cuGraphNodeGetContainingGraph_v13010 (CUDA 13)`
+pub type cuGraphNodeGetContainingGraph = unsafe extern "C" fn(hNode: CUgraphNode, phGraph: *mut CUgraph) -> CUresult;
 /// `PFN_cuGraphNodeGetDependencies_v10000`
 pub type cuGraphNodeGetDependencies = unsafe extern "C" fn(hNode: CUgraphNode, dependencies: *mut CUgraphNode, numDependencies: *mut usize) -> CUresult;
 /// `PFN_cuGraphNodeGetDependencies_v12030`
@@ -506,6 +534,12 @@ pub type cuGraphNodeGetDependentNodes = unsafe extern "C" fn(hNode: CUgraphNode,
 pub type cuGraphNodeGetDependentNodes_v2 = unsafe extern "C" fn(hNode: CUgraphNode, dependentNodes: *mut CUgraphNode, edgeData: *mut c_void, numDependentNodes: *mut usize) -> CUresult;
 /// `PFN_cuGraphNodeGetEnabled_v11060`
 pub type cuGraphNodeGetEnabled = unsafe extern "C" fn(hGraphExec: CUgraphExec, hNode: CUgraphNode, isEnabled: *mut c_uint) -> CUresult;
+/// `PFN_cuGraphNodeGetLocalId_v13010 (CUDA 13)`
+pub type cuGraphNodeGetLocalId = unsafe extern "C" fn(hNode: CUgraphNode, nodeId: *mut c_uint) -> CUresult;
+/// `PFN_cuGraphNodeGetParams_v13020 (CUDA 13)`
+pub type cuGraphNodeGetParams = unsafe extern "C" fn(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) -> CUresult;
+/// `PFN_cuGraphNodeGetToolsId_v13010 (CUDA 13)`
+pub type cuGraphNodeGetToolsId = unsafe extern "C" fn(hNode: CUgraphNode, nodeId: *mut u64) -> CUresult;
 /// `PFN_cuGraphNodeGetType_v10000`
 pub type cuGraphNodeGetType = unsafe extern "C" fn(hNode: CUgraphNode, type_: *mut CUgraphNodeType) -> CUresult;
 /// `PFN_cuGraphNodeSetEnabled_v11060`
@@ -552,6 +586,8 @@ pub type cuGreenCtxCreate = unsafe extern "C" fn(phCtx: *mut *mut c_void, desc: 
 pub type cuGreenCtxDestroy = unsafe extern "C" fn(hCtx: *mut c_void) -> CUresult;
 /// `PFN_cuGreenCtxGetDevResource_v12040`
 pub type cuGreenCtxGetDevResource = unsafe extern "C" fn(hCtx: *mut c_void, result: *mut c_void, type_: c_uint) -> CUresult;
+/// `PFN_cuGreenCtxGetId_v12090 (CUDA 13)`
+pub type cuGreenCtxGetId = unsafe extern "C" fn(greenCtx: *mut c_void, greenCtxId: *mut u64) -> CUresult;
 /// `PFN_cuGreenCtxRecordEvent_v12040`
 pub type cuGreenCtxRecordEvent = unsafe extern "C" fn(hCtx: *mut c_void, hEvent: CUevent) -> CUresult;
 /// `PFN_cuGreenCtxStreamCreate_v12050`
@@ -584,6 +620,8 @@ pub type cuKernelGetFunction = unsafe extern "C" fn(pFunc: *mut CUfunction, kern
 pub type cuKernelGetLibrary = unsafe extern "C" fn(pLib: *mut CUlibrary, kernel: CUkernel) -> CUresult;
 /// `PFN_cuKernelGetName_v12030`
 pub type cuKernelGetName = unsafe extern "C" fn(name: *mut *const c_char, hfunc: CUkernel) -> CUresult;
+/// `PFN_cuKernelGetParamCount_v13020 (CUDA 13)`
+pub type cuKernelGetParamCount = unsafe extern "C" fn(kernel: CUkernel, paramCount: *mut usize) -> CUresult;
 /// `PFN_cuKernelGetParamInfo_v12040`
 pub type cuKernelGetParamInfo = unsafe extern "C" fn(kernel: CUkernel, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) -> CUresult;
 /// `PFN_cuKernelSetAttribute_v12000`
@@ -606,6 +644,10 @@ pub type cuLaunchGridAsync = unsafe extern "C" fn(f: CUfunction, grid_width: c_i
 pub type cuLaunchHostFunc = unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void) -> CUresult;
 /// `PFN_cuLaunchHostFunc_v10000_ptsz`
 pub type cuLaunchHostFunc_ptsz = unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void) -> CUresult;
+/// `PFN_cuLaunchHostFunc_v13010 (CUDA 13)`
+pub type cuLaunchHostFunc_v2 = unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void, syncMode: c_uint) -> CUresult;
+/// `PFN_cuLaunchHostFunc_v13010_ptsz (CUDA 13)`
+pub type cuLaunchHostFunc_v2_ptsz = unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void, syncMode: c_uint) -> CUresult;
 /// `PFN_cuLaunchKernel_v4000`
 pub type cuLaunchKernel = unsafe extern "C" fn(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult;
 /// `PFN_cuLaunchKernelEx_v11060`
@@ -696,6 +738,14 @@ pub type cuMemBatchDecompressAsync = unsafe extern "C" fn(paramsArray: *mut c_vo
 pub type cuMemBatchDecompressAsync_ptsz = unsafe extern "C" fn(paramsArray: *mut c_void, count: usize, flags: c_uint, errorIndex: *mut usize, stream: CUstream) -> CUresult;
 /// `PFN_cuMemCreate_v10020`
 pub type cuMemCreate = unsafe extern "C" fn(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult;
+/// `PFN_cuMemDiscardAndPrefetchBatchAsync_v13000 (CUDA 13)`
+pub type cuMemDiscardAndPrefetchBatchAsync = unsafe extern "C" fn(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemDiscardAndPrefetchBatchAsync_v13000_ptsz (CUDA 13)`
+pub type cuMemDiscardAndPrefetchBatchAsync_ptsz = unsafe extern "C" fn(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemDiscardBatchAsync_v13000 (CUDA 13)`
+pub type cuMemDiscardBatchAsync = unsafe extern "C" fn(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: u64, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemDiscardBatchAsync_v13000_ptsz (CUDA 13)`
+pub type cuMemDiscardBatchAsync_ptsz = unsafe extern "C" fn(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: u64, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemExportToShareableHandle_v10020`
 pub type cuMemExportToShareableHandle = unsafe extern "C" fn(shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: CUmemAllocationHandleType, flags: u64) -> CUresult;
 /// `PFN_cuMemFree_v2000`
@@ -718,12 +768,16 @@ pub type cuMemGetAddressRange_v2 = unsafe extern "C" fn(pbase: *mut CUdeviceptr,
 pub type cuMemGetAllocationGranularity = unsafe extern "C" fn(granularity: *mut usize, prop: *const CUmemAllocationProp, option: c_uint) -> CUresult;
 /// `PFN_cuMemGetAllocationPropertiesFromHandle_v10020`
 pub type cuMemGetAllocationPropertiesFromHandle = unsafe extern "C" fn(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) -> CUresult;
+/// `PFN_cuMemGetDefaultMemPool_v13000 (CUDA 13)`
+pub type cuMemGetDefaultMemPool = unsafe extern "C" fn(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: CUmemAllocationType) -> CUresult;
 /// `PFN_cuMemGetHandleForAddressRange_v11070`
 pub type cuMemGetHandleForAddressRange = unsafe extern "C" fn(handle: *mut c_void, dptr: CUdeviceptr, size: usize, handleType: c_uint, flags: u64) -> CUresult;
 /// `PFN_cuMemGetInfo_v2000`
 pub type cuMemGetInfo = unsafe extern "C" fn(free: *mut c_uint, total: *mut c_uint) -> CUresult;
 /// `PFN_cuMemGetInfo_v3020`
 pub type cuMemGetInfo_v2 = unsafe extern "C" fn(free: *mut usize, total: *mut usize) -> CUresult;
+/// `PFN_cuMemGetMemPool_v13000 (CUDA 13)`
+pub type cuMemGetMemPool = unsafe extern "C" fn(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: CUmemAllocationType) -> CUresult;
 /// `PFN_cuMemHostAlloc_v2020`
 pub type cuMemHostAlloc = unsafe extern "C" fn(pp: *mut *mut c_void, bytesize: usize, Flags: c_uint) -> CUresult;
 /// `PFN_cuMemHostGetDevicePointer_v2020`
@@ -776,6 +830,10 @@ pub type cuMemPrefetchAsync_ptsz = unsafe extern "C" fn(devPtr: CUdeviceptr, cou
 pub type cuMemPrefetchAsync_v2 = unsafe extern "C" fn(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemPrefetchAsync_v12020_ptsz`
 pub type cuMemPrefetchAsync_v2_ptsz = unsafe extern "C" fn(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemPrefetchBatchAsync_v13000 (CUDA 13)`
+pub type cuMemPrefetchBatchAsync = unsafe extern "C" fn(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemPrefetchBatchAsync_v13000_ptsz (CUDA 13)`
+pub type cuMemPrefetchBatchAsync_ptsz = unsafe extern "C" fn(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemRangeGetAttribute_v8000`
 pub type cuMemRangeGetAttribute = unsafe extern "C" fn(data: *mut c_void, dataSize: usize, attribute: c_uint, devPtr: CUdeviceptr, count: usize) -> CUresult;
 /// `PFN_cuMemRangeGetAttributes_v8000`
@@ -786,6 +844,8 @@ pub type cuMemRelease = unsafe extern "C" fn(handle: CUmemGenericAllocationHandl
 pub type cuMemRetainAllocationHandle = unsafe extern "C" fn(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult;
 /// `PFN_cuMemSetAccess_v10020`
 pub type cuMemSetAccess = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult;
+/// `PFN_cuMemSetMemPool_v13000 (CUDA 13)`
+pub type cuMemSetMemPool = unsafe extern "C" fn(location: *mut CUmemLocation, type_: CUmemAllocationType, pool: CUmemoryPool) -> CUresult;
 /// `PFN_cuMemUnmap_v10020`
 pub type cuMemUnmap = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
 /// `PFN_cuMemcpy_v4000`
@@ -820,6 +880,10 @@ pub type cuMemcpy3DAsync_v2_ptsz = unsafe extern "C" fn(pCopy: *const CUDA_MEMCP
 pub type cuMemcpy3DBatchAsync = unsafe extern "C" fn(numParams: usize, opList: *mut c_void, failIdx: *mut usize, flags: u64, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemcpy3DBatchAsync_v12080_ptsz`
 pub type cuMemcpy3DBatchAsync_ptsz = unsafe extern "C" fn(numParams: usize, opList: *mut c_void, failIdx: *mut usize, flags: u64, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemcpy3DBatchAsync_v13000 (CUDA 13)`
+pub type cuMemcpy3DBatchAsync_v2 = unsafe extern "C" fn(numParams: usize, opList: *mut c_void, flags: u64, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemcpy3DBatchAsync_v13000_ptsz (CUDA 13)`
+pub type cuMemcpy3DBatchAsync_v2_ptsz = unsafe extern "C" fn(numParams: usize, opList: *mut c_void, flags: u64, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemcpy3DPeer_v4000`
 pub type cuMemcpy3DPeer = unsafe extern "C" fn(pCopy: *const c_void) -> CUresult;
 /// `PFN_cuMemcpy3DPeerAsync_v4000`
@@ -828,6 +892,10 @@ pub type cuMemcpy3DPeerAsync = unsafe extern "C" fn(pCopy: *const c_void, hStrea
 pub type cuMemcpy3DPeerAsync_ptsz = unsafe extern "C" fn(pCopy: *const c_void, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemcpy3DPeer_v7000_ptds`
 pub type cuMemcpy3DPeer_ptds = unsafe extern "C" fn(pCopy: *const c_void) -> CUresult;
+/// `PFN_cuMemcpy3DWithAttributesAsync_v13020 (CUDA 13)`
+pub type cuMemcpy3DWithAttributesAsync = unsafe extern "C" fn(op: *mut c_void, flags: u64, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemcpy3DWithAttributesAsync_v13020_ptsz (CUDA 13)`
+pub type cuMemcpy3DWithAttributesAsync_ptsz = unsafe extern "C" fn(op: *mut c_void, flags: u64, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemcpy3D_v3020`
 pub type cuMemcpy3D_v2 = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D) -> CUresult;
 /// `PFN_cuMemcpy3D_v7000_ptds`
@@ -864,6 +932,10 @@ pub type cuMemcpyAtoH_v2_ptds = unsafe extern "C" fn(dstHost: *mut c_void, srcAr
 pub type cuMemcpyBatchAsync = unsafe extern "C" fn(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemcpyBatchAsync_v12080_ptsz`
 pub type cuMemcpyBatchAsync_ptsz = unsafe extern "C" fn(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemcpyBatchAsync_v13000 (CUDA 13)`
+pub type cuMemcpyBatchAsync_v2 = unsafe extern "C" fn(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemcpyBatchAsync_v13000_ptsz (CUDA 13)`
+pub type cuMemcpyBatchAsync_v2_ptsz = unsafe extern "C" fn(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemcpyDtoA_v2000`
 pub type cuMemcpyDtoA = unsafe extern "C" fn(dstArray: CUarray, dstOffset: c_uint, srcDevice: c_uint, ByteCount: c_uint) -> CUresult;
 /// `PFN_cuMemcpyDtoA_v3020`
@@ -926,6 +998,10 @@ pub type cuMemcpyPeerAsync = unsafe extern "C" fn(dstDevice: CUdeviceptr, dstCon
 pub type cuMemcpyPeerAsync_ptsz = unsafe extern "C" fn(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemcpyPeer_v7000_ptds`
 pub type cuMemcpyPeer_ptds = unsafe extern "C" fn(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) -> CUresult;
+/// `PFN_cuMemcpyWithAttributesAsync_v13020 (CUDA 13)`
+pub type cuMemcpyWithAttributesAsync = unsafe extern "C" fn(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut c_void, hStream: CUstream) -> CUresult;
+/// `PFN_cuMemcpyWithAttributesAsync_v13020_ptsz (CUDA 13)`
+pub type cuMemcpyWithAttributesAsync_ptsz = unsafe extern "C" fn(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut c_void, hStream: CUstream) -> CUresult;
 /// `PFN_cuMemcpy_v7000_ptds`
 pub type cuMemcpy_ptds = unsafe extern "C" fn(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize) -> CUresult;
 /// `PFN_cuMemsetD16_v2000`
@@ -1028,8 +1104,12 @@ pub type cuModuleUnload = unsafe extern "C" fn(hmod: CUmodule) -> CUresult;
 pub type cuMulticastAddDevice = unsafe extern "C" fn(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice) -> CUresult;
 /// `PFN_cuMulticastBindAddr_v12010`
 pub type cuMulticastBindAddr = unsafe extern "C" fn(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) -> CUresult;
+/// `PFN_cuMulticastBindAddr_v13010 (CUDA 13)`
+pub type cuMulticastBindAddr_v2 = unsafe extern "C" fn(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) -> CUresult;
 /// `PFN_cuMulticastBindMem_v12010`
 pub type cuMulticastBindMem = unsafe extern "C" fn(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> CUresult;
+/// `PFN_cuMulticastBindMem_v13010 (CUDA 13)`
+pub type cuMulticastBindMem_v2 = unsafe extern "C" fn(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> CUresult;
 /// `PFN_cuMulticastCreate_v12010`
 pub type cuMulticastCreate = unsafe extern "C" fn(mcHandle: *mut CUmemGenericAllocationHandle, prop: *const c_void) -> CUresult;
 /// `PFN_cuMulticastGetGranularity_v12010`
@@ -1092,6 +1172,10 @@ pub type cuStreamBatchMemOp_v2 = unsafe extern "C" fn(stream: CUstream, count: c
 pub type cuStreamBatchMemOp_v2_ptsz = unsafe extern "C" fn(stream: CUstream, count: c_uint, paramArray: *mut c_void, flags: c_uint) -> CUresult;
 /// `PFN_cuStreamBeginCapture_v10000`
 pub type cuStreamBeginCapture = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
+/// `PFN_cuStreamBeginCaptureToCig_v13010 (CUDA 13)`
+pub type cuStreamBeginCaptureToCig = unsafe extern "C" fn(hStream: CUstream, streamCigCaptureParams: *mut c_void) -> CUresult;
+/// `PFN_cuStreamBeginCaptureToCig_v13010_ptsz (CUDA 13)`
+pub type cuStreamBeginCaptureToCig_ptsz = unsafe extern "C" fn(hStream: CUstream, streamCigCaptureParams: *mut c_void) -> CUresult;
 /// `PFN_cuStreamBeginCaptureToGraph_v12030`
 pub type cuStreamBeginCaptureToGraph = unsafe extern "C" fn(hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const c_void, numDependencies: usize, mode: CUstreamCaptureMode) -> CUresult;
 /// `PFN_cuStreamBeginCaptureToGraph_v12030_ptsz`
@@ -1116,6 +1200,10 @@ pub type cuStreamDestroy = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
 pub type cuStreamDestroy_v2 = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
 /// `PFN_cuStreamEndCapture_v10000`
 pub type cuStreamEndCapture = unsafe extern "C" fn(hStream: CUstream, phGraph: *mut CUgraph) -> CUresult;
+/// `PFN_cuStreamEndCaptureToCig_v13010 (CUDA 13)`
+pub type cuStreamEndCaptureToCig = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
+/// `PFN_cuStreamEndCaptureToCig_v13010_ptsz (CUDA 13)`
+pub type cuStreamEndCaptureToCig_ptsz = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
 /// `PFN_cuStreamEndCapture_v10000_ptsz`
 pub type cuStreamEndCapture_ptsz = unsafe extern "C" fn(hStream: CUstream, phGraph: *mut CUgraph) -> CUresult;
 /// `PFN_cuStreamGetAttribute_v11000`
@@ -1142,6 +1230,10 @@ pub type cuStreamGetCtx_ptsz = unsafe extern "C" fn(hStream: CUstream, pctx: *mu
 pub type cuStreamGetCtx_v2 = unsafe extern "C" fn(hStream: CUstream, pctx: *mut CUcontext, pGreenCtx: *mut *mut c_void) -> CUresult;
 /// `PFN_cuStreamGetCtx_v12050_ptsz`
 pub type cuStreamGetCtx_v2_ptsz = unsafe extern "C" fn(hStream: CUstream, pctx: *mut CUcontext, pGreenCtx: *mut *mut c_void) -> CUresult;
+/// `PFN_cuStreamGetDevResource_v13010 (CUDA 13)`
+pub type cuStreamGetDevResource = unsafe extern "C" fn(hStream: CUstream, result: *mut c_void, type_: c_uint) -> CUresult;
+/// `PFN_cuStreamGetDevResource_v13010_ptsz (CUDA 13)`
+pub type cuStreamGetDevResource_ptsz = unsafe extern "C" fn(hStream: CUstream, result: *mut c_void, type_: c_uint) -> CUresult;
 /// `PFN_cuStreamGetDevice_v12080`
 pub type cuStreamGetDevice = unsafe extern "C" fn(hStream: CUstream, device: *mut CUdevice) -> CUresult;
 /// `PFN_cuStreamGetDevice_v12080_ptsz`
@@ -2132,8 +2224,12 @@ macro_rules! signature {
     (cuCheckpointProcessLock => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pid: ::core::ffi::c_int, args: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuCheckpointProcessRestore => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pid: ::core::ffi::c_int, args: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuCheckpointProcessUnlock => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pid: ::core::ffi::c_int, args: *mut ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuCoredumpDeregisterCompleteCallback => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (callback: *mut ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuCoredumpDeregisterStartCallback => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (callback: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuCoredumpGetAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (get: ::core::ffi::c_uint, value: *mut ::core::ffi::c_void, size: *mut usize) -> $crate::CUresult} };
     (cuCoredumpGetAttributeGlobal => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (get: ::core::ffi::c_uint, value: *mut ::core::ffi::c_void, size: *mut usize) -> $crate::CUresult} };
+    (cuCoredumpRegisterCompleteCallback => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (callback: Option<unsafe extern "C" fn(*mut ::core::ffi::c_void, ::core::ffi::c_int, $crate::CUdevice)>, userData: *mut ::core::ffi::c_void, callbackOut: *mut *mut ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuCoredumpRegisterStartCallback => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (callback: Option<unsafe extern "C" fn(*mut ::core::ffi::c_void, ::core::ffi::c_int, $crate::CUdevice)>, userData: *mut ::core::ffi::c_void, callbackOut: *mut *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuCoredumpSetAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (set: ::core::ffi::c_uint, value: *mut ::core::ffi::c_void, size: *mut usize) -> $crate::CUresult} };
     (cuCoredumpSetAttributeGlobal => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (set: ::core::ffi::c_uint, value: *mut ::core::ffi::c_void, size: *mut usize) -> $crate::CUresult} };
     (cuCtxAttach => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pctx: *mut $crate::CUcontext, flags: ::core::ffi::c_uint) -> $crate::CUresult} };
@@ -2152,6 +2248,7 @@ macro_rules! signature {
     (cuCtxGetCurrent => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pctx: *mut $crate::CUcontext) -> $crate::CUresult} };
     (cuCtxGetDevResource => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hCtx: $crate::CUcontext, result: *mut ::core::ffi::c_void, type_: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuCtxGetDevice => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (device: *mut $crate::CUdevice) -> $crate::CUresult} };
+    (cuCtxGetDevice_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (device: *mut $crate::CUdevice, ctx: $crate::CUcontext) -> $crate::CUresult} };
     (cuCtxGetExecAffinity => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pExecAffinity: *mut ::core::ffi::c_void, type_: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuCtxGetFlags => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (flags: *mut ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuCtxGetId => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (ctx: $crate::CUcontext, ctxId: *mut u64) -> $crate::CUresult} };
@@ -2170,10 +2267,12 @@ macro_rules! signature {
     (cuCtxSetLimit => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (limit: ::core::ffi::c_uint, value: usize) -> $crate::CUresult} };
     (cuCtxSetSharedMemConfig => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (config: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuCtxSynchronize => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* () -> $crate::CUresult} };
+    (cuCtxSynchronize_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (ctx: $crate::CUcontext) -> $crate::CUresult} };
     (cuCtxWaitEvent => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hCtx: $crate::CUcontext, hEvent: $crate::CUevent) -> $crate::CUresult} };
     (cuDestroyExternalMemory => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (extMem: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuDestroyExternalSemaphore => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (extSem: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuDevResourceGenerateDesc => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (phDesc: *mut *mut ::core::ffi::c_void, resources: *mut ::core::ffi::c_void, nbResources: ::core::ffi::c_uint) -> $crate::CUresult} };
+    (cuDevSmResourceSplit => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (result: *mut ::core::ffi::c_void, nbGroups: ::core::ffi::c_uint, input: *const ::core::ffi::c_void, remainder: *mut ::core::ffi::c_void, flags: ::core::ffi::c_uint, groupParams: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuDevSmResourceSplitByCount => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (result: *mut ::core::ffi::c_void, nbGroups: *mut ::core::ffi::c_uint, input: *const ::core::ffi::c_void, remaining: *mut ::core::ffi::c_void, useFlags: ::core::ffi::c_uint, minCount: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuDeviceCanAccessPeer => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (canAccessPeer: *mut ::core::ffi::c_int, dev: $crate::CUdevice, peerDev: $crate::CUdevice) -> $crate::CUresult} };
     (cuDeviceComputeCapability => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (major: *mut ::core::ffi::c_int, minor: *mut ::core::ffi::c_int, dev: $crate::CUdevice) -> $crate::CUresult} };
@@ -2185,10 +2284,12 @@ macro_rules! signature {
     (cuDeviceGetDevResource => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dev: $crate::CUdevice, result: *mut ::core::ffi::c_void, type_: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuDeviceGetExecAffinitySupport => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pi: *mut ::core::ffi::c_int, type_: ::core::ffi::c_uint, dev: $crate::CUdevice) -> $crate::CUresult} };
     (cuDeviceGetGraphMemAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (device: $crate::CUdevice, attr: ::core::ffi::c_uint, value: *mut ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuDeviceGetHostAtomicCapabilities => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (capabilities: *mut ::core::ffi::c_uint, operations: *const ::core::ffi::c_uint, count: ::core::ffi::c_uint, dev: $crate::CUdevice) -> $crate::CUresult} };
     (cuDeviceGetLuid => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (luid: *mut ::core::ffi::c_char, deviceNodeMask: *mut ::core::ffi::c_uint, dev: $crate::CUdevice) -> $crate::CUresult} };
     (cuDeviceGetMemPool => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pool: *mut $crate::CUmemoryPool, dev: $crate::CUdevice) -> $crate::CUresult} };
     (cuDeviceGetName => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (name: *mut ::core::ffi::c_char, len: ::core::ffi::c_int, dev: $crate::CUdevice) -> $crate::CUresult} };
     (cuDeviceGetNvSciSyncAttributes => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (nvSciSyncAttrList: *mut ::core::ffi::c_void, dev: $crate::CUdevice, flags: ::core::ffi::c_int) -> $crate::CUresult} };
+    (cuDeviceGetP2PAtomicCapabilities => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (capabilities: *mut ::core::ffi::c_uint, operations: *const ::core::ffi::c_uint, count: ::core::ffi::c_uint, srcDevice: $crate::CUdevice, dstDevice: $crate::CUdevice) -> $crate::CUresult} };
     (cuDeviceGetP2PAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (value: *mut ::core::ffi::c_int, attrib: ::core::ffi::c_uint, srcDevice: $crate::CUdevice, dstDevice: $crate::CUdevice) -> $crate::CUresult} };
     (cuDeviceGetPCIBusId => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pciBusId: *mut ::core::ffi::c_char, len: ::core::ffi::c_int, dev: $crate::CUdevice) -> $crate::CUresult} };
     (cuDeviceGetProperties => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (prop: *mut ::core::ffi::c_void, dev: $crate::CUdevice) -> $crate::CUresult} };
@@ -2228,6 +2329,7 @@ macro_rules! signature {
     (cuFuncGetAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pi: *mut ::core::ffi::c_int, attrib: $crate::CUfunction_attribute, hfunc: $crate::CUfunction) -> $crate::CUresult} };
     (cuFuncGetModule => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hmod: *mut $crate::CUmodule, hfunc: $crate::CUfunction) -> $crate::CUresult} };
     (cuFuncGetName => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (name: *mut *const ::core::ffi::c_char, hfunc: $crate::CUfunction) -> $crate::CUresult} };
+    (cuFuncGetParamCount => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (func: $crate::CUfunction, paramCount: *mut usize) -> $crate::CUresult} };
     (cuFuncGetParamInfo => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (func: $crate::CUfunction, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) -> $crate::CUresult} };
     (cuFuncIsLoaded => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (state: *mut ::core::ffi::c_uint, hfunc: $crate::CUfunction) -> $crate::CUresult} };
     (cuFuncLoad => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hfunc: $crate::CUfunction) -> $crate::CUresult} };
@@ -2280,6 +2382,7 @@ macro_rules! signature {
     (cuGraphExecExternalSemaphoresSignalNodeSetParams => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraphExec: $crate::CUgraphExec, hNode: $crate::CUgraphNode, nodeParams: *const ::core::ffi::c_void) -> $crate::CUresult} };
     (cuGraphExecExternalSemaphoresWaitNodeSetParams => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraphExec: $crate::CUgraphExec, hNode: $crate::CUgraphNode, nodeParams: *const ::core::ffi::c_void) -> $crate::CUresult} };
     (cuGraphExecGetFlags => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraphExec: $crate::CUgraphExec, flags: *mut u64) -> $crate::CUresult} };
+    (cuGraphExecGetId => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraphExec: $crate::CUgraphExec, graphId: *mut ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuGraphExecHostNodeSetParams => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraphExec: $crate::CUgraphExec, hNode: $crate::CUgraphNode, nodeParams: *const ::core::ffi::c_void) -> $crate::CUresult} };
     (cuGraphExecKernelNodeSetParams => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraphExec: $crate::CUgraphExec, hNode: $crate::CUgraphNode, nodeParams: *const ::core::ffi::c_void) -> $crate::CUresult} };
     (cuGraphExecKernelNodeSetParams_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraphExec: $crate::CUgraphExec, hNode: $crate::CUgraphNode, nodeParams: *const ::core::ffi::c_void) -> $crate::CUresult} };
@@ -2294,6 +2397,7 @@ macro_rules! signature {
     (cuGraphExternalSemaphoresWaitNodeSetParams => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, nodeParams: *const ::core::ffi::c_void) -> $crate::CUresult} };
     (cuGraphGetEdges => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraph: $crate::CUgraph, from: *mut $crate::CUgraphNode, to: *mut $crate::CUgraphNode, numEdges: *mut usize) -> $crate::CUresult} };
     (cuGraphGetEdges_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraph: $crate::CUgraph, from: *mut $crate::CUgraphNode, to: *mut $crate::CUgraphNode, edgeData: *mut ::core::ffi::c_void, numEdges: *mut usize) -> $crate::CUresult} };
+    (cuGraphGetId => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraph: $crate::CUgraph, graphId: *mut ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuGraphGetNodes => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraph: $crate::CUgraph, nodes: *mut $crate::CUgraphNode, numNodes: *mut usize) -> $crate::CUresult} };
     (cuGraphGetRootNodes => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraph: $crate::CUgraph, rootNodes: *mut $crate::CUgraphNode, numRootNodes: *mut usize) -> $crate::CUresult} };
     (cuGraphHostNodeGetParams => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, nodeParams: *mut ::core::ffi::c_void) -> $crate::CUresult} };
@@ -2319,11 +2423,15 @@ macro_rules! signature {
     (cuGraphMemsetNodeGetParams => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, nodeParams: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuGraphMemsetNodeSetParams => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, nodeParams: *const ::core::ffi::c_void) -> $crate::CUresult} };
     (cuGraphNodeFindInClone => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (phNode: *mut $crate::CUgraphNode, hOriginalNode: $crate::CUgraphNode, hClonedGraph: $crate::CUgraph) -> $crate::CUresult} };
+    (cuGraphNodeGetContainingGraph => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, phGraph: *mut $crate::CUgraph) -> $crate::CUresult} };
     (cuGraphNodeGetDependencies => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, dependencies: *mut $crate::CUgraphNode, numDependencies: *mut usize) -> $crate::CUresult} };
     (cuGraphNodeGetDependencies_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, dependencies: *mut $crate::CUgraphNode, edgeData: *mut ::core::ffi::c_void, numDependencies: *mut usize) -> $crate::CUresult} };
     (cuGraphNodeGetDependentNodes => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, dependentNodes: *mut $crate::CUgraphNode, numDependentNodes: *mut usize) -> $crate::CUresult} };
     (cuGraphNodeGetDependentNodes_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, dependentNodes: *mut $crate::CUgraphNode, edgeData: *mut ::core::ffi::c_void, numDependentNodes: *mut usize) -> $crate::CUresult} };
     (cuGraphNodeGetEnabled => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraphExec: $crate::CUgraphExec, hNode: $crate::CUgraphNode, isEnabled: *mut ::core::ffi::c_uint) -> $crate::CUresult} };
+    (cuGraphNodeGetLocalId => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, nodeId: *mut ::core::ffi::c_uint) -> $crate::CUresult} };
+    (cuGraphNodeGetParams => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, nodeParams: *mut $crate::CUgraphNodeParams) -> $crate::CUresult} };
+    (cuGraphNodeGetToolsId => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, nodeId: *mut u64) -> $crate::CUresult} };
     (cuGraphNodeGetType => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, type_: *mut $crate::CUgraphNodeType) -> $crate::CUresult} };
     (cuGraphNodeSetEnabled => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hGraphExec: $crate::CUgraphExec, hNode: $crate::CUgraphNode, isEnabled: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuGraphNodeSetParams => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hNode: $crate::CUgraphNode, nodeParams: *mut $crate::CUgraphNodeParams) -> $crate::CUresult} };
@@ -2347,6 +2455,7 @@ macro_rules! signature {
     (cuGreenCtxCreate => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (phCtx: *mut *mut ::core::ffi::c_void, desc: *mut ::core::ffi::c_void, dev: $crate::CUdevice, flags: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuGreenCtxDestroy => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hCtx: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuGreenCtxGetDevResource => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hCtx: *mut ::core::ffi::c_void, result: *mut ::core::ffi::c_void, type_: ::core::ffi::c_uint) -> $crate::CUresult} };
+    (cuGreenCtxGetId => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (greenCtx: *mut ::core::ffi::c_void, greenCtxId: *mut u64) -> $crate::CUresult} };
     (cuGreenCtxRecordEvent => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hCtx: *mut ::core::ffi::c_void, hEvent: $crate::CUevent) -> $crate::CUresult} };
     (cuGreenCtxStreamCreate => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (phStream: *mut $crate::CUstream, greenCtx: *mut ::core::ffi::c_void, flags: ::core::ffi::c_uint, priority: ::core::ffi::c_int) -> $crate::CUresult} };
     (cuGreenCtxWaitEvent => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hCtx: *mut ::core::ffi::c_void, hEvent: $crate::CUevent) -> $crate::CUresult} };
@@ -2363,6 +2472,7 @@ macro_rules! signature {
     (cuKernelGetFunction => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pFunc: *mut $crate::CUfunction, kernel: $crate::CUkernel) -> $crate::CUresult} };
     (cuKernelGetLibrary => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pLib: *mut $crate::CUlibrary, kernel: $crate::CUkernel) -> $crate::CUresult} };
     (cuKernelGetName => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (name: *mut *const ::core::ffi::c_char, hfunc: $crate::CUkernel) -> $crate::CUresult} };
+    (cuKernelGetParamCount => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (kernel: $crate::CUkernel, paramCount: *mut usize) -> $crate::CUresult} };
     (cuKernelGetParamInfo => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (kernel: $crate::CUkernel, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) -> $crate::CUresult} };
     (cuKernelSetAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (attrib: $crate::CUfunction_attribute, val: ::core::ffi::c_int, kernel: $crate::CUkernel, dev: $crate::CUdevice) -> $crate::CUresult} };
     (cuKernelSetCacheConfig => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (kernel: $crate::CUkernel, config: ::core::ffi::c_uint, dev: $crate::CUdevice) -> $crate::CUresult} };
@@ -2374,6 +2484,8 @@ macro_rules! signature {
     (cuLaunchGridAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (f: $crate::CUfunction, grid_width: ::core::ffi::c_int, grid_height: ::core::ffi::c_int, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuLaunchHostFunc => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, fn_: $crate::CUhostFn, userData: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuLaunchHostFunc_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, fn_: $crate::CUhostFn, userData: *mut ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuLaunchHostFunc_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, fn_: $crate::CUhostFn, userData: *mut ::core::ffi::c_void, syncMode: ::core::ffi::c_uint) -> $crate::CUresult} };
+    (cuLaunchHostFunc_v2_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, fn_: $crate::CUhostFn, userData: *mut ::core::ffi::c_void, syncMode: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuLaunchKernel => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (f: $crate::CUfunction, gridDimX: ::core::ffi::c_uint, gridDimY: ::core::ffi::c_uint, gridDimZ: ::core::ffi::c_uint, blockDimX: ::core::ffi::c_uint, blockDimY: ::core::ffi::c_uint, blockDimZ: ::core::ffi::c_uint, sharedMemBytes: ::core::ffi::c_uint, hStream: $crate::CUstream, kernelParams: *mut *mut ::core::ffi::c_void, extra: *mut *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuLaunchKernelEx => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (config: *const $crate::CUlaunchConfig, f: $crate::CUfunction, kernelParams: *mut *mut ::core::ffi::c_void, extra: *mut *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuLaunchKernelEx_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (config: *const $crate::CUlaunchConfig, f: $crate::CUfunction, kernelParams: *mut *mut ::core::ffi::c_void, extra: *mut *mut ::core::ffi::c_void) -> $crate::CUresult} };
@@ -2419,6 +2531,10 @@ macro_rules! signature {
     (cuMemBatchDecompressAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (paramsArray: *mut ::core::ffi::c_void, count: usize, flags: ::core::ffi::c_uint, errorIndex: *mut usize, stream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemBatchDecompressAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (paramsArray: *mut ::core::ffi::c_void, count: usize, flags: ::core::ffi::c_uint, errorIndex: *mut usize, stream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemCreate => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (handle: *mut $crate::CUmemGenericAllocationHandle, size: usize, prop: *const $crate::CUmemAllocationProp, flags: u64) -> $crate::CUresult} };
+    (cuMemDiscardAndPrefetchBatchAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dptrs: *mut $crate::CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut $crate::CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemDiscardAndPrefetchBatchAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dptrs: *mut $crate::CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut $crate::CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemDiscardBatchAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dptrs: *mut $crate::CUdeviceptr, sizes: *mut usize, count: usize, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemDiscardBatchAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dptrs: *mut $crate::CUdeviceptr, sizes: *mut usize, count: usize, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemExportToShareableHandle => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (shareableHandle: *mut ::core::ffi::c_void, handle: $crate::CUmemGenericAllocationHandle, handleType: $crate::CUmemAllocationHandleType, flags: u64) -> $crate::CUresult} };
     (cuMemFree => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dptr: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuMemFreeAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dptr: $crate::CUdeviceptr, hStream: $crate::CUstream) -> $crate::CUresult} };
@@ -2430,9 +2546,11 @@ macro_rules! signature {
     (cuMemGetAddressRange_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pbase: *mut $crate::CUdeviceptr, psize: *mut usize, dptr: $crate::CUdeviceptr) -> $crate::CUresult} };
     (cuMemGetAllocationGranularity => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (granularity: *mut usize, prop: *const $crate::CUmemAllocationProp, option: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuMemGetAllocationPropertiesFromHandle => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (prop: *mut $crate::CUmemAllocationProp, handle: $crate::CUmemGenericAllocationHandle) -> $crate::CUresult} };
+    (cuMemGetDefaultMemPool => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pool_out: *mut $crate::CUmemoryPool, location: *mut $crate::CUmemLocation, type_: $crate::CUmemAllocationType) -> $crate::CUresult} };
     (cuMemGetHandleForAddressRange => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (handle: *mut ::core::ffi::c_void, dptr: $crate::CUdeviceptr, size: usize, handleType: ::core::ffi::c_uint, flags: u64) -> $crate::CUresult} };
     (cuMemGetInfo => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (free: *mut ::core::ffi::c_uint, total: *mut ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuMemGetInfo_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (free: *mut usize, total: *mut usize) -> $crate::CUresult} };
+    (cuMemGetMemPool => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pool_out: *mut $crate::CUmemoryPool, location: *mut $crate::CUmemLocation, type_: $crate::CUmemAllocationType) -> $crate::CUresult} };
     (cuMemHostAlloc => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pp: *mut *mut ::core::ffi::c_void, bytesize: usize, Flags: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuMemHostGetDevicePointer => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pdptr: *mut ::core::ffi::c_uint, p: *mut ::core::ffi::c_void, Flags: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuMemHostGetDevicePointer_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pdptr: *mut $crate::CUdeviceptr, p: *mut ::core::ffi::c_void, Flags: ::core::ffi::c_uint) -> $crate::CUresult} };
@@ -2459,11 +2577,14 @@ macro_rules! signature {
     (cuMemPrefetchAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (devPtr: $crate::CUdeviceptr, count: usize, dstDevice: $crate::CUdevice, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemPrefetchAsync_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (devPtr: $crate::CUdeviceptr, count: usize, location: $crate::CUmemLocation, flags: ::core::ffi::c_uint, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemPrefetchAsync_v2_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (devPtr: $crate::CUdeviceptr, count: usize, location: $crate::CUmemLocation, flags: ::core::ffi::c_uint, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemPrefetchBatchAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dptrs: *mut $crate::CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut $crate::CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemPrefetchBatchAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dptrs: *mut $crate::CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut $crate::CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemRangeGetAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (data: *mut ::core::ffi::c_void, dataSize: usize, attribute: ::core::ffi::c_uint, devPtr: $crate::CUdeviceptr, count: usize) -> $crate::CUresult} };
     (cuMemRangeGetAttributes => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (data: *mut *mut ::core::ffi::c_void, dataSizes: *mut usize, attributes: *mut ::core::ffi::c_uint, numAttributes: usize, devPtr: $crate::CUdeviceptr, count: usize) -> $crate::CUresult} };
     (cuMemRelease => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (handle: $crate::CUmemGenericAllocationHandle) -> $crate::CUresult} };
     (cuMemRetainAllocationHandle => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (handle: *mut $crate::CUmemGenericAllocationHandle, addr: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuMemSetAccess => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (ptr: $crate::CUdeviceptr, size: usize, desc: *const $crate::CUmemAccessDesc, count: usize) -> $crate::CUresult} };
+    (cuMemSetMemPool => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (location: *mut $crate::CUmemLocation, type_: $crate::CUmemAllocationType, pool: $crate::CUmemoryPool) -> $crate::CUresult} };
     (cuMemUnmap => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (ptr: $crate::CUdeviceptr, size: usize) -> $crate::CUresult} };
     (cuMemcpy => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dst: $crate::CUdeviceptr, src: $crate::CUdeviceptr, ByteCount: usize) -> $crate::CUresult} };
     (cuMemcpy2D => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const ::core::ffi::c_void) -> $crate::CUresult} };
@@ -2481,10 +2602,14 @@ macro_rules! signature {
     (cuMemcpy3DAsync_v2_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const $crate::CUDA_MEMCPY3D, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpy3DBatchAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (numParams: usize, opList: *mut ::core::ffi::c_void, failIdx: *mut usize, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpy3DBatchAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (numParams: usize, opList: *mut ::core::ffi::c_void, failIdx: *mut usize, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemcpy3DBatchAsync_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (numParams: usize, opList: *mut ::core::ffi::c_void, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemcpy3DBatchAsync_v2_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (numParams: usize, opList: *mut ::core::ffi::c_void, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpy3DPeer => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const ::core::ffi::c_void) -> $crate::CUresult} };
     (cuMemcpy3DPeerAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const ::core::ffi::c_void, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpy3DPeerAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const ::core::ffi::c_void, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpy3DPeer_ptds => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuMemcpy3DWithAttributesAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (op: *mut ::core::ffi::c_void, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemcpy3DWithAttributesAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (op: *mut ::core::ffi::c_void, flags: u64, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpy3D_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const $crate::CUDA_MEMCPY3D) -> $crate::CUresult} };
     (cuMemcpy3D_v2_ptds => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (pCopy: *const $crate::CUDA_MEMCPY3D) -> $crate::CUresult} };
     (cuMemcpyAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dst: $crate::CUdeviceptr, src: $crate::CUdeviceptr, ByteCount: usize, hStream: $crate::CUstream) -> $crate::CUresult} };
@@ -2503,6 +2628,8 @@ macro_rules! signature {
     (cuMemcpyAtoH_v2_ptds => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstHost: *mut ::core::ffi::c_void, srcArray: $crate::CUarray, srcOffset: usize, ByteCount: usize) -> $crate::CUresult} };
     (cuMemcpyBatchAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dsts: *mut $crate::CUdeviceptr, srcs: *mut $crate::CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut ::core::ffi::c_void, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpyBatchAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dsts: *mut $crate::CUdeviceptr, srcs: *mut $crate::CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut ::core::ffi::c_void, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemcpyBatchAsync_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dsts: *mut $crate::CUdeviceptr, srcs: *mut $crate::CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut ::core::ffi::c_void, attrIdxs: *mut usize, numAttrs: usize, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemcpyBatchAsync_v2_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dsts: *mut $crate::CUdeviceptr, srcs: *mut $crate::CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut ::core::ffi::c_void, attrIdxs: *mut usize, numAttrs: usize, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpyDtoA => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstArray: $crate::CUarray, dstOffset: ::core::ffi::c_uint, srcDevice: ::core::ffi::c_uint, ByteCount: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuMemcpyDtoA_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstArray: $crate::CUarray, dstOffset: usize, srcDevice: $crate::CUdeviceptr, ByteCount: usize) -> $crate::CUresult} };
     (cuMemcpyDtoA_v2_ptds => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstArray: $crate::CUarray, dstOffset: usize, srcDevice: $crate::CUdeviceptr, ByteCount: usize) -> $crate::CUresult} };
@@ -2534,6 +2661,8 @@ macro_rules! signature {
     (cuMemcpyPeerAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstDevice: $crate::CUdeviceptr, dstContext: $crate::CUcontext, srcDevice: $crate::CUdeviceptr, srcContext: $crate::CUcontext, ByteCount: usize, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpyPeerAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstDevice: $crate::CUdeviceptr, dstContext: $crate::CUcontext, srcDevice: $crate::CUdeviceptr, srcContext: $crate::CUcontext, ByteCount: usize, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpyPeer_ptds => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstDevice: $crate::CUdeviceptr, dstContext: $crate::CUcontext, srcDevice: $crate::CUdeviceptr, srcContext: $crate::CUcontext, ByteCount: usize) -> $crate::CUresult} };
+    (cuMemcpyWithAttributesAsync => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dst: $crate::CUdeviceptr, src: $crate::CUdeviceptr, size: usize, attr: *mut ::core::ffi::c_void, hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuMemcpyWithAttributesAsync_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dst: $crate::CUdeviceptr, src: $crate::CUdeviceptr, size: usize, attr: *mut ::core::ffi::c_void, hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuMemcpy_ptds => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dst: $crate::CUdeviceptr, src: $crate::CUdeviceptr, ByteCount: usize) -> $crate::CUresult} };
     (cuMemsetD16 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstDevice: ::core::ffi::c_uint, us: u16, N: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuMemsetD16Async => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (dstDevice: $crate::CUdeviceptr, us: u16, N: usize, hStream: $crate::CUstream) -> $crate::CUresult} };
@@ -2585,7 +2714,9 @@ macro_rules! signature {
     (cuModuleUnload => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hmod: $crate::CUmodule) -> $crate::CUresult} };
     (cuMulticastAddDevice => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (mcHandle: $crate::CUmemGenericAllocationHandle, dev: $crate::CUdevice) -> $crate::CUresult} };
     (cuMulticastBindAddr => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (mcHandle: $crate::CUmemGenericAllocationHandle, mcOffset: usize, memptr: $crate::CUdeviceptr, size: usize, flags: u64) -> $crate::CUresult} };
+    (cuMulticastBindAddr_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (mcHandle: $crate::CUmemGenericAllocationHandle, dev: $crate::CUdevice, mcOffset: usize, memptr: $crate::CUdeviceptr, size: usize, flags: u64) -> $crate::CUresult} };
     (cuMulticastBindMem => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (mcHandle: $crate::CUmemGenericAllocationHandle, mcOffset: usize, memHandle: $crate::CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> $crate::CUresult} };
+    (cuMulticastBindMem_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (mcHandle: $crate::CUmemGenericAllocationHandle, dev: $crate::CUdevice, mcOffset: usize, memHandle: $crate::CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) -> $crate::CUresult} };
     (cuMulticastCreate => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (mcHandle: *mut $crate::CUmemGenericAllocationHandle, prop: *const ::core::ffi::c_void) -> $crate::CUresult} };
     (cuMulticastGetGranularity => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (granularity: *mut usize, prop: *const ::core::ffi::c_void, option: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuMulticastUnbind => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (mcHandle: $crate::CUmemGenericAllocationHandle, dev: $crate::CUdevice, mcOffset: usize, size: usize) -> $crate::CUresult} };
@@ -2617,6 +2748,8 @@ macro_rules! signature {
     (cuStreamBatchMemOp_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (stream: $crate::CUstream, count: ::core::ffi::c_uint, paramArray: *mut ::core::ffi::c_void, flags: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuStreamBatchMemOp_v2_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (stream: $crate::CUstream, count: ::core::ffi::c_uint, paramArray: *mut ::core::ffi::c_void, flags: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuStreamBeginCapture => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuStreamBeginCaptureToCig => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, streamCigCaptureParams: *mut ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuStreamBeginCaptureToCig_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, streamCigCaptureParams: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuStreamBeginCaptureToGraph => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, hGraph: $crate::CUgraph, dependencies: *const $crate::CUgraphNode, dependencyData: *const ::core::ffi::c_void, numDependencies: usize, mode: $crate::CUstreamCaptureMode) -> $crate::CUresult} };
     (cuStreamBeginCaptureToGraph_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, hGraph: $crate::CUgraph, dependencies: *const $crate::CUgraphNode, dependencyData: *const ::core::ffi::c_void, numDependencies: usize, mode: $crate::CUstreamCaptureMode) -> $crate::CUresult} };
     (cuStreamBeginCapture_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream) -> $crate::CUresult} };
@@ -2629,6 +2762,8 @@ macro_rules! signature {
     (cuStreamDestroy => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuStreamDestroy_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuStreamEndCapture => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, phGraph: *mut $crate::CUgraph) -> $crate::CUresult} };
+    (cuStreamEndCaptureToCig => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream) -> $crate::CUresult} };
+    (cuStreamEndCaptureToCig_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream) -> $crate::CUresult} };
     (cuStreamEndCapture_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, phGraph: *mut $crate::CUgraph) -> $crate::CUresult} };
     (cuStreamGetAttribute => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, attr: $crate::CUlaunchAttributeID, value: *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuStreamGetAttribute_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, attr: $crate::CUlaunchAttributeID, value_out: *mut ::core::ffi::c_void) -> $crate::CUresult} };
@@ -2642,6 +2777,8 @@ macro_rules! signature {
     (cuStreamGetCtx_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, pctx: *mut $crate::CUcontext) -> $crate::CUresult} };
     (cuStreamGetCtx_v2 => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, pctx: *mut $crate::CUcontext, pGreenCtx: *mut *mut ::core::ffi::c_void) -> $crate::CUresult} };
     (cuStreamGetCtx_v2_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, pctx: *mut $crate::CUcontext, pGreenCtx: *mut *mut ::core::ffi::c_void) -> $crate::CUresult} };
+    (cuStreamGetDevResource => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, result: *mut ::core::ffi::c_void, type_: ::core::ffi::c_uint) -> $crate::CUresult} };
+    (cuStreamGetDevResource_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, result: *mut ::core::ffi::c_void, type_: ::core::ffi::c_uint) -> $crate::CUresult} };
     (cuStreamGetDevice => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, device: *mut $crate::CUdevice) -> $crate::CUresult} };
     (cuStreamGetDevice_ptsz => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, device: *mut $crate::CUdevice) -> $crate::CUresult} };
     (cuStreamGetFlags => $m:ident!($($pass:tt)*)) => { $m!{$($pass)* (hStream: $crate::CUstream, flags: *mut ::core::ffi::c_uint) -> $crate::CUresult} };

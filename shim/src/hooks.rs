@@ -146,6 +146,7 @@ hook_table! {
         Cuda cuStreamSynchronize => memory::stream_synchronize;
         Cuda cuStreamSynchronize_ptsz => memory::stream_synchronize;
         Cuda cuCtxSynchronize => memory::ctx_synchronize;
+        Cuda cuCtxSynchronize_v2 => memory::ctx_synchronize_v2;
         Cuda cuEventSynchronize => memory::event_synchronize;
         Cuda cuMemCreate => memory::mem_create;
         Cuda cuMemRelease => memory::mem_release;
@@ -233,4 +234,76 @@ pub fn find_hooked(name: &[u8]) -> Option<&'static Symbol> {
     SYMBOLS
         .iter()
         .find(|s| s.wrapper.is_some() && &s.name.as_bytes()[..s.name.len() - 1] == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fake GPU's `cuGetProcAddress` table: what the driver the tests run on (a 13.0
+    /// driver, see docs/fakegpu.md) answers, rows `base flags min_version symbol`.
+    const PROCADDR: &str = include_str!("../../tests/fakegpu/src/procaddr.tsv");
+
+    /// The base name of an exported symbol: `cuMemAllocAsync_ptsz` -> `cuMemAllocAsync`,
+    /// `cuStreamBeginCapture_v2_ptsz` -> `cuStreamBeginCapture`.
+    fn base(sym: &str) -> &str {
+        let s = sym
+            .strip_suffix("_ptsz")
+            .or_else(|| sym.strip_suffix("_ptds"))
+            .unwrap_or(sym);
+        match s.rfind("_v") {
+            Some(i) if s[i + 2..].chars().all(|c| c.is_ascii_digit()) && i + 2 < s.len() => &s[..i],
+            _ => s,
+        }
+    }
+
+    /// A CUDA 12.x or 13.x runtime asks for its own version: whatever the driver then hands
+    /// out for a base name the shim hooks in any form must be a form the shim hooks, or that
+    /// path escapes it (the driver's answer is matched to a wrapper by address).
+    #[test]
+    fn every_form_a_current_runtime_gets_of_a_hooked_entry_point_is_hooked() {
+        let hooked: Vec<&str> = SYMBOLS
+            .iter()
+            .filter(|s| s.wrapper.is_some() && s.lib == Lib::Cuda)
+            .map(|s| s.name.trim_end_matches('\0'))
+            .collect();
+        let bases: Vec<&str> = hooked.iter().map(|s| base(s)).collect();
+        // (base, flags) -> [(min_version, symbol)], for the bases the shim hooks.
+        let mut rows: std::collections::HashMap<(&str, &str), Vec<(u32, &str)>> =
+            std::collections::HashMap::new();
+        for line in PROCADDR.lines() {
+            let f: Vec<&str> = line.split('\t').collect();
+            let [b, flags, ver, sym] = f[..] else {
+                panic!("bad row {line:?}")
+            };
+            if bases.contains(&b) {
+                rows.entry((b, flags))
+                    .or_default()
+                    .push((ver.parse().unwrap(), sym));
+            }
+        }
+        let mut missing = Vec::new();
+        let mut checked = 0;
+        for ((b, flags), rows) in &rows {
+            // What a 12.0+ runtime can be given: the row in force at 12000 and every later one.
+            let from = rows
+                .iter()
+                .filter(|(v, _)| *v <= 12000)
+                .map(|(v, _)| *v)
+                .max()
+                .unwrap_or(0);
+            for (ver, sym) in rows.iter().filter(|(v, s)| *v >= from && *s != "-") {
+                checked += 1;
+                if !hooked.contains(sym) {
+                    missing.push(format!("{b} (flags {flags}) -> {sym} from {ver}"));
+                }
+            }
+        }
+        assert!(checked > 50, "only {checked} rows checked");
+        assert!(
+            missing.is_empty(),
+            "the driver hands out forms the shim does not hook:\n{}",
+            missing.join("\n")
+        );
+    }
 }

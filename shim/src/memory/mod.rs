@@ -64,8 +64,8 @@ pub use graph::{
 };
 pub use plain::{mem_alloc, mem_alloc_managed, mem_alloc_pitch, mem_free};
 pub use pools::{
-    ctx_synchronize, event_synchronize, mem_alloc_async, mem_alloc_from_pool, mem_free_async,
-    pool_create, pool_destroy, pool_trim_to, reclaim_pools, stream_synchronize,
+    ctx_synchronize, ctx_synchronize_v2, event_synchronize, mem_alloc_async, mem_alloc_from_pool,
+    mem_free_async, pool_create, pool_destroy, pool_trim_to, reclaim_pools, stream_synchronize,
 };
 pub use vmm::{mem_create, mem_export, mem_map, mem_release, mem_unmap};
 

@@ -443,6 +443,16 @@ pub unsafe fn ctx_synchronize(real: pfn::cuCtxSynchronize) -> CUresult {
     r
 }
 
+/// `cuCtxSynchronize_v2` (CUDA 13.0: the context is a parameter): as `stream_synchronize`.
+pub unsafe fn ctx_synchronize_v2(real: pfn::cuCtxSynchronize_v2, ctx: CUcontext) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(ctx) };
+    if r == CUDA_SUCCESS {
+        synchronized();
+    }
+    r
+}
+
 /// `cuEventSynchronize`: as `stream_synchronize`.
 pub unsafe fn event_synchronize(real: pfn::cuEventSynchronize, event: CUevent) -> CUresult {
     // SAFETY: the handler contract: `real` with the program's arguments.

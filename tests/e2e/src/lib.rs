@@ -18,6 +18,13 @@ pub const MI: u64 = 1 << 20;
 /// One gibibyte.
 pub const GI: u64 = 1 << 30;
 
+/// Device memory one context takes on a fake device of `total` bytes with the default
+/// `FAKEGPU_CONTEXT_MEMORY` (docs/fakegpu.md, "Headroom"): 1/32 of the device, at most 512 MiB.
+/// It shows in the device's used memory and in the process's NVML usage, never in a quota.
+pub fn fake_context_bytes(total: u64) -> u64 {
+    (total / 32).min(512 * MI)
+}
+
 /// Every allocation path `gpuslice-burn --alloc-path` knows: the system tests run each one.
 pub const ALLOC_PATHS: [&str; 11] = [
     "plain", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap", "graph",

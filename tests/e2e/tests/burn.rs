@@ -4,7 +4,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpuslice_e2e::{run_json, run_json_within, spawn_holding, World, ALLOC_PATHS, GI, MI};
+use gpuslice_e2e::{
+    fake_context_bytes, run_json, run_json_within, spawn_holding, World, ALLOC_PATHS, GI, MI,
+};
 use serde_json::Value;
 
 /// Run burn with `args` (plus `--json`); return its report and exit code.
@@ -145,15 +147,17 @@ fn out_of_memory_is_a_result_and_later_sizes_still_run() {
 
 #[test]
 fn alloc_rounds_free_between_rounds_and_report_each() {
-    // On a 1Gi device (no shim): each round fills it and is refused the rest; the frees
-    // between rounds make round 2 identical to round 1.
+    // On a 1Gi device (no shim): each round fills what its context leaves and is refused the
+    // rest; the frees between rounds make round 2 identical to round 1.
     let w = World::new(1, "1Gi");
+    let rest = GI - fake_context_bytes(GI);
+    let sizes = format!("512Mi,{},1", rest - 512 * MI);
     for path in ALLOC_PATHS.into_iter().filter(|&p| p != "managed") {
         let v = burn_ok(
             &w,
             &[
                 "--alloc",
-                "512Mi,512Mi,1",
+                &sizes,
                 "--alloc-path",
                 path,
                 "--alloc-rounds",
@@ -171,13 +175,13 @@ fn alloc_rounds_free_between_rounds_and_report_each() {
                 .collect();
             assert_eq!(ok, [true, true, false], "{path}: {r:#}");
             assert_eq!(r["alloc_errors"], serde_json::json!([2]), "{path}: {r:#}");
-            assert_eq!(u(&r["allocated_bytes"]), GI, "{path}: {r:#}");
+            assert_eq!(u(&r["allocated_bytes"]), rest, "{path}: {r:#}");
             assert_eq!(u(&r["mem_after_alloc"]["free"]), 0, "{path}: {r:#}");
         }
         // Top-level fields are round 1's; every free counts, between rounds and at exit.
         assert_eq!(v["allocs"], rounds[0]["allocs"], "{path}");
-        assert_eq!(u(&v["allocated_bytes"]), GI, "{path}");
-        assert_eq!(u(&v["freed_bytes"]), 3 * GI, "{path}: {v:#}");
+        assert_eq!(u(&v["allocated_bytes"]), rest, "{path}");
+        assert_eq!(u(&v["freed_bytes"]), 3 * rest, "{path}: {v:#}");
     }
     // Without --alloc there are no rounds; with one round the list has one entry.
     assert_eq!(burn_ok(&w, &[])["rounds"], serde_json::json!([]));
@@ -307,7 +311,9 @@ fn alloc_loop_frees_what_it_allocates() {
         "{v}"
     );
     // 8 live allocations of up to 300Mi on a 1Gi device: some are refused, none is an error.
-    let again = burn_ok(&w, &["--alloc", "1Gi"]);
+    // Afterwards all its context leaves can be allocated again.
+    let rest = (GI - fake_context_bytes(GI)).to_string();
+    let again = burn_ok(&w, &["--alloc", &rest]);
     assert_eq!(
         again["alloc_errors"],
         serde_json::json!([]),
@@ -361,7 +367,11 @@ fn held_memory_shows_in_other_processes_until_the_holder_dies() {
         "--json",
     ]));
     assert_eq!(u(&holding["allocated_bytes"]), 2 * GI);
-    assert_eq!(u(&burn_ok(&w, &[])["mem_free"]), start - 2 * GI);
+    // Less what it holds and its context (each burn has its own).
+    assert_eq!(
+        u(&burn_ok(&w, &[])["mem_free"]),
+        start - 2 * GI - fake_context_bytes(8 * GI)
+    );
     holder.kill().unwrap();
     holder.wait().unwrap();
     // A dead process's memory comes back (the real driver frees it when the process exits).

@@ -2,7 +2,9 @@
 //! driver-API client in tests/fakegpu) `dlopen`s the fake as `libcuda.so.1` /
 //! `libnvidia-ml.so.1`, each test in a private world (its own FAKEGPU_STATE_DIR).
 
-use gpuslice_e2e::{artifact, first_line, run_json, run_json_within, World, GI};
+use gpuslice_e2e::{
+    artifact, fake_context_bytes, first_line, run_json, run_json_within, World, GI,
+};
 use serde_json::Value;
 use std::process::{Command, Stdio};
 
@@ -60,20 +62,24 @@ fn hold(w: &World, bytes: u64) -> (std::process::Child, Value) {
 #[test]
 fn memory_is_accounted_across_processes_and_returned_when_the_holder_dies() {
     let w = World::new(1, "8Gi");
+    // Each process's context takes its share of the device (256 MiB of 8 GiB), counted to it.
+    let ctx = fake_context_bytes(8 * GI);
     let before = scenario(&w, &["meminfo"]);
     assert_eq!(before["total"], 8 * GI);
-    assert_eq!(before["free"], 8 * GI);
+    assert_eq!(before["free"], 8 * GI - ctx, "its own context: {before}");
 
     let (mut holder, h) = hold(&w, 3 * GI);
     assert!(h["ptr"].is_u64(), "{h}");
     let pid = h["pid"].as_u64().unwrap();
 
     let seen = scenario(&w, &["meminfo"]);
-    assert_eq!(seen["free"], 5 * GI, "{seen}");
-    assert_eq!(seen["nvml"]["used"], 3 * GI, "{seen}");
+    assert_eq!(seen["free"], 5 * GI - 2 * ctx, "{seen}");
+    assert_eq!(seen["nvml"]["used"], 3 * GI + 2 * ctx, "{seen}");
     let procs = seen["nvml"]["processes"].as_array().unwrap();
     assert!(
-        procs.iter().any(|p| p["pid"] == pid && p["used"] == 3 * GI),
+        procs
+            .iter()
+            .any(|p| p["pid"] == pid && p["used"] == 3 * GI + ctx),
         "{seen}"
     );
 
@@ -91,12 +97,14 @@ fn memory_is_accounted_across_processes_and_returned_when_the_holder_dies() {
     let after = scenario(&w, &["meminfo"]);
     assert_eq!(
         after["free"],
-        8 * GI,
+        8 * GI - ctx,
         "memory of a killed process must come back: {after}"
     );
-    assert_eq!(after["nvml"]["used"], 0, "{after}");
+    // What is left is the asking process's own context.
+    assert_eq!(after["nvml"]["used"], ctx, "{after}");
+    let left = after["nvml"]["processes"].as_array().unwrap();
     assert!(
-        after["nvml"]["processes"].as_array().unwrap().is_empty(),
+        left.len() == 1 && left[0]["pid"] != pid && left[0]["used"] == ctx,
         "{after}"
     );
 }

@@ -552,7 +552,9 @@ fn a_tenant_started_monitor_lives_in_its_own_directory() {
 /// Capacity without an attacker: 512 unnamed processes on a 16-GPU fake run at once.
 #[test]
 fn five_hundred_twelve_unnamed_processes_on_sixteen_gpus() {
-    let w = World::new(16, "16Gi");
+    // Every burn uses device 0, and each context takes 512 MiB there (docs/fakegpu.md), as on
+    // a GPU: 512 contexts need 256 GiB. The fake's memory costs nothing until touched.
+    let w = World::new(16, "320Gi");
     let mut kids = vec![];
     for _ in 0..512 {
         kids.push(

@@ -90,6 +90,7 @@ checked! {
         cuDevicePrimaryCtxSetFlags, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4,
         cuCtxDestroy_v2, cuCtxSetCurrent, cuCtxGetCurrent, cuCtxPushCurrent_v2,
         cuCtxPopCurrent_v2, cuCtxGetDevice, cuCtxSynchronize, cuCtxGetApiVersion, cuCtxGetFlags,
+        cuCtxGetDevice_v2, cuCtxSynchronize_v2, cuGraphDebugDotPrint,
         cuCtxSetFlags, cuCtxGetId, cuCtxGetStreamPriorityRange, cuCtxEnablePeerAccess,
         cuCtxDisablePeerAccess, cuCtxGetLimit, cuCtxSetLimit, cuCtxGetCacheConfig,
         cuCtxSetCacheConfig, cuMemGetInfo_v2, cuMemAlloc_v2, cuMemAllocPitch_v2,
@@ -172,6 +173,29 @@ checked! {
         nvmlSystemGetCudaDriverVersion, nvmlSystemGetCudaDriverVersion_v2,
         nvmlDeviceGetAccountingMode, nvmlDeviceGetAccountingBufferSize, nvmlDeviceGetAccountingPids,
         nvmlDeviceGetAccountingStats,
+    }
+    nvml {
+        nvmlDeviceGetDriverModel, nvmlDeviceGetDriverModel_v2,
+        nvmlDeviceGetClockInfo, nvmlDeviceGetMaxClockInfo, nvmlDeviceGetClock,
+        nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetCurrentClocksThrottleReasons,
+        nvmlDeviceGetPowerManagementLimit, nvmlDeviceGetEnforcedPowerLimit,
+        nvmlDeviceGetPowerManagementLimitConstraints, nvmlDeviceGetPowerManagementMode,
+        nvmlDeviceGetTotalEnergyConsumption, nvmlDeviceGetPerformanceState,
+        nvmlDeviceGetPowerState, nvmlDeviceGetPersistenceMode, nvmlDeviceGetComputeMode,
+        nvmlDeviceGetDisplayMode, nvmlDeviceGetDisplayActive, nvmlDeviceGetNumFans,
+        nvmlDeviceGetFanSpeed, nvmlDeviceGetFanSpeed_v2, nvmlDeviceGetTemperatureV,
+        nvmlDeviceGetEncoderUtilization, nvmlDeviceGetDecoderUtilization,
+        nvmlDeviceGetMaxPcieLinkGeneration, nvmlDeviceGetGpuMaxPcieLinkGeneration,
+        nvmlDeviceGetCurrPcieLinkGeneration, nvmlDeviceGetMaxPcieLinkWidth,
+        nvmlDeviceGetCurrPcieLinkWidth, nvmlDeviceGetPcieLinkMaxSpeed,
+        nvmlDeviceGetPcieSpeed, nvmlDeviceGetPcieThroughput, nvmlDeviceGetEccMode,
+        nvmlDeviceGetTotalEccErrors, nvmlDeviceGetMigMode, nvmlDeviceIsMigDeviceHandle,
+        nvmlDeviceGetMaxMigDeviceCount, nvmlDeviceGetMigDeviceHandleByIndex,
+        nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId,
+        nvmlDeviceGetDeviceHandleFromMigDeviceHandle, nvmlDeviceGetConfComputeMemSizeInfo,
+        nvmlDeviceGetBAR1MemoryInfo, nvmlDeviceGetFieldValues, nvmlDeviceGetArchitecture,
+        nvmlDeviceGetMemoryBusWidth, nvmlDeviceGetNumGpuCores, nvmlDeviceGetMultiGpuBoard,
+        nvmlDeviceGetBoardId, nvmlDeviceGetVbiosVersion, nvmlDeviceGetHandleByPciBusId,
     }
 }
 

@@ -15,6 +15,9 @@ pub struct Config {
     pub devices: usize,
     /// Bytes of memory per device (`FAKEGPU_MEMORY`).
     pub memory: u64,
+    /// Device memory a context takes (`FAKEGPU_CONTEXT_MEMORY`; `None`: the default of
+    /// [`crate::runtime::context_bytes`]).
+    pub context_memory: Option<u64>,
     /// Duration of a kernel other than `gpuslice_spin`, ns (`FAKEGPU_KERNEL_US`).
     pub kernel_ns: u64,
     /// Engine time slice between contexts when another is waiting, ns (`FAKEGPU_TIMESLICE_US`).
@@ -68,6 +71,13 @@ impl Config {
                 Ok(0) => return Err(bad("FAKEGPU_MEMORY", &v, "zero bytes", SIZE_FORMS)),
                 Ok(n) => n,
                 Err(why) => return Err(bad("FAKEGPU_MEMORY", &v, &why, SIZE_FORMS)),
+            },
+        };
+        let context_memory = match get("FAKEGPU_CONTEXT_MEMORY") {
+            None => None,
+            Some(v) => match parse_size(&v) {
+                Ok(n) => Some(n),
+                Err(why) => return Err(bad("FAKEGPU_CONTEXT_MEMORY", &v, &why, SIZE_FORMS)),
             },
         };
         let micros = |var: &str, default: u64, min: u64| -> Result<u64, String> {
@@ -142,6 +152,7 @@ impl Config {
         Ok(Config {
             devices,
             memory,
+            context_memory,
             kernel_ns,
             timeslice_ns,
             state_dir,

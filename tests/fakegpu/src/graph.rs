@@ -85,6 +85,32 @@ impl Graph {
     }
 
     /// `cuGraphInstantiate`.
+    /// `cuGraphDebugDotPrint`: the graph in Graphviz DOT, its nodes in capture order (the fake
+    /// records a chain), each labelled with what it does.
+    pub fn dot(&self) -> String {
+        let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out =
+            String::from("digraph dot {\n  subgraph cluster_1 {\n    label=\"graph_1\";\n");
+        for (i, n) in nodes.iter().enumerate() {
+            let what = match n {
+                Node::Op(Op::Kernel(ns)) => format!("KERNEL {ns} ns"),
+                Node::Op(Op::Copy(c)) => format!("MEMCPY {} bytes", c.width * c.height * c.depth),
+                Node::Op(Op::Set(m)) => format!("MEMSET {} x {}", m.width, m.height),
+                Node::Op(Op::Host(..) | Op::Callback(..)) => "HOST".to_string(),
+                Node::Op(op) => format!("{op:?}"),
+                Node::Alloc { size, .. } => format!("MEM_ALLOC {size} bytes"),
+                Node::Free(_) => "MEM_FREE".to_string(),
+            };
+            out += &format!("    \"node_{i}\" [label=\"{i}: {what}\"];\n");
+            if i > 0 {
+                out += &format!("    \"node_{}\" -> \"node_{i}\";\n", i - 1);
+            }
+        }
+        out += "  }\n}\n";
+        out
+    }
+
+    /// An executable graph of its nodes.
     pub fn instantiate(&self) -> &'static GraphExec {
         let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
         Box::leak(Box::new(GraphExec {

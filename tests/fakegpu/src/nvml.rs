@@ -11,17 +11,30 @@ use gpuslice_abi::*;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicU32, Ordering::*};
 
-/// The driver version NVML reports (a 12.9 driver).
-pub const DRIVER_VERSION_STRING: &str = "575.57.08";
+/// The driver the fake presents for each CUDA version it can report: (CUDA version as
+/// `cuDriverGetVersion` gives it, the NVML driver version of the release branch that ships
+/// it), oldest first. The default, CUDA 13.0, is the 580 branch; `FAKEGPU_DRIVER_VERSION`
+/// picks the newest branch not above it, so every answer describes one driver.
+pub const DRIVERS: &[(i32, &str)] = &[
+    (11080, "520.61.05"),
+    (12000, "525.147.05"),
+    (12020, "535.261.03"),
+    (12040, "550.163.01"),
+    (12060, "560.35.05"),
+    (12080, "570.172.08"),
+    (12090, "575.57.08"),
+    (13000, "580.95.05"),
+];
 
-/// The NVML driver version string that goes with the reported CUDA version: a 580 driver for
-/// CUDA 13, a 575 one before.
+/// The NVML driver version string of the driver the fake presents.
 pub fn driver_version_string() -> &'static str {
-    if crate::api::driver_version() >= 13000 {
-        "580.95.05"
-    } else {
-        DRIVER_VERSION_STRING
-    }
+    let v = crate::api::driver_version();
+    DRIVERS
+        .iter()
+        .rev()
+        .find(|(cuda, _)| *cuda <= v)
+        .unwrap_or(&DRIVERS[0])
+        .1
 }
 
 type NResult<T> = Result<T, NvmlReturn>;
@@ -56,10 +69,14 @@ macro_rules! nvml_exports {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> NvmlReturn {
             // SAFETY: the caller follows NVML's contract: pointer arguments are valid for
             // what the API documents.
-            guard(move || unsafe { $body })
+            crate::nvml::guard(move || unsafe { $body })
         }
     )* };
 }
+
+#[path = "nvml_board.rs"]
+mod board;
+pub use board::*;
 
 fn init() -> NResult<()> {
     let cfg = config().map_err(|_| NVML_ERROR_UNKNOWN)?;
@@ -115,6 +132,27 @@ fn put_str(buf: *mut c_char, len: c_uint, s: &str) -> NResult<()> {
         *buf.add(s.len()) = 0;
     }
     Ok(())
+}
+
+/// The device at a PCI bus id (`00000000:01:00.0`: device `i` is on bus `i + 1`).
+fn device_of_bus_id(bus: *const c_char) -> NResult<usize> {
+    let n = node()?;
+    if bus.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null; NVML's contract: a NUL-terminated string.
+    let s = unsafe { CStr::from_ptr(bus) }
+        .to_str()
+        .map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
+    let b = s
+        .rsplit(':')
+        .nth(1)
+        .and_then(|b| usize::from_str_radix(b, 16).ok())
+        .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    if b == 0 || b > ndev(n) {
+        return Err(NVML_ERROR_NOT_FOUND);
+    }
+    Ok(b - 1)
 }
 
 fn handle_of(i: usize) -> nvmlDevice_t {
@@ -317,14 +355,7 @@ nvml_exports! {
         let i = (0..ndev(n)).find(|&i| uuid_string(&device_uuid(i)) == want).ok_or(NVML_ERROR_NOT_FOUND)?;
         put(h, handle_of(i))
     }
-    fn nvmlDeviceGetHandleByPciBusId_v2(bus: *const c_char, h: *mut nvmlDevice_t) {
-        let n = node()?;
-        if bus.is_null() { return Err(NVML_ERROR_INVALID_ARGUMENT); }
-        let s = CStr::from_ptr(bus).to_str().map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
-        let b = s.rsplit(':').nth(1).and_then(|b| usize::from_str_radix(b, 16).ok()).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-        if b == 0 || b > ndev(n) { return Err(NVML_ERROR_NOT_FOUND); }
-        put(h, handle_of(b - 1))
-    }
+    fn nvmlDeviceGetHandleByPciBusId_v2(bus: *const c_char, h: *mut nvmlDevice_t) { put(h, handle_of(device_of_bus_id(bus)?)) }
     fn nvmlDeviceGetName(h: nvmlDevice_t, buf: *mut c_char, len: c_uint) {
         let (n, i) = dev(h)?;
         put_str(buf, len, &device_name(n.state.dev[i].total.load(Relaxed)))
@@ -397,8 +428,11 @@ nvml_exports! {
         for (k, b) in id[4..].bytes().enumerate() { info.busIdLegacy[k] = b as c_char; }
         put(p, info)
     }
-    fn nvmlDeviceGetTemperature(h: nvmlDevice_t, _sensor: c_uint, t: *mut c_uint) { dev(h)?; put(t, 40) }
-    fn nvmlDeviceGetPowerUsage(h: nvmlDevice_t, mw: *mut c_uint) { dev(h)?; put(mw, 100_000) }
+    fn nvmlDeviceGetTemperature(h: nvmlDevice_t, _sensor: c_uint, t: *mut c_uint) { dev(h)?; put(t, board::TEMPERATURE_C) }
+    fn nvmlDeviceGetPowerUsage(h: nvmlDevice_t, mw: *mut c_uint) {
+        let (n, i) = dev(h)?;
+        put(mw, board::power_mw(shared::utilization(n.state, i, shared::now_ns())))
+    }
     fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uint) { node()?; put_str(buf, len, driver_version_string()) }
     fn nvmlSystemGetNVMLVersion(buf: *mut c_char, len: c_uint) { node()?; put_str(buf, len, &format!("{}.{}", crate::api::driver_version() / 1000, driver_version_string())) }
     fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) { node()?; put(v, crate::api::driver_version()) }

@@ -49,16 +49,36 @@ pub fn export(name: &str) -> Option<*mut c_void> {
 }
 
 /// What the driver would answer: the symbol, or the `CUdriverProcAddressQueryResult` why not.
+/// The driver knows only the forms up to its own version ([`crate::api::driver_version`]): a
+/// request for a newer one gets the driver's newest, and an entry point newer than the driver
+/// is not found, as on a real driver older than the runtime.
 pub fn resolve_symbol(name: &str, version: i32, flags: u64) -> Result<&'static str, i32> {
+    resolve_as(crate::api::driver_version(), name, version, flags)
+}
+
+fn resolve_as(driver: i32, name: &str, version: i32, flags: u64) -> Result<&'static str, i32> {
     let flags = flags as u8;
     let Some(rows) = table().get(&(name, flags)) else {
         return Err(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
     };
-    let v = version.max(0) as u32;
+    let known = driver.max(0) as u32;
+    let v = (version.max(0) as u32).min(known);
     match rows.iter().rev().find(|(min, _)| *min <= v) {
         Some((_, Some(sym))) => Ok(sym),
-        _ => Err(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT),
+        _ if rows.iter().any(|(min, s)| s.is_some() && *min <= known) => {
+            Err(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT)
+        }
+        _ => Err(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND),
     }
+}
+
+/// The newest CUDA version any row of the table names (the forms the table knows).
+pub fn newest_form() -> u32 {
+    table()
+        .values()
+        .flat_map(|rows| rows.iter().filter(|(_, s)| s.is_some()).map(|(v, _)| *v))
+        .max()
+        .unwrap_or(0)
 }
 
 /// `cuGetProcAddress_v2` semantics: (result, pointer, symbolStatus).
@@ -122,5 +142,38 @@ mod tests {
             resolve_symbol("cuCtxCreate", 12090, 0),
             Ok("cuCtxCreate_v4")
         );
+    }
+
+    #[test]
+    fn a_driver_answers_with_the_forms_of_its_own_version() {
+        // CUDA 13.0 changed cuCtxSynchronize to take a context: a 13.0 driver gives the _v2
+        // form to a 13.x runtime, a 12.2 driver its only form to anyone.
+        assert_eq!(
+            resolve_as(13000, "cuCtxSynchronize", 13020, 0),
+            Ok("cuCtxSynchronize_v2")
+        );
+        assert_eq!(
+            resolve_as(13000, "cuCtxSynchronize", 12090, 0),
+            Ok("cuCtxSynchronize")
+        );
+        assert_eq!(
+            resolve_as(12020, "cuCtxSynchronize", 13000, 0),
+            Ok("cuCtxSynchronize")
+        );
+        assert_eq!(
+            resolve_as(13000, "cuCtxGetDevice", 13000, 0),
+            Ok("cuCtxGetDevice_v2")
+        );
+        // An entry point newer than the driver is unknown to it, not "version not sufficient".
+        assert_eq!(
+            resolve_as(12020, "cuMemGetDefaultMemPool", 13000, 0),
+            Err(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)
+        );
+        assert_eq!(
+            resolve_as(13000, "cuMemGetDefaultMemPool", 12090, 0),
+            Err(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT)
+        );
+        // The table holds no form newer than CUDA 13.x.
+        assert!(newest_form() < 14000, "{}", newest_form());
     }
 }

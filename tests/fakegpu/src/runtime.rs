@@ -61,6 +61,8 @@ pub struct Ctx {
     pub ptds: Mutex<HashMap<std::thread::ThreadId, &'static Stream>>,
     /// The runtime's per-context storage (export table `c693336e`).
     pub storage: crate::export::CtxStorage,
+    /// Device memory it holds while active ([`context_bytes`]); 0 when not charged.
+    charged: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: #[repr(C)] with the magic first; values are only ever leaked.
@@ -79,6 +81,7 @@ impl Ctx {
             legacy: OnceLock::new(),
             ptds: Mutex::new(HashMap::new()),
             storage: crate::export::CtxStorage::new(),
+            charged: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -264,12 +267,59 @@ pub fn pop_current() -> CuResult<&'static Ctx> {
         .ok_or(CUDA_ERROR_INVALID_CONTEXT)
 }
 
+/// Device memory one context takes on a device of `total` bytes: `FAKEGPU_CONTEXT_MEMORY`,
+/// else 1/32 of the device, at most 512 MiB. A real context (code, stacks, the driver's
+/// buffers) takes a few hundred MiB whatever the device's size (about 500 MiB on an H100 with
+/// CUDA 12's lazy loading); the fake scales it down for the small devices tests use, so a
+/// 1 GiB fake keeps most of its memory.
+pub fn context_bytes(total: u64) -> u64 {
+    match config().ok().and_then(|c| c.context_memory) {
+        Some(b) => b.min(total),
+        None => (total / 32).min(512 << 20),
+    }
+}
+
+/// Take the device memory a context costs as it becomes active; none left is
+/// `CUDA_ERROR_OUT_OF_MEMORY`, as the driver answers a context it cannot fit.
+fn charge(c: &'static Ctx) -> CuResult<()> {
+    if c.charged.load(Acquire) != 0 {
+        return Ok(());
+    }
+    let node = rt()?.node;
+    let phys = c.device().phys;
+    let bytes = context_bytes(node.state.dev[phys].total.load(Relaxed));
+    if bytes == 0 {
+        return Ok(());
+    }
+    if !node.reserve_or_reap(phys, bytes) {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    if c.charged
+        .compare_exchange(0, bytes, AcqRel, Acquire)
+        .is_err()
+    {
+        node.unreserve(phys, bytes); // another thread charged it first
+    }
+    Ok(())
+}
+
+/// Give back what [`charge`] took (context destroyed, primary context released or reset).
+fn uncharge(c: &'static Ctx) {
+    let bytes = c.charged.swap(0, AcqRel);
+    if bytes > 0 {
+        rt_unchecked().node.unreserve(c.device().phys, bytes);
+    }
+}
+
 /// `cuCtxCreate`: a new context, made current (pushed).
 pub fn ctx_create(flags: u32, dev: CUdevice) -> CuResult<&'static Ctx> {
-    let d = device(dev)?;
+    device(dev)?;
     let c = Ctx::new(dev as usize, false, true);
     c.flags.store(flags, Relaxed);
-    let _ = d;
+    if let Err(e) = charge(c) {
+        c.active.store(false, Release);
+        return Err(e);
+    }
     push_current(c);
     Ok(c)
 }
@@ -289,12 +339,14 @@ fn teardown(c: &'static Ctx) {
     crate::export::run_dtors(c);
     c.active.store(false, Release);
     crate::mem::free_all_of(c);
+    uncharge(c);
 }
 
 /// `cuDevicePrimaryCtxRetain`.
 pub fn primary_retain(dev: CUdevice) -> CuResult<&'static Ctx> {
     let d = device(dev)?;
     let mut refs = d.primary_refs.lock().unwrap_or_else(|e| e.into_inner());
+    charge(d.primary)?;
     *refs += 1;
     d.primary.active.store(true, Release);
     Ok(d.primary)

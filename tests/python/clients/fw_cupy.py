@@ -55,5 +55,16 @@ def hold():
     serve(dict(alloc=alloc, free=free, free_all=free_all, info=info))
 
 
+def gemm():
+    """A cuBLAS GEMM as a fresh process makes it (cupy.matmul of two 7x7 float32 matrices)."""
+    try:
+        a = cp.ones((7, 7), dtype=cp.float32)
+        y = cp.matmul(a, a)
+        cp.cuda.Device().synchronize()
+        emit(gemm=dict(shape=list(y.shape)))
+    except Exception as e:
+        emit(gemm=dict(error=type(e).__name__, message=str(e)[:300]))
+
+
 if __name__ == "__main__":
-    {"fill": lambda: fill(int(sys.argv[2])), "hold": hold}[sys.argv[1]]()
+    {"fill": lambda: fill(int(sys.argv[2])), "hold": hold, "gemm": gemm}[sys.argv[1]]()

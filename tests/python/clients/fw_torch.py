@@ -120,25 +120,110 @@ def compute(start_at, seconds, graph=False):
          graph=bool(graph), starved_s=q_to - q_from)
 
 
-def probe():
-    """Which libraries start: is_available, a cuDNN convolution, a cuBLAS matmul."""
-    out = dict(available=torch.cuda.is_available())
-    for name, f in (("conv", lambda: torch.nn.functional.conv2d(
-                        torch.zeros(1, 3, 32, 32, device="cuda"), torch.zeros(8, 3, 3, 3, device="cuda"))),
-                    ("matmul", lambda: torch.zeros(64, 64, device="cuda") @ torch.zeros(64, 64, device="cuda"))):
+def attempt(**calls):
+    """Run each call and synchronize: {name: {shape} or {error, message}}."""
+    out = {}
+    for name, f in calls.items():
         try:
             y = f()
             torch.cuda.synchronize()
             out[name] = dict(shape=list(y.shape))
         except Exception as e:
             out[name] = dict(error=type(e).__name__, message=str(e)[:300])
+    return out
+
+
+def probe():
+    """Which libraries start: is_available, a cuDNN convolution, a cuBLAS matmul."""
+    emit(available=torch.cuda.is_available(), **attempt(
+        conv=lambda: torch.nn.functional.conv2d(
+            torch.zeros(1, 3, 32, 32, device="cuda"), torch.zeros(8, 3, 3, 3, device="cuda")),
+        matmul=lambda: torch.zeros(64, 64, device="cuda") @ torch.zeros(64, 64, device="cuda")))
+
+
+def gemm():
+    """cuBLAS GEMMs as a fresh process makes them: a 7x7 matmul (cublasGemmEx) and a batched
+    one (cublasGemmStridedBatchedEx)."""
+    emit(**attempt(matmul=lambda: torch.matmul(*[torch.randn(7, 7, device="cuda")] * 2),
+                   bmm=lambda: torch.bmm(*[torch.randn(3, 7, 7, device="cuda")] * 2)))
+
+
+def graphs(dot_path):
+    """The CUDA-graph calls PyTorch makes beyond capture and replay: a graph kept for its raw
+    executable (`keep_graph=True`, `instantiate`, `raw_cuda_graph_exec`) and a debug dump
+    (`cudaGraphDebugDotPrint`), which cudart refuses with cudaErrorCallRequiresNewerDriver when
+    the driver lacks the entry point."""
+    x = torch.zeros(8, device="cuda")
+    out = {}
+    try:
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(g):
+            x.add_(1)
+        g.instantiate()
+        out["raw_exec"] = bool(g.raw_cuda_graph_exec())
+        g.replay()
+        torch.cuda.synchronize()
+    except Exception as e:
+        out["raw_exec"] = failure(e)
+    try:
+        g = torch.cuda.CUDAGraph()
+        g.enable_debug_mode()
+        with torch.cuda.graph(g):
+            x.add_(1)
+        g.debug_dump(dot_path)
+        out["dump"] = open(dot_path).read()[:2000]
+    except Exception as e:
+        out["dump"] = failure(e)
     emit(**out)
+
+
+def backward(steps=5):
+    """A backward pass over two streams with autograd callbacks, as training loops with
+    side streams run it: the autograd thread records, waits on and destroys events while work
+    is still queued, and a tensor hook queues an engine callback. Events created and dropped
+    while their stream is busy are destroyed with work pending."""
+    from torch.autograd import Variable
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    w1 = torch.randn(64, 64, device="cuda", requires_grad=True)
+    w2 = torch.randn(64, 64, device="cuda", requires_grad=True)
+    x = torch.randn(64, 64, device="cuda")
+    hooks, callbacks, dropped = 0, 0, 0
+
+    def on_done():
+        nonlocal callbacks
+        callbacks += 1
+
+    def hook(g):
+        nonlocal hooks
+        hooks += 1
+        Variable._execution_engine.queue_callback(on_done)
+        return g
+
+    for _ in range(steps):
+        with torch.cuda.stream(s1):
+            a = (x @ w1).relu()
+            busy = torch.cuda.Event()
+            busy.record(s1)
+        with torch.cuda.stream(s2):
+            s2.wait_stream(s1)
+            loss = (a @ w2).sum()
+        a.register_hook(hook)
+        with torch.cuda.stream(s2):
+            loss.backward()
+        del busy  # cudaEventDestroy while s1/s2 may still have queued work
+        dropped += 1
+        torch.cuda.synchronize()
+    emit(steps=steps, hooks=hooks, callbacks=callbacks, dropped_events=dropped,
+         grad=list(w1.grad.shape))
 
 
 if __name__ == "__main__":
     mode = sys.argv[1]
-    if mode == "probe":
-        probe()
+    if mode in ("probe", "gemm", "backward"):
+        {"probe": probe, "gemm": gemm, "backward": backward}[mode]()
+        sys.exit(0)
+    if mode == "graphs":
+        graphs(sys.argv[2])
         sys.exit(0)
     if mode == "fill":
         fill(int(sys.argv[2]))

@@ -217,6 +217,9 @@ exports! {
         let c = cur_ctx()?;
         crate::exec::ctx_synchronize(c)
     }
+    // CUDA 13.0 forms: the context is a parameter (null: the current one).
+    fn cuCtxGetDevice_v2(d: *mut CUdevice, c: CUcontext) { put(d, ctx_or_current(c)?.dev as CUdevice) }
+    fn cuCtxSynchronize_v2(c: CUcontext) { crate::exec::ctx_synchronize(ctx_or_current(c)?) }
     fn cuCtxGetApiVersion(c: CUcontext, v: *mut c_uint) { ctx_or_current(c)?; put(v, 3020) }
     fn cuCtxGetFlags(f: *mut c_uint) { put(f, cur_ctx()?.flags.load(Relaxed)) }
     fn cuCtxSetFlags(f: c_uint) { cur_ctx()?.flags.store(f, Relaxed); Ok(()) }
@@ -231,7 +234,12 @@ exports! {
     fn cuCtxDisablePeerAccess(_c: CUcontext) { cur_ctx().map(|_| ()) }
     fn cuCtxGetLimit(v: *mut usize, limit: c_uint) {
         cur_ctx()?;
-        put(v, match limit { 0 => 1024, 1 => 1 << 20, 2 => 8 << 20, 3 => 2, 4 => 2048, 5 => 64, 6 => 0, _ => return Err(CUDA_ERROR_UNSUPPORTED_LIMIT) })
+        // 7..9 (CUDA 12.4+) describe CIG contexts, which the fake never makes: the shared memory
+        // a kernel may use is the device's, CIG is off, its fallback on. cuBLASLt reads
+        // CU_LIMIT_CIG_ENABLED when it creates a handle and ignores a failure, using whatever its
+        // variable held: unanswered, it saw a CIG context at random and refused every GEMM with
+        // CUBLAS_STATUS_ARCH_MISMATCH.
+        put(v, match limit { 0 => 1024, 1 => 1 << 20, 2 => 8 << 20, 3 => 2, 4 => 2048, 5 => 64, 6 => 0, 7 => 232_448, 8 => 0, 9 => 1, _ => return Err(CUDA_ERROR_UNSUPPORTED_LIMIT) })
     }
     fn cuCtxSetLimit(_limit: c_uint, _v: usize) { cur_ctx().map(|_| ()) }
     fn cuCtxGetCacheConfig(v: *mut c_uint) { cur_ctx()?; put(v, 0) }
@@ -699,9 +707,11 @@ exports! {
     }
     fn cuOccupancyMaxActiveClusters(n: *mut c_int, f: CUfunction, cfg: *const CUlaunchConfig) {
         Func::resolve(f)?;
+        // A cluster larger than the hardware's 16 blocks cannot be resident: 0 clusters, not
+        // an error. cuBLAS 12 probes sizes up to 17 and fails with
+        // CUBLAS_STATUS_INTERNAL_ERROR when a probe errs.
         let size = cluster_size(cfg)?;
-        if size > 16 { return Err(CUDA_ERROR_INVALID_VALUE); }
-        put(n, (132 / size) as c_int)
+        put(n, if size > 16 { 0 } else { (132 / size) as c_int })
     }
     fn cuOccupancyMaxPotentialClusterSize(n: *mut c_int, f: CUfunction, cfg: *const CUlaunchConfig) {
         Func::resolve(f)?;
@@ -734,6 +744,12 @@ exports! {
     // --- graphs ---------------------------------------------------------------------------
     fn cuGraphCreate(g: *mut CUgraph, _flags: c_uint) { rt()?; put(g, Graph::new().handle()) }
     fn cuGraphDestroy(g: CUgraph) { Graph::resolve(g).map(|_| ()) }
+    // torch.cuda.CUDAGraph.debug_dump: cudart answers cudaErrorCallRequiresNewerDriver when
+    // the driver lacks it.
+    fn cuGraphDebugDotPrint(g: CUgraph, path: *const c_char, _flags: c_uint) {
+        let dot = Graph::resolve(g)?.dot();
+        std::fs::write(cstr(path)?, dot).map_err(|_| CUDA_ERROR_OPERATING_SYSTEM)
+    }
     fn cuGraphGetNodes(g: CUgraph, nodes: *mut CUgraphNode, n: *mut usize) {
         let g = Graph::resolve(g)?;
         let len = g.len();

@@ -3,6 +3,11 @@
 //! with `cuEventElapsedTime`, and recycled through a free list. Apart from streams because an
 //! event outlives the stream it was recorded on and is read from any thread without the
 //! executor's lock.
+//!
+//! `cuEventDestroy` returns at once, as the driver's does: the handle is invalid from then on,
+//! and the event goes back to the free list when the executor has planned its last record
+//! (whichever of the two comes second recycles it). Record generations only grow, across
+//! reuse too, so a `cuStreamWaitEvent` queued before the destroy still sees its record done.
 
 use super::{Executor, Op, Stream};
 use crate::runtime::CuResult;
@@ -21,11 +26,16 @@ pub struct Event {
     magic: u64,
     /// Creation flags.
     pub flags: AtomicU64,
+    /// Record generations: the last one submitted, the one it had when (re)created (equal:
+    /// never recorded since), the last one the executor planned.
     gen: AtomicU64,
+    base: AtomicU64,
     done_gen: AtomicU64,
     ts: AtomicU64,
     exec: AtomicPtr<Executor>,
     destroyed: AtomicBool,
+    /// Set by whoever puts it back on the free list, so it goes there once.
+    recycled: AtomicBool,
 }
 
 // SAFETY: #[repr(C)] with the magic first; values are only ever leaked.
@@ -39,10 +49,11 @@ impl Event {
     /// `cuEventCreate`.
     pub fn create(flags: u32) -> &'static Event {
         if let Some(e) = FREE_EVENTS.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            // Its records are all planned (that is when it was recycled); generations and the
+            // last record's time go on, for waits queued on another device before the destroy.
             e.flags.store(flags as u64, Relaxed);
-            e.gen.store(0, Relaxed);
-            e.done_gen.store(0, Relaxed);
-            e.ts.store(0, Relaxed);
+            e.base.store(e.gen.load(Acquire), Relaxed);
+            e.recycled.store(false, Relaxed);
             e.destroyed.store(false, Release);
             return e;
         }
@@ -50,10 +61,12 @@ impl Event {
             magic: EVENT_MAGIC,
             flags: AtomicU64::new(flags as u64),
             gen: AtomicU64::new(0),
+            base: AtomicU64::new(0),
             done_gen: AtomicU64::new(0),
             ts: AtomicU64::new(0),
             exec: AtomicPtr::new(std::ptr::null_mut()),
             destroyed: AtomicBool::new(false),
+            recycled: AtomicBool::new(false),
         }))
     }
 
@@ -90,10 +103,15 @@ impl Event {
             return super::ipc_event::synchronize(self);
         }
         let gen = self.gen.load(Acquire);
-        if gen == 0 || s.is_capturing() {
+        if self.never_recorded(gen) || s.is_capturing() {
             return Ok(());
         }
         s.submit(Op::Wait(self, gen))
+    }
+
+    /// Whether `gen` (its current generation) means "not recorded since created".
+    fn never_recorded(&self, gen: u64) -> bool {
+        gen == self.base.load(Acquire)
     }
 
     /// Whether the executor has planned record generation `gen` (its time may still be ahead).
@@ -107,11 +125,14 @@ impl Event {
     }
 
     /// The executor planned record generation `gen` at simulated time `at`.
-    pub(super) fn set_recorded(&self, gen: u64, at: u64) {
+    pub(super) fn set_recorded(&'static self, gen: u64, at: u64) {
         self.ts.store(at, Release);
-        self.done_gen.fetch_max(gen, AcqRel);
+        self.done_gen.fetch_max(gen, SeqCst);
         if self.interprocess() {
             super::ipc_event::planned(self, gen, at);
+        }
+        if self.destroyed.load(SeqCst) {
+            self.recycle_if_idle();
         }
     }
 
@@ -139,7 +160,7 @@ impl Event {
             return super::ipc_event::complete(self);
         }
         let gen = self.gen.load(Acquire);
-        gen == 0 || (self.recorded(gen) && now_ns() >= self.time())
+        self.never_recorded(gen) || (self.recorded(gen) && now_ns() >= self.time())
     }
 
     /// `cuEventQuery`.
@@ -157,7 +178,7 @@ impl Event {
             return super::ipc_event::synchronize(self);
         }
         let gen = self.gen.load(Acquire);
-        if gen == 0 {
+        if self.never_recorded(gen) {
             return Ok(());
         }
         let ex = self.exec.load(Acquire);
@@ -182,7 +203,9 @@ impl Event {
         {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
-        if start.gen.load(Acquire) == 0 || end.gen.load(Acquire) == 0 {
+        if start.never_recorded(start.gen.load(Acquire))
+            || end.never_recorded(end.gen.load(Acquire))
+        {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
         if !start.complete() || !end.complete() {
@@ -192,17 +215,28 @@ impl Event {
         Ok((b - a) as f32 / 1e6)
     }
 
-    /// `cuEventDestroy`.
+    /// `cuEventDestroy`: never waits (a host function or callback may destroy an event
+    /// recorded behind it on its own stream). The event is recycled once the executor planned
+    /// its last record, here or in [`Event::set_recorded`], so no pending record ever lands
+    /// on a reused event.
     pub fn destroy(&'static self) {
-        // Recycle only once its pending records ran, so the executor never touches a reused one.
-        let _ = self.synchronize();
         if self.interprocess() {
             super::ipc_event::forget(self);
         }
-        self.destroyed.store(true, Release);
-        FREE_EVENTS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(self);
+        self.destroyed.store(true, SeqCst);
+        self.recycle_if_idle();
+    }
+
+    /// Put a destroyed event on the free list once its records are planned; exactly once,
+    /// whether `destroy` or the executor's `set_recorded` gets here second (both store, then
+    /// load the other's flag with SeqCst, so at least one sees both).
+    fn recycle_if_idle(&'static self) {
+        if self.done_gen.load(SeqCst) >= self.gen.load(SeqCst) && !self.recycled.swap(true, SeqCst)
+        {
+            FREE_EVENTS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(self);
+        }
     }
 }
