@@ -218,11 +218,12 @@ impl Ledger {
             .filter(|p| p.state.load(SeqCst) != STATE_FREE && p.uid.load(SeqCst) == peer.uid)
             .count();
         if mine >= limits.procs_per_uid {
-            return Err(LedgerError::Monitor(format!(
-                "uid {} already holds {mine} of the node's process records, its limit (the \
-                 operator sets it with `gpuslice monitor --max-procs-per-user`)",
-                peer.uid
-            )));
+            return Err(LedgerError::UserLimit {
+                uid: peer.uid,
+                holds: mine,
+                table: "process",
+                flag: "--max-procs-per-user",
+            });
         }
         // One record per process: asking again cannot multiply its slots.
         if procs.iter().any(|p| {
@@ -284,11 +285,12 @@ impl Ledger {
                             && Some(s.name.get()) == ask.req.name
                     });
                 if creates && owned >= limits.slices_per_uid {
-                    return Err(LedgerError::Monitor(format!(
-                        "uid {} already owns {owned} of the node's slice records, its limit \
-                         (the operator sets it with `gpuslice monitor --max-slices-per-user`)",
-                        peer.uid
-                    )));
+                    return Err(LedgerError::UserLimit {
+                        uid: peer.uid,
+                        holds: owned,
+                        table: "slice",
+                        flag: "--max-slices-per-user",
+                    });
                 }
                 let j = self.join_locked(h, dev, &ask.req, peer.nspid, peer.uid)?;
                 let pool = if j.memory_limit.is_none() {

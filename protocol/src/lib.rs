@@ -18,6 +18,10 @@
 
 #![deny(missing_docs)]
 
+mod admit;
+
+pub use admit::{AdmitReply, AdmitRequest, DeviceRequest, GrantedDevice, Refusal};
+
 use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;

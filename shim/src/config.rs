@@ -65,6 +65,9 @@ pub struct Config {
     pub slice: Option<String>,
     /// Node mode: the slice's join secret (`GPUSLICE_SLICE_SECRET`), sent at admission.
     pub secret: Option<gpuslice_ledger::secret::Secret>,
+    /// The compute class of the process's own slices (`GPUSLICE_PRIORITY`; `None`: unset, so a
+    /// slice whose class an operator set keeps it).
+    pub priority: Option<u32>,
     /// Ledger directory.
     pub runtime_dir: PathBuf,
     /// Log threshold.
@@ -222,14 +225,16 @@ impl Config {
             .map(|v| gpuslice_ledger::secret::Secret::parse(gpuslice_ledger::secret::SECRET_VAR, v))
             .transpose()
             .map_err(|e| ConfigError(e.to_string()))?;
-        // Checked here so a bad value fails cuInit; the compute gate reads it when it binds.
-        if let Some(v) = get("GPUSLICE_PRIORITY") {
-            gpuslice_sched::parse_class(v).ok_or_else(|| {
-                ConfigError(format!(
-                    "GPUSLICE_PRIORITY={v:?} is not valid; accepted: latency, normal"
-                ))
-            })?;
-        }
+        // Read here only, so a bad value fails cuInit; admission and the compute gate use it.
+        let priority = get("GPUSLICE_PRIORITY")
+            .map(|v| {
+                gpuslice_sched::parse_class(v).ok_or_else(|| {
+                    ConfigError(format!(
+                        "GPUSLICE_PRIORITY={v:?} is not valid; accepted: latency, normal"
+                    ))
+                })
+            })
+            .transpose()?;
         // The ledger crate's one rule (absolute, or refused; the default depends on the user).
         let runtime_dir = match get("GPUSLICE_RUNTIME_DIR") {
             Some(v) => {
@@ -245,6 +250,7 @@ impl Config {
             compute_cap,
             slice,
             secret,
+            priority,
             runtime_dir,
             log,
         })

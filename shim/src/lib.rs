@@ -19,6 +19,7 @@
 //! Nothing runs in a constructor; a process that never calls CUDA pays only for the `dlsym`
 //! hook. `GPUSLICE_DISABLE=1` makes every hook a pass-through.
 
+mod admit;
 mod compute;
 mod config;
 mod dlsym;
