@@ -16,7 +16,7 @@ use crate::error::LedgerError;
 use crate::file;
 use crate::layout::*;
 use crate::ledger::{Ledger, ProcHandle, SliceRequest};
-use crate::region::Region;
+use crate::region::{Region, Regions};
 use crate::snapshot::{Reaped, ReapedProc};
 use core::sync::atomic::Ordering::SeqCst;
 use std::path::Path;
@@ -88,12 +88,6 @@ pub struct Admitted {
     pub slot: usize,
     /// Per device asked for, in order.
     pub devices: Vec<AdmittedDevice>,
-}
-
-/// The monitor's regions, by key (a slice index, or a pool's account `POOL_ACCOUNT_BASE + i`).
-pub trait Regions: Send + Sync {
-    /// The region of `key`, if the monitor has one.
-    fn get(&self, key: u32) -> Option<Arc<Region>>;
 }
 
 /// The region key of account `account` (a `ProcDevice::account`) on device `d`.

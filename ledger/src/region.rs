@@ -225,6 +225,12 @@ impl Region {
     }
 }
 
+/// The monitor's regions, by key (a slice index, or a pool's account `POOL_ACCOUNT_BASE + i`).
+pub trait Regions: Send + Sync {
+    /// The region of `key`, if the monitor has one.
+    fn get(&self, key: u32) -> Option<std::sync::Arc<Region>>;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

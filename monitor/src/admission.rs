@@ -13,8 +13,9 @@
 //! `view` (a read-only descriptor of one slice's region, for the slice's own uid or root).
 
 use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
-use gpuslice_ledger::node::{region_key, DeviceAsk, Limits, Peer, Regions};
+use gpuslice_ledger::node::{region_key, DeviceAsk, Limits, Peer};
 use gpuslice_ledger::region::Region;
+use gpuslice_ledger::region::Regions;
 use gpuslice_ledger::secret::Secret;
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceRequest};
 use gpuslice_protocol::{
@@ -338,7 +339,7 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
                 return Err(format!(
                     "permission denied: `gpuslice slice` changes the node's policy; only root or \
                      members of the operator group ({}) may use it (you are uid {uid})",
-                    crate::daemon::operator_group_name()
+                    crate::daemon::options::operator_group_name()
                 ));
             }
             let name = req.get("name").unwrap_or("").to_string();

@@ -326,6 +326,21 @@ pub fn call(
     }
 }
 
+/// One operator request (`slice-create`, `ping`, ...): the reply's `ok` value, or the
+/// monitor's refusal; `Err` when the monitor could not be asked. The one decoding of an
+/// operator reply, for the CLI and the DRA plugin.
+pub fn ask(
+    dirfd: RawFd,
+    m: &Message,
+    timeout: Duration,
+) -> Result<Result<String, Refusal>, ProtocolError> {
+    let (r, _) = call(dirfd, m, timeout)?;
+    Ok(match Refusal::decode(&r) {
+        Some(refusal) => Err(refusal),
+        None => Ok(r.get("ok").unwrap_or("").to_string()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,30 +7,17 @@
 //! configuration or a refused admission prints one line and makes `cuInit` (and every later
 //! hooked call) fail with `CUDA_ERROR_INVALID_VALUE`.
 
-use crate::admit::{self, Admission};
+use crate::admit::{self, Admission, DevState, Found};
 use crate::config::Config;
-use crate::hooks::{pfn, real};
 use crate::log::{self, log};
+use crate::real;
 use core::ffi::{c_char, c_int};
 use core::sync::atomic::{AtomicPtr, AtomicU32, Ordering::*};
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 use gpuslice_ledger::node::Opened;
-use gpuslice_ledger::{Account, Ledger, ProcHandle};
+use gpuslice_ledger::{Ledger, ProcHandle};
 use std::sync::Mutex;
-
-/// One device as this process sees it.
-pub struct DevState {
-    /// CUDA ordinal in this process.
-    pub ordinal: i32,
-    /// Index in the ledger.
-    pub ledger_dev: usize,
-    /// `GPU-...`.
-    pub uuid: String,
-    /// Where allocations are charged.
-    pub account: Account<'static>,
-    /// Node mode: the region of that account (where this process asks for compute turns).
-    pub region: Option<&'static gpuslice_ledger::region::Region>,
-}
 
 /// Everything the hooks need after start-up.
 pub struct State {
@@ -146,7 +133,7 @@ fn start(cu_init: Option<(pfn::cuInit, core::ffi::c_uint)>) -> Result<&'static S
     // Resolve the driver's functions before the lock: resolving takes the loader's lock, and a
     // thread inside dlopen (a library constructor calling CUDA) may hold that one while it
     // waits for ours.
-    crate::resolve::resolve_all(crate::resolve::Lib::Cuda);
+    crate::real::resolve_all(crate::real::Lib::Cuda);
     let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
     let f = FAILED.load(Acquire);
     if f != 0 {
@@ -207,9 +194,6 @@ fn missing(name: &str) -> (CUresult, String) {
         format!("the driver has no {name}, which gpuslice needs"),
     )
 }
-
-/// A device found at start-up: ordinal, UUID, name, memory.
-pub type Found = (i32, String, String, u64);
 
 fn build(config: &Config) -> Result<State, (CUresult, String)> {
     let count_f = real::cuDeviceGetCount().ok_or_else(|| missing("cuDeviceGetCount"))?;

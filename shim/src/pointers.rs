@@ -46,7 +46,7 @@ impl Charge {
 
     /// `bytes` charged on `dev`, from pool slot `pool`.
     #[inline]
-    pub fn new(bytes: u64, dev: &crate::init::DevState, pool: usize) -> Charge {
+    pub fn new(bytes: u64, dev: &crate::admit::DevState, pool: usize) -> Charge {
         // Callers record only what they charged, and no quota or device reaches 2^48 bytes.
         debug_assert!(bytes <= Self::MAX_BYTES && pool <= u8::MAX as usize);
         Charge {

@@ -42,10 +42,10 @@ macro_rules! log {
 
 mod audit;
 mod lock;
-mod options;
+pub(crate) mod options;
 
 pub use lock::{monitor_running, start_background, MonitorLock, LOG_FILE};
-pub use options::{operator_group_name, OnViolation};
+pub use options::OnViolation;
 
 use crate::cli::{self, Failure};
 use crate::node::Node;

@@ -39,8 +39,8 @@ mod events;
 use events::{Events, Track};
 use gpuslice_ledger::tenants::LedgerTenants;
 
-use crate::hooks::real;
 use crate::memory::CAPTURES;
+use crate::real;
 
 /// Device ordinals this process can gate (the ledger's device count).
 const MAX_ORDINALS: usize = gpuslice_ledger::MAX_DEVICES;

@@ -3,9 +3,9 @@
 //! their destroy. No state of its own.
 
 use super::{charge_and_alloc, free_and_uncharge, written};
-use crate::hooks::pfn;
 use crate::pointers::Kind;
 use core::ffi::c_uint;
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 
 /// Bytes per element of an array format (4 for formats we do not know: never an undercount

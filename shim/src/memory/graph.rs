@@ -5,9 +5,10 @@
 //! paths only) and the count of open captures (one atomic load on the async allocation path).
 
 use super::reserved;
-use crate::hooks::{pfn, real};
-use crate::init::DevState;
+use crate::admit::DevState;
+use crate::real;
 use core::sync::atomic::{AtomicUsize, Ordering::*};
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 use std::sync::Mutex;
 

@@ -17,10 +17,11 @@
 //! This file holds what they share: the charge/allocate/record and forget/free/return steps.
 //!
 //! Every `pub unsafe fn` in these files is a handler of the hook table, relying on the handler
-//! contract of [`crate::hooks`]: `real` is the driver's function, the arguments are the
+//! contract of `hooks.rs`: `real` is the driver's function, the arguments are the
 //! program's, pointers are null or valid as `cuda.h` documents them.
 
-use crate::init::{DevState, State};
+use crate::admit::DevState;
+use crate::init::State;
 use crate::log::log;
 use crate::pointers::{self, Charge, Kind};
 use gpuslice_abi::*;

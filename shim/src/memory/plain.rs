@@ -3,9 +3,10 @@
 //! each pointer was charged lives in the pointer table.
 
 use super::{charge_and_alloc, free_and_uncharge, oom, reserved, written};
-use crate::hooks::{pfn, real};
 use crate::pointers::{self, Charge, Kind};
+use crate::real;
 use core::ffi::c_uint;
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 
 /// `cuMemAlloc_v2`. Inlined into its wrapper: the hottest pair of calls.

@@ -34,10 +34,12 @@
 //! device.
 
 use super::{charge, free_and_uncharge, graph, oom, record, written};
-use crate::hooks::{pfn, real};
-use crate::init::{DevState, State};
+use crate::admit::DevState;
+use crate::init::State;
 use crate::pointers::{Charge, Kind};
+use crate::real;
 use core::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 
 /// Pool bookkeeping slots: 0 = not pool memory, 1..=16 = the device's current (default) pool

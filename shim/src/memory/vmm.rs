@@ -3,8 +3,8 @@
 //! (`cuMemMap`, `cuMemUnmap`) take no memory and pass through.
 
 use super::{charge_and_alloc, free_and_uncharge, written};
-use crate::hooks::pfn;
 use crate::pointers::Kind;
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 
 /// `cuMemCreate`: physical memory for the virtual memory API; charged when the location is a
