@@ -97,13 +97,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     )
 }
 
+// The entry stub keeps the caller's return address for `RTLD_NEXT`; a Rust function here would
+// resolve `RTLD_NEXT` relative to gpuslice instead, so other architectures get no stand-in.
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-#[no_mangle]
-/// The exported `dlsym`. On this architecture `RTLD_NEXT` is resolved relative to gpuslice,
-/// not to the caller.
-///
-/// # Safety
-/// As `dlsym(3)`.
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    dlsym_hooked(handle, symbol)
-}
+compile_error!("gpuslice's dlsym entry stub exists for x86_64 and aarch64 only");

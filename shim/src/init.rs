@@ -17,6 +17,7 @@ use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 use gpuslice_ledger::node::Opened;
 use gpuslice_ledger::{Ledger, ProcHandle};
+use gpuslice_protocol::Refusal;
 use std::sync::Mutex;
 
 /// Everything the hooks need after start-up.
@@ -167,7 +168,7 @@ fn start(cu_init: Option<(pfn::cuInit, core::ffi::c_uint)>) -> Result<&'static S
             // SAFETY: just published, never freed.
             Ok(unsafe { &*p })
         }
-        Err((code, msg)) => Err(fail(code, &msg)),
+        Err(refusal) => Err(fail(refusal.code, &refusal.message)),
     }
 }
 
@@ -177,25 +178,25 @@ fn fail(code: CUresult, msg: &str) -> CUresult {
     code
 }
 
-fn cu(call: &str, r: CUresult) -> Result<(), (CUresult, String)> {
+fn cu(call: &str, r: CUresult) -> Result<(), Refusal> {
     if r == CUDA_SUCCESS {
         Ok(())
     } else {
-        Err((
-            r,
-            format!("{call} failed during start-up: {}", describe_cu(r)),
-        ))
+        Err(Refusal {
+            code: r,
+            message: format!("{call} failed during start-up: {}", describe_cu(r)),
+        })
     }
 }
 
-fn missing(name: &str) -> (CUresult, String) {
-    (
-        CUDA_ERROR_NOT_FOUND,
-        format!("the driver has no {name}, which gpuslice needs"),
-    )
+fn missing(name: &str) -> Refusal {
+    Refusal {
+        code: CUDA_ERROR_NOT_FOUND,
+        message: format!("the driver has no {name}, which gpuslice needs"),
+    }
 }
 
-fn build(config: &Config) -> Result<State, (CUresult, String)> {
+fn build(config: &Config) -> Result<State, Refusal> {
     let count_f = real::cuDeviceGetCount().ok_or_else(|| missing("cuDeviceGetCount"))?;
     let get_f = real::cuDeviceGet().ok_or_else(|| missing("cuDeviceGet"))?;
     let total_f = real::cuDeviceTotalMem_v2().ok_or_else(|| missing("cuDeviceTotalMem_v2"))?;
@@ -231,12 +232,8 @@ fn build(config: &Config) -> Result<State, (CUresult, String)> {
         cu("cuDeviceTotalMem_v2", unsafe { total_f(&mut total, dev) })?;
         found.push((ord, uuid_text(&uuid), name, total as u64));
     }
-    let opened = Ledger::open_for_process(&config.runtime_dir).map_err(|e| {
-        (
-            CUDA_ERROR_OPERATING_SYSTEM,
-            format!("cannot use the node ledger: {e}"),
-        )
-    })?;
+    let opened = Ledger::open_for_process(&config.runtime_dir)
+        .map_err(|e| Refusal::other(format!("cannot use the node ledger: {e}")))?;
     let request = admit::request(config, &found);
     let (ledger, node) = match opened {
         Opened::Personal(l) => (l, false),
@@ -248,9 +245,7 @@ fn build(config: &Config) -> Result<State, (CUresult, String)> {
     } else {
         &admit::Personal(ledger)
     };
-    let admitted = admission
-        .admit(&request, found)
-        .map_err(|r| (r.code, r.message))?;
+    let admitted = admission.admit(&request, found)?;
     Ok(State {
         ledger,
         me: admitted.me,

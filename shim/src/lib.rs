@@ -34,3 +34,4 @@ mod pointers;
 mod real;
 mod report;
 mod symbols;
+mod sync;

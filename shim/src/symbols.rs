@@ -32,10 +32,10 @@ macro_rules! for_each_symbol {
                 Cuda cuMemPoolTrimTo => memory::pool_trim_to;
                 Cuda cuMemPoolCreate => memory::pool_create;
                 Cuda cuMemPoolDestroy => memory::pool_destroy;
-                Cuda cuStreamSynchronize => memory::stream_synchronize;
-                Cuda cuStreamSynchronize_ptsz => memory::stream_synchronize;
-                Cuda cuCtxSynchronize => memory::ctx_synchronize;
-                Cuda cuEventSynchronize => memory::event_synchronize;
+                Cuda cuStreamSynchronize => sync::stream_synchronize;
+                Cuda cuStreamSynchronize_ptsz => sync::stream_synchronize;
+                Cuda cuCtxSynchronize => sync::ctx_synchronize;
+                Cuda cuEventSynchronize => sync::event_synchronize;
                 Cuda cuMemCreate => memory::mem_create;
                 Cuda cuMemRelease => memory::mem_release;
                 Cuda cuArrayCreate_v2 => memory::array_create;

@@ -50,7 +50,7 @@ macro_rules! current {
 mod arrays;
 mod graph;
 mod plain;
-mod pools;
+pub(crate) mod pools;
 mod vmm;
 
 pub use arrays::{
@@ -63,8 +63,8 @@ pub use graph::{
 };
 pub use plain::{mem_alloc, mem_alloc_managed, mem_alloc_pitch, mem_free};
 pub use pools::{
-    ctx_synchronize, event_synchronize, mem_alloc_async, mem_alloc_from_pool, mem_free_async,
-    pool_create, pool_destroy, pool_trim_to, reclaim_pools, stream_synchronize,
+    mem_alloc_async, mem_alloc_from_pool, mem_free_async, pool_create, pool_destroy, pool_trim_to,
+    reclaim_pools,
 };
 pub use vmm::{mem_create, mem_release};
 

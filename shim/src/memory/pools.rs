@@ -412,7 +412,7 @@ unsafe fn give_back(
 /// After a successful synchronize: pools may have released what they held above their
 /// release threshold; return the credit they no longer hold. Nothing to do (one load per
 /// pool slot) while no pool has credit.
-fn synchronized() {
+pub(crate) fn synchronized() {
     if POOLS.iter().all(|p| p.retained.load(Relaxed) == 0) {
         return;
     }
@@ -423,36 +423,6 @@ fn synchronized() {
         // SAFETY: dev is the started state's.
         unsafe { reclaim_pools(dev) };
     }
-}
-
-/// `cuStreamSynchronize(_ptsz)`: a point where pools release memory (module comment).
-pub unsafe fn stream_synchronize(real: pfn::cuStreamSynchronize, stream: CUstream) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(stream) };
-    if r == CUDA_SUCCESS {
-        synchronized();
-    }
-    r
-}
-
-/// `cuCtxSynchronize`: as `stream_synchronize`.
-pub unsafe fn ctx_synchronize(real: pfn::cuCtxSynchronize) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real() };
-    if r == CUDA_SUCCESS {
-        synchronized();
-    }
-    r
-}
-
-/// `cuEventSynchronize`: as `stream_synchronize`.
-pub unsafe fn event_synchronize(real: pfn::cuEventSynchronize, event: CUevent) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(event) };
-    if r == CUDA_SUCCESS {
-        synchronized();
-    }
-    r
 }
 
 /// A stream-ordered allocation of `bytes` into `*dptr` from pool `slot` of `dev` (driver
