@@ -120,7 +120,88 @@ The gpuslice DRA kubelet plugin: publishes this node's GPUs as shareable devices
   --mode M               node: the root monitor's policy, slices made over monitor.sock;
                          personal: a ledger the plugin writes itself; auto (default): an
                          existing ledger's mode, else node for root on /dev/shm/gpuslice
-  --keep-slice-on-exit   leave the ResourceSlice at a clean exit (default: delete it)";
+  --keep-slice-on-exit   leave the ResourceSlice at a clean exit (default: delete it)
+A GPU with less than two --memory-step steps of memory left after operator slices is left
+out of the ResourceSlice (logged); a slice the API server refuses is logged once and sent
+again when the GPUs or their reservations change.
+`gpuslice-dra slice [FLAGS]` prints the ResourceSlice the plugin would publish now (JSON;
+for `kubectl apply --dry-run=server --validate=strict -f -`), reading NVML and the ledger only.
+`gpuslice-dra cleanup --help`: removing the driver's ResourceSlices at uninstall.";
+
+/// The value of the flag just read, as UTF-8.
+fn value(p: &mut lexopt::Parser) -> Result<String, ConfigError> {
+    p.value()
+        .map_err(|e| ConfigError::Usage(e.to_string()))?
+        .into_string()
+        .map_err(|v| ConfigError::Usage(format!("{v:?} is not UTF-8")))
+}
+
+/// `gpuslice-dra cleanup`: the ResourceSlices to remove when the driver is uninstalled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cleanup {
+    /// Driver name (`spec.driver` of the slices removed).
+    pub driver: String,
+    /// Only this node's slices; `None`: every node's (`--all-nodes`).
+    pub node: Option<String>,
+    /// Where the slices are (`api`; `file:PATH` removes that file).
+    pub publish: PublishTo,
+}
+
+/// Usage line of `cleanup`.
+pub const CLEANUP_USAGE: &str =
+    "gpuslice-dra cleanup [--node-name NAME | --all-nodes] [--driver NAME] [--publish api|file:PATH]";
+
+/// Help text of `cleanup`.
+pub const CLEANUP_HELP: &str = "\
+Removes the driver's ResourceSlices (uninstall: the chart's pre-delete Job runs it with
+--all-nodes, deploy/cleanup.yaml; a plugin stopped by SIGTERM does the same for its node).
+  --node-name NAME   that node's slices (default $NODE_NAME)
+  --all-nodes        every node's slices of the driver
+  --driver NAME      driver name (default gpuslice.dev)
+  --publish DST      api (default) or file:PATH (removes the file)";
+
+impl Cleanup {
+    /// Parse the flags after `cleanup`.
+    pub fn parse(args: Vec<OsString>) -> Result<Cleanup, ConfigError> {
+        use lexopt::Arg::Long;
+        let mut p = lexopt::Parser::from_args(args);
+        let mut driver = DEFAULT_DRIVER.to_string();
+        let mut node = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty());
+        let mut all = false;
+        let mut publish = PublishTo::Api;
+        let usage = |e: lexopt::Error| ConfigError::Usage(e.to_string());
+        while let Some(arg) = p.next().map_err(usage)? {
+            match arg {
+                Long("help") | lexopt::Arg::Short('h') => return Err(ConfigError::Help),
+                Long("driver") => driver = value(&mut p)?,
+                Long("node-name") => node = Some(value(&mut p)?),
+                Long("all-nodes") => all = true,
+                Long("publish") => {
+                    let v = value(&mut p)?;
+                    publish = match api_or("--publish", &v, "file:", "api or file:PATH")? {
+                        None => PublishTo::Api,
+                        Some(f) => PublishTo::File(f.into()),
+                    }
+                }
+                other => return Err(ConfigError::Usage(other.unexpected().to_string())),
+            }
+        }
+        let node = match (all, node) {
+            (true, _) => None,
+            (false, Some(n)) => Some(n),
+            (false, None) => {
+                return Err(ConfigError::Usage(
+                    "cleanup: name the node (--node-name, or NODE_NAME) or pass --all-nodes".into(),
+                ))
+            }
+        };
+        Ok(Cleanup {
+            driver,
+            node,
+            publish,
+        })
+    }
+}
 
 /// Why the flags were refused.
 #[derive(Debug)]
@@ -193,47 +274,41 @@ impl Config {
         let mut keep_slice_on_exit = false;
         let usage = |e: lexopt::Error| ConfigError::Usage(e.to_string());
         while let Some(arg) = p.next().map_err(usage)? {
-            let val = |p: &mut lexopt::Parser| -> Result<String, ConfigError> {
-                p.value()
-                    .map_err(usage)?
-                    .into_string()
-                    .map_err(|v| ConfigError::Usage(format!("{v:?} is not UTF-8")))
-            };
             match arg {
                 Long("help") | lexopt::Arg::Short('h') => return Err(ConfigError::Help),
-                Long("driver") => driver = val(&mut p)?,
-                Long("node-name") => node_name = val(&mut p)?,
-                Long("registry-dir") => registry_dir = val(&mut p)?.into(),
-                Long("plugin-dir") => plugin_dir = Some(val(&mut p)?.into()),
-                Long("cdi-dir") => cdi_dir = val(&mut p)?.into(),
-                Long("runtime-dir") => runtime_dir = val(&mut p)?.into(),
-                Long("library") => library = val(&mut p)?.into(),
-                Long("cdi-kind") => cdi_kind = val(&mut p)?,
-                Long("nvidia-cdi-kind") => nvidia_cdi_kind = val(&mut p)?,
+                Long("driver") => driver = value(&mut p)?,
+                Long("node-name") => node_name = value(&mut p)?,
+                Long("registry-dir") => registry_dir = value(&mut p)?.into(),
+                Long("plugin-dir") => plugin_dir = Some(value(&mut p)?.into()),
+                Long("cdi-dir") => cdi_dir = value(&mut p)?.into(),
+                Long("runtime-dir") => runtime_dir = value(&mut p)?.into(),
+                Long("library") => library = value(&mut p)?.into(),
+                Long("cdi-kind") => cdi_kind = value(&mut p)?,
+                Long("nvidia-cdi-kind") => nvidia_cdi_kind = value(&mut p)?,
                 Long("nvidia-cdi-name") => {
                     let names = [
                         ("uuid", NvidiaCdiName::Uuid),
                         ("index", NvidiaCdiName::Index),
                         ("none", NvidiaCdiName::None),
                     ];
-                    nvidia_cdi_name = one_of("--nvidia-cdi-name", &val(&mut p)?, &names)?;
+                    nvidia_cdi_name = one_of("--nvidia-cdi-name", &value(&mut p)?, &names)?;
                 }
                 Long("claims") => {
-                    let v = val(&mut p)?;
+                    let v = value(&mut p)?;
                     claims = match api_or("--claims", &v, "dir:", "api or dir:DIR")? {
                         None => ClaimsFrom::Api,
                         Some(d) => ClaimsFrom::Dir(d.into()),
                     }
                 }
                 Long("publish") => {
-                    let v = val(&mut p)?;
+                    let v = value(&mut p)?;
                     publish = match api_or("--publish", &v, "file:", "api or file:PATH")? {
                         None => PublishTo::Api,
                         Some(f) => PublishTo::File(f.into()),
                     }
                 }
                 Long("resync") => {
-                    let v = val(&mut p)?;
+                    let v = value(&mut p)?;
                     resync = v
                         .parse::<f64>()
                         .ok()
@@ -245,15 +320,17 @@ impl Config {
                             ))
                         })?;
                 }
-                Long("memory-step") => memory_step = size("--memory-step", &val(&mut p)?)?,
-                Long("memory-default") => memory_default = size("--memory-default", &val(&mut p)?)?,
+                Long("memory-step") => memory_step = size("--memory-step", &value(&mut p)?)?,
+                Long("memory-default") => {
+                    memory_default = size("--memory-default", &value(&mut p)?)?
+                }
                 Long("mode") => {
                     let modes = [
                         ("auto", LedgerMode::Auto),
                         ("node", LedgerMode::Node),
                         ("personal", LedgerMode::Personal),
                     ];
-                    mode = one_of("--mode", &val(&mut p)?, &modes)?;
+                    mode = one_of("--mode", &value(&mut p)?, &modes)?;
                 }
                 Long("keep-slice-on-exit") => keep_slice_on_exit = true,
                 other => return Err(ConfigError::Usage(other.unexpected().to_string())),

@@ -332,7 +332,7 @@ impl Driver {
     }
 
     /// Read GPUs and reservations again; the devices this node publishes now.
-    pub async fn devices(&self) -> Result<Vec<k8s_openapi::api::resource::v1::Device>, String> {
+    pub async fn devices(&self) -> Result<slice::Devices, String> {
         let _g = self.serial.lock().await;
         let inv = self.nvml.inventory();
         self.update_health(inv.as_ref().map_err(|e| e.as_str()));

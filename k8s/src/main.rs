@@ -1,24 +1,82 @@
 //! `gpuslice-dra`: see the library's documentation and `docs/kubernetes.md`.
 
 use gpuslice_dra::claims::{ApiClaims, ClaimSource, DirClaims};
-use gpuslice_dra::config::{ClaimsFrom, Config, ConfigError, PublishTo, HELP, USAGE};
+use gpuslice_dra::config::{
+    ClaimsFrom, Cleanup, Config, ConfigError, PublishTo, CLEANUP_HELP, CLEANUP_USAGE, HELP, USAGE,
+};
 use gpuslice_dra::driver::Driver;
 use gpuslice_dra::publish::{self, Sink};
-use gpuslice_dra::server;
+use gpuslice_dra::{server, slice};
 use std::sync::Arc;
 
 fn main() {
-    let cfg = match Config::parse(std::env::args_os().skip(1).collect()) {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if args.first().is_some_and(|a| a == "cleanup") {
+        args.remove(0);
+        let c = match Cleanup::parse(args) {
+            Ok(c) => c,
+            Err(e) => exit_usage(e, CLEANUP_USAGE, CLEANUP_HELP),
+        };
+        block_on(cleanup(c));
+        return;
+    }
+    let print = args.first().is_some_and(|a| a == "slice");
+    if print {
+        args.remove(0);
+    }
+    let cfg = match Config::parse(args) {
         Ok(c) => c,
-        Err(ConfigError::Help) => {
-            println!("usage: {USAGE}\n\n{HELP}");
-            return;
-        }
-        Err(ConfigError::Usage(m)) => {
-            eprintln!("gpuslice-dra: {m}\nusage: {USAGE}");
-            std::process::exit(2);
-        }
+        Err(e) => exit_usage(e, USAGE, HELP),
     };
+    if print {
+        if let Err(e) = print_slice(&cfg) {
+            eprintln!("gpuslice-dra: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    block_on(run(cfg));
+}
+
+/// `gpuslice-dra slice [FLAGS]`: the ResourceSlice the plugin would publish now, as JSON on
+/// stdout (for `kubectl apply --dry-run=server --validate=strict -f -`), from NVML and the
+/// ledger's reservations, read only; the GPUs left out are named on stderr.
+fn print_slice(cfg: &Config) -> Result<(), String> {
+    let inv = gpuslice_dra::nvml::Nvml::load()?.inventory()?;
+    let snap = match gpuslice_ledger::Ledger::open(&cfg.runtime_dir) {
+        Ok(l) => l.snapshot(),
+        Err(gpuslice_ledger::LedgerError::NotFound(_)) => Default::default(),
+        Err(e) => return Err(format!("the ledger in {}: {e}", cfg.runtime_dir.display())),
+    };
+    let found = slice::devices(&inv, &snap, cfg.memory_step, cfg.memory_default);
+    for (dev, why) in &found.left_out {
+        eprintln!("gpuslice-dra: {dev} is left out: {why}");
+    }
+    let s = slice::resource_slice(&cfg.node_name, &cfg.driver, 1, None, found.published);
+    let obj = publish::to_object(&s).map_err(|e| e.to_string())?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&obj).map_err(|e| e.to_string())?
+    );
+    Ok(())
+}
+
+/// `--help` (exit 0) or a usage error (exit 2).
+fn exit_usage(e: ConfigError, usage: &str, help: &str) -> ! {
+    match e {
+        ConfigError::Help => {
+            println!("usage: {usage}\n\n{help}");
+            std::process::exit(0)
+        }
+        ConfigError::Usage(m) => {
+            eprintln!("gpuslice-dra: {m}\nusage: {usage}");
+            std::process::exit(2)
+        }
+    }
+}
+
+/// Run `f` on a one-thread runtime; an error is printed and exits 1.
+fn block_on(f: impl std::future::Future<Output = Result<(), String>>) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -29,18 +87,46 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = rt.block_on(run(cfg)) {
+    if let Err(e) = rt.block_on(f) {
         eprintln!("gpuslice-dra: {e}");
         std::process::exit(1);
     }
 }
 
+async fn client() -> Result<kube::Client, String> {
+    kube::Client::try_default().await.map_err(|e| {
+        format!("connecting to the API server (in-cluster service account or KUBECONFIG): {e}")
+    })
+}
+
+/// `gpuslice-dra cleanup`: remove the driver's ResourceSlices (of one node, or all).
+async fn cleanup(c: Cleanup) -> Result<(), String> {
+    let sink = match &c.publish {
+        PublishTo::Api => Sink::Api(client().await?),
+        PublishTo::File(p) => Sink::File(p.clone()),
+    };
+    let removed = sink.remove_all(&c.driver, c.node.as_deref()).await?;
+    let whose = c
+        .node
+        .as_deref()
+        .map_or("every node".to_string(), |n| format!("node {n}"));
+    eprintln!(
+        "gpuslice-dra: removed {} ResourceSlice(s) of driver {} on {whose}{}",
+        removed.len(),
+        c.driver,
+        if removed.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", removed.join(", "))
+        }
+    );
+    Ok(())
+}
+
 async fn run(cfg: Config) -> Result<(), String> {
     let needs_api = cfg.claims == ClaimsFrom::Api || cfg.publish == PublishTo::Api;
     let client = if needs_api {
-        Some(kube::Client::try_default().await.map_err(|e| {
-            format!("connecting to the API server (in-cluster service account or KUBECONFIG): {e}")
-        })?)
+        Some(client().await?)
     } else {
         None
     };
@@ -85,11 +171,20 @@ async fn run(cfg: Config) -> Result<(), String> {
     // next plugin publishes them again. (The kubelet would also delete the slice, 30 s after
     // the plugin unregistered; a plugin killed without a clean stop leaves that to it.)
     if signalled && !cfg.keep_slice_on_exit {
-        let name = gpuslice_dra::slice::object_name(&cfg.node_name, &cfg.driver);
-        match tokio::time::timeout(std::time::Duration::from_secs(10), sink.delete(&name)).await {
-            Ok(Ok(())) => eprintln!("gpuslice-dra: deleted ResourceSlice {name}"),
+        let removal = sink.remove_all(&cfg.driver, Some(&cfg.node_name));
+        match tokio::time::timeout(std::time::Duration::from_secs(10), removal).await {
+            Ok(Ok(names)) if names.is_empty() => {
+                eprintln!(
+                    "gpuslice-dra: no ResourceSlice of node {} to delete",
+                    cfg.node_name
+                )
+            }
+            Ok(Ok(names)) => eprintln!("gpuslice-dra: deleted ResourceSlice {}", names.join(", ")),
             Ok(Err(e)) => eprintln!("gpuslice-dra: {e}"),
-            Err(_) => eprintln!("gpuslice-dra: deleting ResourceSlice {name}: no answer in 10 s"),
+            Err(_) => eprintln!(
+                "gpuslice-dra: deleting the ResourceSlices of node {}: no answer in 10 s",
+                cfg.node_name
+            ),
         }
     }
     result

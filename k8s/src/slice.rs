@@ -61,78 +61,126 @@ pub fn offered(gpu: &Gpu, snap: &Snapshot) -> (u64, u64) {
     )
 }
 
+/// The API server's limit on a string attribute (`DeviceAttributeMaxValueLength`,
+/// pkg/apis/resource/types.go).
+pub const ATTRIBUTE_MAX: usize = 64;
+
+/// A string attribute, cut to [`ATTRIBUTE_MAX`] bytes at a character boundary (a product name
+/// past it would make the API server refuse the whole slice).
 fn string_attr(s: &str) -> DeviceAttribute {
+    let mut end = s.len().min(ATTRIBUTE_MAX);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
     DeviceAttribute {
-        string: Some(s.to_string()),
+        string: Some(s[..end].to_string()),
         ..Default::default()
     }
 }
 
-/// The devices of this node's slice.
-pub fn devices(
-    inv: &Inventory,
-    snap: &Snapshot,
-    memory_step: u64,
-    memory_default: u64,
-) -> Vec<Device> {
-    inv.gpus
-        .iter()
-        .map(|g| {
-            let (mem, compute) = offered(g, snap);
-            let mut attributes = BTreeMap::new();
-            attributes.insert("uuid".to_string(), string_attr(&g.uuid));
-            attributes.insert("productName".to_string(), string_attr(&g.name));
-            attributes.insert(
-                "driverVersion".to_string(),
-                string_attr(&inv.driver_version),
-            );
-            attributes.insert(
-                "index".to_string(),
-                DeviceAttribute {
-                    int: Some(g.index as i64),
-                    ..Default::default()
-                },
-            );
-            let mut capacity = BTreeMap::new();
-            capacity.insert(
-                MEMORY.to_string(),
-                DeviceCapacity {
-                    value: Quantity(quantity::bytes(mem)),
-                    request_policy: Some(CapacityRequestPolicy {
-                        default: Some(Quantity(quantity::bytes(memory_default))),
-                        valid_range: Some(CapacityRequestPolicyRange {
-                            min: Quantity(quantity::bytes(memory_step)),
-                            step: Some(Quantity(quantity::bytes(memory_step))),
-                            max: None,
-                        }),
-                        valid_values: None,
-                    }),
-                },
-            );
-            capacity.insert(
-                COMPUTE.to_string(),
-                DeviceCapacity {
-                    value: Quantity(compute.to_string()),
-                    request_policy: Some(CapacityRequestPolicy {
-                        default: Some(Quantity("0".into())),
-                        valid_range: Some(CapacityRequestPolicyRange {
-                            min: Quantity("0".into()),
-                            step: Some(Quantity("1".into())),
-                            max: None,
-                        }),
-                        valid_values: None,
-                    }),
-                },
-            );
-            Device {
-                name: device_name(&g.uuid),
-                allow_multiple_allocations: Some(true),
-                attributes: Some(attributes),
-                capacity: Some(capacity),
+/// The memory capacity of a GPU with `offered` bytes left, requested in multiples of `step` from
+/// `step` up; `None` when fewer than two steps are left: the API server requires `min + step <=
+/// value` of a request policy (`validateRequestPolicyRange`, pkg/apis/resource/validation), so
+/// such a GPU cannot offer memory in steps and is left out of the slice. The default (what a
+/// request that names no memory consumes) is `default` or, when less is left, the largest
+/// multiple of `step` that fits, so `min <= default <= value` and the default is on the grid.
+pub fn memory_capacity(offered: u64, step: u64, default: u64) -> Option<DeviceCapacity> {
+    if step == 0 || offered / step < 2 {
+        return None;
+    }
+    let default = default.min(offered / step * step).max(step);
+    let default = default / step * step;
+    Some(DeviceCapacity {
+        value: Quantity(quantity::bytes(offered)),
+        request_policy: Some(CapacityRequestPolicy {
+            default: Some(Quantity(quantity::bytes(default))),
+            valid_range: Some(CapacityRequestPolicyRange {
+                min: Quantity(quantity::bytes(step)),
+                step: Some(Quantity(quantity::bytes(step))),
+                max: None,
+            }),
+            valid_values: None,
+        }),
+    })
+}
+
+/// The compute capacity of a GPU with `offered` thousandths left. With at least one left,
+/// requests are whole thousandths from 0 (best effort) up, 0 when none is named. With none
+/// left, the value is 0 and there is no request policy (one with `min + step <= 0` cannot
+/// exist): a request for any compute does not fit, and one that names none consumes the
+/// value, 0, so the GPU still takes best-effort claims for its memory.
+pub fn compute_capacity(offered: u64) -> DeviceCapacity {
+    let request_policy = (offered >= 1).then(|| CapacityRequestPolicy {
+        default: Some(Quantity("0".into())),
+        valid_range: Some(CapacityRequestPolicyRange {
+            min: Quantity("0".into()),
+            step: Some(Quantity("1".into())),
+            max: None,
+        }),
+        valid_values: None,
+    });
+    DeviceCapacity {
+        value: Quantity(offered.to_string()),
+        request_policy,
+    }
+}
+
+/// The devices of this node's slice, and the GPUs left out of it with why.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Devices {
+    /// One per GPU that can take a claim.
+    pub published: Vec<Device>,
+    /// (device name, why) of each GPU too full to be published.
+    pub left_out: Vec<(String, String)>,
+}
+
+/// The devices of this node's slice: one per GPU, less what operator slices reserve; a GPU
+/// with less than two memory steps left is left out (see [`memory_capacity`]), so the slice
+/// stays valid and the node's other GPUs stay schedulable.
+pub fn devices(inv: &Inventory, snap: &Snapshot, memory_step: u64, memory_default: u64) -> Devices {
+    let mut out = Devices::default();
+    for g in &inv.gpus {
+        let (mem, compute) = offered(g, snap);
+        let name = device_name(&g.uuid);
+        let Some(memory) = memory_capacity(mem, memory_step, memory_default) else {
+            out.left_out.push((
+                name,
+                format!(
+                    "{} of its memory is left after operator slices (gpuslice slice create), \
+                     less than two --memory-step ({}) steps",
+                    quantity::bytes(mem),
+                    quantity::bytes(memory_step)
+                ),
+            ));
+            continue;
+        };
+        let mut attributes = BTreeMap::new();
+        attributes.insert("uuid".to_string(), string_attr(&g.uuid));
+        attributes.insert("productName".to_string(), string_attr(&g.name));
+        attributes.insert(
+            "driverVersion".to_string(),
+            string_attr(&inv.driver_version),
+        );
+        attributes.insert(
+            "index".to_string(),
+            DeviceAttribute {
+                int: Some(g.index as i64),
                 ..Default::default()
-            }
-        })
-        .collect()
+            },
+        );
+        let capacity = BTreeMap::from([
+            (MEMORY.to_string(), memory),
+            (COMPUTE.to_string(), compute_capacity(compute)),
+        ]);
+        out.published.push(Device {
+            name,
+            allow_multiple_allocations: Some(true),
+            attributes: Some(attributes),
+            capacity: Some(capacity),
+            ..Default::default()
+        });
+    }
+    out
 }
 
 /// The object name of this node's slice (a DNS subdomain).
@@ -193,5 +241,53 @@ mod tests {
         let long = device_name(&format!("GPU-{}", "a".repeat(80)));
         assert!(long.len() <= 63);
         assert_eq!(object_name("Node_1", "gpuslice.dev"), "node-1-gpuslice.dev");
+    }
+
+    fn policy(c: &DeviceCapacity) -> (String, String, String, String) {
+        let p = c.request_policy.as_ref().unwrap();
+        let r = p.valid_range.as_ref().unwrap();
+        (
+            c.value.0.clone(),
+            p.default.as_ref().unwrap().0.clone(),
+            r.min.0.clone(),
+            r.step.as_ref().unwrap().0.clone(),
+        )
+    }
+
+    #[test]
+    fn request_policies_stay_within_what_is_left() {
+        let (mi, gi) = (1u64 << 20, 1u64 << 30);
+        let s = |v: &str| v.to_string();
+        let m = |left| memory_capacity(left, 256 * mi, gi).map(|c| policy(&c));
+        assert_eq!(
+            m(16 * gi),
+            Some((s("16Gi"), s("1Gi"), s("256Mi"), s("256Mi")))
+        );
+        // Less than the default left: the default is what is left, on the grid.
+        assert_eq!(
+            m(768 * mi + 5),
+            Some((s("805306373"), s("768Mi"), s("256Mi"), s("256Mi")))
+        );
+        assert_eq!(
+            m(512 * mi),
+            Some((s("512Mi"), s("512Mi"), s("256Mi"), s("256Mi")))
+        );
+        // Less than two steps: no policy the API server accepts; the GPU is left out.
+        assert_eq!(m(512 * mi - 1), None);
+        assert_eq!(m(256 * mi), None);
+        assert_eq!(m(0), None);
+        assert_eq!(
+            policy(&compute_capacity(1)),
+            (s("1"), s("0"), s("0"), s("1"))
+        );
+        let none = compute_capacity(0);
+        assert_eq!((none.value.0.as_str(), none.request_policy), ("0", None));
+    }
+
+    #[test]
+    fn long_attributes_are_cut_to_the_api_limit() {
+        let a = string_attr(&"é".repeat(40));
+        let v = a.string.unwrap();
+        assert!(v.len() <= ATTRIBUTE_MAX && v.chars().all(|c| c == 'é'));
     }
 }

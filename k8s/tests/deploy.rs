@@ -8,6 +8,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
@@ -62,6 +63,7 @@ fn typed<T: serde::de::DeserializeOwned + serde::Serialize + k8s_openapi::Resour
 #[derive(Default)]
 struct Objects {
     daemonsets: Vec<DaemonSet>,
+    jobs: Vec<Job>,
     roles: Vec<ClusterRole>,
     bindings: Vec<ClusterRoleBinding>,
     accounts: Vec<ServiceAccount>,
@@ -81,6 +83,7 @@ fn objects() -> Objects {
             v["kind"].as_str().unwrap_or(""),
         ) {
             ("apps/v1", "DaemonSet") => o.daemonsets.push(typed(&file, &v)),
+            ("batch/v1", "Job") => o.jobs.push(typed(&file, &v)),
             ("rbac.authorization.k8s.io/v1", "ClusterRole") => o.roles.push(typed(&file, &v)),
             ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
                 o.bindings.push(typed(&file, &v))
@@ -284,4 +287,50 @@ fn deploy_objects_are_valid_and_agree() {
             && m.mount_path == cfg.runtime_dir.to_string_lossy()
     }));
     assert_eq!(pod.host_pid, Some(true), "the monitor checks host pids");
+
+    // Uninstall: the cleanup Job runs `gpuslice-dra cleanup --all-nodes` from the plugin's
+    // image, as a service account bound to a role that may list and delete ResourceSlices,
+    // and is not the plugin's (whose admission policy keeps it to its own node).
+    assert_eq!(o.jobs.len(), 1);
+    let job = o.jobs[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let c = &job.containers[0];
+    assert_eq!(c.image, plugin.image);
+    assert_eq!(
+        c.command.as_deref(),
+        Some(&["gpuslice-dra".to_string()][..])
+    );
+    let args: Vec<String> = c.args.clone().unwrap();
+    assert_eq!(args[0], "cleanup");
+    let parsed = gpuslice_dra::config::Cleanup::parse(args[1..].iter().map(Into::into).collect())
+        .expect("the Job's flags parse");
+    assert_eq!(parsed.node, None, "every node's slices");
+    let job_sa = job.service_account_name.clone().unwrap();
+    assert_ne!(job_sa, sa);
+    let job_binding = o
+        .bindings
+        .iter()
+        .find(|b| b.subjects.iter().flatten().any(|s| s.name == job_sa))
+        .expect("a binding for the cleanup Job's account");
+    let job_role = o
+        .roles
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some(&job_binding.role_ref.name))
+        .unwrap();
+    for verb in ["list", "delete"] {
+        assert!(job_role.rules.iter().flatten().any(|r| {
+            r.resources.iter().flatten().any(|x| x == "resourceslices")
+                && r.verbs.iter().any(|v| v == verb)
+        }));
+    }
+    assert!(o
+        .accounts
+        .iter()
+        .any(|a| a.metadata.name.as_deref() == Some(&job_sa)));
 }

@@ -5,209 +5,29 @@
 //! refusals become per-claim errors an operator can act on.
 
 mod common;
+use common::apiserver::{exited, status, wait_until, Cluster, Seen, State};
 use common::{channel, consumed, Kubelet, TestClaim};
 use gpuslice_dra::proto::registration;
-use gpuslice_e2e::{artifact, World};
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use std::collections::BTreeMap;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-
-/// One request the fake API server received.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    target: String,
-    content_type: String,
-    body: String,
-}
-
-#[derive(Default)]
-struct State {
-    seen: Vec<Seen>,
-    /// path -> (status, JSON body) for GETs.
-    objects: BTreeMap<String, (u16, String)>,
-}
-
-fn status(code: u16, reason: &str, message: &str) -> String {
-    serde_json::json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message, "reason": reason, "code": code,
-    })
-    .to_string()
-}
-
-/// Serve HTTP/1.1 on `listener` (keep-alive, Content-Length bodies: what the kube client sends).
-async fn serve(listener: tokio::net::TcpListener, state: Arc<Mutex<State>>) {
-    loop {
-        let Ok((sock, _)) = listener.accept().await else {
-            return;
-        };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let (r, mut w) = sock.into_split();
-            let mut r = BufReader::new(r);
-            loop {
-                let mut line = String::new();
-                if r.read_line(&mut line).await.unwrap_or(0) == 0 {
-                    return;
-                }
-                let mut parts = line.split_whitespace();
-                let (method, target) = (
-                    parts.next().unwrap_or("").to_string(),
-                    parts.next().unwrap_or("").to_string(),
-                );
-                let (mut len, mut content_type) = (0usize, String::new());
-                loop {
-                    let mut h = String::new();
-                    if r.read_line(&mut h).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let h = h.trim_end();
-                    if h.is_empty() {
-                        break;
-                    }
-                    if let Some((k, v)) = h.split_once(':') {
-                        match k.to_ascii_lowercase().as_str() {
-                            "content-length" => len = v.trim().parse().unwrap_or(0),
-                            "content-type" => content_type = v.trim().to_string(),
-                            _ => {}
-                        }
-                    }
-                }
-                let mut body = vec![0; len];
-                if r.read_exact(&mut body).await.is_err() {
-                    return;
-                }
-                let body = String::from_utf8_lossy(&body).into_owned();
-                let path = target.split('?').next().unwrap_or("").to_string();
-                let (code, reply) = {
-                    let mut s = state.lock().unwrap();
-                    s.seen.push(Seen {
-                        method: method.clone(),
-                        target: target.clone(),
-                        content_type,
-                        body: body.clone(),
-                    });
-                    match method.as_str() {
-                        "GET" => s.objects.get(&path).cloned().unwrap_or_else(|| {
-                            (404, status(404, "NotFound", &format!("{path} not found")))
-                        }),
-                        "PATCH" if path.starts_with("/apis/resource.k8s.io/v1/resourceslices/") => {
-                            s.objects.insert(path.clone(), (200, body.clone()));
-                            (200, body)
-                        }
-                        "DELETE" => match s.objects.remove(&path) {
-                            Some((200, obj)) => (200, obj),
-                            _ => (404, status(404, "NotFound", &format!("{path} not found"))),
-                        },
-                        _ => (405, status(405, "MethodNotAllowed", "not in the fake")),
-                    }
-                };
-                let head = format!(
-                    "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                    reply.len()
-                );
-                if w.write_all(head.as_bytes()).await.is_err()
-                    || w.write_all(reply.as_bytes()).await.is_err()
-                {
-                    return;
-                }
-            }
-        });
-    }
-}
-
-async fn wait_until(what: &str, log: &std::path::Path, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}; plugin log:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Wait for `child` without blocking this thread (the fake API server runs on it and must
-/// answer the plugin's last requests).
-async fn exited(child: &mut std::process::Child) -> std::process::ExitStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the plugin did not exit"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn the_plugin_talks_to_the_api_server() {
-    let world = World::new(1, "16Gi");
-    let root = world.runtime_dir().parent().unwrap().join("k8s");
-    std::fs::create_dir_all(&root).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let state = Arc::new(Mutex::new(State::default()));
-    state.lock().unwrap().objects.insert(
-        "/api/v1/nodes/node-k".into(),
-        (
-            200,
-            r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-k","uid":"node-uid-1"}}"#
-                .into(),
-        ),
+    let cluster = Cluster::new(1, "node-k").await;
+    let (world, root, kubeconfig, log) = (
+        &cluster.world,
+        &cluster.root,
+        &cluster.kubeconfig,
+        &cluster.log,
     );
-    tokio::spawn(serve(listener, state.clone()));
-    let kubeconfig = root.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: plugin\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: plugin\ncurrent-context: fake\n"
-        ),
-    )
-    .unwrap();
-    let log = root.join("plugin.log");
-    let start = |extra: &[&str]| {
-        world
-            .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
-            .env("KUBECONFIG", &kubeconfig)
-            .env("NODE_NAME", "node-k")
-            .arg("--registry-dir")
-            .arg(root.join("reg"))
-            .arg("--plugin-dir")
-            .arg(root.join("plugin"))
-            .arg("--cdi-dir")
-            .arg(root.join("cdi"))
-            .arg("--runtime-dir")
-            .arg(world.runtime_dir())
-            .arg("--library")
-            .arg(artifact("libgpuslice.so"))
-            .args(["--resync", "0.1"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap()
-    };
+    let state = cluster.api.state.clone();
+    let start = |extra: &[&str]| cluster.spawn_plugin(extra);
     let mut plugin = start(&[]);
 
     // The slice, by server-side apply: PATCH with the apply content type, as field manager
     // gpuslice-dra, forced; a ResourceSlice of this node.
     let slice_path = "/apis/resource.k8s.io/v1/resourceslices/node-k-gpuslice.dev";
-    wait_until("the ResourceSlice applied", &log, || {
+    wait_until("the ResourceSlice applied", log, || {
         state
             .lock()
             .unwrap()
@@ -227,7 +47,9 @@ async fn the_plugin_talks_to_the_api_server() {
     let (path, query) = patch.target.split_once('?').unwrap();
     assert_eq!(path, slice_path);
     assert!(
-        query.contains("fieldManager=gpuslice-dra") && query.contains("force=true"),
+        query.contains("fieldManager=gpuslice-dra")
+            && query.contains("force=true")
+            && query.contains("fieldValidation=Strict"),
         "{query}"
     );
     assert_eq!(patch.content_type, "application/apply-patch+yaml");
@@ -242,7 +64,7 @@ async fn the_plugin_talks_to_the_api_server() {
         .expect("owned by its Node")[0];
     assert_eq!(
         (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
-        ("Node", "node-k", "node-uid-1")
+        ("Node", "node-k", "uid-of-node-k")
     );
     assert_eq!(slice.spec.node_name.as_deref(), Some("node-k"));
     let gpu = slice.spec.devices.as_ref().unwrap()[0].clone();
@@ -276,7 +98,7 @@ async fn the_plugin_talks_to_the_api_server() {
             ),
         );
     }
-    wait_until("the registration socket", &log, || {
+    wait_until("the registration socket", log, || {
         root.join("reg/gpuslice.dev-reg.sock").exists()
     })
     .await;
@@ -328,7 +150,7 @@ async fn the_plugin_talks_to_the_api_server() {
     assert!(
         st.success(),
         "{st:?}\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
+        std::fs::read_to_string(log).unwrap_or_default()
     );
     assert!(!root.join("reg/gpuslice.dev-reg.sock").exists());
     assert!(!root.join("plugin/dra.sock").exists());
@@ -342,11 +164,17 @@ async fn the_plugin_talks_to_the_api_server() {
         .collect();
     assert_eq!(deletes.len(), 1, "{deletes:?}");
     assert_eq!(deletes[0].target.split('?').next(), Some(slice_path));
+    // Found by the node's and the driver's field selectors, as the kubelet finds them.
+    assert!(state.lock().unwrap().seen.iter().any(|s| s.method == "GET"
+        && s.target
+            .starts_with("/apis/resource.k8s.io/v1/resourceslices?")
+        && s.target.contains("spec.nodeName%3Dnode-k")
+        && s.target.contains("spec.driver%3Dgpuslice.dev")));
     assert!(
-        !state.lock().unwrap().objects.contains_key(slice_path),
+        state.lock().unwrap().slices.is_empty(),
         "the fake holds no slice any more"
     );
-    assert!(std::fs::read_to_string(&log)
+    assert!(std::fs::read_to_string(log)
         .unwrap()
         .contains("deleted ResourceSlice node-k-gpuslice.dev"));
     assert!(ledger
@@ -357,17 +185,71 @@ async fn the_plugin_talks_to_the_api_server() {
 
     // With --keep-slice-on-exit the slice stays (the kubelet's own clean-up, 30 s after the
     // plugin unregistered, is left to remove it).
-    let patches = |st: &State| st.seen.iter().filter(|s| s.method == "PATCH").count();
+    let patches = |st: &State| st.count("PATCH");
     let before = patches(&state.lock().unwrap());
     let mut plugin = start(&["--keep-slice-on-exit"]);
-    wait_until("the ResourceSlice applied again", &log, || {
+    wait_until("the ResourceSlice applied again", log, || {
         patches(&state.lock().unwrap()) > before
     })
     .await;
     // SAFETY: as above, our unreaped child.
     assert_eq!(unsafe { libc::kill(plugin.id() as i32, libc::SIGTERM) }, 0);
     assert!(exited(&mut plugin).await.success());
-    let s = state.lock().unwrap();
-    assert_eq!(s.seen.iter().filter(|s| s.method == "DELETE").count(), 1);
-    assert!(s.objects.contains_key(slice_path));
+    {
+        let s = state.lock().unwrap();
+        assert_eq!(s.count("DELETE"), 1);
+        assert!(s.slices.contains_key("node-k-gpuslice.dev"));
+        // Every slice the plugin sent passed the strict checks (schema and validation).
+        assert!(!s.verdicts.is_empty());
+        for v in &s.verdicts {
+            assert_eq!(v.refusal, None, "{}", v.object);
+        }
+    }
+
+    // Uninstall: the chart's pre-delete Job runs `gpuslice-dra cleanup --all-nodes`; every
+    // ResourceSlice of the driver goes, on every node, and another driver's stays.
+    {
+        let mut s = state.lock().unwrap();
+        let mut other_node = s.slices["node-k-gpuslice.dev"].clone();
+        other_node["metadata"]["name"] = "node-j-gpuslice.dev".into();
+        other_node["spec"]["nodeName"] = "node-j".into();
+        other_node["spec"]["pool"]["name"] = "node-j".into();
+        s.slices
+            .insert("node-j-gpuslice.dev".into(), other_node.clone());
+        let mut other_driver = other_node;
+        other_driver["metadata"]["name"] = "node-j-gpu.example.com".into();
+        other_driver["spec"]["driver"] = "gpu.example.com".into();
+        s.slices
+            .insert("node-j-gpu.example.com".into(), other_driver);
+    }
+    let out = world
+        .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("NODE_NAME")
+        .args(["cleanup", "--all-nodes"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = tokio::task::spawn_blocking(move || out.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("removed 2 ResourceSlice(s) of driver gpuslice.dev on every node"),
+        "{err}"
+    );
+    let left: Vec<String> = state.lock().unwrap().slices.keys().cloned().collect();
+    assert_eq!(left, ["node-j-gpu.example.com"]);
+    // Without a node and without --all-nodes, cleanup refuses to guess.
+    let out = world
+        .command(env!("CARGO_BIN_EXE_gpuslice-dra"))
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("NODE_NAME")
+        .arg("cleanup")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--all-nodes"));
 }

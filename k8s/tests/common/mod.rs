@@ -4,6 +4,10 @@
 
 #![allow(dead_code)] // each test binary uses a part
 
+pub mod allocator;
+pub mod apiserver;
+pub mod strict;
+
 use gpuslice_dra::proto::{health_v1alpha1, registration, v1, v1beta1};
 use gpuslice_e2e::{artifact, World};
 use k8s_openapi::api::resource::v1::{
@@ -241,9 +245,18 @@ pub async fn register(dirs: &Dirs) -> PathBuf {
     PathBuf::from(info.endpoint)
 }
 
+/// The ResourceSlice the plugin wrote (`--publish file:`), checked as the API server would
+/// check it (`strict.rs`): every slice a test reads is one the API server accepts.
 pub fn read_slice(dirs: &Dirs) -> Option<ResourceSlice> {
     let text = std::fs::read_to_string(dirs.slice_file()).ok()?;
-    Some(serde_json::from_str(&text).expect("the published ResourceSlice deserializes"))
+    let v: serde_json::Value = serde_json::from_str(&text).expect("the published slice is JSON");
+    if let Err(r) = strict::check_resource_slice(&v) {
+        panic!(
+            "the API server would refuse {v}: {:?}",
+            r.status("slice")["message"]
+        );
+    }
+    Some(serde_json::from_value(v).expect("the published ResourceSlice deserializes"))
 }
 
 /// The ResourceSlice, once the plugin has published it.
