@@ -23,7 +23,7 @@
 use crate::admit::DevState;
 use crate::init::State;
 use crate::log::log;
-use crate::pointers::{self, Charge, Kind};
+use crate::pointers::{self, Charge, Handle};
 use gpuslice_abi::*;
 
 /// The started state, or return the status start-up failed with.
@@ -138,7 +138,7 @@ unsafe fn written<T: Copy>(r: CUresult, out: *const T) -> Option<T> {
 #[inline]
 unsafe fn charge_and_alloc(
     dev: &DevState,
-    kind: Kind,
+    kind: Handle,
     bytes: u64,
     alloc: impl FnOnce() -> (CUresult, u64),
 ) -> CUresult {
@@ -156,7 +156,7 @@ unsafe fn charge_and_alloc(
 
 /// Remember what handle `h` was charged, for its free.
 #[inline]
-fn record(kind: Kind, h: u64, c: Charge) {
+fn record(kind: Handle, h: u64, c: Charge) {
     if !pointers::insert(kind, h, c) {
         // Cannot happen short of half a million live allocations; the charge stays (never an
         // undercount), returned when the process exits.
@@ -170,7 +170,12 @@ fn record(kind: Kind, h: u64, c: Charge) {
 
 /// Forget `h`, call the real free, return the charge (or retain it in its pool).
 #[inline]
-fn free_and_uncharge(st: &State, kind: Kind, h: u64, free: impl FnOnce() -> CUresult) -> CUresult {
+fn free_and_uncharge(
+    st: &State,
+    kind: Handle,
+    h: u64,
+    free: impl FnOnce() -> CUresult,
+) -> CUresult {
     let Some(c) = pointers::remove(kind, h) else {
         return free();
     };

@@ -36,7 +36,7 @@
 use super::{charge, free_and_uncharge, graph, oom, record, written};
 use crate::admit::DevState;
 use crate::init::State;
-use crate::pointers::{Charge, Kind};
+use crate::pointers::{Charge, Handle};
 use crate::real;
 use core::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
 use gpuslice_abi::pfn;
@@ -299,7 +299,7 @@ unsafe fn alloc_from(
             }
         }
     }
-    record(Kind::Ptr, h, Charge::new(bytes, dev, slot));
+    record(Handle::Ptr, h, Charge::new(bytes, dev, slot));
     r
 }
 
@@ -333,7 +333,7 @@ unsafe fn in_full(
         // SAFETY: a driver's pool handle, live: an allocation was just made from it.
         unsafe { reconcile(dev, slot, p) };
     }
-    record(Kind::Ptr, h, Charge::new(bytes, dev, slot));
+    record(Handle::Ptr, h, Charge::new(bytes, dev, slot));
     r
 }
 
@@ -520,7 +520,7 @@ pub unsafe fn mem_free_async(
     if dptr == 0 {
         return pass();
     }
-    free_and_uncharge(st, Kind::Ptr, dptr, pass)
+    free_and_uncharge(st, Handle::Ptr, dptr, pass)
 }
 
 /// `cuMemPoolTrimTo`: after the trim, return the credit the pool no longer holds.

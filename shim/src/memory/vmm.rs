@@ -3,7 +3,7 @@
 //! (`cuMemMap`, `cuMemUnmap`) take no memory and pass through.
 
 use super::{charge_and_alloc, free_and_uncharge, written};
-use crate::pointers::Kind;
+use crate::pointers::Handle;
 use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 
@@ -33,7 +33,7 @@ pub unsafe fn mem_create(
     // SAFETY: dev is the started state's; handle is non-null (checked above), the program's
     // out-pointer.
     unsafe {
-        charge_and_alloc(dev, Kind::Vmm, size as u64, || {
+        charge_and_alloc(dev, Handle::Vmm, size as u64, || {
             let r = pass();
             (r, written(r, handle).unwrap_or(0))
         })
@@ -47,5 +47,5 @@ pub unsafe fn mem_release(
 ) -> CUresult {
     let st = ready!();
     // SAFETY: the handler contract: `real` with the program's arguments.
-    free_and_uncharge(st, Kind::Vmm, handle, || unsafe { real(handle) })
+    free_and_uncharge(st, Handle::Vmm, handle, || unsafe { real(handle) })
 }
