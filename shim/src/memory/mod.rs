@@ -50,6 +50,7 @@ macro_rules! current {
 mod arrays;
 mod graph;
 mod plain;
+mod pool_objects;
 pub(crate) mod pools;
 mod vmm;
 
@@ -62,10 +63,8 @@ pub use graph::{
     graph_instantiate_with_flags, graph_instantiate_with_params, CAPTURES,
 };
 pub use plain::{mem_alloc, mem_alloc_managed, mem_alloc_pitch, mem_free};
-pub use pools::{
-    mem_alloc_async, mem_alloc_from_pool, mem_free_async, pool_create, pool_destroy, pool_trim_to,
-    reclaim_pools,
-};
+pub use pool_objects::{pool_create, pool_destroy, pool_trim_to};
+pub use pools::{mem_alloc_async, mem_alloc_from_pool, mem_free_async, reclaim_pools};
 pub use vmm::{mem_create, mem_release};
 
 #[inline]
