@@ -21,6 +21,7 @@
 //! hook. `GPUSLICE_DISABLE=1` makes every hook a pass-through.
 
 mod admit;
+mod capture;
 mod compute;
 mod config;
 mod dlsym;

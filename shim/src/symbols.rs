@@ -53,10 +53,10 @@ macro_rules! for_each_symbol {
                 Cuda cuGraphInstantiateWithParams => memory::graph_instantiate_with_params;
                 Cuda cuGraphInstantiateWithParams_ptsz => memory::graph_instantiate_with_params;
                 Cuda cuGraphExecDestroy => memory::graph_exec_destroy;
-                Cuda cuStreamBeginCapture => memory::begin_capture_v1;
-                Cuda cuStreamBeginCapture_ptsz => memory::begin_capture_v1;
-                Cuda cuStreamBeginCapture_v2 => memory::begin_capture;
-                Cuda cuStreamBeginCapture_v2_ptsz => memory::begin_capture;
+                Cuda cuStreamBeginCapture => capture::begin_capture_v1;
+                Cuda cuStreamBeginCapture_ptsz => capture::begin_capture_v1;
+                Cuda cuStreamBeginCapture_v2 => capture::begin_capture;
+                Cuda cuStreamBeginCapture_v2_ptsz => capture::begin_capture;
                 Cuda cuStreamEndCapture => memory::end_capture;
                 Cuda cuStreamEndCapture_ptsz => memory::end_capture;
 

@@ -39,7 +39,7 @@ mod events;
 use events::{Events, Track};
 use gpuslice_ledger::tenants::LedgerTenants;
 
-use crate::memory::CAPTURES;
+use crate::capture::CAPTURES;
 use crate::real;
 
 /// Device ordinals this process can gate (the ledger's device count).

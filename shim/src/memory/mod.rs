@@ -58,9 +58,9 @@ pub use arrays::{
     array3d_create, array_create, array_destroy, mipmapped_create, mipmapped_destroy,
 };
 pub use graph::{
-    begin_capture, begin_capture_v1, end_capture, graph_add_mem_alloc_node, graph_add_node,
-    graph_add_node_v2, graph_destroy, graph_exec_destroy, graph_instantiate,
-    graph_instantiate_with_flags, graph_instantiate_with_params, CAPTURES,
+    end_capture, graph_add_mem_alloc_node, graph_add_node, graph_add_node_v2, graph_destroy,
+    graph_exec_destroy, graph_instantiate, graph_instantiate_with_flags,
+    graph_instantiate_with_params,
 };
 pub use plain::{mem_alloc, mem_alloc_managed, mem_alloc_pitch, mem_free};
 pub use pool_objects::{pool_create, pool_destroy, pool_trim_to};
