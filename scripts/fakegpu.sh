@@ -5,7 +5,7 @@
 #
 #   export LD_LIBRARY_PATH="$(scripts/fakegpu.sh | tail -n1)"
 #
-# Honours CARGO_TARGET_DIR. Build output goes to stderr.
+# Honours CARGO_TARGET_DIR. Build output goes to stderr (CARGO_TERM_QUIET=true silences it).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

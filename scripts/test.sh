@@ -11,7 +11,18 @@
 # Steps 3 and 4 both run even if one fails; the exit status is non-zero if anything failed.
 # Each step has a time limit (GPUSLICE_TEST_TIMEOUT seconds, default 1200), so a hung test fails
 # the run instead of stalling CI. Extra arguments go to pytest (e.g. `scripts/test.sh -k numba`).
+#
+# `scripts/test.sh --no-frameworks` (first argument) leaves out the GPU frameworks: nothing is
+# downloaded into the framework cache (about 18 GB the first time) and tests/python/
+# test_frameworks_*.py are not run, which the run says at its end. The full run (no flag) is
+# the default and what CI runs.
 set -euo pipefail
+
+frameworks=1
+if [ "${1:-}" = "--no-frameworks" ]; then
+    frameworks=0
+    shift
+fi
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -33,10 +44,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
     echo "$sum" >"$stamp"
 fi
 
-step "GPU framework venvs (scripts/framework-venvs.sh)"
-fw_start=$(date +%s)
-bash scripts/framework-venvs.sh </dev/null
-echo "frameworks ready in $(( $(date +%s) - fw_start )) s" >&2
+pytest_args=()
+if [ "$frameworks" = 1 ]; then
+    step "GPU framework venvs (scripts/framework-venvs.sh)"
+    fw_start=$(date +%s)
+    bash scripts/framework-venvs.sh </dev/null
+    echo "frameworks ready in $(( $(date +%s) - fw_start )) s" >&2
+else
+    step "GPU framework venvs: skipped (--no-frameworks)"
+    pytest_args+=(--ignore-glob='tests/python/test_frameworks_*.py')
+fi
 
 step "cargo build --workspace"
 cargo build --workspace
@@ -47,11 +64,11 @@ export FAKEGPU_LIB_DIR
 export GPUSLICE_PROFILE_DIR="$CARGO_TARGET_DIR/debug"
 
 # Root-only tests (node mode: a root monitor, other users) fail when not root unless told to
-# skip; skipped ones are listed in $not_run and reported below as not run, never as passed.
-not_run="$CARGO_TARGET_DIR/tests-not-run"
-: >"$not_run"
+# skip; skipped ones are listed in $root_not_run and reported below as not run, never as passed.
+root_not_run="$CARGO_TARGET_DIR/tests-not-run"
+: >"$root_not_run"
 if [ "$(id -u)" != 0 ]; then
-    export GPUSLICE_ROOT_TESTS=skip GPUSLICE_NOT_RUN_FILE="$not_run"
+    export GPUSLICE_ROOT_TESTS=skip GPUSLICE_NOT_RUN_FILE="$root_not_run"
 fi
 
 failed=()
@@ -60,18 +77,21 @@ step "cargo test --workspace --no-fail-fast"
 timeout -k 10 "$limit" cargo test --workspace --no-fail-fast || failed+=("cargo test")
 
 step "pytest tests/python"
-timeout -k 10 "$limit" "$venv/bin/python" -m pytest tests/python "$@" </dev/null || failed+=("pytest")
+timeout -k 10 "$limit" "$venv/bin/python" -m pytest tests/python ${pytest_args[@]+"${pytest_args[@]}"} "$@" </dev/null ||
+    failed+=("pytest")
+not_run=""
+if [ "$frameworks" = 0 ]; then
+    not_run=" (NOT RUN: the GPU framework tests, tests/python/test_frameworks_*.py: --no-frameworks)"
+fi
 
-if [ -s "$not_run" ]; then
-    step "NOT RUN: $(sort -u "$not_run" | wc -l) root-only tests (run as root to run them):"
-    sort -u "$not_run" >&2
+if [ -s "$root_not_run" ]; then
+    n=$(sort -u "$root_not_run" | wc -l)
+    step "NOT RUN: $n root-only tests (run as root to run them):"
+    sort -u "$root_not_run" >&2
+    not_run="$not_run (NOT RUN: $n root-only tests, listed above)"
 fi
 if [ ${#failed[@]} -gt 0 ]; then
-    step "FAILED: ${failed[*]}"
+    step "FAILED: ${failed[*]}$not_run"
     exit 1
 fi
-if [ -s "$not_run" ]; then
-    step "all tests that ran passed; the root-only tests above did not run"
-else
-    step "all tests passed"
-fi
+step "all tests passed$not_run"

@@ -70,5 +70,7 @@ pub use file::{own_start_time, start_time_of, LOCK_TIMEOUT};
 pub use layout::{MAX_DEVICES, MAX_PROCS, MAX_SLICES, PPM};
 pub use ledger::{Joined, Ledger, LockGuard, OperatorSlice, ProcHandle, SliceRequest};
 pub use reslice::SliceChange;
-pub use snapshot::{DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, SliceInfo, Snapshot};
+pub use snapshot::{
+    DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, RemovedSlice, SliceInfo, Snapshot,
+};
 pub use view::innermost_pid_of;

@@ -88,6 +88,12 @@ pub struct ProcInfo {
     pub pid: u32,
     /// Start time (clock ticks since boot) of that pid.
     pub start_time: u64,
+    /// Inode of its PID namespace (0 if unknown): whether `pid` means the same process to a
+    /// reader in its own namespace.
+    pub pid_ns: u64,
+    /// Node mode: its pid in the monitor's (the host's) PID namespace, which `start_time` is
+    /// of. Personal mode: its own pid.
+    pub host_pid: u32,
     /// Slice name it asked for (empty: private).
     pub slice: String,
     /// Whether it still runs (its liveness lock is held).
@@ -116,10 +122,19 @@ pub struct Reaped {
     pub processes: Vec<ReapedProc>,
     /// Bytes returned to slices and best-effort pools.
     pub bytes_returned: u64,
-    /// Slices removed because they became empty.
-    pub slices_removed: Vec<String>,
+    /// Slices removed because they became empty (a slice on several devices: one each).
+    pub slices_removed: Vec<RemovedSlice>,
     /// Records that made no sense (scribbled indices), skipped, one line each.
     pub problems: Vec<String>,
+}
+
+/// A slice record removed because its last process left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemovedSlice {
+    /// Its name.
+    pub name: String,
+    /// The UUID of its device.
+    pub device_uuid: String,
 }
 
 /// One reaped process.

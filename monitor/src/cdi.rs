@@ -21,26 +21,11 @@ use std::path::PathBuf;
 use crate::cli::{self, Failure};
 use crate::run::{self, Limits};
 
-const USAGE: &str = "gpuslice cdi --slice NAME [--memory Q] [--compute F] [--compute-cap F] \
-                     [--secret-file PATH] [--kind VENDOR/CLASS] [--library PATH] [--output FILE]";
+const USAGE: &cli::Command = &crate::commands::CDI;
 
 // The spec builder, its constants and the atomic write live in `gpuslice_ledger::cdi`, shared
 // with gpuslice-dra.
 use gpuslice_ledger::cdi::{write_atomically, DEFAULT_KIND};
-
-const HELP: &str = "\
-Writes a Container Device Interface spec for one slice (stdout, or FILE; put it in /etc/cdi/).
-  --slice NAME          the slice, and the CDI device name (letters, digits, _ - . :)
-  --memory Q            VRAM quota (GPUSLICE_MEMORY), as for `gpuslice run`
-  --compute F           guaranteed compute share (GPUSLICE_COMPUTE)
-  --compute-cap F       compute ceiling (GPUSLICE_COMPUTE_CAP)
-  --secret-file PATH    the slice's join secret (GPUSLICE_SLICE_SECRET; `slice create
-                        --secret-file`); the spec is then written mode 0600
-  --kind VENDOR/CLASS   the CDI kind (default gpuslice.dev/slice)
-  --library PATH        the host's libgpuslice.so (default: found as `gpuslice run` finds it)
-  --output FILE         write FILE (atomically) instead of stdout
-The host's ledger directory ($GPUSLICE_RUNTIME_DIR, default /dev/shm/gpuslice) is mounted at
-/run/gpuslice. Use: --device nvidia.com/gpu=0 --device gpuslice.dev/slice=NAME";
 
 /// Entry point of `gpuslice cdi`; returns the exit status.
 pub fn main(args: Vec<OsString>) -> i32 {
@@ -50,13 +35,24 @@ pub fn main(args: Vec<OsString>) -> i32 {
     }
 }
 
-fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
+/// What `gpuslice cdi`'s command line asks for, checked.
+pub(crate) struct Request {
+    limits: Limits,
+    slice: String,
+    kind: String,
+    library: Option<PathBuf>,
+    output: Option<PathBuf>,
+    secret_file: Option<PathBuf>,
+}
+
+/// Parse `gpuslice cdi`'s arguments (no side effects; `--help` is [`Failure::Helped`]).
+pub(crate) fn parse(args: Vec<OsString>) -> Result<Request, Failure> {
     let mut limits = Limits::default();
     let mut kind: Option<String> = None;
     let mut library: Option<PathBuf> = None;
     let mut output: Option<PathBuf> = None;
     let mut secret_file: Option<PathBuf> = None;
-    let mut args = cli::Args::new(args, USAGE).with_help(HELP);
+    let mut args = cli::Args::new(args, USAGE);
     while let Some(arg) = args.next()? {
         match arg {
             lexopt::Arg::Long(name) if Limits::FLAGS.contains(&name) => {
@@ -90,7 +86,20 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
     };
     check_device_name(&slice)
         .map_err(|e| Failure::usage(format!("--slice {slice:?}: {e}"), USAGE))?;
-    let library = match library {
+    Ok(Request {
+        limits,
+        slice,
+        kind,
+        library,
+        output,
+        secret_file,
+    })
+}
+
+fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
+    let r = parse(args)?;
+    let (limits, slice, kind, output) = (r.limits, r.slice, r.kind, r.output);
+    let library = match r.library {
         Some(p) if p.is_file() => p.canonicalize().unwrap_or(p),
         Some(p) => {
             return Err(Failure::usage(
@@ -117,7 +126,8 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
             runtime_dir.display()
         );
     }
-    let secret = secret_file
+    let secret = r
+        .secret_file
         .map(|p| gpuslice_ledger::secret::Secret::read_file(&p))
         .transpose()?;
     let mut spec = spec(

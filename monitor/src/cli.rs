@@ -1,6 +1,7 @@
 //! What every subcommand shares: the exit statuses of the contract, the error type that carries
 //! them, and the runtime directory.
 
+pub use crate::commands::Command;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,8 +21,8 @@ pub enum Failure {
     Usage {
         /// What was wrong, naming the flag and the value.
         msg: String,
-        /// The subcommand's `usage: ...` line.
-        usage: &'static str,
+        /// The subcommand, whose usage line follows the message.
+        usage: &'static Command,
     },
     /// Exit 1: the message names what failed.
     Other(String),
@@ -29,7 +30,7 @@ pub enum Failure {
 
 impl Failure {
     /// A usage error for a subcommand.
-    pub fn usage(msg: impl Into<String>, usage: &'static str) -> Failure {
+    pub fn usage(msg: impl Into<String>, usage: &'static Command) -> Failure {
         Failure::Usage {
             msg: msg.into(),
             usage,
@@ -49,7 +50,11 @@ impl Failure {
         match self {
             Failure::Helped => 0,
             Failure::Usage { msg, usage } => {
-                eprintln!("gpuslice: {msg}\nusage: {usage}");
+                eprintln!(
+                    "gpuslice: {msg}\n{}\n(`gpuslice {} --help` says more)",
+                    usage.usage(),
+                    usage.name
+                );
                 EXIT_USAGE
             }
             Failure::Other(msg) => {
@@ -79,6 +84,11 @@ pub fn exit_status(result: Result<(), Failure>) -> i32 {
 /// one, naming stdout, where `println!` would panic.
 pub fn write_line(args: std::fmt::Arguments<'_>) -> Result<(), Failure> {
     use std::io::Write;
+    // Unit tests print through the harness, which keeps a passing test's output to itself.
+    if cfg!(test) {
+        println!("{args}");
+        return Ok(());
+    }
     let mut out = std::io::stdout().lock();
     match out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
@@ -101,46 +111,49 @@ pub fn parser(args: Vec<OsString>) -> lexopt::Parser {
     lexopt::Parser::from_args(args)
 }
 
-/// A subcommand's arguments, `--help` answered: the one place every subcommand's usage is
-/// printed for `--help`/`-h` and bad usage is tied to its usage line.
+/// A subcommand's arguments, `--help` answered and flags checked against the subcommand's
+/// definition ([`crate::commands`]): the one place `--help`/`-h` is answered, a flag the
+/// definition does not name is refused, and bad usage is tied to the usage line.
 pub struct Args {
     /// The arguments; [`Args::value`] reads a flag's value.
     pub parser: lexopt::Parser,
-    /// The subcommand's `usage: ...` line.
-    pub usage: &'static str,
-    help: Option<&'static str>,
+    /// The subcommand.
+    pub usage: &'static Command,
 }
 
 impl Args {
-    /// The arguments of the subcommand whose usage line is `usage`.
-    pub fn new(args: Vec<OsString>, usage: &'static str) -> Args {
+    /// The arguments of subcommand `usage`.
+    pub fn new(args: Vec<OsString>, usage: &'static Command) -> Args {
         Args {
             parser: parser(args),
             usage,
-            help: None,
         }
     }
 
-    /// With `help` printed after the usage line for `--help`.
-    pub fn with_help(self, help: &'static str) -> Args {
-        Args {
-            help: Some(help),
-            ..self
-        }
-    }
-
-    /// The next argument, `None` at the end. `--help`/`-h` prints the usage (and the help) on
-    /// stdout and ends the subcommand: [`Failure::Helped`], exit 0.
+    /// The next argument, `None` at the end. `--help`/`-h` prints the subcommand's help on
+    /// stdout and ends the subcommand: [`Failure::Helped`], exit 0. A flag its definition does
+    /// not name is bad usage.
     pub fn next(&mut self) -> Result<Option<lexopt::Arg<'_>>, Failure> {
         let arg = self.parser.next().map_err(lex(self.usage))?;
-        if arg.as_ref().is_some_and(is_help) {
-            match self.help {
-                Some(help) => outln!("usage: {}\n\n{help}", self.usage)?,
-                None => outln!("usage: {}", self.usage)?,
+        match &arg {
+            Some(a) if is_help(a) => {
+                outln!("{}", self.usage.help())?;
+                Err(Failure::Helped)
             }
-            return Err(Failure::Helped);
+            Some(a @ (lexopt::Arg::Long(_) | lexopt::Arg::Short(_)))
+                if self.usage.flag(a).is_none() =>
+            {
+                Err(Failure::usage(
+                    format!(
+                        "{} is not a flag of `gpuslice {}`",
+                        flag_text(a),
+                        self.usage.name
+                    ),
+                    self.usage,
+                ))
+            }
+            _ => Ok(arg),
         }
-        Ok(arg)
     }
 
     /// The value of the flag just read.
@@ -155,8 +168,17 @@ impl Args {
     }
 }
 
+/// `--name` or `-c`, as typed.
+fn flag_text(a: &lexopt::Arg<'_>) -> String {
+    match a {
+        lexopt::Arg::Long(n) => format!("--{n}"),
+        lexopt::Arg::Short(c) => format!("-{c}"),
+        lexopt::Arg::Value(v) => v.to_string_lossy().into_owned(),
+    }
+}
+
 /// The arguments of a subcommand whose one option is `--json`: whether it was given.
-pub fn json_flag(args: Vec<OsString>, usage: &'static str) -> Result<bool, Failure> {
+pub fn json_flag(args: Vec<OsString>, usage: &'static Command) -> Result<bool, Failure> {
     let mut json = false;
     let mut args = Args::new(args, usage);
     while let Some(arg) = args.next()? {
@@ -169,12 +191,12 @@ pub fn json_flag(args: Vec<OsString>, usage: &'static str) -> Result<bool, Failu
 }
 
 /// Map a lexopt error (unknown flag, missing value, bad encoding) to a usage failure.
-pub fn lex(usage: &'static str) -> impl Fn(lexopt::Error) -> Failure {
+pub fn lex(usage: &'static Command) -> impl Fn(lexopt::Error) -> Failure {
     move |e| Failure::usage(e.to_string(), usage)
 }
 
 /// A flag's value as UTF-8, or a usage failure naming the flag.
-pub fn utf8(v: OsString, flag: &str, usage: &'static str) -> Result<String, Failure> {
+pub fn utf8(v: OsString, flag: &str, usage: &'static Command) -> Result<String, Failure> {
     v.into_string()
         .map_err(|v| Failure::usage(format!("{flag}: {v:?} is not valid UTF-8"), usage))
 }
@@ -186,7 +208,7 @@ pub fn once<T>(
     slot: &mut Option<T>,
     flag: &str,
     value: T,
-    usage: &'static str,
+    usage: &'static Command,
 ) -> Result<(), Failure> {
     if slot.is_some() {
         return Err(Failure::usage(
@@ -205,7 +227,7 @@ pub fn millis(
     flag: &str,
     value: &str,
     range: std::ops::RangeInclusive<u64>,
-    usage: &'static str,
+    usage: &'static Command,
 ) -> Result<(), Failure> {
     match value.parse::<u64>() {
         Ok(ms) if range.contains(&ms) => {
@@ -225,7 +247,7 @@ pub fn millis(
 /// Check the form of a `--device` value: a device index (`0`, `1`, ... as NVML numbers
 /// devices) or a device UUID (`GPU-...`, `MIG-...`). Whether such a device exists is decided
 /// later, against the node (exit 1); a value of the wrong form (`-1`, empty) is bad usage.
-pub fn check_device(flag: &str, value: &str, usage: &'static str) -> Result<(), Failure> {
+pub fn check_device(flag: &str, value: &str, usage: &'static Command) -> Result<(), Failure> {
     let index = !value.is_empty() && value.len() <= 3 && value.bytes().all(|b| b.is_ascii_digit());
     let uuid = (value.starts_with("GPU-") || value.starts_with("MIG-"))
         && value.len() > 4
@@ -295,36 +317,53 @@ pub fn test_args(a: &[&str]) -> Vec<OsString> {
 mod tests {
     use super::test_args as args;
     use super::*;
+    use crate::commands::{STATUS, TOP};
 
     #[test]
     fn help_ends_the_subcommand_in_order_with_exit_0() {
         for help in ["--help", "-h"] {
-            let mut a = Args::new(args(&["--json", help, "--bogus"]), "gpuslice x");
+            let mut a = Args::new(args(&["--json", help, "--bogus"]), &STATUS);
             assert!(matches!(a.next(), Ok(Some(lexopt::Arg::Long("json")))));
             let f = a.next().unwrap_err();
             assert!(matches!(f, Failure::Helped), "{f:?}");
             assert_eq!(f.report(), 0);
         }
         // What comes before `--help` is read first: a bad flag there is bad usage.
-        match json_flag(args(&["--bogus", "--help"]), "gpuslice x") {
+        match json_flag(args(&["--bogus", "--help"]), &STATUS) {
             Err(Failure::Usage { msg, .. }) => assert!(msg.contains("--bogus"), "{msg}"),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            json_flag(args(&["--help"]), "u"),
+            json_flag(args(&["--help"]), &STATUS),
             Err(Failure::Helped)
         ));
-        assert!(json_flag(args(&["--json"]), "u").unwrap());
-        assert!(!json_flag(args(&[]), "u").unwrap());
+        assert!(json_flag(args(&["--json"]), &STATUS).unwrap());
+        assert!(!json_flag(args(&[]), &STATUS).unwrap());
     }
 
     #[test]
     fn a_value_names_its_flag_and_the_usage() {
-        let mut a = Args::new(args(&["--interval"]), "gpuslice top");
+        let mut a = Args::new(args(&["--interval"]), &TOP);
         assert!(a.next().unwrap().is_some());
         match a.utf8("--interval") {
-            Err(Failure::Usage { usage, .. }) => assert_eq!(usage, "gpuslice top"),
+            Err(Failure::Usage { usage, .. }) => assert_eq!(usage.name, "top"),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_flag_the_definition_does_not_name_is_bad_usage() {
+        for bad in ["--yaml", "-x", "--interval"] {
+            match json_flag(args(&[bad]), &STATUS) {
+                Err(Failure::Usage { msg, usage }) => {
+                    assert!(
+                        msg.contains(bad) && msg.contains("gpuslice status"),
+                        "{msg}"
+                    );
+                    assert_eq!(usage.name, "status");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
         }
     }
 }

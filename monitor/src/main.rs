@@ -13,13 +13,15 @@
 //!   time for device names, NVML indices and the memory audit.
 //! - [`turns`]: node mode's compute turns, granted by the monitor (a thread of the daemon).
 //! - [`run`] and [`cdi`]: `gpuslice run` and `gpuslice cdi` (wrapping a program, containers).
-//! - [`cli`]: what every subcommand shares: exit statuses, usage errors, the runtime directory.
+//! - [`cli`]: what every subcommand shares: exit statuses, usage errors, the runtime directory;
+//!   [`commands`]: every subcommand and flag, defined once (help, usage lines, accepted flags).
 //!
 //! Exit status (contract): 0 on success, 2 on bad usage (with a usage line), 1 on other errors.
 
 mod admission;
 mod cdi;
 mod cli;
+mod commands;
 mod compute;
 mod daemon;
 #[cfg(test)]
@@ -39,29 +41,10 @@ mod view;
 
 use std::ffi::OsString;
 
-const USAGE: &str = "\
-usage: gpuslice <command> [options]
-
-commands:
-  run [--memory Q] [--compute F] [--compute-cap F] [--slice NAME] -- CMD ARGS...
-                      run a program under gpuslice
-  monitor [--metrics-listen ADDR] [--interval MS]
-                      run the node monitor in the foreground
-  status [--json]     devices, slices and processes on this node
-  top [--interval MS] the same, refreshed live (q quits)
-  slice create NAME --memory Q [--compute F] [--compute-cap F] [--device I|UUID]
-  slice rm NAME
-  slice ls [--json]   operator-defined slices
-  metrics             Prometheus text, once, on stdout
-  cdi ...             a Container Device Interface spec
-  version             the version of this build
-
-The ledger lives in $GPUSLICE_RUNTIME_DIR (default /dev/shm/gpuslice).";
-
 fn main() {
     let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
     if args.is_empty() {
-        eprintln!("gpuslice: missing command\n{USAGE}");
+        eprintln!("gpuslice: missing command\n{}", commands::overview());
         std::process::exit(cli::EXIT_USAGE);
     }
     let cmd = args.remove(0);
@@ -73,17 +56,23 @@ fn main() {
         Some("top") => top::main(args),
         Some("slice") => slice::main(args),
         Some("metrics") => metrics::main(args),
-        Some("version" | "--version" | "-V") if args.is_empty() => {
-            cli::exit_status(cli::outln!("gpuslice {}", env!("CARGO_PKG_VERSION")))
-        }
-        Some("version" | "--version" | "-V") => cli::Failure::usage(
-            format!("version takes no arguments, got {:?}", args[0]),
-            "gpuslice version",
-        )
-        .report(),
-        Some("help" | "--help" | "-h") => cli::exit_status(cli::outln!("{USAGE}")),
+        Some("version" | "--version" | "-V") => cli::exit_status((|| {
+            // `--help` is answered, any other argument is bad usage.
+            if let Some(arg) = cli::Args::new(args, &commands::VERSION).next()? {
+                return Err(cli::Failure::usage(
+                    format!("version takes no arguments: {}", arg.unexpected()),
+                    &commands::VERSION,
+                ));
+            }
+            cli::outln!("gpuslice {}", env!("CARGO_PKG_VERSION"))
+        })()),
+        Some("help" | "--help" | "-h") => cli::exit_status(cli::outln!("{}", commands::overview())),
         _ => {
-            eprintln!("gpuslice: unknown command {:?}\n{USAGE}", cmd);
+            eprintln!(
+                "gpuslice: unknown command {:?}\n{}",
+                cmd,
+                commands::overview()
+            );
             cli::EXIT_USAGE
         }
     };

@@ -4,7 +4,7 @@
 use crate::cli::{self, Failure};
 use std::ffi::OsString;
 
-const USAGE: &str = "gpuslice metrics";
+const USAGE: &cli::Command = &crate::commands::METRICS;
 
 /// Entry point of `gpuslice metrics`.
 pub fn main(args: Vec<OsString>) -> i32 {

@@ -8,7 +8,7 @@ use crate::cli::Failure;
 use crate::nvml::Gpu;
 use crate::view::{DeviceView, NodeView, ProcessView, SliceView};
 use gpuslice_ledger::secret::Secret;
-use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, PPM};
+use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, ProcInfo, Snapshot, PPM};
 use gpuslice_protocol::{self as protocol, Message};
 use gpuslice_quantity::Size;
 use std::collections::HashMap;
@@ -183,19 +183,17 @@ impl Node {
         for p in &r.problems {
             lines.push(format!("skipped a bad ledger record: {p}"));
         }
-        if !r.slices_removed.is_empty() {
-            lines.push(format!(
-                "removed emptied slices: {}",
-                r.slices_removed.join(", ")
-            ));
-        }
+        lines.extend(removed_lines(&r.slices_removed));
         Ok((r.processes.len() as u64, lines))
     }
 
     /// The node as every view shows it. Device indices are NVML's where NVML is available
     /// (what `nvidia-smi` shows), else the ledger's.
     pub fn snapshot(&self) -> NodeView {
-        let s = self.ledger.snapshot();
+        let mut s = self.ledger.snapshot();
+        let node_mode = self.ledger.is_node();
+        let own_ns = gpuslice_ledger::view::own_pid_identity().0;
+        as_reaped(&mut s, &|p| exited(p, node_mode, own_ns));
         let nvml = crate::nvml::indices();
         let index = |uuid: &str, ledger_index: usize| {
             nvml.get(uuid).copied().unwrap_or(ledger_index as u32)
@@ -448,10 +446,101 @@ impl Node {
     }
 }
 
+/// One log line per emptied slice, naming it once with its devices (a slice is a record per
+/// device: a process's slice on 8 GPUs is 8 records): `removed emptied slice "pid-7" (GPU 0,
+/// 1)`. Devices by NVML's index where NVML knows them, else by UUID.
+fn removed_lines(removed: &[gpuslice_ledger::RemovedSlice]) -> Vec<String> {
+    let nvml = crate::nvml::indices();
+    let mut names: Vec<(&str, Vec<String>)> = Vec::new();
+    for r in removed {
+        let device = nvml
+            .get(r.device_uuid.as_str())
+            .map_or_else(|| r.device_uuid.clone(), u32::to_string);
+        match names.iter_mut().find(|(n, _)| *n == r.name) {
+            Some((_, devices)) => devices.push(device),
+            None => names.push((&r.name, vec![device])),
+        }
+    }
+    names
+        .into_iter()
+        .map(|(name, devices)| {
+            format!(
+                "removed emptied slice {name:?} (GPU {})",
+                devices.join(", ")
+            )
+        })
+        .collect()
+}
+
+/// Whether process `p` has exited, checked now rather than at the reaper's last tick: the
+/// ledger says so (personal mode: its liveness lock is gone), or its pid no longer runs with
+/// its start time. Node mode keeps a record active until the monitor reaps it; there the pid
+/// to look at is the host's (the monitor runs in the host's PID namespace), so only root in
+/// that namespace looks (it sees every user's processes, whatever `/proc`'s `hidepid`). In
+/// personal mode it is the pid in the process's namespace, when that is ours. A pid whose
+/// `/proc` entry exists but cannot be read is not taken for gone. Otherwise the process is as
+/// the ledger says.
+fn exited(p: &ProcInfo, node_mode: bool, own_ns: u64) -> bool {
+    if !p.alive {
+        return true;
+    }
+    let pid = if node_mode {
+        (own_ns == gpuslice_ledger::view::INITIAL_PID_NS && gpuslice_ledger::dir::euid() == 0)
+            .then_some(p.host_pid)
+    } else {
+        (p.pid_ns != 0 && p.pid_ns == own_ns).then_some(p.pid)
+    };
+    let Some(pid) = pid.filter(|&pid| pid != 0) else {
+        return false;
+    };
+    match gpuslice_ledger::start_time_of(&pid.to_string()) {
+        0 => !Path::new(&format!("/proc/{pid}")).exists(),
+        start => start != p.start_time,
+    }
+}
+
+/// The node as the reaper will leave it: processes that have `exited` are gone at once, what
+/// they held is returned to their slices and devices, and a process's slice with no process
+/// left goes too, with what it reserved. The views show this, so a program that exits is never
+/// listed after it (`status` right after `gpuslice run` returns).
+fn as_reaped(s: &mut Snapshot, exited: &dyn Fn(&ProcInfo) -> bool) {
+    let (gone, kept): (Vec<ProcInfo>, Vec<ProcInfo>) =
+        s.processes.drain(..).partition(|p| exited(p));
+    s.processes = kept;
+    for pd in gone.iter().flat_map(|p| &p.devices) {
+        if let Some(sl) = s.slices.iter_mut().find(|sl| sl.index == pd.slice) {
+            sl.memory_used = sl.memory_used.saturating_sub(pd.charged);
+        }
+        if let Some(d) = s.devices.iter_mut().find(|d| d.index == pd.device) {
+            d.memory_used = d.memory_used.saturating_sub(pd.charged);
+        }
+    }
+    // A slice is emptied when a process left it and none is left (an operator's slice stays);
+    // what it reserved on its device is free again.
+    let gone_pids: Vec<u32> = gone.iter().map(|p| p.pid).collect();
+    let mut kept = Vec::with_capacity(s.slices.len());
+    for mut sl in s.slices.drain(..) {
+        let before = sl.pids.len();
+        sl.pids.retain(|p| !gone_pids.contains(p));
+        if sl.operator_defined || sl.pids.len() == before || !sl.pids.is_empty() {
+            kept.push(sl);
+            continue;
+        }
+        if let Some(d) = s.devices.iter_mut().find(|d| d.index == sl.device) {
+            d.memory_reserved = d
+                .memory_reserved
+                .saturating_sub(sl.memory_limit.unwrap_or(0));
+            d.memory_used = d.memory_used.saturating_sub(sl.memory_used);
+            d.compute_reserved_ppm = d.compute_reserved_ppm.saturating_sub(sl.compute_share_ppm);
+        }
+    }
+    s.slices = kept;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuslice_ledger::SliceRequest;
+    use gpuslice_ledger::{SliceInfo, SliceRequest};
 
     const GI: u64 = 1 << 30;
 
@@ -543,5 +632,109 @@ mod tests {
         assert_eq!(node.remove_slice("op").unwrap(), 1);
         assert!(node.snapshot().slices.is_empty());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn proc_(pid: u32, alive: bool, slice: usize, device: usize, charged: u64) -> ProcInfo {
+        ProcInfo {
+            slot: pid as usize,
+            pid,
+            start_time: 1,
+            pid_ns: 0,
+            host_pid: pid,
+            slice: String::new(),
+            alive,
+            memory_used: charged,
+            devices: vec![gpuslice_ledger::ProcDeviceInfo {
+                device,
+                slice,
+                charged,
+            }],
+        }
+    }
+
+    fn slice_(index: usize, name: &str, operator: bool, pids: Vec<u32>, used: u64) -> SliceInfo {
+        SliceInfo {
+            index,
+            name: name.into(),
+            device: 0,
+            device_uuid: "GPU-0".into(),
+            operator_defined: operator,
+            private: false,
+            memory_limit: Some(4 * GI),
+            memory_used: used,
+            compute_share_ppm: 250_000,
+            compute_cap_ppm: PPM,
+            attached: pids.len() as u32,
+            pids,
+            alloc_total: 0,
+            alloc_denied_total: 0,
+            claim: None,
+            priority: 0,
+            over_quota: false,
+            audit_observed: 0,
+            violations_total: 0,
+        }
+    }
+
+    #[test]
+    fn an_exited_process_is_gone_from_the_view_with_what_it_held_and_its_emptied_slice() {
+        let mut s = Snapshot::default();
+        s.devices.push(gpuslice_ledger::DeviceInfo {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "Test".into(),
+            memory_total: 16 * GI,
+            memory_reserved: 12 * GI,
+            memory_used: 4 * GI,
+            best_effort_used: 0,
+            compute_reserved_ppm: 750_000,
+        });
+        // "done": its one process exited. "op": an operator's, one of two processes exited.
+        // "busy": its process runs.
+        s.slices = vec![
+            slice_(0, "done", false, vec![10], GI),
+            slice_(1, "op", true, vec![20, 21], 2 * GI),
+            slice_(2, "busy", false, vec![30], GI),
+        ];
+        s.processes = vec![
+            proc_(10, false, 0, 0, GI),
+            proc_(20, true, 1, 0, GI),
+            proc_(21, false, 1, 0, GI),
+            proc_(30, true, 2, 0, GI),
+        ];
+        as_reaped(&mut s, &|p| !p.alive);
+        let pids: Vec<u32> = s.processes.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, [20, 30]);
+        let slices: Vec<(&str, &[u32], u64)> = s
+            .slices
+            .iter()
+            .map(|sl| (sl.name.as_str(), sl.pids.as_slice(), sl.memory_used))
+            .collect();
+        assert_eq!(slices, [("op", &[20][..], GI), ("busy", &[30][..], GI)]);
+        let d = &s.devices[0];
+        assert_eq!(
+            (d.memory_used, d.memory_reserved, d.compute_reserved_ppm),
+            (2 * GI, 8 * GI, 500_000)
+        );
+    }
+
+    #[test]
+    fn the_log_names_each_emptied_slice_once_with_its_devices() {
+        let r = |name: &str, dev: &str| gpuslice_ledger::RemovedSlice {
+            name: name.into(),
+            device_uuid: dev.into(),
+        };
+        let lines = removed_lines(&[
+            r("pid-7", "GPU-a"),
+            r("pid-7", "GPU-b"),
+            r("run-1", "GPU-a"),
+        ]);
+        assert_eq!(
+            lines,
+            [
+                "removed emptied slice \"pid-7\" (GPU GPU-a, GPU-b)",
+                "removed emptied slice \"run-1\" (GPU GPU-a)"
+            ]
+        );
     }
 }

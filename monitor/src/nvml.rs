@@ -5,15 +5,39 @@
 
 pub use gpuslice_nvml::{Gpu, Nvml};
 
-/// NVML's index of each device UUID, loaded once per process (empty without NVML): how views
-/// number devices the way `nvidia-smi` does.
-pub fn indices() -> &'static std::collections::HashMap<String, u32> {
-    static MAP: std::sync::OnceLock<std::collections::HashMap<String, u32>> =
-        std::sync::OnceLock::new();
-    MAP.get_or_init(|| {
-        Nvml::load()
-            .and_then(|n| n.devices())
-            .map(|ds| ds.into_iter().map(|d| (d.uuid, d.index)).collect())
-            .unwrap_or_default()
-    })
+use crate::view::{DeviceView, NodeView};
+
+/// The devices NVML lists, read once per process (empty without NVML).
+pub fn devices() -> &'static [Gpu] {
+    static DEVICES: std::sync::OnceLock<Vec<Gpu>> = std::sync::OnceLock::new();
+    DEVICES.get_or_init(|| Nvml::load().and_then(|n| n.devices()).unwrap_or_default())
+}
+
+/// NVML's index of each device UUID (empty without NVML): how views number devices the way
+/// `nvidia-smi` does.
+pub fn indices() -> std::collections::HashMap<&'static str, u32> {
+    devices()
+        .iter()
+        .map(|d| (d.uuid.as_str(), d.index))
+        .collect()
+}
+
+/// Add to `view` the devices NVML lists that the ledger does not know yet (no monitor has
+/// registered them and no process has used them): a node's GPUs are shown from the start,
+/// nothing reserved or used on them. Devices end up in NVML's order.
+pub fn add_unregistered(view: &mut NodeView) {
+    for d in devices() {
+        if view.device(&d.uuid).is_none() {
+            view.devices.push(DeviceView {
+                uuid: d.uuid.clone(),
+                index: d.index,
+                name: d.name.clone(),
+                memory_total: d.memory_total,
+                memory_reserved: 0,
+                memory_used: 0,
+                compute_reserved: 0.0,
+            });
+        }
+    }
+    view.devices.sort_by_key(|d| d.index);
 }

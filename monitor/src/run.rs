@@ -31,9 +31,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::cli::{self, Failure};
 
-const USAGE: &str =
-    "gpuslice run [--memory Q] [--compute F] [--compute-cap F] [--priority P] [--slice NAME] \
-                     [--] CMD ARGS...";
+const USAGE: &cli::Command = &crate::commands::RUN;
 
 /// File name of the shim, as built by cargo and as installed.
 pub const LIBRARY_NAME: &str = "libgpuslice.so";
@@ -116,7 +114,7 @@ impl Limits {
 
     /// Checks that need more than one flag: a cap below the share it caps (the ledger's rule,
     /// the one the shim applies to the variables).
-    pub fn check(&self, usage: &'static str) -> Result<(), Failure> {
+    pub fn check(&self, usage: &'static cli::Command) -> Result<(), Failure> {
         use gpuslice_quantity::{
             check_cap_not_below_share, parse_cap_per_device, parse_fraction_per_device,
             ComputeSetting,
@@ -172,9 +170,11 @@ fn check_value(flag: &str, value: &str) -> Result<(), String> {
     .map_err(|e| e.to_string())
 }
 
-fn run(args: Vec<OsString>) -> Result<i32, Failure> {
+/// Parse `gpuslice run`'s arguments: the limits and the program's command line (no side
+/// effects; `--help` is [`Failure::Helped`]).
+pub(crate) fn parse(args: Vec<OsString>) -> Result<(Limits, Vec<OsString>), Failure> {
     let mut limits = Limits::default();
-    let mut args = cli::Args::new(args, USAGE).with_help(HELP);
+    let mut args = cli::Args::new(args, USAGE);
     let mut command: Vec<OsString> = Vec::new();
     while let Some(arg) = args.next()? {
         match arg {
@@ -199,6 +199,11 @@ fn run(args: Vec<OsString>) -> Result<i32, Failure> {
             USAGE,
         ));
     }
+    Ok((limits, command))
+}
+
+fn run(args: Vec<OsString>) -> Result<i32, Failure> {
+    let (mut limits, command) = parse(args)?;
     // Under /etc/ld.so.preload the shim is in every process already: adding another copy
     // would intercept twice, so the program gets only the user's entries then.
     let system_wide = read_system_preload()
@@ -260,21 +265,6 @@ pub fn generated_slice_name() -> String {
     h.write_u32(std::process::id());
     format!("run-{}-{:08x}", std::process::id(), h.finish() as u32)
 }
-
-const HELP: &str = "\
-Runs CMD with libgpuslice.so preloaded and these limits on its GPU use:
-  --memory Q        VRAM quota per device: 4Gi, 4096Mi, 4G, 4GiB, bytes, 25%, or 0=4Gi,1=8Gi
-  --compute F       guaranteed compute share: 0.25 or 25%
-  --compute-cap F   hard compute ceiling, same syntax
-  --priority P      latency or normal: a latency slice launches at once, ahead of normal work
-  --slice NAME      share one quota with every process naming the same slice
-                    (default: CMD and every process it starts form one slice, named
-                    run-<pid>-<random>, removed with its last process)
-Flags set GPUSLICE_MEMORY, GPUSLICE_COMPUTE, GPUSLICE_COMPUTE_CAP, GPUSLICE_PRIORITY and GPUSLICE_SLICE for CMD;
-variables already in the environment apply when a flag is not given.
-Starts the node monitor in the background when none is running.
-The library is $GPUSLICE_LIBRARY, else libgpuslice.so beside this binary, else ../lib/.
-Exits with CMD's status, or 128+N when signal N killed it.";
 
 /// Print `gpuslice: MSG` and return `code`.
 fn fail(code: i32, msg: &str) -> i32 {

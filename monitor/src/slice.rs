@@ -5,7 +5,8 @@
 //! Admission happens in the ledger, under its lock, against what the device has left: the
 //! memory of all slices on a device never exceeds it, nor do compute guarantees sum past 1.
 
-use crate::cli::{self, Failure};
+use crate::cli::{self, Command, Failure};
+use crate::commands;
 use crate::node::{Node, SecretArg, SliceSpec};
 use crate::view::SliceView;
 use gpuslice_quantity::{
@@ -14,19 +15,16 @@ use gpuslice_quantity::{
 };
 use std::ffi::OsString;
 
-const USAGE: &str =
-    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--priority P] [--device I|UUID] [--owner UID|USER] [--secret-file PATH | --new-secret-file PATH] | slice set NAME [--memory Q] [--compute F] [--compute-cap F] [--priority P] | slice rm NAME | slice ls [--json]";
-const CREATE: &str =
-    "gpuslice slice create NAME --memory Q [--compute F] [--compute-cap F] [--priority P] [--device I|UUID] [--owner UID|USER] [--secret-file PATH | --new-secret-file PATH]";
-const RM: &str = "gpuslice slice rm NAME";
-const SET: &str =
-    "gpuslice slice set NAME [--memory Q] [--compute F] [--compute-cap F] [--priority latency|normal]";
-const LS: &str = "gpuslice slice ls [--json]";
+const USAGE: &Command = &commands::SLICE;
+const CREATE: &Command = &commands::SLICE_CREATE;
+const SET: &Command = &commands::SLICE_SET;
+const RM: &Command = &commands::SLICE_RM;
+const LS: &Command = &commands::SLICE_LS;
 
 /// Entry point of `gpuslice slice`.
 pub fn main(mut args: Vec<OsString>) -> i32 {
     if args.is_empty() {
-        return Failure::usage("missing subcommand: create, rm or ls", USAGE).report();
+        return Failure::usage("missing subcommand: create, set, rm or ls", USAGE).report();
     }
     let sub = args.remove(0);
     cli::exit_status(match sub.to_str() {
@@ -34,7 +32,7 @@ pub fn main(mut args: Vec<OsString>) -> i32 {
         Some("set") => set(args),
         Some("rm" | "remove" | "delete") => rm(args),
         Some("ls" | "list") => ls(args),
-        Some("--help" | "-h" | "help") => cli::outln!("usage: {USAGE}"),
+        Some("--help" | "-h" | "help") => cli::outln!("{}", USAGE.help()),
         _ => Err(Failure::usage(
             format!("unknown subcommand {sub:?}: expected create, set, rm or ls"),
             USAGE,
@@ -43,7 +41,7 @@ pub fn main(mut args: Vec<OsString>) -> i32 {
 }
 
 /// Parse `slice create`'s arguments (no side effects; `--help` is [`Failure::Helped`]).
-fn parse_create(args: Vec<OsString>) -> Result<SliceSpec, Failure> {
+pub(crate) fn parse_create(args: Vec<OsString>) -> Result<SliceSpec, Failure> {
     use lexopt::Arg::*;
     let mut p = cli::Args::new(args, CREATE);
     let (mut name, mut memory, mut compute, mut cap, mut device) = (None, None, None, None, None);
@@ -159,7 +157,9 @@ fn uid_of(v: &str) -> Option<u32> {
 }
 
 /// Parse `slice set`'s arguments (no side effects; `--help` is [`Failure::Helped`]).
-fn parse_set(args: Vec<OsString>) -> Result<(String, gpuslice_ledger::SliceChange), Failure> {
+pub(crate) fn parse_set(
+    args: Vec<OsString>,
+) -> Result<(String, gpuslice_ledger::SliceChange), Failure> {
     use lexopt::Arg::*;
     let mut p = cli::Args::new(args, SET);
     let mut name = None;
@@ -225,7 +225,7 @@ fn set(args: Vec<OsString>) -> Result<(), Failure> {
 
 /// Take `--priority P` (or `--priority=P`) out of `slice create`'s arguments: the class is set
 /// on the new slice right after it is created.
-fn take_priority(args: &mut Vec<OsString>) -> Result<Option<u32>, Failure> {
+pub(crate) fn take_priority(args: &mut Vec<OsString>) -> Result<Option<u32>, Failure> {
     let mut class = None;
     let mut i = 0;
     while i < args.len() {

@@ -7,7 +7,7 @@ use crate::view::NodeView;
 use std::ffi::OsString;
 use std::path::Path;
 
-const USAGE: &str = "gpuslice status [--json]";
+const USAGE: &cli::Command = &crate::commands::STATUS;
 
 /// Entry point of `gpuslice status`.
 pub fn main(args: Vec<OsString>) -> i32 {
@@ -26,14 +26,17 @@ pub fn main(args: Vec<OsString>) -> i32 {
     })())
 }
 
-/// The node's snapshot; an absent ledger is an empty node (nothing has run yet), a broken one
-/// is an error naming the file and what is wrong with it.
+/// The node's snapshot; an absent ledger is a node where nothing has run yet, a broken one
+/// is an error naming the file and what is wrong with it. The GPUs NVML lists are in it
+/// either way, whether or not a monitor or a process has registered them.
 pub fn load(dir: &Path) -> Result<NodeView, Failure> {
-    match Node::open(dir) {
-        Ok(node) => Ok(node.snapshot()),
-        Err(e) if Node::is_missing(&e) => Ok(NodeView::default()),
-        Err(e) => Err(e.into()),
-    }
+    let mut view = match Node::open(dir) {
+        Ok(node) => node.snapshot(),
+        Err(e) if Node::is_missing(&e) => NodeView::default(),
+        Err(e) => return Err(e.into()),
+    };
+    crate::nvml::add_unregistered(&mut view);
+    Ok(view)
 }
 
 /// `gpuslice 0.1.0 · ledger /dev/shm/gpuslice · monitor running (pid 42)`.

@@ -114,6 +114,25 @@ fn device_index(snap: &NodeView, uuid: &str) -> String {
         .map_or("?".into(), |d| d.index.to_string())
 }
 
+/// What the compute columns mean, under the slice table: a newcomer reads them without the
+/// docs.
+const LEGEND: [&str; 3] = [
+    "COMPUTE SHARE: guaranteed under contention, lent out while idle; CAP: never more.",
+    "COMPUTE USED: its part of the GPU's time over the last second (a GPU's slices never sum \
+     past 100%).",
+    "MEMORY USED / QUOTA: what its processes hold, of what they may (best effort: no quota).",
+];
+
+/// `COMPUTE USED (1 s)`: the column, with the scheduler's window.
+fn compute_used_header() -> String {
+    let ms = gpuslice_sched::WINDOW_NS / 1_000_000;
+    if ms.is_multiple_of(1000) {
+        format!("COMPUTE USED ({} s)", ms / 1000)
+    } else {
+        format!("COMPUTE USED ({ms} ms)")
+    }
+}
+
 /// The three tables (devices, slices, processes) as lines, without a trailing newline.
 pub fn render(snap: &NodeView) -> Vec<String> {
     use Align::*;
@@ -138,11 +157,12 @@ pub fn render(snap: &NodeView) -> Vec<String> {
             ("NAME", Left),
             ("UUID", Left),
             ("MEMORY USED / TOTAL", Right),
-            ("RESERVED", Right),
-            ("COMPUTE RESERVED", Right),
+            ("MEMORY PROMISED", Right),
+            ("COMPUTE PROMISED", Right),
         ],
         &devices,
-        "(no devices known yet: none found through NVML and no process has attached)",
+        "(no devices: NVML lists none (is libnvidia-ml.so.1 on the library path?) and no \
+         process has used one)",
     ));
     out.push(String::new());
 
@@ -182,41 +202,34 @@ pub fn render(snap: &NodeView) -> Vec<String> {
             ]
         })
         .collect();
+    let used = compute_used_header();
     out.extend(layout(
         &[
             ("SLICE", Left),
             ("GPU", Right),
-            ("MEMORY USED / LIMIT", Right),
-            ("SHARE", Right),
+            ("MEMORY USED / QUOTA", Right),
+            ("COMPUTE SHARE", Right),
             ("CAP", Right),
-            ("COMPUTE USED", Right),
+            (used.as_str(), Right),
             ("DEFINED BY", Left),
             ("PIDS", Left),
         ],
         &slices,
         "(no slices)",
     ));
+    if !snap.slices.is_empty() {
+        out.extend(LEGEND.iter().map(|l| l.to_string()));
+    }
     out.push(String::new());
 
     let procs: Vec<Vec<String>> = snap
         .processes
         .iter()
-        .map(|p| {
-            vec![
-                p.pid.to_string(),
-                p.slice.clone(),
-                size(p.memory_used),
-                if p.alive { "running" } else { "dead (reaping)" }.into(),
-            ]
-        })
+        .map(|p| vec![p.pid.to_string(), p.slice.clone(), size(p.memory_used)])
         .collect();
+    // Only running processes are listed ([`crate::node::Node::snapshot`]).
     out.extend(layout(
-        &[
-            ("PID", Right),
-            ("SLICE", Left),
-            ("MEMORY", Right),
-            ("STATE", Left),
-        ],
+        &[("PID", Right), ("SLICE", Left), ("MEMORY", Right)],
         &procs,
         "(no processes)",
     ));
@@ -264,7 +277,7 @@ mod tests {
     fn an_empty_table_says_so_under_its_headers() {
         let lines = render(&NodeView::default());
         for (header, none) in [
-            ("GPU", "(no devices known yet"),
+            ("GPU", "(no devices: NVML lists none"),
             ("SLICE", "(no slices)"),
             ("PID", "(no processes)"),
         ] {
@@ -279,7 +292,8 @@ mod tests {
         let text = lines.join("\n");
         assert!(text.contains("Fake GPU"), "{text}");
         assert!(text.contains("2 GiB / 4 GiB (50%)"), "{text}");
-        assert!(text.contains("dead (reaping)"), "{text}");
+        assert!(text.contains("COMPUTE USED (1 s)"), "{text}");
+        assert!(text.contains("never sum past 100%"), "{text}");
         assert!(text.contains("100,101"), "{text}");
         // The header and the rows of one table start their columns at the same place.
         let hdr = lines.iter().position(|l| l.starts_with("SLICE")).unwrap();

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "gpuslice top [--interval MS]";
+const USAGE: &cli::Command = &crate::commands::TOP;
 
 /// The terminal settings to restore (taken before raw mode).
 static SAVED: Mutex<Option<libc::termios>> = Mutex::new(None);
@@ -144,21 +144,26 @@ fn frame(lines: &[String], cols: usize, rows: usize) -> String {
     s
 }
 
+/// Parse `gpuslice top`'s arguments: the refresh interval.
+pub(crate) fn parse(args: Vec<OsString>) -> Result<Duration, Failure> {
+    let mut interval: Option<Duration> = None;
+    let mut args = cli::Args::new(args, USAGE);
+    while let Some(arg) = args.next()? {
+        match arg {
+            lexopt::Arg::Long("interval") => {
+                let v = args.utf8("--interval")?;
+                cli::millis(&mut interval, "--interval", &v, 100..=60_000, USAGE)?;
+            }
+            _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
+        }
+    }
+    Ok(interval.unwrap_or(Duration::from_secs(1)))
+}
+
 /// Entry point of `gpuslice top`.
 pub fn main(args: Vec<OsString>) -> i32 {
     cli::exit_status((|| {
-        let mut interval: Option<Duration> = None;
-        let mut args = cli::Args::new(args, USAGE);
-        while let Some(arg) = args.next()? {
-            match arg {
-                lexopt::Arg::Long("interval") => {
-                    let v = args.utf8("--interval")?;
-                    cli::millis(&mut interval, "--interval", &v, 100..=60_000, USAGE)?;
-                }
-                _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
-            }
-        }
-        let interval = interval.unwrap_or(Duration::from_secs(1));
+        let interval = parse(args)?;
         let dir = cli::runtime_dir();
         let term = Terminal::enter()?;
         let mut out = std::io::stdout();

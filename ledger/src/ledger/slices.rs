@@ -6,6 +6,7 @@
 use super::Ledger;
 use crate::error::LedgerError;
 use crate::layout::*;
+use crate::snapshot::RemovedSlice;
 use core::sync::atomic::Ordering::SeqCst;
 
 /// An operator-defined slice (`gpuslice slice create`).
@@ -183,7 +184,7 @@ impl Ledger {
 
     /// A reaped process leaves slice `si` (record `sl`), under the lock: one fewer attached, and
     /// a slice no operator made is freed when its last process goes (its name is returned).
-    pub(crate) fn leave_slice_locked(&self, si: usize, sl: &Slice) -> Option<String> {
+    pub(crate) fn leave_slice_locked(&self, si: usize, sl: &Slice) -> Option<RemovedSlice> {
         let left = sl
             .attached
             .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
@@ -195,9 +196,16 @@ impl Ledger {
         if !free {
             return None;
         }
-        let name = sl.name.get();
+        let removed = RemovedSlice {
+            name: sl.name.get(),
+            device_uuid: self
+                .devices()
+                .get(sl.device.load(SeqCst) as usize)
+                .map(|d| d.uuid.get())
+                .unwrap_or_default(),
+        };
         self.free_slice_locked(si);
-        Some(name)
+        Some(removed)
     }
 
     fn free_slice_locked(&self, si: usize) {

@@ -126,6 +126,8 @@ impl Ledger {
                 slot: i,
                 pid: p.pid.load(SeqCst),
                 start_time: p.start_time.load(SeqCst),
+                pid_ns: p.pid_ns.load(SeqCst),
+                host_pid: p.host_pid.load(SeqCst),
                 slice: p.slice_name.get(),
                 alive: alive[i],
                 memory_used: devices

@@ -68,6 +68,12 @@ pub fn main(args: Vec<OsString>) -> i32 {
     })())
 }
 
+/// Parse `gpuslice monitor`'s arguments and nothing more (for the command-line tests).
+#[cfg(test)]
+pub(crate) fn parse_options(args: Vec<OsString>) -> Result<(), Failure> {
+    parse(args).map(drop)
+}
+
 /// What the metrics thread reads: the monitor's own facts (the node's come from the ledger).
 type Shared = Arc<Mutex<MonitorFacts>>;
 

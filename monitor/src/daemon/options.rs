@@ -6,8 +6,7 @@ use crate::cli::{self, Failure};
 use std::ffi::OsString;
 use std::time::Duration;
 
-pub(super) const USAGE: &str = "gpuslice monitor [--metrics-listen ADDR] [--interval MS] [--mode node|personal] \
-[--on-violation report|kill] [--max-procs-per-user N] [--max-slices-per-user N] [--operator-group NAME]";
+pub(super) const USAGE: &cli::Command = &crate::commands::MONITOR;
 
 /// The operator group's default name (docs/operations.md).
 pub const OPERATOR_GROUP: &str = "gpuslice";
@@ -51,7 +50,7 @@ pub(super) struct Options {
 
 pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
     use lexopt::Arg::*;
-    let mut p = cli::parser(args);
+    let mut p = cli::Args::new(args, USAGE);
     let mut o = Options {
         listen: None,
         interval: Duration::from_millis(250),
@@ -61,18 +60,16 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         on_violation: OnViolation::Report,
     };
     let mut interval = None;
-    while let Some(arg) = p.next().map_err(cli::lex(USAGE))? {
-        if cli::is_help(&arg) {
-            cli::outln!("usage: {USAGE}")?;
-            return Ok(None);
-        }
+    loop {
+        let arg = match p.next() {
+            Ok(Some(arg)) => arg,
+            Ok(None) => break,
+            Err(Failure::Helped) => return Ok(None),
+            Err(e) => return Err(e),
+        };
         match arg {
             Long("metrics-listen") => {
-                let v = cli::utf8(
-                    p.value().map_err(cli::lex(USAGE))?,
-                    "--metrics-listen",
-                    USAGE,
-                )?;
+                let v = cli::utf8(p.value()?, "--metrics-listen", USAGE)?;
                 if !v.contains(':') {
                     return Err(Failure::usage(
                         format!("--metrics-listen {v:?}: expected HOST:PORT, e.g. 127.0.0.1:9400 or [::1]:9400"),
@@ -82,7 +79,7 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                 cli::once(&mut o.listen, "--metrics-listen", v, USAGE)?;
             }
             Long("mode") => {
-                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--mode", USAGE)?;
+                let v = cli::utf8(p.value()?, "--mode", USAGE)?;
                 o.node = Some(match v.as_str() {
                     "node" => true,
                     "personal" => false,
@@ -95,7 +92,7 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                 });
             }
             Long("on-violation") => {
-                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--on-violation", USAGE)?;
+                let v = cli::utf8(p.value()?, "--on-violation", USAGE)?;
                 o.on_violation = match v.as_str() {
                     "report" => OnViolation::Report,
                     "kill" => OnViolation::Kill,
@@ -109,7 +106,7 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
             }
             Long(flag @ ("max-procs-per-user" | "max-slices-per-user")) => {
                 let flag = format!("--{flag}");
-                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, &flag, USAGE)?;
+                let v = cli::utf8(p.value()?, &flag, USAGE)?;
                 let max = if flag == "--max-procs-per-user" {
                     gpuslice_ledger::MAX_PROCS
                 } else {
@@ -129,14 +126,10 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                 }
             }
             Long("operator-group") => {
-                o.operator_group = cli::utf8(
-                    p.value().map_err(cli::lex(USAGE))?,
-                    "--operator-group",
-                    USAGE,
-                )?;
+                o.operator_group = cli::utf8(p.value()?, "--operator-group", USAGE)?;
             }
             Long("interval") => {
-                let v = cli::utf8(p.value().map_err(cli::lex(USAGE))?, "--interval", USAGE)?;
+                let v = cli::utf8(p.value()?, "--interval", USAGE)?;
                 cli::millis(&mut interval, "--interval", &v, 10..=5000, USAGE)?;
             }
             _ => return Err(Failure::usage(arg.unexpected().to_string(), USAGE)),
