@@ -346,6 +346,11 @@ pub const CU_STREAM_PER_THREAD: usize = 0x2;
 pub const CU_EVENT_DEFAULT: c_uint = 0;
 pub const CU_EVENT_BLOCKING_SYNC: c_uint = 1;
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 2;
+/// An event other processes can open (`cuIpcGetEventHandle`); needs `CU_EVENT_DISABLE_TIMING`.
+pub const CU_EVENT_INTERPROCESS: c_uint = 4;
+
+/// `cuIpcOpenMemHandle`'s one flag, which the driver requires.
+pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 
 /// `CUstreamCaptureStatus`.
 pub type CUstreamCaptureStatus = c_uint;

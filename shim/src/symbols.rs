@@ -38,6 +38,9 @@ macro_rules! for_each_symbol {
                 Cuda cuEventSynchronize => sync::event_synchronize;
                 Cuda cuMemCreate => memory::mem_create;
                 Cuda cuMemRelease => memory::mem_release;
+                Cuda cuMemMap => memory::mem_map;
+                Cuda cuMemUnmap => memory::mem_unmap;
+                Cuda cuMemExportToShareableHandle => memory::mem_export;
                 Cuda cuArrayCreate_v2 => memory::array_create;
                 Cuda cuArray3DCreate_v2 => memory::array3d_create;
                 Cuda cuArrayDestroy => memory::array_destroy;

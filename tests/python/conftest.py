@@ -63,6 +63,12 @@ def artifact(profile_dir, name):
 
 
 @pytest.fixture(scope="session")
+def gpuslice_bin(profile_dir):
+    """Path of the gpuslice binary (the monitor and the CLI)."""
+    return artifact(profile_dir, "gpuslice")
+
+
+@pytest.fixture(scope="session")
 def burn(profile_dir):
     """Path of the gpuslice-burn binary."""
     return artifact(profile_dir, "gpuslice-burn")

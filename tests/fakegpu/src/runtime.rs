@@ -175,6 +175,7 @@ pub extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(n) = shared::attached() {
             crate::exec::shutdown();
+            crate::mem::release_shared();
             if n.state.procs[n.slot]
                 .pid
                 .compare_exchange(std::process::id(), shared::RECLAIMING, AcqRel, Relaxed)

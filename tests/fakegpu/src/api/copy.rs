@@ -20,10 +20,8 @@ fn check_dev(ptr: u64, len: usize) -> CuResult<()> {
             return Ok(());
         }
     }
-    if let Some((s, n)) = mem::vmm_lookup(ptr) {
-        if ptr + len as u64 <= s + n {
-            return Ok(());
-        }
+    if mem::vmm_covers(ptr, len as u64) {
+        return Ok(());
     }
     Err(CUDA_ERROR_INVALID_VALUE)
 }

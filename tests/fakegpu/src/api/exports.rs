@@ -317,11 +317,32 @@ exports! {
         Ok(())
     }
 
-    // IPC handles would need device memory shared between processes; the fake's is private.
-    fn cuIpcGetMemHandle(_h: *mut CUipcMemHandle, _p: CUdeviceptr) { cur_ctx()?; Err(CUDA_ERROR_NOT_SUPPORTED) }
-    fn cuIpcOpenMemHandle_v2(_p: *mut CUdeviceptr, _h: CUipcMemHandle, _f: c_uint) { cur_ctx()?; Err(CUDA_ERROR_NOT_SUPPORTED) }
-    fn cuIpcOpenMemHandle(_p: *mut CUdeviceptr, _h: CUipcMemHandle, _f: c_uint) { cur_ctx()?; Err(CUDA_ERROR_NOT_SUPPORTED) }
-    fn cuIpcCloseMemHandle(_p: CUdeviceptr) { cur_ctx()?; Err(CUDA_ERROR_INVALID_VALUE) }
+    // IPC: memory and events other processes open (`mem/ipc.rs`, `exec/ipc_event.rs`).
+    fn cuIpcGetMemHandle(h: *mut CUipcMemHandle, p: CUdeviceptr) {
+        let c = cur_ctx()?;
+        if h.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(h, mem::get_mem_handle(c, p)?)
+    }
+    fn cuIpcOpenMemHandle_v2(p: *mut CUdeviceptr, h: CUipcMemHandle, f: c_uint) {
+        let c = cur_ctx()?;
+        if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(p, mem::open_mem_handle(c, &h, f)?)
+    }
+    fn cuIpcOpenMemHandle(p: *mut CUdeviceptr, h: CUipcMemHandle, f: c_uint) {
+        let c = cur_ctx()?;
+        if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(p, mem::open_mem_handle(c, &h, f)?)
+    }
+    fn cuIpcCloseMemHandle(p: CUdeviceptr) { cur_ctx()?; mem::close_mem_handle(p) }
+    fn cuIpcGetEventHandle(h: *mut CUipcEventHandle, e: CUevent) {
+        if h.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(h, crate::exec::get_event_handle(Event::resolve(e)?)?)
+    }
+    fn cuIpcOpenEventHandle(e: *mut CUevent, h: CUipcEventHandle) {
+        cur_ctx()?;
+        if e.is_null() { return Err(CUDA_ERROR_INVALID_VALUE); }
+        put(e, crate::exec::open_event_handle(&h)?.handle())
+    }
 
     // --- stream-ordered allocation and pools -----------------------------------------------
     fn cuMemAllocAsync(p: *mut CUdeviceptr, size: usize, s: CUstream) { alloc_async(p, size, None, s, false) }

@@ -76,6 +76,9 @@ impl Event {
             return Ok(());
         }
         let gen = self.gen.fetch_add(1, AcqRel) + 1;
+        if self.interprocess() {
+            super::ipc_event::recorded(self, gen);
+        }
         self.exec
             .store(s.exec as *const Executor as *mut Executor, Release);
         s.submit(Op::Record(self, gen))
@@ -83,6 +86,9 @@ impl Event {
 
     /// `cuStreamWaitEvent`.
     pub fn wait_on(&'static self, s: &'static Stream) -> CuResult<()> {
+        if self.opened() {
+            return super::ipc_event::synchronize(self);
+        }
         let gen = self.gen.load(Acquire);
         if gen == 0 || s.is_capturing() {
             return Ok(());
@@ -104,9 +110,34 @@ impl Event {
     pub(super) fn set_recorded(&self, gen: u64, at: u64) {
         self.ts.store(at, Release);
         self.done_gen.fetch_max(gen, AcqRel);
+        if self.interprocess() {
+            super::ipc_event::planned(self, gen, at);
+        }
+    }
+
+    /// Created with `CU_EVENT_INTERPROCESS`: its records may be mirrored for other processes.
+    fn interprocess(&self) -> bool {
+        self.flags.load(Relaxed) & CU_EVENT_INTERPROCESS as u64 != 0
+    }
+
+    /// Opened from another process's handle: its state is the exporter's (`ipc_event.rs`).
+    fn opened(&self) -> bool {
+        self.flags.load(Relaxed) & super::ipc_event::IMPORTED != 0
+    }
+
+    /// (records issued, record planned, its time), for an export to start from.
+    pub(super) fn snapshot(&self) -> (u64, u64, u64) {
+        (
+            self.gen.load(Acquire),
+            self.done_gen.load(Acquire),
+            self.ts.load(Acquire),
+        )
     }
 
     fn complete(&self) -> bool {
+        if self.opened() {
+            return super::ipc_event::complete(self);
+        }
         let gen = self.gen.load(Acquire);
         gen == 0 || (self.recorded(gen) && now_ns() >= self.time())
     }
@@ -122,6 +153,9 @@ impl Event {
 
     /// `cuEventSynchronize`.
     pub fn synchronize(&self) -> CuResult<()> {
+        if self.opened() {
+            return super::ipc_event::synchronize(self);
+        }
         let gen = self.gen.load(Acquire);
         if gen == 0 {
             return Ok(());
@@ -162,6 +196,9 @@ impl Event {
     pub fn destroy(&'static self) {
         // Recycle only once its pending records ran, so the executor never touches a reused one.
         let _ = self.synchronize();
+        if self.interprocess() {
+            super::ipc_event::forget(self);
+        }
         self.destroyed.store(true, Release);
         FREE_EVENTS
             .lock()

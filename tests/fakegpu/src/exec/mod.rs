@@ -13,16 +13,19 @@
 //!   slice, and taken over from a dead or stopped holder;
 //! - `stream.rs`: [`Stream`] handles and the stream calls, and [`ctx_synchronize`];
 //! - `capture.rs`: stream capture into graphs;
-//! - `event.rs`: [`Event`]s, their records, waits and timing.
+//! - `event.rs`: [`Event`]s, their records, waits and timing;
+//! - `ipc_event.rs`: interprocess events, mirrored through a node-wide file.
 
 mod capture;
 mod engine;
 mod event;
 mod executor;
+mod ipc_event;
 mod ops;
 mod stream;
 
 pub use event::Event;
 pub use executor::{shutdown, Executor, HORIZON_NS, QUEUE_DEPTH};
+pub use ipc_event::{get_event_handle, open_event_handle};
 pub use ops::{Copy3D, Memset, Op, StreamCallback};
 pub use stream::{ctx_synchronize, Stream};

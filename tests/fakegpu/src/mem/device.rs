@@ -72,11 +72,15 @@ pub fn free_now(ptr: u64) {
         Kind::Graph(false) => {}
         _ => {
             ranges().remove(&ptr);
-            if r.counted() {
+            // Exported memory stays counted while another process maps it (`ipc.rs`).
+            if r.counted() && !super::ipc::exported_freed(ptr) {
                 rt_unchecked().node.unreserve(phys(r.dev), r.size);
             }
             if r.kind != Kind::Registered {
                 unmap(ptr, r.map_len);
+            }
+            if r.kind == Kind::Imported {
+                super::ipc::imported_gone(ptr);
             }
         }
     }

@@ -29,6 +29,8 @@ pub enum Kind {
     Registered,
     /// A module global's backing buffer.
     Global,
+    /// Device memory another process exported (`cuIpcOpenMemHandle`): counted to it, not here.
+    Imported,
 }
 
 /// A live range.

@@ -1,9 +1,12 @@
 //! Virtual memory management: `cuMemCreate` handles are memfds, counted on their device,
 //! mapped (`cuMemMap`) into `PROT_NONE` reservations (`cuMemAddressReserve`), shared between
-//! processes as POSIX fds; a handle's memory goes back when it is released *and* unmapped.
-//! Apart because VMM memory is never a registered range: handles and mappings are its own.
+//! processes as POSIX fds; a handle's memory goes back when it is released *and* unmapped,
+//! in every process that imported it (an exported handle is in the node-wide table of
+//! [`super::shared_mem`], which keeps it counted to its creator until then). Apart because
+//! VMM memory is never a registered range: handles and mappings are its own.
 
 use super::ranges::unmap;
+use super::shared_mem::{inode, VMM_KEY};
 use crate::runtime::{rt, rt_unchecked, CuResult};
 use gpuslice_abi::*;
 use std::collections::{BTreeMap, HashMap};
@@ -25,6 +28,9 @@ struct Phys {
     /// Whether this handle counted the memory on the device (an imported one did not: its
     /// exporter did).
     counted: bool,
+    /// Its key in the node-wide table once exported or imported (0: never shared); the
+    /// table then returns the memory when its last holder lets go.
+    shared: u64,
     prop: CUmemAllocationProp,
 }
 
@@ -82,6 +88,7 @@ fn new_handle(fd: i32, size: u64, dev: usize, counted: bool, prop: CUmemAllocati
                 maps: 0,
                 refs: 1,
                 counted,
+                shared: 0,
                 prop,
             },
         )
@@ -94,7 +101,9 @@ fn drop_phys_if_done(m: &mut HashMap<u64, Phys>, h: u64) {
         let p = m.remove(&h).expect("present");
         // SAFETY: closing the memfd this handle owned.
         unsafe { libc::close(p.fd) };
-        if p.counted {
+        if p.shared != 0 {
+            super::shared_mem::leave(p.shared);
+        } else if p.counted {
             let r = rt_unchecked();
             r.node.unreserve(r.devices[p.dev].phys, p.size);
         }
@@ -130,6 +139,13 @@ pub fn vmm_export(h: u64, ty: CUmemAllocationHandleType) -> CuResult<i32> {
         {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        if p.shared == 0 && p.counted {
+            let ino = inode(p.fd).ok_or(CUDA_ERROR_OPERATING_SYSTEM)?;
+            let phys = rt_unchecked().devices[p.dev].phys;
+            // Without the node-wide table (a state directory another user made) the fd still
+            // works; the memory is then counted only while this process holds it.
+            p.shared = super::shared_mem::share(Some(VMM_KEY | ino), phys, p.size).unwrap_or(0);
+        }
         // SAFETY: duplicating the memfd this handle owns; the caller owns the copy.
         let fd = unsafe { libc::dup(p.fd) };
         if fd < 0 {
@@ -140,7 +156,8 @@ pub fn vmm_export(h: u64, ty: CUmemAllocationHandleType) -> CuResult<i32> {
 }
 
 /// `cuMemImportFromShareableHandle`: a handle to memory another handle (maybe in another
-/// process) exported. The memory stays counted to its exporter.
+/// process) exported. The memory stays counted to its exporter, until this handle too is
+/// released and unmapped.
 pub fn vmm_import(fd: i32, ty: CUmemAllocationHandleType) -> CuResult<u64> {
     rt()?;
     if ty != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fd < 0 {
@@ -167,7 +184,27 @@ pub fn vmm_import(fd: i32, ty: CUmemAllocationHandleType) -> CuResult<u64> {
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: Default::default(),
     };
-    Ok(new_handle(own, st.st_size as u64, 0, false, prop))
+    let key = VMM_KEY | st.st_ino;
+    let r = rt_unchecked();
+    let (size, dev, shared) = match super::shared_mem::join(key, false) {
+        Ok(j) => {
+            let dev = r.devices.iter().position(|d| d.phys == j.phys).unwrap_or(0);
+            // The table is anyone's to write: never more than the memfd holds.
+            (j.size.min(st.st_size as u64), dev, key)
+        }
+        // Not exported through cuMemExportToShareableHandle (or its holders are all gone).
+        Err(_) => (st.st_size as u64, 0, 0),
+    };
+    let prop = CUmemAllocationProp {
+        location: CUmemLocation {
+            type_: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: dev as i32,
+        },
+        ..prop
+    };
+    let h = new_handle(own, size, dev, false, prop);
+    with_handles(|m| m.get_mut(&h).map(|p| p.shared = shared));
+    Ok(h)
 }
 
 /// `cuMemRetainAllocationHandle`: the handle mapped at `ptr`, with one more reference.
@@ -319,6 +356,27 @@ pub fn vmm_unmap(ptr: u64, size: u64) -> CuResult<()> {
 /// The VMM mapping containing `ptr`: (start, size).
 pub fn vmm_lookup(ptr: u64) -> Option<(u64, u64)> {
     mapping_at(ptr).map(|(s, len, _)| (s, len))
+}
+
+/// Whether `ptr..ptr+len` lies in VMM mappings end to end (a range the program reserved once
+/// and mapped piece by piece, as PyTorch's expandable segments do, is copied as one).
+pub fn vmm_covers(ptr: u64, len: u64) -> bool {
+    let end = ptr.saturating_add(len);
+    let g = MAPPINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((&s, &(n, _))) = g.range(..=ptr).next_back() else {
+        return false;
+    };
+    let mut covered = s + n;
+    if ptr >= covered {
+        return false;
+    }
+    for (&s, &(n, _)) in g.range(ptr + 1..end) {
+        if s != covered {
+            return false;
+        }
+        covered = s + n;
+    }
+    covered >= end
 }
 
 /// The mapping containing `ptr`: (start, size, handle).

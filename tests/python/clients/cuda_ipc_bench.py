@@ -1,0 +1,81 @@
+"""What legacy CUDA IPC costs on the fake GPU (ctypes): `cuda_ipc_bench.py MIB RUNS` prints one
+JSON line of medians (µs) over RUNS fresh MIB MiB allocations:
+
+- `get_untouched`: the first cuIpcGetMemHandle of an allocation never written (its pages move
+  into a memfd; nothing to copy);
+- `get_filled`: the same after the allocation was filled from the host (every byte copied);
+- `get_again`: a second cuIpcGetMemHandle of the same allocation;
+- `open`, `close`: cuIpcOpenMemHandle and cuIpcCloseMemHandle in another process (this script
+  with `import`, reading handles on stdin).
+"""
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from cuda_ctx import alloc, primary_context
+from fw_common import MI
+
+
+class IpcHandle(ctypes.Structure):  # passed by value, as cuda.h declares it
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+def us(t0):
+    return (time.perf_counter() - t0) * 1e6
+
+
+def importer():
+    cuda, _ = primary_context()
+    times = {"open": [], "close": []}
+    for line in sys.stdin:
+        h = IpcHandle.from_buffer_copy(bytes.fromhex(line.strip()))
+        p = ctypes.c_uint64()
+        t0 = time.perf_counter()
+        assert cuda.cuIpcOpenMemHandle_v2(ctypes.byref(p), h, 1) == 0
+        times["open"].append(us(t0))
+        t0 = time.perf_counter()
+        assert cuda.cuIpcCloseMemHandle(p) == 0
+        times["close"].append(us(t0))
+        print("ok", flush=True)
+    print(json.dumps({k: statistics.median(v) for k, v in times.items()}), flush=True)
+
+
+def main(mib, runs):
+    cuda, _ = primary_context()
+    size = mib * MI
+    data = bytes(range(256)) * (size // 256)
+    child = subprocess.Popen([sys.executable, __file__, "import"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=os.environ)
+    times = {"get_untouched": [], "get_filled": [], "get_again": []}
+    for _ in range(runs):
+        for kind in ("get_untouched", "get_filled"):
+            p = alloc(cuda, size)
+            if kind == "get_filled":
+                assert cuda.cuMemcpyHtoD_v2(ctypes.c_uint64(p), data, ctypes.c_size_t(size)) == 0
+            h = IpcHandle()
+            t0 = time.perf_counter()
+            assert cuda.cuIpcGetMemHandle(ctypes.byref(h), ctypes.c_uint64(p)) == 0
+            times[kind].append(us(t0))
+            t0 = time.perf_counter()
+            assert cuda.cuIpcGetMemHandle(ctypes.byref(h), ctypes.c_uint64(p)) == 0
+            times["get_again"].append(us(t0))
+            child.stdin.write(bytes(h).hex() + "\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "ok"
+            assert cuda.cuMemFree_v2(ctypes.c_uint64(p)) == 0
+    child.stdin.close()
+    out = json.loads(child.stdout.readline())
+    child.wait()
+    out.update({k: statistics.median(v) for k, v in times.items()})
+    print(json.dumps(dict(mib=mib, runs=runs, median_us={k: round(v, 1) for k, v in out.items()})))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "import":
+        importer()
+    else:
+        main(int(sys.argv[1]), int(sys.argv[2]))

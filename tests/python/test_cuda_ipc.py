@@ -1,0 +1,169 @@
+"""Device memory shared between processes through the driver API (issue 23): legacy CUDA IPC
+handles and VMM allocations exported as POSIX fds, between real processes (clients/cuda_ipc.py,
+ctypes on the fake GPU), without and under libgpuslice.so with a monitor that kills slices
+over quota.
+
+What the driver does, and the fake must: both processes see the same bytes; the memory is
+counted to the process that allocated it, never to an importer, until its last holder lets go
+(an exporter's free or release does not end it while an importer maps it); the errors for
+opening a handle in its own process, a handle of freed memory, and closing twice.
+"""
+import subprocess
+import sys
+
+from conftest import CLIENTS, Served
+from helpers import Monitor, wait_until
+
+GI = 1 << 30
+MI = 1 << 20
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_INVALID_CONTEXT = 201
+CUDA_ERROR_NOT_READY = 600
+
+
+class Client(Served):
+    """clients/cuda_ipc.py ROLE SOCKET in serve mode, run by this interpreter (ctypes only)."""
+
+    def __init__(self, env, role, sock):
+        cmd = [sys.executable, str(CLIENTS / "cuda_ipc.py"), role, str(sock)]
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.timeout = 120
+        self.ready = self._read()
+
+
+def handed(exporter, importer, command, send="send"):
+    """`send` on the exporter (it listens), `command` on the importer (it connects); the
+    importer's answer (the exporter's is left in `exporter.sent`)."""
+    assert exporter.ask(send)["event"] == "listening"
+    got = importer.ask(command)
+    exporter.sent = exporter.read()
+    assert "error" not in exporter.sent, exporter.sent
+    return got
+
+
+def held(mon):
+    """What the monitor's NVML audit sees the slices hold, those holding anything, sorted."""
+    return sorted(v for v in mon.observed().values() if v)
+
+
+def used_by(info, pid):
+    return info["nvml_procs"].get(str(pid), 0)
+
+
+def test_legacy_ipc_handles_behave_as_the_driver(gpu_env, tmp_path):
+    env = gpu_env()
+    sock = tmp_path / "ipc.sock"
+    with Client(env, "ipc-export", sock) as e, Client(env, "ipc-import", sock) as i:
+        e.ask("alloc_shared 64")
+        assert e.ask("own")["status"] == CUDA_ERROR_INVALID_CONTEXT, "opened in its own process"
+        got = handed(e, i, "open")
+        assert got["status"] == 0 and got["read_ok"], got
+        # Counted once, to the exporter (NVML's per-process figures and the device's free).
+        assert used_by(got, e.pid) == 64 * MI and used_by(got, i.pid) == 0, got
+        assert got["free"] == got["total"] - 64 * MI, got
+        again = i.ask("reopen")
+        assert again["status"] == 0 and again["ptr"] == got["ptr"], "the same mapping, counted twice"
+        # The exporter frees it while the importer still maps it: the driver keeps it (and
+        # counts it to its allocator) until the last close.
+        freed = e.ask("free")
+        assert freed["status"] == 0 and used_by(freed, e.pid) == 64 * MI, freed
+        assert i.ask("close")["status"] == 0
+        assert used_by(e.ask("info"), e.pid) == 64 * MI, "one open left"
+        last = i.ask("close")
+        assert last["status"] == 0 and used_by(last, e.pid) == 0, last
+        assert last["free"] == last["total"], last
+        assert i.ask("close")["status"] == CUDA_ERROR_INVALID_VALUE, "closing twice"
+        assert i.ask("reopen")["status"] == CUDA_ERROR_INVALID_VALUE, "a handle of freed memory"
+
+
+def test_vmm_fd_charged_to_its_creator_only(gpu_env, gpuslice_bin, tmp_path):
+    """A VMM allocation exported as a POSIX fd to a process of another slice, each slice with
+    a 1 GiB quota, under `gpuslice monitor --on-violation kill`."""
+    env = gpu_env(preload=True, GPUSLICE_MEMORY="1Gi")
+    sock = tmp_path / "vmm.sock"
+    mon = Monitor(gpuslice_bin, env)
+    try:
+        with Client(env, "vmm-export", sock) as x, Client(env, "vmm-import", sock) as m:
+            made = x.ask("create 256")
+            assert made["status"] == 0 and made["free"] == GI - 256 * MI, made
+            got = handed(x, m, "import")
+            assert got["status"] == 0 and got["read_ok"], got
+            # The importer's slice is not charged: its whole quota is free, and all of it fits.
+            assert got["free"] == GI and got["total"] == GI, got
+            # NVML inside each slice says what the driver would: the memory is the creator's.
+            assert made["nvml_used"] == 256 * MI and used_by(made, x.pid) == 256 * MI, made
+            assert got["nvml_used"] == 0 and got["nvml_procs"] == {str(m.pid): 0}, got
+            own = m.ask("alloc 1024")
+            assert own["status"] == 0 and own["free"] == 0, own
+            # The creator releases and unmaps its handle while the importer still maps it: the
+            # driver keeps the memory, and the creator's slice stays charged.
+            assert x.ask("release")["free"] == GI - 256 * MI
+            left = x.ask("unmap")
+            assert left["unmap"] == 0 and left["free"] == GI - 256 * MI, left
+            # The audit sees each slice hold its own: the creator 256 MiB, the importer 1 GiB.
+            assert wait_until(lambda: held(mon) == [256 * MI, GI], 20), (mon.observed(), mon.log())
+            # The last mapping goes: the driver frees the memory (NVML no longer counts it to
+            # the creator); gpuslice keeps the creator charged until it exits, since it cannot
+            # see other processes' mappings.
+            gone = m.ask("unmap")
+            assert gone["unmap"] == 0 and gone["release"] == 0, gone
+            assert wait_until(lambda: held(mon) == [GI], 20), mon.observed()
+            assert x.ask("info")["free"] == GI - 256 * MI
+            assert x.proc.poll() is None and m.proc.poll() is None, "nobody was killed"
+        assert "audit:" not in mon.log(), mon.log()
+    finally:
+        mon.stop()
+
+
+
+def test_an_importer_that_dies_or_exits_holding_leaves_nothing_held(gpu_env, tmp_path):
+    """An importer SIGKILLed while it maps shared memory: once the exporter lets go, the memory
+    is free again. One that exits without closing, after the exporter let go: free at its exit
+    (the driver drops a gone process's references)."""
+    env = gpu_env()
+    cases = [("ipc", "alloc_shared 64", ["free"]), ("vmm", "create 64", ["release", "unmap"])]
+    for (role, make, release), end in [(c, e) for c in cases for e in ("kill", "exit")]:
+        sock = tmp_path / f"{role}-{end}.sock"
+        with Client(env, f"{role}-export", sock) as e, Client(env, f"{role}-import", sock) as i:
+            e.ask(make)
+            got = handed(e, i, "open" if role == "ipc" else "import")
+            assert got["status"] == 0 and got["read_ok"], (role, got)
+            if end == "kill":
+                i.proc.kill()
+                i.proc.wait(timeout=30)
+            for command in release:
+                left = e.ask(command)
+            if end == "exit":
+                assert used_by(left, e.pid) == 64 * MI, ("still mapped by the importer", left)
+                assert i.ask("exit")["event"] == "exit" and i.proc.wait(timeout=30) == 0
+                left = e.ask("info")
+            assert used_by(left, e.pid) == 0 and left["free"] == left["total"], (role, end, left)
+
+
+def test_a_vmm_handle_released_while_mapped_stays_charged_until_unmapped(gpu_env, tmp_path):
+    """The driver frees a VMM allocation when it is released *and* unmapped (NCCL and UCX
+    release right after mapping): the slice stays charged until the unmap, never less than
+    the driver holds."""
+    env = gpu_env(preload=True, GPUSLICE_MEMORY="1Gi")
+    with Client(env, "vmm-export", tmp_path / "unused.sock") as x:
+        assert x.ask("create 256")["free"] == GI - 256 * MI
+        released = x.ask("release")
+        assert released["status"] == 0 and released["free"] == GI - 256 * MI, released
+        assert used_by(released, x.pid) == 256 * MI, ("the driver still holds it", released)
+        gone = x.ask("unmap")
+        assert gone["unmap"] == 0 and gone["free"] == GI and gone["nvml_used"] == 0, gone
+
+
+def test_an_interprocess_event_is_seen_from_another_process(gpu_env, tmp_path):
+    """The exporter records an interprocess event after a 5 s kernel: the importer's opened
+    event is not ready at first, synchronizes until the kernel is done, then is complete."""
+    env = gpu_env()
+    sock = tmp_path / "event.sock"
+    with Client(env, "ipc-export", sock) as e, Client(env, "ipc-import", sock) as i:
+        got = handed(e, i, "event_open", send="event_send 5000")
+        assert e.sent["without_flag"] == CUDA_ERROR_INVALID_VALUE, "needs CU_EVENT_INTERPROCESS"
+        assert e.sent["own"] == CUDA_ERROR_INVALID_CONTEXT, "opened in its own process"
+        assert got["status"] == 0 and got["first_query"] == CUDA_ERROR_NOT_READY, got
+        assert got["sync"] == 0 and got["waited_s"] > 0, got
+        assert got["after_query"] == 0 and got["stream_wait"] == 0 and got["destroy"] == 0, got
