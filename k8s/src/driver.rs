@@ -268,7 +268,7 @@ impl Driver {
                 .iter()
                 .any(|d| slices.contains(&(d.slice.load(SeqCst) as usize)));
             let (pid, start) = (p.host_pid.load(SeqCst), p.start_time.load(SeqCst));
-            if member && start != 0 && gpuslice_ledger::start_time_of(&pid.to_string()) == start {
+            if member && gpuslice_ledger::is_running(pid, start) {
                 pids.push(pid);
             }
         }

@@ -457,15 +457,32 @@ pub fn own_start_time() -> u64 {
 
 /// Start time of a pid (as this process's PID namespace sees it); 0 when unknown.
 pub fn start_time_of(pid: &str) -> u64 {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
+    stat_of(pid).map_or(0, |(_, start)| start)
+}
+
+/// Start time of a pid that has not exited; 0 when unknown, gone, or exited and not yet waited
+/// for (a zombie, state `Z`, or `X`): a zombie has released its memory and descriptors, so its
+/// record must be reaped at once, as a personal ledger's OFD lock is dropped at exit.
+pub fn live_start_time_of(pid: &str) -> u64 {
+    match stat_of(pid) {
+        Some((b'Z' | b'X' | b'x', _)) | None => 0,
+        Some((_, start)) => start,
+    }
+}
+
+/// Whether the process `pid` (this namespace's) with start time `start_time` is still running
+/// (not exited, not a zombie, not another process that took its pid since).
+pub fn is_running(pid: u32, start_time: u64) -> bool {
+    start_time != 0 && live_start_time_of(&pid.to_string()) == start_time
+}
+
+/// State (field 3) and start time (field 22) of `/proc/<pid>/stat`.
+fn stat_of(pid: &str) -> Option<(u8, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and parentheses: fields count from the last ')'.
-    let Some(rest) = s.rfind(')').map(|i| &s[i + 1..]) else {
-        return 0;
-    };
-    rest.split_whitespace()
-        .nth(19)
-        .and_then(|f| f.parse().ok())
-        .unwrap_or(0)
+    let rest = &s[s.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    let state = *f.next()?.as_bytes().first()?;
+    let start = f.nth(18)?.parse().ok()?;
+    Some((state, start))
 }

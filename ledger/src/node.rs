@@ -270,13 +270,10 @@ impl Ledger {
                         s.state.load(SeqCst) == STATE_ACTIVE && s.owner_uid.load(SeqCst) == peer.uid
                     })
                     .count();
-                let creates = ask.req.name.is_none()
-                    || !self.slices().iter().any(|s| {
-                        s.state.load(SeqCst) == STATE_ACTIVE
-                            && s.private.load(SeqCst) == 0
-                            && s.device.load(SeqCst) as usize == dev
-                            && Some(s.name.get()) == ask.req.name
-                    });
+                let creates = match ask.req.name.as_deref() {
+                    Some(n) => self.slice_for(n, dev, peer.uid)?.is_none(),
+                    None => true,
+                };
                 if creates && owned >= limits.slices_per_uid {
                     return Err(LedgerError::UserLimit {
                         uid: peer.uid,

@@ -8,7 +8,7 @@
 use core::sync::atomic::Ordering::*;
 
 use crate::error::{human_bytes, AdmissionError, LedgerError};
-use crate::layout::{NO_LIMIT, PPM, STATE_ACTIVE};
+use crate::layout::{NO_LIMIT, PPM};
 use crate::Ledger;
 
 /// What `gpuslice slice set` changes (None: leave as it is).
@@ -29,24 +29,15 @@ fn frac(ppm: u64) -> String {
 }
 
 impl Ledger {
-    /// Change every slice called `name` (one per device it exists on); all or nothing: each
+    /// Change the slices called `name` (the operator's, one per device it exists on, else every
+    /// tenant's of that name: [`Ledger::operator_targets`]); all or nothing: each
     /// change is checked on every record first. Refused: lowering the quota below what the
     /// slice uses now (the message says requested and used), a quota or share that does not fit
     /// what the device has left (requested and available), a quota on a best-effort slice, a
     /// cap below the share. Returns how many records changed.
     pub fn set_slice(&self, name: &str, change: &SliceChange) -> Result<usize, LedgerError> {
         let _g = self.lock()?;
-        let records: Vec<usize> = self
-            .slices()
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| {
-                s.state.load(SeqCst) == STATE_ACTIVE
-                    && s.private.load(SeqCst) == 0
-                    && s.name.get() == name
-            })
-            .map(|(i, _)| i)
-            .collect();
+        let records = self.operator_targets(name);
         if records.is_empty() {
             return Err(LedgerError::NoSuchSlice(name.into()));
         }

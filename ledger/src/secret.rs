@@ -105,8 +105,9 @@ impl Secret {
         Ok(Secret(b.iter().map(|x| format!("{x:02x}")).collect()))
     }
 
-    /// Read a secret from a file (one line; a trailing newline is dropped). The file must not
-    /// be readable by group or others: a secret anyone can read protects nothing.
+    /// Read a secret from a file (one line; a trailing newline is dropped). The file must be the
+    /// caller's own (a file another user wrote holds a secret that user chose) and neither
+    /// readable nor writable by group or others: a secret anyone can read protects nothing.
     pub fn read_file(path: &std::path::Path) -> Result<Secret, LedgerError> {
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let what = path.display().to_string();
@@ -122,10 +123,26 @@ impl Secret {
                 "{what}: not a regular file"
             )));
         }
+        // A file someone else owns (or may write) holds a secret that someone chose: a tenant
+        // who planted it would join the slice with it.
+        let me = crate::dir::euid();
+        if md.uid() != me {
+            return Err(LedgerError::BadSecret(format!(
+                "{what}: owned by uid {}, not by you (uid {me}): a secret file must be your own, \
+                 or whoever wrote it knows the secret; use --new-secret-file, or create the \
+                 file yourself (mode 0600)",
+                md.uid()
+            )));
+        }
         if md.mode() & 0o077 != 0 {
             return Err(LedgerError::BadSecret(format!(
-                "{what}: mode {:o} lets group or others read it; `chmod 600 {what}`",
-                md.mode() & 0o7777
+                "{what}: mode {:o} lets group or others {} it; `chmod 600 {what}`",
+                md.mode() & 0o7777,
+                if md.mode() & 0o022 != 0 {
+                    "write"
+                } else {
+                    "read"
+                }
             )));
         }
         let mut s = String::new();
@@ -516,7 +533,18 @@ mod tests {
         // A readable file is refused, naming the fix.
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = Secret::read_file(&p).unwrap_err().to_string();
-        assert!(e.contains("chmod 600"), "{e}");
+        assert!(e.contains("chmod 600") && e.contains("read"), "{e}");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o620)).unwrap();
+        let e = Secret::read_file(&p).unwrap_err().to_string();
+        assert!(e.contains("write"), "{e}");
+        // Someone else's file (root only can give one away): refused, naming its owner.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        if crate::dir::euid() == 0 {
+            std::os::unix::fs::chown(&p, Some(47001), None).unwrap();
+            let e = Secret::read_file(&p).unwrap_err().to_string();
+            assert!(e.contains("owned by uid 47001"), "{e}");
+            std::os::unix::fs::chown(&p, Some(0), None).unwrap();
+        }
         // A symlink is not followed.
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::os::unix::fs::symlink(&p, d.join("link")).unwrap();

@@ -71,6 +71,10 @@ pub struct SliceInfo {
     /// Scheduling priority class (`sched::CLASS_NORMAL` or `CLASS_LATENCY`): the scheduler's own
     /// word, `SchedSlice::class`.
     pub priority: u32,
+    /// Node mode: the only uid whose processes may join it, which is also the namespace of its
+    /// name (a tenant's slice is its maker's); `None`: any uid (an operator slice without
+    /// `--owner`, or a personal ledger's).
+    pub owner: Option<u32>,
     /// The monitor's audit: NVML reports more for its processes than its quota.
     pub over_quota: bool,
     /// The audit: bytes NVML last reported for its processes.
@@ -96,6 +100,8 @@ pub struct ProcInfo {
     pub host_pid: u32,
     /// Slice name it asked for (empty: private).
     pub slice: String,
+    /// Node mode: its uid as the kernel gave it to the monitor (personal mode: 0, unused).
+    pub uid: u32,
     /// Whether it still runs (its liveness lock is held).
     pub alive: bool,
     /// Bytes it holds on all devices.

@@ -236,14 +236,25 @@ impl<'a> View<'a> {
         })
     }
 
-    /// The named (not private) active slice called `name` on `device`.
+    /// The named (not private) active slice called `name` on `device` that this process would
+    /// join: the operator's of that name, else its own user's (in node mode tenants' names are
+    /// namespaced by owner: `Ledger::slice_for`; a personal ledger's slices are all its user's).
     pub fn find_slice(&self, name: &[u8], device: usize) -> Option<usize> {
-        self.slices.iter().position(|s| {
+        let named = |s: &Slice| {
             s.state.load(Acquire) == STATE_ACTIVE
                 && s.private.load(Relaxed) == 0
                 && s.device.load(Relaxed) as usize == device
                 && s.name.eq_bytes(name)
-        })
+        };
+        let me = crate::dir::euid();
+        self.slices
+            .iter()
+            .position(|s| named(s) && s.operator_defined.load(Relaxed) != 0)
+            .or_else(|| {
+                self.slices.iter().position(|s| {
+                    named(s) && matches!(s.owner_uid.load(Relaxed), o if o == ANY_UID || o == me)
+                })
+            })
     }
 
     /// Slice `index`, if active and on a valid device.

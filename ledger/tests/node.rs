@@ -8,7 +8,7 @@ use common::{node_policy, peer, Scratch, Table};
 use gpuslice_ledger::layout::{POOL_ACCOUNT_BASE, STATE_ACTIVE};
 use gpuslice_ledger::node::{Admitted, DeviceAsk, Limits};
 use gpuslice_ledger::region::Region;
-use gpuslice_ledger::{Account, Ledger, LedgerError, SliceRequest};
+use gpuslice_ledger::{Account, Ledger, LedgerError, OperatorSlice, SliceRequest};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
@@ -47,7 +47,8 @@ fn admission_bounds_and_one_record_per_process() {
         procs_per_uid: 2,
         slices_per_uid: 8,
     };
-    l.admit(&peer(10, 1000), "", &ask(Some("a"), Some(GI)), &limits)
+    let first = l
+        .admit(&peer(10, 1000), "", &ask(Some("a"), Some(GI)), &limits)
         .unwrap();
     let e = l
         .admit(&peer(10, 1000), "", &ask(Some("a"), Some(GI)), &limits)
@@ -59,13 +60,20 @@ fn admission_bounds_and_one_record_per_process() {
         .admit(&peer(12, 1000), "", &ask(Some("a"), None), &limits)
         .unwrap_err();
     assert!(e.to_string().contains("its limit"), "{e}");
-    // Another user: not blocked by the first, and cannot join the first's slice.
-    let e = l
-        .admit(&peer(20, 2000), "", &ask(Some("a"), None), &limits)
-        .unwrap_err();
-    assert!(e.to_string().contains("belongs to uid 1000"), "{e}");
-    l.admit(&peer(20, 2000), "", &ask(Some("b"), Some(GI)), &limits)
+    // Another user: not blocked by the first, and the same name is its own slice (names are
+    // namespaced by owner), never the first's.
+    let other = l
+        .admit(&peer(20, 2000), "", &ask(Some("a"), Some(GI)), &limits)
         .unwrap();
+    assert_ne!(other.devices[0].slice, first.devices[0].slice);
+    let snap = l.snapshot();
+    let owners: Vec<Option<u32>> = snap
+        .slices
+        .iter()
+        .filter(|s| s.name == "a")
+        .map(|s| s.owner)
+        .collect();
+    assert_eq!(owners, [Some(1000), Some(2000)]);
     // An unknown device is refused, not registered.
     let mut bad = ask(None, None);
     bad[0].uuid = "GPU-ffffffff-0000-0000-0000-000000000000".into();
@@ -173,4 +181,45 @@ fn best_effort_grants_are_fair_and_a_liar_keeps_at_most_its_grant() {
     // A quota that does not fit beside the pools is refused, naming what is available.
     let e = admit(&l, (43, 3000), Some("big"), Some(8 * GI)).unwrap_err();
     assert!(e.to_string().contains("requested 8 GiB"), "{e}");
+}
+
+/// Issue #27: names are namespaced by owner. A tenant holding a slice called `team` keeps
+/// neither another tenant nor the operator from a slice of that name: the operator's is made
+/// beside it, and is the one every uid it is open to joins from then on.
+#[test]
+fn tenants_names_are_their_own_and_operator_names_are_reserved() {
+    let Some((l, _t, _d)) = node("names") else {
+        return;
+    };
+    let squat = admit(&l, (50, 1000), Some("team"), Some(GI)).unwrap();
+    let theirs = admit(&l, (60, 2000), Some("team"), Some(GI)).unwrap();
+    assert_ne!(squat.devices[0].slice, theirs.devices[0].slice);
+    let op = l
+        .create_operator_slice(&OperatorSlice {
+            name: "team".into(),
+            device: UUID.into(),
+            memory: 2 * GI,
+            compute_share_ppm: 0,
+            compute_cap_ppm: gpuslice_ledger::PPM,
+            claim: None,
+        })
+        .unwrap();
+    assert!(
+        l.create_operator_slice(&OperatorSlice {
+            name: "team".into(),
+            device: UUID.into(),
+            memory: GI,
+            compute_share_ppm: 0,
+            compute_cap_ppm: gpuslice_ledger::PPM,
+            claim: None,
+        })
+        .is_err(),
+        "one operator slice of a name per device"
+    );
+    l.set_slice_owner("team", UUID, 2000).unwrap();
+    let joined = admit(&l, (61, 2000), Some("team"), None).unwrap();
+    assert_eq!(joined.devices[0].slice, op);
+    assert_eq!(joined.devices[0].memory_limit, Some(2 * GI));
+    let e = admit(&l, (51, 1000), Some("team"), None).unwrap_err();
+    assert!(e.to_string().contains("belongs to uid 2000"), "{e}");
 }

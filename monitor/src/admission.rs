@@ -4,16 +4,21 @@
 //! One thread accepts; each connection gets its own short-lived thread (at most
 //! [`MAX_CONNECTIONS`] at once, [`MAX_PER_UID`] per uid, each with a [`IO_TIMEOUT`] deadline),
 //! so a slow or silent client delays nobody else. Who asks is what the kernel says
-//! (`SO_PEERCRED`: pid and uid); the pid's start time and `NSpid` come from `/proc`, read by
-//! the monitor; nothing the client claims about itself is used for identity.
+//! (`SO_PEERCRED`: pid and uid), bound at accept to the process that connected (a pidfd:
+//! `gpuslice_ledger::pidfd`), so a request read later from a connection whose maker exited is
+//! refused, whoever holds its pid by then; the pid's start time and `NSpid` come from `/proc`,
+//! read by the monitor; nothing the client claims about itself is used for identity.
 //!
-//! Requests (see `gpuslice_ledger::protocol`): `admit` (a shim at `cuInit`), `slice-create`,
+//! Requests (see `gpuslice_protocol`): `admit` (a shim at `cuInit`), `slice-create`,
 //! `slice-rm`, `slice-set`, `slice-priority` (the operator CLI: root, or a member of the
 //! operator group),
-//! `view` (a read-only descriptor of one slice's region, for the slice's own uid or root).
+//! `view` (a read-only descriptor of one slice's region, for the slice's own uid or root),
+//! `release` (an admitted process the driver refused memory: pieces of its own slice's balloon,
+//! `crate::balloon`).
 
 use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
 use gpuslice_ledger::node::{region_key, DeviceAsk, Limits, Peer};
+use gpuslice_ledger::pidfd::PeerProcess;
 use gpuslice_ledger::region::Region;
 use gpuslice_ledger::region::Regions;
 use gpuslice_ledger::secret::Secret;
@@ -165,6 +170,9 @@ pub struct Server {
     pub limits: Limits,
     /// gid of the operator group, if it exists.
     pub operator_gid: Option<u32>,
+    /// The slices' unused reservations held on the GPUs (`None`: `--balloons off`, or no
+    /// driver).
+    pub balloons: Option<Arc<crate::balloon::Balloons>>,
 }
 
 /// Bind `monitor.sock` in the (checked, root-owned) runtime directory, mode 0666.
@@ -232,6 +240,8 @@ pub fn serve(listener: OwnedFd, server: Arc<Server>) {
         let Some((pid, uid, _)) = protocol::peer(c.as_raw_fd()) else {
             continue;
         };
+        // Bound now to the process that connected, not to its pid number (issue #27).
+        let peer = PeerProcess::at_accept(c.as_raw_fd(), pid);
         if OPEN.load(SeqCst) >= MAX_CONNECTIONS {
             continue; // dropped: the client retries
         }
@@ -257,7 +267,7 @@ pub fn serve(listener: OwnedFd, server: Arc<Server>) {
             .name("admission".into())
             .spawn(move || {
                 protocol::set_timeouts(c.as_raw_fd(), IO_TIMEOUT);
-                handle(&server, c.as_raw_fd(), pid, uid);
+                handle(&server, c.as_raw_fd(), &peer, uid);
                 OPEN.fetch_sub(1, SeqCst);
                 if let Some(n) = per_uid
                     .lock()
@@ -273,22 +283,27 @@ pub fn serve(listener: OwnedFd, server: Arc<Server>) {
     }
 }
 
-fn handle(server: &Server, sock: RawFd, pid: u32, uid: u32) {
+fn handle(server: &Server, sock: RawFd, peer: &PeerProcess, uid: u32) {
     let Ok(Some((req, _fds))) = protocol::recv(sock) else {
         return;
     };
-    let answered = match req.get("op") {
-        Some("admit") => admit(server, &req, pid, uid),
-        _ => answer(server, &req, pid, uid).map_err(Refusal::other),
-    };
+    // Whoever connected must still be the process behind the pid when its request is read:
+    // a connection whose maker exited is refused, whoever holds its pid now.
+    let answered = peer
+        .check()
+        .map_err(Refusal::other)
+        .and_then(|()| match req.get("op") {
+            Some("admit") => admit(server, &req, peer.pid, uid),
+            _ => answer(server, &req, peer.pid, uid).map_err(Refusal::other),
+        });
     let (reply, fds) = answered.unwrap_or_else(|refusal| (refusal.encode(), vec![]));
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let _ = protocol::send(sock, &reply, &raw);
 }
 
-/// The peer's identity as `/proc` shows it to the monitor.
+/// The peer's identity as `/proc` shows it to the monitor (after [`PeerProcess::check`]).
 fn peer_of(pid: u32, uid: u32) -> Result<Peer, String> {
-    let start_time = gpuslice_ledger::start_time_of(&pid.to_string());
+    let start_time = gpuslice_ledger::live_start_time_of(&pid.to_string());
     if start_time == 0 {
         return Err(format!("cannot read /proc/{pid}: the process is gone"));
     }
@@ -334,6 +349,22 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
     let ledger = &server.ledger;
     match req.get("op") {
         Some("ping") => Ok((Message::new("ok", &std::process::id().to_string()), vec![])),
+        Some("release") => {
+            // The slow path of an admitted process the driver refused (the device is full):
+            // memory from its own slice's balloon, never another's.
+            let Some(b) = &server.balloons else {
+                return Ok((Message::new("ok", "0"), vec![]));
+            };
+            let peer = peer_of(pid, uid)?;
+            let freed = b.release_for(
+                ledger,
+                peer.host_pid,
+                peer.start_time,
+                req.get("dev").unwrap_or(""),
+                num(req, "bytes")?,
+            )?;
+            Ok((Message::new("ok", &freed.to_string()), vec![]))
+        }
         Some(op @ ("slice-create" | "slice-rm" | "slice-set" | "slice-priority")) => {
             if !is_operator(server, pid, uid) {
                 return Err(format!(

@@ -152,7 +152,14 @@ pub static MONITOR: Command = Command {
         flag(
             "on-violation",
             "report|kill",
-            "a slice NVML finds over its quota is reported (default), or its processes killed",
+            "a slice NVML finds over its quota is reported (default), or its processes that \
+             are themselves over killed (never one within what it charged)",
+        ),
+        flag(
+            "balloons",
+            "on|off",
+            "node mode: hold every slice's unused reservation on the GPU, so no program can \
+             take it (default on)",
         ),
         flag(
             "max-procs-per-user",

@@ -19,6 +19,7 @@
 //! Exit status (contract): 0 on success, 2 on bad usage (with a usage line), 1 on other errors.
 
 mod admission;
+mod balloon;
 mod cdi;
 mod cli;
 mod commands;

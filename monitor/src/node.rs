@@ -131,16 +131,9 @@ impl Node {
 
     /// Record the audit's rows in the ledger (for `status` and `metrics`).
     pub fn record_audit(&self, rows: &[crate::prom::AuditRow]) {
-        let s = self.ledger.snapshot();
         for r in rows {
-            if let Some(sl) = s
-                .slices
-                .iter()
-                .find(|sl| sl.name == r.slice && sl.device_uuid == r.device_uuid)
-            {
-                self.ledger
-                    .record_audit(sl.index, r.observed, r.over_quota());
-            }
+            self.ledger
+                .record_audit(r.index, r.observed, r.over_quota());
         }
     }
 
@@ -155,11 +148,11 @@ impl Node {
     pub fn reap(&self) -> Result<(u64, Vec<String>), LedgerError> {
         let r = match &self.regions {
             Some(regions) => {
-                // The monitor's own record: the pid it saw and that pid's start time.
+                // The monitor's own record: the pid it saw and that pid's start time; a zombie
+                // (exited, not yet waited for) is gone: it holds no memory any more.
                 let alive = |p: &gpuslice_ledger::layout::Proc| {
-                    let st = p.start_time.load(std::sync::atomic::Ordering::SeqCst);
-                    let pid = p.host_pid.load(std::sync::atomic::Ordering::SeqCst);
-                    st != 0 && gpuslice_ledger::start_time_of(&pid.to_string()) == st
+                    use std::sync::atomic::Ordering::SeqCst;
+                    gpuslice_ledger::is_running(p.host_pid.load(SeqCst), p.start_time.load(SeqCst))
                 };
                 let r = self.ledger.reap_node(&alive, regions.as_ref())?;
                 regions.retain_live(&self.ledger);
@@ -246,6 +239,8 @@ impl Node {
                     launches: compute.launches,
                     throttled_seconds: compute.throttled_seconds,
                     claim: sl.claim.clone(),
+                    owner: sl.owner,
+                    index: sl.index,
                     over_quota: sl.over_quota,
                     audit_observed: sl.audit_observed,
                     violations_total: sl.violations_total,
@@ -267,6 +262,15 @@ impl Node {
                     .map_or_else(|| p.slice.clone(), |n| n.to_string()),
                 memory_used: p.memory_used,
                 alive: p.alive,
+                uid: p.uid,
+                charged: p
+                    .devices
+                    .iter()
+                    .filter_map(|d| {
+                        let uuid = s.devices.iter().find(|x| x.index == d.device)?;
+                        Some((uuid.uuid.clone(), d.charged))
+                    })
+                    .collect(),
             })
             .collect();
         processes.sort_by_key(|p| p.pid);
@@ -642,6 +646,7 @@ mod tests {
             pid_ns: 0,
             host_pid: pid,
             slice: String::new(),
+            uid: 1000,
             alive,
             memory_used: charged,
             devices: vec![gpuslice_ledger::ProcDeviceInfo {
@@ -669,6 +674,7 @@ mod tests {
             alloc_total: 0,
             alloc_denied_total: 0,
             claim: None,
+            owner: None,
             priority: 0,
             over_quota: false,
             audit_observed: 0,

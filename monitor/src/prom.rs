@@ -14,6 +14,9 @@ pub struct MonitorFacts {
     pub audit: Vec<AuditRow>,
     /// Per device UUID: memory in use as NVML reports it, whoever holds it.
     pub device_observed: Vec<(String, u64)>,
+    /// Node mode, per device UUID: the slices' unused reservations the monitor holds there
+    /// (`crate::balloon`).
+    pub balloons: Vec<(String, u64)>,
 }
 
 /// What NVML says a slice's processes really hold on a device.
@@ -27,12 +30,45 @@ pub struct AuditRow {
     pub limit: Option<u64>,
     /// The NVML pids counted (the monitor's PID namespace).
     pub pids: Vec<u32>,
+    /// Per pid (same order): what NVML reports beyond what the process charged to the slice
+    /// (all of it for a process the ledger does not know).
+    pub excess: Vec<u64>,
+    /// The slice's ledger record (names are namespaced by owner, so two may share a name).
+    pub index: usize,
 }
 
 impl AuditRow {
     /// Real usage beyond the quota: memory that did not go through gpuslice.
     pub fn over_quota(&self) -> bool {
         self.limit.is_some_and(|l| self.observed > l)
+    }
+
+    /// The pids `--on-violation kill` ends for a slice over its quota: only processes that are
+    /// themselves over (hold more than they charged), the largest excess first, until what is
+    /// left fits the quota. A process within what it charged is never among them, so a
+    /// bypass that names the slice cannot get its honest members killed.
+    pub fn to_kill(&self) -> Vec<u32> {
+        let Some(limit) = self.limit else {
+            return vec![];
+        };
+        let mut by_excess: Vec<(u64, u32)> = self
+            .excess
+            .iter()
+            .copied()
+            .zip(self.pids.iter().copied())
+            .filter(|&(e, _)| e > 0)
+            .collect();
+        by_excess.sort_unstable_by(|a, b| b.cmp(a));
+        let mut left = self.observed;
+        let mut out = vec![];
+        for (e, pid) in by_excess {
+            if left <= limit {
+                break;
+            }
+            out.push(pid);
+            left = left.saturating_sub(e);
+        }
+        out
     }
 }
 
@@ -265,6 +301,15 @@ pub fn render(snap: &NodeView, facts: Option<&MonitorFacts>) -> String {
         for (uuid, used) in &facts.device_observed {
             f.sample(&[("uuid", uuid)], *used as f64);
         }
+        let mut f = family(
+            &mut out,
+            "gpuslice_device_memory_held_bytes",
+            "gauge",
+            "Node mode: reserved memory no slice uses, held on the device by the monitor so that nobody else can take it (balloons).",
+        );
+        for (uuid, held) in &facts.balloons {
+            f.sample(&[("uuid", uuid)], *held as f64);
+        }
         family(
             &mut out,
             "gpuslice_monitor_reaped_processes_total",
@@ -286,12 +331,15 @@ mod tests {
             reaped_total: 2,
             audit: vec![AuditRow {
                 pids: vec![],
+                excess: vec![],
+                index: 0,
                 slice: "train".into(),
                 device_uuid: "GPU-x".into(),
                 observed: 5,
                 limit: Some(4),
             }],
             device_observed: vec![("GPU-x".into(), 7)],
+            balloons: vec![("GPU-x".into(), 3)],
         };
         let text = render(&crate::view::tests::sample(), Some(&facts));
         assert!(

@@ -198,6 +198,7 @@ pub fn render(snap: &NodeView) -> Vec<String> {
                 },
                 percent(s.compute_used),
                 if s.operator { "operator" } else { "process" }.into(),
+                s.owner.map_or("any".into(), |u| format!("uid {u}")),
                 pids,
             ]
         })
@@ -212,6 +213,7 @@ pub fn render(snap: &NodeView) -> Vec<String> {
             ("CAP", Right),
             (used.as_str(), Right),
             ("DEFINED BY", Left),
+            ("OWNER", Left),
             ("PIDS", Left),
         ],
         &slices,

@@ -49,6 +49,11 @@ pub struct SliceView {
     pub throttled_seconds: f64,
     /// The operator's label (Kubernetes `namespace/name`), if any.
     pub claim: Option<String>,
+    /// Node mode: the uid it belongs to (a tenant's slice is its maker's: names are namespaced
+    /// by owner); `None`: open to every uid (an operator slice without `--owner`).
+    pub owner: Option<u32>,
+    /// Its ledger record (two tenants' slices may share a name). Not part of the JSON.
+    pub index: usize,
     /// The audit (monitor): NVML reports more for its processes than its quota.
     pub over_quota: bool,
     /// The audit: bytes NVML last reported for its processes.
@@ -71,6 +76,10 @@ pub struct ProcessView {
     /// Start time of `pid` (clock ticks since boot), which tells a process apart from another
     /// with the same pid in another PID namespace or after reuse. Not part of the JSON.
     pub start_time: u64,
+    /// Node mode: its uid (from the kernel at admission).
+    pub uid: u32,
+    /// What it has charged per device (UUID, bytes), for the audit. Not part of the JSON.
+    pub charged: Vec<(String, u64)>,
 }
 
 /// The node at one instant.
@@ -107,6 +116,7 @@ impl NodeView {
                 "priority": s.priority,
                 "pids": s.pids,
                 "claim": s.claim,
+                "owner": s.owner,
                 "violations_total": s.violations_total,
             })).collect::<Vec<_>>(),
             // Slices the monitor's NVML audit finds over their quota now (memory taken around
@@ -120,6 +130,7 @@ impl NodeView {
             "processes": self.processes.iter().map(|p| json!({
                 "pid": p.pid,
                 "slice": p.slice,
+                "uid": p.uid,
                 "memory_used": p.memory_used,
                 "alive": p.alive,
             })).collect::<Vec<_>>(),
@@ -165,6 +176,8 @@ pub(crate) mod tests {
                     launches: 1000,
                     throttled_seconds: 1.5,
                     claim: None,
+                    owner: None,
+                    index: 0,
                     over_quota: false,
                     audit_observed: 0,
                     violations_total: 0,
@@ -184,6 +197,8 @@ pub(crate) mod tests {
                     launches: 0,
                     throttled_seconds: 0.0,
                     claim: None,
+                    owner: None,
+                    index: 1,
                     over_quota: false,
                     audit_observed: 0,
                     violations_total: 0,
@@ -193,6 +208,8 @@ pub(crate) mod tests {
             processes: vec![
                 ProcessView {
                     pid: 100,
+                    uid: 1000,
+                    charged: vec![],
                     slice: "train".into(),
                     memory_used: GI,
                     alive: true,
@@ -200,6 +217,8 @@ pub(crate) mod tests {
                 },
                 ProcessView {
                     pid: 101,
+                    uid: 1000,
+                    charged: vec![],
                     slice: "train".into(),
                     memory_used: GI,
                     alive: true,
@@ -207,6 +226,8 @@ pub(crate) mod tests {
                 },
                 ProcessView {
                     pid: 102,
+                    uid: 1000,
+                    charged: vec![],
                     slice: "infer \"a\"".into(),
                     memory_used: GI,
                     alive: false,

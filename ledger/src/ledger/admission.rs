@@ -131,19 +131,13 @@ impl Ledger {
             });
         }
         let mut warnings = vec![];
-        let existing = req.name.as_deref().and_then(|n| self.find_slice(n, device));
+        let existing = match req.name.as_deref() {
+            Some(n) => self.slice_for(n, device, uid)?,
+            None => None,
+        };
         let si = match existing {
             Some(si) => {
                 let s = &self.slices()[si];
-                let owner = s.owner_uid.load(SeqCst);
-                if uid != ANY_UID && owner != ANY_UID && owner != uid {
-                    return Err(LedgerError::Monitor(format!(
-                        "slice {:?} belongs to uid {owner}: the processes of one slice trust \
-                         each other, so only uid {owner} may join it (choose another \
-                         GPUSLICE_SLICE)",
-                        req.name.as_deref().unwrap_or("")
-                    )));
-                }
                 let limit = s.memory_limit.load(SeqCst);
                 let (share, cap) = (
                     s.compute_share_ppm.load(SeqCst),
@@ -230,12 +224,80 @@ impl Ledger {
         }
     }
 
-    pub(super) fn find_slice(&self, name: &str, device: usize) -> Option<usize> {
-        self.slices().iter().position(|s| {
-            s.state.load(SeqCst) == STATE_ACTIVE
+    /// The slice a process of `uid` ([`ANY_UID`]: personal mode, one user) means by `name` on
+    /// `device`, if it exists. Names are namespaced by owner in node mode, so that no tenant can
+    /// take a name another user or the operator will use: an operator slice of that name
+    /// (which the operator reserves; refused when it belongs to another uid), else the slice
+    /// of that name `uid` made itself; another tenant's slice of the same name is a different
+    /// slice, never joined and never in the way.
+    pub(crate) fn slice_for(
+        &self,
+        name: &str,
+        device: usize,
+        uid: u32,
+    ) -> Result<Option<usize>, LedgerError> {
+        if uid == ANY_UID {
+            return Ok(self.named_on(name, device).next());
+        }
+        if let Some(si) = self.operator_slice(name, device) {
+            let owner = self.slices()[si].owner_uid.load(SeqCst);
+            if owner != ANY_UID && owner != uid {
+                return Err(LedgerError::Monitor(format!(
+                    "slice {name:?} belongs to uid {owner}: the processes of one slice trust \
+                     each other, so only uid {owner} may join it (choose another \
+                     GPUSLICE_SLICE)"
+                )));
+            }
+            return Ok(Some(si));
+        }
+        Ok(self.named_on(name, device).find(|&si| {
+            let s = &self.slices()[si];
+            s.operator_defined.load(SeqCst) == 0 && s.owner_uid.load(SeqCst) == uid
+        }))
+    }
+
+    /// The operator slice called `name` on `device` (at most one: operator names are unique
+    /// per device, whatever tenants named their own slices).
+    pub(crate) fn operator_slice(&self, name: &str, device: usize) -> Option<usize> {
+        self.named_on(name, device)
+            .find(|&si| self.slices()[si].operator_defined.load(SeqCst) != 0)
+    }
+
+    /// The slice records an operator command on `name` acts on: the operator slices called
+    /// `name` (one per device), or, where there is none, every named slice of that name (root
+    /// acting on tenants' own slices).
+    pub(crate) fn operator_targets(&self, name: &str) -> Vec<usize> {
+        let named: Vec<usize> = self
+            .slices()
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                s.state.load(SeqCst) == STATE_ACTIVE
+                    && s.private.load(SeqCst) == 0
+                    && s.name.get() == name
+            })
+            .map(|(si, _)| si)
+            .collect();
+        let ops: Vec<usize> = named
+            .iter()
+            .copied()
+            .filter(|&si| self.slices()[si].operator_defined.load(SeqCst) != 0)
+            .collect();
+        if ops.is_empty() {
+            named
+        } else {
+            ops
+        }
+    }
+
+    /// The named (not private) active slices called `name` on `device`, of every owner.
+    fn named_on<'a>(&'a self, name: &'a str, device: usize) -> impl Iterator<Item = usize> + 'a {
+        self.slices().iter().enumerate().filter_map(move |(si, s)| {
+            (s.state.load(SeqCst) == STATE_ACTIVE
                 && s.private.load(SeqCst) == 0
                 && s.device.load(SeqCst) as usize == device
-                && s.name.get() == name
+                && s.name.get() == name)
+                .then_some(si)
         })
     }
 

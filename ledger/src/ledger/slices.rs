@@ -59,11 +59,14 @@ impl Ledger {
         let dev = self
             .find_device(&spec.device)
             .ok_or_else(|| LedgerError::NoSuchDevice(spec.device.clone()))?;
-        if let Some(si) = self.find_slice(&spec.name, dev) {
-            let s = &self.slices()[si];
-            if s.operator_defined.load(SeqCst) == 0 && s.attached.load(SeqCst) > 0 {
-                return Err(LedgerError::Exists(spec.name.clone()));
-            }
+        // Node mode: tenants' slices are theirs (namespaced by owner), so only another operator
+        // slice can hold the name. A personal ledger has one user and one namespace.
+        let taken = if self.is_node() {
+            self.operator_slice(&spec.name, dev)
+        } else {
+            self.slice_for(&spec.name, dev, ANY_UID)?
+        };
+        if taken.is_some() {
             return Err(LedgerError::Exists(spec.name.clone()));
         }
         let claim = spec.claim.as_deref().unwrap_or("");
@@ -114,32 +117,28 @@ impl Ledger {
             .find_device(device)
             .ok_or_else(|| LedgerError::NoSuchDevice(device.into()))?;
         let si = self
-            .find_slice(name, dev)
+            .operator_slice(name, dev)
             .ok_or_else(|| LedgerError::NoSuchSlice(name.into()))?;
         self.slices()[si].owner_uid.store(uid, SeqCst);
         Ok(1)
     }
 
-    /// Set the scheduling priority (0 normal, 1 latency) of every slice called `name`;
-    /// returns how many.
+    /// Set the scheduling priority (0 normal, 1 latency) of the slices called `name` (the
+    /// operator's, else every tenant's of that name: [`Ledger::operator_targets`]); returns how
+    /// many.
     pub fn set_slice_priority(&self, name: &str, priority: u32) -> Result<usize, LedgerError> {
         let _g = self.lock()?;
-        let mut n = 0;
-        for s in self.slices() {
-            if s.state.load(SeqCst) == STATE_ACTIVE
-                && s.private.load(SeqCst) == 0
-                && s.name.get() == name
-            {
-                s.sched
-                    .class
-                    .store(priority.min(gpuslice_sched::CLASS_LATENCY), SeqCst);
-                n += 1;
-            }
+        let targets = self.operator_targets(name);
+        for &si in &targets {
+            self.slices()[si]
+                .sched
+                .class
+                .store(priority.min(gpuslice_sched::CLASS_LATENCY), SeqCst);
         }
-        if n == 0 {
+        if targets.is_empty() {
             return Err(LedgerError::NoSuchSlice(name.into()));
         }
-        Ok(n)
+        Ok(targets.len())
     }
 
     /// Set the priority class a process asked for (`GPUSLICE_PRIORITY`) on slice record
@@ -154,21 +153,17 @@ impl Ledger {
         }
     }
 
-    /// Remove the operator slices called `name` (on every device). One with processes still
+    /// Remove the operator slices called `name` (on every device; where there is none, every
+    /// tenant's slice of that name). One with processes still
     /// attached stops being operator-defined and goes away with its last process. Returns how
     /// many were removed at once.
     pub fn remove_slice(&self, name: &str) -> Result<usize, LedgerError> {
         let _g = self.lock()?;
-        let mut found = 0;
+        let targets = self.operator_targets(name);
+        let found = targets.len();
         let mut removed = 0;
-        for (si, s) in self.slices().iter().enumerate() {
-            if s.state.load(SeqCst) != STATE_ACTIVE
-                || s.private.load(SeqCst) != 0
-                || s.name.get() != name
-            {
-                continue;
-            }
-            found += 1;
+        for si in targets {
+            let s = &self.slices()[si];
             s.operator_defined.store(0, SeqCst);
             if s.attached.load(SeqCst) == 0 {
                 self.free_slice_locked(si);

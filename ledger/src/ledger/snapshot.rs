@@ -80,6 +80,7 @@ impl Ledger {
                 alloc_total: s.alloc_total.load(Relaxed),
                 alloc_denied_total: s.alloc_denied_total.load(Relaxed),
                 claim: Some(s.claim.get()).filter(|c| !c.is_empty()),
+                owner: Some(s.owner_uid.load(SeqCst)).filter(|&u| u != ANY_UID),
                 over_quota: s.over_quota.load(SeqCst) != 0,
                 audit_observed: s.audit_observed.load(SeqCst),
                 violations_total: s.violations_total.load(SeqCst),
@@ -129,6 +130,7 @@ impl Ledger {
                 pid_ns: p.pid_ns.load(SeqCst),
                 host_pid: p.host_pid.load(SeqCst),
                 slice: p.slice_name.get(),
+                uid: p.uid.load(SeqCst),
                 alive: alive[i],
                 memory_used: devices
                     .iter()

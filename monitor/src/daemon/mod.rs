@@ -107,6 +107,15 @@ fn run(opts: Options) -> Result<(), Failure> {
             register_devices(&node, &devs);
         }
         let (ledger, regions) = node.parts().expect("node mode has regions");
+        let balloons = if opts.balloons {
+            start_balloons(&ledger, regions.as_ref())
+        } else {
+            log!(
+                "balloons off (--balloons off): reserved memory is held in software only; a \
+                 program without the library can take memory other slices reserved"
+            );
+            None
+        };
         // Compute turns: granted by this monitor from here on (tenants cannot write leases).
         crate::turns::spawn(ledger.clone(), regions.clone())?;
         let listener = crate::admission::bind(&ledger)?;
@@ -115,6 +124,7 @@ fn run(opts: Options) -> Result<(), Failure> {
             regions,
             limits: opts.limits,
             operator_gid: group_gid(&opts.operator_group),
+            balloons: balloons.clone(),
         });
         std::thread::Builder::new()
             .name("admission".into())
@@ -129,10 +139,14 @@ fn run(opts: Options) -> Result<(), Failure> {
             opts.limits.procs_per_uid,
             opts.limits.slices_per_uid
         );
-        Some(node)
+        Some((node, balloons))
     } else {
         // A ledger that cannot be used is reported (and retried) by the loop below.
-        Node::open_or_create(&dir).ok()
+        Node::open_or_create(&dir).ok().map(|n| (n, None))
+    };
+    let (first, balloons) = match first {
+        Some((n, b)) => (Some(n), b),
+        None => (None, None),
     };
     // SIGTERM/SIGINT/SIGHUP: finish the tick and exit (after at most one --interval sleep).
     cli::stop_on_signals(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP]);
@@ -172,6 +186,8 @@ fn run(opts: Options) -> Result<(), Failure> {
         fresh: first,
         last_error: None,
         over: HashSet::new(),
+        bypassing: HashSet::new(),
+        balloons,
         facts,
     };
     let mut last_audit = Instant::now() - Duration::from_secs(10);
@@ -212,8 +228,12 @@ struct Monitor {
     fresh: Option<Node>,
     /// The last error opening the ledger, logged once until it changes.
     last_error: Option<String>,
-    /// Slices currently flagged over quota, to log transitions only.
-    over: HashSet<(String, String)>,
+    /// Slices (record, device) currently flagged over quota, to log transitions only.
+    over: HashSet<(usize, String)>,
+    /// Bypasses (pid, start time) reported already, to log each once in report mode.
+    bypassing: HashSet<(u32, u64)>,
+    /// Node mode: the slices' unused reservations, held on the GPUs (`--balloons`).
+    balloons: Option<Arc<crate::balloon::Balloons>>,
     facts: Shared,
 }
 
@@ -273,9 +293,57 @@ impl Monitor {
             Err(e) => {
                 log!("{e}; reopening the ledger");
                 self.node = None;
+                return;
+            }
+        }
+        // After the reap: what the dead held is back in their slices' unused reservations.
+        if let (Some(b), Some((ledger, regions))) = (&self.balloons, node.parts()) {
+            for l in b.tick(&ledger, regions.as_ref()) {
+                log!("{l}");
+            }
+            if let Ok(mut f) = self.facts.lock() {
+                f.balloons = b.held().into_iter().collect();
+                f.balloons.sort();
             }
         }
     }
+}
+
+/// Node mode: load the driver and hold every slice's unused reservation (the first tick, timed
+/// for the log); `None`, with a warning, where the driver cannot be used.
+fn start_balloons(
+    ledger: &gpuslice_ledger::Ledger,
+    regions: &dyn gpuslice_ledger::region::Regions,
+) -> Option<Arc<crate::balloon::Balloons>> {
+    let t0 = Instant::now();
+    let b = match crate::balloon::Balloons::open() {
+        Ok(b) => b,
+        Err(e) => {
+            log!(
+                "WARNING: balloons unavailable ({e}): reserved memory is held in software only; \
+                 a program without the library can take memory other slices reserved"
+            );
+            return None;
+        }
+    };
+    for l in b.tick(ledger, regions) {
+        log!("{l}");
+    }
+    let mut held: Vec<(String, u64)> = b.held().into_iter().collect();
+    held.sort();
+    log!(
+        "balloons: holding every slice's unused reservation on the GPUs ({}; start-up {} ms)",
+        if held.is_empty() {
+            "nothing reserved yet".to_string()
+        } else {
+            held.iter()
+                .map(|(u, n)| format!("{} on {u}", crate::table::size(*n)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+        t0.elapsed().as_millis()
+    );
+    Some(Arc::new(b))
 }
 
 /// Register the devices NVML lists in the ledger (admission accepts only registered devices);

@@ -46,6 +46,8 @@ pub(super) struct Options {
     pub(super) limits: gpuslice_ledger::node::Limits,
     pub(super) operator_group: String,
     pub(super) on_violation: OnViolation,
+    /// Node mode: hold every slice's unused reservation physically (`crate::balloon`).
+    pub(super) balloons: bool,
 }
 
 pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
@@ -58,6 +60,7 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         limits: Default::default(),
         operator_group: OPERATOR_GROUP.into(),
         on_violation: OnViolation::Report,
+        balloons: true,
     };
     let mut interval = None;
     loop {
@@ -99,6 +102,19 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                     _ => {
                         return Err(Failure::usage(
                             format!("--on-violation {v:?}: expected report or kill"),
+                            USAGE,
+                        ))
+                    }
+                };
+            }
+            Long("balloons") => {
+                let v = cli::utf8(p.value()?, "--balloons", USAGE)?;
+                o.balloons = match v.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => {
+                        return Err(Failure::usage(
+                            format!("--balloons {v:?}: expected on or off"),
                             USAGE,
                         ))
                     }

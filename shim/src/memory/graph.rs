@@ -102,7 +102,7 @@ pub(super) unsafe fn graph_alloc(
     dev: &DevState,
     graph: CUgraph,
     bytes: u64,
-    add: impl FnOnce() -> CUresult,
+    mut add: impl FnMut() -> CUresult,
 ) -> CUresult {
     // SAFETY: dev is a device of the started state (this function's contract).
     if let Err(r) = unsafe { reserved(dev, bytes, || (add(), ())) } {
@@ -119,7 +119,7 @@ pub(super) unsafe fn graph_alloc(
 unsafe fn mem_alloc_node(
     graph: CUgraph,
     p: *const CUDA_MEM_ALLOC_NODE_PARAMS,
-    add: impl FnOnce() -> CUresult,
+    mut add: impl FnMut() -> CUresult,
 ) -> CUresult {
     let st = ready!();
     if p.is_null() {
@@ -161,7 +161,7 @@ pub unsafe fn graph_add_mem_alloc_node(
 unsafe fn graph_add_any_node(
     graph: CUgraph,
     params: *mut CUgraphNodeParams,
-    add: impl FnOnce() -> CUresult,
+    mut add: impl FnMut() -> CUresult,
 ) -> CUresult {
     if params.is_null() {
         return add();

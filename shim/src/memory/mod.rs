@@ -49,6 +49,7 @@ macro_rules! current {
 }
 
 mod arrays;
+mod balloon;
 mod graph;
 mod plain;
 mod pool_objects;
@@ -102,7 +103,7 @@ unsafe fn charge(dev: &DevState, n: u64) -> bool {
 unsafe fn reserved<T>(
     dev: &DevState,
     bytes: u64,
-    alloc: impl FnOnce() -> (CUresult, T),
+    mut alloc: impl FnMut() -> (CUresult, T),
 ) -> Result<T, CUresult> {
     // SAFETY: dev is a device of the started state (this function's contract).
     if !unsafe { charge(dev, bytes) } {
@@ -110,8 +111,7 @@ unsafe fn reserved<T>(
     }
     let (r, out) = alloc();
     if r != CUDA_SUCCESS {
-        dev.account.uncharge(bytes);
-        return Err(r);
+        return balloon::refused(dev, bytes, alloc, r);
     }
     Ok(out)
 }
@@ -140,7 +140,7 @@ unsafe fn charge_and_alloc(
     dev: &DevState,
     kind: Handle,
     bytes: u64,
-    alloc: impl FnOnce() -> (CUresult, u64),
+    alloc: impl FnMut() -> (CUresult, u64),
 ) -> CUresult {
     // `bytes` fits a Charge (below 2^48) whenever the charge succeeds: no quota or device
     // reaches 2^48 bytes, so a larger request is refused by `charge`.
