@@ -63,6 +63,14 @@ FAKEGPU_LIB_DIR=$(bash scripts/fakegpu.sh </dev/null | tail -n 1)
 export FAKEGPU_LIB_DIR
 export GPUSLICE_PROFILE_DIR="$CARGO_TARGET_DIR/debug"
 
+# Root-only tests (node mode: a root monitor, other users) fail when not root unless told to
+# skip; skipped ones are listed in $root_not_run and reported below as not run, never as passed.
+root_not_run="$CARGO_TARGET_DIR/tests-not-run"
+: >"$root_not_run"
+if [ "$(id -u)" != 0 ]; then
+    export GPUSLICE_ROOT_TESTS=skip GPUSLICE_NOT_RUN_FILE="$root_not_run"
+fi
+
 failed=()
 step "cargo test --workspace --no-fail-fast"
 # timeout signals the whole process group, so test children of a hung test go too.
@@ -76,6 +84,12 @@ if [ "$frameworks" = 0 ]; then
     not_run=" (NOT RUN: the GPU framework tests, tests/python/test_frameworks_*.py: --no-frameworks)"
 fi
 
+if [ -s "$root_not_run" ]; then
+    n=$(sort -u "$root_not_run" | wc -l)
+    step "NOT RUN: $n root-only tests (run as root to run them):"
+    sort -u "$root_not_run" >&2
+    not_run="$not_run (NOT RUN: $n root-only tests, listed above)"
+fi
 if [ ${#failed[@]} -gt 0 ]; then
     step "FAILED: ${failed[*]}$not_run"
     exit 1

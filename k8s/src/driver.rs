@@ -200,22 +200,20 @@ impl Driver {
     /// One operator request to the node's monitor: its `ok` value, or why not, worded for the
     /// cluster operator (a monitor that does not answer is retried by the kubelet).
     fn ask_monitor(&self, m: &Message) -> Result<String, String> {
-        let (r, _) = protocol::call(self.ledger.dir().fd(), m, MONITOR_TIMEOUT).map_err(|e| {
-            format!(
-                "the node's gpuslice monitor does not answer on {} ({e}): start it as root \
-                 (`gpuslice monitor`, the monitor container of the gpuslice-dra DaemonSet); \
-                 nothing was changed, and the kubelet retries",
-                self.ledger
-                    .dir()
-                    .path()
-                    .join(protocol::SOCKET_FILE)
-                    .display()
-            )
-        })?;
-        match r.get("err") {
-            Some(e) => Err(format!("the node's gpuslice monitor refused: {e}")),
-            None => Ok(r.get("ok").unwrap_or("").to_string()),
-        }
+        protocol::ask(self.ledger.dir().fd(), m, MONITOR_TIMEOUT)
+            .map_err(|e| {
+                format!(
+                    "the node's gpuslice monitor does not answer on {} ({e}): start it as root \
+                     (`gpuslice monitor`, the monitor container of the gpuslice-dra DaemonSet); \
+                     nothing was changed, and the kubelet retries",
+                    self.ledger
+                        .dir()
+                        .path()
+                        .join(protocol::SOCKET_FILE)
+                        .display()
+                )
+            })?
+            .map_err(|e| format!("the node's gpuslice monitor refused: {e}"))
     }
 
     /// Create one claim slice: over the socket in node mode (with its join secret), in the

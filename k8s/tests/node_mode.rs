@@ -11,7 +11,7 @@
 
 use gpuslice_dra::proto::health_v1alpha1::HealthStatus;
 use gpuslice_dra::proto::v1;
-use gpuslice_e2e::node::{is_root, Node};
+use gpuslice_e2e::node::Node;
 use gpuslice_e2e::{artifact, World};
 use gpuslice_ledger::Ledger;
 use std::os::unix::fs::PermissionsExt;
@@ -65,10 +65,7 @@ fn spec_file(dirs: &Dirs, c: &TestClaim) -> PathBuf {
 
 #[tokio::test(flavor = "current_thread")]
 async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
-    if !is_root() {
-        println!("skipped: needs root (to run the node's monitor and become another user)");
-        return;
-    }
+    gpuslice_e2e::need_root!();
     let mut node = Node::new(1, "16Gi", &[]);
     let dirs = Dirs::new(&node.world);
     let mut p = plugin(&node, &dirs);
@@ -278,10 +275,7 @@ fn assert_refused_without_secret(node: &Node, dirs: &Dirs, ids: &[String], c: &T
 
 #[test]
 fn a_plugin_started_before_the_monitor_waits_for_its_policy() {
-    if !is_root() {
-        println!("skipped: needs root (to run the node's monitor)");
-        return;
-    }
+    gpuslice_e2e::need_root!();
     // The DaemonSet starts both containers at once: a plugin in node mode that comes first
     // creates nothing (a personal ledger there would keep the monitor from starting), and
     // serves once the monitor's policy is there.

@@ -87,6 +87,29 @@ pub enum LedgerError {
     /// A slice's join secret that cannot be used, or a join without the right one (the
     /// message, for the user; never the secret itself).
     BadSecret(String),
+    /// Node mode: a user already holds as many records of a table as the operator allows.
+    UserLimit {
+        /// The user.
+        uid: u32,
+        /// How many records of the table it holds.
+        holds: usize,
+        /// Which records (`process`, `slice`).
+        table: &'static str,
+        /// The monitor's flag that sets the limit.
+        flag: &'static str,
+    },
+}
+
+impl LedgerError {
+    /// Whether this refuses what a process asked for (its slice does not fit, a per-user
+    /// limit) rather than failing around it: a refused process's `cuInit` returns
+    /// `CUDA_ERROR_INVALID_VALUE` for these, `CUDA_ERROR_OPERATING_SYSTEM` for the rest.
+    pub fn refuses_the_request(&self) -> bool {
+        matches!(
+            self,
+            LedgerError::Admission(_) | LedgerError::UserLimit { .. }
+        )
+    }
 }
 
 /// A slice that does not fit on its device.
@@ -178,6 +201,19 @@ impl fmt::Display for LedgerError {
             ),
             LedgerError::Region(m) => write!(f, "slice region: {m}"),
             LedgerError::Monitor(m) => f.write_str(m),
+            LedgerError::UserLimit {
+                uid,
+                holds,
+                table,
+                flag,
+            } => {
+                let verb = if *table == "slice" { "owns" } else { "holds" };
+                write!(
+                    f,
+                    "uid {uid} already {verb} {holds} of the node's {table} records, its limit \
+                     (the operator sets it with `gpuslice monitor {flag}`)"
+                )
+            }
             LedgerError::BadSecret(m) => f.write_str(m),
             LedgerError::Corrupt(what) => write!(
                 f,

@@ -46,6 +46,7 @@
 #![deny(missing_docs)]
 
 mod account;
+mod best_effort;
 #[cfg(feature = "cdi")]
 pub mod cdi;
 pub mod dir;

@@ -16,11 +16,10 @@ use crate::error::LedgerError;
 use crate::file;
 use crate::layout::*;
 use crate::ledger::{Ledger, ProcHandle, SliceRequest};
-use crate::region::Region;
+use crate::region::Regions;
 use crate::snapshot::{Reaped, ReapedProc};
 use core::sync::atomic::Ordering::SeqCst;
 use std::path::Path;
-use std::sync::Arc;
 
 /// Who asks, as the kernel and `/proc` tell the monitor.
 #[derive(Debug, Clone, Copy)]
@@ -88,12 +87,6 @@ pub struct Admitted {
     pub slot: usize,
     /// Per device asked for, in order.
     pub devices: Vec<AdmittedDevice>,
-}
-
-/// The monitor's regions, by key (a slice index, or a pool's account `POOL_ACCOUNT_BASE + i`).
-pub trait Regions: Send + Sync {
-    /// The region of `key`, if the monitor has one.
-    fn get(&self, key: u32) -> Option<Arc<Region>>;
 }
 
 /// The region key of account `account` (a `ProcDevice::account`) on device `d`.
@@ -218,11 +211,12 @@ impl Ledger {
             .filter(|p| p.state.load(SeqCst) != STATE_FREE && p.uid.load(SeqCst) == peer.uid)
             .count();
         if mine >= limits.procs_per_uid {
-            return Err(LedgerError::Monitor(format!(
-                "uid {} already holds {mine} of the node's process records, its limit (the \
-                 operator sets it with `gpuslice monitor --max-procs-per-user`)",
-                peer.uid
-            )));
+            return Err(LedgerError::UserLimit {
+                uid: peer.uid,
+                holds: mine,
+                table: "process",
+                flag: "--max-procs-per-user",
+            });
         }
         // One record per process: asking again cannot multiply its slots.
         if procs.iter().any(|p| {
@@ -281,11 +275,12 @@ impl Ledger {
                     None => true,
                 };
                 if creates && owned >= limits.slices_per_uid {
-                    return Err(LedgerError::Monitor(format!(
-                        "uid {} already owns {owned} of the node's slice records, its limit \
-                         (the operator sets it with `gpuslice monitor --max-slices-per-user`)",
-                        peer.uid
-                    )));
+                    return Err(LedgerError::UserLimit {
+                        uid: peer.uid,
+                        holds: owned,
+                        table: "slice",
+                        flag: "--max-slices-per-user",
+                    });
                 }
                 let j = self.join_locked(h, dev, &ask.req, peer.nspid, peer.uid)?;
                 let pool = if j.memory_limit.is_none() {
@@ -322,137 +317,6 @@ impl Ledger {
             }
         }
         Ok(out)
-    }
-
-    /// The best-effort pool of `uid` on `device`, made if missing; caller holds the lock.
-    fn pool_for_locked(&self, device: usize, uid: u32) -> Result<usize, LedgerError> {
-        let pools = self.pools();
-        if let Some(i) = pools.iter().position(|p| {
-            p.state.load(SeqCst) == STATE_ACTIVE
-                && p.device.load(SeqCst) as usize == device
-                && p.uid.load(SeqCst) == uid
-        }) {
-            return Ok(i);
-        }
-        let i = pools
-            .iter()
-            .position(|p| p.state.load(SeqCst) == STATE_FREE)
-            .ok_or(LedgerError::TableFull {
-                table: "best-effort pool",
-                size: MAX_POOLS,
-                holders: "one per user and device with best-effort processes".into(),
-            })?;
-        let p = &pools[i];
-        p.device.store(device as u32, SeqCst);
-        p.uid.store(uid, SeqCst);
-        p.members.store(0, SeqCst);
-        p.grant.store(0, SeqCst);
-        p.used.store(0, SeqCst);
-        p.state.store(STATE_ACTIVE, SeqCst);
-        Ok(i)
-    }
-
-    /// A process charged to pool account `a` left: free the pool with its last member.
-    fn leave_pool_locked(&self, a: u32) {
-        let Some(p) = a
-            .checked_sub(POOL_ACCOUNT_BASE)
-            .and_then(|i| self.pools().get(i as usize))
-        else {
-            return;
-        };
-        let left = p
-            .members
-            .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
-            .unwrap_or(0)
-            .saturating_sub(1);
-        if left == 0 {
-            p.state.store(STATE_FREE, SeqCst);
-            p.grant.store(0, SeqCst);
-        }
-    }
-
-    /// Split what no slice reserved on `device` among its best-effort pools (max-min fair):
-    /// a pool holding more than an equal share keeps what it holds and cannot grow; the others
-    /// keep theirs and share the rest equally. A pool's counter is hostile (its own processes
-    /// write it), so what it is taken to hold is clamped to the grant it had: lying high keeps
-    /// a pool at most where it was, never above; lying low is a bypass (the device totals show
-    /// it). Grants are stored first, then the counters read again: a charge racing a lowered
-    /// grant is either seen here (and covered, up to the old grant) or sees the new grant and
-    /// undoes itself (`account.rs`). Monitor only (needs its regions); caller holds the lock.
-    pub(crate) fn rebalance_pools_locked(&self, device: usize) {
-        let Some(regions) = self.regions() else {
-            return;
-        };
-        let Some(d) = self.devices().get(device) else {
-            return;
-        };
-        let unreserved = d
-            .memory_total
-            .load(SeqCst)
-            .saturating_sub(d.memory_reserved.load(SeqCst));
-        // A pool just admitted has no region yet (the socket makes it next): it holds nothing.
-        let mine: Vec<(usize, Option<Arc<Region>>)> = self
-            .pools()
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| {
-                p.state.load(SeqCst) == STATE_ACTIVE && p.device.load(SeqCst) as usize == device
-            })
-            .map(|(i, _)| (i, regions.get(POOL_ACCOUNT_BASE + i as u32)))
-            .collect();
-        let counter = |r: &Option<Arc<Region>>| {
-            r.as_ref()
-                .map_or(0, |r| r.header().memory_used.load(SeqCst))
-        };
-        if mine.is_empty() {
-            return;
-        }
-        let old: Vec<u64> = mine
-            .iter()
-            .map(|(i, _)| self.pools()[*i].grant.load(SeqCst))
-            .collect();
-        let held: Vec<u64> = mine
-            .iter()
-            .zip(&old)
-            .map(|((_, r), &g)| counter(r).min(g).min(unreserved))
-            .collect();
-        let fair = unreserved / mine.len() as u64;
-        let over: u64 = held
-            .iter()
-            .filter(|&&h| h > fair)
-            .fold(0, |a, &h| a.saturating_add(h));
-        let under_held: u64 = held
-            .iter()
-            .filter(|&&h| h <= fair)
-            .fold(0, |a, &h| a.saturating_add(h));
-        let under_n = held.iter().filter(|&&h| h <= fair).count().max(1) as u64;
-        let spare = unreserved.saturating_sub(over).saturating_sub(under_held) / under_n;
-        let grants: Vec<u64> = held
-            .iter()
-            .map(|&h| if h > fair { h } else { h.saturating_add(spare) })
-            .collect();
-        for ((i, _), g) in mine.iter().zip(&grants) {
-            self.pools()[*i].grant.store(*g, SeqCst);
-        }
-        for (((i, r), &g), &o) in mine.iter().zip(&grants).zip(&old) {
-            let p = &self.pools()[*i];
-            let now = counter(r);
-            // A charge that raced the lowering succeeded against the old grant at most.
-            let covered = now.min(o.max(g));
-            if covered > g {
-                p.grant.store(covered, SeqCst);
-            }
-            p.used.store(covered.min(o.max(g)), SeqCst);
-        }
-    }
-
-    /// The monitor's tick: rebalance every device's best-effort pools.
-    pub fn rebalance_pools(&self) -> Result<(), LedgerError> {
-        let _g = self.lock()?;
-        for d in 0..MAX_DEVICES {
-            self.rebalance_pools_locked(d);
-        }
-        Ok(())
     }
 
     /// Undo an admission that failed half-way (nothing was charged yet).

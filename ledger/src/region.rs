@@ -197,11 +197,40 @@ impl Region {
         unsafe { (*self.base).procs.get(slot) }
     }
 
+    /// Clear process slot `slot`'s accounting and turn words for a newly admitted process (a
+    /// previous holder's were reaped). Only the monitor, which hands the slot out, calls it.
+    pub fn reset_slot(&self, slot: usize) {
+        use core::sync::atomic::Ordering::SeqCst;
+        let Some(w) = self.proc_(slot) else {
+            return;
+        };
+        w.charged.store(0, SeqCst);
+        w.ops_begun.store(0, SeqCst);
+        w.ops_ended.store(0, SeqCst);
+        let g = &w.grant;
+        for x in [
+            &g.want_ns,
+            &g.need_ns,
+            &g.done_turn,
+            &g.busy_until_ns,
+            &g.solo_gpu_ns,
+            &g.launches,
+        ] {
+            x.store(0, SeqCst);
+        }
+    }
+
     /// The process slot array.
     pub fn procs(&self) -> &[RegionProc; MAX_PROCS] {
         // SAFETY: as for header.
         unsafe { &(*self.base).procs }
     }
+}
+
+/// The monitor's regions, by key (a slice index, or a pool's account `POOL_ACCOUNT_BASE + i`).
+pub trait Regions: Send + Sync {
+    /// The region of `key`, if the monitor has one.
+    fn get(&self, key: u32) -> Option<std::sync::Arc<Region>>;
 }
 
 #[cfg(test)]

@@ -130,7 +130,7 @@ fn admission_reservations_and_best_effort() {
         .unwrap_err();
     assert_eq!(
         e.to_string(),
-        format!("GPUSLICE_MEMORY: requested 500 MiB, available 400 MiB on {UUID}")
+        format!("memory: requested 500 MiB, available 400 MiB on {UUID}")
     );
     // Best effort: capped at what is not reserved.
     l.join(p2, dev, &SliceRequest::new(None, None)).unwrap();
@@ -159,7 +159,7 @@ fn admission_reservations_and_best_effort() {
     let e = l.join(p4, dev, &r).unwrap_err();
     assert!(
         e.to_string()
-            .contains("GPUSLICE_COMPUTE: requested 0.40, available 0.30"),
+            .contains("compute share: requested 0.40, available 0.30"),
         "{e}"
     );
     // Leaving returns reservations.

@@ -17,12 +17,15 @@
 //! `crate::balloon`).
 
 use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
-use gpuslice_ledger::node::{region_key, DeviceAsk, Limits, Peer, Regions};
+use gpuslice_ledger::node::{region_key, DeviceAsk, Limits, Peer};
 use gpuslice_ledger::pidfd::PeerProcess;
 use gpuslice_ledger::region::Region;
+use gpuslice_ledger::region::Regions;
 use gpuslice_ledger::secret::Secret;
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceRequest};
-use gpuslice_protocol::{self as protocol, Message, SOCKET_FILE};
+use gpuslice_protocol::{
+    self as protocol, AdmitReply, AdmitRequest, GrantedDevice, Message, Refusal, SOCKET_FILE,
+};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -286,11 +289,14 @@ fn handle(server: &Server, sock: RawFd, peer: &PeerProcess, uid: u32) {
     };
     // Whoever connected must still be the process behind the pid when its request is read:
     // a connection whose maker exited is refused, whoever holds its pid now.
-    let checked = peer.check().map(|()| peer.pid);
-    let (reply, fds) = match checked.and_then(|pid| answer(server, &req, pid, uid)) {
-        Ok(x) => x,
-        Err(e) => (Message::new("err", &e), vec![]),
-    };
+    let answered = peer
+        .check()
+        .map_err(Refusal::other)
+        .and_then(|()| match req.get("op") {
+            Some("admit") => admit(server, &req, peer.pid, uid),
+            _ => answer(server, &req, peer.pid, uid).map_err(Refusal::other),
+        });
+    let (reply, fds) = answered.unwrap_or_else(|refusal| (refusal.encode(), vec![]));
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let _ = protocol::send(sock, &reply, &raw);
 }
@@ -342,7 +348,6 @@ type Answer = (Message, Vec<OwnedFd>);
 fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, String> {
     let ledger = &server.ledger;
     match req.get("op") {
-        Some("admit") => admit(server, req, pid, uid),
         Some("ping") => Ok((Message::new("ok", &std::process::id().to_string()), vec![])),
         Some("release") => {
             // The slow path of an admitted process the driver refused (the device is full):
@@ -365,7 +370,7 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
                 return Err(format!(
                     "permission denied: `gpuslice slice` changes the node's policy; only root or \
                      members of the operator group ({}) may use it (you are uid {uid})",
-                    crate::daemon::operator_group_name()
+                    crate::daemon::options::operator_group_name()
                 ));
             }
             let name = req.get("name").unwrap_or("").to_string();
@@ -449,47 +454,25 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
     }
 }
 
-fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, String> {
-    let peer = peer_of(pid, uid)?;
-    let name = req.get("slice").filter(|n| !n.is_empty()).map(String::from);
-    if let Some(n) = &name {
-        gpuslice_quantity::check_slice_name("GPUSLICE_SLICE", n).map_err(|e| e.to_string())?;
+fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, Refusal> {
+    let peer = peer_of(pid, uid).map_err(Refusal::other)?;
+    let req = AdmitRequest::decode(req).map_err(Refusal::other)?;
+    if let Some(n) = &req.slice {
+        gpuslice_quantity::check_slice_name("GPUSLICE_SLICE", n)
+            .map_err(|e| Refusal::other(e.to_string()))?;
     }
-    let mut asks = vec![];
-    for line in req.all("dev") {
-        let f: Vec<&str> = line.split('\t').collect();
-        let [uuid, memory, share, cap, mem_setting, cpu_setting] = f[..] else {
-            return Err("bad request: a dev line needs 6 fields".into());
-        };
-        let memory = match memory {
-            "-" => None,
-            m => Some(m.parse::<u64>().map_err(|_| "bad request: memory")?),
-        };
-        let share: u32 = share.parse().map_err(|_| "bad request: share")?;
-        let cap: u32 = cap.parse().map_err(|_| "bad request: cap")?;
-        if share > PPM || cap > PPM || memory == Some(0) {
-            return Err("bad request: share, cap or memory out of range".into());
-        }
-        asks.push(DeviceAsk {
-            uuid: uuid.into(),
-            req: SliceRequest {
-                name: name.clone(),
-                memory,
-                compute_share_ppm: share,
-                compute_cap_ppm: cap,
-                memory_setting: mem_setting.chars().take(64).collect(),
-                compute_setting: cpu_setting.chars().take(64).collect(),
-            },
-        });
+    if req.devices.len() > gpuslice_ledger::MAX_DEVICES {
+        return Err(Refusal::other("bad request: too many devices"));
     }
-    if asks.len() > gpuslice_ledger::MAX_DEVICES {
-        return Err("bad request: too many devices".into());
-    }
-    for (i, a) in asks.iter().enumerate() {
-        if asks[..i].iter().any(|b| b.uuid == a.uuid) {
-            return Err(format!("bad request: device {:?} named twice", a.uuid));
-        }
-    }
+    let asks: Vec<DeviceAsk> = req
+        .devices
+        .iter()
+        .map(|d| DeviceAsk {
+            uuid: d.uuid.clone(),
+            req: SliceRequest::for_device(req.slice.clone(), d),
+        })
+        .collect();
+    let name = &req.slice;
     let ledger = &server.ledger;
     let a = ledger
         .admit_with_secret(
@@ -497,74 +480,48 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, S
             name.as_deref().unwrap_or(""),
             &asks,
             &server.limits,
-            req.get("secret"),
+            req.secret.as_deref(),
         )
         .map_err(|e| match e {
-            LedgerError::Admission(a) => format!("admission: slice refused: {a}"),
-            e => e.to_string(),
+            LedgerError::Admission(a) => Refusal::asked(format!("admission: slice refused: {a}")),
+            e if e.refuses_the_request() => Refusal::asked(e.to_string()),
+            e => Refusal::other(e.to_string()),
         })?;
     // GPUSLICE_PRIORITY: the class of the process's own slices (an operator's slice keeps the
     // class the operator gave it). Priority orders turns within the guarantees (the latency
     // lead is bounded), so it is the tenant's to choose for its own slice.
-    if let Some(class) = req.get("priority").and_then(|v| v.parse::<u32>().ok()) {
+    if let Some(class) = req.priority {
         for d in &a.devices {
-            if let Some(s) = ledger.slices().get(d.slice) {
-                if s.operator_defined.load(SeqCst) == 0 {
-                    s.sched
-                        .class
-                        .store(class.min(gpuslice_sched::CLASS_LATENCY), SeqCst);
-                }
-            }
+            ledger.set_requested_class(d.slice, class);
         }
     }
-    let mut reply = Message::new("ok", "admit");
-    reply.push("slot", &a.slot.to_string());
+    let mut reply = AdmitReply {
+        slot: a.slot,
+        ..AdmitReply::default()
+    };
     let mut fds = vec![];
     for d in &a.devices {
-        let r = match server.regions.get_or_make(ledger, d.key) {
-            Ok(r) => r,
-            Err(e) => {
-                return Err(format!("cannot make the slice's region: {e}"));
-            }
-        };
+        let r = server
+            .regions
+            .get_or_make(ledger, d.key)
+            .map_err(|e| Refusal::other(format!("cannot make the slice's region: {e}")))?;
         // A slot starts clean in its region (a previous holder's words were reaped).
-        if let Some(w) = r.proc_(a.slot) {
-            w.charged.store(0, SeqCst);
-            w.ops_begun.store(0, SeqCst);
-            w.ops_ended.store(0, SeqCst);
-            let g = &w.grant;
-            for x in [
-                &g.want_ns,
-                &g.need_ns,
-                &g.done_turn,
-                &g.busy_until_ns,
-                &g.solo_gpu_ns,
-                &g.launches,
-            ] {
-                x.store(0, SeqCst);
-            }
-        }
+        r.reset_slot(a.slot);
         // SAFETY: dup of a descriptor we own; the duplicate is sent and closed after.
         let dup = unsafe { libc::fcntl(r.fd(), libc::F_DUPFD_CLOEXEC, 0) };
         if dup < 0 {
-            return Err("cannot pass the slice's region".into());
+            return Err(Refusal::other("cannot pass the slice's region"));
         }
         // SAFETY: just duplicated, ours.
         fds.push(unsafe { OwnedFd::from_raw_fd(dup) });
-        reply.push(
-            "dev",
-            &format!(
-                "{}\t{}\t{}\t{}\t{}",
-                d.uuid,
-                d.device,
-                d.slice,
-                d.memory_limit.map_or("-".to_string(), |l| l.to_string()),
-                d.pool.map_or("-".to_string(), |p| p.to_string())
-            ),
-        );
-        for w in &d.warnings {
-            reply.push("warn", w);
-        }
+        reply.devices.push(GrantedDevice {
+            uuid: d.uuid.clone(),
+            device: d.device,
+            slice: d.slice,
+            memory_limit: d.memory_limit,
+            pool: d.pool,
+        });
+        reply.warnings.extend(d.warnings.iter().cloned());
     }
-    Ok((reply, fds))
+    Ok((reply.encode(), fds))
 }

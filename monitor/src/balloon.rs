@@ -25,7 +25,7 @@
 
 use gpuslice_abi::{pfn, CUcontext, CUdevice, CUdeviceptr, CUuuid, CUDA_SUCCESS};
 use gpuslice_ledger::layout::{NO_LIMIT, STATE_ACTIVE};
-use gpuslice_ledger::node::Regions;
+use gpuslice_ledger::region::Regions;
 use gpuslice_ledger::Ledger;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::SeqCst;

@@ -108,16 +108,13 @@ impl Node {
 
     /// One operator request to the node's monitor; its `ok` value, or its refusal as an error.
     fn ask_monitor(&self, m: &Message) -> Result<String, Failure> {
-        let (r, _) = protocol::call(
+        protocol::ask(
             self.ledger.dir().fd(),
             m,
             std::time::Duration::from_secs(10),
         )
-        .map_err(|e| Failure::Other(format!("{e} (is the node's monitor running?)")))?;
-        if let Some(e) = r.get("err") {
-            return Err(Failure::Other(e.to_string()));
-        }
-        Ok(r.get("ok").unwrap_or("").to_string())
+        .map_err(|e| Failure::Other(format!("{e} (is the node's monitor running?)")))?
+        .map_err(|e| Failure::Other(e.message))
     }
 
     /// Whether the file this maps is still the ledger in its directory (an operator may have

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuslice_ledger::layout::{STATE_ACTIVE, STATE_FREE};
-use gpuslice_ledger::node::{region_key, Regions};
-use gpuslice_ledger::region::Region;
+use gpuslice_ledger::node::region_key;
+use gpuslice_ledger::region::{Region, Regions};
 use gpuslice_ledger::tenants::LedgerTenants;
 use gpuslice_ledger::{Ledger, MAX_DEVICES, MAX_SLICES};
 use gpuslice_sched::{

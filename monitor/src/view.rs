@@ -1,9 +1,9 @@
 //! One consistent picture of the node, as every view shows it: devices, slices, processes.
 //!
-//! [`NodeView`] is plain data, built from the ledger by [`Node::snapshot`](crate::node::Node::snapshot)
-//! and rendered by [`table`](crate::table) for people, [`NodeView::to_json`] for `status --json`
-//! (the contract's field names, sizes in bytes, fractions 0..1) and [`prom`](crate::prom) for
-//! Prometheus.
+//! [`NodeView`] is plain data, built from the ledger by `Node::snapshot` (`node.rs`) and
+//! rendered by `table.rs` for people, [`NodeView::to_json`] for `status --json` (the
+//! contract's field names, sizes in bytes, fractions 0..1) and `prom.rs` for Prometheus. It
+//! imports none of them.
 
 use serde_json::{json, Value};
 

@@ -18,6 +18,10 @@
 
 #![deny(missing_docs)]
 
+mod admit;
+
+pub use admit::{AdmitReply, AdmitRequest, DeviceRequest, GrantedDevice, Refusal};
+
 use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
@@ -320,6 +324,21 @@ pub fn call(
         Some(r) => Ok(r),
         None => Err(ProtocolError::NoAnswer),
     }
+}
+
+/// One operator request (`slice-create`, `ping`, ...): the reply's `ok` value, or the
+/// monitor's refusal; `Err` when the monitor could not be asked. The one decoding of an
+/// operator reply, for the CLI and the DRA plugin.
+pub fn ask(
+    dirfd: RawFd,
+    m: &Message,
+    timeout: Duration,
+) -> Result<Result<String, Refusal>, ProtocolError> {
+    let (r, _) = call(dirfd, m, timeout)?;
+    Ok(match Refusal::decode(&r) {
+        Some(refusal) => Err(refusal),
+        None => Ok(r.get("ok").unwrap_or("").to_string()),
+    })
 }
 
 #[cfg(test)]

@@ -23,25 +23,44 @@ fn near_miss() -> impl Strategy<Value = String> {
     .prop_map(|v| v.concat())
 }
 
+/// The byte multiplier of each suffix, written out as the numbers docs/configuration.md
+/// promises (no arithmetic, no table shared with the parser, whose `unit_of` builds its
+/// multipliers from `BINARY_UNITS`/`DECIMAL_UNITS` powers).
+const UNITS: [(&str, u128); 27] = [
+    ("", 1),
+    ("B", 1),
+    ("k", 1_000),
+    ("K", 1_000),
+    ("kB", 1_000),
+    ("KB", 1_000),
+    ("M", 1_000_000),
+    ("MB", 1_000_000),
+    ("G", 1_000_000_000),
+    ("GB", 1_000_000_000),
+    ("T", 1_000_000_000_000),
+    ("TB", 1_000_000_000_000),
+    ("P", 1_000_000_000_000_000),
+    ("PB", 1_000_000_000_000_000),
+    ("E", 1_000_000_000_000_000_000),
+    ("EB", 1_000_000_000_000_000_000),
+    ("Ki", 1_024),
+    ("KiB", 1_024),
+    ("Mi", 1_048_576),
+    ("MiB", 1_048_576),
+    ("Gi", 1_073_741_824),
+    ("GiB", 1_073_741_824),
+    ("Ti", 1_099_511_627_776),
+    ("TiB", 1_099_511_627_776),
+    ("Pi", 1_125_899_906_842_624),
+    ("PiB", 1_125_899_906_842_624),
+    ("Ei", 1_152_921_504_606_846_976),
+];
+
 fn unit_of(s: &str) -> Option<u128> {
-    let k = 1000u128;
-    let ki = 1024u128;
-    Some(match s {
-        "" | "B" => 1,
-        "k" | "K" | "kB" | "KB" => k,
-        "M" | "MB" => k.pow(2),
-        "G" | "GB" => k.pow(3),
-        "T" | "TB" => k.pow(4),
-        "P" | "PB" => k.pow(5),
-        "E" | "EB" => k.pow(6),
-        "Ki" | "KiB" => ki,
-        "Mi" | "MiB" => ki.pow(2),
-        "Gi" | "GiB" => ki.pow(3),
-        "Ti" | "TiB" => ki.pow(4),
-        "Pi" | "PiB" => ki.pow(5),
-        "Ei" | "EiB" => ki.pow(6),
-        _ => return None,
-    })
+    match s {
+        "EiB" => Some(1_152_921_504_606_846_976),
+        _ => UNITS.iter().find(|(u, _)| *u == s).map(|(_, m)| *m),
+    }
 }
 
 /// An independent oracle for integer sizes: `digits unit`.

@@ -880,11 +880,16 @@ fn a_pair_started_together_or_apart_never_freezes() {
             let r = simulate(&t, &[a, b], 3.0);
             let (from, to) = r.all_ran();
             assert_no_gap(&r, from + 50 * MS, to, 100 * MS);
-            let mut w = from + 200 * MS;
+            let (mut w, mut windows) = (from + 200 * MS, 0);
             while w + S <= to {
                 assert_split(&r, w, w + S, &[0.25, 0.75], 0.04);
                 w += S / 2;
+                windows += 1;
             }
+            assert!(
+                windows >= 1,
+                "offset {off}: no 1 s window between {from} and {to}"
+            );
         }
     }
 }

@@ -589,7 +589,7 @@ impl StubSeries {
 }
 
 /// Instructions per pair, direct and through the shim, on the stub driver; and per launch,
-/// direct and through the shim contended.
+/// direct and through the shim, alone and contended.
 fn callgrind(libs: &Path, state: &Path, shim: &Path) {
     let valgrind = |out_file: &Path| {
         let mut v = Command::new("valgrind");
@@ -638,6 +638,24 @@ fn callgrind(libs: &Path, state: &Path, shim: &Path) {
         total(v, &direct_file(k))
     };
     let d = (direct(2 * k) as f64 - direct(k) as f64) / k as f64;
+    // Launches alone (no rival: a solo lease, one load per launch): a fixed cost per launch,
+    // unlike the contended count below, which includes the hand-overs of the run.
+    for (i, sh) in std::iter::once(shim.to_path_buf())
+        .chain(after_shim())
+        .enumerate()
+    {
+        let solo = |k: usize| -> u64 {
+            let out_file = state.join(format!("cg.solo.{k}.{i}"));
+            let mut v = child(valgrind(&out_file), libs, state, Some(&sh));
+            v.env("GPUSLICE_BENCH_STUB", "1")
+                .env("GPUSLICE_BENCH_PAIRS", "0")
+                .env("GPUSLICE_BENCH_LAUNCHES", k.to_string());
+            total(v, &out_file)
+        };
+        let s = (solo(2 * k) as f64 - solo(k) as f64) / k as f64;
+        let label = series_label(&sh, shim);
+        println!("callgrind, stub driver, instructions per cuLaunchKernel, alone (difference of {k} and {} launches): direct {d:.1}, through the shim {s:.1}, overhead {:.1}{label}", 2 * k, s - d);
+    }
     for (i, sh) in std::iter::once(shim.to_path_buf())
         .chain(after_shim())
         .enumerate()

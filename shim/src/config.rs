@@ -65,25 +65,72 @@ pub struct Config {
     pub slice: Option<String>,
     /// Node mode: the slice's join secret (`GPUSLICE_SLICE_SECRET`), sent at admission.
     pub secret: Option<gpuslice_ledger::secret::Secret>,
+    /// The compute class of the process's own slices (`GPUSLICE_PRIORITY`; `None`: unset, so a
+    /// slice whose class an operator set keeps it).
+    pub priority: Option<u32>,
     /// Ledger directory.
     pub runtime_dir: PathBuf,
     /// Log threshold.
     pub log: Level,
 }
 
-/// A configuration error: one line for the user.
-#[derive(Debug, Clone)]
-pub struct ConfigError(pub String);
+/// Why the configuration cannot be used; formatted (one line for the user) where `cuInit`
+/// reports it.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// A value the settings grammar refused (it names the variable, the value, the forms).
+    Quantity(QuantityError),
+    /// A variable this module reads itself, with a value it does not accept.
+    Invalid {
+        /// The variable.
+        variable: String,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        accepted: &'static str,
+    },
+    /// A `CUDA_DEVICE_MEMORY_LIMIT_<suffix>` whose suffix is not a device index.
+    BadDeviceVariable(String),
+    /// A value the ledger's rules refused (the join secret, the runtime directory).
+    Ledger(gpuslice_ledger::LedgerError),
+}
 
 impl From<QuantityError> for ConfigError {
     fn from(e: QuantityError) -> Self {
-        ConfigError(e.to_string())
+        ConfigError::Quantity(e)
+    }
+}
+
+impl From<gpuslice_ledger::LedgerError> for ConfigError {
+    fn from(e: gpuslice_ledger::LedgerError) -> Self {
+        ConfigError::Ledger(e)
     }
 }
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            ConfigError::Quantity(e) => e.fmt(f),
+            ConfigError::Invalid {
+                variable,
+                value,
+                accepted,
+            } => write!(f, "{variable}={value:?} is not valid; accepted: {accepted}"),
+            ConfigError::BadDeviceVariable(k) => write!(
+                f,
+                "{k} is not a valid variable name; accepted: CUDA_DEVICE_MEMORY_LIMIT_<device \
+                 index>, e.g. CUDA_DEVICE_MEMORY_LIMIT_0"
+            ),
+            ConfigError::Ledger(e) => e.fmt(f),
+        }
+    }
+}
+
+fn invalid(variable: &str, value: &str, accepted: &'static str) -> ConfigError {
+    ConfigError::Invalid {
+        variable: variable.into(),
+        value: value.into(),
+        accepted,
     }
 }
 
@@ -117,19 +164,16 @@ impl Config {
         let log = match Level::parse(get("GPUSLICE_LOG")) {
             Some(l) => l,
             None => {
-                return Err(ConfigError(format!(
-                    "GPUSLICE_LOG={:?} is not valid; accepted: error, warn, info, debug",
-                    get("GPUSLICE_LOG").unwrap_or_default()
-                )))
+                return Err(invalid(
+                    "GPUSLICE_LOG",
+                    get("GPUSLICE_LOG").unwrap_or_default(),
+                    "error, warn, info, debug",
+                ))
             }
         };
         match get("GPUSLICE_DISABLE") {
             None | Some("") | Some("0") | Some("1") => {}
-            Some(v) => {
-                return Err(ConfigError(format!(
-                    "GPUSLICE_DISABLE={v:?} is not valid; accepted: 1 (pass-through) or 0"
-                )))
-            }
+            Some(v) => return Err(invalid("GPUSLICE_DISABLE", v, "1 (pass-through) or 0")),
         }
 
         // HAMi's variables: validated whenever set.
@@ -144,7 +188,7 @@ impl Config {
             };
             let i: u32 = match idx.parse() {
                 Ok(i) if idx.bytes().all(|b| b.is_ascii_digit()) && i < 64 => i,
-                _ => return Err(ConfigError(format!("{k} is not a valid variable name; accepted: CUDA_DEVICE_MEMORY_LIMIT_<device index>, e.g. CUDA_DEVICE_MEMORY_LIMIT_0"))),
+                _ => return Err(ConfigError::BadDeviceVariable(k.clone())),
             };
             hami_each.push((i, Size::Bytes(quantity::parse_hami_size(k, v)?), k.clone()));
         }
@@ -154,7 +198,11 @@ impl Config {
         };
         let hami_cache = match get("CUDA_DEVICE_MEMORY_SHARED_CACHE") {
             Some(v) if v.trim().is_empty() => {
-                return Err(ConfigError("CUDA_DEVICE_MEMORY_SHARED_CACHE=\"\" is not valid; accepted: a file path (processes naming the same path share one slice)".into()))
+                return Err(invalid(
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                    v,
+                    "a file path (processes naming the same path share one slice)",
+                ))
             }
             Some(v) => Some(format!("hami-{:016x}", fnv1a(v.trim().as_bytes()))),
             None => None,
@@ -220,21 +268,19 @@ impl Config {
         };
         let secret = get(gpuslice_ledger::secret::SECRET_VAR)
             .map(|v| gpuslice_ledger::secret::Secret::parse(gpuslice_ledger::secret::SECRET_VAR, v))
-            .transpose()
-            .map_err(|e| ConfigError(e.to_string()))?;
-        // Checked here so a bad value fails cuInit; the compute gate reads it when it binds.
-        if let Some(v) = get("GPUSLICE_PRIORITY") {
-            gpuslice_sched::parse_class(v).ok_or_else(|| {
-                ConfigError(format!(
-                    "GPUSLICE_PRIORITY={v:?} is not valid; accepted: latency, normal"
-                ))
-            })?;
-        }
+            .transpose()?;
+        // Read here only, so a bad value fails cuInit; admission and the compute gate use it.
+        let priority = get("GPUSLICE_PRIORITY")
+            .map(|v| {
+                gpuslice_sched::parse_class(v)
+                    .ok_or_else(|| invalid("GPUSLICE_PRIORITY", v, "latency, normal"))
+            })
+            .transpose()?;
         // The ledger crate's one rule (absolute, or refused; the default depends on the user).
         let runtime_dir = match get("GPUSLICE_RUNTIME_DIR") {
             Some(v) => {
                 let p = PathBuf::from(v);
-                gpuslice_ledger::dir::check_absolute(&p).map_err(|e| ConfigError(e.to_string()))?;
+                gpuslice_ledger::dir::check_absolute(&p)?;
                 p
             }
             None => gpuslice_ledger::dir::default_runtime_dir(),
@@ -245,6 +291,7 @@ impl Config {
             compute_cap,
             slice,
             secret,
+            priority,
             runtime_dir,
             log,
         })
@@ -344,19 +391,19 @@ mod tests {
             ("CUDA_DEVICE_SM_LIMIT", "150"),
             ("CUDA_DEVICE_MEMORY_SHARED_CACHE", ""),
         ] {
-            let e = cfg(&[(k, v)]).expect_err(&format!("{k}={v}"));
-            assert!(e.0.contains(k) && e.0.contains("accepted"), "{k}={v}: {e}");
+            let e = cfg(&[(k, v)]).expect_err(&format!("{k}={v}")).to_string();
+            assert!(e.contains(k) && e.contains("accepted"), "{k}={v}: {e}");
         }
         // A cap below the share it caps: both settings named.
         for (share, cap, var) in [
             ("0.5", "GPUSLICE_COMPUTE_CAP", "0.25"),
             ("0.5", "CUDA_DEVICE_SM_LIMIT", "25"),
         ] {
-            let e = cfg(&[("GPUSLICE_COMPUTE", share), (cap, var)]).unwrap_err();
+            let e = cfg(&[("GPUSLICE_COMPUTE", share), (cap, var)])
+                .unwrap_err()
+                .to_string();
             assert!(
-                e.0.contains("GPUSLICE_COMPUTE=\"0.5\"")
-                    && e.0.contains(cap)
-                    && e.0.contains("accepted"),
+                e.contains("GPUSLICE_COMPUTE=\"0.5\"") && e.contains(cap) && e.contains("accepted"),
                 "{e}"
             );
         }

@@ -8,8 +8,8 @@
 //! allocates, locks, or initialises CUDA: it runs in every process of a node that preloads us.
 
 use crate::hooks::find_hooked;
-use crate::log::{self, log};
-use crate::resolve::{real_dlsym, real_dlsym_addr};
+use crate::log;
+use crate::real::{real_dlsym, real_dlsym_addr};
 use core::ffi::{c_char, c_void, CStr};
 
 /// The handle-other-than-`RTLD_NEXT` path of our `dlsym`.
@@ -33,33 +33,11 @@ pub unsafe extern "C" fn dlsym_hooked(handle: *mut c_void, symbol: *const c_char
     }
     // SAFETY: symbol is NUL-terminated (checked non-null above).
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    let answer = match find_hooked(name) {
-        Some(s) => s.wrapper.map(|w| w.0 as *mut c_void).unwrap_or(p),
-        None => p,
-    };
+    let answer = find_hooked(name).map_or(p, |w| w.0 as *mut c_void);
     if log::enabled(log::Level::Debug) {
-        log_lookup("dlsym", name, None, answer_of(answer, answer != p));
+        log::lookup("dlsym", name, None, log::answer_of(answer, answer != p));
     }
     answer
-}
-
-/// Who answered a lookup, for [`log_lookup`].
-pub(crate) fn answer_of(p: *mut c_void, ours: bool) -> &'static str {
-    match (p.is_null(), ours) {
-        (true, _) => "not found",
-        (false, true) => "gpuslice wrapper",
-        (false, false) => "driver (not hooked)",
-    }
-}
-
-/// One debug line per driver/NVML lookup: what was asked and who answers it (the record of
-/// which entry points real clients resolve, and how). Only reached at `GPUSLICE_LOG=debug`.
-pub(crate) fn log_lookup(how: &str, name: &[u8], version_flags: Option<(i32, u64)>, who: &str) {
-    let name = core::str::from_utf8(name).unwrap_or("<non-UTF-8 name>");
-    match version_flags {
-        Some((v, f)) => log!(Debug, "{how}({name}, version {v}, flags {f}) -> {who}"),
-        None => log!(Debug, "{how}({name}) -> {who}"),
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -119,13 +97,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     )
 }
 
+// The entry stub keeps the caller's return address for `RTLD_NEXT`; a Rust function here would
+// resolve `RTLD_NEXT` relative to gpuslice instead, so other architectures get no stand-in.
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-#[no_mangle]
-/// The exported `dlsym`. On this architecture `RTLD_NEXT` is resolved relative to gpuslice,
-/// not to the caller.
-///
-/// # Safety
-/// As `dlsym(3)`.
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    dlsym_hooked(handle, symbol)
-}
+compile_error!("gpuslice's dlsym entry stub exists for x86_64 and aarch64 only");

@@ -1,13 +1,10 @@
-//! The one table of symbols. Each hooked row generates, from a single line:
-//! - the exported wrapper (`#[no_mangle] extern "C"`), which finds the real function, passes
-//!   straight through under `GPUSLICE_DISABLE=1`, and otherwise calls the handler named in the
-//!   row with the real function as first argument, catching any panic;
-//! - the entry in [`SYMBOLS`] that `dlsym.rs` (by name) and `procaddr.rs` (by the real
-//!   function's address) use to hand out the wrapper;
-//! - a typed accessor `real::<name>()` for the real function.
-//!
-//! Real-only rows (driver functions gpuslice calls but does not hook) generate only the
-//! accessor. Adding a hook is adding one line here and writing its handler.
+//! The exported wrappers: the table of symbols (`symbols.rs`) expanded into one
+//! `#[no_mangle] extern "C"` wrapper per hooked row, which finds the real function
+//! (`real.rs`), passes straight through under `GPUSLICE_DISABLE=1`, and otherwise calls the
+//! handler named in the row with the real function as first argument, catching any panic;
+//! and the two ways a program that looks functions up gets a wrapper: by name ([`find_hooked`],
+//! for our `dlsym`) and by the real function's address (`cuGetProcAddress`, below). This is
+//! the top of the shim: it imports the handlers, and nothing imports it but `dlsym.rs`.
 //!
 //! No row spells a signature: the function types are [`gpuslice_abi::pfn`]'s and the wrappers'
 //! parameter lists come from [`gpuslice_abi::signature!`], both generated from NVIDIA's headers
@@ -29,21 +26,11 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use crate::resolve::Lib;
-use core::ffi::c_void;
-
-/// The function pointer types of the driver and NVML, from the headers.
-pub use gpuslice_abi::pfn;
-
-/// One symbol of the table.
-pub struct Symbol {
-    /// NUL-terminated export name.
-    pub name: &'static str,
-    /// The library that defines the real one.
-    pub lib: Lib,
-    /// Our wrapper, for hooked symbols.
-    pub wrapper: Option<Wrapper>,
-}
+use crate::log;
+use crate::real::{self, hooked_by_address, Lib, Sym, COUNT, SYMBOLS};
+use crate::{capture, init, launch, memory, nvml, report, sync};
+use core::ffi::{c_char, c_int, c_void, CStr};
+use gpuslice_abi::{pfn, CUDA_SUCCESS};
 
 /// The address of an exported wrapper.
 #[derive(Clone, Copy)]
@@ -57,42 +44,12 @@ macro_rules! hook_table {
         hooks { $( $lib:ident $name:ident => $handler:path; )* }
         reals { $( $rlib:ident $rname:ident; )* }
     ) => {
-        /// Index of each symbol in [`SYMBOLS`]: hooked ones first, then real-only ones.
-        #[allow(non_camel_case_types, clippy::enum_variant_names, dead_code)]
-        #[derive(Clone, Copy)]
-        #[repr(usize)]
-        pub enum Sym { $($name,)* $($rname,)* }
-
-        /// How many symbols the table holds.
-        pub const COUNT: usize = [$(Sym::$name,)* $(Sym::$rname,)*].len();
-
-        /// Every symbol: name, library, wrapper.
-        pub static SYMBOLS: [Symbol; COUNT] = [
-            $( Symbol { name: concat!(stringify!($name), "\0"), lib: Lib::$lib, wrapper: Some(Wrapper(exports::$name as *const ())) }, )*
-            $( Symbol { name: concat!(stringify!($rname), "\0"), lib: Lib::$rlib, wrapper: None }, )*
-        ];
-
-        /// The real functions, resolved lazily (`None` when the driver lacks one).
-        pub mod real {
-            use super::*;
-            $(
-                #[inline]
-                pub fn $name() -> Option<pfn::$name> {
-                    let p = crate::resolve::get(Sym::$name as usize);
-                    // SAFETY: p was returned by the real dlsym for this exact name, whose C
-                    // signature is pfn's, generated from the header.
-                    (!p.is_null()).then(|| unsafe { core::mem::transmute::<*mut c_void, pfn::$name>(p) })
-                }
-            )*
-            $(
-                #[inline]
-                pub fn $rname() -> Option<pfn::$rname> {
-                    let p = crate::resolve::get(Sym::$rname as usize);
-                    // SAFETY: as above.
-                    (!p.is_null()).then(|| unsafe { core::mem::transmute::<*mut c_void, pfn::$rname>(p) })
-                }
-            )*
-        }
+        /// Per symbol of the table ([`Sym`]), its wrapper (`None` for real-only rows).
+        static WRAPPERS: [Option<Wrapper>; COUNT] = {
+            let mut w = [None; COUNT];
+            $( w[Sym::$name as usize] = Some(Wrapper(exports::$name as *const ())); )*
+            w
+        };
 
         /// The exported wrappers, each with the header's signature.
         pub mod exports {
@@ -122,118 +79,97 @@ macro_rules! export {
     };
 }
 
-use crate::{init, launch, memory, nvml, procaddr, report};
+crate::symbols::for_each_symbol!(hook_table);
 
-hook_table! {
-    hooks {
-        Cuda cuInit => init::cu_init;
-        Cuda cuGetProcAddress => procaddr::get_proc_address;
-        Cuda cuGetProcAddress_v2 => procaddr::get_proc_address_v2;
+/// The wrapper of the hooked symbol called `name` (no NUL), if any.
+pub fn find_hooked(name: &[u8]) -> Option<Wrapper> {
+    SYMBOLS
+        .iter()
+        .position(|s| s.hooked && &s.name.as_bytes()[..s.name.len() - 1] == name)
+        .and_then(|i| WRAPPERS[i])
+}
 
-        Cuda cuMemAlloc_v2 => memory::mem_alloc;
-        Cuda cuMemAllocPitch_v2 => memory::mem_alloc_pitch;
-        Cuda cuMemAllocManaged => memory::mem_alloc_managed;
-        Cuda cuMemAllocAsync => memory::mem_alloc_async;
-        Cuda cuMemAllocAsync_ptsz => memory::mem_alloc_async;
-        Cuda cuMemAllocFromPoolAsync => memory::mem_alloc_from_pool;
-        Cuda cuMemAllocFromPoolAsync_ptsz => memory::mem_alloc_from_pool;
-        Cuda cuMemFree_v2 => memory::mem_free;
-        Cuda cuMemFreeAsync => memory::mem_free_async;
-        Cuda cuMemFreeAsync_ptsz => memory::mem_free_async;
-        Cuda cuMemPoolTrimTo => memory::pool_trim_to;
-        Cuda cuMemPoolCreate => memory::pool_create;
-        Cuda cuMemPoolDestroy => memory::pool_destroy;
-        Cuda cuStreamSynchronize => memory::stream_synchronize;
-        Cuda cuStreamSynchronize_ptsz => memory::stream_synchronize;
-        Cuda cuCtxSynchronize => memory::ctx_synchronize;
-        Cuda cuCtxSynchronize_v2 => memory::ctx_synchronize_v2;
-        Cuda cuEventSynchronize => memory::event_synchronize;
-        Cuda cuMemCreate => memory::mem_create;
-        Cuda cuMemRelease => memory::mem_release;
-        Cuda cuMemMap => memory::mem_map;
-        Cuda cuMemUnmap => memory::mem_unmap;
-        Cuda cuMemExportToShareableHandle => memory::mem_export;
-        Cuda cuArrayCreate_v2 => memory::array_create;
-        Cuda cuArray3DCreate_v2 => memory::array3d_create;
-        Cuda cuArrayDestroy => memory::array_destroy;
-        Cuda cuMipmappedArrayCreate => memory::mipmapped_create;
-        Cuda cuMipmappedArrayDestroy => memory::mipmapped_destroy;
-        Cuda cuGraphAddMemAllocNode => memory::graph_add_mem_alloc_node;
-        Cuda cuGraphAddNode => memory::graph_add_node;
-        Cuda cuGraphAddNode_v2 => memory::graph_add_node_v2;
-        Cuda cuGraphDestroy => memory::graph_destroy;
-        Cuda cuGraphInstantiateWithFlags => memory::graph_instantiate_with_flags;
-        Cuda cuGraphInstantiate => memory::graph_instantiate;
-        Cuda cuGraphInstantiate_v2 => memory::graph_instantiate;
-        Cuda cuGraphInstantiateWithParams => memory::graph_instantiate_with_params;
-        Cuda cuGraphInstantiateWithParams_ptsz => memory::graph_instantiate_with_params;
-        Cuda cuGraphExecDestroy => memory::graph_exec_destroy;
-        Cuda cuStreamBeginCapture => memory::begin_capture_v1;
-        Cuda cuStreamBeginCapture_ptsz => memory::begin_capture_v1;
-        Cuda cuStreamBeginCapture_v2 => memory::begin_capture;
-        Cuda cuStreamBeginCapture_v2_ptsz => memory::begin_capture;
-        Cuda cuStreamEndCapture => memory::end_capture;
-        Cuda cuStreamEndCapture_ptsz => memory::end_capture;
+// `cuGetProcAddress` and `cuGetProcAddress_v2`: cudart, PyTorch and cuda-bindings find every
+// driver function through these. We let the real driver choose (version, `_ptsz`/`_ptds`
+// variant, per-thread flags), then swap the pointer it returns for our wrapper when that
+// pointer is the real function of a hooked symbol. Matching by *address* rather than by name
+// is what keeps the driver's choice: `cuMemAllocAsync` with the per-thread flag comes back as
+// the real `cuMemAllocAsync_ptsz`, which maps to our `cuMemAllocAsync_ptsz` wrapper. Asked
+// for `cuGetProcAddress` itself, the driver returns its own, which maps to ours the same way.
 
-        Cuda cuMemGetInfo_v2 => report::mem_get_info;
-        Cuda cuDeviceTotalMem_v2 => report::device_total_mem;
-
-        Cuda cuLaunchKernel => launch::launch_kernel;
-        Cuda cuLaunchKernel_ptsz => launch::launch_kernel;
-        Cuda cuLaunchKernelEx => launch::launch_kernel_ex;
-        Cuda cuLaunchKernelEx_ptsz => launch::launch_kernel_ex;
-        Cuda cuLaunchCooperativeKernel => launch::launch_cooperative;
-        Cuda cuLaunchCooperativeKernel_ptsz => launch::launch_cooperative;
-        Cuda cuGraphLaunch => launch::graph_launch;
-        Cuda cuGraphLaunch_ptsz => launch::graph_launch;
-        Cuda cuCtxDestroy_v2 => launch::ctx_destroy;
-        Cuda cuDevicePrimaryCtxRelease_v2 => launch::primary_ctx_release;
-        Cuda cuDevicePrimaryCtxReset_v2 => launch::primary_ctx_reset;
-
-        Nvml nvmlDeviceGetMemoryInfo => nvml::memory_info;
-        Nvml nvmlDeviceGetMemoryInfo_v2 => nvml::memory_info;
-        Nvml nvmlDeviceGetComputeRunningProcesses => nvml::compute_processes;
-        Nvml nvmlDeviceGetComputeRunningProcesses_v2 => nvml::compute_processes;
-        Nvml nvmlDeviceGetComputeRunningProcesses_v3 => nvml::compute_processes;
-        Nvml nvmlDeviceGetGraphicsRunningProcesses => nvml::unlisted_processes;
-        Nvml nvmlDeviceGetGraphicsRunningProcesses_v2 => nvml::unlisted_processes;
-        Nvml nvmlDeviceGetGraphicsRunningProcesses_v3 => nvml::unlisted_processes;
-        Nvml nvmlDeviceGetMPSComputeRunningProcesses => nvml::unlisted_processes;
-        Nvml nvmlDeviceGetMPSComputeRunningProcesses_v2 => nvml::unlisted_processes;
-        Nvml nvmlDeviceGetMPSComputeRunningProcesses_v3 => nvml::unlisted_processes;
-        Nvml nvmlDeviceGetAccountingPids => nvml::accounting_pids;
-        Nvml nvmlDeviceGetAccountingStats => nvml::accounting_stats;
-        Nvml nvmlDeviceGetRunningProcessDetailList => nvml::process_detail_list;
-        Nvml nvmlDeviceGetUtilizationRates => nvml::utilization_rates;
-        Nvml nvmlDeviceGetProcessesUtilizationInfo => nvml::processes_utilization_info;
-        Nvml nvmlDeviceGetProcessUtilization => nvml::process_utilization;
+/// Swap the driver's answer in `*p` for our wrapper when it is a hooked function; at debug level,
+/// log the lookup.
+///
+/// # Safety
+/// Called after the real `cuGetProcAddress` succeeded with these arguments: `p` is null or the
+/// caller's out-pointer the driver has just written; `symbol` is null or NUL-terminated.
+unsafe fn swap_for_wrapper(
+    how: &str,
+    symbol: *const c_char,
+    p: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) {
+    if p.is_null() {
+        return;
     }
-    reals {
-        Cuda cuDeviceGetCount;
-        Cuda cuDeviceGet;
-        Cuda cuDeviceGetUuid_v2;
-        Cuda cuDeviceGetUuid;
-        Cuda cuDeviceGetName;
-        Cuda cuCtxGetDevice;
-        Cuda cuEventCreate;
-        Cuda cuEventRecord;
-        Cuda cuEventQuery;
-        Cuda cuEventElapsedTime;
-        Cuda cuEventDestroy_v2;
-        Cuda cuStreamIsCapturing;
-        Cuda cuStreamGetCaptureInfo_v2;
-        Cuda cuMemPoolGetAttribute;
-        Cuda cuDeviceGetMemPool;
-        Nvml nvmlDeviceGetUUID;
-        Nvml nvmlDeviceGetIndex;
+    let mut ours = false;
+    // SAFETY: p is non-null (checked above), written by the driver's successful call.
+    let found = unsafe { *p };
+    let mut answer = found;
+    if let Some(i) = hooked_by_address(found) {
+        if let Some(w) = WRAPPERS[i] {
+            answer = w.0 as *mut c_void;
+            // SAFETY: p is the caller's non-null out-pointer, valid for writes.
+            unsafe { *p = answer };
+            ours = true;
+        }
+    }
+    if !symbol.is_null() && log::enabled(log::Level::Debug) {
+        // SAFETY: the driver accepted `symbol` as a NUL-terminated name.
+        let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+        log::lookup(
+            how,
+            name,
+            Some((version, flags)),
+            log::answer_of(answer, ours),
+        );
     }
 }
 
-/// The hooked symbol called `name` (no NUL), if any.
-pub fn find_hooked(name: &[u8]) -> Option<&'static Symbol> {
-    SYMBOLS
-        .iter()
-        .find(|s| s.wrapper.is_some() && &s.name.as_bytes()[..s.name.len() - 1] == name)
+/// `cuGetProcAddress` (CUDA 11.3–11.8 signature).
+pub unsafe fn get_proc_address(
+    real: pfn::cuGetProcAddress,
+    symbol: *const c_char,
+    p: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> u32 {
+    // SAFETY: the handler contract (hooks.rs): `real` with the program's arguments.
+    let r = unsafe { real(symbol, p, version, flags) };
+    if r == CUDA_SUCCESS {
+        // SAFETY: the real call succeeded with these arguments, as swap_for_wrapper needs.
+        unsafe { swap_for_wrapper("cuGetProcAddress", symbol, p, version, flags) };
+    }
+    r
+}
+
+/// `cuGetProcAddress_v2` (CUDA 12: with the symbol status).
+pub unsafe fn get_proc_address_v2(
+    real: pfn::cuGetProcAddress_v2,
+    symbol: *const c_char,
+    p: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> u32 {
+    // SAFETY: the handler contract (hooks.rs): `real` with the program's arguments.
+    let r = unsafe { real(symbol, p, version, flags, status) };
+    if r == CUDA_SUCCESS {
+        // SAFETY: the real call succeeded with these arguments, as swap_for_wrapper needs.
+        unsafe { swap_for_wrapper("cuGetProcAddress_v2", symbol, p, version, flags) };
+    }
+    r
 }
 
 #[cfg(test)]
@@ -264,7 +200,7 @@ mod tests {
     fn every_form_a_current_runtime_gets_of_a_hooked_entry_point_is_hooked() {
         let hooked: Vec<&str> = SYMBOLS
             .iter()
-            .filter(|s| s.wrapper.is_some() && s.lib == Lib::Cuda)
+            .filter(|s| s.hooked && s.lib == Lib::Cuda)
             .map(|s| s.name.trim_end_matches('\0'))
             .collect();
         let bases: Vec<&str> = hooked.iter().map(|s| base(s)).collect();

@@ -7,29 +7,18 @@
 //! configuration or a refused admission prints one line and makes `cuInit` (and every later
 //! hooked call) fail with `CUDA_ERROR_INVALID_VALUE`.
 
+use crate::admit::{self, Admission, DevState, Found};
 use crate::config::Config;
-use crate::hooks::{pfn, real};
 use crate::log::{self, log};
+use crate::real;
 use core::ffi::{c_char, c_int};
 use core::sync::atomic::{AtomicPtr, AtomicU32, Ordering::*};
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 use gpuslice_ledger::node::Opened;
-use gpuslice_ledger::{Account, Ledger, ProcHandle, SliceRequest};
+use gpuslice_ledger::{Ledger, ProcHandle};
+use gpuslice_protocol::Refusal;
 use std::sync::Mutex;
-
-/// One device as this process sees it.
-pub struct DevState {
-    /// CUDA ordinal in this process.
-    pub ordinal: i32,
-    /// Index in the ledger.
-    pub ledger_dev: usize,
-    /// `GPU-...`.
-    pub uuid: String,
-    /// Where allocations are charged.
-    pub account: Account<'static>,
-    /// Node mode: the region of that account (where this process asks for compute turns).
-    pub region: Option<&'static gpuslice_ledger::region::Region>,
-}
 
 /// Everything the hooks need after start-up.
 pub struct State {
@@ -39,6 +28,8 @@ pub struct State {
     pub me: ProcHandle,
     /// By CUDA ordinal.
     pub devices: Vec<DevState>,
+    /// The compute class `GPUSLICE_PRIORITY` asks for (`None`: unset).
+    pub priority: Option<u32>,
 }
 
 impl State {
@@ -143,7 +134,7 @@ fn start(cu_init: Option<(pfn::cuInit, core::ffi::c_uint)>) -> Result<&'static S
     // Resolve the driver's functions before the lock: resolving takes the loader's lock, and a
     // thread inside dlopen (a library constructor calling CUDA) may hold that one while it
     // waits for ours.
-    crate::resolve::resolve_all(crate::resolve::Lib::Cuda);
+    crate::real::resolve_all(crate::real::Lib::Cuda);
     let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
     let f = FAILED.load(Acquire);
     if f != 0 {
@@ -177,7 +168,7 @@ fn start(cu_init: Option<(pfn::cuInit, core::ffi::c_uint)>) -> Result<&'static S
             // SAFETY: just published, never freed.
             Ok(unsafe { &*p })
         }
-        Err((code, msg)) => Err(fail(code, &msg)),
+        Err(refusal) => Err(fail(refusal.code, &refusal.message)),
     }
 }
 
@@ -187,28 +178,25 @@ fn fail(code: CUresult, msg: &str) -> CUresult {
     code
 }
 
-fn cu(call: &str, r: CUresult) -> Result<(), (CUresult, String)> {
+fn cu(call: &str, r: CUresult) -> Result<(), Refusal> {
     if r == CUDA_SUCCESS {
         Ok(())
     } else {
-        Err((
-            r,
-            format!("{call} failed during start-up: {}", describe_cu(r)),
-        ))
+        Err(Refusal {
+            code: r,
+            message: format!("{call} failed during start-up: {}", describe_cu(r)),
+        })
     }
 }
 
-fn missing(name: &str) -> (CUresult, String) {
-    (
-        CUDA_ERROR_NOT_FOUND,
-        format!("the driver has no {name}, which gpuslice needs"),
-    )
+fn missing(name: &str) -> Refusal {
+    Refusal {
+        code: CUDA_ERROR_NOT_FOUND,
+        message: format!("the driver has no {name}, which gpuslice needs"),
+    }
 }
 
-/// A device found at start-up: ordinal, UUID, name, memory.
-pub type Found = (i32, String, String, u64);
-
-fn build(config: &Config) -> Result<State, (CUresult, String)> {
+fn build(config: &Config) -> Result<State, Refusal> {
     let count_f = real::cuDeviceGetCount().ok_or_else(|| missing("cuDeviceGetCount"))?;
     let get_f = real::cuDeviceGet().ok_or_else(|| missing("cuDeviceGet"))?;
     let total_f = real::cuDeviceTotalMem_v2().ok_or_else(|| missing("cuDeviceTotalMem_v2"))?;
@@ -244,227 +232,24 @@ fn build(config: &Config) -> Result<State, (CUresult, String)> {
         cu("cuDeviceTotalMem_v2", unsafe { total_f(&mut total, dev) })?;
         found.push((ord, uuid_text(&uuid), name, total as u64));
     }
-    let io = |e: gpuslice_ledger::LedgerError| {
-        (
-            CUDA_ERROR_OPERATING_SYSTEM,
-            format!("cannot use the node ledger: {e}"),
-        )
-    };
-    let ledger = match Ledger::open_for_process(&config.runtime_dir).map_err(io)? {
-        Opened::Personal(l) => l,
-        Opened::Node(l) => return build_node(config, Box::leak(Box::new(l)), found),
+    let opened = Ledger::open_for_process(&config.runtime_dir)
+        .map_err(|e| Refusal::other(format!("cannot use the node ledger: {e}")))?;
+    let request = admit::request(config, &found);
+    let (ledger, node) = match opened {
+        Opened::Personal(l) => (l, false),
+        Opened::Node(l) => (l, true),
     };
     let ledger: &'static Ledger = Box::leak(Box::new(ledger));
-    let me = ledger
-        .attach(config.slice.as_deref().unwrap_or(""))
-        .map_err(io)?;
-    let mut devices = vec![];
-    let mut reqs = vec![];
-    for (ord, uuid, name, total) in found {
-        let ledger_dev = ledger.ensure_device(&uuid, &name, total).map_err(io)?;
-        let (memory, setting) = match config.memory.as_ref().and_then(|m| m.get(ord as u32)) {
-            Some((size, var)) => (Some(size.resolve(total)), var),
-            None => (None, "GPUSLICE_MEMORY".to_string()),
-        };
-        let req = SliceRequest {
-            name: config.slice.clone(),
-            memory,
-            compute_share_ppm: config.share(ord as u32),
-            compute_cap_ppm: config.cap(ord as u32),
-            memory_setting: setting,
-            compute_setting: config
-                .compute
-                .as_ref()
-                .map(|c| c.1)
-                .unwrap_or("GPUSLICE_COMPUTE")
-                .into(),
-        };
-        reqs.push((ord, uuid, ledger_dev, req));
-    }
-    // One taking of the lock for every device (512 processes may start at once).
-    let items: Vec<(usize, SliceRequest)> =
-        reqs.iter().map(|(_, _, d, r)| (*d, r.clone())).collect();
-    let joins = ledger.join_all(me, &items).map_err(|e| match e {
-        gpuslice_ledger::LedgerError::Admission(a) => {
-            (CUDA_ERROR_INVALID_VALUE, format!("slice refused: {a}"))
-        }
-        e => io(e),
-    })?;
-    for ((ord, uuid, ledger_dev, _), joined) in reqs.into_iter().zip(joins) {
-        for w in &joined.warnings {
-            log!(Warn, "{w}");
-        }
-        log!(
-            Info,
-            "device {ord} ({uuid}): slice {:?}, memory {}",
-            config.slice.as_deref().unwrap_or("(private)"),
-            joined
-                .memory_limit
-                .map(gpuslice_ledger::human_bytes)
-                .unwrap_or_else(|| "best effort".into())
-        );
-        let account = ledger
-            .account(me, ledger_dev)
-            .ok_or_else(|| io(gpuslice_ledger::LedgerError::Full("account")))?;
-        devices.push(DevState {
-            ordinal: ord,
-            ledger_dev,
-            uuid,
-            account,
-            region: None,
-        });
-    }
+    let admission: &dyn Admission = if node {
+        &admit::Node(ledger)
+    } else {
+        &admit::Personal(ledger)
+    };
+    let admitted = admission.admit(&request, found)?;
     Ok(State {
         ledger,
-        me,
-        devices,
-    })
-}
-
-/// How long a node-mode process keeps trying to reach the monitor before `cuInit` fails.
-const MONITOR_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// Node mode: ask the monitor to admit this process (`monitor.sock`), then charge into the
-/// slice regions it sends. The policy stays mapped read-only; nothing here takes its lock.
-fn build_node(
-    config: &Config,
-    ledger: &'static Ledger,
-    found: Vec<Found>,
-) -> Result<State, (CUresult, String)> {
-    use gpuslice_ledger::region::Region;
-    use gpuslice_protocol::{self as protocol, Message};
-    let mut req = Message::new("op", "admit");
-    req.push("slice", config.slice.as_deref().unwrap_or(""));
-    if let (Some(_), Some(s)) = (&config.slice, &config.secret) {
-        req.push("secret", s.expose());
-    }
-    // The slice's compute class (the monitor sets it on slices that are not an operator's).
-    if let Some(class) = std::env::var("GPUSLICE_PRIORITY")
-        .ok()
-        .and_then(|v| gpuslice_sched::parse_class(&v))
-    {
-        req.push("priority", &class.to_string());
-    }
-    let cpu_setting = config
-        .compute
-        .as_ref()
-        .map(|c| c.1)
-        .unwrap_or("GPUSLICE_COMPUTE");
-    for (ord, uuid, _, total) in &found {
-        let (memory, setting) = match config.memory.as_ref().and_then(|m| m.get(*ord as u32)) {
-            Some((size, var)) => (Some(size.resolve(*total)), var),
-            None => (None, "GPUSLICE_MEMORY".to_string()),
-        };
-        req.push(
-            "dev",
-            &format!(
-                "{uuid}\t{}\t{}\t{}\t{setting}\t{cpu_setting}",
-                memory.map_or("-".to_string(), |m| m.to_string()),
-                config.share(*ord as u32),
-                config.cap(*ord as u32),
-            ),
-        );
-    }
-    let sock = ledger.dir().path().join(protocol::SOCKET_FILE);
-    let t0 = std::time::Instant::now();
-    let (reply, fds) = loop {
-        match protocol::call(ledger.dir().fd(), &req, std::time::Duration::from_secs(10)) {
-            Ok(r) => break r,
-            Err(e) if t0.elapsed() < MONITOR_WAIT => {
-                let _ = e;
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-            Err(e) => {
-                return Err((
-                    CUDA_ERROR_OPERATING_SYSTEM,
-                    format!(
-                        "the node's monitor did not answer at {} for {} s ({e}); ask the \
-                         operator to start `gpuslice monitor`",
-                        sock.display(),
-                        MONITOR_WAIT.as_secs()
-                    ),
-                ))
-            }
-        }
-    };
-    if let Some(e) = reply.get("err") {
-        let code = if e.starts_with("admission:") || e.contains("limit") {
-            CUDA_ERROR_INVALID_VALUE
-        } else {
-            CUDA_ERROR_OPERATING_SYSTEM
-        };
-        return Err((code, format!("the node's monitor refused: {e}")));
-    }
-    let bad = |what: &str| {
-        (
-            CUDA_ERROR_OPERATING_SYSTEM,
-            format!("the node's monitor answered something unexpected ({what})"),
-        )
-    };
-    let slot: usize = reply
-        .get("slot")
-        .and_then(|v| v.parse().ok())
-        .filter(|&s| s < gpuslice_ledger::MAX_PROCS)
-        .ok_or_else(|| bad("slot"))?;
-    let devs: Vec<&str> = reply.all("dev").collect();
-    if devs.len() != found.len() || fds.len() != found.len() {
-        return Err(bad("device count"));
-    }
-    for w in reply.all("warn") {
-        log!(Warn, "{w}");
-    }
-    let mut devices = vec![];
-    for (((ord, uuid, _, _), line), fd) in found.into_iter().zip(devs).zip(fds) {
-        let f: Vec<&str> = line.split('\t').collect();
-        let [u, dev, slice, limit, pool] = f[..] else {
-            return Err(bad("device line"));
-        };
-        let ledger_dev: usize = dev
-            .parse()
-            .ok()
-            .filter(|&d| d < gpuslice_ledger::MAX_DEVICES && u == uuid)
-            .ok_or_else(|| bad("device"))?;
-        let si: usize = slice
-            .parse()
-            .ok()
-            .filter(|&s| s < gpuslice_ledger::MAX_SLICES)
-            .ok_or_else(|| bad("slice"))?;
-        let region: &'static Region = Box::leak(Box::new(
-            Region::from_fd(fd, true).map_err(|e| bad(&e.to_string()))?,
-        ));
-        let account = if limit != "-" {
-            let slice_rec = Some(&ledger.slices()[si]);
-            Account::in_region(&ledger.devices()[ledger_dev], slice_rec, region, slot)
-        } else {
-            // Best effort: this user's pool on the device, held to the monitor's grant.
-            let p = pool
-                .parse::<usize>()
-                .ok()
-                .and_then(|p| ledger.pools().get(p))
-                .ok_or_else(|| bad("pool"))?;
-            Account::in_pool(p, region, slot)
-        }
-        .ok_or_else(|| bad("slot"))?;
-        log!(
-            Info,
-            "device {ord} ({uuid}): node mode, slice {:?}, memory {}",
-            config.slice.as_deref().unwrap_or("(private)"),
-            limit
-                .parse::<u64>()
-                .map(gpuslice_ledger::human_bytes)
-                .unwrap_or_else(|_| "best effort".into())
-        );
-        devices.push(DevState {
-            ordinal: ord,
-            ledger_dev,
-            uuid,
-            account,
-            region: Some(region),
-        });
-    }
-    Ok(State {
-        ledger,
-        me: ProcHandle { slot },
-        devices,
+        me: admitted.me,
+        devices: admitted.devices,
+        priority: config.priority,
     })
 }

@@ -2,8 +2,8 @@
 //! the compute engineer) and nothing else happens here: no syscalls, no locks.
 
 use crate::compute;
-use crate::hooks::pfn;
 use core::ffi::{c_uint, c_void};
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 
 /// One kernel launch through the gate: `launch` is the real entry point with its arguments.

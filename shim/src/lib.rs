@@ -3,12 +3,13 @@
 //! the node ledger (`gpuslice-ledger`).
 //!
 //! How the parts meet:
-//! - [`hooks`]: the one table of hooked symbols; it generates the exported wrappers, the
-//!   name → wrapper map used by [`dlsym`], and the accessors of the real driver's functions
-//!   (`hooks::real::cuMemAlloc_v2()`; a handler gets the same function as its `real`
-//!   parameter). [`resolve`] finds them, one symbol at a time, and the real `dlsym`.
-//! - [`dlsym`] and [`procaddr`]: how clients that look functions up (rather than link to
-//!   them) still get our wrappers; `procaddr` maps by the real function's address.
+//! - [`symbols`]: the one table of symbols (hooked ones with their handlers, and real-only
+//!   ones), expanded twice: [`real`] below every handler (each real function's accessor,
+//!   `real::cuMemAlloc_v2()`, resolved one symbol at a time, and the real `dlsym`; a handler
+//!   gets the same function as its `real` parameter) and [`hooks`] above them all (the
+//!   exported wrappers, and the wrapper for a name or a real function's address).
+//! - [`dlsym`] and `cuGetProcAddress` (in [`hooks`]): how clients that look functions up
+//!   (rather than link to them) still get our wrappers.
 //! - [`init`]: start-up at the first `cuInit` (configuration from [`config`], devices, the
 //!   ledger, admission), then one read-only [`init::State`].
 //! - [`memory`] (quotas on every allocation path, with [`pointers`] remembering sizes),
@@ -19,6 +20,8 @@
 //! Nothing runs in a constructor; a process that never calls CUDA pays only for the `dlsym`
 //! hook. `GPUSLICE_DISABLE=1` makes every hook a pass-through.
 
+mod admit;
+mod capture;
 mod compute;
 mod config;
 mod dlsym;
@@ -29,6 +32,7 @@ mod log;
 mod memory;
 mod nvml;
 mod pointers;
-mod procaddr;
+mod real;
 mod report;
-mod resolve;
+mod symbols;
+mod sync;

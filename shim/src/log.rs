@@ -170,6 +170,25 @@ macro_rules! log {
 }
 pub(crate) use log;
 
+/// Who answered a lookup, for [`lookup`].
+pub(crate) fn answer_of(p: *mut core::ffi::c_void, ours: bool) -> &'static str {
+    match (p.is_null(), ours) {
+        (true, _) => "not found",
+        (false, true) => "gpuslice wrapper",
+        (false, false) => "driver (not hooked)",
+    }
+}
+
+/// One debug line per driver/NVML lookup: what was asked and who answers it (the record of
+/// which entry points real clients resolve, and how). Only reached at `GPUSLICE_LOG=debug`.
+pub(crate) fn lookup(how: &str, name: &[u8], version_flags: Option<(i32, u64)>, who: &str) {
+    let name = core::str::from_utf8(name).unwrap_or("<non-UTF-8 name>");
+    match version_flags {
+        Some((v, f)) => log!(Debug, "{how}({name}, version {v}, flags {f}) -> {who}"),
+        None => log!(Debug, "{how}({name}) -> {who}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 //! fixed, preallocated open-addressing table of atomic words: no allocation and no lock on the
 //! hot path.
 //!
-//! Each slot is two words. `key` is the handle with its [`Kind`] folded into the top bits
+//! Each slot is two words. `key` is the handle with its [`Handle`] folded into the top bits
 //! (device pointers, arrays, mipmapped arrays and VMM handles live in different spaces); `val`
 //! is the [`Charge`], packed in one place ([`Charge::word`]): bytes in the low 48 bits, the
 //! pool slot in the next 8, the device ordinal in the top 8. A slot is claimed by a CAS from
@@ -17,7 +17,7 @@ use core::sync::atomic::{AtomicU64, Ordering::*};
 /// What a handle is.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[repr(u64)]
-pub enum Kind {
+pub enum Handle {
     /// A device pointer (`cuMemAlloc*`, async, pool, managed).
     Ptr = 0,
     /// A `CUarray`.
@@ -46,7 +46,7 @@ impl Charge {
 
     /// `bytes` charged on `dev`, from pool slot `pool`.
     #[inline]
-    pub fn new(bytes: u64, dev: &crate::init::DevState, pool: usize) -> Charge {
+    pub fn new(bytes: u64, dev: &crate::admit::DevState, pool: usize) -> Charge {
         // Callers record only what they charged, and no quota or device reaches 2^48 bytes.
         debug_assert!(bytes <= Self::MAX_BYTES && pool <= u8::MAX as usize);
         Charge {
@@ -90,7 +90,7 @@ static TABLE: [Slot; SLOTS] = [const {
 }; SLOTS];
 
 #[inline]
-fn key(kind: Kind, h: u64) -> u64 {
+fn key(kind: Handle, h: u64) -> u64 {
     let k = h ^ ((kind as u64) << 60);
     if k == EMPTY || k == TOMB {
         k ^ 1 << 59 // never collides with the markers; distinct handles stay distinct in practice
@@ -106,7 +106,7 @@ fn start(k: u64) -> usize {
 
 /// Remember that `h` was charged `c`. False when the table is full.
 #[inline]
-pub fn insert(kind: Kind, h: u64, c: Charge) -> bool {
+pub fn insert(kind: Handle, h: u64, c: Charge) -> bool {
     let k = key(kind, h);
     let mut i = start(k);
     for _ in 0..SLOTS {
@@ -124,7 +124,7 @@ pub fn insert(kind: Kind, h: u64, c: Charge) -> bool {
 
 /// Forget `h`, returning what it was charged if it was known.
 #[inline]
-pub fn remove(kind: Kind, h: u64) -> Option<Charge> {
+pub fn remove(kind: Handle, h: u64) -> Option<Charge> {
     let k = key(kind, h);
     let mut i = start(k);
     for _ in 0..SLOTS {
@@ -165,20 +165,20 @@ mod tests {
 
     #[test]
     fn insert_remove() {
-        assert!(insert(Kind::Ptr, 0x7000_0000_1000, c(4096, 1, 3)));
-        assert!(insert(Kind::Vmm, 0x7000_0000_1000, c(8192, 0, 0)));
-        assert_eq!(remove(Kind::Ptr, 0x7000_0000_1000), Some(c(4096, 1, 3)));
-        assert_eq!(remove(Kind::Ptr, 0x7000_0000_1000), None);
-        assert_eq!(remove(Kind::Vmm, 0x7000_0000_1000), Some(c(8192, 0, 0)));
+        assert!(insert(Handle::Ptr, 0x7000_0000_1000, c(4096, 1, 3)));
+        assert!(insert(Handle::Vmm, 0x7000_0000_1000, c(8192, 0, 0)));
+        assert_eq!(remove(Handle::Ptr, 0x7000_0000_1000), Some(c(4096, 1, 3)));
+        assert_eq!(remove(Handle::Ptr, 0x7000_0000_1000), None);
+        assert_eq!(remove(Handle::Vmm, 0x7000_0000_1000), Some(c(8192, 0, 0)));
         let handles: Vec<u64> = (1..5000u64).map(|i| i * 0x200000).collect();
         std::thread::scope(|s| {
             for chunk in handles.chunks(1000) {
                 s.spawn(move || {
                     for &h in chunk {
-                        assert!(insert(Kind::Array, h, c(h, 2, 0)));
+                        assert!(insert(Handle::Array, h, c(h, 2, 0)));
                     }
                     for &h in chunk {
-                        assert_eq!(remove(Kind::Array, h), Some(c(h, 2, 0)));
+                        assert_eq!(remove(Handle::Array, h), Some(c(h, 2, 0)));
                     }
                 });
             }

@@ -3,8 +3,9 @@
 //! effort) the device's size stays the total and free is capped by what is not reserved for
 //! slices. Shared by the driver hooks here and the NVML hooks in `nvml/`.
 
-use crate::hooks::pfn;
-use crate::init::{state_if_ready, DevState};
+use crate::admit::DevState;
+use crate::init::state_if_ready;
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 
 /// `(total, free)` to report for `dev`, given the driver's own numbers.

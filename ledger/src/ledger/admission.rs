@@ -21,24 +21,36 @@ pub struct SliceRequest {
     pub compute_share_ppm: u32,
     /// Compute cap, ppm ([`PPM`] = none).
     pub compute_cap_ppm: u32,
-    /// The setting the memory came from, for messages (`GPUSLICE_MEMORY`).
+    /// The setting the memory came from, for messages (the caller's: a variable, a flag).
     pub memory_setting: String,
-    /// The setting the share came from (`GPUSLICE_COMPUTE`).
+    /// The setting the share came from, for messages.
     pub compute_setting: String,
 }
 
 impl SliceRequest {
     /// A request for memory alone: slice `name` (`None`: a private slice) with quota `memory`
-    /// (`None`: best effort), no compute share, no cap, and the settings named as the
-    /// variables that carry them (`GPUSLICE_MEMORY`, `GPUSLICE_COMPUTE`).
+    /// (`None`: best effort), no compute share, no cap; messages name the settings `memory`
+    /// and `compute share` (callers that read settings say which with [`SliceRequest::for_device`]).
     pub fn new(name: Option<&str>, memory: Option<u64>) -> SliceRequest {
         SliceRequest {
             name: name.map(Into::into),
             memory,
             compute_share_ppm: 0,
             compute_cap_ppm: PPM,
-            memory_setting: "GPUSLICE_MEMORY".into(),
-            compute_setting: "GPUSLICE_COMPUTE".into(),
+            memory_setting: "memory".into(),
+            compute_setting: "compute share".into(),
+        }
+    }
+
+    /// What a process's admission request asks for on one device, in slice `name`.
+    pub fn for_device(name: Option<String>, d: &gpuslice_protocol::DeviceRequest) -> SliceRequest {
+        SliceRequest {
+            name,
+            memory: d.memory,
+            compute_share_ppm: d.compute_share_ppm,
+            compute_cap_ppm: d.compute_cap_ppm,
+            memory_setting: d.memory_setting.clone(),
+            compute_setting: d.compute_setting.clone(),
         }
     }
 }

@@ -39,7 +39,7 @@ pub struct Ledger {
     m: Mapping,
     dir: RuntimeDir,
     /// Node mode, in the monitor: its slice regions (best-effort usage for admission).
-    regions: std::sync::OnceLock<std::sync::Arc<dyn crate::node::Regions>>,
+    regions: std::sync::OnceLock<std::sync::Arc<dyn crate::region::Regions>>,
     /// Process slots whose liveness lock this handle holds. An OFD lock does not conflict with
     /// its own description, so `F_OFD_GETLK` cannot see these: we know them instead.
     owned: [core::sync::atomic::AtomicU64; MAX_PROCS / 64],
@@ -79,12 +79,12 @@ impl Ledger {
 
     /// Node mode, in the monitor: where the slices' regions are (admission reads the
     /// best-effort pools' usage there). Set once.
-    pub fn set_regions(&self, r: std::sync::Arc<dyn crate::node::Regions>) {
+    pub fn set_regions(&self, r: std::sync::Arc<dyn crate::region::Regions>) {
         let _ = self.regions.set(r);
     }
 
     /// The monitor's regions, if this is the monitor's handle.
-    pub(crate) fn regions(&self) -> Option<&std::sync::Arc<dyn crate::node::Regions>> {
+    pub(crate) fn regions(&self) -> Option<&std::sync::Arc<dyn crate::region::Regions>> {
         self.regions.get()
     }
 

@@ -141,6 +141,18 @@ impl Ledger {
         Ok(targets.len())
     }
 
+    /// Set the priority class a process asked for (`GPUSLICE_PRIORITY`) on slice record
+    /// `slice`, unless an operator made that slice (it keeps the class the operator gave it).
+    pub fn set_requested_class(&self, slice: usize, class: u32) {
+        if let Some(s) = self.slices().get(slice) {
+            if s.operator_defined.load(SeqCst) == 0 {
+                s.sched
+                    .class
+                    .store(class.min(gpuslice_sched::CLASS_LATENCY), SeqCst);
+            }
+        }
+    }
+
     /// Remove the operator slices called `name` (on every device; where there is none, every
     /// tenant's slice of that name). One with processes still
     /// attached stops being operator-defined and goes away with its last process. Returns how

@@ -3,8 +3,9 @@
 
 #![allow(dead_code)] // each test binary uses a part
 
-use gpuslice_ledger::node::{Peer, Regions};
+use gpuslice_ledger::node::Peer;
 use gpuslice_ledger::region::Region;
+use gpuslice_ledger::region::Regions;
 use gpuslice_ledger::Ledger;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -22,13 +22,14 @@ pub fn monitor_running(dir: &Path) -> Option<u32> {
     let d = RuntimeDir::open(dir).ok()?;
     if d.owner() == Owner::Root {
         // A node directory seen by a tenant: the lock is root's; ask the monitor itself.
-        let (r, _) = gpuslice_protocol::call(
+        let pid = gpuslice_protocol::ask(
             d.fd(),
             &gpuslice_protocol::Message::new("op", "ping"),
             Duration::from_secs(2),
         )
+        .ok()?
         .ok()?;
-        return r.get("ok").and_then(|p| p.parse().ok());
+        return pid.parse().ok();
     }
     let mut f = File::from(d.open_file(LOCK_FILE, OpenHow::READ).ok()?);
     // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.

@@ -42,10 +42,10 @@ macro_rules! log {
 
 mod audit;
 mod lock;
-mod options;
+pub(crate) mod options;
 
 pub use lock::{monitor_running, start_background, MonitorLock, LOG_FILE};
-pub use options::{operator_group_name, OnViolation};
+pub use options::OnViolation;
 
 use crate::cli::{self, Failure};
 use crate::node::Node;
@@ -313,7 +313,7 @@ impl Monitor {
 /// for the log); `None`, with a warning, where the driver cannot be used.
 fn start_balloons(
     ledger: &gpuslice_ledger::Ledger,
-    regions: &dyn gpuslice_ledger::node::Regions,
+    regions: &dyn gpuslice_ledger::region::Regions,
 ) -> Option<Arc<crate::balloon::Balloons>> {
     let t0 = Instant::now();
     let b = match crate::balloon::Balloons::open() {

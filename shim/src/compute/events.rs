@@ -25,7 +25,7 @@ use gpuslice_abi::*;
 use gpuslice_sched::{self as sched, Work};
 
 use super::Kind;
-use crate::hooks::real;
+use crate::real;
 
 /// Launches tracked per device; one more waits for the oldest to complete.
 const RING: usize = 128;

@@ -39,8 +39,8 @@ mod events;
 use events::{Events, Track};
 use gpuslice_ledger::tenants::LedgerTenants;
 
-use crate::hooks::real;
-use crate::memory::CAPTURES;
+use crate::capture::CAPTURES;
+use crate::real;
 
 /// Device ordinals this process can gate (the ledger's device count).
 const MAX_ORDINALS: usize = gpuslice_ledger::MAX_DEVICES;
@@ -406,11 +406,9 @@ fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
 
 /// The priority class `GPUSLICE_PRIORITY` asks for (`latency` or `normal`); None when unset,
 /// so a slice whose class an operator set (`gpuslice slice set --priority`) keeps it. Read
-/// when a device's gate is bound (first launch there, a cold path); `cuInit` has already
-/// refused any other value (config.rs), so one that fails to parse here cannot occur.
+/// from the configuration start-up kept (`config.rs` reads the variable, once).
 fn priority_class() -> Option<u32> {
-    let v = std::env::var("GPUSLICE_PRIORITY").ok()?;
-    sched::parse_class(&v)
+    crate::init::state_if_ready()?.priority
 }
 
 /// The personal-mode client of a binding: the tenant-run scheduler.

@@ -3,9 +3,9 @@
 //! their destroy. No state of its own.
 
 use super::{charge_and_alloc, free_and_uncharge, written};
-use crate::hooks::pfn;
-use crate::pointers::Kind;
+use crate::pointers::Handle;
 use core::ffi::c_uint;
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 
 /// Bytes per element of an array format (4 for formats we do not know: never an undercount
@@ -59,7 +59,7 @@ pub fn mipmapped_bytes(desc: &CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> Option
 /// its descriptor), under the handler contract.
 #[inline]
 unsafe fn create_array<T, D>(
-    kind: Kind,
+    kind: Handle,
     out: *mut *mut T,
     desc: *const D,
     bytes: impl FnOnce(&D) -> Option<u64>,
@@ -93,7 +93,7 @@ pub unsafe fn array_create(
     let bytes =
         |d: &CUDA_ARRAY_DESCRIPTOR| array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels);
     // SAFETY: the handler contract: `real` and the pointers are the program's.
-    unsafe { create_array(Kind::Array, array, desc, bytes, || real(array, desc)) }
+    unsafe { create_array(Handle::Array, array, desc, bytes, || real(array, desc)) }
 }
 
 /// `cuArray3DCreate_v2` (layered arrays: depth = layers).
@@ -106,14 +106,14 @@ pub unsafe fn array3d_create(
         array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)
     };
     // SAFETY: the handler contract: `real` and the pointers are the program's.
-    unsafe { create_array(Kind::Array, array, desc, bytes, || real(array, desc)) }
+    unsafe { create_array(Handle::Array, array, desc, bytes, || real(array, desc)) }
 }
 
 /// `cuArrayDestroy`.
 pub unsafe fn array_destroy(real: pfn::cuArrayDestroy, array: CUarray) -> CUresult {
     let st = ready!();
     // SAFETY: the handler contract: `real` with the program's arguments.
-    free_and_uncharge(st, Kind::Array, array as u64, || unsafe { real(array) })
+    free_and_uncharge(st, Handle::Array, array as u64, || unsafe { real(array) })
 }
 
 /// `cuMipmappedArrayCreate`.
@@ -126,7 +126,7 @@ pub unsafe fn mipmapped_create(
     let bytes = |d: &CUDA_ARRAY3D_DESCRIPTOR| mipmapped_bytes(d, levels);
     // SAFETY: the handler contract: `real` and the pointers are the program's.
     unsafe {
-        create_array(Kind::Mipmapped, array, desc, bytes, || {
+        create_array(Handle::Mipmapped, array, desc, bytes, || {
             real(array, desc, levels)
         })
     }
@@ -139,7 +139,9 @@ pub unsafe fn mipmapped_destroy(
 ) -> CUresult {
     let st = ready!();
     // SAFETY: the handler contract: `real` with the program's arguments.
-    free_and_uncharge(st, Kind::Mipmapped, array as u64, || unsafe { real(array) })
+    free_and_uncharge(st, Handle::Mipmapped, array as u64, || unsafe {
+        real(array)
+    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! the caller try the driver again. Never on the hot path: only after the driver said
 //! `CUDA_ERROR_OUT_OF_MEMORY`.
 
-use crate::init::DevState;
+use crate::admit::DevState;
 use crate::log::log;
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use gpuslice_abi::*;

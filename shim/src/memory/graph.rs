@@ -5,9 +5,10 @@
 //! paths only) and the count of open captures (one atomic load on the async allocation path).
 
 use super::reserved;
-use crate::hooks::{pfn, real};
-use crate::init::DevState;
-use core::sync::atomic::{AtomicUsize, Ordering::*};
+use crate::admit::DevState;
+use crate::capture::{self, capture_graph_query, CAPTURES};
+use core::sync::atomic::Ordering::*;
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 use std::sync::Mutex;
 
@@ -304,70 +305,6 @@ pub unsafe fn graph_exec_destroy(real: pfn::cuGraphExecDestroy, exec: CUgraphExe
     r
 }
 
-/// Captures begun and not yet ended, as the capture hooks saw them: an allocation or a
-/// contended launch asks the driver whether its stream is capturing only while this is not
-/// zero, so the hot path pays one atomic load when nothing captures.
-pub static CAPTURES: AtomicUsize = AtomicUsize::new(0);
-
-/// The graph `stream` is capturing into, if any. A stream-ordered allocation captured there is
-/// a memory node of that graph: charged as its graph memory ([`graph_alloc`]), not as pool
-/// memory, and kept out of the pointer table, so the free that pairs with it (captured or not)
-/// moves nothing into a pool's retained credit.
-///
-/// # Safety
-/// `stream` is a stream handle the program passed to the driver (handler contract).
-#[inline]
-pub(super) unsafe fn capture_graph(stream: CUstream) -> Option<CUgraph> {
-    if CAPTURES.load(Acquire) == 0 {
-        return None;
-    }
-    // SAFETY: the program's stream (this function's contract).
-    unsafe { capture_graph_query(stream) }
-}
-
-/// Ask the driver which graph `stream` captures into.
-///
-/// # Safety
-/// As [`capture_graph`].
-#[cold]
-unsafe fn capture_graph_query(stream: CUstream) -> Option<CUgraph> {
-    let f = real::cuStreamGetCaptureInfo_v2()?;
-    let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut id = 0u64;
-    let mut graph: CUgraph = core::ptr::null_mut();
-    let mut deps: *const CUgraphNode = core::ptr::null();
-    let mut n = 0usize;
-    // SAFETY: the real cuStreamGetCaptureInfo_v2 with the program's stream and out-pointers
-    // to our locals.
-    let r = unsafe { f(stream, &mut status, &mut id, &mut graph, &mut deps, &mut n) };
-    (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE && !graph.is_null())
-        .then_some(graph)
-}
-
-/// `cuStreamBeginCapture_v2(_ptsz)`: count the capture.
-pub unsafe fn begin_capture(
-    real: pfn::cuStreamBeginCapture_v2,
-    stream: CUstream,
-    mode: CUstreamCaptureMode,
-) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(stream, mode) };
-    if r == CUDA_SUCCESS {
-        CAPTURES.fetch_add(1, AcqRel);
-    }
-    r
-}
-
-/// `cuStreamBeginCapture(_ptsz)`: the CUDA 10 export, without a mode.
-pub unsafe fn begin_capture_v1(real: pfn::cuStreamBeginCapture, stream: CUstream) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(stream) };
-    if r == CUDA_SUCCESS {
-        CAPTURES.fetch_add(1, AcqRel);
-    }
-    r
-}
-
 /// `cuStreamEndCapture(_ptsz)`: the capture ends even when it fails (invalidated), and then the
 /// driver keeps no graph, so the memory captured into it goes back.
 pub unsafe fn end_capture(
@@ -386,7 +323,7 @@ pub unsafe fn end_capture(
     let Some(g) = capturing else {
         return r;
     };
-    let _ = CAPTURES.fetch_update(AcqRel, Acquire, |n| n.checked_sub(1));
+    capture::ended();
     let made = if r == CUDA_SUCCESS && !out.is_null() {
         // SAFETY: the program's out-pointer, non-null (checked), written by the driver's
         // successful call.

@@ -18,12 +18,13 @@
 //! This file holds what they share: the charge/allocate/record and forget/free/return steps.
 //!
 //! Every `pub unsafe fn` in these files is a handler of the hook table, relying on the handler
-//! contract of [`crate::hooks`]: `real` is the driver's function, the arguments are the
+//! contract of `hooks.rs`: `real` is the driver's function, the arguments are the
 //! program's, pointers are null or valid as `cuda.h` documents them.
 
-use crate::init::{DevState, State};
+use crate::admit::DevState;
+use crate::init::State;
 use crate::log::log;
-use crate::pointers::{self, Charge, Kind};
+use crate::pointers::{self, Charge, Handle};
 use gpuslice_abi::*;
 
 /// The started state, or return the status start-up failed with.
@@ -51,22 +52,21 @@ mod arrays;
 mod balloon;
 mod graph;
 mod plain;
-mod pools;
+mod pool_objects;
+pub(crate) mod pools;
 mod vmm;
 
 pub use arrays::{
     array3d_create, array_create, array_destroy, mipmapped_create, mipmapped_destroy,
 };
 pub use graph::{
-    begin_capture, begin_capture_v1, end_capture, graph_add_mem_alloc_node, graph_add_node,
-    graph_add_node_v2, graph_destroy, graph_exec_destroy, graph_instantiate,
-    graph_instantiate_with_flags, graph_instantiate_with_params, CAPTURES,
+    end_capture, graph_add_mem_alloc_node, graph_add_node, graph_add_node_v2, graph_destroy,
+    graph_exec_destroy, graph_instantiate, graph_instantiate_with_flags,
+    graph_instantiate_with_params,
 };
 pub use plain::{mem_alloc, mem_alloc_managed, mem_alloc_pitch, mem_free};
-pub use pools::{
-    ctx_synchronize, ctx_synchronize_v2, event_synchronize, mem_alloc_async, mem_alloc_from_pool,
-    mem_free_async, pool_create, pool_destroy, pool_trim_to, reclaim_pools, stream_synchronize,
-};
+pub use pool_objects::{pool_create, pool_destroy, pool_trim_to};
+pub use pools::{mem_alloc_async, mem_alloc_from_pool, mem_free_async, reclaim_pools};
 pub use vmm::{mem_create, mem_export, mem_map, mem_release, mem_unmap};
 
 #[inline]
@@ -138,7 +138,7 @@ unsafe fn written<T: Copy>(r: CUresult, out: *const T) -> Option<T> {
 #[inline]
 unsafe fn charge_and_alloc(
     dev: &DevState,
-    kind: Kind,
+    kind: Handle,
     bytes: u64,
     alloc: impl FnMut() -> (CUresult, u64),
 ) -> CUresult {
@@ -156,7 +156,7 @@ unsafe fn charge_and_alloc(
 
 /// Remember what handle `h` was charged, for its free.
 #[inline]
-fn record(kind: Kind, h: u64, c: Charge) {
+fn record(kind: Handle, h: u64, c: Charge) {
     if !pointers::insert(kind, h, c) {
         // Cannot happen short of half a million live allocations; the charge stays (never an
         // undercount), returned when the process exits.
@@ -170,7 +170,12 @@ fn record(kind: Kind, h: u64, c: Charge) {
 
 /// Forget `h`, call the real free, return the charge (or retain it in its pool).
 #[inline]
-fn free_and_uncharge(st: &State, kind: Kind, h: u64, free: impl FnOnce() -> CUresult) -> CUresult {
+fn free_and_uncharge(
+    st: &State,
+    kind: Handle,
+    h: u64,
+    free: impl FnOnce() -> CUresult,
+) -> CUresult {
     let Some(c) = pointers::remove(kind, h) else {
         return free();
     };

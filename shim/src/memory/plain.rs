@@ -3,9 +3,10 @@
 //! each pointer was charged lives in the pointer table.
 
 use super::{charge_and_alloc, free_and_uncharge, oom, reserved, written};
-use crate::hooks::{pfn, real};
-use crate::pointers::{self, Charge, Kind};
+use crate::pointers::{self, Charge, Handle};
+use crate::real;
 use core::ffi::c_uint;
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 
 /// `cuMemAlloc_v2`. Inlined into its wrapper: the hottest pair of calls.
@@ -60,7 +61,7 @@ pub unsafe fn mem_alloc_pitch(
     } else if actual < est {
         dev.account.uncharge(est - actual);
     }
-    pointers::insert(Kind::Ptr, ptr, Charge::new(actual, dev, 0));
+    pointers::insert(Handle::Ptr, ptr, Charge::new(actual, dev, 0));
     CUDA_SUCCESS
 }
 
@@ -92,7 +93,7 @@ unsafe fn alloc_ptr(dptr: *mut CUdeviceptr, bytes: usize, pass: impl Fn() -> CUr
     // SAFETY: dev is the started state's; dptr is non-null (checked above), the program's
     // out-pointer.
     unsafe {
-        charge_and_alloc(dev, Kind::Ptr, bytes as u64, || {
+        charge_and_alloc(dev, Handle::Ptr, bytes as u64, || {
             let r = pass();
             (r, written(r, dptr).unwrap_or(0))
         })
@@ -108,5 +109,5 @@ pub unsafe fn mem_free(real: pfn::cuMemFree_v2, dptr: CUdeviceptr) -> CUresult {
     if dptr == 0 {
         return pass();
     }
-    free_and_uncharge(st, Kind::Ptr, dptr, pass)
+    free_and_uncharge(st, Handle::Ptr, dptr, pass)
 }

@@ -34,10 +34,12 @@
 //! device.
 
 use super::{charge, free_and_uncharge, graph, oom, record, written};
-use crate::hooks::{pfn, real};
-use crate::init::{DevState, State};
-use crate::pointers::{Charge, Kind};
+use crate::admit::DevState;
+use crate::init::State;
+use crate::pointers::{Charge, Handle};
+use crate::real;
 use core::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 
 /// Pool bookkeeping slots: 0 = not pool memory, 1..=16 = the device's current (default) pool
@@ -45,20 +47,20 @@ use gpuslice_abi::*;
 pub(super) const POOL_SLOTS: usize = 64;
 const DEFAULT_POOLS: usize = 16;
 
-struct PoolSlot {
+pub(super) struct PoolSlot {
     /// Explicit pool handle (0: free slot). Unused for default-pool slots.
-    handle: AtomicUsize,
+    pub(super) handle: AtomicUsize,
     /// Bytes freed into the pool that are still charged (to the pool's device).
-    retained: AtomicU64,
+    pub(super) retained: AtomicU64,
     /// Bytes of the pool's live allocations, as their pointers were charged.
     live: AtomicU64,
     /// The CUDA ordinal of the pool's device (explicit pools; -1 until known). Allocations
     /// from the pool are charged there and its credit is returned there, whatever the
     /// calling thread's current device.
-    ordinal: AtomicI32,
+    pub(super) ordinal: AtomicI32,
 }
 
-static POOLS: [PoolSlot; POOL_SLOTS] = [const {
+pub(super) static POOLS: [PoolSlot; POOL_SLOTS] = [const {
     PoolSlot {
         handle: AtomicUsize::new(0),
         retained: AtomicU64::new(0),
@@ -110,7 +112,7 @@ fn give_credit(pool: usize, bytes: u64) {
 
 /// The pool slot of an explicit pool handle, claiming one on first use (0 if none is free:
 /// that pool's memory is then returned at free, like plain memory).
-fn explicit_slot(pool: CUmemoryPool) -> usize {
+pub(super) fn explicit_slot(pool: CUmemoryPool) -> usize {
     let h = pool as usize;
     if h == 0 {
         return 0;
@@ -127,7 +129,7 @@ fn explicit_slot(pool: CUmemoryPool) -> usize {
 }
 
 /// The slots of explicit pools, with their indices.
-fn explicit_pools() -> impl Iterator<Item = (usize, &'static PoolSlot)> {
+pub(super) fn explicit_pools() -> impl Iterator<Item = (usize, &'static PoolSlot)> {
     POOLS.iter().enumerate().skip(DEFAULT_POOLS + 1)
 }
 
@@ -182,7 +184,7 @@ fn shortfall(before: u64, after: u64, need: u64, credit: u64) -> u64 {
 ///
 /// # Safety
 /// `p` is null or a pool handle the driver gave.
-unsafe fn reconcile(dev: &DevState, slot: usize, p: CUmemoryPool) -> bool {
+pub(super) unsafe fn reconcile(dev: &DevState, slot: usize, p: CUmemoryPool) -> bool {
     let reserved = if p.is_null() {
         Some(0)
     } else {
@@ -297,7 +299,7 @@ unsafe fn alloc_from(
             }
         }
     }
-    record(Kind::Ptr, h, Charge::new(bytes, dev, slot));
+    record(Handle::Ptr, h, Charge::new(bytes, dev, slot));
     r
 }
 
@@ -331,7 +333,7 @@ unsafe fn in_full(
         // SAFETY: a driver's pool handle, live: an allocation was just made from it.
         unsafe { reconcile(dev, slot, p) };
     }
-    record(Kind::Ptr, h, Charge::new(bytes, dev, slot));
+    record(Handle::Ptr, h, Charge::new(bytes, dev, slot));
     r
 }
 
@@ -410,7 +412,7 @@ unsafe fn give_back(
 /// After a successful synchronize: pools may have released what they held above their
 /// release threshold; return the credit they no longer hold. Nothing to do (one load per
 /// pool slot) while no pool has credit.
-fn synchronized() {
+pub(crate) fn synchronized() {
     if POOLS.iter().all(|p| p.retained.load(Relaxed) == 0) {
         return;
     }
@@ -421,46 +423,6 @@ fn synchronized() {
         // SAFETY: dev is the started state's.
         unsafe { reclaim_pools(dev) };
     }
-}
-
-/// `cuStreamSynchronize(_ptsz)`: a point where pools release memory (module comment).
-pub unsafe fn stream_synchronize(real: pfn::cuStreamSynchronize, stream: CUstream) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(stream) };
-    if r == CUDA_SUCCESS {
-        synchronized();
-    }
-    r
-}
-
-/// `cuCtxSynchronize`: as `stream_synchronize`.
-pub unsafe fn ctx_synchronize(real: pfn::cuCtxSynchronize) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real() };
-    if r == CUDA_SUCCESS {
-        synchronized();
-    }
-    r
-}
-
-/// `cuCtxSynchronize_v2` (CUDA 13.0: the context is a parameter): as `stream_synchronize`.
-pub unsafe fn ctx_synchronize_v2(real: pfn::cuCtxSynchronize_v2, ctx: CUcontext) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(ctx) };
-    if r == CUDA_SUCCESS {
-        synchronized();
-    }
-    r
-}
-
-/// `cuEventSynchronize`: as `stream_synchronize`.
-pub unsafe fn event_synchronize(real: pfn::cuEventSynchronize, event: CUevent) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(event) };
-    if r == CUDA_SUCCESS {
-        synchronized();
-    }
-    r
 }
 
 /// A stream-ordered allocation of `bytes` into `*dptr` from pool `slot` of `dev` (driver
@@ -481,7 +443,7 @@ unsafe fn stream_alloc(
     alloc: impl Fn() -> CUresult,
 ) -> CUresult {
     // SAFETY: the program's stream (this function's contract).
-    if let Some(g) = unsafe { graph::capture_graph(stream) } {
+    if let Some(g) = unsafe { crate::capture::capture_graph(stream) } {
         // SAFETY: dev is the started state's (this function's contract).
         return unsafe { graph::graph_alloc(dev, g, bytes as u64, alloc) };
     }
@@ -558,101 +520,19 @@ pub unsafe fn mem_free_async(
     if dptr == 0 {
         return pass();
     }
-    free_and_uncharge(st, Kind::Ptr, dptr, pass)
-}
-
-/// `cuMemPoolTrimTo`: after the trim, return the credit the pool no longer holds.
-pub unsafe fn pool_trim_to(
-    real: pfn::cuMemPoolTrimTo,
-    pool: CUmemoryPool,
-    keep: usize,
-) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(pool, keep) };
-    if r != CUDA_SUCCESS {
-        return r;
-    }
-    let Some(st) = crate::init::state_if_ready() else {
-        return r;
-    };
-    if let Some((i, p)) = explicit_pools().find(|(_, p)| p.handle.load(Acquire) == pool as usize) {
-        if let Some(dev) = st.device(p.ordinal.load(Acquire)) {
-            // SAFETY: the driver has just trimmed this pool: a live handle.
-            unsafe { reconcile(dev, i, pool) };
-        }
-        return r;
-    }
-    // Not an explicit pool we know: the default pool of whichever device it is.
-    for dev in &st.devices {
-        // SAFETY: dev is the started state's.
-        if unsafe { default_pool_of(dev) } == Some(pool) {
-            let slot = default_slot(dev);
-            if slot != 0 {
-                // SAFETY: the driver has just trimmed this pool: a live handle.
-                unsafe { reconcile(dev, slot, pool) };
-            }
-        }
-    }
-    r
+    free_and_uncharge(st, Handle::Ptr, dptr, pass)
 }
 
 /// The device's current default pool, as the driver says.
 ///
 /// # Safety
 /// Calls the real driver; `dev` is a device of the started state.
-unsafe fn default_pool_of(dev: &DevState) -> Option<CUmemoryPool> {
+pub(super) unsafe fn default_pool_of(dev: &DevState) -> Option<CUmemoryPool> {
     let mut p: CUmemoryPool = core::ptr::null_mut();
     let f = real::cuDeviceGetMemPool()?;
     // SAFETY: the real cuDeviceGetMemPool, writing to our local, for a device ordinal the
     // driver reported.
     (unsafe { f(&mut p, dev.ordinal) } == CUDA_SUCCESS).then_some(p)
-}
-
-/// `cuMemPoolCreate`: remember the pool's device (its location), where allocations from it
-/// are charged whatever the calling thread's current device.
-pub unsafe fn pool_create(
-    real: pfn::cuMemPoolCreate,
-    pool: *mut CUmemoryPool,
-    props: *const CUmemPoolProps,
-) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(pool, props) };
-    if r != CUDA_SUCCESS || pool.is_null() || props.is_null() {
-        return r;
-    }
-    // SAFETY: both non-null (checked above): the program's properties (readable) and its
-    // out-pointer, written by the driver's successful call.
-    let (location, pool) = unsafe { ((*props).location, *pool) };
-    if location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
-        let slot = explicit_slot(pool);
-        if slot != 0 {
-            POOLS[slot].ordinal.store(location.id, Release);
-        }
-    }
-    r
-}
-
-/// `cuMemPoolDestroy`: everything the pool retained goes back.
-pub unsafe fn pool_destroy(real: pfn::cuMemPoolDestroy, pool: CUmemoryPool) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(pool) };
-    if r != CUDA_SUCCESS {
-        return r;
-    }
-    let Some(st) = crate::init::state_if_ready() else {
-        return r;
-    };
-    for (_, p) in explicit_pools() {
-        if p.handle.load(Acquire) == pool as usize {
-            // Credited to the pool's device, where it was charged.
-            let n = p.retained.swap(0, SeqCst);
-            if let Some(dev) = st.device(p.ordinal.swap(-1, AcqRel)) {
-                dev.account.uncharge(n);
-            }
-            p.handle.store(0, Release);
-        }
-    }
-    r
 }
 
 /// A pool free: `bytes` freed into pool `slot` stay charged as the pool's retained credit.

@@ -12,9 +12,9 @@
 //! tables), and `cuMemCreate`/`cuMemRelease` of a never-mapped handle do not take it.
 
 use super::{charge_and_alloc, written};
-use crate::hooks::pfn;
 use crate::log::log;
-use crate::pointers::{self, Charge, Kind};
+use crate::pointers::{self, Charge, Handle};
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering::*};
@@ -72,7 +72,7 @@ pub unsafe fn mem_create(
     // SAFETY: dev is the started state's; handle is non-null (checked above), the program's
     // out-pointer.
     unsafe {
-        charge_and_alloc(dev, Kind::Vmm, size as u64, || {
+        charge_and_alloc(dev, Handle::Vmm, size as u64, || {
             let r = pass();
             (r, written(r, handle).unwrap_or(0))
         })
@@ -88,12 +88,12 @@ pub unsafe fn mem_release(
     let st = ready!();
     // SAFETY: the handler contract: `real` with the program's arguments.
     let pass = || unsafe { real(handle) };
-    let Some(c) = pointers::remove(Kind::Vmm, handle) else {
+    let Some(c) = pointers::remove(Handle::Vmm, handle) else {
         return pass(); // imported, or made before start-up: charged to nobody here
     };
     let r = pass();
     if r != CUDA_SUCCESS {
-        pointers::insert(Kind::Vmm, handle, c);
+        pointers::insert(Handle::Vmm, handle, c);
         return r;
     }
     let keep = USED.load(Acquire)

@@ -3,10 +3,9 @@
 //! spin lock that a child made by `fork()` can always take (the module comment of `nvml`).
 //! Apart because it is the only state the hooks keep, and the only lock they take.
 
-use super::place::Member;
 use crate::config::Config;
-use crate::hooks::real;
 use crate::log::log;
+use crate::real;
 use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_uint};
 use core::sync::atomic::{AtomicBool, Ordering::*};
@@ -61,6 +60,17 @@ pub(super) struct Cache {
     pub(super) pids: PidMap,
     /// The list being built: allocated once.
     pub(super) list: Vec<Member>,
+}
+
+/// A live process of the caller's slice, as NVML answers show it.
+#[derive(Clone, Copy)]
+pub(super) struct Member {
+    /// Its pid as the caller sees it.
+    pub(super) pid: u32,
+    /// What the ledger charges it.
+    pub(super) bytes: u64,
+    /// Its pid as NVML knows it (the initial namespace's), when the shim can tell.
+    pub(super) nvml_pid: Option<u32>,
 }
 
 /// The cache behind a lock that a forked child can always take (module comment).

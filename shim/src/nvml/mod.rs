@@ -44,7 +44,7 @@
 //! process lists and accounting), `utilization.rs`.
 //!
 //! Every `pub unsafe fn` here is a handler of the hook table, relying on the handler contract
-//! of [`crate::hooks`]: `real` is NVML's function, the arguments are the program's, and each
+//! of `hooks.rs`: `real` is NVML's function, the arguments are the program's, and each
 //! pointer is null or valid as `nvml.h` documents it (arrays hold the count the program says).
 
 mod cache;

@@ -4,21 +4,10 @@
 //! [`with_place`] or [`with_slice_processes`], and answers through [`answer_or_pass`]: apart
 //! so that memory, process lists and utilisation read one view of the slice.
 
-use super::cache::{lock_cache, Cache};
+use super::cache::{lock_cache, Cache, Member};
 use crate::init::{state_if_ready, State};
 use gpuslice_abi::*;
 use gpuslice_ledger::view::{PidMap, View, INITIAL_PID_NS};
-
-/// A live process of the caller's slice, as NVML answers show it.
-#[derive(Clone, Copy)]
-pub(super) struct Member {
-    /// Its pid as the caller sees it.
-    pub(super) pid: u32,
-    /// What the ledger charges it.
-    pub(super) bytes: u64,
-    /// Its pid as NVML knows it (the initial namespace's), when the shim can tell.
-    pub(super) nvml_pid: Option<u32>,
-}
 
 /// What the caller is, on one device.
 pub(super) enum Place {

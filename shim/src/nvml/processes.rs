@@ -3,9 +3,9 @@
 //! these are the answers that filter neighbours out, and they share one protocol.
 
 use super::place::{answer_or_pass, with_slice_processes};
-use crate::hooks::pfn;
 use core::ffi::{c_uint, c_void};
 use core::mem::size_of;
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 
 /// `nvmlProcessInfo_v1_t`, what the unversioned process queries fill.

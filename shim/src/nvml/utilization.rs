@@ -4,9 +4,9 @@
 //! statistics, not from the memory accounts.
 
 use super::place::{answer_or_pass, corrected, with_place, with_slice_processes, Place};
-use crate::hooks::pfn;
 use core::ffi::{c_uint, c_void};
 use core::mem::size_of;
+use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 
 /// `nvmlProcessUtilizationSample_t`.

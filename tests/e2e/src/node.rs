@@ -101,8 +101,42 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Return from a test (it passes vacuously, saying why) unless it runs as root; with a value,
-/// return that (from a test's helper).
+/// The variable that lets root-only tests be skipped when not root (`skip`); anything else,
+/// or unset, makes them fail, so a run without root never reads as a pass.
+pub const ROOT_TESTS_VAR: &str = "GPUSLICE_ROOT_TESTS";
+/// Where each skipped root-only test is recorded, one name a line (scripts/test.sh counts
+/// them and prints them as not run).
+pub const NOT_RUN_FILE_VAR: &str = "GPUSLICE_NOT_RUN_FILE";
+
+/// A root-only test that cannot run here: with `GPUSLICE_ROOT_TESTS=skip`, record it as not
+/// run (in `$GPUSLICE_NOT_RUN_FILE`) and let the caller return; otherwise fail, naming what
+/// it needs.
+pub fn not_run_without_root() {
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("a root-only test")
+        .to_string();
+    if std::env::var(ROOT_TESTS_VAR).as_deref() != Ok("skip") {
+        panic!(
+            "{name} needs root (it runs the node's monitor and becomes other users): run the \
+             tests as root, or set {ROOT_TESTS_VAR}=skip to count it as not run"
+        );
+    }
+    println!("NOT RUN (needs root): {name}");
+    if let Ok(path) = std::env::var(NOT_RUN_FILE_VAR) {
+        use std::io::Write;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path);
+        // One short line in O_APPEND: tests running at once do not interleave.
+        let _ = f.and_then(|mut f| f.write_all(format!("{name}\n").as_bytes()));
+    }
+}
+
+/// Return from a test unless it runs as root, after [`not_run_without_root`] (which fails the
+/// test unless skipping was asked for, and records the skip); with a value, return that (from
+/// a test's helper).
 #[macro_export]
 macro_rules! need_root {
     () => {
@@ -110,7 +144,7 @@ macro_rules! need_root {
     };
     ($ret:expr) => {
         if !$crate::node::is_root() {
-            println!("skipped: needs root (to run the node's monitor and become other users)");
+            $crate::node::not_run_without_root();
             return $ret;
         }
     };

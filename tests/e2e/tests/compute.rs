@@ -533,8 +533,9 @@ fn a_pair_started_together_or_apart_never_freezes() {
                 r.intervals
             );
         }
-        let mut w0 = from;
+        let (mut w0, mut windows) = (from, 0);
         while w0 + 5.0 <= to + 1e-6 {
+            windows += 1;
             let (fa, fb) = (fraction_in(&a, w0, w0 + 5.0), fraction_in(&b, w0, w0 + 5.0));
             let part = fa / (fa + fb);
             assert_within(
@@ -549,6 +550,11 @@ fn a_pair_started_together_or_apart_never_freezes() {
             );
             w0 += 0.5;
         }
+        assert!(
+            windows >= 1,
+            "delay {delay_ms} ms: both ran only {:.1} s, no 5 s window to check",
+            to - from
+        );
     }
 }
 

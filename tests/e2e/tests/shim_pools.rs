@@ -74,20 +74,30 @@ impl Sampler {
         )
     }
 
-    /// The most the device held (the world's fake GPU holds nothing before the test).
+    /// The most the device held (the world's fake GPU holds nothing before the test). Waits
+    /// until the sampler says it has taken 3 samples, however slow the machine, then stops it.
     fn max_held(mut self) -> u64 {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        use std::io::BufRead;
+        let mut lines = std::io::BufReader::new(self.0.stdout.take().unwrap()).lines();
+        let first = lines.next().and_then(Result::ok);
+        assert_eq!(
+            first.as_deref(),
+            Some("sampling"),
+            "the node-usage sampler stopped"
+        );
         drop(self.0.stdin.take());
-        let out = self.0.wait_with_output().unwrap();
-        assert!(out.status.success(), "the node-usage sampler failed");
-        let v: serde_json::Value =
-            serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
-        assert!(v["samples"].as_u64().unwrap() > 2, "{v}");
+        let last = lines.map_while(Result::ok).last().unwrap_or_default();
+        assert!(
+            self.0.wait().unwrap().success(),
+            "the node-usage sampler failed"
+        );
+        let v: serde_json::Value = serde_json::from_str(last.trim()).unwrap();
+        assert!(v["samples"].as_u64().unwrap() >= 3, "{v}");
         v["max_used"].as_u64().unwrap()
     }
 }
 
-/// What the device holds now (sampled for 20 ms).
+/// What the device holds now (at least 3 samples).
 fn held_now(w: &World) -> u64 {
     Sampler::start(w).max_held()
 }

@@ -103,7 +103,7 @@ fn sixteen_processes_in_one_slice_never_exceed_the_quota() {
     let out = sampler.wait_with_output().unwrap();
     assert!(out.status.success(), "the node-usage sampler failed");
     let node: serde_json::Value =
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
     let node_max = node["max_used"].as_u64().unwrap() - node["min_used"].as_u64().unwrap();
     assert!(node["samples"].as_u64().unwrap() > 10, "{node}");
     // Each process also holds a context, which no quota counts (docs/fakegpu.md).

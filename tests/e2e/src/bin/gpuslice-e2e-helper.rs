@@ -36,8 +36,10 @@
 //!     "hung": H}` (it stops at the first hung child).
 //! gpuslice-e2e-helper node-usage
 //!     Until stdin closes, sample device 0's used memory as the fake GPU's NVML reports it
-//!     for the whole node (every process, whatever gpuslice's ledger says); then print
-//!     `{"samples": N, "min_used": BYTES, "max_used": BYTES}`. Run it without the shim.
+//!     for the whole node (every process, whatever gpuslice's ledger says), printing
+//!     `sampling` once 3 samples are taken (so a caller can wait for them instead of sleeping);
+//!     then print `{"samples": N, "min_used": BYTES, "max_used": BYTES}`. Run it without the
+//!     shim.
 //! gpuslice-e2e-helper engine-ns
 //!     The fake GPU's own engine accounting, on request: for each line of pids read on stdin,
 //!     print one line `FROM_NS TO_NS NS NS ...`: the CLOCK_MONOTONIC times before and after
@@ -358,6 +360,10 @@ fn node_usage() {
         samples += 1;
         min = min.min(m.used);
         max = max.max(m.used);
+        if samples == 3 {
+            println!("sampling");
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+        }
         std::thread::sleep(Duration::from_micros(200));
     }
     println!("{{\"samples\": {samples}, \"min_used\": {min}, \"max_used\": {max}}}");

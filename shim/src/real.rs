@@ -1,7 +1,9 @@
-//! Resolution of the real driver's functions: the real `dlsym` (found with `dlvsym`, since ours
-//! shadows it), the real libraries' handles, and the table's function pointers, each resolved
-//! on its first use. (Everywhere else in the shim, "real" is the function this finds: the
-//! accessor `hooks::real::NAME()` and a handler's `real` parameter.)
+//! The real driver's and NVML's functions: the table's symbols (`symbols.rs`) by index, name
+//! and library, a typed accessor each (`real::cuMemAlloc_v2()`), and their resolution: the
+//! real `dlsym` (found with `dlvsym`, since ours shadows it), the real libraries' handles, and
+//! each function pointer, resolved on its first use. (Everywhere in the shim, "real" is the
+//! function this finds: an accessor here, or a handler's `real` parameter.) Every handler
+//! imports this module; it imports no handler.
 //!
 //! Nothing here runs inside our `dlsym` except [`real_dlsym_addr`], which only resolves one
 //! pointer with `dlvsym` and caches it. Each table entry is resolved by whichever thread needs
@@ -11,9 +13,58 @@
 //! holding that lock (a library constructor calling CUDA from inside `dlopen`), and neither
 //! would ever go on.
 
-use crate::hooks::{COUNT, SYMBOLS};
+#![allow(non_snake_case)]
+
 use core::ffi::{c_char, c_void};
 use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
+use gpuslice_abi::pfn;
+
+/// One symbol of the table.
+pub struct Symbol {
+    /// NUL-terminated export name.
+    pub name: &'static str,
+    /// The library that defines the real one.
+    pub lib: Lib,
+    /// Whether gpuslice exports a wrapper of it (`hooks.rs`).
+    pub hooked: bool,
+}
+
+macro_rules! real_table {
+    (
+        hooks { $( $lib:ident $name:ident => $handler:path; )* }
+        reals { $( $rlib:ident $rname:ident; )* }
+    ) => {
+        /// Index of each symbol in [`SYMBOLS`]: hooked ones first, then real-only ones.
+        #[allow(non_camel_case_types, clippy::enum_variant_names, dead_code)]
+        #[derive(Clone, Copy)]
+        #[repr(usize)]
+        pub enum Sym { $($name,)* $($rname,)* }
+
+        /// How many symbols the table holds.
+        pub const COUNT: usize = [$(Sym::$name,)* $(Sym::$rname,)*].len();
+
+        /// Every symbol: name, library, whether it is hooked.
+        pub static SYMBOLS: [Symbol; COUNT] = [
+            $( Symbol { name: concat!(stringify!($name), "\0"), lib: Lib::$lib, hooked: true }, )*
+            $( Symbol { name: concat!(stringify!($rname), "\0"), lib: Lib::$rlib, hooked: false }, )*
+        ];
+
+        $( real_table!(@accessor $name); )*
+        $( real_table!(@accessor $rname); )*
+    };
+    (@accessor $name:ident) => {
+        /// The real function (resolved on first use; `None` when the library lacks it).
+        #[inline]
+        pub fn $name() -> Option<pfn::$name> {
+            let p = get(Sym::$name as usize);
+            // SAFETY: p was returned by the real dlsym for this exact name, whose C signature
+            // is pfn's, generated from the header.
+            (!p.is_null()).then(|| unsafe { core::mem::transmute::<*mut c_void, pfn::$name>(p) })
+        }
+    };
+}
+
+crate::symbols::for_each_symbol!(real_table);
 
 /// glibc's `RTLD_NEXT`.
 pub const RTLD_NEXT: *mut c_void = -1isize as *mut c_void;
@@ -135,9 +186,9 @@ fn resolve(i: usize) -> *mut c_void {
         Some(dlsym) if !handle.is_null() => unsafe { dlsym(handle, s.name.as_ptr().cast()) },
         _ => core::ptr::null_mut(),
     };
-    // Never take our own wrapper for the real function (it would call itself).
-    let own = s.wrapper.is_some_and(|w| w.0 as *mut c_void == p);
-    let found = if p.is_null() || own { MISSING } else { p };
+    // Never take a function of our own library (a wrapper) for the real one: it would call
+    // itself.
+    let found = if p.is_null() || ours(p) { MISSING } else { p };
     let published = match PTRS[i].compare_exchange(core::ptr::null_mut(), found, AcqRel, Acquire) {
         Ok(_) => found,
         Err(earlier) => earlier,
@@ -185,10 +236,23 @@ pub fn library_handle(lib: Lib) -> *mut c_void {
     unsafe { libc::dlopen(name, libc::RTLD_NOW | libc::RTLD_GLOBAL) }
 }
 
+/// Whether `p` lies in gpuslice's own library (`dladdr`; a cold path, once per symbol).
+fn ours(p: *mut c_void) -> bool {
+    let base = |addr: *const c_void| {
+        // SAFETY: plain data, filled by dladdr.
+        let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+        // SAFETY: dladdr only reads the loader's tables for `addr`; `info` is a valid local.
+        let found = unsafe { libc::dladdr(addr, &mut info) } != 0;
+        found.then_some(info.dli_fbase)
+    };
+    let own = base(ours as *const c_void);
+    own.is_some() && base(p) == own
+}
+
 /// The table index whose real function is at `addr` (hooked symbols only).
 pub fn hooked_by_address(addr: *mut c_void) -> Option<usize> {
     if addr.is_null() {
         return None;
     }
-    (0..COUNT).find(|&i| SYMBOLS[i].wrapper.is_some() && get(i) == addr)
+    (0..COUNT).find(|&i| SYMBOLS[i].hooked && get(i) == addr)
 }

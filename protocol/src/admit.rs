@@ -1,0 +1,366 @@
+//! The admission boundary, typed: what a process asks for at `cuInit` ([`AdmitRequest`]), what
+//! it is given ([`AdmitReply`]) and why not ([`Refusal`], with the CUDA status the shim returns
+//! as data). One codec for both ends: the shim encodes requests and decodes replies with it,
+//! the monitor decodes requests and encodes replies with it, so the two cannot drift apart.
+//!
+//! On the wire (one [`Message`]): `op=admit`, `slice=<name or empty>`, optional `secret=` and
+//! `priority=<class>`, then one `dev=` per device: `uuid\tmemory|-\tshare\tcap\tmemory
+//! setting\tcompute setting`. A reply is `ok=admit`, `slot=<n>`, one `dev=` per device in the
+//! order asked (`uuid\tdevice\tslice\tlimit|-\tpool|-`, each with one region descriptor) and
+//! `warn=` lines; a refusal is `err=<one line>` and `code=<CUresult>`.
+
+use crate::Message;
+use gpuslice_abi::{CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OPERATING_SYSTEM};
+use gpuslice_quantity::PPM;
+
+/// What a process asks for on one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceRequest {
+    /// The device's UUID (`GPU-...`).
+    pub uuid: String,
+    /// Quota in bytes (`None`: best effort); never 0.
+    pub memory: Option<u64>,
+    /// Guaranteed compute share, ppm (0: none).
+    pub compute_share_ppm: u32,
+    /// Compute cap, ppm ([`PPM`]: none).
+    pub compute_cap_ppm: u32,
+    /// Where the memory setting came from, for messages (a variable or a flag).
+    pub memory_setting: String,
+    /// Where the compute share came from, for messages.
+    pub compute_setting: String,
+}
+
+/// What a process asks to be admitted with, on every device it sees.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdmitRequest {
+    /// Slice name (`None`: a private slice of the process).
+    pub slice: Option<String>,
+    /// The slice's join secret, when the process has one (never logged).
+    pub secret: Option<String>,
+    /// The compute class of the process's own slices (`gpuslice_sched::CLASS_*`).
+    pub priority: Option<u32>,
+    /// One per device, in CUDA ordinal order.
+    pub devices: Vec<DeviceRequest>,
+}
+
+/// Where an admitted process charges on one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantedDevice {
+    /// The UUID asked for.
+    pub uuid: String,
+    /// Ledger device index.
+    pub device: usize,
+    /// Slice record joined.
+    pub slice: usize,
+    /// The slice's quota (`None`: best effort).
+    pub memory_limit: Option<u64>,
+    /// Best effort: the pool it charges into.
+    pub pool: Option<usize>,
+}
+
+/// An admitted process: its record and, per device asked for and in the same order, where it
+/// charges (each with one region descriptor beside the message).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdmitReply {
+    /// Its policy record.
+    pub slot: usize,
+    /// Per device, in the order asked.
+    pub devices: Vec<GrantedDevice>,
+    /// Lines for the user.
+    pub warnings: Vec<String>,
+}
+
+/// Why a process is not admitted, and the CUDA status its `cuInit` returns for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// `CUDA_ERROR_INVALID_VALUE` for what the process asked (it does not fit, a limit);
+    /// `CUDA_ERROR_OPERATING_SYSTEM` for anything else.
+    pub code: CUresult,
+    /// One line for the user.
+    pub message: String,
+}
+
+impl Refusal {
+    /// A refusal of what was asked (`CUDA_ERROR_INVALID_VALUE`).
+    pub fn asked(message: impl Into<String>) -> Refusal {
+        Refusal {
+            code: CUDA_ERROR_INVALID_VALUE,
+            message: message.into(),
+        }
+    }
+
+    /// A refusal for any other reason (`CUDA_ERROR_OPERATING_SYSTEM`).
+    pub fn other(message: impl Into<String>) -> Refusal {
+        Refusal {
+            code: CUDA_ERROR_OPERATING_SYSTEM,
+            message: message.into(),
+        }
+    }
+
+    /// As a reply.
+    pub fn encode(&self) -> Message {
+        let mut m = Message::new("err", &self.message);
+        m.push("code", &self.code.to_string());
+        m
+    }
+
+    /// The refusal a reply carries, if it is one (a reply without a code is an operating-system
+    /// refusal: an operator request's, which carry none).
+    pub fn decode(reply: &Message) -> Option<Refusal> {
+        let message = reply.get("err")?.to_string();
+        let code = reply
+            .get("code")
+            .and_then(|c| c.parse().ok())
+            .filter(|&c| c == CUDA_ERROR_INVALID_VALUE)
+            .unwrap_or(CUDA_ERROR_OPERATING_SYSTEM);
+        Some(Refusal { code, message })
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Longest setting name carried (a variable or a flag); longer ones are cut.
+const MAX_SETTING: usize = 64;
+
+fn opt_num(v: Option<u64>) -> String {
+    v.map_or("-".into(), |n| n.to_string())
+}
+
+fn bad(what: &str) -> String {
+    format!("bad request: {what}")
+}
+
+impl AdmitRequest {
+    /// As a request message.
+    pub fn encode(&self) -> Message {
+        let mut m = Message::new("op", "admit");
+        m.push("slice", self.slice.as_deref().unwrap_or(""));
+        if let Some(s) = &self.secret {
+            m.push("secret", s);
+        }
+        if let Some(c) = self.priority {
+            m.push("priority", &c.to_string());
+        }
+        for d in &self.devices {
+            m.push(
+                "dev",
+                &format!(
+                    "{}\t{}\t{}\t{}\t{}\t{}",
+                    d.uuid,
+                    opt_num(d.memory),
+                    d.compute_share_ppm,
+                    d.compute_cap_ppm,
+                    d.memory_setting,
+                    d.compute_setting
+                ),
+            );
+        }
+        m
+    }
+
+    /// The request `m` carries (`op=admit` already matched), every field checked: a share or
+    /// cap past [`PPM`], a quota of 0, a device named twice or a malformed line is refused with
+    /// the reason (`bad request: ...`). Names are the caller's to check against its rules.
+    pub fn decode(m: &Message) -> Result<AdmitRequest, String> {
+        let mut devices: Vec<DeviceRequest> = vec![];
+        for line in m.all("dev") {
+            let f: Vec<&str> = line.split('\t').collect();
+            let [uuid, memory, share, cap, mem_setting, cpu_setting] = f[..] else {
+                return Err(bad("a dev line needs 6 fields"));
+            };
+            let memory = match memory {
+                "-" => None,
+                m => Some(m.parse::<u64>().map_err(|_| bad("memory"))?),
+            };
+            let share: u32 = share.parse().map_err(|_| bad("share"))?;
+            let cap: u32 = cap.parse().map_err(|_| bad("cap"))?;
+            if share > PPM || cap > PPM || memory == Some(0) {
+                return Err(bad("share, cap or memory out of range"));
+            }
+            if devices.iter().any(|d| d.uuid == uuid) {
+                return Err(bad(&format!("device {uuid:?} named twice")));
+            }
+            devices.push(DeviceRequest {
+                uuid: uuid.into(),
+                memory,
+                compute_share_ppm: share,
+                compute_cap_ppm: cap,
+                memory_setting: mem_setting.chars().take(MAX_SETTING).collect(),
+                compute_setting: cpu_setting.chars().take(MAX_SETTING).collect(),
+            });
+        }
+        Ok(AdmitRequest {
+            slice: m.get("slice").filter(|n| !n.is_empty()).map(String::from),
+            secret: m.get("secret").map(String::from),
+            priority: m.get("priority").and_then(|v| v.parse().ok()),
+            devices,
+        })
+    }
+}
+
+impl AdmitReply {
+    /// As a reply message (the region descriptors travel beside it, one per device).
+    pub fn encode(&self) -> Message {
+        let mut m = Message::new("ok", "admit");
+        m.push("slot", &self.slot.to_string());
+        for d in &self.devices {
+            m.push(
+                "dev",
+                &format!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    d.uuid,
+                    d.device,
+                    d.slice,
+                    opt_num(d.memory_limit),
+                    opt_num(d.pool.map(|p| p as u64))
+                ),
+            );
+        }
+        for w in &self.warnings {
+            m.push("warn", w);
+        }
+        m
+    }
+
+    /// The reply to an admission: `Ok(Err(refusal))` when the monitor refused, `Err(what)` when
+    /// the reply is malformed. Index bounds are the caller's to check against its tables.
+    pub fn decode(m: &Message) -> Result<Result<AdmitReply, Refusal>, String> {
+        if let Some(r) = Refusal::decode(m) {
+            return Ok(Err(r));
+        }
+        let slot = m.get("slot").and_then(|v| v.parse().ok()).ok_or("slot")?;
+        let mut devices = vec![];
+        for line in m.all("dev") {
+            let f: Vec<&str> = line.split('\t').collect();
+            let [uuid, device, slice, limit, pool] = f[..] else {
+                return Err("device line".into());
+            };
+            let opt = |v: &str, what: &str| match v {
+                "-" => Ok(None),
+                v => v.parse::<u64>().map(Some).map_err(|_| what.to_string()),
+            };
+            devices.push(GrantedDevice {
+                uuid: uuid.into(),
+                device: device.parse().map_err(|_| "device")?,
+                slice: slice.parse().map_err(|_| "slice")?,
+                memory_limit: opt(limit, "limit")?,
+                pool: opt(pool, "pool")?.map(|p| p as usize),
+            });
+        }
+        Ok(Ok(AdmitReply {
+            slot,
+            devices,
+            warnings: m.all("warn").map(String::from).collect(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> AdmitRequest {
+        AdmitRequest {
+            slice: Some("team".into()),
+            secret: Some("s".repeat(32)),
+            priority: Some(1),
+            devices: vec![
+                DeviceRequest {
+                    uuid: "GPU-1".into(),
+                    memory: Some(1 << 30),
+                    compute_share_ppm: 250_000,
+                    compute_cap_ppm: PPM,
+                    memory_setting: "GPUSLICE_MEMORY".into(),
+                    compute_setting: "GPUSLICE_COMPUTE".into(),
+                },
+                DeviceRequest {
+                    uuid: "GPU-2".into(),
+                    memory: None,
+                    compute_share_ppm: 0,
+                    compute_cap_ppm: 500_000,
+                    memory_setting: "CUDA_DEVICE_MEMORY_LIMIT_1".into(),
+                    compute_setting: "GPUSLICE_COMPUTE".into(),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_request_survives_the_wire() {
+        let r = request();
+        let m = Message::decode(&r.encode().encode()).unwrap();
+        assert_eq!(AdmitRequest::decode(&m).unwrap(), r);
+        let private = AdmitRequest::default();
+        assert_eq!(AdmitRequest::decode(&private.encode()).unwrap(), private);
+    }
+
+    #[test]
+    fn a_bad_request_is_refused_with_its_reason() {
+        for (line, why) in [
+            ("GPU-1\t-\t0\t1000000\tM", "6 fields"),
+            ("GPU-1\t0\t0\t1000000\tM\tC", "out of range"),
+            ("GPU-1\t-\t1000001\t1000000\tM\tC", "out of range"),
+            ("GPU-1\t-\t0\t2000000\tM\tC", "out of range"),
+            ("GPU-1\tx\t0\t1000000\tM\tC", "memory"),
+            ("GPU-1\t-\t-1\t1000000\tM\tC", "share"),
+        ] {
+            let mut m = Message::new("op", "admit");
+            m.push("dev", line);
+            let e = AdmitRequest::decode(&m).unwrap_err();
+            assert!(
+                e.starts_with("bad request") && e.contains(why),
+                "{line:?}: {e}"
+            );
+        }
+        let mut m = request().encode();
+        m.push("dev", "GPU-1\t-\t0\t1000000\tM\tC");
+        assert!(AdmitRequest::decode(&m)
+            .unwrap_err()
+            .contains("named twice"));
+    }
+
+    #[test]
+    fn a_reply_and_a_refusal_survive_the_wire() {
+        let reply = AdmitReply {
+            slot: 7,
+            devices: vec![
+                GrantedDevice {
+                    uuid: "GPU-1".into(),
+                    device: 0,
+                    slice: 3,
+                    memory_limit: Some(1 << 30),
+                    pool: None,
+                },
+                GrantedDevice {
+                    uuid: "GPU-2".into(),
+                    device: 1,
+                    slice: 4,
+                    memory_limit: None,
+                    pool: Some(2),
+                },
+            ],
+            warnings: vec!["the slice keeps its own values".into()],
+        };
+        let m = Message::decode(&reply.encode().encode()).unwrap();
+        assert_eq!(AdmitReply::decode(&m).unwrap(), Ok(reply));
+        for refusal in [
+            Refusal::asked("admission: slice refused: no room"),
+            Refusal::other("cannot read /proc/1"),
+        ] {
+            let m = Message::decode(&refusal.encode().encode()).unwrap();
+            assert_eq!(AdmitReply::decode(&m).unwrap(), Err(refusal));
+        }
+        // An operator request's refusal carries no code: never taken for the process's fault.
+        assert_eq!(
+            Refusal::decode(&Message::new("err", "no")).unwrap().code,
+            CUDA_ERROR_OPERATING_SYSTEM
+        );
+        let mut bad = Message::new("ok", "admit");
+        bad.push("slot", "1").push("dev", "GPU-1\t0\t0\t-");
+        assert_eq!(AdmitReply::decode(&bad).unwrap_err(), "device line");
+    }
+}
