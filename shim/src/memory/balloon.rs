@@ -18,17 +18,19 @@ const ASKS: usize = 2;
 /// How long one ask may take (the monitor answers at once; this bounds a stuck one).
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The driver refused an allocation of `bytes` that was charged to `dev`'s account, with
-/// status `r`. In node mode, when the refusal is out of memory and the account is a slice's
-/// quota, the monitor may hold part of this slice's own reservation (balloons): ask for it and
-/// try `alloc` again after each hand-back, at most [`ASKS`] times. Whatever fails in the end
-/// is uncharged and its status returned. Cold and never inlined: the hot path pays only the
-/// one comparison of the driver's status it always made.
+/// The driver refused an allocation of `bytes` for which `charged` bytes were charged to
+/// `dev`'s account (less than `bytes` when a pool's credit paid the rest), with status `r`. In
+/// node mode, when the refusal is out of memory and the account is a slice's quota, the
+/// monitor may hold part of this slice's own reservation (balloons): ask for `bytes` and try
+/// `alloc` again after each hand-back, at most [`ASKS`] times. Whatever fails in the end has
+/// `charged` uncharged and its status returned. Cold and never inlined: the hot path pays only
+/// the one comparison of the driver's status it always made.
 #[cold]
 #[inline(never)]
 pub(super) fn refused<T>(
     dev: &DevState,
     bytes: u64,
+    charged: u64,
     mut alloc: impl FnMut() -> (CUresult, T),
     r: CUresult,
 ) -> Result<T, CUresult> {
@@ -62,7 +64,7 @@ pub(super) fn refused<T>(
             t0.elapsed().as_micros()
         );
     }
-    dev.account.uncharge(bytes);
+    dev.account.uncharge(charged);
     Err(r)
 }
 
