@@ -60,7 +60,7 @@ pub use arrays::{
 pub use graph::{
     begin_capture, begin_capture_v1, end_capture, graph_add_mem_alloc_node, graph_add_node,
     graph_add_node_v2, graph_destroy, graph_exec_destroy, graph_instantiate,
-    graph_instantiate_with_flags, graph_instantiate_with_params, CAPTURES,
+    graph_instantiate_with_flags, graph_instantiate_with_params, launch_refused, CAPTURES,
 };
 pub use plain::{mem_alloc, mem_alloc_managed, mem_alloc_pitch, mem_free};
 pub use pools::{

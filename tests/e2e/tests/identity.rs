@@ -478,6 +478,52 @@ fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
     kill_all(greedy.iter_mut().chain([&mut sidecar]));
 }
 
+/// Issue #27: every allocation path that reserves in the slice takes the balloons' slow path.
+/// On a 4 GiB device t2 has 1 GiB reserved and t1's unwrapped program holds all the rest, so
+/// the device's free memory is all t2's balloon; t2 then allocates 512 MiB (within its quota)
+/// through each path of the driver API, one process each, stream-ordered pools included
+/// (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`): each succeeds, and its log shows it got the
+/// memory through the slow path (the monitor handed back part of the balloon).
+#[test]
+fn every_allocation_path_gets_its_balloon_back() {
+    need_root!();
+    let n = Node::new(1, "4Gi", &[]);
+    reserve_for_t2(&n, "t2res");
+    let mut hog = unwrapped(&n, TENANT_A, &[], "1Gi,1Gi,1Gi,1Gi", "120");
+    let (_, v) = gpuslice_e2e::first_line(&mut hog);
+    assert_eq!(v["allocated_bytes"], 3u64 << 30, "{v}");
+    let paths = [
+        "async", "pool", "plain", "pitch", "managed", "vmm", "array", "array3d", "mipmap", "graph",
+        "capture",
+    ];
+    for path in paths {
+        // The balloon is refilled after the last hand-back: less than 128 MiB is free (the
+        // hysteresis), so 512 MiB can only come from the balloon.
+        wait_held(&n, "128Mi");
+        let mut c = n.burn(TENANT_B);
+        c.args(["--alloc", "512Mi", "--alloc-path", path, "--json"])
+            .env("GPUSLICE_SLICE", "t2res")
+            .env("GPUSLICE_LOG", "debug");
+        let o = c.output().unwrap();
+        let r = burn_json(&o);
+        assert!(
+            r["alloc_errors"] == serde_json::json!([])
+                && r["allocated_bytes"].as_u64() >= Some(512 << 20),
+            "{path}: t2 could not allocate within its quota: {}\n{}",
+            text(&o),
+            n.monitor_log()
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.lines()
+                .any(|l| l.contains("slow path for") && l.contains("allocated after")),
+            "{path}: allocated without the slow path (was the balloon held?): {}",
+            text(&o)
+        );
+    }
+    kill_all([&mut hog]);
+}
+
 /// Issue #27, "a reused pid redirects admission": t1 connects to the monitor from a child that
 /// exits, and sends its request once t2's new job holds the child's pid. Admission is bound to
 /// the process that connected (a pidfd), so t1's request is refused and t2's job is admitted,
