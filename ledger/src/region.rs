@@ -48,8 +48,10 @@ pub struct RegionHeader {
     pub alloc_total: AtomicU64,
     /// Bytes held by the slice's processes (the hot-path word).
     pub memory_used: CacheLine<AtomicU64>,
-    /// Compute scheduler, per slice: unused in node mode, where the monitor keeps each
-    /// slice's scheduler state in the policy and processes ask for turns in [`GrantProc`].
+    /// Compute scheduler, per slice. In node mode the monitor keeps each slice's scheduler
+    /// state in the policy and processes ask for turns in [`GrantProc`]; here the slice's
+    /// processes keep only their shared account of the turn they hold (`turn_key`,
+    /// `turn_start_ns`, `turn_queued_ns`: together they queue at most the turn's length).
     pub sched: SchedSlice,
 }
 

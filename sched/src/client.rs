@@ -64,7 +64,6 @@ pub(super) fn install(
         return false;
     }
     if let Some((s, _, _)) = t.get(new.holder) {
-        dev.vt_floor.fetch_max(s.vt.load(Acquire), AcqRel);
         s.leases_total.fetch_add(1, Relaxed);
         dev.leases_total.fetch_add(1, Relaxed);
     }
@@ -124,6 +123,11 @@ pub trait Work {
     fn next_ns(&mut self) -> u64;
     /// Wait until all queued work is complete; returns when it completed (ns, ≤ now).
     fn drain(&mut self) -> u64;
+    /// When the queued work was seen complete (ns, ≤ now), if all of it is (may poll
+    /// completions); `None` while some is pending, or when it cannot tell.
+    fn finished_at(&mut self) -> Option<u64> {
+        None
+    }
     /// Wait until the queued work is estimated to need at most `ns` more; returns that estimate.
     fn wait_below(&mut self, ns: u64) -> u64;
     /// Launches queued and not yet complete (may poll completions).
@@ -163,6 +167,9 @@ pub struct Client<'a> {
     pub(super) charged_until: u64,
     /// Estimated GPU time of the launches admitted under the current lease.
     admitted_ns: u64,
+    /// End of the span charged at this process's latest hand-over, while the work it left
+    /// queued then may still run past it (0: nothing owed).
+    owed_from: u64,
     solo_word: u64,
 }
 
@@ -193,6 +200,7 @@ impl<'a> Client<'a> {
             busy_until: 0,
             charged_until: 0,
             admitted_ns: 0,
+            owed_from: 0,
             solo_word: Lease::solo_word(id),
         })
     }
@@ -296,6 +304,8 @@ impl<'a> Client<'a> {
             // This process's part, then the slice's: the processes of a slice share one turn,
             // and together pay at most its span (what their launches measured includes time
             // spent queued behind each other's kernels).
+            // Not for work another holder left queued past its charge (it pays for that).
+            let start = start.max(self.dev.overrun_until_ns.load(Acquire).min(end));
             let mine = end.saturating_sub(start).min(busy);
             let paid = if self.me.turn_key.load(Acquire) == self.held_turn {
                 let span = end.saturating_sub(self.me.turn_start_ns.load(Acquire));
@@ -310,10 +320,60 @@ impl<'a> Client<'a> {
             };
             charge(self.dev, self.me, share, cap, start, end, paid);
             self.charged_until = end;
+            // The next holder's charge starts after what we leave queued, as we estimate it,
+            // at most the hand-over lead (an estimate learned while others' kernels
+            // interleaved runs long, and would give the next holder engine time unpaid).
+            let lead_end = self.os.now_ns().saturating_add(HANDOFF_LEAD_NS);
+            self.dev
+                .charged_until_ns
+                .fetch_max(end.min(lead_end), AcqRel);
             self.proc.holding_mask.fetch_and(!self.bit(), AcqRel);
             others = self.me.turn_holders.leave(self.held_turn);
         }
         others
+    }
+
+    /// Pay for what this process left queued at its latest hand-over and ran past the span it
+    /// was charged then, once it sees all of it complete: the slice's GPU time is what its work
+    /// took, not what it was estimated to take. Returns whether something is still owed.
+    fn settle_owed(&mut self, work: &mut dyn Work, now: u64) -> bool {
+        if self.owed_from == 0 {
+            return false;
+        }
+        let Some(done) = work.finished_at() else {
+            if now >= self.owed_from.saturating_add(MAX_LEASE_NS) {
+                self.owed_from = 0; // it cannot tell: the estimate stands
+            }
+            return self.owed_from != 0;
+        };
+        // At most a hand-over lead more: past its estimate the work shares the engine with
+        // the next holder's (or waits behind a stalled holder's queue), so the wall time to
+        // its end says less about its own GPU time the longer it is.
+        let from = core::mem::take(&mut self.owed_from);
+        let done = done.min(now).min(from.saturating_add(HANDOFF_LEAD_NS));
+        if done > from {
+            let (share, cap) = self.share_cap();
+            charge(self.dev, self.me, share, cap, from, done, done - from);
+            self.dev.overrun_until_ns.fetch_max(done, AcqRel);
+        }
+        false
+    }
+
+    /// A holder taken over (lease `l`, turn `turn`) that launched nothing in its turn (stopped,
+    /// descheduled, dead while its slice still waits) pays for the turn it held the device idle
+    /// (from about its start to the takeover, at most a lease): otherwise, charged nothing, it
+    /// would be granted the next turn again, and the next, while the others wait each one out
+    /// (a process stopped 190 ms in every 200 left the device idle a quarter of the time).
+    fn charge_unused_turn(&self, l: Lease, turn: u64, now: u64) {
+        let Some((h, share, cap)) = self.tenants.get(l.holder) else {
+            return;
+        };
+        if l.solo || h.turn_key.load(Acquire) == turn {
+            return; // it launched in the turn: its processes charge what they used
+        }
+        let stop = now.min(l.end_ns);
+        let start = l.end_ns.saturating_sub(LEASE_NS).min(stop);
+        charge(self.dev, h, share, cap, start, stop, stop - start);
     }
 
     /// After finishing its own queue at the end of turn `turn` (lease word `w`): sleep until
@@ -357,6 +417,7 @@ impl<'a> Client<'a> {
         let mut out = Admission::default();
         loop {
             let now = self.os.now_ns();
+            let owed = self.settle_owed(work, now);
             let w = self.dev.lease.load(Acquire);
             let turn = self.dev.turn.load(Acquire);
             let l = Lease::unpack(w);
@@ -369,8 +430,17 @@ impl<'a> Client<'a> {
                     self.settle(self.busy_until.min(now));
                 }
                 if self.held_since.is_none() {
-                    // Not before the end of what was already charged (a handoff lead).
-                    let since = now.max(self.charged_until);
+                    // What is left of our previous turn's work now runs in this turn, paid
+                    // with it.
+                    self.owed_from = 0;
+                    // Not before the end of what was already charged (a handoff lead), ours or
+                    // the previous holder's (a hostile word: at most a lease ahead).
+                    let prev = self
+                        .dev
+                        .charged_until_ns
+                        .load(Acquire)
+                        .min(now.saturating_add(MAX_LEASE_NS));
+                    let since = now.max(self.charged_until).max(prev);
                     self.held_since = Some(since);
                     self.held_turn = turn;
                     // The first process of the slice to launch in this turn starts the slice's
@@ -415,6 +485,11 @@ impl<'a> Client<'a> {
                 // whose queue stays short would otherwise stretch it launch after launch and
                 // keep the device for good (the freeze of issue 14, `a_shallow_queue_...`).
                 let first = self.admitted_ns == 0 && self.dev.stretched.load(Acquire) != turn;
+                // Each process of a slice bounds its own queue by the turn, not the slice's
+                // together (node mode does, `Granted`): here their estimates, learned from
+                // kernels that interleave with each other's, grow with their number, so the
+                // sum bounds itself, and a sum of them held a slice of two at 0.44 of 0.5;
+                // what runs past the turn is paid (`settle_owed`).
                 if now < l.end_ns && (first || done_at <= l.end_ns) {
                     if done_at > l.end_ns {
                         // One launch longer than what is left of the lease: stretch the lease
@@ -459,7 +534,13 @@ impl<'a> Client<'a> {
                 // `left` should be about the lead, but a drain that gave up on a hung kernel
                 // reports the whole rest: charge at most a lease ahead, or `charged_until`
                 // would hold the start of this process's next turns far beyond the clock.
-                let others = self.settle(now + left.min(MAX_LEASE_NS));
+                let end = now + left.min(MAX_LEASE_NS);
+                let others = self.settle(end);
+                if left > 0 && others == 0 {
+                    // The last of the slice to hand over: what it left queued runs into the
+                    // next holder's turn (a sibling's runs in the slice's own turn).
+                    self.owed_from = end;
+                }
                 if others > 0 {
                     // Siblings of this slice still have work queued in the turn (the engine
                     // runs it after or between ours): the last of them hands over, so the next
@@ -488,12 +569,19 @@ impl<'a> Client<'a> {
             }
             if !registered {
                 registered = true;
-                if self.me.waiters.fetch_add(1, AcqRel) == 0 && !fresh(self.me, now) {
-                    // Coming back after idling: start from the device's current virtual time,
-                    // so the idle time earns no burst that would starve the others.
-                    self.me
-                        .vt
-                        .fetch_max(self.dev.vt_floor.load(Acquire), AcqRel);
+                // Not idle while its own work is queued or was moments ago (blocked on a
+                // kernel that other slices' work delays).
+                let busy = match work.finished_at() {
+                    None => work.pending() > 0,
+                    Some(at) => now.saturating_sub(at) < RETURN_NS,
+                };
+                if self.me.waiters.fetch_add(1, AcqRel) == 0
+                    && now.saturating_sub(self.me.want_ns.load(Acquire)) >= RETURN_NS
+                    && !busy
+                {
+                    // Coming back after idling: start where the competing slices stand, so
+                    // the idle time earns no burst that would starve them.
+                    rejoin(self.tenants, self.id, l.holder, now);
                 }
                 self.proc.waiting_mask.fetch_or(self.bit(), AcqRel);
             }
@@ -502,8 +590,8 @@ impl<'a> Client<'a> {
             if l.solo {
                 // Someone is alone on the device: give it one more ordinary lease, then compete
                 // from its virtual time on (it was not charged while alone).
+                rejoin(self.tenants, self.id, l.holder, now);
                 if let Some((h, _, _)) = self.tenants.get(l.holder) {
-                    self.me.vt.fetch_max(h.vt.load(Acquire), AcqRel);
                     h.busy_until_ns.fetch_max(now + WAKE_ALLOW_NS, AcqRel);
                 }
                 let nl = Lease {
@@ -522,6 +610,7 @@ impl<'a> Client<'a> {
                 let next = pick(self.tenants, now, 0, l.holder);
                 if install(self.os, self.dev, self.tenants, w, next, now) && l.holder != 0 {
                     self.dev.takeovers_total.fetch_add(1, Relaxed);
+                    self.charge_unused_turn(l, turn, now);
                 }
                 if next.holder == self.id || next.holder != 0 {
                     continue;
@@ -532,7 +621,16 @@ impl<'a> Client<'a> {
             if self.dev.lease.load(Acquire) != w {
                 continue;
             }
-            let deadline = recheck_at(self.tenants, self.me, Lease::unpack(w), now);
+            let mut deadline = recheck_at(self.tenants, self.me, Lease::unpack(w), now);
+            if owed {
+                // Look at our leftover work when it should be done, then every 500 µs (no
+                // busy polling while it runs late).
+                let look = self
+                    .owed_from
+                    .saturating_add(50_000)
+                    .max(now.saturating_add(500_000));
+                deadline = deadline.min(look);
+            }
             self.dev.sleepers.fetch_add(1, AcqRel);
             self.os
                 .futex_wait(&self.dev.seq, seq, deadline.saturating_sub(now));

@@ -8,12 +8,14 @@
 //! (`Device::sched.seq`: `FUTEX_WAIT` only reads, so a read-only shared mapping serves). The
 //! monitor's turns thread (`monitor/src/turns.rs`) runs the same pure policy as personal mode
 //! ([`super::pick`], [`super::charge`]) over the policy's slice records, which only it writes,
-//! so virtual time and cap budgets cannot be forged; it charges every turn the span it granted,
-//! whatever a tenant writes, and grants the next turn when a lease ends whether or not its
-//! holder stopped (nobody waits on a tenant).
+//! so virtual time and cap budgets cannot be forged; it charges every turn at least the span it
+//! granted, whatever a tenant writes, plus what the slice's processes left queued past it, and
+//! grants the next turn when a lease ends whether or not its holder stopped (nobody waits on a
+//! tenant).
 //!
 //! [`Granted`] is one process's side of one device: the same [`Work`]-driven admission as
-//! [`Client`] (launch while the queued work fits before the lease's end, then drain to
+//! [`Client`] (launch while the queued work fits before the lease's end, and while the slice's
+//! processes together have queued at most the turn's length, then drain to
 //! [`NODE_HANDOFF_LEAD_NS`] and hand back), but it never writes the policy. A slice alone and
 //! uncapped gets a solo lease: launches cost one load of the lease word ([`Granted::solo`]).
 //!
@@ -26,7 +28,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 use super::client::{Admission, Client, Os, Work};
 use super::policy::{LATENCY_QUEUE_NS, MAX_LEASE_NS, MAX_SLEEP_NS};
-use super::records::{Lease, SchedDevice, CLASS_LATENCY, MAX_SLICE_ID};
+use super::records::{Lease, SchedDevice, SchedSlice, CLASS_LATENCY, MAX_SLICE_ID};
 
 /// A holder hands its turn back when its queued work needs about this much more: a hand-back
 /// travels to the monitor (woken through the policy's `turns_bell`), then to the next holder's
@@ -54,7 +56,9 @@ pub struct GrantProc {
     /// The device turn (`SchedDevice::turn`) the process handed back (it stopped launching
     /// in it); the monitor ends a turn early once every process of the slice is done or idle.
     pub done_turn: AtomicU64,
-    /// While launching: when its queued work is estimated to complete (ns).
+    /// When its queued work is estimated to complete (ns), written at each launch and at the
+    /// hand-back, and set to the moment it was seen done by a waiting process: the monitor
+    /// charges the slice until then for what its processes left queued past a turn.
     pub busy_until_ns: AtomicU64,
     /// GPU ns sampled while solo (statistics only).
     pub solo_gpu_ns: AtomicU64,
@@ -64,6 +68,25 @@ pub struct GrantProc {
     pub reserved: [u64; 2],
 }
 
+/// Where a process of node mode finds its words: the policy's (read-only to it) and its
+/// region's (its own, and its slice's).
+pub struct GrantWords<'a> {
+    /// The policy's device record (the lease, the turn counter, the futex word).
+    pub dev: &'a SchedDevice,
+    /// The monitor's heartbeat (the policy's header).
+    pub beat: &'a AtomicU64,
+    /// The monitor's futex word (the policy's header): rung to hand a turn back.
+    pub bell: &'a AtomicU32,
+    /// The policy slice's priority class.
+    pub class: &'a AtomicU32,
+    /// The slice's scheduler words in its region (`RegionHeader::sched`), shared by its
+    /// processes: their account of the turn they hold, so that together they queue at most
+    /// the turn's length.
+    pub shared: &'a SchedSlice,
+    /// This process's words in its region slot.
+    pub me: &'a GrantProc,
+}
+
 /// One process's side of one device in node mode.
 pub struct Granted<'a> {
     os: &'a dyn Os,
@@ -71,6 +94,7 @@ pub struct Granted<'a> {
     beat: &'a AtomicU64,
     bell: &'a AtomicU32,
     class: &'a AtomicU32,
+    shared: &'a SchedSlice,
     me: &'a GrantProc,
     id: u32,
     solo_word: u64,
@@ -79,34 +103,45 @@ pub struct Granted<'a> {
 }
 
 impl<'a> Granted<'a> {
-    /// The client of slice `id` (policy slice index + 1): `dev` is the policy's (read-only)
-    /// device record, `beat` the monitor's heartbeat and `bell` its futex word (both in the
-    /// policy's header), `class` the policy slice's class word, `me` this process's words in
-    /// the region.
-    pub fn new(
-        dev: &'a SchedDevice,
-        beat: &'a AtomicU64,
-        bell: &'a AtomicU32,
-        class: &'a AtomicU32,
-        me: &'a GrantProc,
-        id: u32,
-        os: &'a dyn Os,
-    ) -> Option<Granted<'a>> {
+    /// The client of slice `id` (policy slice index + 1) with the words `w`.
+    pub fn new(w: GrantWords<'a>, id: u32, os: &'a dyn Os) -> Option<Granted<'a>> {
         if id == 0 || id > MAX_SLICE_ID {
             return None;
         }
-        me.want_ns.store(0, Release);
+        w.me.want_ns.store(0, Release);
         Some(Granted {
             os,
-            dev,
-            beat,
-            bell,
-            class,
-            me,
+            dev: w.dev,
+            beat: w.beat,
+            bell: w.bell,
+            class: w.class,
+            shared: w.shared,
+            me: w.me,
             id,
             solo_word: Lease::solo_word(id),
             turn: None,
         })
+    }
+
+    /// Count `next` ns of work into the slice's account of turn `turn` (lease end `end`) if it
+    /// fits: the slice's processes together queue at most the turn's length (as the first of
+    /// them saw it) in it, however many they are; the slice's first launch of a turn always
+    /// goes (a kernel longer than a turn would never run otherwise). The words are the
+    /// slice's own (its processes can undo only their own bound; the monitor charges what
+    /// they queue past the turn whatever the words say).
+    fn slice_admits(&self, turn: u64, now: u64, end: u64, next: u64) -> bool {
+        let sh = self.shared;
+        let key = sh.turn_key.load(Acquire);
+        if key != turn
+            && sh
+                .turn_key
+                .compare_exchange(key, turn, AcqRel, Acquire)
+                .is_ok()
+        {
+            sh.turn_start_ns.store(now, Release);
+            sh.turn_queued_ns.store(0, Release);
+        }
+        sh.queue_in_turn(now, end, next)
     }
 
     /// The launch fast path: true when the slice holds a solo lease (one load).
@@ -164,9 +199,12 @@ impl<'a> Granted<'a> {
                 }
                 let need = queued.saturating_add(next);
                 // The first launch of a turn always goes (a kernel longer than what is left
-                // would never run otherwise); later ones only while they fit.
+                // would never run otherwise); later ones only while they fit, and while the
+                // slice's processes together fit.
                 let first = self.turn != Some(turn);
-                if first || now.saturating_add(need) <= l.end_ns {
+                if (first || now.saturating_add(need) <= l.end_ns)
+                    && self.slice_admits(turn, now, l.end_ns, next)
+                {
                     self.turn = Some(turn);
                     self.me.want_ns.store(0, Release);
                     self.me
@@ -192,7 +230,18 @@ impl<'a> Granted<'a> {
                 continue;
             }
             // Not ours (or handed back, or over): say we want a turn, and sleep until the lease
-            // changes or the heartbeat needs refreshing.
+            // changes or the heartbeat needs refreshing. Work queued in an earlier turn: say
+            // when it is done (the monitor charges the slice for it until then), looking again
+            // when it should be.
+            let pending = work.pending();
+            let queued = if pending == 0 {
+                0
+            } else {
+                work.outstanding_ns()
+            };
+            if pending == 0 && self.me.busy_until_ns.load(Relaxed) > now {
+                self.me.busy_until_ns.store(now, Release);
+            }
             let next = work.next_ns();
             self.me.need_ns.store(next.min(MAX_LEASE_NS), Release);
             let seq = self.dev.seq.load(Acquire);
@@ -207,7 +256,12 @@ impl<'a> Granted<'a> {
             if self.dev.lease.load(Acquire) != w || self.dev.turn.load(Acquire) != turn {
                 continue;
             }
-            self.os.futex_wait(&self.dev.seq, seq, MAX_SLEEP_NS);
+            let nap = if pending == 0 {
+                MAX_SLEEP_NS
+            } else {
+                queued.clamp(50_000, MAX_SLEEP_NS)
+            };
+            self.os.futex_wait(&self.dev.seq, seq, nap);
         }
         self.me.want_ns.store(0, Release);
         self.me.launches.fetch_add(1, Relaxed);

@@ -21,6 +21,8 @@
 //!   unit tests run the same code on a simulated clock and CPU (`sim.rs`), deterministically.
 //! - `granted.rs`: node mode, where the monitor grants the turns ([`Granted`], [`GrantProc`]);
 //!   [`Scheduler`] is either client behind one set of methods (what the shim holds).
+//! - `turns.rs`: node mode's grantor, [`DeviceTurns`]: one device's turns as the monitor's
+//!   thread drives them, and every write the monitor makes into the policy's records.
 //! - [`slice_stats`] and [`on_process_dead`] are for the monitor and the reaper (the ledger's
 //!   adapter, `tenants.rs`, calls it for each dead process); [`SchedSlice::reset`] for the ledger
 //!   when it reuses a slice record.
@@ -29,8 +31,10 @@
 //! its launches used during its turns, divided by its share (best-effort slices weigh
 //! [`BEST_EFFORT_PPM`]); the lease goes to the waiting slice with the least virtual time, so
 //! under contention each gets its share and the surplus is split by share. Only slices with a
-//! fresh heartbeat compete (work-conserving); a slice coming back starts at the device's current
-//! virtual time, so idling earns no burst. A cap is a GCRA budget (`cap_tat`): a slice is
+//! fresh heartbeat compete (work-conserving); a slice coming back, or joining a solo holder,
+//! starts where the slices of its kind competing now stand ([`rejoin`]), so idling earns no
+//! burst and no idle, lightly used or best-effort slice sets anyone's start. Best-effort slices
+//! get the device only while no guaranteed slice competes. A cap is a GCRA budget (`cap_tat`): a slice is
 //! eligible only once the GPU time it used, divided by its cap, has been "paid" by the clock. A
 //! slice alone and uncapped gets a **solo** lease: its processes launch after one load of the
 //! lease word, with no clock, no event and no syscall; a newcomer turns the solo lease into an
@@ -41,7 +45,12 @@
 //! asynchronous queue is paid for by whoever queued it, and the next holder's first kernel meets
 //! a busy engine). The GPU time charged is the estimated time of the launches admitted in the
 //! turn (the shim measures each launch with events), at most the turn's span: a launcher too
-//! slow to keep the engine busy is not charged for the idle time. Nothing waits on a holder
+//! slow to keep the engine busy is not charged for the idle time. The next holder's charge
+//! starts after the span the previous one was charged, and what a holder left queued past its
+//! charge is paid by it once it sees it done ([`Work::finished_at`]); a holder taken over
+//! without launching pays for the turn it held idle. In node mode the monitor charges the span
+//! granted plus what the slice's processes left queued past it (`turns.rs`), and the slice's
+//! processes together queue at most a turn (`granted.rs`). Nothing waits on a holder
 //! forever: a lease whose end is [`GRACE_NS`] past, or whose holder's queued work ran out
 //! [`IDLE_GRACE_NS`] ago with nothing new launched, is taken over by any waiter, so a holder
 //! that dies, hangs or goes idle loses its turn within milliseconds without the monitor. A
@@ -59,20 +68,26 @@ mod sim;
 mod sys;
 #[cfg(test)]
 mod tests;
+mod turns;
 
 pub use client::{on_process_dead, Admission, Client, Os, SystemOs, Work, SYSTEM};
 pub use granted::{
-    GrantProc, Granted, Scheduler, MONITOR_BEAT_NS, MONITOR_STALE_NS, NODE_HANDOFF_LEAD_NS,
+    GrantProc, GrantWords, Granted, Scheduler, MONITOR_BEAT_NS, MONITOR_STALE_NS,
+    NODE_HANDOFF_LEAD_NS,
 };
 pub use policy::{
-    admits, charge, charge_solo, idle_grace, pick, recheck_at, takeover_due, Tenants,
+    admits, charge, charge_solo, idle_grace, pick, recheck_at, rejoin, takeover_due, Tenants,
     BEST_EFFORT_PPM, CAP_SLACK_NS, GRACE_NS, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LATENCY_ACTIVE_NS,
-    LATENCY_LEAD_NS, LATENCY_QUEUE_NS, LEASE_NS, MAX_LEASE_NS, MAX_SLEEP_NS, WAKE_ALLOW_NS,
-    WANT_STALE_NS,
+    LATENCY_LEAD_NS, LATENCY_QUEUE_NS, LEASE_NS, MAX_LEASE_NS, MAX_SLEEP_NS, REJOIN_DEBT_NS,
+    RETURN_NS, WAKE_ALLOW_NS, WANT_STALE_NS,
 };
 pub use records::{
     class_name, parse_class, slice_stats, Lease, SchedDevice, SchedProc, SchedSlice,
     SliceComputeStats, Window, CLASS_LATENCY, CLASS_NORMAL, MAX_SLICE_ID, WINDOW_NS,
+};
+pub use turns::{
+    beat, DeviceTurns, Member, HAND_BACK_POLL_NS, HAND_BACK_WINDOW_NS, MAX_GRANT_NS, POLL_NS,
+    POLL_SOLO_NS, SOLO_QUIET_NS,
 };
 
 /// CLOCK_MONOTONIC in ns, the clock of every timestamp here ([`SYSTEM`]'s).

@@ -145,15 +145,19 @@ pub fn charge_solo(dev: &SchedDevice, s: &SchedSlice, end: u64, ns: u64, launche
 /// virtual time (`renewing`: a slice that wants it without a fresh heartbeat, i.e. the holder
 /// asking; `exclude`: a holder being taken over, which competes again once it waits).
 ///
-/// A competing latency-class slice goes first, unless its virtual time is more than
-/// [`LATENCY_LEAD_NS`] ahead of the least one (priority decides the order, never more than
-/// that much of the others' guarantees).
+/// Guaranteed slices come first: a best-effort slice is picked only when no guaranteed slice
+/// competes (best-effort slices share only what is not guaranteed, however many there are,
+/// and their virtual times are compared only with each other's). A competing latency-class
+/// slice goes first among its kind, unless its virtual time is more than [`LATENCY_LEAD_NS`]
+/// ahead of the least one (priority decides the order, never more than that much of the
+/// others' guarantees).
 pub fn pick(t: &dyn Tenants, now: u64, renewing: u32, exclude: u32) -> Lease {
-    let mut best: Option<(u64, u32, u32)> = None; // (vt, id, cap)
-    let mut urgent: Option<(u64, u32, u32)> = None; // the same among latency slices
+    // Keys (best-effort, vt): guaranteed slices sort first.
+    let mut best: Option<((bool, u64), u32, u32)> = None; // (key, id, cap)
+    let mut urgent: Option<((bool, u64), u32, u32)> = None; // the same among latency slices
     let mut competing = 0;
     let mut latency_recent = false;
-    t.each(&mut |id, s, _share, cap| {
+    t.each(&mut |id, s, share, cap| {
         let latency = s.class.load(Relaxed) == CLASS_LATENCY;
         if latency && now.saturating_sub(s.want_ns.load(Acquire)) < LATENCY_ACTIVE_NS {
             latency_recent = true;
@@ -165,16 +169,16 @@ pub fn pick(t: &dyn Tenants, now: u64, renewing: u32, exclude: u32) -> Lease {
         if capped(cap) && s.cap_tat_ns.load(Acquire) > now {
             return;
         }
-        let vt = s.vt.load(Acquire);
-        if best.is_none_or(|(bvt, _, _)| vt < bvt) {
-            best = Some((vt, id, cap));
+        let key = (share == 0, s.vt.load(Acquire));
+        if best.is_none_or(|(b, _, _)| key < b) {
+            best = Some((key, id, cap));
         }
-        if latency && urgent.is_none_or(|(uvt, _, _)| vt < uvt) {
-            urgent = Some((vt, id, cap));
+        if latency && urgent.is_none_or(|(u, _, _)| key < u) {
+            urgent = Some((key, id, cap));
         }
     });
     if let (Some(u), Some(b)) = (urgent, best) {
-        if u.0 <= b.0.saturating_add(LATENCY_LEAD_NS) {
+        if u.0 .0 == b.0 .0 && u.0 .1 <= b.0 .1.saturating_add(LATENCY_LEAD_NS) {
             best = Some(u);
         }
     }
@@ -203,6 +207,46 @@ pub fn pick(t: &dyn Tenants, now: u64, renewing: u32, exclude: u32) -> Lease {
             end_ns: now + LEASE_NS,
         },
     }
+}
+
+/// A slice that neither waited, held the device nor had work queued for this long, and asks
+/// again, is *returning*: it starts where the slices competing now stand ([`rejoin`]). As long
+/// as a waiter's heartbeat stays fresh ([`WANT_STALE_NS`]): a process the CPU does not run for
+/// tens of ms on a busy host is not idle, and must not lose the virtual time it is owed (20 ms
+/// cut a 0.5 slice to 0.37 with every CPU busy).
+pub const RETURN_NS: u64 = WANT_STALE_NS;
+/// How much GPU time (at its share) a returning slice may stay behind the slices competing now:
+/// a debt of its own overrun is paid back, a debt older than this is forgiven (a slice that was
+/// away does not starve behind a newcomer that started from zero).
+pub const REJOIN_DEBT_NS: u64 = 200_000_000;
+
+/// Where slice `id` starts when it begins to compete again ([`RETURN_NS`]) or when a solo
+/// holder (`holder`) is joined: at least the least virtual time of the slices of its kind
+/// (guaranteed, or best-effort) competing now (waiting, or holding the lease), so idling earns
+/// no burst; at most [`REJOIN_DEBT_NS`] of its own GPU time beyond it. Only slices competing
+/// now set it, never a device-wide floor: an idle, lightly used or best-effort slice cannot
+/// push anyone's clock (issue 20: best-effort slices, whose virtual time runs 100x faster than
+/// their GPU time, raised the floor a newcomer started from so far that it waited for minutes).
+/// Nobody of its kind competing: its own clock stands.
+pub fn rejoin(t: &dyn Tenants, id: u32, holder: u32, now: u64) {
+    let Some((me, share, _)) = t.get(id) else {
+        return;
+    };
+    let best_effort = share == 0;
+    let mut least = u64::MAX;
+    t.each(&mut |other, s, sh, _| {
+        if other != id && (sh == 0) == best_effort && (other == holder || wants(s, now)) {
+            least = least.min(s.vt.load(Acquire));
+        }
+    });
+    if least == u64::MAX {
+        return;
+    }
+    let most = least.saturating_add(REJOIN_DEBT_NS.saturating_mul(PPM as u64) / weight(share));
+    // Lock-free read-modify-write of the slice's own clock.
+    let _ = me
+        .vt
+        .fetch_update(AcqRel, Acquire, |v| Some(v.clamp(least, most)));
 }
 
 /// How long a holder's queued work must have run out before its lease counts as idle: a

@@ -150,7 +150,8 @@ pub struct SchedDevice {
     pub seq: AtomicU32,
     /// Processes asleep on `seq` (a hint: one killed asleep only costs a spare wake).
     pub sleepers: AtomicU32,
-    /// Virtual time of the latest slice granted the lease: where a returning slice restarts.
+    /// Unused since issue 20 (it was the virtual time of the latest slice granted the lease,
+    /// where a returning slice restarted: a floor a tenant could push); kept for the layout.
     pub vt_floor: AtomicU64,
     /// GPU ns charged on this device, all slices.
     pub gpu_ns_total: AtomicU64,
@@ -170,8 +171,16 @@ pub struct SchedDevice {
     /// Latest heartbeat of a latency-class slice waiting or launching here (ns): while it is
     /// recent, normal holders keep their queues short and track each launch.
     pub latency_ns: AtomicU64,
+    /// End of the latest span charged to any slice here, the work its holder left queued
+    /// included (personal mode): the next holder's charge starts no earlier (its first kernels
+    /// wait behind that work), so no engine time is charged twice at a hand-over.
+    pub charged_until_ns: AtomicU64,
+    /// Latest end of work a holder left queued past the span it was charged at its hand-over
+    /// (it ran longer than estimated; personal mode): that holder pays for it once it sees
+    /// it done, and whoever held the device meanwhile is not charged for it.
+    pub overrun_until_ns: AtomicU64,
     /// Room to grow without moving the ledger layout.
-    pub reserved: [u64; 5],
+    pub reserved: [u64; 3],
 }
 
 /// Per-slice scheduler state (in the ledger's `Slice` record). The share and cap themselves are
@@ -216,8 +225,9 @@ pub struct SchedSlice {
     /// Latest estimated end of the work its processes queued (ns): how long a process that
     /// finished its own queue waits, at most, for a sibling that never comes back to hand over.
     pub tail_ns: AtomicU64,
-    /// Room to grow without moving the ledger layout.
-    pub reserved: [u64; 1],
+    /// Estimated GPU ns its processes queued in turn `turn_key`, all together: at most the
+    /// turn's length ([`SchedSlice::queue_in_turn`]; node mode, in the slice's region).
+    pub turn_queued_ns: AtomicU64,
 }
 
 /// How many processes of a slice hold queued work in one turn: one word, so a process joining
@@ -312,6 +322,20 @@ pub fn slice_stats(s: &SchedSlice, now_ns: u64) -> SliceComputeStats {
 }
 
 impl SchedSlice {
+    /// Count `next` ns of work into what the slice's processes queued in their current turn
+    /// (`turn_key`, begun at `turn_start_ns`, lease end `end`) if it fits: together at most the
+    /// turn's length, however many processes the slice has; the slice's first launch of a turn
+    /// always goes (a kernel longer than a turn would never run otherwise). Returns whether it
+    /// was counted. The words may be anything (saturating arithmetic).
+    pub fn queue_in_turn(&self, now: u64, end: u64, next: u64) -> bool {
+        let len = end.saturating_sub(self.turn_start_ns.load(Acquire).min(now));
+        self.turn_queued_ns
+            .fetch_update(AcqRel, Acquire, |u| {
+                (u == 0 || u.saturating_add(next) <= len).then(|| u.saturating_add(next))
+            })
+            .is_ok()
+    }
+
     /// Forget everything of a previous slice that used this record: the ledger calls it when it
     /// creates a slice in a freed record, before publishing it.
     pub fn reset(&self) {
@@ -328,6 +352,7 @@ impl SchedSlice {
             &self.turn_start_ns,
             &self.turn_used_ns,
             &self.tail_ns,
+            &self.turn_queued_ns,
             &self.window.start_ns,
             &self.window.cur_ns,
             &self.window.prev_ns,

@@ -105,6 +105,9 @@ pub(super) struct Events {
     polled_at: u64,
     /// Estimated GPU time of the launches the fences in the ring cover.
     ring_ns: u64,
+    /// When the last fence in flight was seen complete (the poll that retired it: an upper
+    /// bound on its completion within the polling interval); 0 before any.
+    done_seen: u64,
 }
 
 const NO_ENTRY: Entry = Entry {
@@ -140,6 +143,7 @@ impl Events {
             each_until: 0,
             polled_at: 0,
             ring_ns: 0,
+            done_seen: 0,
         }
     }
 
@@ -392,6 +396,9 @@ impl Events {
             self.recycle(e.end);
             retired = true;
         }
+        if retired && self.len == 0 {
+            self.done_seen = now;
+        }
         if retired {
             // What follows a completed fence needs at most its estimates from now: estimated
             // ends booked from estimates that ran long (an inflated sample) would otherwise
@@ -525,6 +532,14 @@ impl Work for Events {
 
     fn next_ns(&mut self) -> u64 {
         self.next
+    }
+
+    fn finished_at(&mut self) -> Option<u64> {
+        let now = sched::now_ns();
+        self.left(now)
+            .is_none()
+            .then(|| self.done_seen.max(self.unfenced_end()).min(now))
+            .filter(|&at| at != 0)
     }
 
     fn pending(&mut self) -> usize {

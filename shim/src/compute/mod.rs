@@ -374,16 +374,7 @@ fn bind(g: &'static DevGate, dev: CUdevice) -> Option<&'static DevGate> {
     };
     let client = match b {
         Bound::Personal(b) => personal_client(b),
-        Bound::Node(n) => Granted::new(
-            n.sched,
-            n.beat,
-            n.bell,
-            n.class,
-            n.grant,
-            n.id,
-            &sched::SYSTEM,
-        )
-        .map(Scheduler::Granted),
+        Bound::Node(n) => Granted::new(n.words, n.id, &sched::SYSTEM).map(Scheduler::Granted),
     };
     let Some(client) = client else {
         g.state.store(2, Release);
@@ -452,12 +443,16 @@ fn binding(dev: CUdevice) -> Option<Bound> {
     let slice_rec = ledger.slices().get(slice)?;
     if !ledger.writable() {
         // Node mode: the monitor grants the turns; this process asks in its region slot.
+        let region = d.region?;
         return Some(Bound::Node(NodeBinding {
-            sched: &dev_rec.sched,
-            beat: &ledger.header().monitor_beat_ns,
-            bell: &ledger.header().turns_bell,
-            class: &slice_rec.sched.class,
-            grant: &d.region?.proc_(st.me.slot)?.grant,
+            words: sched::GrantWords {
+                dev: &dev_rec.sched,
+                beat: &ledger.header().monitor_beat_ns,
+                bell: &ledger.header().turns_bell,
+                class: &slice_rec.sched.class,
+                shared: &region.header().sched,
+                me: &region.proc_(st.me.slot)?.grant,
+            },
             id: slice as u32 + 1,
         }));
     }
@@ -477,13 +472,10 @@ enum Bound {
     Node(NodeBinding),
 }
 
-/// Node mode: the policy's words (read-only here) and this process's words in its region.
+/// Node mode: the policy's words (read-only here) and this process's and its slice's words in
+/// its region.
 struct NodeBinding {
-    sched: &'static sched::SchedDevice,
-    beat: &'static AtomicU64,
-    bell: &'static AtomicU32,
-    class: &'static AtomicU32,
-    grant: &'static sched::GrantProc,
+    words: sched::GrantWords<'static>,
     id: u32,
 }
 
