@@ -400,6 +400,15 @@ fn reserve_for_t2(n: &Node, name: &str) {
     wait_held(n, "3584Mi");
 }
 
+/// t1's unwrapped program holding, for `hold` seconds, all it can get of the 4 GiB device
+/// where t2 reserved 1 GiB ([`reserve_for_t2`]): 3 GiB, the rest of the device.
+fn hold_the_rest(n: &Node, hold: &str) -> Child {
+    let mut hog = unwrapped(n, TENANT_A, &[], "1Gi,1Gi,1Gi,1Gi", hold);
+    let (_, v) = gpuslice_e2e::first_line(&mut hog);
+    assert_eq!(v["allocated_bytes"], 3u64 << 30, "{v}");
+    hog
+}
+
 /// Issue #27, "reserved memory can be taken": on a 4 GiB device t2 has 1 GiB reserved (an
 /// operator slice of its own, nothing used yet). Node mode's default settings hold it
 /// physically (balloons), so (b) t1's unwrapped program that asks for everything gets
@@ -440,9 +449,7 @@ fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
         text(&o)
     );
     // It holds what it can get (3 GiB: all but t2's reservation) ...
-    let mut hog = unwrapped(&n, TENANT_A, &[], "1Gi,1Gi,1Gi,1Gi", "60");
-    let (_, v) = gpuslice_e2e::first_line(&mut hog);
-    assert_eq!(v["allocated_bytes"], 3u64 << 30, "{v}");
+    let mut hog = hold_the_rest(&n, "60");
     // ... and t2 still gets its 1 GiB.
     t2_allocates(&n);
     kill_all([&mut hog]);
@@ -489,9 +496,7 @@ fn every_allocation_path_gets_its_balloon_back() {
     need_root!();
     let n = Node::new(1, "4Gi", &[]);
     reserve_for_t2(&n, "t2res");
-    let mut hog = unwrapped(&n, TENANT_A, &[], "1Gi,1Gi,1Gi,1Gi", "120");
-    let (_, v) = gpuslice_e2e::first_line(&mut hog);
-    assert_eq!(v["allocated_bytes"], 3u64 << 30, "{v}");
+    let mut hog = hold_the_rest(&n, "120");
     let paths = [
         "async", "pool", "plain", "pitch", "managed", "vmm", "array", "array3d", "mipmap", "graph",
         "capture",
@@ -651,9 +656,7 @@ fn balloon_costs() {
     );
     // The slow path: t2's slice s0 (1 GiB) held, a hog holding the rest of the device.
     reserve_for_t2(&n, "s0");
-    let mut hog = unwrapped(&n, TENANT_A, &[], "1Gi,1Gi,1Gi,1Gi", "300");
-    let (_, v) = gpuslice_e2e::first_line(&mut hog);
-    assert_eq!(v["allocated_bytes"], 3u64 << 30, "{v}");
+    let mut hog = hold_the_rest(&n, "300");
     let mut slow = vec![];
     let mut runs = 0;
     while slow.len() < 15 {
