@@ -20,14 +20,14 @@ const ASKS: usize = 2;
 /// How long one ask may take (the monitor answers at once; this bounds a stuck one).
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The driver refused an allocation of `bytes` for which `charged` bytes were charged to
-/// `dev`'s account (less than `bytes` when a pool's credit paid the rest; 0 when the charge
-/// stays, as graph memory's at launch), with status `r`. In
-/// node mode, when the refusal is out of memory and the account is a slice's quota, the
-/// monitor may hold part of this slice's own reservation (balloons): ask for `bytes` and try
-/// `alloc` again after each hand-back, at most [`ASKS`] times. Whatever fails in the end has
-/// `charged` uncharged and its status returned. Cold and never inlined: the hot path pays only
-/// the one comparison of the driver's status it always made.
+/// The driver refused, with status `r`, an allocation of `bytes` for which `charged` bytes
+/// were charged to `dev`'s account (less than `bytes` when a pool's credit paid the rest; 0
+/// when the charge stays, as graph memory's at launch). In node mode, when the refusal is out
+/// of memory and the account is a slice's quota, the monitor may hold part of this slice's own
+/// reservation (balloons): ask for `bytes` and try `alloc` again after each hand-back, at most
+/// [`ASKS`] times. Whatever fails in the end has `charged` uncharged and its status returned.
+/// Cold and never inlined: the hot path pays only the one comparison of the driver's status it
+/// always made.
 #[cold]
 #[inline(never)]
 pub(super) fn refused<T>(
