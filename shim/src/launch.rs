@@ -84,7 +84,12 @@ pub unsafe fn graph_launch(
 ) -> CUresult {
     let gate = compute::before_graph_launch(exec, stream);
     // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(exec, stream) };
+    let launch = || unsafe { real(exec, stream) };
+    let mut r = launch();
+    if r == CUDA_ERROR_OUT_OF_MEMORY {
+        // Graph memory is taken now: the balloons' slow path (memory/balloon.rs).
+        r = crate::memory::launch_refused(exec, launch, r);
+    }
     compute::after_launch(gate, stream, r);
     r
 }

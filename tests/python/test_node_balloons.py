@@ -3,9 +3,12 @@
 1 GiB quota on the fake GPU as it does in personal mode (ten 96 MiB tensors, then
 `OutOfMemoryError`, `empty_cache` gives everything back), with the balloons on (node mode's
 default) and off; the time each run takes is printed for docs/benchmarks.md ("Balloons").
+With `backend:cudaMallocAsync` (stream-ordered pool allocations) it fills its quota the same on
+a device whose free memory is all its slice's balloon: the pool takes the slow path.
 
 Node mode needs root (the policy is root's); without it these tests fail saying so.
 """
+import json
 import os
 import subprocess
 import time
@@ -24,10 +27,10 @@ def node_monitor(gpu_env, profile_dir):
     procs = []
     logs = []
 
-    def start(*args):
+    def start(*args, memory="16Gi"):
         if os.geteuid() != 0:
             pytest.fail("node mode needs root (CI runs as root)")
-        env = gpu_env()
+        env = gpu_env(memory=memory)
         rt = env["GPUSLICE_RUNTIME_DIR"]
         os.chmod(rt, 0o755)
         log = open(os.path.join(os.path.dirname(rt), "monitor.out"), "w+")
@@ -71,4 +74,51 @@ def test_torch_fills_its_quota_in_node_mode(fw_env, node_monitor, balloons):
     log = node_monitor.log()
     assert ("balloons: holding" in log) == (balloons == "on"), log
     print(f"PyTorch fills 1 GiB in node mode, balloons {balloons}: {r['allocated']} tensors of "
+          f"96 MiB, then OutOfMemoryError; {seconds:.2f} s for the whole process")
+
+
+
+def test_torch_async_pool_gets_its_balloon_back(fw_env, gpu_env, node_monitor, profile_dir):
+    """On a 4 GiB device an operator slice `t` reserves 1 GiB and an unwrapped program holds all
+    the rest, so the only memory left is `t`'s balloon. PyTorch with
+    `PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync` in `t` fills its 1 GiB as on an empty
+    device: every pool allocation the driver refuses asks the monitor for `t`'s balloon."""
+    node_monitor(memory="4Gi")
+    env = gpu_env(memory="4Gi")
+    create = subprocess.run([str(artifact(profile_dir, "gpuslice")), "slice", "create", "t", "--memory", "1Gi"],
+                            env=env, capture_output=True, text=True)
+    assert create.returncode == 0, create.stdout + create.stderr
+    burn = str(artifact(profile_dir, "gpuslice-burn"))
+
+    def unwrapped_refused(size):
+        p = subprocess.run([burn, "--alloc", size, "--json"], env=env, capture_output=True, text=True)
+        return json.loads(p.stdout.splitlines()[-1])["alloc_errors"] == [2]  # out of memory
+
+    def wait_held(size):
+        t0 = time.monotonic()
+        while not unwrapped_refused(size):
+            assert time.monotonic() - t0 < 30, f"the balloons never held:\n{node_monitor.log()}"
+            time.sleep(0.1)
+
+    wait_held("3584Mi")
+    hog = subprocess.Popen([burn, "--alloc", "1Gi,1Gi,1Gi,1Gi", "--hold", "300", "--json"], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        held = json.loads(hog.stdout.readline())
+        assert held["allocated_bytes"] == 3 * GI, held
+        wait_held("128Mi")  # less than a 96 MiB tensor's worth plus the hysteresis is free
+        t0 = time.monotonic()
+        r = run_framework("torch", "fw_torch",
+                          fw_env(memory="4Gi", PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync",
+                                 GPUSLICE_SLICE="t"), "fill", 96)
+        seconds = time.monotonic() - t0
+    finally:
+        hog.kill()
+        hog.wait(timeout=30)
+    # Free memory shows what the driver has free (none: the balloon holds it), not the quota's.
+    assert r["before"]["total"] == GI, r
+    assert r["error"] and r["error"]["type"] == "OutOfMemoryError", r
+    assert 9 <= r["allocated"] <= 10, (r, node_monitor.log())
+    assert r["max_reserved"] <= GI, r
+    print(f"PyTorch (cudaMallocAsync) fills 1 GiB from its balloon: {r['allocated']} tensors of "
           f"96 MiB, then OutOfMemoryError; {seconds:.2f} s for the whole process")

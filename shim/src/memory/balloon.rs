@@ -4,7 +4,9 @@
 //! monitor over `monitor.sock` to hand back at least the allocation's size from this process's
 //! own slice (the monitor decides which slice from its own record of this process), then let
 //! the caller try the driver again. Never on the hot path: only after the driver said
-//! `CUDA_ERROR_OUT_OF_MEMORY`.
+//! `CUDA_ERROR_OUT_OF_MEMORY`. Every path that reserves in the slice comes here: the
+//! allocations through `super::allocated`, and graph memory (charged when its node is made)
+//! when the driver takes it at `cuGraphLaunch` (`super::graph::launch_refused`).
 
 use crate::admit::DevState;
 use crate::log::log;
@@ -18,17 +20,20 @@ const ASKS: usize = 2;
 /// How long one ask may take (the monitor answers at once; this bounds a stuck one).
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The driver refused an allocation of `bytes` that was charged to `dev`'s account, with
-/// status `r`. In node mode, when the refusal is out of memory and the account is a slice's
-/// quota, the monitor may hold part of this slice's own reservation (balloons): ask for it and
-/// try `alloc` again after each hand-back, at most [`ASKS`] times. Whatever fails in the end
-/// is uncharged and its status returned. Cold and never inlined: the hot path pays only the
-/// one comparison of the driver's status it always made.
+/// The driver refused, with status `r`, an allocation of `bytes` for which `charged` bytes
+/// were charged to `dev`'s account (less than `bytes` when a pool's credit paid the rest; 0
+/// when the charge stays, as graph memory's at launch). In node mode, when the refusal is out
+/// of memory and the account is a slice's quota, the monitor may hold part of this slice's own
+/// reservation (balloons): ask for `bytes` and try `alloc` again after each hand-back, at most
+/// [`ASKS`] times. Whatever fails in the end has `charged` uncharged and its status returned.
+/// Cold and never inlined: the hot path pays only the one comparison of the driver's status it
+/// always made.
 #[cold]
 #[inline(never)]
 pub(super) fn refused<T>(
     dev: &DevState,
     bytes: u64,
+    charged: u64,
     mut alloc: impl FnMut() -> (CUresult, T),
     r: CUresult,
 ) -> Result<T, CUresult> {
@@ -62,7 +67,9 @@ pub(super) fn refused<T>(
             t0.elapsed().as_micros()
         );
     }
-    dev.account.uncharge(bytes);
+    if charged > 0 {
+        dev.account.uncharge(charged);
+    }
     Err(r)
 }
 

@@ -4,9 +4,10 @@
 //! of them is destroyed. Its state: the list of charges and their holders (a mutex, cold
 //! paths only) and the count of open captures (one atomic load on the async allocation path).
 
-use super::reserved;
+use super::{balloon, reserved};
 use crate::admit::DevState;
 use crate::capture::{self, capture_graph_query, CAPTURES};
+use crate::real;
 use core::sync::atomic::Ordering::*;
 use gpuslice_abi::pfn;
 use gpuslice_abi::*;
@@ -33,7 +34,7 @@ struct GraphCharge {
 }
 
 /// All graph memory charges. Graph building, instantiation and destruction are cold paths
-/// (a lock is fine); `cuGraphLaunch` never looks here.
+/// (a lock is fine); `cuGraphLaunch` looks here only once the driver said out of memory.
 static GRAPHS: Mutex<Vec<GraphCharge>> = Mutex::new(Vec::new());
 
 fn graphs() -> std::sync::MutexGuard<'static, Vec<GraphCharge>> {
@@ -283,6 +284,38 @@ fn graph_released(h: Holder) {
             dev.account.uncharge(bytes);
         }
     });
+}
+
+/// `cuGraphLaunch` of `exec` said `r`, out of memory: the driver takes graph memory at launch,
+/// charged to the slice since its node was made, so on a full device the monitor may hold it
+/// in this slice's balloon. Take the balloons' slow path for what `exec` holds on each device,
+/// with `launch` (the program's launch again) as its retry; the charges stay with `exec`.
+#[cold]
+#[inline(never)]
+pub fn launch_refused(
+    exec: CUgraphExec,
+    mut launch: impl FnMut() -> CUresult,
+    r: CUresult,
+) -> CUresult {
+    let Some(st) = crate::init::state_if_ready() else {
+        return r;
+    };
+    let held: Vec<(i32, u64)> = graphs()
+        .iter()
+        .filter(|c| c.holders.contains(&Holder::Exec(exec as usize)))
+        .map(|c| (c.ordinal, c.bytes))
+        .collect();
+    let mut r = r;
+    for (ordinal, bytes) in held {
+        let Some(dev) = st.device(ordinal) else {
+            continue;
+        };
+        match balloon::refused(dev, bytes, 0, || (launch(), ()), r) {
+            Ok(()) => return CUDA_SUCCESS,
+            Err(again) => r = again,
+        }
+    }
+    r
 }
 
 /// `cuGraphDestroy`: the graph's memory goes back unless an executable still holds it.

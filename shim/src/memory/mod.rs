@@ -62,7 +62,7 @@ pub use arrays::{
 pub use graph::{
     end_capture, graph_add_mem_alloc_node, graph_add_node, graph_add_node_v2, graph_destroy,
     graph_exec_destroy, graph_instantiate, graph_instantiate_with_flags,
-    graph_instantiate_with_params,
+    graph_instantiate_with_params, launch_refused,
 };
 pub use plain::{mem_alloc, mem_alloc_managed, mem_alloc_pitch, mem_free};
 pub use pool_objects::{pool_create, pool_destroy, pool_trim_to};
@@ -103,15 +103,30 @@ unsafe fn charge(dev: &DevState, n: u64) -> bool {
 unsafe fn reserved<T>(
     dev: &DevState,
     bytes: u64,
-    mut alloc: impl FnMut() -> (CUresult, T),
+    alloc: impl FnMut() -> (CUresult, T),
 ) -> Result<T, CUresult> {
     // SAFETY: dev is a device of the started state (this function's contract).
     if !unsafe { charge(dev, bytes) } {
         return Err(oom(dev, bytes));
     }
+    allocated(dev, bytes, bytes, alloc)
+}
+
+/// The driver call of an allocation of `bytes` already charged `charged` to `dev`'s account
+/// (the second half of [`reserved`], for paths that charge in their own way, as pools spending
+/// credit): `Ok` with what `alloc` gave, or the status to return once `charged` is uncharged.
+/// Every path that reserves in the slice ends here, so a physically full device takes the
+/// balloons' one slow path (`balloon::refused`) whatever the kind of memory.
+#[inline]
+fn allocated<T>(
+    dev: &DevState,
+    bytes: u64,
+    charged: u64,
+    mut alloc: impl FnMut() -> (CUresult, T),
+) -> Result<T, CUresult> {
     let (r, out) = alloc();
     if r != CUDA_SUCCESS {
-        return balloon::refused(dev, bytes, alloc, r);
+        return balloon::refused(dev, bytes, charged, alloc, r);
     }
     Ok(out)
 }

@@ -33,7 +33,7 @@
 //! calling thread's current device is: a device's pools are reconciled only against that
 //! device.
 
-use super::{charge, free_and_uncharge, graph, oom, record, written};
+use super::{allocated, charge, free_and_uncharge, graph, oom, record, written};
 use crate::admit::DevState;
 use crate::init::State;
 use crate::pointers::{Charge, Handle};
@@ -276,12 +276,13 @@ unsafe fn alloc_from(
         .then(pool)
         .flatten()
         .and_then(|p| unsafe { pool_reserved(p) }.map(|before| (p, before)));
-    let (r, h) = alloc();
-    if r != CUDA_SUCCESS {
-        dev.account.uncharge(need);
-        give_credit(slot, credit);
-        return r;
-    }
+    let h = match allocated(dev, bytes, need, &mut alloc) {
+        Ok(h) => h,
+        Err(r) => {
+            give_credit(slot, credit);
+            return r;
+        }
+    };
     POOLS[slot].live.fetch_add(bytes, SeqCst);
     if let Some((p, before)) = measured {
         // SAFETY: a driver's pool handle, live: an allocation was just made from it.
@@ -300,7 +301,7 @@ unsafe fn alloc_from(
         }
     }
     record(Handle::Ptr, h, Charge::new(bytes, dev, slot));
-    r
+    CUDA_SUCCESS
 }
 
 /// Allocate `bytes` from pool `slot` charged in full (`charged`: already; else charge them
@@ -315,17 +316,16 @@ unsafe fn in_full(
     bytes: u64,
     charged: bool,
     then: Option<CUmemoryPool>,
-    mut alloc: impl FnMut() -> (CUresult, u64),
+    alloc: impl FnMut() -> (CUresult, u64),
 ) -> CUresult {
     // SAFETY: dev is the started state's (this function's contract).
     if !charged && !unsafe { charge(dev, bytes) } {
         return oom(dev, bytes);
     }
-    let (r, h) = alloc();
-    if r != CUDA_SUCCESS {
-        dev.account.uncharge(bytes);
-        return r;
-    }
+    let h = match allocated(dev, bytes, bytes, alloc) {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
     if slot != 0 {
         POOLS[slot].live.fetch_add(bytes, SeqCst);
     }
@@ -334,7 +334,7 @@ unsafe fn in_full(
         unsafe { reconcile(dev, slot, p) };
     }
     record(Handle::Ptr, h, Charge::new(bytes, dev, slot));
-    r
+    CUDA_SUCCESS
 }
 
 /// Charge `short` bytes more for pool `slot` (as credit: memory the pool holds). When they do

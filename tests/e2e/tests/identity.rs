@@ -400,6 +400,24 @@ fn reserve_for_t2(n: &Node, name: &str) {
     wait_held(n, "3584Mi");
 }
 
+/// t1's unwrapped program holding, for `hold` seconds, all it can get of the 4 GiB device
+/// where t2 reserved 1 GiB ([`reserve_for_t2`]): 3 GiB, the rest of the device.
+fn hold_the_rest(n: &Node, hold: &str) -> Child {
+    // In 512 MiB pieces: all but the 1 GiB reservation and the hog's own context
+    // (docs/fakegpu.md), 5 pieces of the 2.875 GiB left on a 4 GiB device.
+    let mut hog = unwrapped(
+        n,
+        TENANT_A,
+        &[],
+        "512Mi,512Mi,512Mi,512Mi,512Mi,512Mi,512Mi,512Mi",
+        hold,
+    );
+    let (_, v) = gpuslice_e2e::first_line(&mut hog);
+    let left = (3u64 << 30) - gpuslice_e2e::fake_context_bytes(4 << 30);
+    assert_eq!(v["allocated_bytes"], left / (512 << 20) * (512 << 20), "{v}");
+    hog
+}
+
 /// Issue #27, "reserved memory can be taken": on a 4 GiB device t2 has 1 GiB reserved (an
 /// operator slice of its own, nothing used yet). Node mode's default settings hold it
 /// physically (balloons), so (b) t1's unwrapped program that asks for everything gets
@@ -442,22 +460,8 @@ fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
         "{}",
         text(&o)
     );
-    // It holds what it can get in 512 MiB pieces (all but t2's reservation and its own
-    // context, docs/fakegpu.md: 5 pieces of the 2.875 GiB left) ...
-    let mut hog = unwrapped(
-        &n,
-        TENANT_A,
-        &[],
-        "512Mi,512Mi,512Mi,512Mi,512Mi,512Mi,512Mi,512Mi",
-        "60",
-    );
-    let (_, v) = gpuslice_e2e::first_line(&mut hog);
-    let left = (3u64 << 30) - gpuslice_e2e::fake_context_bytes(4 << 30);
-    assert_eq!(
-        v["allocated_bytes"],
-        left / (512 << 20) * (512 << 20),
-        "{v}"
-    );
+    // It holds what it can get (all but t2's reservation and its own context) ...
+    let mut hog = hold_the_rest(&n, "60");
     // ... and t2 still gets its 1 GiB.
     t2_allocates(&n);
     kill_all([&mut hog]);
@@ -491,6 +495,50 @@ fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
     assert!(got > 1 << 30 && got <= 3 << 30, "{got}");
     t2_allocates(&n);
     kill_all(greedy.iter_mut().chain([&mut sidecar]));
+}
+
+/// Issue #27: every allocation path that reserves in the slice takes the balloons' slow path.
+/// On a 4 GiB device t2 has 1 GiB reserved and t1's unwrapped program holds all the rest, so
+/// the device's free memory is all t2's balloon; t2 then allocates 512 MiB (within its quota)
+/// through each path of the driver API, one process each, stream-ordered pools included
+/// (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`): each succeeds, and its log shows it got the
+/// memory through the slow path (the monitor handed back part of the balloon).
+#[test]
+fn every_allocation_path_gets_its_balloon_back() {
+    need_root!();
+    let n = Node::new(1, "4Gi", &[]);
+    reserve_for_t2(&n, "t2res");
+    let mut hog = hold_the_rest(&n, "120");
+    let paths = [
+        "async", "pool", "plain", "pitch", "managed", "vmm", "array", "array3d", "mipmap", "graph",
+        "capture",
+    ];
+    for path in paths {
+        // The balloon is refilled after the last hand-back: less than 128 MiB is free (the
+        // hysteresis), so 512 MiB can only come from the balloon.
+        wait_held(&n, "128Mi");
+        let mut c = n.burn(TENANT_B);
+        c.args(["--alloc", "512Mi", "--alloc-path", path, "--json"])
+            .env("GPUSLICE_SLICE", "t2res")
+            .env("GPUSLICE_LOG", "debug");
+        let o = c.output().unwrap();
+        let r = burn_json(&o);
+        assert!(
+            r["alloc_errors"] == serde_json::json!([])
+                && r["allocated_bytes"].as_u64() >= Some(512 << 20),
+            "{path}: t2 could not allocate within its quota: {}\n{}",
+            text(&o),
+            n.monitor_log()
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.lines()
+                .any(|l| l.contains("slow path for") && l.contains("allocated after")),
+            "{path}: allocated without the slow path (was the balloon held?): {}",
+            text(&o)
+        );
+    }
+    kill_all([&mut hog]);
 }
 
 /// Issue #27, "a reused pid redirects admission": t1 connects to the monitor from a child that
@@ -620,9 +668,7 @@ fn balloon_costs() {
     );
     // The slow path: t2's slice s0 (1 GiB) held, a hog holding the rest of the device.
     reserve_for_t2(&n, "s0");
-    let mut hog = unwrapped(&n, TENANT_A, &[], "1Gi,1Gi,1Gi,1Gi", "300");
-    let (_, v) = gpuslice_e2e::first_line(&mut hog);
-    assert_eq!(v["allocated_bytes"], 3u64 << 30, "{v}");
+    let mut hog = hold_the_rest(&n, "300");
     let mut slow = vec![];
     let mut runs = 0;
     while slow.len() < 15 {
