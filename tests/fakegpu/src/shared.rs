@@ -184,7 +184,8 @@ fn attach(cfg: &Config) -> Result<Node, String> {
 /// zombie. Readable across users, so a waiter can judge any holder.
 fn proc_stat(pid: u32) -> Option<(u8, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 2..];
+    // The name (field 2) may hold anything, ')' too: the fields start after the last one.
+    let rest = s.get(s.rfind(')')? + 2..)?;
     let mut f = rest.split(' ');
     let st = *f.next()?.as_bytes().first()?;
     if st == b'Z' {
