@@ -404,3 +404,28 @@ fn a_stopped_engine_holder_loses_the_engine() {
     stopped.wait().unwrap();
     assert_had_the_engine_back(&v);
 }
+
+/// A process stopped 190 ms and continued 10 ms, over and over, is passed over within about a
+/// slice each time it stops holding the engine, as the hardware's time slicing would: the
+/// other keeps nearly all of the engine (with only the 200 ms stall limit it got 0.16).
+#[test]
+fn a_stop_continue_cycling_holder_leaves_the_engine_to_the_other() {
+    let w = World::new(1, "16Gi");
+    let mut cycling = share(&w, "30", Stdio::null());
+    let other = share(&w, "3", Stdio::piped());
+    let pid = cycling.id() as i32;
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(3500);
+    while std::time::Instant::now() < until {
+        // SAFETY: signalling a child we own, not yet reaped.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        std::thread::sleep(std::time::Duration::from_millis(190));
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let v = shared(other);
+    cycling.kill().unwrap();
+    cycling.wait().unwrap();
+    println!("beside a stop/continue cycling holder: {v}");
+    assert!(v["share"].as_f64().unwrap() > 0.8, "{v}");
+}

@@ -489,13 +489,10 @@ fn sixty_four_best_effort_slices_take_nothing_guaranteed() {
 /// idles the device, so besides the guarantee t2 must get about what it got beside the same
 /// tenant running normally, measured in the 4 s just before (at least 0.95 of it).
 ///
-/// Ignored for now: the fake GPU itself does not decide this case. A process stopped while it
-/// holds the fake's engine keeps it until it shows no sign of life for 200 ms
-/// (`tests/fakegpu/src/exec/engine.rs`, `STALL_NS`), longer than the 190 ms stop, whereas the
-/// hardware's time slicing moves on; without gpuslice at all the same cycling cut the other
-/// process to 0.02-0.32 of the device. Run it with `--ignored`.
+/// The fake passes over a stopped holder of its engine within about a time slice, as the
+/// hardware's time slicing does (`tests/fakegpu/src/exec/engine.rs`); with the fake's former
+/// 200 ms limit, longer than the stop, this test failed (t2 at 0.72 of before).
 #[test]
-#[ignore = "the fake keeps its engine with a stopped holder for 200 ms (see the comment)"]
 fn a_stop_continue_cycling_tenant_costs_the_other_nothing() {
     let Some((_serial, n)) = compute_node() else {
         return;

@@ -180,37 +180,68 @@ fn attach(cfg: &Config) -> Result<Node, String> {
     }
 }
 
-/// /proc/PID/stat field 22 (start time), or None when the process is gone or a zombie.
-fn start_time(pid: u32) -> Option<u64> {
+/// /proc/PID/stat fields 3 (state) and 22 (start time), or None when the process is gone or a
+/// zombie. Readable across users, so a waiter can judge any holder.
+fn proc_stat(pid: u32) -> Option<(u8, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 2..];
+    // The name (field 2) may hold anything, ')' too: the fields start after the last one.
+    let rest = s.get(s.rfind(')')? + 2..)?;
     let mut f = rest.split(' ');
-    if f.next()? == "Z" {
+    let st = *f.next()?.as_bytes().first()?;
+    if st == b'Z' {
         return None;
     }
-    f.nth(18)?.parse().ok()
+    Some((st, f.nth(18)?.parse().ok()?))
 }
 
-/// Whether the process in `slot` is still alive (same pid, same start time, not a zombie).
-pub fn slot_alive(state: &State, slot: usize) -> bool {
+/// /proc/PID/stat field 22 (start time), or None when the process is gone or a zombie.
+fn start_time(pid: u32) -> Option<u64> {
+    proc_stat(pid).map(|(_, t)| t)
+}
+
+/// What the process in a slot is doing, as far as a waiter for its engine cares.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Liveness {
+    /// Gone, a zombie, or its pid reused by another process.
+    Dead,
+    /// Stopped (SIGSTOP, SIGTSTP, a debugger: state `T` or `t`): its CPU side cannot act.
+    Stopped,
+    /// Running or runnable (maybe descheduled on a busy host) or sleeping.
+    Live,
+}
+
+/// Whether the process in `slot` is alive (same pid, same start time, not a zombie) and,
+/// if so, whether it is stopped. Reads /proc: for waiters that already waited, not hot paths.
+pub fn slot_liveness(state: &State, slot: usize) -> Liveness {
     let s = &state.procs[slot];
     let pid = s.pid.load(Acquire);
     if pid == 0 || pid == RECLAIMING {
-        return false;
+        return Liveness::Dead;
     }
     // SAFETY: kill with signal 0 only checks for existence.
     if unsafe { libc::kill(pid as i32, 0) } != 0
         && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
     {
-        return false;
+        return Liveness::Dead;
     }
-    match start_time(pid) {
-        Some(t) => {
+    match proc_stat(pid) {
+        Some((st, t)) => {
             let want = s.start_time.load(Acquire);
-            want == 0 || t == want
+            if want != 0 && t != want {
+                Liveness::Dead
+            } else if st == b'T' || st == b't' {
+                Liveness::Stopped
+            } else {
+                Liveness::Live
+            }
         }
-        None => false,
+        None => Liveness::Dead,
     }
+}
+
+/// Whether the process in `slot` is still alive (same pid, same start time, not a zombie).
+pub fn slot_alive(state: &State, slot: usize) -> bool {
+    slot_liveness(state, slot) != Liveness::Dead
 }
 
 /// Reclaim the slots of dead processes: their memory returns to the devices, their engine

@@ -3,14 +3,15 @@
 //! while it has kernels; when another process waits, the holder hands it on round-robin after
 //! a time slice, mid-kernel if need be (the kernel resumes later with its remaining time), like
 //! the hardware's time-slice scheduler. Waiters sleep on a shared futex and check the holder is
-//! alive, so a SIGKILLed holder never hangs anyone, and a holder that shows no sign of life
-//! loses the engine. Apart from the executor because this is the only part that other
+//! alive, so a SIGKILLed holder never hangs anyone; a stopped holder loses the engine within
+//! about a slice, and one that shows no sign of life for long loses it too. Apart from the executor because this is the only part that other
 //! processes see: everything here is state in the shared file.
 
-use crate::shared::{self, futex_wait, futex_wake, now_ns, DevState, MAX_PROCS};
+use crate::shared::{self, futex_wait, futex_wake, now_ns, DevState, Liveness, MAX_PROCS};
 use std::sync::atomic::Ordering::*;
 
-/// A holder that shows no sign of life for this long loses the engine to a waiter.
+/// A live holder (not stopped) that shows no sign of life for this long loses the engine to a
+/// waiter: tolerant, since on a busy host a holder may be descheduled for a while.
 const STALL_NS: u64 = 200_000_000;
 
 /// Whether process slot `me` holds `dev`'s engine.
@@ -39,12 +40,21 @@ fn fresh(want: u32, now: u32) -> bool {
 }
 
 /// Take `dev`'s engine for slot `me`: sleep until it is free or handed to us, taking it over
-/// from a dead or stopped holder.
-pub(super) fn acquire(state: &shared::State, dev: &DevState, phys: usize, me: usize) {
+/// from a dead or stopped holder. `slice_ns` is the engine's time slice: how long a waiter
+/// waits before it judges the holder.
+pub(super) fn acquire(
+    state: &shared::State,
+    dev: &DevState,
+    phys: usize,
+    me: usize,
+    slice_ns: u64,
+) {
     let mine = me as u32 + 1;
+    // Between 1 and 10 ms: a short configured slice must not turn waiters into /proc pollers.
+    let period = slice_ns.clamp(1_000_000, 10_000_000);
     let mut checked = now_ns();
     loop {
-        // Refreshed at every pass (at least every 10 ms): a waiter that stops refreshing
+        // Refreshed at every pass (at least every `period`): a waiter that stops refreshing
         // (SIGSTOP) is passed over at hand-offs.
         state.procs[me].want[phys].store(now_ms(), Release);
         let seq = dev.seq.load(Acquire);
@@ -56,25 +66,48 @@ pub(super) fn acquire(state: &shared::State, dev: &DevState, phys: usize, me: us
             continue;
         }
         let now = now_ns();
-        if now - checked > 10_000_000 {
+        if now - checked >= period {
             checked = now;
-            if !shared::slot_alive(state, o as usize - 1) {
-                shared::reap(state);
-                continue;
-            }
-            // A holder that has not planned anything for this long is stopped (SIGSTOP, a
-            // debugger): the hardware would preempt it, so take the engine over.
-            let beat = dev.beat.load(Relaxed);
-            if now.saturating_sub(beat) > STALL_NS
-                && dev.owner.compare_exchange(o, mine, AcqRel, Acquire).is_ok()
-            {
+            if take_over(state, dev, o, mine, now, period) {
                 break;
             }
         }
-        futex_wait(&dev.seq, seq, 10_000_000);
+        futex_wait(&dev.seq, seq, period);
     }
     dev.beat.store(now_ns(), Relaxed);
     state.procs[me].want[phys].store(0, Release);
+}
+
+/// Judge holder `o` for a waiter `mine` that has waited `period`: reap it when dead, take the
+/// engine from it when it is stopped or has shown no sign of life for [`STALL_NS`]. Whether
+/// the engine is now ours.
+///
+/// A working holder plans (and beats) at least once a slice, so /proc is read only for one
+/// that has been silent longer: off the path of an engine that is merely contended. A stopped
+/// process's CPU side cannot hold a real GPU (the hardware time-slices contexts on its own),
+/// so it loses the engine within about a slice; a live but silent one (descheduled on a busy
+/// host) keeps it up to [`STALL_NS`], since its kernels would still be running.
+fn take_over(
+    state: &shared::State,
+    dev: &DevState,
+    o: u32,
+    mine: u32,
+    now: u64,
+    period: u64,
+) -> bool {
+    let silent = now.saturating_sub(dev.beat.load(Relaxed));
+    if silent <= period {
+        return false;
+    }
+    let lost = match shared::slot_liveness(state, o as usize - 1) {
+        Liveness::Dead => {
+            shared::reap(state);
+            return false;
+        }
+        Liveness::Stopped => true,
+        Liveness::Live => silent > STALL_NS,
+    };
+    lost && dev.owner.compare_exchange(o, mine, AcqRel, Acquire).is_ok()
 }
 
 /// Hand `dev`'s engine on, round-robin to the next waiter (or to nobody), after work planned

@@ -380,7 +380,7 @@ impl Executor {
                         if STOP.load(Acquire) {
                             return;
                         }
-                        acquire(node.state, dev, self.phys, me);
+                        acquire(node.state, dev, self.phys, me, self.slice_ns);
                         g = self.lock();
                         g.held = true;
                         // The engine is ours from where the last holder's work ended; a kernel
@@ -393,12 +393,12 @@ impl Executor {
                         g.slice_start = g.cursor.max(now_ns());
                         continue;
                     }
-                    dev.beat.store(now, Relaxed);
                     if !engine::holds(dev, me) {
                         // Taken from us while we were stopped (see `acquire`): queue again.
                         g.held = false;
                         continue;
                     }
+                    dev.beat.store(now, Relaxed);
                     if rem == 0 {
                         // No work (a 0 ns spin, FAKEGPU_KERNEL_US=0): it ends where it starts.
                         // It must not reach `step == 0` below, which means "slice over": that
