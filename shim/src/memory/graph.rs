@@ -7,7 +7,6 @@
 use super::{balloon, reserved};
 use crate::admit::DevState;
 use crate::capture::{self, capture_graph_query, CAPTURES};
-use crate::real;
 use core::sync::atomic::Ordering::*;
 use gpuslice_abi::pfn;
 use gpuslice_abi::*;
