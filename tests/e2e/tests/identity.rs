@@ -414,7 +414,11 @@ fn hold_the_rest(n: &Node, hold: &str) -> Child {
     );
     let (_, v) = gpuslice_e2e::first_line(&mut hog);
     let left = (3u64 << 30) - gpuslice_e2e::fake_context_bytes(4 << 30);
-    assert_eq!(v["allocated_bytes"], left / (512 << 20) * (512 << 20), "{v}");
+    assert_eq!(
+        v["allocated_bytes"],
+        left / (512 << 20) * (512 << 20),
+        "{v}"
+    );
     hog
 }
 
