@@ -517,6 +517,13 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, S
             }
         }
     }
+    // The room each slice reserved for a context goes to this process, which creates its
+    // contexts next (docs/security.md, "Reserved memory is held").
+    if let Some(b) = &server.balloons {
+        for d in &a.devices {
+            b.admitted(ledger, d.slice);
+        }
+    }
     let mut reply = Message::new("ok", "admit");
     reply.push("slot", &a.slot.to_string());
     let mut fds = vec![];

@@ -156,6 +156,12 @@ pub static MONITOR: Command = Command {
              are themselves over killed (never one within what it charged)",
         ),
         flag(
+            "context-allowance",
+            "SIZE",
+            "device memory the audit allows each process beyond its quota for its CUDA \
+             context, which NVML counts and quotas do not (default 512Mi)",
+        ),
+        flag(
             "balloons",
             "on|off",
             "node mode: hold every slice's unused reservation on the GPU, so no program can \
