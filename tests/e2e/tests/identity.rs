@@ -66,6 +66,17 @@ fn wait_log(n: &Node, words: &[&str]) -> String {
     }
 }
 
+/// Fail, with the monitor's log, when one of `children` (`what`) has exited (the audit killed it).
+fn still_running<'a>(n: &Node, children: impl IntoIterator<Item = &'a mut Child>, what: &str) {
+    for c in children {
+        assert!(
+            c.try_wait().unwrap().is_none(),
+            "{what} was killed: {}",
+            n.monitor_log()
+        );
+    }
+}
+
 /// Issue #27, "the audit can be aimed at a victim": t2 holds 512 MiB in its slice `tq` (1 GiB);
 /// t1 runs an unwrapped program that names `tq` and takes 1 GiB. The audit attributes it to t1
 /// (its uid), not to t2's slice: `tq` is never flagged, t2's process is never killed, and t1's
@@ -102,11 +113,7 @@ fn an_aimed_audit_hits_the_bypass_not_the_victim() {
             .find(|x| x["owner"] == TENANT_B)
             .unwrap_or_else(|| panic!("{s:#}"));
         assert_eq!(tq["violations_total"], 0, "{s:#}");
-        assert!(
-            victim.try_wait().unwrap().is_none(),
-            "t2's process was killed: {}",
-            n.monitor_log()
-        );
+        still_running(&n, [&mut victim], "t2's process");
         assert!(
             !n.monitor_log().contains("of slice \"tq\""),
             "{}",
@@ -139,13 +146,7 @@ fn a_full_quota_and_its_contexts_are_no_violation() {
     let s = n.status();
     assert_eq!(s["violations"], serde_json::json!([]), "{s:#}");
     assert_eq!(slice_named(&s, "full")["violations_total"], 0, "{s:#}");
-    for c in [&mut a, &mut b] {
-        assert!(
-            c.try_wait().unwrap().is_none(),
-            "a process within its quota was killed: {}",
-            n.monitor_log()
-        );
-    }
+    still_running(&n, [&mut a, &mut b], "a process within its quota");
     assert!(
         !n.monitor_log().contains("over its quota"),
         "{}",
@@ -162,13 +163,7 @@ fn a_full_quota_and_its_contexts_are_no_violation() {
     );
     let line = wait_log(&n, &["slice \"full\"", "over its quota"]);
     assert!(line.contains("--context-allowance 512 MiB each"), "{line}");
-    for c in [&mut a, &mut b] {
-        assert!(
-            c.try_wait().unwrap().is_none(),
-            "kill ended a process within its quota: {}",
-            n.monitor_log()
-        );
-    }
+    still_running(&n, [&mut a, &mut b], "a process within its quota");
     kill_all([&mut a, &mut b]);
 }
 
