@@ -581,6 +581,7 @@ mod tests {
     fn sample(value: &str) -> &str {
         match value {
             "Q" => "1Gi",
+            "SIZE" => "512Mi",
             "F" => "0.5",
             "NAME" => "s1",
             "MS" => "500",
