@@ -495,6 +495,13 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, R
             ledger.set_requested_class(d.slice, class);
         }
     }
+    // The room each slice reserved for a context goes to this process, which creates its
+    // contexts next (docs/security.md, "Reserved memory is held").
+    if let Some(b) = &server.balloons {
+        for d in &a.devices {
+            b.admitted(ledger, d.slice);
+        }
+    }
     let mut reply = AdmitReply {
         slot: a.slot,
         ..AdmitReply::default()

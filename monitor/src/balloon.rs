@@ -21,6 +21,13 @@
 //!   and no monitor to ask says so once. **It restarts**: the first tick holds again what is
 //!   physically free, never memory a process holds (a process charges its slice before it
 //!   allocates, so an allocation in flight is outside `limit - used`).
+//! - **Room for a context** ([`Balloons::admitted`]): a CUDA context takes device memory
+//!   that no quota counts (the quota is what the program allocates), and it is created
+//!   through the driver, not the shim. So a slice with no process reserves, beyond its unused
+//!   quota, room for one context (`--context-allowance`, the audit's allowance), and the
+//!   admission of a process to the slice hands that room back (the release path above) for
+//!   the context it is about to create; while the slice has a process the balloon holds
+//!   `limit - used` only.
 //! - **Off**: `gpuslice monitor --balloons off`.
 
 use gpuslice_abi::{pfn, CUcontext, CUdevice, CUdeviceptr, CUuuid, CUDA_SUCCESS};
@@ -77,6 +84,8 @@ pub struct Balloons {
     drv: Driver,
     /// Device UUID to its primary context (an address, kept as an integer to be `Send`).
     ctxs: HashMap<String, usize>,
+    /// What a slice with no process reserves for its first process's context.
+    room: u64,
     state: Mutex<State>,
 }
 
@@ -97,9 +106,10 @@ unsafe fn sym<T: Copy>(lib: *mut libc::c_void, name: &str) -> Result<T, String> 
 }
 
 impl Balloons {
-    /// Load the driver, initialise it and retain every device's primary context. `Err` says
-    /// why balloons cannot be held (no driver): the monitor then warns and goes on without.
-    pub fn open() -> Result<Balloons, String> {
+    /// Load the driver, initialise it and retain every device's primary context; a slice with
+    /// no process reserves `room` for its first context. `Err` says why balloons cannot be
+    /// held (no driver): the monitor then warns and goes on without.
+    pub fn open(room: u64) -> Result<Balloons, String> {
         // SAFETY: dlopen with a constant NUL-terminated name; the handle is checked.
         let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
         if lib.is_null() {
@@ -159,6 +169,7 @@ impl Balloons {
         Ok(Balloons {
             drv,
             ctxs,
+            room,
             state: Mutex::new(State {
                 held: HashMap::new(),
                 quiet_until: Instant::now(),
@@ -209,6 +220,13 @@ impl Balloons {
         let mut st = self.lock();
         let quiet = Instant::now() < st.quiet_until;
         let mut live = HashSet::new();
+        // Slices with a process: their context room was handed back at its admission.
+        let occupied: HashSet<usize> = ledger
+            .procs()
+            .iter()
+            .filter(|p| p.state.load(SeqCst) == STATE_ACTIVE)
+            .flat_map(|p| p.devices.iter().map(|d| d.slice.load(SeqCst) as usize))
+            .collect();
         for (si, s) in ledger.slices().iter().enumerate() {
             let limit = s.memory_limit.load(SeqCst);
             if s.state.load(SeqCst) != STATE_ACTIVE || limit == NO_LIMIT {
@@ -228,7 +246,8 @@ impl Balloons {
                 .get(si as u32)
                 .map_or(0, |r| r.header().memory_used.load(SeqCst))
                 .min(limit);
-            let want = limit - used;
+            let room = if occupied.contains(&si) { 0 } else { self.room };
+            let want = (limit - used).saturating_add(room);
             let h = st.held.entry(si).or_default();
             if h.owner != owner {
                 self.shrink(h, 0, 0);
@@ -333,6 +352,22 @@ impl Balloons {
             .map(|d| d.slice.load(SeqCst) as usize)
             .ok_or("bad device index")?;
         Ok(self.release(si, uuid, bytes))
+    }
+
+    /// A process was just admitted to slice `si` (the policy's record): hand back the room
+    /// its slice reserved for a context ([`Balloons::release`]), which the driver takes when
+    /// the process creates its context, before it allocates anything. The bytes freed.
+    pub fn admitted(&self, ledger: &Ledger, si: usize) -> u64 {
+        let Some(s) = ledger.slices().get(si) else {
+            return 0;
+        };
+        let Some(d) = ledger.devices().get(s.device.load(SeqCst) as usize) else {
+            return 0;
+        };
+        if self.room == 0 || s.memory_limit.load(SeqCst) == NO_LIMIT {
+            return 0;
+        }
+        self.release(si, &d.uuid.get(), self.room)
     }
 
     /// What the balloons hold per device UUID, for the log and metrics.

@@ -156,6 +156,12 @@ pub static MONITOR: Command = Command {
              are themselves over killed (never one within what it charged)",
         ),
         flag(
+            "context-allowance",
+            "SIZE",
+            "device memory the audit allows each process beyond its quota for its CUDA \
+             context, which NVML counts and quotas do not (default 512Mi)",
+        ),
+        flag(
             "balloons",
             "on|off",
             "node mode: hold every slice's unused reservation on the GPU, so no program can \
@@ -575,6 +581,7 @@ mod tests {
     fn sample(value: &str) -> &str {
         match value {
             "Q" => "1Gi",
+            "SIZE" => "512Mi",
             "F" => "0.5",
             "NAME" => "s1",
             "MS" => "500",

@@ -35,17 +35,22 @@ pub struct AuditRow {
     pub excess: Vec<u64>,
     /// The slice's ledger record (names are namespaced by owner, so two may share a name).
     pub index: usize,
+    /// What the audit allows the counted processes beyond the quota: each its CUDA context
+    /// (`--context-allowance`), which NVML counts and no quota does.
+    pub allowance: u64,
 }
 
 impl AuditRow {
-    /// Real usage beyond the quota: memory that did not go through gpuslice.
+    /// Real usage beyond the quota and its processes' contexts: memory that did not go
+    /// through gpuslice.
     pub fn over_quota(&self) -> bool {
-        self.limit.is_some_and(|l| self.observed > l)
+        self.limit
+            .is_some_and(|l| self.observed > l.saturating_add(self.allowance))
     }
 
     /// The pids `--on-violation kill` ends for a slice over its quota: only processes that are
-    /// themselves over (hold more than they charged), the largest excess first, until what is
-    /// left fits the quota. A process within what it charged is never among them, so a
+    /// themselves over (hold more than they charged and their context's allowance), the largest
+    /// excess first, until what is left fits the quota and the allowance. A process within what it charged is never among them, so a
     /// bypass that names the slice cannot get its honest members killed.
     pub fn to_kill(&self) -> Vec<u32> {
         let Some(limit) = self.limit else {
@@ -59,6 +64,7 @@ impl AuditRow {
             .filter(|&(e, _)| e > 0)
             .collect();
         by_excess.sort_unstable_by(|a, b| b.cmp(a));
+        let limit = limit.saturating_add(self.allowance);
         let mut left = self.observed;
         let mut out = vec![];
         for (e, pid) in by_excess {
@@ -332,6 +338,7 @@ mod tests {
             audit: vec![AuditRow {
                 pids: vec![],
                 excess: vec![],
+                allowance: 0,
                 index: 0,
                 slice: "train".into(),
                 device_uuid: "GPU-x".into(),

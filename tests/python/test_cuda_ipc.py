@@ -83,10 +83,10 @@ def test_legacy_ipc_handles_behave_as_the_driver(gpu_env, tmp_path):
 def test_vmm_fd_charged_to_its_creator_only(gpu_env, gpuslice_bin, tmp_path):
     """A VMM allocation exported as a POSIX fd to a process of another slice, each slice with
     a 1 GiB quota, under `gpuslice monitor --on-violation kill`."""
-    # The audit compares NVML's figures, which count each process's context, with the quota,
-    # which does not (docs/operations.md): contexts are left out here, where the importer fills
-    # its quota and the subject is whose memory the shared allocation is.
-    env = gpu_env(preload=True, GPUSLICE_MEMORY="1Gi", FAKEGPU_CONTEXT_MEMORY="0")
+    # NVML's figures count each process's context (the fake models it) and the quota does
+    # not: the audit allows each process its context (`--context-allowance`,
+    # docs/operations.md), so the importer filling its quota is no violation.
+    env = gpu_env(preload=True, GPUSLICE_MEMORY="1Gi")
     sock = tmp_path / "vmm.sock"
     mon = Monitor(gpuslice_bin, env)
     try:
@@ -107,14 +107,16 @@ def test_vmm_fd_charged_to_its_creator_only(gpu_env, gpuslice_bin, tmp_path):
             assert x.ask("release")["free"] == GI - 256 * MI
             left = x.ask("unmap")
             assert left["unmap"] == 0 and left["free"] == GI - 256 * MI, left
-            # The audit sees each slice hold its own: the creator 256 MiB, the importer 1 GiB.
-            assert wait_until(lambda: held(mon) == [256 * MI, GI], 20), (mon.observed(), mon.log())
+            # The audit sees each slice hold its own: the creator 256 MiB, the importer 1 GiB,
+            # each beside its context.
+            assert wait_until(lambda: held(mon) == [256 * MI + CTX, GI + CTX], 20), (
+                mon.observed(), mon.log())
             # The last mapping goes: the driver frees the memory (NVML no longer counts it to
             # the creator); gpuslice keeps the creator charged until it exits, since it cannot
             # see other processes' mappings.
             gone = m.ask("unmap")
             assert gone["unmap"] == 0 and gone["release"] == 0, gone
-            assert wait_until(lambda: held(mon) == [GI], 20), mon.observed()
+            assert wait_until(lambda: held(mon) == [CTX, GI + CTX], 20), mon.observed()
             assert x.ask("info")["free"] == GI - 256 * MI
             assert x.proc.poll() is None and m.proc.poll() is None, "nobody was killed"
         assert "audit:" not in mon.log(), mon.log()

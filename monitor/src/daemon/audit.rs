@@ -47,7 +47,7 @@ impl Monitor {
                 _ => None,
             })
             .collect();
-        let (rows, bypasses) = audit_rows(&node.snapshot(), &held);
+        let (rows, bypasses) = audit_rows(&node.snapshot(), &held, self.context_allowance);
         for line in audit_transitions(&mut self.over, &rows) {
             log!("{line}");
         }
@@ -171,7 +171,16 @@ fn proc_key(pid: u32) -> ProcKey {
 /// if that slice is one its uid would join: an operator slice open to it, or its own (names
 /// are namespaced by owner); anything else is a [`Bypass`] of its user. Root's processes
 /// outside the ledger are the node's own and are neither.
-fn audit_rows(snap: &NodeView, held: &[(String, Vec<Held>)]) -> (Vec<AuditRow>, Vec<Bypass>) {
+///
+/// NVML counts each process's CUDA context, which the driver takes and no quota counts (the
+/// shim's quota is what the program allocates): every counted process is allowed `allowance`
+/// beyond what it charged, so a slice at its full quota is not over, and a process is over
+/// only past what it charged plus its allowance.
+fn audit_rows(
+    snap: &NodeView,
+    held: &[(String, Vec<Held>)],
+    allowance: u64,
+) -> (Vec<AuditRow>, Vec<Bypass>) {
     let live: Vec<&crate::view::ProcessView> = snap.processes.iter().filter(|p| p.alive).collect();
     // Matched by pid and start time; a start time unknown on either side matches by pid.
     let matches = |h: &Held, p: &crate::view::ProcessView| {
@@ -195,6 +204,7 @@ fn audit_rows(snap: &NodeView, held: &[(String, Vec<Held>)]) -> (Vec<AuditRow>, 
                 limit: s.memory_limit,
                 pids: vec![],
                 excess: vec![],
+                allowance: 0,
             };
             for h in procs {
                 let member = live
@@ -220,7 +230,9 @@ fn audit_rows(snap: &NodeView, held: &[(String, Vec<Held>)]) -> (Vec<AuditRow>, 
                 };
                 row.observed = row.observed.saturating_add(h.bytes);
                 row.pids.push(h.pid);
-                row.excess.push(h.bytes.saturating_sub(charged));
+                row.excess
+                    .push(h.bytes.saturating_sub(charged.saturating_add(allowance)));
+                row.allowance = row.allowance.saturating_add(allowance);
             }
             rows.push(row);
         }
@@ -265,12 +277,16 @@ fn audit_transitions(over: &mut HashSet<(usize, String)>, rows: &[AuditRow]) -> 
         let key = (r.index, r.device_uuid.clone());
         if r.over_quota() && over.insert(key.clone()) {
             lines.push(format!(
-                "audit: slice {:?} on {} holds {} by NVML, over its quota of {} \
-                 (memory taken outside gpuslice's accounting?)",
+                "audit: slice {:?} on {} holds {} by NVML, over its quota of {} and {} for \
+                 its {} processes' CUDA contexts (--context-allowance {} each; memory taken \
+                 outside gpuslice's accounting?)",
                 r.slice,
                 r.device_uuid,
                 crate::table::size(r.observed),
-                crate::table::size(r.limit.unwrap_or(0))
+                crate::table::size(r.limit.unwrap_or(0)),
+                crate::table::size(r.allowance),
+                r.pids.len(),
+                crate::table::size(r.allowance / (r.pids.len().max(1) as u64)),
             ));
         } else if !r.over_quota() && over.remove(&key) {
             lines.push(format!(
@@ -329,7 +345,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             )]
         };
-        let (rows, bypasses) = audit_rows(&snap, &held(3 << 30, 2 << 30));
+        let (rows, bypasses) = audit_rows(&snap, &held(3 << 30, 2 << 30), 0);
         assert_eq!(rows.len(), 2);
         assert_eq!((rows[0].observed, rows[0].over_quota()), (6 << 30, true));
         let mut pids = rows[0].pids.clone();
@@ -364,7 +380,7 @@ mod tests {
             audit_transitions(&mut over, &rows).is_empty(),
             "reported once"
         );
-        let (back, _) = audit_rows(&snap, &held(1 << 30, 1 << 30));
+        let (back, _) = audit_rows(&snap, &held(1 << 30, 1 << 30), 0);
         let back: Vec<AuditRow> = back
             .into_iter()
             .map(|mut r| {
@@ -410,7 +426,7 @@ mod tests {
                 h((700, 9), 1 << 30, Some(&name), 1),
             ],
         )];
-        let (rows, bypasses) = audit_rows(&snap, &held);
+        let (rows, bypasses) = audit_rows(&snap, &held, 0);
         let infer = rows.iter().find(|r| r.index == 1).unwrap();
         assert_eq!((infer.observed, infer.over_quota()), (512 << 20, false));
         assert_eq!(infer.pids, [102]);
@@ -431,9 +447,61 @@ mod tests {
                 h((701, 9), 1 << 30, Some(&name), 2),
             ],
         )];
-        let (rows, bypasses) = audit_rows(&snap, &held2);
+        let (rows, bypasses) = audit_rows(&snap, &held2, 0);
         let infer = rows.iter().find(|r| r.index == 1).unwrap();
         assert!(infer.over_quota() && bypasses.is_empty());
         assert_eq!(infer.to_kill(), [701]);
+    }
+
+    /// Issue #26/#27: NVML counts each process's CUDA context, which no quota does. A slice
+    /// whose processes fill its quota exactly is within it by the allowance; a process that
+    /// holds more than it charged plus its allowance is still over, and the one killed.
+    #[test]
+    fn each_process_is_allowed_its_context() {
+        let mut snap = crate::view::tests::sample();
+        let uuid = snap.devices[0].uuid.clone();
+        // train: 4 GiB quota; 100 and 101 charged 3 GiB and 1 GiB (the whole quota).
+        snap.processes[0].charged = vec![(uuid.clone(), 3 << 30)];
+        snap.processes[1].charged = vec![(uuid.clone(), 1 << 30)];
+        let ctx = 300 << 20;
+        let allowance = 512 << 20;
+        let held = |extra: u64| {
+            vec![(
+                uuid.clone(),
+                [
+                    ((100, 7), (3 << 30) + ctx),
+                    ((101, 0), (1 << 30) + ctx + extra),
+                ]
+                .into_iter()
+                .map(|(key, bytes)| Held {
+                    pid: key.0,
+                    key,
+                    uid: Some(1000),
+                    bytes,
+                    env_slice: None,
+                })
+                .collect::<Vec<_>>(),
+            )]
+        };
+        let (rows, _) = audit_rows(&snap, &held(0), allowance);
+        let train = &rows[0];
+        assert_eq!(train.observed, (4 << 30) + 2 * ctx);
+        assert_eq!(train.allowance, 2 * allowance);
+        assert!(!train.over_quota(), "a full quota and two contexts");
+        assert!(train.to_kill().is_empty());
+        // Without the allowance the same slice reads as over: what the audit did before.
+        let (rows, _) = audit_rows(&snap, &held(0), 0);
+        assert!(rows[0].over_quota() && rows[0].to_kill() == [101, 100]);
+        // 101 takes 1 GiB past its quota outside gpuslice: over, and only it is killed.
+        let (rows, _) = audit_rows(&snap, &held(1 << 30), allowance);
+        assert!(rows[0].over_quota());
+        assert_eq!(rows[0].excess, [0, (1 << 30) + ctx - allowance]);
+        assert_eq!(rows[0].to_kill(), [101]);
+        let mut over = HashSet::new();
+        let lines = audit_transitions(&mut over, &rows);
+        assert!(
+            lines.len() == 1 && lines[0].contains("--context-allowance 512 MiB each"),
+            "{lines:?}"
+        );
     }
 }

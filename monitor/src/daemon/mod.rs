@@ -108,7 +108,7 @@ fn run(opts: Options) -> Result<(), Failure> {
         }
         let (ledger, regions) = node.parts().expect("node mode has regions");
         let balloons = if opts.balloons {
-            start_balloons(&ledger, regions.as_ref())
+            start_balloons(&ledger, regions.as_ref(), opts.context_allowance)
         } else {
             log!(
                 "balloons off (--balloons off): reserved memory is held in software only; a \
@@ -183,6 +183,7 @@ fn run(opts: Options) -> Result<(), Failure> {
         node: None,
         node_mode,
         on_violation: opts.on_violation,
+        context_allowance: opts.context_allowance,
         fresh: first,
         last_error: None,
         over: HashSet::new(),
@@ -224,6 +225,8 @@ struct Monitor {
     /// reopened (a replaced policy ends the monitor, for its supervisor to restart it).
     node_mode: bool,
     on_violation: OnViolation,
+    /// What the audit allows each process beyond what it charged (`--context-allowance`).
+    context_allowance: u64,
     /// The ledger opened before the lock was taken, used by the first tick.
     fresh: Option<Node>,
     /// The last error opening the ledger, logged once until it changes.
@@ -314,9 +317,10 @@ impl Monitor {
 fn start_balloons(
     ledger: &gpuslice_ledger::Ledger,
     regions: &dyn gpuslice_ledger::region::Regions,
+    context_room: u64,
 ) -> Option<Arc<crate::balloon::Balloons>> {
     let t0 = Instant::now();
-    let b = match crate::balloon::Balloons::open() {
+    let b = match crate::balloon::Balloons::open(context_room) {
         Ok(b) => b,
         Err(e) => {
             log!(

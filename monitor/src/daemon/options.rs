@@ -48,7 +48,14 @@ pub(super) struct Options {
     pub(super) on_violation: OnViolation,
     /// Node mode: hold every slice's unused reservation physically (`crate::balloon`).
     pub(super) balloons: bool,
+    /// Device memory the audit allows each process beyond what it charged: its CUDA context,
+    /// which the driver takes and NVML counts but no quota does (`--context-allowance`).
+    pub(super) context_allowance: u64,
 }
+
+/// `--context-allowance`'s default: more than a real driver's context takes (a few hundred
+/// MiB on current GPUs with lazy module loading; docs/operations.md, "The audit").
+pub const CONTEXT_ALLOWANCE: u64 = 512 << 20;
 
 pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
     use lexopt::Arg::*;
@@ -61,6 +68,7 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         operator_group: OPERATOR_GROUP.into(),
         on_violation: OnViolation::Report,
         balloons: true,
+        context_allowance: CONTEXT_ALLOWANCE,
     };
     let mut interval = None;
     loop {
@@ -102,6 +110,22 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                     _ => {
                         return Err(Failure::usage(
                             format!("--on-violation {v:?}: expected report or kill"),
+                            USAGE,
+                        ))
+                    }
+                };
+            }
+            Long("context-allowance") => {
+                let v = cli::utf8(p.value()?, "--context-allowance", USAGE)?;
+                o.context_allowance = match gpuslice_quantity::parse_size("--context-allowance", &v)
+                {
+                    Ok(gpuslice_quantity::Size::Bytes(n)) => n,
+                    _ => {
+                        return Err(Failure::usage(
+                            format!(
+                                "--context-allowance {v:?}: expected a size in bytes, like \
+                                 512Mi or 0 (default 512Mi)"
+                            ),
                             USAGE,
                         ))
                     }
