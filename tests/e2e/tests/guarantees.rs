@@ -34,12 +34,13 @@ const MAX_READING_S: f64 = 0.005;
 
 static COMPUTE: Mutex<()> = Mutex::new(());
 
-/// The node of one test (one 16 GiB device, the monitor in node mode, `gpuslice-e2e-helper`
-/// runnable by every user), the compute lock held while it lives; `None` without root.
+/// The node of one test (one 80 GiB device: room for the CUDA contexts of up to 65 processes,
+/// 512 MiB each, docs/fakegpu.md; the monitor in node mode; `gpuslice-e2e-helper` runnable by
+/// every user), the compute lock held while it lives; `None` without root.
 fn compute_node() -> Option<(std::sync::MutexGuard<'static, ()>, Node)> {
     need_root!(None);
     let serial = COMPUTE.lock().unwrap_or_else(|e| e.into_inner());
-    let n = Node::new(1, "16Gi", &[]);
+    let n = Node::new(1, "80Gi", &[]);
     let helper = n.bin.join("gpuslice-e2e-helper");
     std::fs::copy(artifact("gpuslice-e2e-helper"), &helper).unwrap();
     chmod(&helper, 0o755);
