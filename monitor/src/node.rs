@@ -523,12 +523,43 @@ fn as_reaped(s: &mut Snapshot, exited: &dyn Fn(&ProcInfo) -> bool) {
     let (gone, kept): (Vec<ProcInfo>, Vec<ProcInfo>) =
         s.processes.drain(..).partition(|p| exited(p));
     s.processes = kept;
-    for pd in gone.iter().flat_map(|p| &p.devices) {
-        if let Some(sl) = s.slices.iter_mut().find(|sl| sl.index == pd.slice) {
-            sl.memory_used = sl.memory_used.saturating_sub(pd.charged);
+    // Exported allocations a live importer holds stay charged to their exporter's slice, as
+    // the reaper leaves them (`gpuslice_ledger`'s `shared.rs`); the others go.
+    let live: Vec<usize> = s.processes.iter().map(|p| p.slot).collect();
+    let mut kept_for: Vec<(usize, usize, u64)> = vec![];
+    let mut freed: Vec<(Option<usize>, usize, u64)> = vec![];
+    s.shared.retain_mut(|r| {
+        let imported = r.importers.iter().any(|i| live.contains(i));
+        match r.exporter {
+            Some(_) if !imported => false, // with the exporter's charge, or still its own
+            Some(e) if !live.contains(&e) => {
+                kept_for.push((e, r.device, r.bytes));
+                (r.exporter, r.held) = (None, r.bytes);
+                true
+            }
+            Some(_) => true,
+            None if !imported => {
+                freed.push((r.slice, r.device, r.held));
+                false
+            }
+            None => true,
         }
-        if let Some(d) = s.devices.iter_mut().find(|d| d.index == pd.device) {
-            d.memory_used = d.memory_used.saturating_sub(pd.charged);
+    });
+    for p in &gone {
+        for pd in &p.devices {
+            let kept = kept_for
+                .iter()
+                .filter(|&&(e, d, _)| e == p.slot && d == pd.device)
+                .fold(0u64, |a, &(_, _, n)| a.saturating_add(n));
+            freed.push((Some(pd.slice), pd.device, pd.charged.saturating_sub(kept)));
+        }
+    }
+    for (slice, device, n) in freed {
+        if let Some(sl) = s.slices.iter_mut().find(|sl| Some(sl.index) == slice) {
+            sl.memory_used = sl.memory_used.saturating_sub(n);
+        }
+        if let Some(d) = s.devices.iter_mut().find(|d| d.index == device) {
+            d.memory_used = d.memory_used.saturating_sub(n);
         }
     }
     // A slice is emptied when a process left it and none is left (an operator's slice stays);
@@ -538,7 +569,9 @@ fn as_reaped(s: &mut Snapshot, exited: &dyn Fn(&ProcInfo) -> bool) {
     for mut sl in s.slices.drain(..) {
         let before = sl.pids.len();
         sl.pids.retain(|p| !gone_pids.contains(p));
-        if sl.operator_defined || sl.pids.len() == before || !sl.pids.is_empty() {
+        let charged_shared = s.shared.iter().any(|r| r.slice == Some(sl.index));
+        if sl.operator_defined || sl.pids.len() == before || !sl.pids.is_empty() || charged_shared
+        {
             kept.push(sl);
             continue;
         }

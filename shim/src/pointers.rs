@@ -144,6 +144,24 @@ pub fn remove(kind: Handle, h: u64) -> Option<Charge> {
     None
 }
 
+/// What `h` was charged, if it is known (the table unchanged).
+pub fn get(kind: Handle, h: u64) -> Option<Charge> {
+    let k = key(kind, h);
+    let mut i = start(k);
+    for _ in 0..SLOTS {
+        let s = &TABLE[i];
+        let cur = s.key.load(Acquire);
+        if cur == EMPTY {
+            return None;
+        }
+        if cur == k {
+            return Some(Charge::from_word(s.val.load(Acquire)));
+        }
+        i = (i + 1) & (SLOTS - 1);
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,7 +185,9 @@ mod tests {
     fn insert_remove() {
         assert!(insert(Handle::Ptr, 0x7000_0000_1000, c(4096, 1, 3)));
         assert!(insert(Handle::Vmm, 0x7000_0000_1000, c(8192, 0, 0)));
+        assert_eq!(get(Handle::Ptr, 0x7000_0000_1000), Some(c(4096, 1, 3)));
         assert_eq!(remove(Handle::Ptr, 0x7000_0000_1000), Some(c(4096, 1, 3)));
+        assert_eq!(get(Handle::Ptr, 0x7000_0000_1000), None);
         assert_eq!(remove(Handle::Ptr, 0x7000_0000_1000), None);
         assert_eq!(remove(Handle::Vmm, 0x7000_0000_1000), Some(c(8192, 0, 0)));
         let handles: Vec<u64> = (1..5000u64).map(|i| i * 0x200000).collect();

@@ -17,11 +17,13 @@
 mod admission;
 mod procs;
 mod reap;
+mod shared;
 mod slices;
 mod snapshot;
 
 pub use admission::{Joined, SliceRequest};
 pub use procs::ProcHandle;
+pub use shared::{LetGo, ShareKey};
 pub use slices::OperatorSlice;
 
 use crate::dir::{Owner, RuntimeDir};

@@ -185,9 +185,19 @@ impl Ledger {
             .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
             .unwrap_or(0)
             .saturating_sub(1);
-        let free = left == 0
+        if left != 0 {
+            return None;
+        }
+        self.remove_if_unused_locked(si, sl)
+    }
+
+    /// Remove slice `si` if nothing keeps it: no process, not an operator's, and no exported
+    /// allocation charged to it that an importer still holds (`shared.rs`).
+    pub(crate) fn remove_if_unused_locked(&self, si: usize, sl: &Slice) -> Option<RemovedSlice> {
+        let free = sl.attached.load(SeqCst) == 0
             && sl.operator_defined.load(SeqCst) == 0
-            && sl.state.load(SeqCst) == STATE_ACTIVE;
+            && sl.state.load(SeqCst) == STATE_ACTIVE
+            && !self.slice_has_shared(si);
         if !free {
             return None;
         }
