@@ -570,8 +570,7 @@ fn as_reaped(s: &mut Snapshot, exited: &dyn Fn(&ProcInfo) -> bool) {
         let before = sl.pids.len();
         sl.pids.retain(|p| !gone_pids.contains(p));
         let charged_shared = s.shared.iter().any(|r| r.slice == Some(sl.index));
-        if sl.operator_defined || sl.pids.len() == before || !sl.pids.is_empty() || charged_shared
-        {
+        if sl.operator_defined || sl.pids.len() == before || !sl.pids.is_empty() || charged_shared {
             kept.push(sl);
             continue;
         }

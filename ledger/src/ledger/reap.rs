@@ -136,8 +136,7 @@ impl Ledger {
             p.state.store(STATE_FREE, SeqCst);
         }
         for (_, a) in freed_shared {
-            out.slices_removed
-                .extend(self.drop_kept_slice_locked(g, a));
+            out.slices_removed.extend(self.drop_kept_slice_locked(g, a));
         }
         out
     }

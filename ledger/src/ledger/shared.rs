@@ -212,7 +212,11 @@ impl Ledger {
     /// exporter's records held by a live importer keep their bytes (clamped to what it was
     /// charged there), the others go with it; records nobody holds any more are freed. The
     /// accounts whose counters must give back a freed record's `held`.
-    pub(super) fn reap_shared_locked(&self, dying: &[usize], out: &mut Reaped) -> Vec<(usize, u32)> {
+    pub(super) fn reap_shared_locked(
+        &self,
+        dying: &[usize],
+        out: &mut Reaped,
+    ) -> Vec<(usize, u32)> {
         let mut settle = vec![];
         // What each dying exporter was charged per device and has not yet handed to a record.
         let mut left: Vec<(usize, usize, u64)> = vec![];
