@@ -8,8 +8,11 @@ counted to the process that allocated it, never to an importer, until its last h
 (an exporter's free or release does not end it while an importer maps it); the errors for
 opening a handle in its own process, a handle of freed memory, and closing twice.
 """
+import json
 import subprocess
 import sys
+
+import pytest
 
 from conftest import CLIENTS, Served
 from helpers import Monitor, wait_until
@@ -112,17 +115,70 @@ def test_vmm_fd_charged_to_its_creator_only(gpu_env, gpuslice_bin, tmp_path):
             assert wait_until(lambda: held(mon) == [256 * MI + CTX, GI + CTX], 20), (
                 mon.observed(), mon.log())
             # The last mapping goes: the driver frees the memory (NVML no longer counts it to
-            # the creator); gpuslice keeps the creator charged until it exits, since it cannot
-            # see other processes' mappings.
+            # the creator), and the creator's slice is no longer charged for it.
             gone = m.ask("unmap")
             assert gone["unmap"] == 0 and gone["release"] == 0, gone
             assert wait_until(lambda: held(mon) == [CTX, GI + CTX], 20), mon.observed()
-            assert x.ask("info")["free"] == GI - 256 * MI
+            assert x.ask("info")["free"] == GI
             assert x.proc.poll() is None and m.proc.poll() is None, "nobody was killed"
         assert "audit:" not in mon.log(), mon.log()
     finally:
         mon.stop()
 
+
+def slices_used(gpuslice_bin, env):
+    """{slice: bytes used} from `gpuslice status --json`."""
+    st = json.loads(subprocess.run([str(gpuslice_bin), "status", "--json"], env=env, check=True,
+                                   capture_output=True, text=True, timeout=60).stdout)
+    return {s["name"]: s["memory_used"] for s in st["slices"]}
+
+
+@pytest.mark.parametrize("exporter_end,importer_end",
+                         [("exit", "unmap"), ("kill", "unmap"), ("exit", "kill"), ("kill", "exit")])
+def test_a_vmm_export_stays_charged_past_its_exporter_until_the_last_importer_lets_go(
+        gpu_env, gpuslice_bin, tmp_path, exporter_end, importer_end):
+    """Issue 23: the exporter of a VMM allocation (slice `x`) exits or is SIGKILLed while the
+    importer (slice `y`) maps it: the driver keeps the memory, and `x` stays charged for it
+    (`gpuslice status --json`) until the importer unmaps it, exits or is SIGKILLed; `y` is
+    never charged. Under `gpuslice monitor --on-violation kill`: nothing reported or killed."""
+    def env(name):
+        return gpu_env(preload=True, GPUSLICE_MEMORY="1Gi", GPUSLICE_SLICE=name)
+    xenv, ienv = env("x"), env("y")
+    sock = tmp_path / "vmm.sock"
+    mon = Monitor(gpuslice_bin, xenv)
+    try:
+        with Client(xenv, "vmm-export", sock) as x, Client(ienv, "vmm-import", sock) as m:
+            assert x.ask("create 256")["status"] == 0
+            got = handed(x, m, "import")
+            assert got["status"] == 0 and got["read_ok"] and got["free"] == GI, got
+            assert slices_used(gpuslice_bin, xenv) == {"x": 256 * MI, "y": 0}
+            if exporter_end == "exit":
+                assert x.ask("exit")["event"] == "exit" and x.proc.wait(timeout=30) == 0
+            else:
+                x.proc.kill()
+                x.proc.wait(timeout=30)
+            # The driver keeps the memory for the importer, and x stays charged for it, before
+            # and after the monitor reaps the exporter.
+            assert slices_used(gpuslice_bin, xenv) == {"x": 256 * MI, "y": 0}
+            assert wait_until(lambda: "reaped pid" in mon.log(), 20), mon.log()
+            still = m.ask("read")
+            assert still["read_ok"] and still["free"] == GI, still
+            assert slices_used(gpuslice_bin, xenv) == {"x": 256 * MI, "y": 0}
+            if importer_end == "unmap":
+                gone = m.ask("unmap")
+                assert gone["unmap"] == 0 and gone["release"] == 0, gone
+                assert slices_used(gpuslice_bin, xenv) == {"y": 0}
+            elif importer_end == "exit":
+                assert m.ask("exit")["event"] == "exit" and m.proc.wait(timeout=30) == 0
+            else:
+                m.proc.kill()
+                m.proc.wait(timeout=30)
+            assert wait_until(lambda: "x" not in slices_used(gpuslice_bin, xenv), 20), (
+                slices_used(gpuslice_bin, xenv), mon.log())
+            assert importer_end != "unmap" or m.proc.poll() is None, "the importer was killed"
+        assert "audit:" not in mon.log(), mon.log()
+    finally:
+        mon.stop()
 
 
 def test_an_importer_that_dies_or_exits_holding_leaves_nothing_held(gpu_env, tmp_path):

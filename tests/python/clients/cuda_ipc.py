@@ -8,7 +8,8 @@ Roles and their commands:
   filled with a pattern from the host), `send` (cuMemExportToShareableHandle, the fd sent to
   the next connection), `release` (cuMemRelease), `unmap` (cuMemUnmap, cuMemAddressFree);
 - `vmm-import SOCKET`: `import` (receive the fd, cuMemImportFromShareableHandle, map, read the
-  bytes back and compare), `unmap` (cuMemUnmap, cuMemAddressFree, cuMemRelease);
+  bytes back and compare), `read` (compare them again), `unmap` (cuMemUnmap, cuMemAddressFree,
+  cuMemRelease);
 - `ipc-export SOCKET`: `alloc_shared MIB` (cuMemAlloc, filled), `send` (cuIpcGetMemHandle, sent), `own`
   (cuIpcOpenMemHandle of its own handle: the driver refuses), `free` (cuMemFree);
 - `ipc-import SOCKET`: `open` (receive a handle, cuIpcOpenMemHandle, compare the bytes),
@@ -165,6 +166,10 @@ def vmm_import():
     return dict(status=0, read_ok=read_ok(state["va"], size), **info())
 
 
+def vmm_read():
+    return dict(read_ok=read_ok(state["va"], state["size"]), **info())
+
+
 def vmm_release():
     return dict(status=cuda.cuMemRelease(c_u64(state["h"])), **info())
 
@@ -310,7 +315,7 @@ def event_open():
 
 ROLES = {
     "vmm-export": dict(create=vmm_create, send=vmm_send, release=vmm_release, unmap=vmm_unmap),
-    "vmm-import": dict(import_=vmm_import, unmap=vmm_import_unmap),
+    "vmm-import": dict(import_=vmm_import, read=vmm_read, unmap=vmm_import_unmap),
     "ipc-export": dict(alloc_shared=ipc_alloc, send=ipc_send, own=ipc_own, free=ipc_free,
                        event_send=event_send),
     "ipc-import": dict(open=ipc_open, reopen=ipc_reopen, close=ipc_close, event_open=event_open),
