@@ -33,6 +33,8 @@ pub const MAX_POOLS: usize = 256;
 /// Exported VMM allocations whose charge may outlive their exporter (`Shared`): when full, an
 /// export is charged to its exporter until it exits, as without the table.
 pub const MAX_SHARED: usize = 256;
+/// Node mode: `Shared` records one user's exports may hold, so no tenant fills the table.
+pub const SHARED_PER_UID: usize = MAX_SHARED / 4;
 /// Importing processes one `Shared` record remembers; further importers are not counted.
 pub const SHARED_IMPORTERS: usize = 16;
 /// `Shared::exporter` once the exporter let go (released it, or died), and a free importer
@@ -291,8 +293,8 @@ pub struct Pool {
 /// holds it the bytes are in the exporter's `ProcDevice::charged`; once the exporter let go
 /// (released and unmapped it, or died) while an importer still holds it, the record itself
 /// holds them (`held`) in the same account's counter, until the last importer lets go or dies.
-/// Personal ledgers only (node mode keeps an export charged until its exporter exits). Written
-/// only under the cold-path lock (`ledger/src/ledger/shared.rs`).
+/// In node mode only the monitor writes it, for the processes that ask over `monitor.sock`.
+/// Written only under the cold-path lock (`ledger/src/ledger/shared.rs`).
 #[repr(C, align(64))]
 pub struct Shared {
     /// [`STATE_FREE`] or [`STATE_ACTIVE`].
@@ -318,6 +320,8 @@ pub struct Shared {
     pub imported: AtomicU32,
     /// Process slots holding an import ([`NO_SLOT`]: free entry).
     pub importers: [AtomicU32; SHARED_IMPORTERS],
+    /// The exporter's uid (node mode: the per-user bound, [`SHARED_PER_UID`]).
+    pub uid: AtomicU32,
 }
 
 const fn align_up(x: usize, a: usize) -> usize {
@@ -431,6 +435,7 @@ mod tests {
         assert_eq!(size_of::<Header>(), 192);
         // Layout 5 added the shared-allocation table after the pools.
         assert_eq!(offset_of!(Shared, importers), 52);
+        assert_eq!(offset_of!(Shared, uid), 116);
         assert_eq!(size_of::<Shared>(), 128);
         assert_eq!(SHARED_OFFSET % 4096, 0);
         for s in [

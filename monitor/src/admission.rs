@@ -14,7 +14,8 @@
 //! operator group),
 //! `view` (a read-only descriptor of one slice's region, for the slice's own uid or root),
 //! `release` (an admitted process the driver refused memory: pieces of its own slice's balloon,
-//! `crate::balloon`).
+//! `crate::balloon`), `share-export`, `share-import`, `share-leave`, `share-let-go` (an
+//! admitted process's exported VMM allocations, `crate::shared`).
 
 use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
 use gpuslice_ledger::node::{region_key, DeviceAsk, Limits, Peer};
@@ -284,7 +285,7 @@ pub fn serve(listener: OwnedFd, server: Arc<Server>) {
 }
 
 fn handle(server: &Server, sock: RawFd, peer: &PeerProcess, uid: u32) {
-    let Ok(Some((req, _fds))) = protocol::recv(sock) else {
+    let Ok(Some((req, fds))) = protocol::recv(sock) else {
         return;
     };
     // Whoever connected must still be the process behind the pid when its request is read:
@@ -294,7 +295,7 @@ fn handle(server: &Server, sock: RawFd, peer: &PeerProcess, uid: u32) {
         .map_err(Refusal::other)
         .and_then(|()| match req.get("op") {
             Some("admit") => admit(server, &req, peer.pid, uid),
-            _ => answer(server, &req, peer.pid, uid).map_err(Refusal::other),
+            _ => answer(server, &req, &fds, peer.pid, uid).map_err(Refusal::other),
         });
     let (reply, fds) = answered.unwrap_or_else(|refusal| (refusal.encode(), vec![]));
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
@@ -345,10 +346,25 @@ fn num<T: std::str::FromStr>(m: &Message, k: &str) -> Result<T, String> {
 
 type Answer = (Message, Vec<OwnedFd>);
 
-fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, String> {
+fn answer(
+    server: &Server,
+    req: &Message,
+    fds: &[OwnedFd],
+    pid: u32,
+    uid: u32,
+) -> Result<Answer, String> {
     let ledger = &server.ledger;
     match req.get("op") {
         Some("ping") => Ok((Message::new("ok", &std::process::id().to_string()), vec![])),
+        Some(op @ ("share-export" | "share-import" | "share-leave" | "share-let-go")) => {
+            // An admitted process's exported VMM allocations (`crate::shared`).
+            let peer = peer_of(pid, uid)?;
+            let slot = ledger
+                .admitted_slot(peer.host_pid, peer.start_time)
+                .ok_or("not admitted: only an admitted process may share its memory")?;
+            let ok = crate::shared::answer(ledger, op, req, fds, slot)?;
+            Ok((Message::new("ok", &ok), vec![]))
+        }
         Some("release") => {
             // The slow path of an admitted process the driver refused (the device is full):
             // memory from its own slice's balloon, never another's.

@@ -338,13 +338,8 @@ impl Balloons {
             .find_device(uuid)
             .ok_or_else(|| format!("device {uuid:?} is not one the node's monitor knows"))?;
         let me = ledger
-            .procs()
-            .iter()
-            .find(|p| {
-                p.state.load(SeqCst) == STATE_ACTIVE
-                    && p.host_pid.load(SeqCst) == pid
-                    && p.start_time.load(SeqCst) == start_time
-            })
+            .admitted_slot(pid, start_time)
+            .map(|i| &ledger.procs()[i])
             .ok_or("not admitted: only an admitted process may ask for its slice's memory")?;
         let si = me
             .devices

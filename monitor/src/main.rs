@@ -33,6 +33,7 @@ mod node;
 mod nvml;
 mod prom;
 mod run;
+mod shared;
 mod slice;
 mod status;
 mod table;

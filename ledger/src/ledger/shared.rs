@@ -1,4 +1,4 @@
-//! Exported VMM allocations (`layout::Shared`, personal ledgers): the charge of an allocation
+//! Exported VMM allocations (`layout::Shared`): the charge of an allocation
 //! exported as a POSIX descriptor stays on its exporter's account for as long as the driver
 //! keeps the memory, which may be past the exporter's release or exit while another process
 //! imported it and still holds or maps it.
@@ -12,6 +12,11 @@
 //! true, so the reaper's double collect (`account.rs`) returns `counter − Σ live charged −
 //! Σ held` for the dead. The last importer to leave or die returns `held`.
 //!
+//! The counters are where the account's are: in a personal ledger the slice's `memory_used`
+//! and the process record's words; in node mode the slice's region (`region.rs`), where only
+//! the monitor calls these, for the processes that ask over `monitor.sock` (the caller's slot
+//! is the monitor's record of the connected process, never something it says).
+//!
 //! Every change here is made under the cold-path lock, like the reaper's, so none races it;
 //! the hot paths never look at the table. What the records hold is checked before use
 //! (indices, the account, bytes clamped to what the exporter was charged): a record can hold
@@ -19,10 +24,12 @@
 //! and only while a live process that imported the same descriptor holds it.
 
 use super::{Ledger, LockGuard};
+use crate::account::Member;
 use crate::error::LedgerError;
 use crate::layout::*;
 use crate::ledger::ProcHandle;
 use crate::snapshot::{Reaped, RemovedSlice};
+use core::sync::atomic::AtomicU64;
 use core::sync::atomic::Ordering::{Relaxed, Release, SeqCst};
 
 /// The identity of an exported allocation: `(st_dev, st_ino)` of its shareable descriptor,
@@ -68,8 +75,9 @@ impl Ledger {
 
     /// Process `me` exported `bytes` it was charged on ledger device `dev` as the descriptor
     /// `key`: the record (new, or the one it already made for `key`), `None` when the table is
-    /// full, the process holds no account there or another process registered `key` (the
-    /// charge then stays with `me` until it exits).
+    /// full (node mode: or holds [`SHARED_PER_UID`] of `me`'s user's), the process holds no
+    /// account there or another process registered `key` (the charge then stays with `me`
+    /// until it exits).
     pub fn share_export(
         &self,
         me: ProcHandle,
@@ -89,6 +97,15 @@ impl Ledger {
             let mine = self.shared()[i].exporter.load(SeqCst) == me.slot as u32;
             return Ok(mine.then_some(i));
         }
+        let uid = self.procs()[me.slot].uid.load(SeqCst);
+        let theirs = self
+            .shared()
+            .iter()
+            .filter(|r| r.state.load(SeqCst) == STATE_ACTIVE && r.uid.load(SeqCst) == uid)
+            .count();
+        if self.is_node() && theirs >= SHARED_PER_UID {
+            return Ok(None);
+        }
         let Some(i) = self
             .shared()
             .iter()
@@ -105,6 +122,7 @@ impl Ledger {
         r.bytes.store(bytes, SeqCst);
         r.held.store(0, SeqCst);
         r.imported.store(0, SeqCst);
+        r.uid.store(uid, SeqCst);
         for x in &r.importers {
             x.store(NO_SLOT, SeqCst);
         }
@@ -168,9 +186,9 @@ impl Ledger {
             r.held.load(SeqCst),
         );
         r.state.store(STATE_FREE, SeqCst);
-        if let Some(counter) = self.counter_of(d, a) {
-            let _ = counter.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(held)));
-        }
+        self.with_counter(d, a, |c| {
+            let _ = c.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(held)));
+        });
         Ok(self.drop_kept_slice_locked(&g, a).into_iter().collect())
     }
 
@@ -186,20 +204,23 @@ impl Ledger {
         }
         if self.any_importer(r) {
             let d = r.device.load(SeqCst) as usize;
-            let p = &self.procs()[me.slot];
-            let Some(pd) = p.devices.get(d) else {
-                return Ok(LetGo::Keep);
-            };
-            let n = r.bytes.load(SeqCst).min(pd.charged.load(SeqCst));
-            // The record holds the bytes first, then the exporter's word lets them go, one
-            // update bracketed like the hot path's (`account.rs`): killed in between, the
-            // bytes are counted twice (kept too long), never lost.
-            r.held.store(n, SeqCst);
-            r.exporter.store(NO_SLOT, SeqCst);
-            p.ops_begun.fetch_add(1, Relaxed);
-            pd.charged.fetch_sub(n, Release);
-            p.ops_ended.fetch_add(1, Release);
-            return Ok(LetGo::HandedOver);
+            let bytes = r.bytes.load(SeqCst);
+            let handed = self.with_member(me.slot, d, |m| {
+                let n = bytes.min(m.charged.load(SeqCst));
+                // The record holds the bytes first, then the exporter's word lets them go, one
+                // update bracketed like the hot path's (`account.rs`): killed in between, the
+                // bytes are counted twice (kept too long), never lost.
+                r.held.store(n, SeqCst);
+                r.exporter.store(NO_SLOT, SeqCst);
+                m.begun.fetch_add(1, Relaxed);
+                m.charged.fetch_sub(n, Release);
+                m.ended.fetch_add(1, Release);
+            });
+            return Ok(if handed.is_some() {
+                LetGo::HandedOver
+            } else {
+                LetGo::Keep
+            });
         }
         if r.imported.load(SeqCst) != 0 {
             r.state.store(STATE_FREE, SeqCst);
@@ -212,7 +233,7 @@ impl Ledger {
     /// exporter's records held by a live importer keep their bytes (clamped to what it was
     /// charged there), the others go with it; records nobody holds any more are freed. The
     /// accounts whose counters must give back a freed record's `held`.
-    pub(super) fn reap_shared_locked(
+    pub(crate) fn reap_shared_locked(
         &self,
         dying: &[usize],
         out: &mut Reaped,
@@ -225,7 +246,7 @@ impl Ledger {
                 continue;
             }
             let (d, a) = (r.device.load(SeqCst) as usize, r.account.load(SeqCst));
-            if d >= MAX_DEVICES || self.counter_of(d, a).is_none() {
+            if d >= MAX_DEVICES || self.with_counter(d, a, |_| ()).is_none() {
                 out.problems.push(format!(
                     "shared allocation record {i}: device {d} or account {a} is not usable; freed"
                 ));
@@ -242,8 +263,8 @@ impl Ledger {
                 if self.any_importer(r) {
                     let at = left.iter().position(|&(p, dd, _)| p == e && dd == d);
                     let at = at.unwrap_or_else(|| {
-                        let c = self.procs()[e].devices[d].charged.load(SeqCst);
-                        left.push((e, d, c));
+                        let c = self.with_member(e, d, |m| m.charged.load(SeqCst));
+                        left.push((e, d, c.unwrap_or(0)));
                         left.len() - 1
                     });
                     let n = r.bytes.load(SeqCst).min(left[at].2);
@@ -264,7 +285,7 @@ impl Ledger {
     }
 
     /// Bytes the records hold themselves in account `a` of device `d`.
-    pub(super) fn shared_held(&self, d: usize, a: u32) -> u64 {
+    pub(crate) fn shared_held(&self, d: usize, a: u32) -> u64 {
         self.shared()
             .iter()
             .filter(|r| {
@@ -284,7 +305,7 @@ impl Ledger {
 
     /// Remove slice `a` if a record alone kept it (no process, not an operator's): after its
     /// last record went.
-    pub(super) fn drop_kept_slice_locked(
+    pub(crate) fn drop_kept_slice_locked(
         &self,
         _g: &LockGuard<'_>,
         a: u32,
@@ -293,14 +314,40 @@ impl Ledger {
         self.remove_if_unused_locked(a as usize, sl)
     }
 
-    /// The counter of account `a` on device `d` (a slice's `memory_used`, or the device's
-    /// best-effort pool), `None` for anything else.
-    fn counter_of(&self, d: usize, a: u32) -> Option<&core::sync::atomic::AtomicU64> {
+    /// Run `f` on the counter of account `a` on device `d` (a slice's `memory_used`, or the
+    /// device's best-effort pool; in node mode the account's region), `None` for anything else.
+    fn with_counter<T>(&self, d: usize, a: u32, f: impl FnOnce(&AtomicU64) -> T) -> Option<T> {
+        if self.is_node() {
+            let r = self.regions()?.get(crate::node::region_key(a, d)?)?;
+            return Some(f(&r.header().memory_used.0));
+        }
         if a == ACCOUNT_BEST_EFFORT {
-            return self.devices().get(d).map(|dv| &dv.best_effort_used);
+            return self.devices().get(d).map(|dv| f(&dv.best_effort_used));
         }
         let s = self.slices().get(a as usize)?;
-        (s.device.load(SeqCst) as usize == d).then_some(&s.memory_used.0)
+        (s.device.load(SeqCst) as usize == d).then(|| f(&s.memory_used.0))
+    }
+
+    /// Run `f` on process slot `slot`'s words in its account on device `d` (in node mode, in
+    /// the account's region).
+    fn with_member<T>(&self, slot: usize, d: usize, f: impl FnOnce(Member<'_>) -> T) -> Option<T> {
+        let p = self.procs().get(slot)?;
+        let pd = p.devices.get(d)?;
+        if self.is_node() {
+            let key = crate::node::region_key(pd.account.load(SeqCst), d)?;
+            let r = self.regions()?.get(key)?;
+            let w = r.proc_(slot)?;
+            return Some(f(Member {
+                begun: &w.ops_begun,
+                ended: &w.ops_ended,
+                charged: &w.charged,
+            }));
+        }
+        Some(f(Member {
+            begun: &p.ops_begun,
+            ended: &p.ops_ended,
+            charged: &pd.charged,
+        }))
     }
 
     fn find_shared(&self, key: ShareKey) -> Option<usize> {

@@ -55,6 +55,7 @@ mod graph;
 mod plain;
 mod pool_objects;
 pub(crate) mod pools;
+mod shared;
 mod vmm;
 
 pub use arrays::{

@@ -9,9 +9,9 @@
 //! ledger (`Ledger::share_export`), importers register on it when they import and leave when
 //! their last handle and mapping of it go, and the charge stays on this process's slice until
 //! the last of them let go (`gpuslice_ledger`'s `shared.rs`; the reaper does the same for the
-//! dead). An export nobody imported yet, one of another handle type, one the table has no room
-//! for, and every export in node mode stay charged here until this process exits (never less
-//! than the driver holds). Importing and mapping charge the importer nothing: the memory is its
+//! dead; in node mode the monitor keeps the records, asked over `monitor.sock`: `shared.rs`).
+//! An export nobody imported yet, one of another handle type and one the table has no room
+//! for stay charged here until this process exits (never less than the driver holds). Importing and mapping charge the importer nothing: the memory is its
 //! creator's. The bookkeeping of mappings, exports and imports is behind one mutex: mapping,
 //! exporting and importing are not hot paths (each is a driver call of microseconds that
 //! changes page tables), and `cuMemCreate`/`cuMemRelease` of a handle never mapped, exported or
@@ -23,7 +23,7 @@ use crate::log::log;
 use crate::pointers::{self, Charge, Handle};
 use gpuslice_abi::pfn;
 use gpuslice_abi::*;
-use gpuslice_ledger::{LetGo, ShareKey};
+use gpuslice_ledger::LetGo;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Mutex;
@@ -91,10 +91,10 @@ fn settle(st: &State, g: Gone) {
         Gone::Held => return,
         Gone::Free(c) => c,
         Gone::Exported(rec, c) => {
-            let what = rec.map_or(Ok(LetGo::Keep), |rec| st.ledger.share_let_go(st.me, rec));
+            let what = rec.map_or(LetGo::Keep, |rec| super::shared::let_go(st, rec));
             match what {
-                Ok(LetGo::Uncharge) => c,
-                Ok(LetGo::HandedOver) => {
+                LetGo::Uncharge => c,
+                LetGo::HandedOver => {
                     log!(
                         Debug,
                         "exported VMM allocation let go while an importer holds it: its {} \
@@ -103,7 +103,7 @@ fn settle(st: &State, g: Gone) {
                     );
                     return;
                 }
-                Ok(LetGo::Keep) | Err(_) => {
+                LetGo::Keep => {
                     log!(
                         Debug,
                         "exported VMM allocation let go: its {} bytes stay charged until this \
@@ -122,15 +122,8 @@ fn settle(st: &State, g: Gone) {
 
 /// This process let go of its last handle and mapping of an imported allocation.
 fn leave(st: &State, rec: Option<usize>) {
-    let Some(rec) = rec else {
-        return;
-    };
-    if let Err(e) = st.ledger.share_leave(st.me, rec) {
-        log!(
-            Warn,
-            "could not tell the ledger that an imported allocation was let go ({e}): its \
-             exporter's slice stays charged until this process exits"
-        );
+    if let Some(rec) = rec {
+        super::shared::leave(st, rec);
     }
 }
 
@@ -311,35 +304,10 @@ pub unsafe fn mem_export(
     r
 }
 
-/// The ledger's record of an export of `c` as descriptor `fd` (`None`: not registered).
+/// The record of an export of `c` as descriptor `fd` (`None`: not registered).
 fn register_export(st: &State, fd: core::ffi::c_int, c: Charge) -> Option<usize> {
-    if st.ledger.is_node() {
-        return None;
-    }
     let dev = st.device(c.device as CUdevice)?;
-    let key = ShareKey::of_fd(fd)?;
-    match st.ledger.share_export(st.me, dev.ledger_dev, key, c.bytes) {
-        Ok(Some(rec)) => Some(rec),
-        Ok(None) => {
-            log!(
-                Debug,
-                "exported VMM allocation of {} bytes not registered (the ledger's table of \
-                 exports is full, or the descriptor is another process's): it stays charged \
-                 here until this process exits",
-                c.bytes
-            );
-            None
-        }
-        Err(e) => {
-            log!(
-                Warn,
-                "could not register an exported VMM allocation ({e}): its {} bytes stay \
-                 charged here until this process exits",
-                c.bytes
-            );
-            None
-        }
-    }
+    super::shared::export(st, dev, fd, c.bytes)
 }
 
 /// `cuMemImportFromShareableHandle`: charges nothing (the memory is its exporter's); an
@@ -359,27 +327,13 @@ pub unsafe fn mem_import(
     let Ok(st) = crate::init::state() else {
         return r;
     };
-    if st.ledger.is_node() {
-        return r;
-    }
     // A POSIX descriptor travels as the pointer's value (cuda.h: `(void *)(uintptr_t) fd`).
     let fd = os_handle as usize as core::ffi::c_int;
     // SAFETY: handle is non-null (checked) and the driver wrote it (success).
     let h = unsafe { *handle };
-    let Some(key) = ShareKey::of_fd(fd) else {
-        return r;
-    };
-    match st.ledger.share_import(st.me, key) {
-        Ok(Some(rec)) => {
-            USED.store(true, Release);
-            with_maps(|m| m.imported.insert(h, (rec, false)));
-        }
-        Ok(None) => {}
-        Err(e) => log!(
-            Warn,
-            "could not register an imported VMM allocation ({e}): its exporter's slice may be \
-             uncharged before this process lets go of it"
-        ),
+    if let Some(rec) = super::shared::import(st, fd) {
+        USED.store(true, Release);
+        with_maps(|m| m.imported.insert(h, (rec, false)));
     }
     r
 }
