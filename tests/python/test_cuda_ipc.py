@@ -16,6 +16,7 @@ import pytest
 
 from conftest import CLIENTS, Served
 from helpers import Monitor, wait_until
+from test_node_balloons import node_monitor  # noqa: F401 (a fixture)
 
 GI = 1 << 30
 MI = 1 << 20
@@ -179,6 +180,40 @@ def test_a_vmm_export_stays_charged_past_its_exporter_until_the_last_importer_le
         assert "audit:" not in mon.log(), mon.log()
     finally:
         mon.stop()
+
+
+@pytest.mark.parametrize("exporter_end", ["exit", "kill"])
+def test_in_node_mode_a_vmm_export_stays_charged_past_its_exporter(
+        gpu_env, gpuslice_bin, node_monitor, tmp_path, exporter_end):
+    """The same in node mode (the root monitor keeps the records, asked over `monitor.sock`;
+    `--on-violation kill`): the exporter's slice `x` stays charged while the importer maps the
+    memory, past the exporter's exit or SIGKILL; the importer's unmap returns it. Nothing
+    reported or killed."""
+    node_monitor("--on-violation", "kill")
+    def env(name):
+        return gpu_env(preload=True, GPUSLICE_MEMORY="1Gi", GPUSLICE_SLICE=name)
+    xenv, ienv = env("x"), env("y")
+    sock = tmp_path / "vmm-node.sock"
+    used = lambda: {k.split("/")[-1]: v for k, v in slices_used(gpuslice_bin, xenv).items()}
+    with Client(xenv, "vmm-export", sock) as x, Client(ienv, "vmm-import", sock) as m:
+        assert x.ask("create 256")["status"] == 0
+        got = handed(x, m, "import")
+        assert got["status"] == 0 and got["read_ok"] and got["free"] == GI, got
+        assert wait_until(lambda: used() == {"x": 256 * MI, "y": 0}, 20), used()
+        if exporter_end == "exit":
+            assert x.ask("exit")["event"] == "exit" and x.proc.wait(timeout=30) == 0
+        else:
+            x.proc.kill()
+            x.proc.wait(timeout=30)
+        assert wait_until(lambda: "reaped pid" in node_monitor.log(), 20), node_monitor.log()
+        still = m.ask("read")
+        assert still["read_ok"] and still["free"] == GI, still
+        assert used() == {"x": 256 * MI, "y": 0}, node_monitor.log()
+        gone = m.ask("unmap")
+        assert gone["unmap"] == 0 and gone["release"] == 0, gone
+        assert wait_until(lambda: "x" not in used(), 20), (used(), node_monitor.log())
+        assert m.proc.poll() is None
+    assert "audit:" not in node_monitor.log(), node_monitor.log()
 
 
 def test_an_importer_that_dies_or_exits_holding_leaves_nothing_held(gpu_env, tmp_path):
