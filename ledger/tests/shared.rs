@@ -151,3 +151,46 @@ fn an_importer_that_leaves_returns_the_charge_and_cannot_take_it_early() {
     let removed = l.share_leave(me, rec).unwrap();
     assert_eq!(used(&l, "x"), None, "{removed:?}");
 }
+
+#[test]
+fn foreign_indices_and_scribbled_records_change_nothing_they_should_not() {
+    use core::sync::atomic::Ordering::SeqCst;
+    let (d, l, key) = setup("hostile");
+    let mut x = child(&d, "export", &key);
+    let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
+    let me = l.attach("z").unwrap();
+    l.join(me, dev, &SliceRequest::new(Some("z"), Some(1 << 30)))
+        .unwrap();
+    // Record indices past the table, or of a record this process has no part in.
+    for rec in [0, 1, 255, 256, usize::MAX] {
+        assert_eq!(l.share_let_go(me, rec).unwrap(), LetGo::Keep);
+        l.share_leave(me, rec).unwrap();
+    }
+    assert_eq!(
+        used(&l, "x"),
+        Some(256 * MI),
+        "nobody but the exporter lets go"
+    );
+    // A record pointing past the device table or at an account that is not one: freed by
+    // the reaper and reported, never used as an index.
+    let r = &l.shared()[7];
+    r.device.store(99, SeqCst);
+    r.account.store(u32::MAX - 7, SeqCst);
+    r.exporter.store(3, SeqCst);
+    r.held.store(u64::MAX, SeqCst);
+    r.state.store(1, SeqCst);
+    kill(&mut x);
+    let out = l.reap_dead().unwrap();
+    assert!(
+        out.problems
+            .iter()
+            .any(|p| p.contains("shared allocation record 7")),
+        "{out:?}"
+    );
+    assert_eq!(l.shared()[7].state.load(SeqCst), 0);
+    assert_eq!(
+        used(&l, "x"),
+        None,
+        "never imported: gone with its exporter"
+    );
+}
