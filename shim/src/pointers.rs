@@ -122,9 +122,10 @@ pub fn insert(kind: Handle, h: u64, c: Charge) -> bool {
     false
 }
 
-/// Forget `h`, returning what it was charged if it was known.
+/// Walk `h`'s probe sequence up to the first empty slot: the first `Some` that `at` gives for
+/// a slot holding `h`'s key.
 #[inline]
-pub fn remove(kind: Handle, h: u64) -> Option<Charge> {
+fn probe(kind: Handle, h: u64, mut at: impl FnMut(&Slot, u64) -> Option<Charge>) -> Option<Charge> {
     let k = key(kind, h);
     let mut i = start(k);
     for _ in 0..SLOTS {
@@ -134,9 +135,8 @@ pub fn remove(kind: Handle, h: u64) -> Option<Charge> {
             return None;
         }
         if cur == k {
-            let v = s.val.load(Acquire);
-            if s.key.compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok() {
-                return Some(Charge::from_word(v));
+            if let Some(c) = at(s, k) {
+                return Some(c);
             }
         }
         i = (i + 1) & (SLOTS - 1);
@@ -144,22 +144,21 @@ pub fn remove(kind: Handle, h: u64) -> Option<Charge> {
     None
 }
 
+/// Forget `h`, returning what it was charged if it was known.
+#[inline]
+pub fn remove(kind: Handle, h: u64) -> Option<Charge> {
+    probe(kind, h, |s, k| {
+        let v = s.val.load(Acquire);
+        s.key
+            .compare_exchange(k, TOMB, AcqRel, Relaxed)
+            .is_ok()
+            .then(|| Charge::from_word(v))
+    })
+}
+
 /// What `h` was charged, if it is known (the table unchanged).
 pub fn get(kind: Handle, h: u64) -> Option<Charge> {
-    let k = key(kind, h);
-    let mut i = start(k);
-    for _ in 0..SLOTS {
-        let s = &TABLE[i];
-        let cur = s.key.load(Acquire);
-        if cur == EMPTY {
-            return None;
-        }
-        if cur == k {
-            return Some(Charge::from_word(s.val.load(Acquire)));
-        }
-        i = (i + 1) & (SLOTS - 1);
-    }
-    None
+    probe(kind, h, |s, _| Some(Charge::from_word(s.val.load(Acquire))))
 }
 
 #[cfg(test)]

@@ -10,40 +10,57 @@ use crate::admit::DevState;
 use crate::init::State;
 use crate::log::log;
 use core::ffi::c_int;
-use gpuslice_ledger::{LetGo, ShareKey};
+use gpuslice_ledger::{LedgerError, LetGo, ShareKey};
 use gpuslice_protocol::{self as protocol, Message};
 
 /// How long one question to the monitor may take (it answers at once).
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Ask the monitor `op` (with descriptor `fd`, if any): its `ok` value.
-fn ask(st: &State, m: &Message, fd: Option<c_int>) -> Result<String, String> {
+/// In node mode ask the monitor `m` (with descriptor `fd`, if any) and read its `ok` value
+/// with `node`; with a personal ledger, do `personal` on it.
+fn tell<T>(
+    st: &State,
+    m: &Message,
+    fd: Option<c_int>,
+    node: impl FnOnce(&str) -> T,
+    personal: impl FnOnce() -> Result<T, LedgerError>,
+) -> Result<T, String> {
+    if !st.ledger.is_node() {
+        return personal().map_err(|e| e.to_string());
+    }
     let fds: Vec<c_int> = fd.into_iter().collect();
     let (r, _) =
         protocol::call_with(st.ledger.dir().fd(), m, &fds, TIMEOUT).map_err(|e| e.to_string())?;
     match (r.get("ok"), r.get("err")) {
-        (Some(v), _) => Ok(v.to_string()),
+        (Some(v), _) => Ok(node(v)),
         (None, e) => Err(e.unwrap_or("no answer").to_string()),
     }
 }
 
+/// A record index as the monitor answers it (`-`: none).
 fn record(v: &str) -> Option<usize> {
     v.parse().ok()
+}
+
+/// The personal ledger's part for descriptor `fd`: `f` with its identity (`None` when it is
+/// not a descriptor).
+fn keyed<T>(
+    fd: c_int,
+    f: impl FnOnce(ShareKey) -> Result<Option<T>, LedgerError>,
+) -> Result<Option<T>, LedgerError> {
+    ShareKey::of_fd(fd).map_or(Ok(None), f)
 }
 
 /// This process exported `bytes` charged on `dev` as the POSIX descriptor `fd`: the record
 /// of the export (`None`: not registered, charged here until this process exits).
 pub(super) fn export(st: &State, dev: &DevState, fd: c_int, bytes: u64) -> Option<usize> {
-    let r = if st.ledger.is_node() {
-        let mut m = Message::new("op", "share-export");
-        m.push("dev", &dev.uuid).push("bytes", &bytes.to_string());
-        ask(st, &m, Some(fd)).map(|v| record(&v))
-    } else {
-        let key = ShareKey::of_fd(fd)?;
-        st.ledger
-            .share_export(st.me, dev.ledger_dev, key, bytes)
-            .map_err(|e| e.to_string())
-    };
+    let mut m = Message::new("op", "share-export");
+    m.push("dev", &dev.uuid).push("bytes", &bytes.to_string());
+    let r = tell(st, &m, Some(fd), record, || {
+        keyed(fd, |k| {
+            st.ledger.share_export(st.me, dev.ledger_dev, k, bytes)
+        })
+    });
     match r {
         Ok(Some(rec)) => Some(rec),
         Ok(None) => {
@@ -69,14 +86,10 @@ pub(super) fn export(st: &State, dev: &DevState, fd: c_int, bytes: u64) -> Optio
 /// This process imported the POSIX descriptor `fd`: the record it now holds (`None`: not an
 /// export gpuslice knows, or not counted).
 pub(super) fn import(st: &State, fd: c_int) -> Option<usize> {
-    let r = if st.ledger.is_node() {
-        ask(st, &Message::new("op", "share-import"), Some(fd)).map(|v| record(&v))
-    } else {
-        let key = ShareKey::of_fd(fd)?;
-        st.ledger
-            .share_import(st.me, key)
-            .map_err(|e| e.to_string())
-    };
+    let m = Message::new("op", "share-import");
+    let r = tell(st, &m, Some(fd), record, || {
+        keyed(fd, |k| st.ledger.share_import(st.me, k))
+    });
     r.unwrap_or_else(|e| {
         log!(
             Warn,
@@ -89,19 +102,14 @@ pub(super) fn import(st: &State, fd: c_int) -> Option<usize> {
 
 /// The exporter let go of record `rec`'s allocation: what to do with its charge.
 pub(super) fn let_go(st: &State, rec: usize) -> LetGo {
-    let r = if st.ledger.is_node() {
-        let mut m = Message::new("op", "share-let-go");
-        m.push("rec", &rec.to_string());
-        ask(st, &m, None).map(|v| match v.as_str() {
-            "handed-over" => LetGo::HandedOver,
-            "uncharge" => LetGo::Uncharge,
-            _ => LetGo::Keep,
-        })
-    } else {
-        st.ledger
-            .share_let_go(st.me, rec)
-            .map_err(|e| e.to_string())
+    let mut m = Message::new("op", "share-let-go");
+    m.push("rec", &rec.to_string());
+    let answer = |v: &str| match v {
+        "handed-over" => LetGo::HandedOver,
+        "uncharge" => LetGo::Uncharge,
+        _ => LetGo::Keep,
     };
+    let r = tell(st, &m, None, answer, || st.ledger.share_let_go(st.me, rec));
     r.unwrap_or_else(|e| {
         log!(
             Warn,
@@ -114,16 +122,15 @@ pub(super) fn let_go(st: &State, rec: usize) -> LetGo {
 
 /// This process let go of its last handle and mapping of record `rec`'s allocation.
 pub(super) fn leave(st: &State, rec: usize) {
-    let r = if st.ledger.is_node() {
-        let mut m = Message::new("op", "share-leave");
-        m.push("rec", &rec.to_string());
-        ask(st, &m, None).map(|_| ())
-    } else {
-        st.ledger
-            .share_leave(st.me, rec)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    };
+    let mut m = Message::new("op", "share-leave");
+    m.push("rec", &rec.to_string());
+    let r = tell(
+        st,
+        &m,
+        None,
+        |_| (),
+        || st.ledger.share_leave(st.me, rec).map(|_| ()),
+    );
     if let Err(e) = r {
         log!(
             Warn,
