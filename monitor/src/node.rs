@@ -591,6 +591,7 @@ mod tests {
     use gpuslice_ledger::{SliceInfo, SliceRequest};
 
     const GI: u64 = 1 << 30;
+    const MI: u64 = 1 << 20;
 
     #[test]
     fn snapshot_translates_the_ledger_for_every_view() {
@@ -766,6 +767,56 @@ mod tests {
             (d.memory_used, d.memory_reserved, d.compute_reserved_ppm),
             (2 * GI, 8 * GI, 500_000)
         );
+    }
+
+    #[test]
+    fn an_exited_exporter_keeps_what_a_live_importer_holds_in_the_view() {
+        let mut s = Snapshot::default();
+        s.devices.push(gpuslice_ledger::DeviceInfo {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "Test".into(),
+            memory_total: 16 * GI,
+            memory_reserved: 12 * GI,
+            memory_used: 3 * GI + 256 * MI,
+            best_effort_used: 0,
+            compute_reserved_ppm: 750_000,
+        });
+        // "x": its exporter (10) exited, charged 1 GiB of which 256 MiB are exported to 20,
+        // alive; "y": the importer's. "z": its exporter (30) exited, its importer (31) too.
+        s.slices = vec![
+            slice_(0, "x", false, vec![10], GI),
+            slice_(1, "y", false, vec![20], 0),
+            slice_(2, "z", false, vec![30, 31], 2 * GI + 256 * MI),
+        ];
+        s.processes = vec![
+            proc_(10, false, 0, 0, GI),
+            proc_(20, true, 1, 0, 0),
+            proc_(30, false, 2, 0, 2 * GI),
+            proc_(31, false, 2, 0, 0),
+        ];
+        let shared = |slice, exporter, held, importers| gpuslice_ledger::SharedInfo {
+            device: 0,
+            slice: Some(slice),
+            exporter,
+            bytes: 256 * MI,
+            held,
+            importers,
+        };
+        s.shared = vec![
+            shared(0, Some(10), 0, vec![20]),
+            shared(2, None, 256 * MI, vec![31]),
+        ];
+        as_reaped(&mut s, &|p| !p.alive);
+        let slices: Vec<(&str, u64)> = s
+            .slices
+            .iter()
+            .map(|sl| (sl.name.as_str(), sl.memory_used))
+            .collect();
+        assert_eq!(slices, [("x", 256 * MI), ("y", 0)]);
+        assert_eq!(s.devices[0].memory_used, 256 * MI);
+        assert_eq!(s.shared.len(), 1);
+        assert_eq!((s.shared[0].exporter, s.shared[0].held), (None, 256 * MI));
     }
 
     #[test]
