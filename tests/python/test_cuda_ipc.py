@@ -216,6 +216,43 @@ def test_in_node_mode_a_vmm_export_stays_charged_past_its_exporter(
     assert "audit:" not in node_monitor.log(), node_monitor.log()
 
 
+def test_in_node_mode_another_tenant_can_neither_release_nor_pin_an_export(
+        gpu_env, gpuslice_bin, node_monitor, tmp_path):
+    """A third admitted process (slice `h`), hand-making `share-*` requests on `monitor.sock`
+    as its shim would: letting go of or leaving every record, importing with a descriptor it
+    holds (/dev/null, not the export's). The exporter's slice stays charged while the real
+    importer maps the memory, and goes when it unmaps: the forger released nothing early and
+    pins nothing; its own slice is never charged."""
+    node_monitor("--on-violation", "kill")
+    def env(name):
+        return gpu_env(preload=True, GPUSLICE_MEMORY="1Gi", GPUSLICE_SLICE=name)
+    xenv, ienv, henv = env("x"), env("y"), env("h")
+    sock = tmp_path / "vmm-forge.sock"
+    used = lambda: {k.split("/")[-1]: v for k, v in slices_used(gpuslice_bin, xenv).items()}
+    with Client(xenv, "vmm-export", sock) as x, Client(ienv, "vmm-import", sock) as m, \
+            Client(henv, "vmm-import", tmp_path / "unused.sock") as h:
+        assert x.ask("create 256")["status"] == 0
+        assert handed(x, m, "import")["read_ok"]
+        def forge_all():
+            for rec in ("0", "1", "2", "255", "256", "-1", "x"):
+                for op in ("share-let-go", "share-leave"):
+                    r = h.ask(f"forge {op} {rec}")["reply"]
+                    assert r.get("ok") in ("keep", "left") or "err" in r, (op, rec, r)
+            r = h.ask("forge share-import devnull")["reply"]
+            assert r.get("ok") == "-", r
+        forge_all()
+        assert used() == {"x": 256 * MI, "y": 0, "h": 0}
+        x.proc.kill()
+        x.proc.wait(timeout=30)
+        assert wait_until(lambda: "reaped pid" in node_monitor.log(), 20), node_monitor.log()
+        forge_all()
+        assert used() == {"x": 256 * MI, "y": 0, "h": 0}, "released early"
+        assert m.ask("unmap")["unmap"] == 0
+        assert wait_until(lambda: used() == {"y": 0, "h": 0}, 20), "pinned"
+        assert m.proc.poll() is None and h.proc.poll() is None
+    assert "audit:" not in node_monitor.log(), node_monitor.log()
+
+
 def test_an_importer_that_dies_or_exits_holding_leaves_nothing_held(gpu_env, tmp_path):
     """An importer SIGKILLed while it maps shared memory: once the exporter lets go, the memory
     is free again. One that exits without closing, after the exporter let go: free at its exit

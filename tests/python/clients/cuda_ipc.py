@@ -18,7 +18,9 @@ Roles and their commands:
 - interprocess events: `event_send MS` on `ipc-export` (an event recorded after a kernel of MS
   ms, its handle sent), `event_open` on `ipc-import` (opened, queried, synchronized, waited on).
 Every role: `alloc MIB` (cuMemAlloc of its own), `info` (cuMemGetInfo; NVML's device memory
-and per-process figures as this process sees them).
+and per-process figures as this process sees them), `forge OP ARG` (node mode: a hand-made
+`share-*` request on the node's `monitor.sock`, as a tenant could send instead of its shim:
+ARG a record index, or `devnull` to send a descriptor of /dev/null; the monitor's reply).
 """
 import ctypes
 import os
@@ -313,6 +315,22 @@ def event_open():
                 destroy=cuda.cuEventDestroy_v2(ev))
 
 
+def forge(op, arg):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(os.path.join(os.environ["GPUSLICE_RUNTIME_DIR"], "monitor.sock"))
+    msg, fds = f"op={op}\n", []
+    if arg == "devnull":
+        fds.append(os.open("/dev/null", os.O_RDONLY))
+    else:
+        msg += f"rec={arg}\n"
+    socket.send_fds(sock, [msg.encode()], fds)
+    for fd in fds:
+        os.close(fd)
+    reply = sock.recv(65536).decode()
+    sock.close()
+    return dict(reply=dict(line.split("=", 1) for line in reply.splitlines() if "=" in line))
+
+
 ROLES = {
     "vmm-export": dict(create=vmm_create, send=vmm_send, release=vmm_release, unmap=vmm_unmap),
     "vmm-import": dict(import_=vmm_import, read=vmm_read, unmap=vmm_import_unmap),
@@ -325,5 +343,6 @@ if __name__ == "__main__":
     handlers = {k.rstrip("_"): v for k, v in ROLES[sys.argv[1]].items()}
     handlers.setdefault("alloc", alloc)
     handlers["info"] = info
+    handlers["forge"] = forge
     emit(event="ready", **info())
     serve(handlers)
