@@ -194,3 +194,31 @@ fn foreign_indices_and_scribbled_records_change_nothing_they_should_not() {
         "never imported: gone with its exporter"
     );
 }
+
+#[test]
+fn an_operator_slice_removed_while_an_importer_holds_its_export_goes_with_the_importer() {
+    let (d, l, key) = setup("operator");
+    l.create_operator_slice(&gpuslice_ledger::OperatorSlice {
+        name: "x".into(),
+        device: UUID.into(),
+        memory: 1 << 30,
+        compute_share_ppm: 0,
+        compute_cap_ppm: gpuslice_ledger::PPM,
+        claim: None,
+    })
+    .unwrap();
+    let mut x = child(&d, "export", &key);
+    let mut i = child(&d, "import", &key);
+    kill(&mut x);
+    l.reap_dead().unwrap();
+    assert_eq!(
+        l.remove_slice("x").unwrap(),
+        0,
+        "kept while the importer holds it"
+    );
+    assert_eq!(used(&l, "x"), Some(256 * MI));
+    kill(&mut i);
+    let r = l.reap_dead().unwrap();
+    assert!(r.slices_removed.iter().any(|s| s.name == "x"), "{r:?}");
+    assert_eq!(used(&l, "x"), None);
+}

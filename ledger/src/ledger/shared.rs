@@ -76,8 +76,8 @@ impl Ledger {
     /// Process `me` exported `bytes` it was charged on ledger device `dev` as the descriptor
     /// `key`: the record (new, or the one it already made for `key`), `None` when the table is
     /// full (node mode: or holds [`SHARED_PER_UID`] of `me`'s user's), the process holds no
-    /// account there or another process registered `key` (the charge then stays with `me`
-    /// until it exits).
+    /// account there (node mode: or a best-effort pool's) or another process registered `key`
+    /// (the charge then stays with `me` until it exits).
     pub fn share_export(
         &self,
         me: ProcHandle,
@@ -90,7 +90,9 @@ impl Ledger {
             return Ok(None);
         };
         let account = pd.account.load(SeqCst);
-        if account == ACCOUNT_NONE {
+        // Node mode's best-effort pools go with their last member (their region too): a
+        // best-effort export stays charged to its exporter until it exits.
+        if account == ACCOUNT_NONE || (self.is_node() && account as usize >= MAX_SLICES) {
             return Ok(None);
         }
         if let Some(i) = self.find_shared(key) {
@@ -303,6 +305,15 @@ impl Ledger {
             .any(|r| r.state.load(SeqCst) == STATE_ACTIVE && r.account.load(SeqCst) as usize == si)
     }
 
+    /// Free the records charging slice `si` (it is being freed with its counter).
+    pub(crate) fn drop_shared_of_slice_locked(&self, si: usize) {
+        for r in self.shared() {
+            if r.state.load(SeqCst) == STATE_ACTIVE && r.account.load(SeqCst) as usize == si {
+                r.state.store(STATE_FREE, SeqCst);
+            }
+        }
+    }
+
     /// Remove slice `a` if a record alone kept it (no process, not an operator's): after its
     /// last record went.
     pub(crate) fn drop_kept_slice_locked(
@@ -325,7 +336,8 @@ impl Ledger {
             return self.devices().get(d).map(|dv| f(&dv.best_effort_used));
         }
         let s = self.slices().get(a as usize)?;
-        (s.device.load(SeqCst) as usize == d).then(|| f(&s.memory_used.0))
+        let live = s.state.load(SeqCst) == STATE_ACTIVE && s.device.load(SeqCst) as usize == d;
+        live.then(|| f(&s.memory_used.0))
     }
 
     /// Run `f` on process slot `slot`'s words in its account on device `d` (in node mode, in
