@@ -11,8 +11,9 @@
 //! the last of them let go (`gpuslice_ledger`'s `shared.rs`; the reaper does the same for the
 //! dead; in node mode the monitor keeps the records, asked over `monitor.sock`: `shared.rs`).
 //! An export nobody imported yet, one of another handle type and one the table has no room
-//! for stay charged here until this process exits (never less than the driver holds). Importing and mapping charge the importer nothing: the memory is its
-//! creator's. The bookkeeping of mappings, exports and imports is behind one mutex: mapping,
+//! for stay charged here until this process exits (never less than the driver holds).
+//! Importing and mapping charge the importer nothing: the memory is its creator's. The
+//! bookkeeping of mappings, exports and imports is behind one mutex: mapping,
 //! exporting and importing are not hot paths (each is a driver call of microseconds that
 //! changes page tables), and `cuMemCreate`/`cuMemRelease` of a handle never mapped, exported or
 //! imported do not take it; the ledger's lock is never taken under it.

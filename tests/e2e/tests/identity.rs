@@ -559,6 +559,37 @@ fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
     kill_all(greedy.iter_mut().chain([&mut sidecar]));
 }
 
+/// t2 allocates 768 MiB in its slice `t2res` through `path`
+/// ([`every_allocation_path_gets_its_balloon_back`]): it succeeds; whether the shim took the
+/// slow path (its log).
+fn takes_the_slow_path(n: &Node, path: &str) -> bool {
+    // The balloon is refilled after the last hand-back: one context's room is free (the
+    // probe's context fits, its 128 MiB do not). t2's admission hands back the room kept for
+    // its context (512 MiB), which takes 128 MiB of it: 512 MiB are free, so 768 MiB can only
+    // come from the balloon.
+    wait_held(n, "128Mi");
+    let mut c = n.burn(TENANT_B);
+    c.args(["--alloc", "768Mi", "--alloc-path", path, "--json"])
+        .env("GPUSLICE_SLICE", "t2res")
+        .env("GPUSLICE_LOG", "debug");
+    let o = c.output().unwrap();
+    let r = burn_json(&o);
+    assert!(
+        r["alloc_errors"] == serde_json::json!([])
+            && r["allocated_bytes"].as_u64() >= Some(768 << 20),
+        "{path}: t2 could not allocate within its quota: {}\n{}",
+        text(&o),
+        n.monitor_log()
+    );
+    let taken = String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .any(|l| l.contains("slow path for") && l.contains("allocated after"));
+    if !taken {
+        println!("{path}: allocated without the slow path (a tick deflated the balloon first)");
+    }
+    taken
+}
+
 /// Issue #27: every allocation path that reserves in the slice takes the balloons' slow path.
 /// On a 4 GiB device t2 has 1 GiB reserved and t1's unwrapped program holds all the rest but
 /// one context's room, so the device's memory is t2's balloon; t2 then allocates 768 MiB
@@ -577,31 +608,19 @@ fn every_allocation_path_gets_its_balloon_back() {
         "capture",
     ];
     for path in paths {
-        // The balloon is refilled after the last hand-back: one context's room is free (the
-        // probe's context fits, its 128 MiB do not). t2's admission hands back the room kept
-        // for its context (512 MiB), which takes 128 MiB of it: 512 MiB are free, so 768 MiB
-        // can only come from the balloon.
-        wait_held(&n, "128Mi");
-        let mut c = n.burn(TENANT_B);
-        c.args(["--alloc", "768Mi", "--alloc-path", path, "--json"])
-            .env("GPUSLICE_SLICE", "t2res")
-            .env("GPUSLICE_LOG", "debug");
-        let o = c.output().unwrap();
-        let r = burn_json(&o);
-        assert!(
-            r["alloc_errors"] == serde_json::json!([])
-                && r["allocated_bytes"].as_u64() >= Some(768 << 20),
-            "{path}: t2 could not allocate within its quota: {}\n{}",
-            text(&o),
-            n.monitor_log()
-        );
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(
-            err.lines()
-                .any(|l| l.contains("slow path for") && l.contains("allocated after")),
-            "{path}: allocated without the slow path (was the balloon held?): {}",
-            text(&o)
-        );
+        // The shim charges the slice before the driver call; a monitor tick that falls in
+        // between deflates the balloon by the charge, so the driver has the memory and the slow
+        // path is not needed (right, and more likely on a loaded host). Such a run shows
+        // nothing: the path is tried again, at most 5 times.
+        let mut tries = 0;
+        while !takes_the_slow_path(&n, path) {
+            tries += 1;
+            assert!(
+                tries < 5,
+                "{path}: allocated without the slow path in 5 tries (was the balloon held?)\n{}",
+                n.monitor_log()
+            );
+        }
     }
     kill_all([&mut hog]);
 }
