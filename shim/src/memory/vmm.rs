@@ -313,7 +313,8 @@ fn register_export(st: &State, fd: core::ffi::c_int, c: Charge) -> Option<usize>
 
 /// `cuMemImportFromShareableHandle`: charges nothing (the memory is its exporter's); an
 /// import of a POSIX descriptor registered by its exporter keeps the exporter's slice charged
-/// while this process holds a handle or mapping of it.
+/// while this process holds a handle or mapping of it. Registered before the driver call, so
+/// an exporter that lets go or dies meanwhile finds the importer already there.
 pub unsafe fn mem_import(
     real: pfn::cuMemImportFromShareableHandle,
     handle: *mut CUmemGenericAllocationHandle,
@@ -321,20 +322,26 @@ pub unsafe fn mem_import(
     ty: CUmemAllocationHandleType,
 ) -> CUresult {
     // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(handle, os_handle, ty) };
-    if r != CUDA_SUCCESS || ty != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || handle.is_null() {
-        return r;
-    }
-    let Ok(st) = crate::init::state() else {
-        return r;
+    let pass = || unsafe { real(handle, os_handle, ty) };
+    let st = match crate::init::state() {
+        Ok(st) if ty == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && !handle.is_null() => st,
+        _ => return pass(),
     };
     // A POSIX descriptor travels as the pointer's value (cuda.h: `(void *)(uintptr_t) fd`).
-    let fd = os_handle as usize as core::ffi::c_int;
-    // SAFETY: handle is non-null (checked) and the driver wrote it (success).
-    let h = unsafe { *handle };
-    if let Some(rec) = super::shared::import(st, fd) {
-        USED.store(true, Release);
-        with_maps(|m| m.imported.insert(h, (rec, false)));
+    let rec = super::shared::import(st, os_handle as usize as core::ffi::c_int);
+    let r = pass();
+    match rec {
+        Some(rec) if r == CUDA_SUCCESS => {
+            // SAFETY: handle is non-null (checked) and the driver wrote it (success).
+            let h = unsafe { *handle };
+            USED.store(true, Release);
+            let again = with_maps(|m| m.imported.insert(h, (rec, false)));
+            debug_assert!(again.is_none(), "the driver handed out a live handle twice");
+        }
+        Some(rec) if !with_maps(|m| m.imported.values().any(|&(x, _)| x == rec)) => {
+            leave(st, Some(rec)); // the driver refused, and no other handle holds it
+        }
+        _ => {}
     }
     r
 }
