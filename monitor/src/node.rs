@@ -702,6 +702,20 @@ mod tests {
         }
     }
 
+    /// Device 0 of 16 GiB, 12 GiB and 0.75 of it reserved, `used` in use.
+    fn device_(used: u64) -> gpuslice_ledger::DeviceInfo {
+        gpuslice_ledger::DeviceInfo {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "Test".into(),
+            memory_total: 16 * GI,
+            memory_reserved: 12 * GI,
+            memory_used: used,
+            best_effort_used: 0,
+            compute_reserved_ppm: 750_000,
+        }
+    }
+
     fn slice_(index: usize, name: &str, operator: bool, pids: Vec<u32>, used: u64) -> SliceInfo {
         SliceInfo {
             index,
@@ -730,16 +744,7 @@ mod tests {
     #[test]
     fn an_exited_process_is_gone_from_the_view_with_what_it_held_and_its_emptied_slice() {
         let mut s = Snapshot::default();
-        s.devices.push(gpuslice_ledger::DeviceInfo {
-            index: 0,
-            uuid: "GPU-0".into(),
-            name: "Test".into(),
-            memory_total: 16 * GI,
-            memory_reserved: 12 * GI,
-            memory_used: 4 * GI,
-            best_effort_used: 0,
-            compute_reserved_ppm: 750_000,
-        });
+        s.devices.push(device_(4 * GI));
         // "done": its one process exited. "op": an operator's, one of two processes exited.
         // "busy": its process runs.
         s.slices = vec![
@@ -772,16 +777,7 @@ mod tests {
     #[test]
     fn an_exited_exporter_keeps_what_a_live_importer_holds_in_the_view() {
         let mut s = Snapshot::default();
-        s.devices.push(gpuslice_ledger::DeviceInfo {
-            index: 0,
-            uuid: "GPU-0".into(),
-            name: "Test".into(),
-            memory_total: 16 * GI,
-            memory_reserved: 12 * GI,
-            memory_used: 3 * GI + 256 * MI,
-            best_effort_used: 0,
-            compute_reserved_ppm: 750_000,
-        });
+        s.devices.push(device_(3 * GI + 256 * MI));
         // "x": its exporter (10) exited, charged 1 GiB of which 256 MiB are exported to 20,
         // alive; "y": the importer's. "z": its exporter (30) exited, its importer (31) too.
         s.slices = vec![

@@ -28,19 +28,10 @@ import socket
 import sys
 import time
 
-from cuda_ctx import primary_context
+from cuda_ctx import Location, Prop, primary_context
 from fw_common import MI, emit, serve
 
 c_u64, c_size = ctypes.c_uint64, ctypes.c_size_t
-
-
-class Location(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_uint), ("id", ctypes.c_int)]
-
-
-class Prop(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_uint), ("handle_types", ctypes.c_uint), ("location", Location),
-                ("win32", ctypes.c_void_p), ("flags", ctypes.c_uint8 * 8)]
 
 
 class Access(ctypes.Structure):
