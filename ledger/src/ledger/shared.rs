@@ -195,7 +195,8 @@ impl Ledger {
     }
 
     /// Exporter `me` let go of record `rec`'s allocation (released it and unmapped its last
-    /// mapping): what to do with the `bytes` it was charged on ledger device `dev`.
+    /// mapping): what to do with what it was charged for it. Anyone but the exporter gets
+    /// [`LetGo::Keep`] and changes nothing.
     pub fn share_let_go(&self, me: ProcHandle, rec: usize) -> Result<LetGo, LedgerError> {
         let _g = self.lock()?;
         let Some(r) = self.shared().get(rec) else {
