@@ -1,7 +1,8 @@
 //! Node mode's cold paths through the ledger API (what the monitor runs for its socket):
 //! admission with per-user bounds, one record per process, reaping by the monitor's own
-//! liveness, the best-effort pools' grants, and exported allocations on the regions. Creating a node policy needs root; without it
-//! these tests print why and pass vacuously (CI runs as root).
+//! liveness, the best-effort pools' grants, and exported allocations on the regions. Creating
+//! a node policy needs root; without it these tests print why and pass vacuously (CI runs as
+//! root).
 
 mod common;
 use common::{node_policy, peer, Scratch, Table};
