@@ -191,7 +191,10 @@ pub async fn serve_dra(
     driver: Arc<Driver>,
     listener: tokio::net::UnixListener,
 ) -> Result<(), String> {
-    let health = crate::health::Health(driver.clone());
+    let health = crate::health::Health {
+        pool: driver.config().node_name.clone(),
+        gpus: driver.health(),
+    };
     let dra = Dra(driver);
     use crate::proto::{health_v1, health_v1alpha1};
     tonic::transport::Server::builder()
