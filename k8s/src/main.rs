@@ -6,7 +6,7 @@ use gpuslice_dra::config::{
 };
 use gpuslice_dra::driver::Driver;
 use gpuslice_dra::publish::{self, Sink};
-use gpuslice_dra::{server, slice};
+use gpuslice_dra::{resource_slice, server};
 use std::sync::Arc;
 
 fn main() {
@@ -48,11 +48,11 @@ fn print_slice(cfg: &Config) -> Result<(), String> {
         Err(gpuslice_ledger::LedgerError::NotFound(_)) => Default::default(),
         Err(e) => return Err(format!("the ledger in {}: {e}", cfg.runtime_dir.display())),
     };
-    let found = slice::devices(&inv, &snap, cfg.memory_step, cfg.memory_default);
+    let found = resource_slice::devices(&inv, &snap, cfg.memory_step, cfg.memory_default);
     for (dev, why) in &found.left_out {
         eprintln!("gpuslice-dra: {dev} is left out: {why}");
     }
-    let s = slice::resource_slice(&cfg.node_name, &cfg.driver, 1, None, found.published);
+    let s = resource_slice::resource_slice(&cfg.node_name, &cfg.driver, 1, None, found.published);
     let obj = publish::to_object(&s).map_err(|e| e.to_string())?;
     println!(
         "{}",

@@ -2,7 +2,7 @@
 //! the loop that republishes it when GPUs or reservations change.
 
 use crate::driver::Driver;
-use crate::slice;
+use crate::resource_slice;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -192,7 +192,7 @@ pub fn devices_named(message: &str, devices: &[Device]) -> Vec<String> {
 /// resync, reported when their message changes.
 pub async fn run(driver: Arc<Driver>, sink: Sink) {
     let cfg = driver.config().clone();
-    let name = slice::object_name(&cfg.node_name, &cfg.driver);
+    let name = resource_slice::object_name(&cfg.node_name, &cfg.driver);
     let mut generation = sink.generation(&name).await;
     let owner = sink.owner(&cfg.node_name).await;
     let mut last: Option<Vec<Device>> = None;
@@ -240,7 +240,7 @@ pub async fn run(driver: Arc<Driver>, sink: Sink) {
         }
         ticks = 0;
         let next = generation + changed as i64;
-        let s = slice::resource_slice(
+        let s = resource_slice::resource_slice(
             &cfg.node_name,
             &cfg.driver,
             next,
