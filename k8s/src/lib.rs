@@ -13,11 +13,12 @@
 //! - [`claims`]: where ResourceClaims are read (API server, or a directory for tests);
 //! - [`server`]: the two unix-socket gRPC servers; [`health`]: the device-health stream the
 //!   kubelet watches (`DRAResourceHealth`);
-//! - [`nvml`], [`quantity`], [`config`].
+//! - [`nvml`], [`quantity`], [`config`]; [`error`]: the plugin's errors, worded where shown.
 
 pub mod claims;
 pub mod config;
 pub mod driver;
+pub mod error;
 pub mod health;
 pub mod nvml;
 pub mod publish;

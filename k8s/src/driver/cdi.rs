@@ -3,6 +3,7 @@
 
 use super::{slice_name, Driver};
 use crate::config::NvidiaCdiName;
+use crate::error::Error;
 use crate::nvml::Gpu;
 use gpuslice_ledger::secret::{Secret, SECRET_VAR};
 use std::path::PathBuf;
@@ -24,7 +25,7 @@ impl Driver {
         Some(format!("{}={name}", self.cfg.nvidia_cdi_kind))
     }
 
-    pub(super) fn write_spec(&self, uid: &str, secret: Option<&Secret>) -> Result<(), String> {
+    pub(super) fn write_spec(&self, uid: &str, secret: Option<&Secret>) -> Result<(), Error> {
         let name = slice_name(uid);
         let mut env = vec![("GPUSLICE_SLICE".to_string(), name.clone())];
         if let Some(s) = secret {
@@ -50,6 +51,10 @@ impl Driver {
         };
         std::fs::create_dir_all(&self.cfg.cdi_dir)
             .and_then(|()| write(&path, text.as_bytes()))
-            .map_err(|e| format!("writing the CDI spec {}: {e}", path.display()))
+            .map_err(|source| Error::Io {
+                what: "writing the CDI spec",
+                path,
+                source,
+            })
     }
 }

@@ -23,6 +23,7 @@ mod slices;
 
 use crate::claims::ClaimSource;
 use crate::config::Config;
+use crate::error::Error;
 use crate::health::GpuHealth;
 use crate::nvml::{Gpu, Inventory, Nvml};
 use crate::resource_slice;
@@ -46,6 +47,15 @@ impl ClaimRef {
     /// `namespace/name`, the label the slice carries.
     pub fn label(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// `e`, as this claim's.
+    fn error(&self, e: Error) -> Error {
+        Error::ForClaim {
+            claim: self.label(),
+            uid: self.uid.clone(),
+            source: Box::new(e),
+        }
     }
 }
 
@@ -87,7 +97,7 @@ pub struct Driver {
 impl Driver {
     /// Open the ledger (personal mode: creating it if needed; node mode: waiting for the
     /// monitor's policy), read the GPUs, register them in a personal ledger.
-    pub fn new(cfg: Config, claims: Box<dyn ClaimSource>) -> Result<Driver, String> {
+    pub fn new(cfg: Config, claims: Box<dyn ClaimSource>) -> Result<Driver, Error> {
         let nvml = Nvml::load()?;
         let ledger = slices::open_ledger(&cfg.runtime_dir, cfg.mode)?;
         let node = ledger.is_node();
@@ -133,7 +143,7 @@ impl Driver {
     }
 
     /// Determine every GPU's health from NVML's answer now and (node mode) the monitor's.
-    fn update_health(&self, inv: Result<&Inventory, &str>) {
+    fn update_health(&self, inv: Result<&Inventory, &Error>) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let here: BTreeSet<String> = match inv {
             Ok(inv) => inv
@@ -145,11 +155,18 @@ impl Driver {
         };
         seen.extend(here.iter().cloned());
         let monitor = if self.node && inv.is_ok() {
-            self.ask_monitor(&Message::new("op", "ping")).err()
+            self.ask_monitor(&Message::new("op", "ping"))
+                .err()
+                .map(|e| e.to_string())
         } else {
             None
         };
-        let now = crate::health::judge(&seen, inv.map(|_| &here), monitor.as_deref());
+        let nvml = inv.err().map(|e| e.to_string());
+        let here = match &nvml {
+            None => Ok(&here),
+            Some(e) => Err(e.as_str()),
+        };
+        let now = crate::health::judge(&seen, here, monitor.as_deref());
         self.health.send_if_modified(|h| {
             let changed = *h != now;
             if changed {
@@ -171,10 +188,10 @@ impl Driver {
     }
 
     /// Read GPUs and reservations again; the devices this node publishes now.
-    pub async fn devices(&self) -> Result<resource_slice::Devices, String> {
+    pub async fn devices(&self) -> Result<resource_slice::Devices, Error> {
         let _g = self.serial.lock().await;
         let inv = self.nvml.inventory();
-        self.update_health(inv.as_ref().map_err(|e| e.as_str()));
+        self.update_health(inv.as_ref());
         let inv = inv?;
         self.register(&inv)?;
         *self.inventory.lock().unwrap_or_else(|p| p.into_inner()) = inv.clone();
@@ -196,7 +213,7 @@ impl Driver {
     }
 
     /// Prepare claims, one result per claim (in order).
-    pub async fn prepare(&self, claims: &[ClaimRef]) -> Vec<Result<Vec<PreparedDevice>, String>> {
+    pub async fn prepare(&self, claims: &[ClaimRef]) -> Vec<Result<Vec<PreparedDevice>, Error>> {
         let _g = self.serial.lock().await;
         // Nothing is prepared while the node's monitor is down: a container started now would
         // fail cuInit (no admission), so the pod waits with this message instead. Asked once
@@ -209,10 +226,10 @@ impl Driver {
         let mut out = Vec::with_capacity(claims.len());
         for c in claims {
             let r = match &down {
-                Some(e) => Err(e.clone()),
+                Some(e) => Err(Error::Monitor(e.clone())),
                 None => self.prepare_one(c).await,
             }
-            .map_err(|e| format!("claim {} (uid {}): {e}", c.label(), c.uid));
+            .map_err(|e| c.error(e));
             match &r {
                 Ok(d) => eprintln!(
                     "gpuslice-dra: prepared claim {} as slice {} ({} device(s))",
@@ -228,14 +245,12 @@ impl Driver {
     }
 
     /// Unprepare claims, one result per claim (in order).
-    pub async fn unprepare(&self, claims: &[ClaimRef]) -> Vec<Result<(), String>> {
+    pub async fn unprepare(&self, claims: &[ClaimRef]) -> Vec<Result<(), Error>> {
         let _g = self.serial.lock().await;
         claims
             .iter()
             .map(|c| {
-                let r = self
-                    .unprepare_one(c)
-                    .map_err(|e| format!("claim {} (uid {}): {e}", c.label(), c.uid));
+                let r = self.unprepare_one(c).map_err(|e| c.error(e));
                 match &r {
                     Ok(()) => eprintln!("gpuslice-dra: unprepared claim {}", c.label()),
                     Err(e) => eprintln!("gpuslice-dra: unprepare failed: {e}"),

@@ -2,12 +2,16 @@
 //! have left, then its slices and CDI spec made, whole or not at all) and unprepared.
 
 use super::{slice_name, ClaimRef, Driver, PreparedDevice};
+use crate::error::Error;
 use crate::nvml::Gpu;
 use crate::quantity;
 use crate::resource_slice::{self, COMPUTE, COMPUTE_WHOLE, MEMORY};
-use gpuslice_ledger::{human_bytes, OperatorSlice, Snapshot, PPM};
+use gpuslice_ledger::{OperatorSlice, Snapshot, PPM};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use std::collections::BTreeMap;
+
+/// What a claim asks of each GPU, by UUID.
+type PerGpu = BTreeMap<String, (Gpu, Want)>;
 
 /// What a claim asks of one GPU.
 #[derive(Debug, Clone, Default)]
@@ -17,35 +21,37 @@ struct Want {
 }
 
 impl Driver {
+    /// What allocation `r` consumes of `gpu`.
     fn consumed(
         &self,
         r: &DeviceRequestAllocationResult,
         gpu: &Gpu,
         snap: &Snapshot,
-    ) -> Result<Want, String> {
+    ) -> Result<Want, Error> {
         let Some(cc) = &r.consumed_capacity else {
             // No consumable capacity (a cluster without DRAConsumableCapacity allocates the
             // device whole): the claim gets all that this node offers on it.
             let (memory, compute) = resource_slice::offered(gpu, snap);
             return Ok(Want { memory, compute });
         };
-        let get = |cap: &str| {
-            cc.get(cap)
-                .or_else(|| cc.get(&format!("{}/{cap}", self.cfg.driver)))
-                .map(|q| quantity::parse(&q.0).map_err(|e| format!("consumedCapacity {cap}: {e}")))
+        let get = |capacity: &'static str| {
+            cc.get(capacity)
+                .or_else(|| cc.get(&format!("{}/{capacity}", self.cfg.driver)))
+                .map(|q| {
+                    quantity::parse(&q.0).map_err(|source| Error::Capacity { capacity, source })
+                })
                 .transpose()
         };
         let memory = match get(MEMORY)? {
-            Some(m) => {
-                u64::try_from(m).map_err(|_| "consumedCapacity memory is too large".to_string())?
-            }
+            Some(m) => u64::try_from(m).map_err(|_| Error::MemoryTooLarge)?,
             None => self.cfg.memory_default,
         };
         let compute = get(COMPUTE)?.unwrap_or(0);
         if compute > COMPUTE_WHOLE as u128 {
-            return Err(format!(
-                "consumedCapacity compute {compute} is more than a whole GPU ({COMPUTE_WHOLE})"
-            ));
+            return Err(Error::ComputeOverWhole {
+                compute,
+                whole: COMPUTE_WHOLE,
+            });
         }
         Ok(Want {
             memory,
@@ -53,16 +59,17 @@ impl Driver {
         })
     }
 
-    pub(super) async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+    /// The claim's allocation results of this driver, from the API server (the kubelet's
+    /// call names the claim, not what was allocated).
+    async fn allocation(&self, c: &ClaimRef) -> Result<Vec<DeviceRequestAllocationResult>, Error> {
         let rc: ResourceClaim = self.claims.get(&c.namespace, &c.name).await?;
         let uid = rc.metadata.uid.as_deref().unwrap_or("");
         if uid != c.uid {
-            return Err(format!(
-                "the ResourceClaim {} has UID {uid:?}, the kubelet asked for {:?}: it was deleted \
-                 and re-created; the pod needs to be re-created",
-                c.label(),
-                c.uid
-            ));
+            return Err(Error::ClaimRecreated {
+                claim: c.label(),
+                has: uid.to_string(),
+                asked: c.uid.clone(),
+            });
         }
         let results: Vec<DeviceRequestAllocationResult> = rc
             .status
@@ -74,38 +81,45 @@ impl Driver {
             .filter(|r| r.driver == self.cfg.driver)
             .collect();
         if results.is_empty() {
-            return Err(format!(
-                "the ResourceClaim has no device of driver {} allocated (status.allocation is \
-                 empty: not scheduled yet?)",
-                self.cfg.driver
-            ));
+            return Err(Error::NotAllocated {
+                driver: self.cfg.driver.clone(),
+            });
         }
+        Ok(results)
+    }
+
+    /// What the claim wants of each of this node's GPUs (several results on one GPU add up),
+    /// and the devices the kubelet is answered with.
+    fn wants(
+        &self,
+        c: &ClaimRef,
+        results: &[DeviceRequestAllocationResult],
+        snap: &Snapshot,
+    ) -> Result<(PerGpu, Vec<PreparedDevice>), Error> {
         let gpus = self.gpus();
-        let snap = self.ledger.snapshot();
-        let mut per_gpu: BTreeMap<String, (Gpu, Want)> = BTreeMap::new();
+        let mut per_gpu = PerGpu::new();
         let mut devices = Vec::new();
-        for r in &results {
+        for r in results {
             if r.pool != self.cfg.node_name {
-                return Err(format!(
-                    "device {}/{} was allocated from pool {:?}, but this is node {:?}",
-                    r.pool, r.device, r.pool, self.cfg.node_name
-                ));
+                return Err(Error::OtherPool {
+                    pool: r.pool.clone(),
+                    device: r.device.clone(),
+                    node: self.cfg.node_name.clone(),
+                });
             }
             let Some(gpu) = gpus
                 .iter()
                 .find(|g| resource_slice::device_name(&g.uuid) == r.device)
             else {
-                let here: Vec<String> = gpus
-                    .iter()
-                    .map(|g| resource_slice::device_name(&g.uuid))
-                    .collect();
-                return Err(format!(
-                    "device {} is not on this node (GPUs here: {}); a stale allocation",
-                    r.device,
-                    here.join(", ")
-                ));
+                return Err(Error::NotOnNode {
+                    device: r.device.clone(),
+                    here: gpus
+                        .iter()
+                        .map(|g| resource_slice::device_name(&g.uuid))
+                        .collect(),
+                });
             };
-            let want = self.consumed(r, gpu, &snap)?;
+            let want = self.consumed(r, gpu, snap)?;
             let e = per_gpu
                 .entry(gpu.uuid.clone())
                 .or_insert_with(|| (gpu.clone(), Want::default()));
@@ -120,10 +134,21 @@ impl Driver {
                 cdi_device_ids: ids,
             });
         }
+        Ok((per_gpu, devices))
+    }
+
+    /// The slices still to create for claim `c`, every one checked against what its GPU has
+    /// left before any is made (a claim is prepared whole or not at all); a slice made before
+    /// (a repeated call, a restart) with the same sizes is kept.
+    fn slices_to_create(
+        &self,
+        c: &ClaimRef,
+        per_gpu: &PerGpu,
+        snap: &Snapshot,
+    ) -> Result<Vec<OperatorSlice>, Error> {
         let name = slice_name(&c.uid);
-        // Check everything before creating anything: a claim is prepared whole or not at all.
         let mut to_create = Vec::new();
-        for (uuid, (gpu, want)) in &per_gpu {
+        for (uuid, (gpu, want)) in per_gpu {
             let ppm = want.compute.min(COMPUTE_WHOLE) * (PPM as u64 / COMPUTE_WHOLE);
             if let Some(s) = snap
                 .slices
@@ -133,57 +158,43 @@ impl Driver {
                 if s.memory_limit == Some(want.memory) && s.compute_share_ppm as u64 == ppm {
                     continue; // prepared before (a repeated call, or before a restart)
                 }
-                return Err(format!(
-                    "slice {name} already exists on {uuid} with memory {}, compute {}, but the \
-                     claim now asks for memory {}, compute {}: remove it with `gpuslice slice rm \
-                     {name}` once its processes are gone",
-                    s.memory_limit
-                        .map(human_bytes)
-                        .unwrap_or_else(|| "none".into()),
-                    s.compute_share_ppm / 1000,
-                    human_bytes(want.memory),
-                    want.compute
-                ));
+                return Err(Error::SliceDiffers {
+                    name,
+                    uuid: uuid.clone(),
+                    has_memory: s.memory_limit,
+                    has_compute: s.compute_share_ppm / 1000,
+                    memory: want.memory,
+                    compute: want.compute,
+                });
             }
             let dev = snap
                 .devices
                 .iter()
                 .find(|d| &d.uuid == uuid)
-                .ok_or_else(|| {
-                    if self.node {
-                        format!(
-                            "{uuid} is not registered in the node's policy: the gpuslice \
-                             monitor registers the GPUs NVML shows it (is its container given \
-                             the GPUs, NVIDIA_VISIBLE_DEVICES=all?); retried"
-                        )
-                    } else {
-                        format!("{uuid} is not in the gpuslice ledger")
-                    }
+                .ok_or_else(|| Error::NotRegistered {
+                    uuid: uuid.clone(),
+                    node: self.node,
                 })?;
             let avail = dev
                 .memory_total
                 .saturating_sub(dev.memory_reserved)
                 .saturating_sub(dev.best_effort_used);
             if want.memory > avail {
-                return Err(format!(
-                    "memory {} requested on {} ({uuid}), {} available: the allocation is stale \
-                     (memory was reserved on this GPU outside Kubernetes, or the ResourceSlice \
-                     was out of date); nothing was created, delete and re-create the pod to \
-                     schedule it again",
-                    human_bytes(want.memory),
-                    resource_slice::device_name(uuid),
-                    human_bytes(avail)
-                ));
+                return Err(Error::StaleMemory {
+                    device: resource_slice::device_name(uuid),
+                    uuid: uuid.clone(),
+                    requested: want.memory,
+                    available: avail,
+                });
             }
             let avail_ppm = (PPM as u64).saturating_sub(dev.compute_reserved_ppm as u64);
             if ppm > avail_ppm {
-                return Err(format!(
-                    "compute {} requested on {} ({uuid}), {} available: the allocation is stale; \
-                     nothing was created",
-                    want.compute,
-                    resource_slice::device_name(uuid),
-                    avail_ppm / 1000
-                ));
+                return Err(Error::StaleCompute {
+                    device: resource_slice::device_name(uuid),
+                    uuid: uuid.clone(),
+                    requested: want.compute,
+                    available: avail_ppm / 1000,
+                });
             }
             to_create.push(OperatorSlice {
                 name: name.clone(),
@@ -194,19 +205,30 @@ impl Driver {
                 claim: Some(c.label()),
             });
         }
+        Ok(to_create)
+    }
+
+    /// Prepare claim `c`: its slices (checked first), then its CDI spec; on any failure what
+    /// this call made is removed again.
+    pub(super) async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, Error> {
+        let results = self.allocation(c).await?;
+        let snap = self.ledger.snapshot();
+        let (per_gpu, devices) = self.wants(c, &results, &snap)?;
+        let to_create = self.slices_to_create(c, &per_gpu, &snap)?;
+        let name = slice_name(&c.uid);
         let secret = self.claim_secret(&name, &snap)?;
-        let created_any = !to_create.is_empty();
         for spec in &to_create {
             if let Err(e) = self.create_slice(spec, secret.as_ref()) {
                 let _ = self.remove_slice(&name);
-                return Err(format!(
-                    "creating slice {name} on {}: {e}; nothing was kept",
-                    spec.device
-                ));
+                return Err(Error::Creating {
+                    name,
+                    device: spec.device.clone(),
+                    source: Box::new(e),
+                });
             }
         }
         if let Err(e) = self.write_spec(&c.uid, secret.as_ref()) {
-            if created_any {
+            if !to_create.is_empty() {
                 let _ = self.remove_slice(&name);
             }
             return Err(e);
@@ -214,7 +236,8 @@ impl Driver {
         Ok(devices)
     }
 
-    pub(super) fn unprepare_one(&self, c: &ClaimRef) -> Result<(), String> {
+    /// Unprepare claim `c`: its CDI spec and slices go once no live process is in them.
+    pub(super) fn unprepare_one(&self, c: &ClaimRef) -> Result<(), Error> {
         let name = slice_name(&c.uid);
         // Processes that died are returned first, so a finished pod's slice is free to go
         // (personal mode; in node mode the monitor reaps, and its record says who lives).
@@ -239,24 +262,28 @@ impl Driver {
         if live > 0 {
             pids.sort_unstable();
             pids.dedup();
-            return Err(format!(
-                "slice {name} still has {live} live process(es) (pids {pids:?}): kept with its CDI \
-                 spec, and retried when the kubelet calls again; if these are not the pod's own \
-                 processes, end them"
-            ));
+            return Err(Error::StillLive { name, live, pids });
         }
         let path = self.spec_path(&c.uid);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("removing the CDI spec {}: {e}", path.display())),
+            Err(source) => {
+                return Err(Error::Io {
+                    what: "removing the CDI spec",
+                    path,
+                    source,
+                })
+            }
         }
         if mine.is_empty() {
             return Ok(());
         }
         // Node mode: a dead process the monitor has not reaped yet keeps the record until its
         // next tick; the monitor removes the slice then (it never yanks a live one).
-        self.remove_slice(&name)
-            .map_err(|e| format!("removing slice {name}: {e}"))
+        self.remove_slice(&name).map_err(|e| Error::Removing {
+            name,
+            source: Box::new(e),
+        })
     }
 }

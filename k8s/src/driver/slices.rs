@@ -3,6 +3,7 @@
 
 use super::Driver;
 use crate::config::LedgerMode;
+use crate::error::{Error, MonitorError};
 use crate::nvml::Inventory;
 use gpuslice_ledger::layout::STATE_ACTIVE;
 use gpuslice_ledger::secret::Secret;
@@ -12,18 +13,17 @@ use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-fn ledger_err(e: LedgerError) -> String {
-    e.to_string()
-}
-
 /// How long one request to the node's monitor may take.
 const MONITOR_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Open the runtime directory's ledger as `mode` says. Node mode never creates anything: it
 /// waits (logging once) until the root monitor has made its policy, so a plugin that starts
 /// first cannot leave a personal ledger where the monitor's policy belongs.
-pub(super) fn open_ledger(dir: &Path, mode: LedgerMode) -> Result<Ledger, String> {
-    let what = |e: LedgerError| format!("the gpuslice ledger in {}: {e}", dir.display());
+pub(super) fn open_ledger(dir: &Path, mode: LedgerMode) -> Result<Ledger, Error> {
+    let what = |source: LedgerError| Error::Ledger {
+        dir: dir.to_path_buf(),
+        source: Box::new(source),
+    };
     let node = match mode {
         LedgerMode::Node => true,
         LedgerMode::Personal => false,
@@ -40,11 +40,7 @@ pub(super) fn open_ledger(dir: &Path, mode: LedgerMode) -> Result<Ledger, String
     if !node {
         let l = Ledger::open_or_create(dir).map_err(what)?;
         if l.is_node() {
-            return Err(format!(
-                "--mode personal, but {} is the node monitor's policy: run with --mode node \
-                 (or auto), so slices are made through the monitor",
-                l.path().display()
-            ));
+            return Err(Error::NodePolicyInPersonalMode(l.path().to_path_buf()));
         }
         return Ok(l);
     }
@@ -52,14 +48,7 @@ pub(super) fn open_ledger(dir: &Path, mode: LedgerMode) -> Result<Ledger, String
     loop {
         match Ledger::open(dir) {
             Ok(l) if l.is_node() => return Ok(l),
-            Ok(l) => {
-                return Err(format!(
-                    "--mode node, but {} is a personal ledger, not the policy of a root \
-                     `gpuslice monitor`: stop what uses it, remove it, and start the monitor \
-                     as root (or run the plugin with --mode personal)",
-                    l.path().display()
-                ))
-            }
+            Ok(l) => return Err(Error::PersonalLedgerInNodeMode(l.path().to_path_buf())),
             Err(LedgerError::NotFound(_)) => {
                 if !said {
                     eprintln!(
@@ -79,21 +68,13 @@ pub(super) fn open_ledger(dir: &Path, mode: LedgerMode) -> Result<Ledger, String
 impl Driver {
     /// One operator request to the node's monitor: its `ok` value, or why not, worded for the
     /// cluster operator (a monitor that does not answer is retried by the kubelet).
-    pub(super) fn ask_monitor(&self, m: &Message) -> Result<String, String> {
+    pub(super) fn ask_monitor(&self, m: &Message) -> Result<String, MonitorError> {
         protocol::ask(self.ledger.dir().fd(), m, MONITOR_TIMEOUT)
-            .map_err(|e| {
-                format!(
-                    "the node's gpuslice monitor does not answer on {} ({e}): start it as root \
-                     (`gpuslice monitor`, the monitor container of the gpuslice-dra DaemonSet); \
-                     nothing was changed, and the kubelet retries",
-                    self.ledger
-                        .dir()
-                        .path()
-                        .join(protocol::SOCKET_FILE)
-                        .display()
-                )
+            .map_err(|source| MonitorError::Down {
+                socket: self.ledger.dir().path().join(protocol::SOCKET_FILE),
+                source,
             })?
-            .map_err(|e| format!("the node's gpuslice monitor refused: {e}"))
+            .map_err(MonitorError::Refused)
     }
 
     /// Create one claim slice: over the socket in node mode (with its join secret), in the
@@ -102,13 +83,13 @@ impl Driver {
         &self,
         spec: &OperatorSlice,
         secret: Option<&Secret>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         if !self.node {
             return self
                 .ledger
                 .create_operator_slice(spec)
                 .map(|_| ())
-                .map_err(ledger_err);
+                .map_err(Error::Slice);
         }
         let mut m = Message::new("op", "slice-create");
         m.push("name", &spec.name)
@@ -120,21 +101,24 @@ impl Driver {
         if let Some(s) = secret {
             m.push("secret", s.expose());
         }
-        self.ask_monitor(&m).map(|_| ())
+        self.ask_monitor(&m).map(drop).map_err(Error::Monitor)
     }
 
     /// Remove a claim's slice on every device.
-    pub(super) fn remove_slice(&self, name: &str) -> Result<(), String> {
-        if !self.node {
-            return match self.ledger.remove_slice(name) {
-                Ok(_) | Err(LedgerError::NoSuchSlice(_)) => Ok(()),
-                Err(e) => Err(ledger_err(e)),
-            };
-        }
-        match self.ask_monitor(Message::new("op", "slice-rm").push("name", name)) {
-            Ok(_) => Ok(()),
-            Err(e) if e.contains("no slice named") => Ok(()),
-            Err(e) => Err(e),
+    pub(super) fn remove_slice(&self, name: &str) -> Result<(), Error> {
+        let r = if self.node {
+            self.ask_monitor(Message::new("op", "slice-rm").push("name", name))
+                .map(drop)
+                .map_err(Error::Monitor)
+        } else {
+            self.ledger
+                .remove_slice(name)
+                .map(drop)
+                .map_err(Error::Slice)
+        };
+        match r {
+            Err(e) if e.is_no_such_slice() => Ok(()),
+            r => r,
         }
     }
 
@@ -159,7 +143,7 @@ impl Driver {
         pids
     }
 
-    pub(super) fn register(&self, inv: &Inventory) -> Result<(), String> {
+    pub(super) fn register(&self, inv: &Inventory) -> Result<(), Error> {
         if self.node {
             // The monitor registers the GPUs it sees (admission trusts only those).
             return Ok(());
@@ -167,7 +151,10 @@ impl Driver {
         for g in &inv.gpus {
             self.ledger
                 .ensure_device(&g.uuid, &g.name, g.memory_total)
-                .map_err(|e| format!("registering {} in the ledger: {e}", g.uuid))?;
+                .map_err(|source| Error::Register {
+                    uuid: g.uuid.clone(),
+                    source: Box::new(source),
+                })?;
         }
         Ok(())
     }
@@ -180,7 +167,7 @@ impl Driver {
         &self,
         name: &str,
         snap: &Snapshot,
-    ) -> Result<Option<Secret>, String> {
+    ) -> Result<Option<Secret>, Error> {
         if !self.node {
             return Ok(None);
         }
@@ -191,7 +178,7 @@ impl Driver {
             .iter()
             .any(|s| s.name == name && s.operator_defined);
         if !exists {
-            return Secret::generate().map(Some).map_err(|e| e.to_string());
+            return Secret::generate().map(Some).map_err(Error::Secret);
         }
         match self.ledger.slice_secret(name) {
             Ok(Some(s)) => Ok(Some(s)),
@@ -203,9 +190,10 @@ impl Driver {
                 );
                 Ok(None)
             }
-            Err(e) => Err(format!(
-                "reading slice {name}'s join secret: {e} (the plugin runs as root to read it)"
-            )),
+            Err(source) => Err(Error::ReadSecret {
+                name: name.to_string(),
+                source: Box::new(source),
+            }),
         }
     }
 }
