@@ -31,6 +31,8 @@ mod http;
 mod metrics;
 mod node;
 mod nvml;
+#[cfg(test)]
+mod parsers;
 mod prom;
 mod run;
 mod slice;
