@@ -25,6 +25,7 @@ mod cli;
 mod commands;
 mod compute;
 mod daemon;
+mod error;
 #[cfg(test)]
 mod fuzz;
 mod http;
