@@ -24,6 +24,7 @@ mod admit;
 mod capture;
 mod compute;
 mod config;
+mod contexts;
 mod dlsym;
 mod hooks;
 mod init;
