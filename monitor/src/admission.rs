@@ -482,7 +482,7 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, R
             req.secret.as_deref(),
         )
         .map_err(|e| match e {
-            LedgerError::Admission(a) => Refusal::asked(format!("admission: slice refused: {a}")),
+            LedgerError::DoesNotFit(a) => Refusal::asked(format!("admission: slice refused: {a}")),
             e if e.refuses_the_request() => Refusal::asked(e.to_string()),
             e => Refusal::other(e.to_string()),
         })?;

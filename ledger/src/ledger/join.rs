@@ -1,12 +1,14 @@
-//! Joining a slice and admitting a new one: what a process asks for ([`SliceRequest`]), the
-//! slice it gets ([`Joined`]), and the admission of a slice's memory and compute share against
-//! what its device has left. Apart because it is the one place that decides whether a slice
-//! fits; operator slices (`slices.rs`) come through it too.
+//! Joining a slice and making a new one: what a process asks for ([`SliceRequest`]), the
+//! slice it gets ([`Joined`]), and the fit rule: a new slice's memory and compute share against
+//! what its device has left (refused with a [`crate::FitError`]). Apart because it is the one
+//! place that decides whether a slice fits; operator slices (`slices.rs`) come through it too.
+//! (The monitor's socket server that admits processes in node mode is another thing:
+//! `monitor/src/admission.rs`.)
 
 use super::procs::ProcHandle;
 use super::Ledger;
 use crate::account::Account;
-use crate::error::{human_bytes, AdmissionError, LedgerError};
+use crate::error::{human_bytes, FitError, LedgerError};
 use crate::layout::*;
 use core::sync::atomic::Ordering::SeqCst;
 
@@ -328,7 +330,7 @@ impl Ledger {
         // Compute first: it has no hot-path counterpart, so a plain check under the lock is exact.
         let cpu = d.compute_reserved.load(SeqCst);
         if !gpuslice_sched::admits(cpu, share) {
-            return Err(AdmissionError {
+            return Err(FitError {
                 setting: cpu_setting.into(),
                 device: uuid,
                 requested: frac(share as u64),
@@ -351,7 +353,7 @@ impl Ledger {
             if !fits {
                 d.memory_reserved.fetch_sub(l, SeqCst);
                 self.rebalance_pools_locked(device);
-                return Err(AdmissionError {
+                return Err(FitError {
                     setting: mem_setting.into(),
                     device: uuid,
                     requested: human_bytes(l),
