@@ -99,12 +99,12 @@ pub enum Error {
         /// The claim's compute, in thousandths.
         compute: u64,
     },
-    /// The allocated GPU is not in the ledger (`node`: not in the monitor's policy).
+    /// The allocated GPU is not in the ledger (`node_mode`: not in the monitor's policy).
     NotRegistered {
         /// The GPU.
         uuid: String,
         /// Node mode.
-        node: bool,
+        node_mode: bool,
     },
     /// The allocation asks for more memory than the GPU has left (a stale allocation).
     StaleMemory {
@@ -288,13 +288,19 @@ impl fmt::Display for Error {
                 has_memory.map(human_bytes).unwrap_or_else(|| "none".into()),
                 human_bytes(*memory),
             ),
-            Error::NotRegistered { uuid, node: true } => write!(
+            Error::NotRegistered {
+                uuid,
+                node_mode: true,
+            } => write!(
                 f,
                 "{uuid} is not registered in the node's policy: the gpuslice monitor registers \
                  the GPUs NVML shows it (is its container given the GPUs, \
                  NVIDIA_VISIBLE_DEVICES=all?); retried"
             ),
-            Error::NotRegistered { uuid, node: false } => {
+            Error::NotRegistered {
+                uuid,
+                node_mode: false,
+            } => {
                 write!(f, "{uuid} is not in the gpuslice ledger")
             }
             Error::StaleMemory {

@@ -83,7 +83,7 @@ pub struct Driver {
     cfg: Config,
     ledger: Ledger,
     /// Node mode: the policy is the monitor's; every change goes over `monitor.sock`.
-    node: bool,
+    node_mode: bool,
     nvml: Nvml,
     claims: Box<dyn ClaimSource>,
     inventory: Mutex<Inventory>,
@@ -100,10 +100,10 @@ impl Driver {
     pub fn new(cfg: Config, claims: Box<dyn ClaimSource>) -> Result<Driver, Error> {
         let nvml = Nvml::load()?;
         let ledger = slices::open_ledger(&cfg.runtime_dir, cfg.mode)?;
-        let node = ledger.is_node();
+        let node_mode = ledger.is_node();
         eprintln!(
             "gpuslice-dra: {} in {}",
-            if node {
+            if node_mode {
                 "node mode: slices are made by the node's monitor (monitor.sock)"
             } else {
                 "personal mode: slices are written to the ledger by this plugin"
@@ -114,7 +114,7 @@ impl Driver {
         let d = Driver {
             cfg,
             ledger,
-            node,
+            node_mode,
             nvml,
             claims,
             inventory: Mutex::new(inventory.clone()),
@@ -134,7 +134,7 @@ impl Driver {
 
     /// Whether the ledger is a node policy (slices go through the monitor).
     pub fn node_mode(&self) -> bool {
-        self.node
+        self.node_mode
     }
 
     /// The GPUs' health, kept current by [`Driver::devices`] (every resync).
@@ -154,7 +154,7 @@ impl Driver {
             Err(_) => BTreeSet::new(),
         };
         seen.extend(here.iter().cloned());
-        let monitor = if self.node && inv.is_ok() {
+        let monitor = if self.node_mode && inv.is_ok() {
             self.ask_monitor(&Message::new("op", "ping"))
                 .err()
                 .map(|e| e.to_string())
@@ -218,7 +218,7 @@ impl Driver {
         // Nothing is prepared while the node's monitor is down: a container started now would
         // fail cuInit (no admission), so the pod waits with this message instead. Asked once
         // per call, so a hung monitor costs one timeout, not one per claim.
-        let down = if self.node {
+        let down = if self.node_mode {
             self.ask_monitor(&Message::new("op", "ping")).err()
         } else {
             None

@@ -173,7 +173,7 @@ impl Driver {
                 .find(|d| &d.uuid == uuid)
                 .ok_or_else(|| Error::NotRegistered {
                     uuid: uuid.clone(),
-                    node: self.node,
+                    node_mode: self.node_mode,
                 })?;
             let avail = dev
                 .memory_total
@@ -248,7 +248,7 @@ impl Driver {
             .iter()
             .filter(|s| s.name == name && !s.private)
             .collect();
-        let (live, mut pids) = if self.node {
+        let (live, mut pids) = if self.node_mode {
             let indices: Vec<usize> = mine.iter().map(|s| s.index).collect();
             let pids = self.live_members(&indices);
             (pids.len() as u32, pids)

@@ -84,7 +84,7 @@ impl Driver {
         spec: &OperatorSlice,
         secret: Option<&Secret>,
     ) -> Result<(), Error> {
-        if !self.node {
+        if !self.node_mode {
             return self
                 .ledger
                 .create_operator_slice(spec)
@@ -106,7 +106,7 @@ impl Driver {
 
     /// Remove a claim's slice on every device.
     pub(super) fn remove_slice(&self, name: &str) -> Result<(), Error> {
-        let r = if self.node {
+        let r = if self.node_mode {
             self.ask_monitor(Message::new("op", "slice-rm").push("name", name))
                 .map(drop)
                 .map_err(Error::Monitor)
@@ -144,7 +144,7 @@ impl Driver {
     }
 
     pub(super) fn register(&self, inv: &Inventory) -> Result<(), Error> {
-        if self.node {
+        if self.node_mode {
             // The monitor registers the GPUs it sees (admission trusts only those).
             return Ok(());
         }
@@ -168,7 +168,7 @@ impl Driver {
         name: &str,
         snap: &Snapshot,
     ) -> Result<Option<Secret>, Error> {
-        if !self.node {
+        if !self.node_mode {
             return Ok(None);
         }
         // Only the plugin (an operator) makes operator slices: a process slice of the name (a
