@@ -12,7 +12,7 @@
 //! `GPUSLICE_FUZZ_SECONDS=600 cargo test -p gpuslice --bin gpuslice fuzz -- --nocapture`
 //! runs it for as long as asked and prints the executions.
 
-use crate::node::Node;
+use crate::ledger_window::LedgerWindow;
 use gpuslice_ledger::layout::*;
 use gpuslice_ledger::{Ledger, OperatorSlice, SliceRequest, PPM};
 use proptest::prelude::*;
@@ -246,8 +246,8 @@ fn exercise_node(dir: &Path, noise: &[u64]) {
 
 /// Everything that reads the file; must not panic. Returns whether the ledger opened.
 fn exercise(dir: &Path) -> bool {
-    let opened = Node::open(dir).is_ok();
-    if let Ok(node) = Node::open(dir) {
+    let opened = LedgerWindow::open(dir).is_ok();
+    if let Ok(node) = LedgerWindow::open(dir) {
         let snap = node.snapshot();
         let _ = snap.to_json().to_string();
         let _ = crate::prom::render(&snap, None);
@@ -278,7 +278,9 @@ fn exercise(dir: &Path) -> bool {
         }
         let _ = l.reap_dead();
         let _ = crate::prom::render(
-            &Node::open(dir).map(|n| n.snapshot()).unwrap_or_default(),
+            &LedgerWindow::open(dir)
+                .map(|n| n.snapshot())
+                .unwrap_or_default(),
             None,
         );
     }
