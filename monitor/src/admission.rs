@@ -75,14 +75,14 @@ impl RegionTable {
         r
     }
 
-    /// Drop the regions of slices that no longer exist (best-effort pools stay).
+    /// Drop the regions of slices that no longer exist (best-effort allowances stay).
     pub fn retain_live(&self, ledger: &Ledger) {
         let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
         m.retain(|&k, _| match ledger.slices().get(k as usize) {
             Some(s) => s.state.load(SeqCst) != STATE_FREE,
             None => k
-                .checked_sub(gpuslice_ledger::layout::POOL_ACCOUNT_BASE)
-                .and_then(|i| ledger.pools().get(i as usize))
+                .checked_sub(gpuslice_ledger::layout::ALLOWANCE_ACCOUNT_BASE)
+                .and_then(|i| ledger.allowances().get(i as usize))
                 .is_some_and(|p| p.state.load(SeqCst) != STATE_FREE),
         });
     }
@@ -525,7 +525,7 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, R
             device: d.device,
             slice: d.slice,
             memory_limit: d.memory_limit,
-            pool: d.pool,
+            allowance: d.allowance,
         });
         reply.warnings.extend(d.warnings.iter().cloned());
     }

@@ -3,7 +3,7 @@
 //! slice's counters, could take memory another slice reserved, and the driver would let it. So
 //! the monitor itself holds, on each GPU, every quota slice's reserved-but-unused memory
 //! (`limit - used`, in pieces of at most [`CHUNK`]) through the real driver: what no slice
-//! uses and no best-effort pool may take is not free, and the driver answers
+//! uses and no best-effort allowance may take is not free, and the driver answers
 //! `CUDA_ERROR_OUT_OF_MEMORY` to anyone who asks for it.
 //!
 //! - **Handing back** ([`Balloons::release`]): a slice's process whose allocation the driver

@@ -156,7 +156,7 @@ impl LedgerWindow {
                 };
                 let r = self.ledger.reap_node(&alive, regions.as_ref())?;
                 regions.retain_live(&self.ledger);
-                self.ledger.rebalance_pools()?;
+                self.ledger.rebalance_allowances()?;
                 self.ledger.mirror_usage(regions.as_ref());
                 r
             }

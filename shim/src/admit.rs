@@ -203,13 +203,13 @@ impl Admission for Node {
                     let dev = &ledger.devices()[granted.device];
                     Account::in_region(dev, slice, region, reply.slot)
                 }
-                // Best effort: this user's pool on the device, held to the monitor's grant.
+                // Best effort: this user's allowance on the device, held to the monitor's grant.
                 None => {
-                    let pool = granted
-                        .pool
-                        .and_then(|p| ledger.pools().get(p))
-                        .ok_or_else(|| bad("pool"))?;
-                    Account::in_pool(pool, region, reply.slot)
+                    let allowance = granted
+                        .allowance
+                        .and_then(|p| ledger.allowances().get(p))
+                        .ok_or_else(|| bad("allowance"))?;
+                    Account::in_allowance(allowance, region, reply.slot)
                 }
             }
             .ok_or_else(|| bad("slot"))?;

@@ -78,7 +78,7 @@ impl Ledger {
     }
 
     /// Node mode, in the monitor: where the slices' regions are (admission reads the
-    /// best-effort pools' usage there). Set once.
+    /// best-effort allowances' usage there). Set once.
     pub fn set_regions(&self, r: std::sync::Arc<dyn crate::region::Regions>) {
         let _ = self.regions.set(r);
     }
@@ -169,10 +169,10 @@ impl Ledger {
         unsafe { &*self.m.base.add(PROCS_OFFSET).cast() }
     }
 
-    /// The best-effort pools (node mode).
-    pub fn pools(&self) -> &[Pool; MAX_POOLS] {
+    /// The best-effort allowances (node mode).
+    pub fn allowances(&self) -> &[Allowance; MAX_ALLOWANCES] {
         // SAFETY: as for devices.
-        unsafe { &*self.m.base.add(POOLS_OFFSET).cast() }
+        unsafe { &*self.m.base.add(ALLOWANCES_OFFSET).cast() }
     }
 
     /// Take the cold-path lock (times out after [`file::LOCK_TIMEOUT`]); repairs the derived
