@@ -5,13 +5,10 @@
 //! captured allocations as graph memory.
 
 use crate::real;
-use core::sync::atomic::{AtomicUsize, Ordering::*};
+use core::sync::atomic::Ordering::*;
 use gpuslice_abi::*;
 
-/// Captures begun and not yet ended, as the capture hooks saw them: an allocation or a
-/// contended launch asks the driver whether its stream is capturing only while this is not
-/// zero, so the hot path pays one atomic load when nothing captures.
-pub static CAPTURES: AtomicUsize = AtomicUsize::new(0);
+pub use crate::process::CAPTURES;
 
 /// The graph `stream` is capturing into, if any. A stream-ordered allocation captured there is
 /// a memory node of that graph: charged as its graph memory (`memory/graph.rs`), not as pool
