@@ -11,6 +11,7 @@
 //! descriptor of, and leave or let go of its own part; what it says is the size only, which
 //! is clamped to what it was charged.
 
+use crate::error::RequestError;
 use gpuslice_ledger::{Ledger, LetGo, ProcHandle, ShareKey};
 use gpuslice_protocol::Message;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -22,45 +23,39 @@ pub fn answer(
     req: &Message,
     fds: &[OwnedFd],
     slot: usize,
-) -> Result<String, String> {
+) -> Result<String, RequestError> {
     let me = ProcHandle { slot };
     let key = || {
-        let fd = fds
-            .first()
-            .ok_or("bad request: no descriptor came with it")?;
-        ShareKey::of_fd(fd.as_raw_fd()).ok_or_else(|| "bad request: not a descriptor".to_string())
+        let fd = fds.first().ok_or(RequestError::NoDescriptor)?;
+        ShareKey::of_fd(fd.as_raw_fd()).ok_or(RequestError::NoDescriptor)
     };
-    let rec = || {
-        req.get("rec")
-            .and_then(|v| v.parse::<usize>().ok())
-            .ok_or_else(|| "bad request: field \"rec\" missing or not a number".to_string())
+    let num = |k: &str| {
+        req.get(k)
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| RequestError::BadField(k.to_string()))
     };
+    let rec = || num("rec").map(|r| usize::try_from(r).unwrap_or(usize::MAX));
     let shown = |r: Option<usize>| r.map_or("-".to_string(), |i| i.to_string());
-    let e = |e: gpuslice_ledger::LedgerError| e.to_string();
     match op {
         "share-export" => {
+            let uuid = req.get("dev").unwrap_or("");
             let dev = ledger
-                .find_device(req.get("dev").unwrap_or(""))
-                .ok_or("bad request: a device the node's monitor does not know")?;
-            let bytes = req
-                .get("bytes")
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or("bad request: field \"bytes\" missing or not a number")?;
-            Ok(shown(
-                ledger.share_export(me, dev, key()?, bytes).map_err(e)?,
-            ))
+                .find_device(uuid)
+                .ok_or_else(|| RequestError::UnknownDevice(uuid.to_string()))?;
+            let bytes = num("bytes")?;
+            Ok(shown(ledger.share_export(me, dev, key()?, bytes)?))
         }
-        "share-import" => Ok(shown(ledger.share_import(me, key()?).map_err(e)?)),
+        "share-import" => Ok(shown(ledger.share_import(me, key()?)?)),
         "share-leave" => {
-            ledger.share_leave(me, rec()?).map_err(e)?;
+            ledger.share_leave(me, rec()?)?;
             Ok("left".into())
         }
-        "share-let-go" => Ok(match ledger.share_let_go(me, rec()?).map_err(e)? {
+        "share-let-go" => Ok(match ledger.share_let_go(me, rec()?)? {
             LetGo::HandedOver => "handed-over",
             LetGo::Uncharge => "uncharge",
             LetGo::Keep => "keep",
         }
         .into()),
-        _ => Err(format!("bad request: unknown operation {op:?}")),
+        _ => Err(RequestError::UnknownOp),
     }
 }
