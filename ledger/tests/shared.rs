@@ -8,7 +8,7 @@
 
 mod common;
 use common::{fresh_dir, Scratch};
-use gpuslice_ledger::{Ledger, LetGo, ShareKey, SliceRequest};
+use gpuslice_ledger::{Adopt, Import, Ledger, LetGo, ProcHandle, ShareKey, SliceRequest};
 use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
 
@@ -138,13 +138,15 @@ fn an_importer_that_leaves_returns_the_charge_and_cannot_take_it_early() {
         .unwrap();
     let f = std::fs::File::open(&key).unwrap();
     let k = ShareKey::of_fd(f.as_raw_fd()).unwrap();
-    let rec = l.share_import(me, k).unwrap().unwrap();
+    let Import::Held(rec) = l.share_import(me, k).unwrap() else {
+        panic!("not held")
+    };
     // Leaving while the exporter holds it changes nothing but the record; nor can an importer
     // let go in the exporter's place.
     assert_eq!(l.share_let_go(me, rec).unwrap(), LetGo::Keep);
     l.share_leave(me, rec).unwrap();
     assert_eq!(used(&l, "x"), Some(256 * MI));
-    assert_eq!(l.share_import(me, k).unwrap(), Some(rec));
+    assert_eq!(l.share_import(me, k).unwrap(), Import::Held(rec));
     kill(&mut x);
     l.reap_dead().unwrap();
     assert_eq!(used(&l, "x"), Some(256 * MI), "the importer still holds it");
@@ -193,6 +195,114 @@ fn foreign_indices_and_scribbled_records_change_nothing_they_should_not() {
         None,
         "never imported: gone with its exporter"
     );
+}
+
+/// A process of its own slice `name` (1 GiB, or `quota`) on the test device.
+fn joined(l: &Ledger, name: &str, quota: u64) -> (ProcHandle, usize) {
+    let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
+    let me = l.attach(name).unwrap();
+    l.join(me, dev, &SliceRequest::new(Some(name), Some(quota)))
+        .unwrap();
+    (me, dev)
+}
+
+#[test]
+fn a_descriptor_imported_after_its_exporter_died_charges_its_importer() {
+    let (d, l, key) = setup("orphan");
+    let mut x = child(&d, "export", &key);
+    kill(&mut x);
+    l.reap_dead().unwrap();
+    assert_eq!(used(&l, "x"), None, "the exporter's charge went with it");
+    let f = std::fs::File::open(&key).unwrap();
+    let k = ShareKey::of_fd(f.as_raw_fd()).unwrap();
+    // Over its quota, an importer cannot take it: the shim refuses the import.
+    let (small, dev) = joined(&l, "small", 128 * MI);
+    let Import::Orphan {
+        rec,
+        bytes,
+        dev: od,
+    } = l.share_import(small, k).unwrap()
+    else {
+        panic!("not an orphan")
+    };
+    assert_eq!((bytes, od), (256 * MI, dev));
+    assert!(!l.account(small, dev).unwrap().try_charge(bytes));
+    // Two importers at once: both charge themselves, the first adopts the record, the
+    // second is counted as its importer and gives its charge back.
+    let (a, _) = joined(&l, "a", 1 << 30);
+    let (b, _) = joined(&l, "b", 1 << 30);
+    assert_eq!(
+        l.share_import(a, k).unwrap(),
+        Import::Orphan { rec, dev, bytes }
+    );
+    assert_eq!(
+        l.share_import(b, k).unwrap(),
+        Import::Orphan { rec, dev, bytes }
+    );
+    let (aa, ab) = (l.account(a, dev).unwrap(), l.account(b, dev).unwrap());
+    assert!(aa.try_charge(bytes) && ab.try_charge(bytes));
+    assert_eq!(l.share_adopt(a, rec, k).unwrap(), Adopt::Adopted);
+    assert_eq!(l.share_adopt(b, rec, k).unwrap(), Adopt::Imported(rec));
+    ab.uncharge(bytes);
+    assert_eq!((used(&l, "a"), used(&l, "b")), (Some(bytes), Some(0)));
+    // The adopter is its exporter now: letting go while b holds it hands the charge over.
+    assert_eq!(l.share_let_go(a, rec).unwrap(), LetGo::HandedOver);
+    assert_eq!((aa.charged(), used(&l, "a")), (0, Some(bytes)));
+    l.share_leave(b, rec).unwrap();
+    assert_eq!(used(&l, "a"), Some(0), "the last holder went");
+    // An orphan again: the next import is charged again, and a later export of the same
+    // identity (the descriptor is gone, its inode reused) replaces it.
+    assert_eq!(
+        l.share_import(b, k).unwrap(),
+        Import::Orphan { rec, dev, bytes }
+    );
+    assert!(ab.try_charge(64 * MI));
+    assert_eq!(l.share_export(b, dev, k, 64 * MI).unwrap(), Some(rec));
+    assert_eq!(l.share_import(a, k).unwrap(), Import::Held(rec));
+}
+
+#[test]
+fn an_adopter_that_dies_or_lets_go_leaves_an_orphan_for_the_next_importer() {
+    let (d, l, key) = setup("adopter");
+    let mut x = child(&d, "export", &key);
+    kill(&mut x);
+    l.reap_dead().unwrap();
+    let mut y = child(&d, "adopt", &key);
+    assert_eq!(used(&l, "y"), Some(256 * MI), "the adopter is charged");
+    let mut i = child(&d, "import", &key);
+    assert_eq!(
+        used(&l, "y"),
+        Some(256 * MI),
+        "importing it charges nothing"
+    );
+    kill(&mut y);
+    l.reap_dead().unwrap();
+    assert_eq!(used(&l, "y"), Some(256 * MI), "kept for the importer");
+    kill(&mut i);
+    l.reap_dead().unwrap();
+    assert_eq!(used(&l, "y"), None);
+    let f = std::fs::File::open(&key).unwrap();
+    let k = ShareKey::of_fd(f.as_raw_fd()).unwrap();
+    let (z, _) = joined(&l, "z", 1 << 30);
+    assert!(matches!(
+        l.share_import(z, k).unwrap(),
+        Import::Orphan { bytes, .. } if bytes == 256 * MI
+    ));
+}
+
+#[test]
+fn a_table_full_of_orphans_takes_new_exports() {
+    use core::sync::atomic::Ordering::SeqCst;
+    let (_d, l, key) = setup("full");
+    let (me, dev) = joined(&l, "x", 1 << 30);
+    for r in l.shared() {
+        r.state.store(3, SeqCst); // STATE_ORPHAN, of identities long gone
+        r.key_ino.store(u64::MAX, SeqCst);
+    }
+    let f = std::fs::File::open(&key).unwrap();
+    let k = ShareKey::of_fd(f.as_raw_fd()).unwrap();
+    assert!(l.account(me, dev).unwrap().try_charge(MI));
+    assert_eq!(l.share_export(me, dev, k, MI).unwrap(), Some(0));
 }
 
 #[test]

@@ -12,6 +12,18 @@
 //! true, so the reaper's double collect (`account.rs`) returns `counter − Σ live charged −
 //! Σ held` for the dead. The last importer to leave or die returns `held`.
 //!
+//! A descriptor outlives every handle: the driver keeps the memory for it (an exported POSIX
+//! descriptor holds a reference, as an imported handle does), so it may be imported after
+//! everyone let go, the exporter exited included. A record nobody is charged for any more
+//! therefore becomes an *orphan* ([`STATE_ORPHAN`]) instead of going: its device, identity
+//! and size stay, and the next process that imports it is charged for it as if it had
+//! allocated it ([`Import::Orphan`], then [`Ledger::share_adopt`]: it becomes the record's
+//! exporter), refused over its quota. So handing a descriptor to a friend and exiting moves
+//! the charge to the friend's slice when it imports, and never to no slice. An orphan is
+//! reused when the table has no free record (that identity loses its size: see
+//! docs/architecture.md) or when a new export has its identity (the old descriptor is gone:
+//! the kernel reuses an inode number only once the file is freed).
+//!
 //! The counters are where the account's are: in a personal ledger the slice's `memory_used`
 //! and the process record's words; in node mode the slice's region (`region.rs`), where only
 //! the monitor calls these, for the processes that ask over `monitor.sock` (the caller's slot
@@ -53,13 +65,50 @@ impl ShareKey {
     }
 }
 
+/// What [`Ledger::share_import`] found for a descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Import {
+    /// A record someone is charged for: the importer is counted on record `.0` and charged
+    /// nothing.
+    Held(usize),
+    /// An orphan: nobody is charged for the memory any more. The importer charges itself
+    /// `bytes` on ledger device `dev` (refused over its quota), imports, then adopts record
+    /// `rec` ([`Ledger::share_adopt`]).
+    Orphan {
+        /// The record.
+        rec: usize,
+        /// Its ledger device.
+        dev: usize,
+        /// Bytes of the allocation.
+        bytes: u64,
+    },
+    /// Not an export gpuslice knows (or not counted: the importer's own export, or the
+    /// record's importer entries are full): charged nothing.
+    Unknown,
+}
+
+/// What [`Ledger::share_adopt`] did for an importer that charged itself for an orphan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Adopt {
+    /// The importer is the record's exporter now: its charge is the record's, let go as an
+    /// exporter's ([`Ledger::share_let_go`]).
+    Adopted,
+    /// Another importer adopted it first: this one is counted as its importer on record `.0`
+    /// and gives its own charge back.
+    Imported(usize),
+    /// Neither (the record was reused, the importer has no slice account there, or the
+    /// entries are full): the importer keeps its charge until it lets go of the memory.
+    Kept,
+}
+
 /// What an exporter letting go of an exported allocation does with its charge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LetGo {
     /// A live importer still holds the memory: the record holds the charge now (do not
     /// uncharge).
     HandedOver,
-    /// Every importer let go: the driver frees the memory, uncharge it.
+    /// Nobody else holds it: uncharge it. The record stays as an orphan, so a descriptor still
+    /// around charges whoever imports it next.
     Uncharge,
     /// Nobody imported it yet, and the descriptor may still be on its way: it stays charged to
     /// the exporter until it exits (never less than the driver holds).
@@ -95,7 +144,8 @@ impl Ledger {
         if account == ACCOUNT_NONE || (self.is_node() && account as usize >= MAX_SLICES) {
             return Ok(None);
         }
-        if let Some(i) = self.find_shared(key) {
+        let same = self.find_shared(key);
+        if let Some(i) = same.filter(|&i| self.shared()[i].state.load(SeqCst) == STATE_ACTIVE) {
             let mine = self.shared()[i].exporter.load(SeqCst) == me.slot as u32;
             return Ok(mine.then_some(i));
         }
@@ -108,10 +158,12 @@ impl Ledger {
         if self.is_node() && theirs >= SHARED_PER_UID {
             return Ok(None);
         }
-        let Some(i) = self
-            .shared()
-            .iter()
-            .position(|r| r.state.load(SeqCst) == STATE_FREE)
+        // An orphan of the same identity is stale (its descriptor is gone); else a free
+        // record, else an orphan (its size is lost: docs/architecture.md).
+        let state = |s| self.shared().iter().position(|r| r.state.load(SeqCst) == s);
+        let Some(i) = same
+            .or_else(|| state(STATE_FREE))
+            .or_else(|| state(STATE_ORPHAN))
         else {
             return Ok(None);
         };
@@ -132,38 +184,103 @@ impl Ledger {
         Ok(Some(i))
     }
 
-    /// Process `me` imported the descriptor `key`: the record it is now counted on, `None`
-    /// when nobody registered `key` (not exported under gpuslice, or from a node policy), it
-    /// is `me`'s own export, or the record's importer entries are full.
-    pub fn share_import(
-        &self,
-        me: ProcHandle,
-        key: ShareKey,
-    ) -> Result<Option<usize>, LedgerError> {
+    /// Process `me` is importing the descriptor `key` (asked before the driver's import, so an
+    /// exporter letting go meanwhile finds it there): [`Import::Held`] when someone is charged
+    /// for the memory (`me` is counted on the record), [`Import::Orphan`] when nobody is (`me`
+    /// must charge itself, then [`Ledger::share_adopt`]), [`Import::Unknown`] when nobody
+    /// registered `key` (not exported under gpuslice, or from a node policy), it is `me`'s own
+    /// export, or the record's importer entries are full.
+    pub fn share_import(&self, me: ProcHandle, key: ShareKey) -> Result<Import, LedgerError> {
         let _g = self.lock()?;
         let Some(i) = self.find_shared(key) else {
-            return Ok(None);
+            return Ok(Import::Unknown);
         };
+        let r = &self.shared()[i];
+        if r.state.load(SeqCst) == STATE_ORPHAN {
+            return Ok(Import::Orphan {
+                rec: i,
+                dev: r.device.load(SeqCst) as usize,
+                bytes: r.bytes.load(SeqCst),
+            });
+        }
+        Ok(self
+            .add_importer(me, i)
+            .map_or(Import::Unknown, Import::Held))
+    }
+
+    /// Importer `me` charged itself for orphan `rec` (of descriptor `key`) on the orphan's
+    /// device and imported it: make it the record's exporter, so its charge lasts as long as
+    /// anyone holds the memory. If another importer adopted it first, `me` is counted as its
+    /// importer instead and gives its charge back.
+    pub fn share_adopt(
+        &self,
+        me: ProcHandle,
+        rec: usize,
+        key: ShareKey,
+    ) -> Result<Adopt, LedgerError> {
+        let _g = self.lock()?;
+        let Some(r) = self.shared().get(rec) else {
+            return Ok(Adopt::Kept);
+        };
+        let state = r.state.load(SeqCst);
+        let same = r.key_dev.load(SeqCst) == key.dev && r.key_ino.load(SeqCst) == key.ino;
+        if !same {
+            return Ok(Adopt::Kept);
+        }
+        if state == STATE_ACTIVE {
+            if r.exporter.load(SeqCst) == me.slot as u32 {
+                return Ok(Adopt::Kept); // two imports of one descriptor at once: both charged
+            }
+            return Ok(self
+                .add_importer(me, rec)
+                .map_or(Adopt::Kept, Adopt::Imported));
+        }
+        if state != STATE_ORPHAN {
+            return Ok(Adopt::Kept);
+        }
+        let d = r.device.load(SeqCst) as usize;
+        let Some(pd) = self.procs().get(me.slot).and_then(|p| p.devices.get(d)) else {
+            return Ok(Adopt::Kept);
+        };
+        let account = pd.account.load(SeqCst);
+        // As for an export: only a slice's account keeps a record (a best-effort importer
+        // keeps its charge until it lets go; the orphan stays for the next importer).
+        if account == ACCOUNT_NONE || (self.is_node() && account as usize >= MAX_SLICES) {
+            return Ok(Adopt::Kept);
+        }
+        r.account.store(account, SeqCst);
+        r.exporter.store(me.slot as u32, SeqCst);
+        r.held.store(0, SeqCst);
+        r.imported.store(1, SeqCst);
+        r.uid.store(self.procs()[me.slot].uid.load(SeqCst), SeqCst);
+        for x in &r.importers {
+            x.store(NO_SLOT, SeqCst);
+        }
+        r.state.store(STATE_ACTIVE, SeqCst);
+        Ok(Adopt::Adopted)
+    }
+
+    /// Count `me` as an importer of active record `i`: `i`, or `None` when it is `me`'s own
+    /// export or the entries are full.
+    fn add_importer(&self, me: ProcHandle, i: usize) -> Option<usize> {
         let r = &self.shared()[i];
         let slot = me.slot as u32;
         if r.exporter.load(SeqCst) == slot {
-            return Ok(None);
+            return None;
         }
         if r.importers.iter().any(|x| x.load(SeqCst) == slot) {
-            return Ok(Some(i));
+            return Some(i);
         }
         // An entry of a process that died (not reaped yet) is free too.
-        let Some(e) = r.importers.iter().find(|x| !self.holds(x.load(SeqCst))) else {
-            return Ok(None);
-        };
+        let e = r.importers.iter().find(|x| !self.holds(x.load(SeqCst)))?;
         e.store(slot, SeqCst);
         r.imported.store(1, SeqCst);
-        Ok(Some(i))
+        Some(i)
     }
 
     /// Process `me` let go of its last handle and mapping of record `rec`'s allocation. If the
-    /// exporter let go before and nobody else holds it, the driver frees it: the record's
-    /// charge goes back (and an exporter's slice it kept alone is removed).
+    /// exporter let go before and nobody else holds it, the record's charge goes back (and an
+    /// exporter's slice it kept alone is removed); the record stays as an orphan.
     pub fn share_leave(
         &self,
         me: ProcHandle,
@@ -187,7 +304,8 @@ impl Ledger {
             r.account.load(SeqCst),
             r.held.load(SeqCst),
         );
-        r.state.store(STATE_FREE, SeqCst);
+        r.held.store(0, SeqCst);
+        r.state.store(STATE_ORPHAN, SeqCst);
         self.with_counter(d, a, |c| {
             let _ = c.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(held)));
         });
@@ -226,7 +344,7 @@ impl Ledger {
             });
         }
         if r.imported.load(SeqCst) != 0 {
-            r.state.store(STATE_FREE, SeqCst);
+            r.state.store(STATE_ORPHAN, SeqCst);
             return Ok(LetGo::Uncharge);
         }
         Ok(LetGo::Keep)
@@ -234,8 +352,8 @@ impl Ledger {
 
     /// The reaper's part (under the lock, `dying` marked): dead importers leave; a dying
     /// exporter's records held by a live importer keep their bytes (clamped to what it was
-    /// charged there), the others go with it; records nobody holds any more are freed. The
-    /// accounts whose counters must give back a freed record's `held`.
+    /// charged there), the others' bytes go with it; records nobody holds any more become
+    /// orphans. The accounts whose counters must give back an orphaned record's `held`.
     pub(crate) fn reap_shared_locked(
         &self,
         dying: &[usize],
@@ -275,10 +393,13 @@ impl Ledger {
                     r.held.store(n, SeqCst);
                     r.exporter.store(NO_SLOT, SeqCst);
                 } else {
-                    r.state.store(STATE_FREE, SeqCst); // its bytes go with the exporter's
+                    // Its bytes go with the exporter's; a descriptor it left behind charges
+                    // whoever imports it next.
+                    r.exporter.store(NO_SLOT, SeqCst);
+                    r.state.store(STATE_ORPHAN, SeqCst);
                 }
             } else if e as u32 == NO_SLOT && !self.any_importer(r) {
-                r.state.store(STATE_FREE, SeqCst);
+                r.state.store(STATE_ORPHAN, SeqCst);
                 if !settle.contains(&(d, a)) {
                     settle.push((d, a));
                 }
@@ -363,9 +484,10 @@ impl Ledger {
         }))
     }
 
+    /// The active or orphan record of identity `key`.
     fn find_shared(&self, key: ShareKey) -> Option<usize> {
         self.shared().iter().position(|r| {
-            r.state.load(SeqCst) == STATE_ACTIVE
+            matches!(r.state.load(SeqCst), STATE_ACTIVE | STATE_ORPHAN)
                 && r.key_dev.load(SeqCst) == key.dev
                 && r.key_ino.load(SeqCst) == key.ino
         })
