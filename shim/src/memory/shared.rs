@@ -1,7 +1,8 @@
 //! Exported VMM allocations: telling the ledger (a personal ledger, under its lock) or the
 //! node's monitor (node mode, over `monitor.sock`: the policy is read-only here) that this
-//! process exported, imported, let go of or left one, so that the exporter's slice stays
-//! charged while any process holds the memory (`gpuslice_ledger`'s `shared.rs`). Cold paths
+//! process exported, imported, adopted, let go of or left one, so that the exporter's slice
+//! stays charged while any process holds the memory, and an importer of memory nobody is
+//! charged for any more is charged for it (`gpuslice_ledger`'s `shared.rs`). Cold paths
 //! only (an export, an import, a last release or unmap). A failure never fails the driver
 //! call: the charge then stays with its exporter until it exits (never less than the driver
 //! holds), or an importer's hold is not counted; said once in the log.
@@ -10,7 +11,7 @@ use crate::admit::DevState;
 use crate::init::State;
 use crate::log::log;
 use core::ffi::c_int;
-use gpuslice_ledger::{LedgerError, LetGo, ShareKey};
+use gpuslice_ledger::{Adopt, Import, LedgerError, LetGo, ShareKey};
 use gpuslice_protocol::{self as protocol, Message};
 
 /// How long one question to the monitor may take (it answers at once).
@@ -83,12 +84,27 @@ pub(super) fn export(st: &State, dev: &DevState, fd: c_int, bytes: u64) -> Optio
     }
 }
 
-/// This process imported the POSIX descriptor `fd`: the record it now holds (`None`: not an
-/// export gpuslice knows, or not counted).
-pub(super) fn import(st: &State, fd: c_int) -> Option<usize> {
+/// The monitor's answer to `share-import` (`monitor/src/shared.rs`).
+fn imported(v: &str) -> Import {
+    let w: Vec<&str> = v.split(' ').collect();
+    let n = |i: usize| w.get(i).and_then(|x| x.parse::<u64>().ok());
+    match (w.first().copied(), n(1), n(2), n(3)) {
+        (Some("held"), Some(rec), None, None) => Import::Held(rec as usize),
+        (Some("orphan"), Some(rec), Some(dev), Some(bytes)) => Import::Orphan {
+            rec: rec as usize,
+            dev: dev as usize,
+            bytes,
+        },
+        _ => Import::Unknown,
+    }
+}
+
+/// This process is importing the POSIX descriptor `fd` (asked before the driver's import):
+/// counted on a record someone is charged for, an orphan to charge itself for, or neither.
+pub(super) fn import(st: &State, fd: c_int) -> Import {
     let m = Message::new("op", "share-import");
-    let r = tell(st, &m, Some(fd), record, || {
-        keyed(fd, |k| st.ledger.share_import(st.me, k))
+    let r = tell(st, &m, Some(fd), imported, || {
+        ShareKey::of_fd(fd).map_or(Ok(Import::Unknown), |k| st.ledger.share_import(st.me, k))
     });
     r.unwrap_or_else(|e| {
         log!(
@@ -96,7 +112,30 @@ pub(super) fn import(st: &State, fd: c_int) -> Option<usize> {
             "could not register an imported VMM allocation ({e}): its exporter's slice may be \
              uncharged while this process still maps it"
         );
-        None
+        Import::Unknown
+    })
+}
+
+/// This process charged itself for orphan `rec` and imported its descriptor `fd`: whether it
+/// is the record's exporter now.
+pub(super) fn adopt(st: &State, rec: usize, fd: c_int) -> Adopt {
+    let mut m = Message::new("op", "share-adopt");
+    m.push("rec", &rec.to_string());
+    let answer = |v: &str| match v.split_once(' ') {
+        _ if v == "adopted" => Adopt::Adopted,
+        Some(("imported", r)) => r.parse().map_or(Adopt::Kept, Adopt::Imported),
+        _ => Adopt::Kept,
+    };
+    let r = tell(st, &m, Some(fd), answer, || {
+        ShareKey::of_fd(fd).map_or(Ok(Adopt::Kept), |k| st.ledger.share_adopt(st.me, rec, k))
+    });
+    r.unwrap_or_else(|e| {
+        log!(
+            Warn,
+            "could not adopt an imported VMM allocation ({e}): it stays charged here until this \
+             process lets go of it"
+        );
+        Adopt::Kept
     })
 }
 

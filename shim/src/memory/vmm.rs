@@ -12,19 +12,23 @@
 //! dead; in node mode the monitor keeps the records, asked over `monitor.sock`: `shared.rs`).
 //! An export nobody imported yet, one of another handle type and one the table has no room
 //! for stay charged here until this process exits (never less than the driver holds).
-//! Importing and mapping charge the importer nothing: the memory is its creator's. The
+//! Importing and mapping charge the importer nothing: the memory is its creator's, as long as
+//! someone is charged for it. A descriptor imported after everyone let go of the memory (its
+//! exporter exited, say: the descriptor keeps the driver's memory alive) is an *orphan*: the
+//! importer is charged for it as if it had allocated it (refused with
+//! `CUDA_ERROR_OUT_OF_MEMORY` over its quota) and becomes the export's exporter. The
 //! bookkeeping of mappings, exports and imports is behind one mutex: mapping,
 //! exporting and importing are not hot paths (each is a driver call of microseconds that
 //! changes page tables), and `cuMemCreate`/`cuMemRelease` of a handle never mapped, exported or
 //! imported do not take it; the ledger's lock is never taken under it.
 
-use super::{charge_and_alloc, written};
+use super::{charge_and_alloc, record, reserved, written};
 use crate::init::State;
 use crate::log::log;
 use crate::pointers::{self, Charge, Handle};
 use gpuslice_abi::pfn;
 use gpuslice_abi::*;
-use gpuslice_ledger::LetGo;
+use gpuslice_ledger::{Adopt, Import, LetGo};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Mutex;
@@ -311,10 +315,11 @@ fn register_export(st: &State, fd: core::ffi::c_int, c: Charge) -> Option<usize>
     super::shared::export(st, dev, fd, c.bytes)
 }
 
-/// `cuMemImportFromShareableHandle`: charges nothing (the memory is its exporter's); an
-/// import of a POSIX descriptor registered by its exporter keeps the exporter's slice charged
-/// while this process holds a handle or mapping of it. Registered before the driver call, so
-/// an exporter that lets go or dies meanwhile finds the importer already there.
+/// `cuMemImportFromShareableHandle`: charges nothing when someone is charged for the memory;
+/// an import of a POSIX descriptor registered by its exporter keeps the exporter's slice
+/// charged while this process holds a handle or mapping of it. Registered before the driver
+/// call, so an exporter that lets go or dies meanwhile finds the importer already there. An
+/// orphan (nobody charged for it any more) is charged here: [`import_orphan`].
 pub unsafe fn mem_import(
     real: pfn::cuMemImportFromShareableHandle,
     handle: *mut CUmemGenericAllocationHandle,
@@ -328,7 +333,15 @@ pub unsafe fn mem_import(
         _ => return pass(),
     };
     // A POSIX descriptor travels as the pointer's value (cuda.h: `(void *)(uintptr_t) fd`).
-    let rec = super::shared::import(st, os_handle as usize as core::ffi::c_int);
+    let fd = os_handle as usize as core::ffi::c_int;
+    let rec = match super::shared::import(st, fd) {
+        Import::Held(rec) => Some(rec),
+        Import::Orphan { rec, dev, bytes } => {
+            // SAFETY: the handler contract (`handle` non-null, checked).
+            return unsafe { import_orphan(st, pass, handle, fd, rec, dev, bytes) };
+        }
+        Import::Unknown => None,
+    };
     let r = pass();
     match rec {
         Some(rec) if r == CUDA_SUCCESS => {
@@ -343,4 +356,55 @@ pub unsafe fn mem_import(
         _ => {}
     }
     r
+}
+
+/// Import orphan `rec` (`bytes` on ledger device `dev`) from descriptor `fd`: charge it like
+/// an allocation (over the quota `CUDA_ERROR_OUT_OF_MEMORY`, without calling the driver),
+/// import, then adopt the record, so the charge is let go of as an exporter's. Another
+/// importer that adopted it first makes this one its importer (charge given back); no record
+/// (reused, or this process holds no slice there) keeps the charge until the handle goes.
+///
+/// # Safety
+/// `handle` is non-null, the program's out-pointer; `pass` is the driver's import.
+unsafe fn import_orphan(
+    st: &State,
+    pass: impl Fn() -> CUresult,
+    handle: *mut CUmemGenericAllocationHandle,
+    fd: core::ffi::c_int,
+    rec: usize,
+    dev: usize,
+    bytes: u64,
+) -> CUresult {
+    let Some(d) = st.devices.iter().find(|d| d.ledger_dev == dev) else {
+        log!(
+            Warn,
+            "imported VMM allocation of {bytes} bytes on a device this process does not use: \
+             charged to no slice"
+        );
+        return pass();
+    };
+    // SAFETY: d is a device of the started state; handle is non-null (this function's
+    // contract), read only after the driver succeeded.
+    let h = match unsafe {
+        reserved(d, bytes, || {
+            let r = pass();
+            (r, written(r, handle).unwrap_or(0))
+        })
+    } {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
+    USED.store(true, Release);
+    match super::shared::adopt(st, rec, fd) {
+        Adopt::Adopted => {
+            record(Handle::Vmm, h, Charge::new(bytes, d, 0));
+            with_maps(|m| m.exported.insert(h, Some(rec)));
+        }
+        Adopt::Imported(rec) => {
+            d.account.uncharge(bytes);
+            with_maps(|m| m.imported.insert(h, (rec, false)));
+        }
+        Adopt::Kept => record(Handle::Vmm, h, Charge::new(bytes, d, 0)),
+    }
+    CUDA_SUCCESS
 }
