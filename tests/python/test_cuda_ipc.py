@@ -372,3 +372,37 @@ def test_an_interprocess_event_is_seen_from_another_process(gpu_env, tmp_path):
         assert got["status"] == 0 and got["first_query"] == CUDA_ERROR_NOT_READY, got
         assert got["sync"] == 0 and got["waited_s"] > 0, got
         assert got["after_query"] == 0 and got["stream_wait"] == 0 and got["destroy"] == 0, got
+
+
+@pytest.mark.parametrize("order", [("retain", "unmap", "release", "release"),
+                                   ("release", "retain", "unmap", "release"),
+                                   ("retain", "release", "release", "unmap")])
+@pytest.mark.parametrize("shim", [False, True])
+def test_a_retained_vmm_handle_stays_charged_until_its_last_reference_goes(
+        gpu_env, tmp_path, order, shim):
+    """cuMemRetainAllocationHandle adds a reference the program must release. The driver (the
+    fake, alone) keeps the memory while any reference or mapping is left, whatever the order;
+    under the shim the slice stays charged exactly as long, is uncharged once, and a release
+    too many changes nothing. Otherwise retain, unmap and release would leave a live,
+    mappable handle charged to nobody."""
+    env = gpu_env(preload=True, GPUSLICE_MEMORY="1Gi") if shim else gpu_env()
+    # Under the shim NVML shows the slice's charges; alone, the fake's, with the context.
+    ctx = 0 if shim else CTX
+    with Client(env, "vmm-export", tmp_path / "unused.sock") as x:
+        total = x.ready["total"]
+        assert x.ask("create 256")["free"] == total - ctx - 256 * MI
+        steps = list(order)
+        for i, step in enumerate(steps):
+            got = x.ask(step)
+            assert got.get("status", got.get("unmap")) == 0, (step, got)
+            assert step != "retain" or got["same"], got
+            if i < len(steps) - 1:
+                assert used_by(got, x.pid) == 256 * MI + ctx, ("the driver holds it", step, got)
+                assert got["free"] == total - ctx - 256 * MI, ("still charged", step, got)
+        assert used_by(got, x.pid) == ctx and got["free"] == total - ctx, ("all gone", got)
+        again = x.ask("release")
+        assert again["status"] == CUDA_ERROR_INVALID_VALUE, again
+        assert again["free"] == total - ctx, again
+        if shim:
+            assert x.ask("alloc 1024")["status"] == 0, "the quota is whole, never more"
+            assert x.ask("alloc 1")["status"] == CUDA_ERROR_OUT_OF_MEMORY

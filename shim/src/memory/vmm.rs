@@ -46,6 +46,10 @@ struct Maps {
     exported: HashMap<u64, Option<usize>>,
     /// Imported handles: the ledger's record of the export, and whether released.
     imported: HashMap<u64, (usize, bool)>,
+    /// References `cuMemRetainAllocationHandle` added and no `cuMemRelease` took back yet:
+    /// while a handle has any, the driver keeps its memory whatever else is released or
+    /// unmapped.
+    retained: HashMap<u64, u32>,
 }
 
 /// What happens to a charge once the driver would free the memory in this process.
@@ -70,6 +74,7 @@ fn with_maps<T>(f: impl FnOnce(&mut Maps) -> T) -> T {
         released: HashMap::new(),
         exported: HashMap::new(),
         imported: HashMap::new(),
+        retained: HashMap::new(),
     }))
 }
 
@@ -80,6 +85,26 @@ impl Maps {
             Some(rec) => Gone::Exported(rec, c),
             None => Gone::Free(c),
         }
+    }
+
+    /// Handle `h` has no mapping and no retained reference left here: the charge a release
+    /// left held, and the record an import released earlier leaves.
+    fn unheld(&mut self, h: u64) -> (Option<Gone>, Option<usize>) {
+        let gone = self.released.remove(&h).map(|c| self.gone(h, c));
+        let released = self.imported.get(&h).is_some_and(|e| e.1);
+        (gone, if released { self.import_gone(h) } else { None })
+    }
+
+    /// Take back one retained reference of `h`: whether it had one.
+    fn unretain(&mut self, h: u64) -> bool {
+        let Some(n) = self.retained.get_mut(&h) else {
+            return false;
+        };
+        *n -= 1;
+        if *n == 0 {
+            self.retained.remove(&h);
+        }
+        true
     }
 
     /// An imported handle's last reference here went: the record this process no longer
@@ -174,6 +199,30 @@ pub unsafe fn mem_release(
     let st = ready!();
     // SAFETY: the handler contract: `real` with the program's arguments.
     let pass = || unsafe { real(handle) };
+    // A reference cuMemRetainAllocationHandle added: the driver counts references, not which
+    // is which, so this release takes back a retained one and the handle's own stays.
+    if USED.load(Acquire) && with_maps(|m| m.unretain(handle)) {
+        let r = pass();
+        if r != CUDA_SUCCESS {
+            with_maps(|m| *m.retained.entry(handle).or_insert(0) += 1);
+            return r;
+        }
+        // The last retained reference of a handle released and unmapped before: now the
+        // driver lets go of it.
+        let (gone, left) = with_maps(|m| {
+            let held = m.count.contains_key(&handle) || m.retained.contains_key(&handle);
+            if held {
+                (None, None)
+            } else {
+                m.unheld(handle)
+            }
+        });
+        if let Some(g) = gone {
+            settle(st, g);
+        }
+        leave(st, left);
+        return r;
+    }
     let Some(c) = pointers::remove(Handle::Vmm, handle) else {
         // Imported, or made before start-up: charged to nobody here.
         let r = pass();
@@ -261,12 +310,12 @@ pub unsafe fn mem_unmap(real: pfn::cuMemUnmap, ptr: CUdeviceptr, size: usize) ->
                 continue;
             }
             m.count.remove(&h);
-            if let Some(c) = m.released.remove(&h) {
-                gone.push(m.gone(h, c));
+            if m.retained.contains_key(&h) {
+                continue; // a retained reference still holds it: its release settles
             }
-            if m.imported.get(&h).is_some_and(|e| e.1) {
-                left.push(m.import_gone(h));
-            }
+            let (g, l) = m.unheld(h);
+            gone.extend(g);
+            left.push(l);
         }
         (gone, left)
     });
@@ -275,6 +324,27 @@ pub unsafe fn mem_unmap(real: pfn::cuMemUnmap, ptr: CUdeviceptr, size: usize) ->
     }
     for rec in left {
         leave(st, rec);
+    }
+    r
+}
+
+/// `cuMemRetainAllocationHandle`: the handle mapped at `addr`, with one more reference the
+/// program must release. Counted, so that neither the handle's own release nor its last
+/// unmap returns a charge (or leaves an import) while this reference still holds the memory,
+/// and its release is not taken for the handle's own.
+pub unsafe fn mem_retain(
+    real: pfn::cuMemRetainAllocationHandle,
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut core::ffi::c_void,
+) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(handle, addr) };
+    if r == CUDA_SUCCESS && !handle.is_null() {
+        // SAFETY: the program's out-pointer, non-null (checked), written by the driver
+        // (success).
+        let h = unsafe { *handle };
+        USED.store(true, Release);
+        with_maps(|m| *m.retained.entry(h).or_insert(0) += 1);
     }
     r
 }

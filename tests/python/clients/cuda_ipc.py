@@ -6,7 +6,8 @@ POSIX fd by SCM_RIGHTS, a legacy IPC handle's 64 bytes as data.
 Roles and their commands:
 - `vmm-export SOCKET`: `create MIB` (cuMemCreate for a POSIX fd, reserved, mapped read-write,
   filled with a pattern from the host), `send` (cuMemExportToShareableHandle, the fd sent to
-  the next connection), `release` (cuMemRelease), `unmap` (cuMemUnmap, cuMemAddressFree);
+  the next connection), `release` (cuMemRelease), `unmap` (cuMemUnmap, cuMemAddressFree),
+  `retain` (cuMemRetainAllocationHandle of the mapped address: one more reference, to release);
 - `vmm-import SOCKET`: `receive` (receive the fd and keep it, importing nothing), `import`
   (receive the fd unless one is kept, cuMemImportFromShareableHandle, map, read the bytes back
   and compare; its status and cuMemGetInfo when the import fails), `read` (compare them
@@ -171,6 +172,12 @@ def vmm_read():
     return dict(read_ok=read_ok(state["va"], state["size"]), **info())
 
 
+def vmm_retain():
+    h = c_u64()
+    r = cuda.cuMemRetainAllocationHandle(ctypes.byref(h), ctypes.c_void_p(state["va"]))
+    return dict(status=r, same=h.value == state["h"], **info())
+
+
 def vmm_release():
     return dict(status=cuda.cuMemRelease(c_u64(state["h"])), **info())
 
@@ -331,7 +338,8 @@ def forge(op, arg):
 
 
 ROLES = {
-    "vmm-export": dict(create=vmm_create, send=vmm_send, release=vmm_release, unmap=vmm_unmap),
+    "vmm-export": dict(create=vmm_create, send=vmm_send, release=vmm_release, unmap=vmm_unmap,
+                       retain=vmm_retain),
     "vmm-import": dict(receive=vmm_receive, import_=vmm_import, read=vmm_read, unmap=vmm_import_unmap),
     "ipc-export": dict(alloc_shared=ipc_alloc, send=ipc_send, own=ipc_own, free=ipc_free,
                        event_send=event_send),
