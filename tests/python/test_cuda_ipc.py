@@ -406,3 +406,32 @@ def test_a_retained_vmm_handle_stays_charged_until_its_last_reference_goes(
         if shim:
             assert x.ask("alloc 1024")["status"] == 0, "the quota is whole, never more"
             assert x.ask("alloc 1")["status"] == CUDA_ERROR_OUT_OF_MEMORY
+
+
+def test_an_importers_retained_reference_keeps_the_exporter_charged(
+        gpu_env, gpuslice_bin, tmp_path):
+    """An importer that retains its mapping's handle, then unmaps and releases its own, still
+    holds the memory: its exporter's slice `x` stays charged past the exporter's exit until
+    the retained reference is released (`--on-violation kill`: nothing reported or killed)."""
+    def env(name):
+        return gpu_env(preload=True, GPUSLICE_MEMORY="1Gi", GPUSLICE_SLICE=name)
+    xenv, ienv = env("x"), env("y")
+    mon = Monitor(gpuslice_bin, xenv)
+    try:
+        with Client(xenv, "vmm-export", tmp_path / "r.sock") as x, \
+                Client(ienv, "vmm-import", tmp_path / "r.sock") as m:
+            assert x.ask("create 256")["status"] == 0
+            assert handed(x, m, "import")["status"] == 0
+            assert m.ask("retain")["same"]
+            gone = m.ask("unmap")
+            assert gone["unmap"] == 0 and gone["release"] == 0, gone
+            assert x.ask("exit")["event"] == "exit" and x.proc.wait(timeout=30) == 0
+            assert wait_until(lambda: "reaped pid" in mon.log(), 20), mon.log()
+            assert slices_used(gpuslice_bin, xenv) == {"x": 256 * MI, "y": 0}
+            assert m.ask("release")["status"] == 0
+            assert wait_until(lambda: "x" not in slices_used(gpuslice_bin, xenv), 20)
+            assert slices_used(gpuslice_bin, xenv) == {"y": 0}
+        assert "audit:" not in mon.log(), mon.log()
+    finally:
+        mon.stop()
+

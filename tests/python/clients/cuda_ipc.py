@@ -11,7 +11,8 @@ Roles and their commands:
 - `vmm-import SOCKET`: `receive` (receive the fd and keep it, importing nothing), `import`
   (receive the fd unless one is kept, cuMemImportFromShareableHandle, map, read the bytes back
   and compare; its status and cuMemGetInfo when the import fails), `read` (compare them
-  again), `unmap` (cuMemUnmap, cuMemAddressFree, cuMemRelease);
+  again), `unmap` (cuMemUnmap, cuMemAddressFree, cuMemRelease), `retain` and `release` as
+  for `vmm-export`;
 - `ipc-export SOCKET`: `alloc_shared MIB` (cuMemAlloc, filled), `send` (cuIpcGetMemHandle, sent), `own`
   (cuIpcOpenMemHandle of its own handle: the driver refuses), `free` (cuMemFree);
 - `ipc-import SOCKET`: `open` (receive a handle, cuIpcOpenMemHandle, compare the bytes),
@@ -340,7 +341,8 @@ def forge(op, arg):
 ROLES = {
     "vmm-export": dict(create=vmm_create, send=vmm_send, release=vmm_release, unmap=vmm_unmap,
                        retain=vmm_retain),
-    "vmm-import": dict(receive=vmm_receive, import_=vmm_import, read=vmm_read, unmap=vmm_import_unmap),
+    "vmm-import": dict(receive=vmm_receive, import_=vmm_import, retain=vmm_retain,
+                       release=vmm_release, read=vmm_read, unmap=vmm_import_unmap),
     "ipc-export": dict(alloc_shared=ipc_alloc, send=ipc_send, own=ipc_own, free=ipc_free,
                        event_send=event_send),
     "ipc-import": dict(open=ipc_open, reopen=ipc_reopen, close=ipc_close, event_open=event_open),
