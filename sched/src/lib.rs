@@ -18,7 +18,7 @@
 //! - [`Work`] is how a `Client` sees the process's queued GPU work (the shim implements it with
 //!   CUDA events; the unit tests with a simulated engine).
 //! - [`Os`]: the clock and the futex, injected ([`SYSTEM`] is the real one, `sys.rs`); the
-//!   unit tests run the same code on a simulated clock and CPU (`sim.rs`), deterministically.
+//!   unit tests run the same code on a simulated clock and CPU (`sim/`), deterministically.
 //! - `granted.rs`: node mode, where the monitor grants the turns ([`Granted`], [`GrantProc`]);
 //!   [`Scheduler`] is either client behind one set of methods (what the shim holds).
 //! - `turns.rs`: node mode's grantor, [`DeviceTurns`]: one device's turns as the monitor's

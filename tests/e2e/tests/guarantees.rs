@@ -403,13 +403,11 @@ fn sixteen_processes_of_8ms_kernels_in_a_quarter_slice_take_no_more_than_it() {
     many_processes_in_one_slice("16 x 8 ms", 16, 8000);
 }
 
-/// (b) 32 processes of 1 ms kernels in t1's 0.25 slice (on main: t2 got 0.604).
-///
-/// Not met yet on an idle host (2026-12-01, final merge): t1 0.277, t2 0.708 of the device, t1's
-/// worst second 0.292; every half second t1 got 0.24-0.30. Issue #20 stays open on it; run it
-/// with `--ignored`.
+/// (b) 32 processes of 1 ms kernels in t1's 0.25 slice (on main: t2 got 0.604; before the
+/// monitor held the next grant for a slice's leftover work, t1 0.277, t2 0.708, t1's worst
+/// second 0.292 on an idle host: its processes' kernels queued past a turn ran beside t2's and
+/// were charged to neither).
 #[test]
-#[ignore = "not met yet: t1 0.277 / t2 0.708, worst second 0.292 on an idle host (issue #20)"]
 fn thirty_two_processes_of_1ms_kernels_in_a_quarter_slice_take_no_more_than_it() {
     many_processes_in_one_slice("32 x 1 ms", 32, 1000);
 }
