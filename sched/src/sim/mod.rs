@@ -29,7 +29,7 @@ pub use engine::Engine;
 pub use queue::Queue;
 
 use core::sync::atomic::{AtomicU32, Ordering::*};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::client::Os;
 
@@ -48,6 +48,9 @@ struct Thread {
     stalls: Vec<(u64, u64)>,
     /// Delay between a futex wake-up and the process running.
     wake_latency: u64,
+    /// Signalled when this process is the one to run: only it wakes (a wake-up of every
+    /// thread at each switch made the 66-process tests cost a minute of system time).
+    cv: Arc<Condvar>,
 }
 
 struct St {
@@ -61,7 +64,8 @@ struct St {
 /// The simulated machine.
 pub struct World {
     st: Mutex<St>,
-    cv: Condvar,
+    /// Signalled when the last process is done.
+    all_done: Condvar,
 }
 
 /// One simulated process's CPU: its clock, sleep and futex (the scheduler's [`Os`]).
@@ -93,7 +97,7 @@ impl World {
                 order: 0,
                 cpu_ns,
             }),
-            cv: Condvar::new(),
+            all_done: Condvar::new(),
         }
     }
 
@@ -116,6 +120,7 @@ impl World {
                     done: false,
                     stalls: p.stalls.clone(),
                     wake_latency: p.wake_latency_ns,
+                    cv: Arc::new(Condvar::new()),
                 });
             }
         }
@@ -134,9 +139,8 @@ impl World {
             }
             let mut st = self.lock();
             dispatch(&mut st);
-            self.cv.notify_all();
             while !st.threads.iter().all(|t| t.done) {
-                st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                st = self.all_done.wait(st).unwrap_or_else(|e| e.into_inner());
             }
         });
         self.lock().now
@@ -151,7 +155,9 @@ impl Drop for Exit<'_, '_> {
         let mut st = self.0.world.lock();
         st.threads[self.0.id].done = true;
         dispatch(&mut st);
-        self.0.world.cv.notify_all();
+        if st.threads.iter().all(|t| t.done) {
+            self.0.world.all_done.notify_all();
+        }
     }
 }
 
@@ -181,6 +187,7 @@ fn dispatch(st: &mut St) {
             let t = &mut st.threads[i];
             t.blocked = false;
             t.futex = 0;
+            t.cv.notify_one();
             st.running = i;
         }
     }
@@ -188,9 +195,15 @@ fn dispatch(st: &mut St) {
 
 impl Cpu<'_> {
     fn wait_turn(&self) {
-        let mut st = self.world.lock();
+        let st = self.world.lock();
+        self.wait_running(st);
+    }
+
+    /// Sleep until this process is the one running.
+    fn wait_running(&self, mut st: MutexGuard<'_, St>) {
+        let cv = st.threads[self.id].cv.clone();
         while st.running != self.id {
-            st = self.world.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
     }
 
@@ -204,13 +217,7 @@ impl Cpu<'_> {
         t.futex = futex;
         t.blocked = true;
         dispatch(&mut st);
-        if st.running == self.id {
-            return;
-        }
-        self.world.cv.notify_all();
-        while st.running != self.id {
-            st = self.world.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
+        self.wait_running(st);
     }
 
     /// The simulated time, without spending any (for the models, not the code under test).
