@@ -10,8 +10,8 @@
 //! ([`super::pick`], [`super::charge`]) over the policy's slice records, which only it writes,
 //! so virtual time and cap budgets cannot be forged; it charges every turn at least the span it
 //! granted, whatever a tenant writes, plus what the slice's processes left queued past it, and
-//! grants the next turn when a lease ends whether or not its holder stopped (nobody waits on a
-//! tenant).
+//! grants the next turn when a lease ends whether or not its holder stopped, once the work its
+//! processes left queued is about done and at most 5 ms later (nobody waits on a tenant longer).
 //!
 //! [`Granted`] is one process's side of one device: the same [`Work`]-driven admission as
 //! [`Client`] (launch while the queued work fits before the lease's end, and while the slice's

@@ -49,7 +49,8 @@
 //! starts after the span the previous one was charged, and what a holder left queued past its
 //! charge is paid by it once it sees it done ([`Work::finished_at`]); a holder taken over
 //! without launching pays for the turn it held idle. In node mode the monitor charges the span
-//! granted plus what the slice's processes left queued past it (`turns.rs`), and the slice's
+//! granted plus what the slice's processes left queued past it, and grants the next turn once
+//! that is about done (at most 5 ms past the lease, `turns.rs`), and the slice's
 //! processes together queue at most a turn (`granted.rs`). Nothing waits on a holder
 //! forever: a lease whose end is [`GRACE_NS`] past, or whose holder's queued work ran out
 //! [`IDLE_GRACE_NS`] ago with nothing new launched, is taken over by any waiter, so a holder

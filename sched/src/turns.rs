@@ -7,9 +7,11 @@
 //! (which only the monitor writes), and runs the same pure policy as personal mode ([`pick`],
 //! [`charge`]) over those records, so virtual times and cap budgets are the monitor's own. A
 //! turn is charged the span the monitor granted (from the grant to its hand-back or its end),
-//! never less, whatever a tenant wrote; when a lease ends, the next slice is granted then,
-//! whether or not the holder stopped: a holder that overstays (stopped, hung, or ignoring its
-//! lease) is simply not granted again until it asks, and nobody waits on it. A slice alone and
+//! never less, whatever a tenant wrote, plus what its processes left queued past it; when a
+//! lease ends, the next slice is granted once that leftover is about done, at most
+//! [`DRAIN_HOLD_NS`] later, whether or not the holder stopped: a holder that overstays (stopped,
+//! hung, or ignoring its lease) is simply not granted again until it asks, and nobody waits on
+//! it longer. A slice alone and
 //! uncapped gets a solo lease (its launches cost one load); the monitor turns it into an
 //! ordinary lease when a second slice asks. Every write into the policy's records is here, so
 //! the monitor's thread only reads the ledger.
