@@ -87,8 +87,8 @@ pub use records::{
     SliceComputeStats, Window, CLASS_LATENCY, CLASS_NORMAL, MAX_SLICE_ID, WINDOW_NS,
 };
 pub use turns::{
-    beat, DeviceTurns, Member, HAND_BACK_POLL_NS, HAND_BACK_WINDOW_NS, MAX_GRANT_NS, POLL_NS,
-    POLL_SOLO_NS, SOLO_QUIET_NS,
+    beat, DeviceTurns, Member, DRAIN_HOLD_NS, HAND_BACK_POLL_NS, HAND_BACK_WINDOW_NS, MAX_GRANT_NS,
+    POLL_NS, POLL_SOLO_NS, SETTLE_SLACK_NS, SOLO_QUIET_NS,
 };
 
 /// CLOCK_MONOTONIC in ns, the clock of every timestamp here ([`SYSTEM`]'s).

@@ -625,13 +625,8 @@ mod tests {
             (2 * MS, 2 * MS - NODE_HANDOFF_LEAD_NS),
             (60 * MS, DRAIN_HOLD_NS - NODE_HANDOFF_LEAD_NS),
         ] {
-            let p = World::new(&[(0.5, 1.0), (0.5, 1.0)]);
-            p.w[0].want_ns.store(T0, SeqCst);
-            p.w[1].want_ns.store(T0, SeqCst);
-            let mut dt = DeviceTurns::default();
-            p.step(&mut dt, T0);
+            let (p, mut dt, h) = halves_first_turn();
             let l = p.lease();
-            let h = l.holder as usize - 1;
             // The holder launches to its end, leaving `left` queued past it.
             p.w[h].want_ns.store(0, SeqCst);
             p.w[h].busy_until_ns.store(l.end_ns + left, SeqCst);
@@ -739,8 +734,9 @@ mod tests {
         assert!(p.lease().solo, "{:?}", p.lease());
     }
 
-    #[test]
-    fn a_holder_that_hands_back_early_is_charged_only_its_span() {
+    /// Two slices at 0.5, both waiting at `T0`, the first turn granted: the world, its turns,
+    /// and the holder's index.
+    fn halves_first_turn() -> (World, DeviceTurns, usize) {
         let p = World::new(&[(0.5, 1.0), (0.5, 1.0)]);
         p.w[0].want_ns.store(T0, SeqCst);
         p.w[1].want_ns.store(T0, SeqCst);
@@ -749,6 +745,12 @@ mod tests {
         let l = p.lease();
         assert!(!l.solo && l.holder != 0);
         let h = l.holder as usize - 1;
+        (p, dt, h)
+    }
+
+    #[test]
+    fn a_holder_that_hands_back_early_is_charged_only_its_span() {
+        let (p, mut dt, h) = halves_first_turn();
         p.w[h].want_ns.store(0, SeqCst);
         p.w[h].busy_until_ns.store(T0 + MS, SeqCst);
         // Done after 1 ms (idle for IDLE_GRACE_NS): the other gets it within one poll.
