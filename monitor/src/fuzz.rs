@@ -12,7 +12,7 @@
 //! `GPUSLICE_FUZZ_SECONDS=600 cargo test -p gpuslice --bin gpuslice fuzz -- --nocapture`
 //! runs it for as long as asked and prints the executions.
 
-use crate::node::Node;
+use crate::ledger_window::LedgerWindow;
 use gpuslice_ledger::layout::*;
 use gpuslice_ledger::{Ledger, OperatorSlice, SliceRequest, PPM};
 use proptest::prelude::*;
@@ -62,7 +62,7 @@ fn interesting() -> impl Strategy<Value = u64> {
 
 fn scribble() -> impl Strategy<Value = Scribble> {
     prop_oneof![
-        4 => (0u8..3, prop_oneof![0usize..6, 0usize..512], 0usize..4096, any::<bool>(), interesting())
+        4 => (0u8..4, prop_oneof![0usize..6, 0usize..512], 0usize..4096, any::<bool>(), interesting())
             .prop_map(|(kind, record, offset, wide, value)| Scribble::Field {
                 kind,
                 record,
@@ -97,7 +97,8 @@ fn record_base(kind: u8, record: usize) -> Option<(usize, usize)> {
     let (off, size, max) = match kind {
         0 => (DEVICES_OFFSET, size_of::<Device>(), MAX_DEVICES),
         1 => (SLICES_OFFSET, size_of::<Slice>(), MAX_SLICES),
-        _ => (PROCS_OFFSET, size_of::<Proc>(), MAX_PROCS),
+        2 => (PROCS_OFFSET, size_of::<Proc>(), MAX_PROCS),
+        _ => (SHARED_OFFSET, size_of::<Shared>(), MAX_SHARED),
     };
     (record < max).then_some((off + record * size, size))
 }
@@ -124,6 +125,7 @@ fn build_template(dir: &Path) {
         claim: Some("ns/claim".into()),
     })
     .unwrap();
+    let mut mes = vec![];
     for (name, mem) in [
         (Some("ops"), None),
         (Some("team"), Some(1 << 30)),
@@ -135,8 +137,13 @@ fn build_template(dir: &Path) {
             l.join(me, d, &SliceRequest::new(name, mem)).unwrap();
             assert!(l.account(me, d).unwrap().try_charge(64 * MI));
         }
+        mes.push(me);
         // Left attached: the copies hold records of processes that are gone.
     }
+    // An exported allocation with an importer (`layout::Shared`), for the reapers to settle.
+    let key = gpuslice_ledger::ShareKey { dev: 1, ino: 2 };
+    let rec = l.share_export(mes[1], devs[0], key, 64 * MI).unwrap();
+    assert!(rec.is_some() && l.share_import(mes[2], key).unwrap() == rec);
 }
 
 fn template() -> &'static [u8] {
@@ -210,12 +217,12 @@ fn write_case(dir: &Path, c: &Case) {
 /// The node-mode paths over the same file: the monitor's reaper and usage mirror, with
 /// regions whose words are as hostile as the file's.
 fn exercise_node(dir: &Path, noise: &[u64]) {
-    let pool_key = |i: u32| gpuslice_ledger::layout::POOL_ACCOUNT_BASE + i;
+    let allowance_key = |i: u32| gpuslice_ledger::layout::ALLOWANCE_ACCOUNT_BASE + i;
     use std::sync::atomic::Ordering::SeqCst;
     let Ok(l) = Ledger::open(dir) else { return };
     let regions = std::sync::Arc::new(crate::admission::RegionTable::default());
     l.set_regions(regions.clone());
-    for (i, k) in [0u32, 1, 2, 5, pool_key(0), pool_key(1)]
+    for (i, k) in [0u32, 1, 2, 5, allowance_key(0), allowance_key(1)]
         .into_iter()
         .enumerate()
     {
@@ -230,7 +237,7 @@ fn exercise_node(dir: &Path, noise: &[u64]) {
             }
         }
     }
-    for (i, p) in l.pools().iter().enumerate().take(3) {
+    for (i, p) in l.allowances().iter().enumerate().take(3) {
         p.state.store(STATE_ACTIVE, SeqCst);
         p.device
             .store((noise.get(i).copied().unwrap_or(0) % 3) as u32, SeqCst);
@@ -238,7 +245,7 @@ fn exercise_node(dir: &Path, noise: &[u64]) {
             .store(noise.get(i + 1).copied().unwrap_or(0), SeqCst);
     }
     let _ = l.reap_node(&|p| p.host_pid.load(SeqCst) % 2 == 0, regions.as_ref());
-    let _ = l.rebalance_pools();
+    let _ = l.rebalance_allowances();
     l.mirror_usage(regions.as_ref());
     regions.retain_live(&l);
     let _ = l.snapshot();
@@ -246,8 +253,8 @@ fn exercise_node(dir: &Path, noise: &[u64]) {
 
 /// Everything that reads the file; must not panic. Returns whether the ledger opened.
 fn exercise(dir: &Path) -> bool {
-    let opened = Node::open(dir).is_ok();
-    if let Ok(node) = Node::open(dir) {
+    let opened = LedgerWindow::open(dir).is_ok();
+    if let Ok(node) = LedgerWindow::open(dir) {
         let snap = node.snapshot();
         let _ = snap.to_json().to_string();
         let _ = crate::prom::render(&snap, None);
@@ -278,7 +285,9 @@ fn exercise(dir: &Path) -> bool {
         }
         let _ = l.reap_dead();
         let _ = crate::prom::render(
-            &Node::open(dir).map(|n| n.snapshot()).unwrap_or_default(),
+            &LedgerWindow::open(dir)
+                .map(|n| n.snapshot())
+                .unwrap_or_default(),
             None,
         );
     }
