@@ -229,7 +229,7 @@ fn tenants_names_are_their_own_and_operator_names_are_reserved() {
 #[test]
 fn an_export_outlives_its_exporter_on_the_regions_and_one_user_holds_a_quarter_of_the_table() {
     use gpuslice_ledger::layout::SHARED_PER_UID;
-    use gpuslice_ledger::{Adopt, Import, LetGo, ProcHandle, ShareKey};
+    use gpuslice_ledger::{Import, LetGo, ProcHandle, ShareKey};
     let Some((l, t, _d)) = node("shared") else {
         return;
     };
@@ -259,24 +259,47 @@ fn an_export_outlives_its_exporter_on_the_regions_and_one_user_holds_a_quarter_o
         0,
         "the importer let go"
     );
-    // An orphan now: importing the descriptor again charges y, in its own region, and y
-    // lets go of it as its exporter.
-    let Import::Orphan {
-        rec: o,
-        bytes,
-        dev: od,
-    } = l.share_import(yh, k).unwrap()
-    else {
-        panic!("not an orphan");
-    };
-    assert_eq!((Some(o), bytes, od), (rec, GI, y.devices[0].device));
-    let ydev = &l.devices()[od];
-    let ya = Account::in_region(ydev, Some(&l.slices()[y.devices[0].slice]), &ry, y.slot).unwrap();
-    assert!(ya.try_charge(bytes));
-    assert_eq!(l.share_adopt(yh, o, k).unwrap(), Adopt::Adopted);
-    assert_eq!(l.share_let_go(yh, o).unwrap(), LetGo::Uncharge);
-    ya.uncharge(bytes);
+    // An orphan now: importing the descriptor again charges y, in its own region (the
+    // monitor charges, not the tenant), and y lets go of it as its exporter. A best-effort
+    // importer keeps no record: it is told to charge itself.
+    let b = admit(&l, (43, 4000), None, None).unwrap();
+    let bh = ProcHandle { slot: b.slot };
+    let od = y.devices[0].device;
+    assert_eq!(
+        l.share_import(bh, k).unwrap(),
+        Import::Charge { dev: od, bytes: GI }
+    );
+    assert_eq!(
+        l.share_import(yh, k).unwrap(),
+        Import::Adopted {
+            rec: rec.unwrap(),
+            dev: od,
+            bytes: GI
+        }
+    );
+    assert_eq!(ry.header().memory_used.load(SeqCst), GI);
+    assert_eq!(l.share_let_go(yh, rec.unwrap()).unwrap(), LetGo::Uncharge);
+    let ya = Account::in_region(
+        &l.devices()[od],
+        Some(&l.slices()[y.devices[0].slice]),
+        &ry,
+        y.slot,
+    );
+    ya.unwrap().uncharge(GI);
     assert_eq!(ry.header().memory_used.load(SeqCst), 0);
+    // Over its quota (1 GiB, 1 GiB of its own charged): refused, nothing changed.
+    let ya = Account::in_region(
+        &l.devices()[od],
+        Some(&l.slices()[y.devices[0].slice]),
+        &ry,
+        y.slot,
+    );
+    assert!(ya.unwrap().try_charge(GI));
+    assert_eq!(
+        l.share_import(yh, k).unwrap(),
+        Import::Refused { dev: od, bytes: GI }
+    );
+    ya.unwrap().uncharge(GI);
     // One user's exports hold at most a quarter of the table; another's are not blocked.
     for i in 0..SHARED_PER_UID as u64 {
         let k = ShareKey { dev: 8, ino: i };

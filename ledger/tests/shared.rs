@@ -8,7 +8,7 @@
 
 mod common;
 use common::{fresh_dir, Scratch};
-use gpuslice_ledger::{Adopt, Import, Ledger, LetGo, ProcHandle, ShareKey, SliceRequest};
+use gpuslice_ledger::{Import, Ledger, LetGo, ProcHandle, ShareKey, SliceRequest};
 use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
 
@@ -215,47 +215,50 @@ fn a_descriptor_imported_after_its_exporter_died_charges_its_importer() {
     assert_eq!(used(&l, "x"), None, "the exporter's charge went with it");
     let f = std::fs::File::open(&key).unwrap();
     let k = ShareKey::of_fd(f.as_raw_fd()).unwrap();
-    // Over its quota, an importer cannot take it: the shim refuses the import.
+    // Over its quota, an importer cannot take it (the shim refuses the import); nothing
+    // changed.
     let (small, dev) = joined(&l, "small", 128 * MI);
-    let Import::Orphan {
-        rec,
-        bytes,
-        dev: od,
-    } = l.share_import(small, k).unwrap()
-    else {
-        panic!("not an orphan")
-    };
-    assert_eq!((bytes, od), (256 * MI, dev));
-    assert!(!l.account(small, dev).unwrap().try_charge(bytes));
-    // Two importers at once: both charge themselves, the first adopts the record, the
-    // second is counted as its importer and gives its charge back.
+    let bytes = 256 * MI;
+    assert_eq!(
+        l.share_import(small, k).unwrap(),
+        Import::Refused { dev, bytes }
+    );
+    assert_eq!(used(&l, "small"), Some(0));
+    // Two importers: the first is charged and adopts the record, the second is counted as
+    // its importer and charged nothing.
     let (a, _) = joined(&l, "a", 1 << 30);
     let (b, _) = joined(&l, "b", 1 << 30);
+    let Import::Adopted {
+        rec,
+        dev: od,
+        bytes: ob,
+    } = l.share_import(a, k).unwrap()
+    else {
+        panic!("not adopted")
+    };
+    assert_eq!((od, ob), (dev, bytes));
+    assert_eq!(l.share_import(b, k).unwrap(), Import::Held(rec));
+    let aa = l.account(a, dev).unwrap();
     assert_eq!(
-        l.share_import(a, k).unwrap(),
-        Import::Orphan { rec, dev, bytes }
+        (aa.charged(), used(&l, "a"), used(&l, "b")),
+        (bytes, Some(bytes), Some(0))
     );
-    assert_eq!(
-        l.share_import(b, k).unwrap(),
-        Import::Orphan { rec, dev, bytes }
-    );
-    let (aa, ab) = (l.account(a, dev).unwrap(), l.account(b, dev).unwrap());
-    assert!(aa.try_charge(bytes) && ab.try_charge(bytes));
-    assert_eq!(l.share_adopt(a, rec, k).unwrap(), Adopt::Adopted);
-    assert_eq!(l.share_adopt(b, rec, k).unwrap(), Adopt::Imported(rec));
-    ab.uncharge(bytes);
-    assert_eq!((used(&l, "a"), used(&l, "b")), (Some(bytes), Some(0)));
     // The adopter is its exporter now: letting go while b holds it hands the charge over.
     assert_eq!(l.share_let_go(a, rec).unwrap(), LetGo::HandedOver);
     assert_eq!((aa.charged(), used(&l, "a")), (0, Some(bytes)));
     l.share_leave(b, rec).unwrap();
     assert_eq!(used(&l, "a"), Some(0), "the last holder went");
-    // An orphan again: the next import is charged again, and a later export of the same
-    // identity (the descriptor is gone, its inode reused) replaces it.
+    // An orphan again: the next import is charged again (and lets go of it: uncharged), and
+    // a later export of the same identity (the descriptor is gone, its inode reused)
+    // replaces it.
     assert_eq!(
         l.share_import(b, k).unwrap(),
-        Import::Orphan { rec, dev, bytes }
+        Import::Adopted { rec, dev, bytes }
     );
+    assert_eq!(used(&l, "b"), Some(bytes));
+    assert_eq!(l.share_let_go(b, rec).unwrap(), LetGo::Uncharge);
+    let ab = l.account(b, dev).unwrap();
+    ab.uncharge(bytes);
     assert!(ab.try_charge(64 * MI));
     assert_eq!(l.share_export(b, dev, k, 64 * MI).unwrap(), Some(rec));
     assert_eq!(l.share_import(a, k).unwrap(), Import::Held(rec));
@@ -286,8 +289,9 @@ fn an_adopter_that_dies_or_lets_go_leaves_an_orphan_for_the_next_importer() {
     let (z, _) = joined(&l, "z", 1 << 30);
     assert!(matches!(
         l.share_import(z, k).unwrap(),
-        Import::Orphan { bytes, .. } if bytes == 256 * MI
+        Import::Adopted { bytes, .. } if bytes == 256 * MI
     ));
+    assert_eq!(used(&l, "z"), Some(256 * MI));
 }
 
 #[test]

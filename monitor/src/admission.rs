@@ -14,8 +14,8 @@
 //! operator group),
 //! `view` (a read-only descriptor of one slice's region, for the slice's own uid or root),
 //! `release` (an admitted process the driver refused memory: pieces of its own slice's balloon,
-//! `crate::balloon`), `share-export`, `share-import`, `share-adopt`, `share-leave`,
-//! `share-let-go` (an admitted process's exported VMM allocations, `crate::shared`).
+//! `crate::balloon`), `share-export`, `share-import`, `share-leave`, `share-let-go` (an
+//! admitted process's exported VMM allocations, `crate::shared`).
 
 use crate::error::{Error, RequestError};
 use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
@@ -359,9 +359,7 @@ fn answer(
     let ledger = &server.ledger;
     match req.get("op") {
         Some("ping") => Ok((Message::new("ok", &std::process::id().to_string()), vec![])),
-        Some(
-            op @ ("share-export" | "share-import" | "share-adopt" | "share-leave" | "share-let-go"),
-        ) => {
+        Some(op @ ("share-export" | "share-import" | "share-leave" | "share-let-go")) => {
             // An admitted process's exported VMM allocations (`crate::shared`).
             let peer = peer_of(pid, uid)?;
             let slot = ledger

@@ -294,10 +294,9 @@ fn exercise(dir: &Path) -> bool {
                     // The shared records' paths, over whatever the records say.
                     for ino in [2, 3] {
                         let key = gpuslice_ledger::ShareKey { dev: 1, ino };
-                        if let Ok(gpuslice_ledger::Import::Orphan { rec, .. }) =
+                        if let Ok(gpuslice_ledger::Import::Adopted { rec, .. }) =
                             l.share_import(me, key)
                         {
-                            let _ = l.share_adopt(me, rec, key);
                             let _ = l.share_let_go(me, rec);
                         }
                     }

@@ -3,8 +3,8 @@
 //! between processes").
 //!
 //! A tenant cannot write the policy, so its shim asks here: `share-export` (with the exported
-//! POSIX descriptor), `share-import` (with the descriptor it imports), `share-adopt` (the
-//! descriptor again and the orphan record it charged itself for), `share-leave` and
+//! POSIX descriptor), `share-import` (with the descriptor it imports: an orphan's importer is
+//! charged here, in its slice's region, before its driver call), `share-leave` and
 //! `share-let-go` (a record index). Who asks is the monitor's record of the connected process
 //! (`SO_PEERCRED`, its start time); the allocation's identity is what the monitor itself reads
 //! from the descriptor (`fstat`), which it closes at once (holding it would keep the memory
@@ -13,13 +13,13 @@
 //! is clamped to what it was charged.
 
 use crate::error::RequestError;
-use gpuslice_ledger::{Adopt, Import, Ledger, LetGo, ProcHandle, ShareKey};
+use gpuslice_ledger::{Import, Ledger, LetGo, ProcHandle, ShareKey};
 use gpuslice_protocol::Message;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 /// Answer one `share-*` request of the admitted process `slot`: the reply's `ok` value
-/// (`share-import`: `held REC`, `orphan REC DEV BYTES` or `-`; `share-adopt`: `adopted`,
-/// `imported REC` or `kept`; the shim's `memory/shared.rs` reads them).
+/// (`share-import`: `held REC`, `adopted REC DEV BYTES`, `refused DEV BYTES`, `charge DEV
+/// BYTES` or `-`; the shim's `memory/shared.rs` reads them).
 pub fn answer(
     ledger: &Ledger,
     op: &str,
@@ -50,13 +50,10 @@ pub fn answer(
         }
         "share-import" => Ok(match ledger.share_import(me, key()?)? {
             Import::Held(rec) => format!("held {rec}"),
-            Import::Orphan { rec, dev, bytes } => format!("orphan {rec} {dev} {bytes}"),
+            Import::Adopted { rec, dev, bytes } => format!("adopted {rec} {dev} {bytes}"),
+            Import::Refused { dev, bytes } => format!("refused {dev} {bytes}"),
+            Import::Charge { dev, bytes } => format!("charge {dev} {bytes}"),
             Import::Unknown => "-".into(),
-        }),
-        "share-adopt" => Ok(match ledger.share_adopt(me, rec()?, key()?)? {
-            Adopt::Adopted => "adopted".into(),
-            Adopt::Imported(rec) => format!("imported {rec}"),
-            Adopt::Kept => "kept".into(),
         }),
         "share-leave" => {
             ledger.share_leave(me, rec()?)?;

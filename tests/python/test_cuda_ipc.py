@@ -278,8 +278,8 @@ def test_a_descriptor_imported_after_its_exporter_ended_charges_the_importer(
 @pytest.mark.parametrize("exporter_end", ["exit", "kill"])
 def test_in_node_mode_a_descriptor_imported_after_its_exporter_ended_charges_the_importer(
         gpu_env, gpuslice_bin, node_monitor, tmp_path, exporter_end):
-    """The same in node mode: the monitor answers the orphan's size and lets the importer
-    adopt it (`share-import`, `share-adopt`)."""
+    """The same in node mode: the monitor charges the importer's slice (in its region) and
+    makes it the record's exporter when it asks `share-import`."""
     node_monitor("--on-violation", "kill")
     orphan_case(gpu_env, gpuslice_bin, tmp_path, node_monitor.log, exporter_end)
 

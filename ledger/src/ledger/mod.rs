@@ -23,7 +23,7 @@ mod snapshot;
 
 pub use join::{Joined, SliceRequest};
 pub use procs::ProcHandle;
-pub use shared::{Adopt, Import, LetGo, ShareKey};
+pub use shared::{Import, LetGo, ShareKey};
 pub use slices::OperatorSlice;
 
 use crate::dir::{Owner, RuntimeDir};

@@ -17,9 +17,11 @@
 //! everyone let go, the exporter exited included. A record nobody is charged for any more
 //! therefore becomes an *orphan* ([`STATE_ORPHAN`]) instead of going: its device, identity
 //! and size stay, and the next process that imports it is charged for it as if it had
-//! allocated it ([`Import::Orphan`], then [`Ledger::share_adopt`]: it becomes the record's
-//! exporter), refused over its quota. So handing a descriptor to a friend and exiting moves
-//! the charge to the friend's slice when it imports, and never to no slice. An orphan is
+//! allocated it, here, under the lock, before the driver's import ([`Import::Adopted`]: it
+//! becomes the record's exporter), or refused over its quota ([`Import::Refused`]). So
+//! handing a descriptor to a friend and exiting moves the charge to the friend's slice when
+//! it imports, and never to no slice; and since the charge is made here (in node mode by the
+//! monitor), a tenant that hand-makes its requests cannot take an orphan over uncharged. An orphan is
 //! reused when the table has no free record (that identity loses its size: see
 //! docs/architecture.md) or when a new export has its identity (the old descriptor is gone:
 //! the kernel reuses an inode number only once the file is freed).
@@ -36,7 +38,7 @@
 //! and only while a live process that imported the same descriptor holds it.
 
 use super::{Ledger, LockGuard};
-use crate::account::Member;
+use crate::account::{Account, Member};
 use crate::error::LedgerError;
 use crate::layout::*;
 use crate::ledger::ProcHandle;
@@ -65,18 +67,35 @@ impl ShareKey {
     }
 }
 
-/// What [`Ledger::share_import`] found for a descriptor.
+/// What [`Ledger::share_import`] did for a descriptor about to be imported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Import {
-    /// A record someone is charged for: the importer is counted on record `.0` and charged
+    /// Someone is charged for the memory: the importer is counted on record `.0` and charged
     /// nothing.
     Held(usize),
-    /// An orphan: nobody is charged for the memory any more. The importer charges itself
-    /// `bytes` on ledger device `dev` (refused over its quota), imports, then adopts record
-    /// `rec` ([`Ledger::share_adopt`]).
-    Orphan {
+    /// An orphan (nobody charged for it any more): the importer was charged `bytes` on ledger
+    /// device `dev` and is record `rec`'s exporter now (if the driver's import fails, it lets
+    /// go of it as an exporter: [`Ledger::share_let_go`]).
+    Adopted {
         /// The record.
         rec: usize,
+        /// Its ledger device.
+        dev: usize,
+        /// Bytes charged.
+        bytes: u64,
+    },
+    /// An orphan of `bytes` on ledger device `dev` that does not fit the importer's quota:
+    /// nothing changed; the import is refused as an allocation would be.
+    Refused {
+        /// Its ledger device.
+        dev: usize,
+        /// Bytes of the allocation.
+        bytes: u64,
+    },
+    /// An orphan of `bytes` on ledger device `dev`, and the importer's account there keeps no
+    /// record (node mode's best-effort allowance, or none): it charges itself, as for an
+    /// allocation, until it lets go; the record stays an orphan.
+    Charge {
         /// Its ledger device.
         dev: usize,
         /// Bytes of the allocation.
@@ -85,20 +104,6 @@ pub enum Import {
     /// Not an export gpuslice knows (or not counted: the importer's own export, or the
     /// record's importer entries are full): charged nothing.
     Unknown,
-}
-
-/// What [`Ledger::share_adopt`] did for an importer that charged itself for an orphan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Adopt {
-    /// The importer is the record's exporter now: its charge is the record's, let go as an
-    /// exporter's ([`Ledger::share_let_go`]).
-    Adopted,
-    /// Another importer adopted it first: this one is counted as its importer on record `.0`
-    /// and gives its own charge back.
-    Imported(usize),
-    /// Neither (the record was reused, the importer has no slice account there, or the
-    /// entries are full): the importer keeps its charge until it lets go of the memory.
-    Kept,
 }
 
 /// What an exporter letting go of an exported allocation does with its charge.
@@ -186,8 +191,9 @@ impl Ledger {
 
     /// Process `me` is importing the descriptor `key` (asked before the driver's import, so an
     /// exporter letting go meanwhile finds it there): [`Import::Held`] when someone is charged
-    /// for the memory (`me` is counted on the record), [`Import::Orphan`] when nobody is (`me`
-    /// must charge itself, then [`Ledger::share_adopt`]), [`Import::Unknown`] when nobody
+    /// for the memory (`me` is counted on the record); for an orphan, `me` charged for it and
+    /// made its exporter ([`Import::Adopted`]), [`Import::Refused`] over its quota, or
+    /// [`Import::Charge`] when `me` has no account there that keeps a record; [`Import::Unknown`] when nobody
     /// registered `key` (not exported under gpuslice, or from a node policy), it is `me`'s own
     /// export, or the record's importer entries are full.
     pub fn share_import(&self, me: ProcHandle, key: ShareKey) -> Result<Import, LedgerError> {
@@ -196,57 +202,23 @@ impl Ledger {
             return Ok(Import::Unknown);
         };
         let r = &self.shared()[i];
-        if r.state.load(SeqCst) == STATE_ORPHAN {
-            return Ok(Import::Orphan {
-                rec: i,
-                dev: r.device.load(SeqCst) as usize,
-                bytes: r.bytes.load(SeqCst),
-            });
-        }
-        Ok(self
-            .add_importer(me, i)
-            .map_or(Import::Unknown, Import::Held))
-    }
-
-    /// Importer `me` charged itself for orphan `rec` (of descriptor `key`) on the orphan's
-    /// device and imported it: make it the record's exporter, so its charge lasts as long as
-    /// anyone holds the memory. If another importer adopted it first, `me` is counted as its
-    /// importer instead and gives its charge back.
-    pub fn share_adopt(
-        &self,
-        me: ProcHandle,
-        rec: usize,
-        key: ShareKey,
-    ) -> Result<Adopt, LedgerError> {
-        let _g = self.lock()?;
-        let Some(r) = self.shared().get(rec) else {
-            return Ok(Adopt::Kept);
-        };
-        let state = r.state.load(SeqCst);
-        let same = r.key_dev.load(SeqCst) == key.dev && r.key_ino.load(SeqCst) == key.ino;
-        if !same {
-            return Ok(Adopt::Kept);
-        }
-        if state == STATE_ACTIVE {
-            if r.exporter.load(SeqCst) == me.slot as u32 {
-                return Ok(Adopt::Kept); // two imports of one descriptor at once: both charged
-            }
+        if r.state.load(SeqCst) == STATE_ACTIVE {
             return Ok(self
-                .add_importer(me, rec)
-                .map_or(Adopt::Kept, Adopt::Imported));
+                .add_importer(me, i)
+                .map_or(Import::Unknown, Import::Held));
         }
-        if state != STATE_ORPHAN {
-            return Ok(Adopt::Kept);
-        }
-        let d = r.device.load(SeqCst) as usize;
-        let Some(pd) = self.procs().get(me.slot).and_then(|p| p.devices.get(d)) else {
-            return Ok(Adopt::Kept);
+        let (dev, bytes) = (r.device.load(SeqCst) as usize, r.bytes.load(SeqCst));
+        let Some(account) = self.slice_account(me.slot, dev) else {
+            return Ok(Import::Charge { dev, bytes });
         };
-        let account = pd.account.load(SeqCst);
-        // As for an export: only a slice's account keeps a record (a best-effort importer
-        // keeps its charge until it lets go; the orphan stays for the next importer).
-        if account == ACCOUNT_NONE || (self.is_node() && account as usize >= MAX_SLICES) {
-            return Ok(Adopt::Kept);
+        // Charged like an allocation (the same compare-and-swap against the quota, in `me`'s
+        // own words), then the record is `me`'s: both under the lock, so a second importer
+        // finds it held, and the reaper sees the bytes in `me`'s charged word.
+        let charged = self
+            .with_slice_account(me.slot, dev, |a| a.try_charge(bytes))
+            .unwrap_or(false);
+        if !charged {
+            return Ok(Import::Refused { dev, bytes });
         }
         r.account.store(account, SeqCst);
         r.exporter.store(me.slot as u32, SeqCst);
@@ -257,7 +229,34 @@ impl Ledger {
             x.store(NO_SLOT, SeqCst);
         }
         r.state.store(STATE_ACTIVE, SeqCst);
-        Ok(Adopt::Adopted)
+        Ok(Import::Adopted { rec: i, dev, bytes })
+    }
+
+    /// Process slot `slot`'s account on ledger device `d` if it can keep a record (as for an
+    /// export: not node mode's best-effort allowances, which go with their last member).
+    fn slice_account(&self, slot: usize, d: usize) -> Option<u32> {
+        let pd = self.procs().get(slot)?.devices.get(d)?;
+        let a = pd.account.load(SeqCst);
+        let keeps = a != ACCOUNT_NONE && (!self.is_node() || (a as usize) < MAX_SLICES);
+        keeps.then_some(a)
+    }
+
+    /// Run `f` on process slot `slot`'s account on device `d` ([`Self::slice_account`]; in
+    /// node mode over the slice's region), `None` when it has none.
+    fn with_slice_account<T>(
+        &self,
+        slot: usize,
+        d: usize,
+        f: impl FnOnce(&Account<'_>) -> T,
+    ) -> Option<T> {
+        let a = self.slice_account(slot, d)?;
+        if !self.is_node() {
+            return self.account(ProcHandle { slot }, d).map(|acc| f(&acc));
+        }
+        let region = self.regions()?.get(crate::node::region_key(a, d)?)?;
+        let slice = self.slices().get(a as usize)?;
+        let acc = Account::in_region(self.devices().get(d)?, Some(slice), &region, slot)?;
+        Some(f(&acc))
     }
 
     /// Count `me` as an importer of active record `i`: `i`, or `None` when it is `me`'s own

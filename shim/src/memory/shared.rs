@@ -1,8 +1,8 @@
 //! Exported VMM allocations: telling the ledger (a personal ledger, under its lock) or the
 //! node's monitor (node mode, over `monitor.sock`: the policy is read-only here) that this
-//! process exported, imported, adopted, let go of or left one, so that the exporter's slice
-//! stays charged while any process holds the memory, and an importer of memory nobody is
-//! charged for any more is charged for it (`gpuslice_ledger`'s `shared.rs`). Cold paths
+//! process exported, imported, let go of or left one, so that the exporter's slice stays
+//! charged while any process holds the memory, and an importer of memory nobody is charged
+//! for any more is charged for it (`gpuslice_ledger`'s `shared.rs`). Cold paths
 //! only (an export, an import, a last release or unmap). A failure never fails the driver
 //! call: the charge then stays with its exporter until it exits (never less than the driver
 //! holds), or an importer's hold is not counted; said once in the log.
@@ -11,7 +11,7 @@ use crate::admit::DevState;
 use crate::init::State;
 use crate::log::log;
 use core::ffi::c_int;
-use gpuslice_ledger::{Adopt, Import, LedgerError, LetGo, ShareKey};
+use gpuslice_ledger::{Import, LedgerError, LetGo, ShareKey};
 use gpuslice_protocol::{self as protocol, Message};
 
 /// How long one question to the monitor may take (it answers at once).
@@ -88,11 +88,20 @@ pub(super) fn export(st: &State, dev: &DevState, fd: c_int, bytes: u64) -> Optio
 fn imported(v: &str) -> Import {
     let w: Vec<&str> = v.split(' ').collect();
     let n = |i: usize| w.get(i).and_then(|x| x.parse::<u64>().ok());
+    let us = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
     match (w.first().copied(), n(1), n(2), n(3)) {
-        (Some("held"), Some(rec), None, None) => Import::Held(rec as usize),
-        (Some("orphan"), Some(rec), Some(dev), Some(bytes)) => Import::Orphan {
-            rec: rec as usize,
-            dev: dev as usize,
+        (Some("held"), Some(rec), None, None) => Import::Held(us(rec)),
+        (Some("adopted"), Some(rec), Some(dev), Some(bytes)) => Import::Adopted {
+            rec: us(rec),
+            dev: us(dev),
+            bytes,
+        },
+        (Some("refused"), Some(dev), Some(bytes), None) => Import::Refused {
+            dev: us(dev),
+            bytes,
+        },
+        (Some("charge"), Some(dev), Some(bytes), None) => Import::Charge {
+            dev: us(dev),
             bytes,
         },
         _ => Import::Unknown,
@@ -100,7 +109,8 @@ fn imported(v: &str) -> Import {
 }
 
 /// This process is importing the POSIX descriptor `fd` (asked before the driver's import):
-/// counted on a record someone is charged for, an orphan to charge itself for, or neither.
+/// counted on a record someone is charged for, charged for an orphan (or refused, or told to
+/// charge itself), or neither.
 pub(super) fn import(st: &State, fd: c_int) -> Import {
     let m = Message::new("op", "share-import");
     let r = tell(st, &m, Some(fd), imported, || {
@@ -113,29 +123,6 @@ pub(super) fn import(st: &State, fd: c_int) -> Import {
              uncharged while this process still maps it"
         );
         Import::Unknown
-    })
-}
-
-/// This process charged itself for orphan `rec` and imported its descriptor `fd`: whether it
-/// is the record's exporter now.
-pub(super) fn adopt(st: &State, rec: usize, fd: c_int) -> Adopt {
-    let mut m = Message::new("op", "share-adopt");
-    m.push("rec", &rec.to_string());
-    let answer = |v: &str| match v.split_once(' ') {
-        _ if v == "adopted" => Adopt::Adopted,
-        Some(("imported", r)) => r.parse().map_or(Adopt::Kept, Adopt::Imported),
-        _ => Adopt::Kept,
-    };
-    let r = tell(st, &m, Some(fd), answer, || {
-        ShareKey::of_fd(fd).map_or(Ok(Adopt::Kept), |k| st.ledger.share_adopt(st.me, rec, k))
-    });
-    r.unwrap_or_else(|e| {
-        log!(
-            Warn,
-            "could not adopt an imported VMM allocation ({e}): it stays charged here until this \
-             process lets go of it"
-        );
-        Adopt::Kept
     })
 }
 

@@ -22,13 +22,13 @@
 //! changes page tables), and `cuMemCreate`/`cuMemRelease` of a handle never mapped, exported or
 //! imported do not take it; the ledger's lock is never taken under it.
 
-use super::{charge_and_alloc, record, reserved, written};
+use super::{charge_and_alloc, oom, record, written};
 use crate::init::State;
 use crate::log::log;
 use crate::pointers::{self, Charge, Handle};
 use gpuslice_abi::pfn;
 use gpuslice_abi::*;
-use gpuslice_ledger::{Adopt, Import, LetGo};
+use gpuslice_ledger::{Import, LetGo};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Mutex;
@@ -403,14 +403,11 @@ pub unsafe fn mem_import(
         _ => return pass(),
     };
     // A POSIX descriptor travels as the pointer's value (cuda.h: `(void *)(uintptr_t) fd`).
-    let fd = os_handle as usize as core::ffi::c_int;
-    let rec = match super::shared::import(st, fd) {
+    let rec = match super::shared::import(st, os_handle as usize as core::ffi::c_int) {
         Import::Held(rec) => Some(rec),
-        Import::Orphan { rec, dev, bytes } => {
-            // SAFETY: the handler contract (`handle` non-null, checked).
-            return unsafe { import_orphan(st, pass, handle, fd, rec, dev, bytes) };
-        }
         Import::Unknown => None,
+        // SAFETY: the handler contract; handle is non-null (checked).
+        orphan => return unsafe { import_orphan(st, pass, handle, orphan) },
     };
     let r = pass();
     match rec {
@@ -428,11 +425,11 @@ pub unsafe fn mem_import(
     r
 }
 
-/// Import orphan `rec` (`bytes` on ledger device `dev`) from descriptor `fd`: charge it like
-/// an allocation (over the quota `CUDA_ERROR_OUT_OF_MEMORY`, without calling the driver),
-/// import, then adopt the record, so the charge is let go of as an exporter's. Another
-/// importer that adopted it first makes this one its importer (charge given back); no record
-/// (reused, or this process holds no slice there) keeps the charge until the handle goes.
+/// Import an orphan, as the ledger (or the monitor) answered: adopted (charged there, under
+/// its lock; this process is the record's exporter now, and lets go of it as one, also when
+/// the driver refuses), refused over the quota (`CUDA_ERROR_OUT_OF_MEMORY` without calling
+/// the driver, as an allocation), or to be charged here as an allocation of this handle
+/// (an account that keeps no record).
 ///
 /// # Safety
 /// `handle` is non-null, the program's out-pointer; `pass` is the driver's import.
@@ -440,41 +437,49 @@ unsafe fn import_orphan(
     st: &State,
     pass: impl Fn() -> CUresult,
     handle: *mut CUmemGenericAllocationHandle,
-    fd: core::ffi::c_int,
-    rec: usize,
-    dev: usize,
-    bytes: u64,
+    found: Import,
 ) -> CUresult {
+    let (dev, bytes) = match found {
+        Import::Adopted { dev, bytes, .. }
+        | Import::Refused { dev, bytes }
+        | Import::Charge { dev, bytes } => (dev, bytes),
+        Import::Held(_) | Import::Unknown => return pass(),
+    };
+    // The ledger charges only an account this process joined, which has its state here.
     let Some(d) = st.devices.iter().find(|d| d.ledger_dev == dev) else {
         log!(
             Warn,
             "imported VMM allocation of {bytes} bytes on a device this process does not use: \
-             charged to no slice"
+             {}",
+            if matches!(found, Import::Adopted { .. }) {
+                "charged until this process exits"
+            } else {
+                "charged to no slice"
+            }
         );
         return pass();
     };
-    // SAFETY: d is a device of the started state; handle is non-null (this function's
-    // contract), read only after the driver succeeded.
-    let h = match unsafe {
-        reserved(d, bytes, || {
-            let r = pass();
-            (r, written(r, handle).unwrap_or(0))
-        })
-    } {
-        Ok(h) => h,
-        Err(r) => return r,
+    let alloc = || {
+        let r = pass();
+        // SAFETY: handle is non-null (this function's contract), read after success only.
+        let h = unsafe { written(r, handle) };
+        (r, h.unwrap_or(0))
     };
-    USED.store(true, Release);
-    match super::shared::adopt(st, rec, fd) {
-        Adopt::Adopted => {
-            record(Handle::Vmm, h, Charge::new(bytes, d, 0));
+    match found {
+        Import::Adopted { rec, .. } => {
+            let c = Charge::new(bytes, d, 0);
+            let (r, h) = alloc();
+            if r != CUDA_SUCCESS {
+                settle(st, Gone::Exported(Some(rec), c));
+                return r;
+            }
+            USED.store(true, Release);
+            record(Handle::Vmm, h, c);
             with_maps(|m| m.exported.insert(h, Some(rec)));
+            CUDA_SUCCESS
         }
-        Adopt::Imported(rec) => {
-            d.account.uncharge(bytes);
-            with_maps(|m| m.imported.insert(h, (rec, false)));
-        }
-        Adopt::Kept => record(Handle::Vmm, h, Charge::new(bytes, d, 0)),
+        // SAFETY: d is a device of the started state.
+        Import::Charge { .. } => unsafe { charge_and_alloc(d, Handle::Vmm, bytes, alloc) },
+        _ => oom(d, bytes),
     }
-    CUDA_SUCCESS
 }
