@@ -7,7 +7,10 @@ MIB MiB allocations, each exported here and imported by a second process (this s
   or with the node's monitor);
 - `import`: cuMemImportFromShareableHandle in the other process (registered as an importer);
 - `import_release`: the importer's cuMemRelease of its only handle (it leaves the record);
-- `release`: the exporter's cuMemRelease once the importer left (the charge returned).
+- `release`: the exporter's cuMemRelease once the importer left (the charge returned);
+- `import_orphan`: the other process imports the same descriptor again, now that nobody holds
+  the memory but the descriptor (under gpuslice an orphan: the importer is charged for it);
+- `orphan_release`: its cuMemRelease of that handle (the charge returned).
 
 Without gpuslice these are the driver's own costs; the difference under the shim is what
 registering costs (docs/benchmarks.md).
@@ -32,18 +35,19 @@ def us(t0):
 
 def importer():
     cuda, _ = primary_context()
-    times = {"import": [], "import_release": []}
+    times = {"import": [], "import_release": [], "import_orphan": [], "orphan_release": []}
     for line in sys.stdin:
-        pid, n = line.split()
+        again, pid, n = line.split()
+        name = "import_orphan" if again == "again" else "import"
         fd = os.open(f"/proc/{pid}/fd/{n}", os.O_RDWR)
         h = c_u64()
         t0 = time.perf_counter()
         assert cuda.cuMemImportFromShareableHandle(ctypes.byref(h), ctypes.c_void_p(fd), 1) == 0
-        times["import"].append(us(t0))
+        times[name].append(us(t0))
         os.close(fd)
         t0 = time.perf_counter()
         assert cuda.cuMemRelease(h) == 0
-        times["import_release"].append(us(t0))
+        times["orphan_release" if again == "again" else "import_release"].append(us(t0))
         print("ok", flush=True)
     print(json.dumps({k: statistics.median(v) for k, v in times.items()}), flush=True)
 
@@ -62,12 +66,16 @@ def main(mib, runs):
         t0 = time.perf_counter()
         assert cuda.cuMemExportToShareableHandle(ctypes.byref(fd), h, 1, c_u64(0)) == 0
         times["export"].append(us(t0))
-        child.stdin.write(f"{os.getpid()} {fd.value}\n")
+        child.stdin.write(f"first {os.getpid()} {fd.value}\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "ok"
         t0 = time.perf_counter()
         assert cuda.cuMemRelease(h) == 0
         times["release"].append(us(t0))
+        # Only the descriptor holds the memory now: imported again, an orphan.
+        child.stdin.write(f"again {os.getpid()} {fd.value}\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "ok"
         os.close(fd.value)
     child.stdin.close()
     out = {k: statistics.median(v) for k, v in times.items()}
