@@ -96,14 +96,10 @@ fn a_killed_exporter_stays_charged_until_its_last_importer_dies() {
 #[test]
 fn an_exporter_that_lets_go_hands_its_charge_to_the_record() {
     let (d, l, key) = setup("let-go");
-    let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
-    let me = l.attach("x").unwrap();
-    l.join(me, dev, &SliceRequest::new(Some("x"), Some(1 << 30)))
-        .unwrap();
+    let (me, dev) = joined(&l, "x", 1 << 30);
     let a = l.account(me, dev).unwrap();
     assert!(a.try_charge(256 * MI));
-    let f = std::fs::File::open(&key).unwrap();
-    let k = ShareKey::of_fd(f.as_raw_fd()).unwrap();
+    let k = key_of(&key);
     let rec = l.share_export(me, dev, k, 256 * MI).unwrap().unwrap();
     assert_eq!(
         l.share_export(me, dev, k, 256 * MI).unwrap(),
@@ -132,12 +128,8 @@ fn an_exporter_that_lets_go_hands_its_charge_to_the_record() {
 fn an_importer_that_leaves_returns_the_charge_and_cannot_take_it_early() {
     let (d, l, key) = setup("leave");
     let mut x = child(&d, "export", &key);
-    let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
-    let me = l.attach("z").unwrap();
-    l.join(me, dev, &SliceRequest::new(Some("z"), Some(1 << 30)))
-        .unwrap();
-    let f = std::fs::File::open(&key).unwrap();
-    let k = ShareKey::of_fd(f.as_raw_fd()).unwrap();
+    let (me, _) = joined(&l, "z", 1 << 30);
+    let k = key_of(&key);
     let Import::Held(rec) = l.share_import(me, k).unwrap() else {
         panic!("not held")
     };
@@ -159,10 +151,7 @@ fn foreign_indices_and_scribbled_records_change_nothing_they_should_not() {
     use core::sync::atomic::Ordering::SeqCst;
     let (d, l, key) = setup("hostile");
     let mut x = child(&d, "export", &key);
-    let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
-    let me = l.attach("z").unwrap();
-    l.join(me, dev, &SliceRequest::new(Some("z"), Some(1 << 30)))
-        .unwrap();
+    let (me, _) = joined(&l, "z", 1 << 30);
     // Record indices past the table, or of a record this process has no part in.
     for rec in [0, 1, 255, 256, usize::MAX] {
         assert_eq!(l.share_let_go(me, rec).unwrap(), LetGo::Keep);
@@ -197,7 +186,23 @@ fn foreign_indices_and_scribbled_records_change_nothing_they_should_not() {
     );
 }
 
-/// A process of its own slice `name` (1 GiB, or `quota`) on the test device.
+/// [`setup`], with the descriptor exported (256 MiB, slice `x`) by a child SIGKILLed since
+/// and reaped: an orphan nobody is charged for.
+fn orphaned(tag: &str) -> (Scratch, Ledger, std::path::PathBuf) {
+    let (d, l, key) = setup(tag);
+    let mut x = child(&d, "export", &key);
+    kill(&mut x);
+    l.reap_dead().unwrap();
+    (d, l, key)
+}
+
+/// The identity of the file at `p`, as the shim keys a descriptor.
+fn key_of(p: &std::path::Path) -> ShareKey {
+    let f = std::fs::File::open(p).unwrap();
+    ShareKey::of_fd(f.as_raw_fd()).unwrap()
+}
+
+/// A process of its own slice `name` with a quota of `quota` bytes on the test device.
 fn joined(l: &Ledger, name: &str, quota: u64) -> (ProcHandle, usize) {
     let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
     let me = l.attach(name).unwrap();
@@ -208,13 +213,9 @@ fn joined(l: &Ledger, name: &str, quota: u64) -> (ProcHandle, usize) {
 
 #[test]
 fn a_descriptor_imported_after_its_exporter_died_charges_its_importer() {
-    let (d, l, key) = setup("orphan");
-    let mut x = child(&d, "export", &key);
-    kill(&mut x);
-    l.reap_dead().unwrap();
+    let (_d, l, key) = orphaned("orphan");
     assert_eq!(used(&l, "x"), None, "the exporter's charge went with it");
-    let f = std::fs::File::open(&key).unwrap();
-    let k = ShareKey::of_fd(f.as_raw_fd()).unwrap();
+    let k = key_of(&key);
     // Over its quota, an importer cannot take it (the shim refuses the import); nothing
     // changed.
     let (small, dev) = joined(&l, "small", 128 * MI);
@@ -266,10 +267,7 @@ fn a_descriptor_imported_after_its_exporter_died_charges_its_importer() {
 
 #[test]
 fn an_adopter_that_dies_or_lets_go_leaves_an_orphan_for_the_next_importer() {
-    let (d, l, key) = setup("adopter");
-    let mut x = child(&d, "export", &key);
-    kill(&mut x);
-    l.reap_dead().unwrap();
+    let (d, l, key) = orphaned("adopter");
     let mut y = child(&d, "adopt", &key);
     assert_eq!(used(&l, "y"), Some(256 * MI), "the adopter is charged");
     let mut i = child(&d, "import", &key);
@@ -284,8 +282,7 @@ fn an_adopter_that_dies_or_lets_go_leaves_an_orphan_for_the_next_importer() {
     kill(&mut i);
     l.reap_dead().unwrap();
     assert_eq!(used(&l, "y"), None);
-    let f = std::fs::File::open(&key).unwrap();
-    let k = ShareKey::of_fd(f.as_raw_fd()).unwrap();
+    let k = key_of(&key);
     let (z, _) = joined(&l, "z", 1 << 30);
     assert!(matches!(
         l.share_import(z, k).unwrap(),
@@ -303,8 +300,7 @@ fn a_table_full_of_orphans_takes_new_exports() {
         r.state.store(3, SeqCst); // STATE_ORPHAN, of identities long gone
         r.key_ino.store(u64::MAX, SeqCst);
     }
-    let f = std::fs::File::open(&key).unwrap();
-    let k = ShareKey::of_fd(f.as_raw_fd()).unwrap();
+    let k = key_of(&key);
     assert!(l.account(me, dev).unwrap().try_charge(MI));
     assert_eq!(l.share_export(me, dev, k, MI).unwrap(), Some(0));
 }
