@@ -3,7 +3,8 @@
 //!
 //! The driver frees a handle's memory only when it is released *and* its last mapping is
 //! unmapped (`cuMemMap` holds a reference), so a handle released while still mapped here stays
-//! charged until its last `cuMemUnmap`. A handle exported as a POSIX descriptor
+//! charged until its last `cuMemUnmap`; a reference `cuMemRetainAllocationHandle` added holds
+//! it too, until its own `cuMemRelease` (counted per handle here). A handle exported as a POSIX descriptor
 //! (`cuMemExportToShareableHandle`) may be imported and mapped by other processes, which keep
 //! the memory alive past this process's release and exit: the export is registered in the
 //! ledger (`Ledger::share_export`), importers register on it when they import and leave when
