@@ -266,6 +266,31 @@ fn a_descriptor_imported_after_its_exporter_died_charges_its_importer() {
 }
 
 #[test]
+fn an_adopter_that_imports_its_orphan_again_stays_charged_while_it_holds_either() {
+    let (_d, l, key) = orphaned("twice");
+    let k = key_of(&key);
+    let (a, dev) = joined(&l, "a", 1 << 30);
+    let Import::Adopted { rec, bytes, .. } = l.share_import(a, k).unwrap() else {
+        panic!("not adopted")
+    };
+    // A second import of its own record counts it as an importer, charged nothing more.
+    assert_eq!(l.share_import(a, k).unwrap(), Import::Held(rec));
+    assert_eq!(used(&l, "a"), Some(bytes));
+    // Letting go of the first handle hands the charge to the record: the second holds it.
+    assert_eq!(l.share_let_go(a, rec).unwrap(), LetGo::HandedOver);
+    assert_eq!(
+        (l.account(a, dev).unwrap().charged(), used(&l, "a")),
+        (0, Some(bytes))
+    );
+    l.share_leave(a, rec).unwrap();
+    assert_eq!(used(&l, "a"), Some(0));
+    assert!(matches!(
+        l.share_import(a, k).unwrap(),
+        Import::Adopted { .. }
+    ));
+}
+
+#[test]
 fn an_adopter_that_dies_or_lets_go_leaves_an_orphan_for_the_next_importer() {
     let (d, l, key) = orphaned("adopter");
     let mut y = child(&d, "adopt", &key);

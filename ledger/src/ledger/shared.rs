@@ -101,8 +101,8 @@ pub enum Import {
         /// Bytes of the allocation.
         bytes: u64,
     },
-    /// Not an export gpuslice knows (or not counted: the importer's own export, or the
-    /// record's importer entries are full): charged nothing.
+    /// Not an export gpuslice knows (or not counted: the record's importer entries are full):
+    /// charged nothing.
     Unknown,
 }
 
@@ -194,8 +194,8 @@ impl Ledger {
     /// for the memory (`me` is counted on the record); for an orphan, `me` charged for it and
     /// made its exporter ([`Import::Adopted`]), [`Import::Refused`] over its quota, or
     /// [`Import::Charge`] when `me` has no account there that keeps a record; [`Import::Unknown`] when nobody
-    /// registered `key` (not exported under gpuslice, or from a node policy), it is `me`'s own
-    /// export, or the record's importer entries are full.
+    /// registered `key` (not exported under gpuslice, or from a node policy) or the record's
+    /// importer entries are full.
     pub fn share_import(&self, me: ProcHandle, key: ShareKey) -> Result<Import, LedgerError> {
         let _g = self.lock()?;
         let Some(i) = self.find_shared(key) else {
@@ -259,14 +259,12 @@ impl Ledger {
         Some(f(&acc))
     }
 
-    /// Count `me` as an importer of active record `i`: `i`, or `None` when it is `me`'s own
-    /// export or the entries are full.
+    /// Count `me` as an importer of active record `i`: `i`, or `None` when the entries are
+    /// full. Its exporter too: a second handle it imports holds the memory after it let go
+    /// of its own (the charge is then handed over to the record, not returned).
     fn add_importer(&self, me: ProcHandle, i: usize) -> Option<usize> {
         let r = &self.shared()[i];
         let slot = me.slot as u32;
-        if r.exporter.load(SeqCst) == slot {
-            return None;
-        }
         if r.importers.iter().any(|x| x.load(SeqCst) == slot) {
             return Some(i);
         }
