@@ -523,12 +523,43 @@ fn as_reaped(s: &mut Snapshot, exited: &dyn Fn(&ProcInfo) -> bool) {
     let (gone, kept): (Vec<ProcInfo>, Vec<ProcInfo>) =
         s.processes.drain(..).partition(|p| exited(p));
     s.processes = kept;
-    for pd in gone.iter().flat_map(|p| &p.devices) {
-        if let Some(sl) = s.slices.iter_mut().find(|sl| sl.index == pd.slice) {
-            sl.memory_used = sl.memory_used.saturating_sub(pd.charged);
+    // Exported allocations a live importer holds stay charged to their exporter's slice, as
+    // the reaper leaves them (`gpuslice_ledger`'s `shared.rs`); the others go.
+    let live: Vec<usize> = s.processes.iter().map(|p| p.slot).collect();
+    let mut kept_for: Vec<(usize, usize, u64)> = vec![];
+    let mut freed: Vec<(Option<usize>, usize, u64)> = vec![];
+    s.shared.retain_mut(|r| {
+        let imported = r.importers.iter().any(|i| live.contains(i));
+        match r.exporter {
+            Some(_) if !imported => false, // with the exporter's charge, or still its own
+            Some(e) if !live.contains(&e) => {
+                kept_for.push((e, r.device, r.bytes));
+                (r.exporter, r.held) = (None, r.bytes);
+                true
+            }
+            Some(_) => true,
+            None if !imported => {
+                freed.push((r.slice, r.device, r.held));
+                false
+            }
+            None => true,
         }
-        if let Some(d) = s.devices.iter_mut().find(|d| d.index == pd.device) {
-            d.memory_used = d.memory_used.saturating_sub(pd.charged);
+    });
+    for p in &gone {
+        for pd in &p.devices {
+            let kept = kept_for
+                .iter()
+                .filter(|&&(e, d, _)| e == p.slot && d == pd.device)
+                .fold(0u64, |a, &(_, _, n)| a.saturating_add(n));
+            freed.push((Some(pd.slice), pd.device, pd.charged.saturating_sub(kept)));
+        }
+    }
+    for (slice, device, n) in freed {
+        if let Some(sl) = s.slices.iter_mut().find(|sl| Some(sl.index) == slice) {
+            sl.memory_used = sl.memory_used.saturating_sub(n);
+        }
+        if let Some(d) = s.devices.iter_mut().find(|d| d.index == device) {
+            d.memory_used = d.memory_used.saturating_sub(n);
         }
     }
     // A slice is emptied when a process left it and none is left (an operator's slice stays);
@@ -538,7 +569,8 @@ fn as_reaped(s: &mut Snapshot, exited: &dyn Fn(&ProcInfo) -> bool) {
     for mut sl in s.slices.drain(..) {
         let before = sl.pids.len();
         sl.pids.retain(|p| !gone_pids.contains(p));
-        if sl.operator_defined || sl.pids.len() == before || !sl.pids.is_empty() {
+        let charged_shared = s.shared.iter().any(|r| r.slice == Some(sl.index));
+        if sl.operator_defined || sl.pids.len() == before || !sl.pids.is_empty() || charged_shared {
             kept.push(sl);
             continue;
         }
@@ -559,6 +591,7 @@ mod tests {
     use gpuslice_ledger::{SliceInfo, SliceRequest};
 
     const GI: u64 = 1 << 30;
+    const MI: u64 = 1 << 20;
 
     #[test]
     fn snapshot_translates_the_ledger_for_every_view() {
@@ -669,6 +702,20 @@ mod tests {
         }
     }
 
+    /// Device 0 of 16 GiB, 12 GiB and 0.75 of it reserved, `used` in use.
+    fn device_(used: u64) -> gpuslice_ledger::DeviceInfo {
+        gpuslice_ledger::DeviceInfo {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "Test".into(),
+            memory_total: 16 * GI,
+            memory_reserved: 12 * GI,
+            memory_used: used,
+            best_effort_used: 0,
+            compute_reserved_ppm: 750_000,
+        }
+    }
+
     fn slice_(index: usize, name: &str, operator: bool, pids: Vec<u32>, used: u64) -> SliceInfo {
         SliceInfo {
             index,
@@ -697,16 +744,7 @@ mod tests {
     #[test]
     fn an_exited_process_is_gone_from_the_view_with_what_it_held_and_its_emptied_slice() {
         let mut s = Snapshot::default();
-        s.devices.push(gpuslice_ledger::DeviceInfo {
-            index: 0,
-            uuid: "GPU-0".into(),
-            name: "Test".into(),
-            memory_total: 16 * GI,
-            memory_reserved: 12 * GI,
-            memory_used: 4 * GI,
-            best_effort_used: 0,
-            compute_reserved_ppm: 750_000,
-        });
+        s.devices.push(device_(4 * GI));
         // "done": its one process exited. "op": an operator's, one of two processes exited.
         // "busy": its process runs.
         s.slices = vec![
@@ -734,6 +772,47 @@ mod tests {
             (d.memory_used, d.memory_reserved, d.compute_reserved_ppm),
             (2 * GI, 8 * GI, 500_000)
         );
+    }
+
+    #[test]
+    fn an_exited_exporter_keeps_what_a_live_importer_holds_in_the_view() {
+        let mut s = Snapshot::default();
+        s.devices.push(device_(3 * GI + 256 * MI));
+        // "x": its exporter (10) exited, charged 1 GiB of which 256 MiB are exported to 20,
+        // alive; "y": the importer's. "z": its exporter (30) exited, its importer (31) too.
+        s.slices = vec![
+            slice_(0, "x", false, vec![10], GI),
+            slice_(1, "y", false, vec![20], 0),
+            slice_(2, "z", false, vec![30, 31], 2 * GI + 256 * MI),
+        ];
+        s.processes = vec![
+            proc_(10, false, 0, 0, GI),
+            proc_(20, true, 1, 0, 0),
+            proc_(30, false, 2, 0, 2 * GI),
+            proc_(31, false, 2, 0, 0),
+        ];
+        let shared = |slice, exporter, held, importers| gpuslice_ledger::SharedInfo {
+            device: 0,
+            slice: Some(slice),
+            exporter,
+            bytes: 256 * MI,
+            held,
+            importers,
+        };
+        s.shared = vec![
+            shared(0, Some(10), 0, vec![20]),
+            shared(2, None, 256 * MI, vec![31]),
+        ];
+        as_reaped(&mut s, &|p| !p.alive);
+        let slices: Vec<(&str, u64)> = s
+            .slices
+            .iter()
+            .map(|sl| (sl.name.as_str(), sl.memory_used))
+            .collect();
+        assert_eq!(slices, [("x", 256 * MI), ("y", 0)]);
+        assert_eq!(s.devices[0].memory_used, 256 * MI);
+        assert_eq!(s.shared.len(), 1);
+        assert_eq!((s.shared[0].exporter, s.shared[0].held), (None, 256 * MI));
     }
 
     #[test]

@@ -310,7 +310,8 @@ fn rm(args: Vec<OsString>) -> Result<(), Failure> {
     let removed = node.remove_slice(&name)?;
     if removed == 0 {
         cli::outln!(
-            "slice {name:?} is no longer operator-defined; it goes away with its last process"
+            "slice {name:?} is no longer operator-defined; it goes away with its last process \
+             (or the last importer of memory exported from it)"
         )
     } else {
         cli::outln!("removed slice {name:?}")

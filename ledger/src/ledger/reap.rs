@@ -21,7 +21,7 @@ impl Ledger {
         Ok(self.reap_locked(&g))
     }
 
-    pub(super) fn reap_locked(&self, _g: &LockGuard<'_>) -> Reaped {
+    pub(super) fn reap_locked(&self, g: &LockGuard<'_>) -> Reaped {
         let mut out = Reaped::default();
         let procs = self.procs();
         for (i, p) in procs.iter().enumerate() {
@@ -58,6 +58,14 @@ impl Ledger {
                 }
             }
         }
+        // Exported allocations: a dying exporter's that a live importer holds stay charged
+        // (`shared.rs`); those nobody holds any more go back with their accounts' dead part.
+        let freed_shared = self.reap_shared_locked(&dying, &mut out);
+        for &(d, a) in &freed_shared {
+            if !accounts.contains(&(d, a)) {
+                accounts.push((d, a));
+            }
+        }
         let mut unresolved: Vec<(usize, u32)> = vec![];
         for &(d, a) in &accounts {
             let (counter, reaping) = if a == ACCOUNT_BEST_EFFORT {
@@ -81,7 +89,8 @@ impl Ledger {
                 })
                 .collect();
             match dead_part(counter, reaping, &live) {
-                Some(n) => {
+                Some(dead) => {
+                    let n = dead.saturating_sub(self.shared_held(d, a));
                     counter.fetch_sub(n, SeqCst);
                     out.bytes_returned = out.bytes_returned.saturating_add(n);
                 }
@@ -125,6 +134,9 @@ impl Ledger {
             }
             p.pid.store(0, SeqCst);
             p.state.store(STATE_FREE, SeqCst);
+        }
+        for (_, a) in freed_shared {
+            out.slices_removed.extend(self.drop_kept_slice_locked(g, a));
         }
         out
     }

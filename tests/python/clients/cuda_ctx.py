@@ -3,6 +3,7 @@
 - `primary_context(ordinal=0)`: `cuInit`, then device `ordinal`'s primary context made current;
   returns `(cuda, dev)`, the loaded `libcuda.so.1` and the `CUdevice`.
 - `alloc(cuda, size)`: `cuMemAlloc_v2` of `size` bytes (asserted to succeed); the pointer.
+- `Location`, `Prop`: `CUmemLocation` and `CUmemAllocationProp`, for `cuMemCreate`.
 """
 import ctypes
 
@@ -21,3 +22,12 @@ def alloc(cuda, size):
     ptr = ctypes.c_uint64()
     assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size)) == 0
     return ptr.value
+
+
+class Location(ctypes.Structure):  # CUmemLocation
+    _fields_ = [("type", ctypes.c_uint), ("id", ctypes.c_int)]
+
+
+class Prop(ctypes.Structure):  # CUmemAllocationProp
+    _fields_ = [("type", ctypes.c_uint), ("handle_types", ctypes.c_uint), ("location", Location),
+                ("win32", ctypes.c_void_p), ("flags", ctypes.c_uint8 * 8)]
