@@ -232,6 +232,12 @@ impl LedgerWindow {
                     device_uuid: sl.device_uuid.clone(),
                     memory_limit: sl.memory_limit,
                     memory_used: sl.memory_used,
+                    memory_held_for_importers: s
+                        .shared
+                        .iter()
+                        .filter(|r| r.exporter.is_none() && r.slice == Some(sl.index))
+                        .fold(0u64, |a, r| a.saturating_add(r.held))
+                        .min(sl.memory_used),
                     compute_share: ratio(sl.compute_share_ppm),
                     compute_cap: ratio(sl.compute_cap_ppm),
                     compute_used: compute.used,

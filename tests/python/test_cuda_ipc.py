@@ -127,11 +127,11 @@ def test_vmm_fd_charged_to_its_creator_only(gpu_env, gpuslice_bin, tmp_path):
         mon.stop()
 
 
-def slices_used(gpuslice_bin, env):
-    """{slice: bytes used} from `gpuslice status --json`."""
+def slices_used(gpuslice_bin, env, key="memory_used"):
+    """{slice: bytes used} (or another of its `key`s) from `gpuslice status --json`."""
     st = json.loads(subprocess.run([str(gpuslice_bin), "status", "--json"], env=env, check=True,
                                    capture_output=True, text=True, timeout=60).stdout)
-    return {s["name"]: s["memory_used"] for s in st["slices"]}
+    return {s["name"]: s[key] for s in st["slices"]}
 
 
 @pytest.mark.parametrize("exporter_end,importer_end",
@@ -165,6 +165,8 @@ def test_a_vmm_export_stays_charged_past_its_exporter_until_the_last_importer_le
             still = m.ask("read")
             assert still["read_ok"] and still["free"] == GI, still
             assert slices_used(gpuslice_bin, xenv) == {"x": 256 * MI, "y": 0}
+            held = slices_used(gpuslice_bin, xenv, "memory_held_for_importers")
+            assert held == {"x": 256 * MI, "y": 0}, held
             if importer_end == "unmap":
                 gone = m.ask("unmap")
                 assert gone["unmap"] == 0 and gone["release"] == 0, gone

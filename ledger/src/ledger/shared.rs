@@ -76,8 +76,8 @@ impl Ledger {
     /// Process `me` exported `bytes` it was charged on ledger device `dev` as the descriptor
     /// `key`: the record (new, or the one it already made for `key`), `None` when the table is
     /// full (node mode: or holds [`SHARED_PER_UID`] of `me`'s user's), the process holds no
-    /// account there (node mode: or a best-effort pool's) or another process registered `key`
-    /// (the charge then stays with `me` until it exits).
+    /// account there (node mode: or a best-effort allowance's) or another process registered
+    /// `key` (the charge then stays with `me` until it exits).
     pub fn share_export(
         &self,
         me: ProcHandle,
@@ -90,7 +90,7 @@ impl Ledger {
             return Ok(None);
         };
         let account = pd.account.load(SeqCst);
-        // Node mode's best-effort pools go with their last member (their region too): a
+        // Node mode's best-effort allowances go with their last member (their region too): a
         // best-effort export stays charged to its exporter until it exits.
         if account == ACCOUNT_NONE || (self.is_node() && account as usize >= MAX_SLICES) {
             return Ok(None);
