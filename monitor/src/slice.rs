@@ -7,7 +7,8 @@
 
 use crate::cli::{self, Command, Failure};
 use crate::commands;
-use crate::ledger_window::{LedgerWindow, SecretArg, SliceSpec};
+use crate::ledger_window::slices::{SecretArg, SliceSpec};
+use crate::ledger_window::LedgerWindow;
 use crate::view::SliceView;
 use gpuslice_quantity::{
     check_cap_not_below_share, check_slice_name, parse_cap, parse_fraction, parse_quota,
