@@ -20,7 +20,7 @@ use gpuslice_sched::{SchedDevice, SchedProc, SchedSlice};
 /// The first 8 bytes of every ledger file.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 /// Bumped on every layout change (including `gpuslice-sched`'s records).
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 /// Devices per node.
 pub const MAX_DEVICES: usize = 16;
 /// Slice records per node (a slice is per device: `(name, device)`). Sized so that every
@@ -441,6 +441,19 @@ mod tests {
         assert_eq!(offset_of!(Shared, uid), 116);
         assert_eq!(size_of::<Shared>(), 128);
         assert_eq!(SHARED_OFFSET % 4096, 0);
+        // Layout 6: issue 20's words in the scheduler's records (`SchedDevice::charged_until_ns`
+        // and `overrun_until_ns` out of its reserved room, `SchedSlice::turn_queued_ns` and the
+        // turn words before it), which the ledger embeds; pinned here so a change to them
+        // trips this test too.
+        use gpuslice_sched::GrantProc;
+        assert_eq!(size_of::<SchedDevice>(), 136);
+        assert_eq!(offset_of!(SchedDevice, charged_until_ns), 96);
+        assert_eq!(size_of::<SchedSlice>(), 144);
+        assert_eq!(offset_of!(SchedSlice, turn_queued_ns), 136);
+        assert_eq!(size_of::<SchedProc>(), 64);
+        assert_eq!(size_of::<GrantProc>(), 64);
+        assert_eq!(size_of::<Device>(), 384);
+        assert_eq!(size_of::<Slice>(), 704);
         for s in [
             size_of::<Header>(),
             size_of::<Device>(),

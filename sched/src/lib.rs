@@ -18,7 +18,7 @@
 //! - [`Work`] is how a `Client` sees the process's queued GPU work (the shim implements it with
 //!   CUDA events; the unit tests with a simulated engine).
 //! - [`Os`]: the clock and the futex, injected ([`SYSTEM`] is the real one, `sys.rs`); the
-//!   unit tests run the same code on a simulated clock and CPU (`sim.rs`), deterministically.
+//!   unit tests run the same code on a simulated clock and CPU (`sim/`), deterministically.
 //! - `granted.rs`: node mode, where the monitor grants the turns ([`Granted`], [`GrantProc`]);
 //!   [`Scheduler`] is either client behind one set of methods (what the shim holds).
 //! - `turns.rs`: node mode's grantor, [`DeviceTurns`]: one device's turns as the monitor's
@@ -49,7 +49,8 @@
 //! starts after the span the previous one was charged, and what a holder left queued past its
 //! charge is paid by it once it sees it done ([`Work::finished_at`]); a holder taken over
 //! without launching pays for the turn it held idle. In node mode the monitor charges the span
-//! granted plus what the slice's processes left queued past it (`turns.rs`), and the slice's
+//! granted plus what the slice's processes left queued past it, and grants the next turn once
+//! that is about done (at most 5 ms past the lease, `turns.rs`), and the slice's
 //! processes together queue at most a turn (`granted.rs`). Nothing waits on a holder
 //! forever: a lease whose end is [`GRACE_NS`] past, or whose holder's queued work ran out
 //! [`IDLE_GRACE_NS`] ago with nothing new launched, is taken over by any waiter, so a holder
@@ -86,8 +87,8 @@ pub use records::{
     SliceComputeStats, Window, CLASS_LATENCY, CLASS_NORMAL, MAX_SLICE_ID, WINDOW_NS,
 };
 pub use turns::{
-    beat, DeviceTurns, Member, HAND_BACK_POLL_NS, HAND_BACK_WINDOW_NS, MAX_GRANT_NS, POLL_NS,
-    POLL_SOLO_NS, SOLO_QUIET_NS,
+    beat, DeviceTurns, Member, DRAIN_HOLD_NS, HAND_BACK_POLL_NS, HAND_BACK_WINDOW_NS, MAX_GRANT_NS,
+    POLL_NS, POLL_SOLO_NS, SETTLE_SLACK_NS, SOLO_QUIET_NS,
 };
 
 /// CLOCK_MONOTONIC in ns, the clock of every timestamp here ([`SYSTEM`]'s).

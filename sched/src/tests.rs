@@ -1,5 +1,5 @@
 //! The scheduler's unit tests. Most run simulated processes on the deterministic machine of
-//! `sim.rs` (simulated time, one engine), so each gives the same result on every run however
+//! `sim/` (simulated time, one engine), so each gives the same result on every run however
 //! loaded the host is; the bad cases of issue 14 (late joiner, descheduled or SIGSTOPped
 //! holder, a waiter that cannot run, tenants starting in the same microsecond) are among them.
 //! The rest drive one client with fixed estimates on the real clock.
