@@ -15,21 +15,21 @@
 //! A descriptor outlives every handle: the driver keeps the memory for it (an exported POSIX
 //! descriptor holds a reference, as an imported handle does), so it may be imported after
 //! everyone let go, the exporter exited included. A record nobody is charged for any more
-//! therefore becomes an *orphan* ([`STATE_ORPHAN`]) instead of going: its device, identity
-//! and size stay, and the next process that imports it is charged for it as if it had
-//! allocated it, here, under the lock, before the driver's import ([`Import::Adopted`]: it
-//! becomes the record's exporter), or refused over its quota ([`Import::Refused`]). So
-//! handing a descriptor to a friend and exiting moves the charge to the friend's slice when
-//! it imports, and never to no slice; and since the charge is made here (in node mode by the
-//! monitor), a tenant that hand-makes its requests cannot take an orphan over uncharged. An orphan is
-//! reused when the table has no free record (that identity loses its size: see
-//! docs/architecture.md) or when a new export has its identity (the old descriptor is gone:
-//! the kernel reuses an inode number only once the file is freed).
+//! therefore becomes an *orphan* ([`STATE_ORPHAN`]) instead of going: its device, identity and
+//! size stay, and the next process that imports it is charged for it as if it had allocated it,
+//! here, under the lock, before the driver's import ([`Import::Adopted`]: it becomes the
+//! record's exporter), or refused over its quota ([`Import::Refused`]). So handing a descriptor
+//! to a friend and exiting moves the charge to the friend's slice when it imports, and never to
+//! no slice; and since the charge is made here (in node mode by the monitor), a tenant that
+//! hand-makes its requests cannot take an orphan over uncharged. An orphan is reused when the
+//! table has no free record (that identity loses its size: see docs/architecture.md) or when a
+//! new export has its identity (the old descriptor is gone: the kernel reuses an inode number
+//! only once the file is freed).
 //!
-//! The counters are where the account's are: in a personal ledger the slice's `memory_used`
-//! and the process record's words; in node mode the slice's region (`region.rs`), where only
-//! the monitor calls these, for the processes that ask over `monitor.sock` (the caller's slot
-//! is the monitor's record of the connected process, never something it says).
+//! The counters are where the account's are: in a personal ledger the slice's `memory_used` and
+//! the process record's words; in node mode the slice's region (`region.rs`), where only the
+//! monitor calls these, for the processes that ask over `monitor.sock` (the caller's slot is
+//! the monitor's record of the connected process, never something it says).
 //!
 //! Every change here is made under the cold-path lock, like the reaper's, so none races it;
 //! the hot paths never look at the table. What the records hold is checked before use
@@ -190,10 +190,10 @@ impl Ledger {
     }
 
     /// Process `me` is importing the descriptor `key` (asked before the driver's import, so an
-    /// exporter letting go meanwhile finds it there): [`Import::Held`] when someone is charged
-    /// for the memory (`me` is counted on the record); for an orphan, `me` charged for it and
-    /// made its exporter ([`Import::Adopted`]), [`Import::Refused`] over its quota, or
-    /// [`Import::Charge`] when `me` has no account there that keeps a record; [`Import::Unknown`] when nobody
+    /// exporter letting go meanwhile finds it there): [`Import::Held`] when someone is charged for
+    /// the memory (`me` is counted on the record); for an orphan, `me` charged for it and made its
+    /// exporter ([`Import::Adopted`]), [`Import::Refused`] over its quota, or [`Import::Charge`]
+    /// when `me` has no account there that keeps a record; [`Import::Unknown`] when nobody
     /// registered `key` (not exported under gpuslice, or from a node policy) or the record's
     /// importer entries are full.
     pub fn share_import(&self, me: ProcHandle, key: ShareKey) -> Result<Import, LedgerError> {

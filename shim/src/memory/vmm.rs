@@ -4,24 +4,24 @@
 //! The driver frees a handle's memory only when it is released *and* its last mapping is
 //! unmapped (`cuMemMap` holds a reference), so a handle released while still mapped here stays
 //! charged until its last `cuMemUnmap`; a reference `cuMemRetainAllocationHandle` added holds
-//! it too, until its own `cuMemRelease` (counted per handle here). A handle exported as a POSIX descriptor
-//! (`cuMemExportToShareableHandle`) may be imported and mapped by other processes, which keep
-//! the memory alive past this process's release and exit: the export is registered in the
-//! ledger (`Ledger::share_export`), importers register on it when they import and leave when
-//! their last handle and mapping of it go, and the charge stays on this process's slice until
-//! the last of them let go (`gpuslice_ledger`'s `shared.rs`; the reaper does the same for the
-//! dead; in node mode the monitor keeps the records, asked over `monitor.sock`: `shared.rs`).
-//! An export nobody imported yet, one of another handle type and one the table has no room
-//! for stay charged here until this process exits (never less than the driver holds).
-//! Importing and mapping charge the importer nothing: the memory is its creator's, as long as
-//! someone is charged for it. A descriptor imported after everyone let go of the memory (its
-//! exporter exited, say: the descriptor keeps the driver's memory alive) is an *orphan*: the
-//! importer is charged for it as if it had allocated it (refused with
+//! it too, until its own `cuMemRelease` (counted per handle here). A handle exported as a POSIX
+//! descriptor (`cuMemExportToShareableHandle`) may be imported and mapped by other processes,
+//! which keep the memory alive past this process's release and exit: the export is registered
+//! in the ledger (`Ledger::share_export`), importers register on it when they import and leave
+//! when their last handle and mapping of it go, and the charge stays on this process's slice
+//! until the last of them let go (`gpuslice_ledger`'s `shared.rs`; the reaper does the same for
+//! the dead; in node mode the monitor keeps the records, asked over `monitor.sock`:
+//! `shared.rs`). An export nobody imported yet, one of another handle type and one the table
+//! has no room for stay charged here until this process exits (never less than the driver
+//! holds). Importing and mapping charge the importer nothing: the memory is its creator's, as
+//! long as someone is charged for it. A descriptor imported after everyone let go of the memory
+//! (its exporter exited, say: the descriptor keeps the driver's memory alive) is an *orphan*:
+//! the importer is charged for it as if it had allocated it (refused with
 //! `CUDA_ERROR_OUT_OF_MEMORY` over its quota) and becomes the export's exporter. The
-//! bookkeeping of mappings, exports and imports is behind one mutex: mapping,
-//! exporting and importing are not hot paths (each is a driver call of microseconds that
-//! changes page tables), and `cuMemCreate`/`cuMemRelease` of a handle never mapped, exported or
-//! imported do not take it; the ledger's lock is never taken under it.
+//! bookkeeping of mappings, exports and imports is behind one mutex: mapping, exporting and
+//! importing are not hot paths (each is a driver call of microseconds that changes page
+//! tables), and `cuMemCreate`/`cuMemRelease` of a handle never mapped, exported or imported do
+//! not take it; the ledger's lock is never taken under it.
 
 use super::{charge_and_alloc, oom, record, written};
 use crate::init::State;
