@@ -322,7 +322,7 @@ fn a_table_full_of_orphans_takes_new_exports() {
     let (_d, l, key) = setup("full");
     let (me, dev) = joined(&l, "x", 1 << 30);
     for r in l.shared() {
-        r.state.store(3, SeqCst); // STATE_ORPHAN, of identities long gone
+        r.state.store(gpuslice_ledger::layout::STATE_ORPHAN, SeqCst); // identities long gone
         r.key_ino.store(u64::MAX, SeqCst);
     }
     let k = key_of(&key);
