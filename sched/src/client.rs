@@ -121,6 +121,14 @@ pub trait Work {
     fn outstanding_ns(&mut self) -> u64;
     /// Estimated GPU ns of the launch about to be admitted.
     fn next_ns(&mut self) -> u64;
+    /// The least GPU ns a launch like the one about to be admitted was recently measured at
+    /// ([`least_of`]): its time when no other context's work interleaved with it. What the
+    /// slice's processes queue together is counted in it ([`SchedSlice::queue_in_turn`]): a
+    /// measurement includes the time the engine served siblings' contexts, so a sum of
+    /// [`Work::next_ns`] over N busy processes counts their work about N times.
+    fn next_least_ns(&mut self) -> u64 {
+        self.next_ns()
+    }
     /// Wait until all queued work is complete; returns when it completed (ns, ≤ now).
     fn drain(&mut self) -> u64;
     /// When the queued work was seen complete (ns, ≤ now), if all of it is (may poll
@@ -138,6 +146,18 @@ pub trait Work {
     /// Until `until_ns`, the scheduler counts queued work in launches ([`Work::pending`]): a
     /// tracker that samples launches must track each one meanwhile.
     fn track_each(&mut self, _until_ns: u64) {}
+}
+
+/// The least recent measurement of a launch, after measuring `ns` (`least` before): a lower
+/// one is taken at once; a higher one raises it by a sixteenth of the difference, so the time
+/// a launch takes when it runs alone is remembered while other contexts' work inflates most
+/// measurements, and a launch that really got longer is followed within tens of measurements.
+pub fn least_of(least: u64, ns: u64) -> u64 {
+    if ns <= least {
+        ns.max(1)
+    } else {
+        least.saturating_add((ns - least) / 16)
+    }
 }
 
 /// What an admission cost.
@@ -454,6 +474,7 @@ impl<'a> Client<'a> {
                             .is_ok()
                     {
                         self.me.turn_used_ns.store(0, Release);
+                        self.me.turn_queued_ns.store(0, Release);
                         self.me.turn_start_ns.store(since, Release);
                     }
                     self.proc.holding_mask.fetch_or(self.bit(), AcqRel);
@@ -479,18 +500,19 @@ impl<'a> Client<'a> {
                 // `queued` and `next` are estimates from the driver's timings: saturate.
                 let need = queued.saturating_add(next);
                 let done_at = now.saturating_add(need);
+                let least = work.next_least_ns();
                 // The first launch of a turn is always admitted (what is left of an earlier
                 // turn's handoff lead is in `queued`); when it runs past the lease, the lease is
                 // stretched to cover it, once a turn. Never again in the same turn: a holder
                 // whose queue stays short would otherwise stretch it launch after launch and
                 // keep the device for good (the freeze of issue 14, `a_shallow_queue_...`).
                 let first = self.admitted_ns == 0 && self.dev.stretched.load(Acquire) != turn;
-                // Each process of a slice bounds its own queue by the turn, not the slice's
-                // together (node mode does, `Granted`): here their estimates, learned from
-                // kernels that interleave with each other's, grow with their number, so the
-                // sum bounds itself, and a sum of them held a slice of two at 0.44 of 0.5;
-                // what runs past the turn is paid (`settle_owed`).
-                if now < l.end_ns && (first || done_at <= l.end_ns) {
+                // The slice's processes together queue at most the turn (node mode's bound,
+                // `SchedSlice::queue_in_turn`): N processes must not queue N turns.
+                if now < l.end_ns
+                    && (first || done_at <= l.end_ns)
+                    && self.me.queue_in_turn(now, l.end_ns, least)
+                {
                     if done_at > l.end_ns {
                         // One launch longer than what is left of the lease: stretch the lease
                         // to cover it, so waiters do not take over mid-kernel.
@@ -536,9 +558,8 @@ impl<'a> Client<'a> {
                 // would hold the start of this process's next turns far beyond the clock.
                 let end = now + left.min(MAX_LEASE_NS);
                 let others = self.settle(end);
-                if left > 0 && others == 0 {
-                    // The last of the slice to hand over: what it left queued runs into the
-                    // next holder's turn (a sibling's runs in the slice's own turn).
+                if left > 0 {
+                    // What it left queued runs into the next holder's turn: paid when done.
                     self.owed_from = end;
                 }
                 if others > 0 {

@@ -49,8 +49,9 @@
 //! starts after the span the previous one was charged, and what a holder left queued past its
 //! charge is paid by it once it sees it done ([`Work::finished_at`]); a holder taken over
 //! without launching pays for the turn it held idle. In node mode the monitor charges the span
-//! granted plus what the slice's processes left queued past it (`turns.rs`), and the slice's
-//! processes together queue at most a turn (`granted.rs`). Nothing waits on a holder
+//! granted plus what the slice's processes left queued past it (`turns.rs`). In both modes the
+//! slice's processes together queue at most a turn ([`SchedSlice::queue_in_turn`]), each
+//! launch counted at its least recent measurement ([`Work::next_least_ns`]). Nothing waits on a holder
 //! forever: a lease whose end is [`GRACE_NS`] past, or whose holder's queued work ran out
 //! [`IDLE_GRACE_NS`] ago with nothing new launched, is taken over by any waiter, so a holder
 //! that dies, hangs or goes idle loses its turn within milliseconds without the monitor. A
@@ -70,7 +71,7 @@ mod sys;
 mod tests;
 mod turns;
 
-pub use client::{on_process_dead, Admission, Client, Os, SystemOs, Work, SYSTEM};
+pub use client::{least_of, on_process_dead, Admission, Client, Os, SystemOs, Work, SYSTEM};
 pub use granted::{
     GrantProc, GrantWords, Granted, Scheduler, MONITOR_BEAT_NS, MONITOR_STALE_NS,
     NODE_HANDOFF_LEAD_NS,

@@ -494,6 +494,16 @@ impl Engine {
         at
     }
 
+    /// The engine time the work queued on contexts `ctxs` still needs at `now`, together.
+    pub fn backlog(&self, ctxs: &[usize], now: u64) -> u64 {
+        let mut st = self.lock();
+        st.advance(now);
+        ctxs.iter()
+            .filter_map(|&c| st.sched.queues.get(c))
+            .flat_map(|q| q.iter().map(|&(_, left)| left))
+            .sum()
+    }
+
     /// The stretches of engine time context `ctx` ran, up to `now`.
     pub fn runs(&self, ctx: usize, now: u64) -> Vec<(u64, u64)> {
         let mut st = self.lock();
@@ -532,6 +542,8 @@ pub struct Queue<'a, 'w> {
     pub learn: bool,
     /// The estimate of one launch.
     pub est_ns: u64,
+    /// The least recent measurement of one launch ([`crate::client::least_of`]).
+    least_ns: u64,
     /// Estimated end of the tracked work.
     tail_end: u64,
     /// The latest tracked launch.
@@ -549,6 +561,7 @@ impl<'a, 'w> Queue<'a, 'w> {
             tracked: VecDeque::new(),
             learn: false,
             est_ns,
+            least_ns: est_ns,
             tail_end: 0,
             last_tracked: None,
         }
@@ -598,6 +611,7 @@ impl<'a, 'w> Queue<'a, 'w> {
             if self.learn {
                 let m = self.engine.measured(k).unwrap_or(self.est_ns);
                 self.est_ns = (3 * self.est_ns + m) / 4;
+                self.least_ns = crate::client::least_of(self.least_ns, m);
             }
         }
         !self.tracked.is_empty()
@@ -617,6 +631,10 @@ impl Work for Queue<'_, '_> {
 
     fn next_ns(&mut self) -> u64 {
         self.est_ns
+    }
+
+    fn next_least_ns(&mut self) -> u64 {
+        self.least_ns.min(self.est_ns)
     }
 
     fn drain(&mut self) -> u64 {
