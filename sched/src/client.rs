@@ -1,164 +1,17 @@
 //! One process's side of one device: [`Client`] asks for admission before each launch, sleeps
 //! on the device's futex while another slice holds the lease, waits for its own queued work
-//! when its lease ends, charges what it used and hands the lease on. [`Os`] is everything it
-//! needs from the operating system (clock, futex), so tests run it on a simulated clock.
+//! when its lease ends, charges what it used and hands the lease on. It sees the process's
+//! queued work through [`Work`] (`work.rs`) and the clock and futex through [`Os`] (`sys.rs`),
+//! so tests run it on a simulated engine and clock; the lease word's hand-over is `lease.rs`.
 
-use core::sync::atomic::{AtomicU32, Ordering::*};
+use core::sync::atomic::Ordering::*;
 
+use super::lease::install;
 use super::policy::*;
 use super::records::{Lease, SchedDevice, SchedProc, SchedSlice, CLASS_LATENCY, MAX_SLICE_ID};
+use super::sys::Os;
+use super::work::Work;
 use gpuslice_quantity::PPM;
-
-/// What the scheduler needs from the operating system: one clock for every process of the
-/// node, and a futex in shared memory. [`SYSTEM`] is the real one; the unit tests use a
-/// simulated clock and scheduler.
-pub trait Os: Sync {
-    /// CLOCK_MONOTONIC in ns.
-    fn now_ns(&self) -> u64;
-    /// Sleep while `word` equals `val`, at most `timeout_ns` (any return means "look again").
-    fn futex_wait(&self, word: &AtomicU32, val: u32, timeout_ns: u64);
-    /// Wake every sleeper on `word`.
-    fn futex_wake(&self, word: &AtomicU32);
-}
-
-/// The operating system itself ([`crate::sys`]).
-pub struct SystemOs;
-
-/// The one [`SystemOs`].
-pub static SYSTEM: SystemOs = SystemOs;
-
-impl Os for SystemOs {
-    fn now_ns(&self) -> u64 {
-        crate::sys::now_ns()
-    }
-    fn futex_wait(&self, word: &AtomicU32, val: u32, timeout_ns: u64) {
-        crate::sys::futex_wait(word, val, timeout_ns)
-    }
-    fn futex_wake(&self, word: &AtomicU32) {
-        crate::sys::futex_wake(word)
-    }
-}
-
-/// Replace lease word `old` by `new` (one CAS) and wake sleepers if the holder changed.
-pub(super) fn install(
-    os: &dyn Os,
-    dev: &SchedDevice,
-    t: &dyn Tenants,
-    old: u64,
-    new: Lease,
-    now: u64,
-) -> bool {
-    if let Some((s, _, _)) = t.get(new.holder) {
-        // Before the CAS, so a waiter never sees the new holder with a stale estimate. A failed
-        // CAS leaves a harmless later estimate (it only delays an idle takeover).
-        s.busy_until_ns.fetch_max(now + WAKE_ALLOW_NS, AcqRel);
-    }
-    // Before the CAS (a failed one only costs a spare settle), so whoever sees the new word
-    // sees the new turn.
-    dev.turn.fetch_add(1, AcqRel);
-    if dev
-        .lease
-        .compare_exchange(old, new.pack(), AcqRel, Acquire)
-        .is_err()
-    {
-        return false;
-    }
-    if let Some((s, _, _)) = t.get(new.holder) {
-        s.leases_total.fetch_add(1, Relaxed);
-        dev.leases_total.fetch_add(1, Relaxed);
-    }
-    if Lease::unpack(old).holder != new.holder {
-        dev.seq.fetch_add(1, Release);
-        if dev.sleepers.load(Acquire) > 0 {
-            os.futex_wake(&dev.seq);
-        }
-    }
-    true
-}
-
-/// Revoke what a dead process held on one device: its place among its slice's waiters and, when
-/// its slice holds the lease and no other process of the slice is launching under it, the lease.
-/// Called by the reaper (ledger/monitor) with the dead process's records; idempotent. Waiters do
-/// not depend on it (they take over an overdue lease themselves), it only makes the handoff
-/// immediate.
-pub fn on_process_dead(
-    os: &dyn Os,
-    dev: &SchedDevice,
-    dev_index: usize,
-    t: &dyn Tenants,
-    slice_id: u32,
-    slice: &SchedSlice,
-    proc: &SchedProc,
-) {
-    let bit = 1u32 << (dev_index % 32);
-    if proc.waiting_mask.fetch_and(!bit, AcqRel) & bit != 0 {
-        let _ = slice
-            .waiters
-            .fetch_update(AcqRel, Acquire, |w| w.checked_sub(1));
-    }
-    let holding = proc.holding_mask.fetch_and(!bit, AcqRel) & bit != 0;
-    let w = dev.lease.load(Acquire);
-    let l = Lease::unpack(w);
-    // A solo lease is not tracked per process: give it up too (a surviving process of the slice
-    // takes it back at its next launch).
-    if (holding || l.solo) && l.holder == slice_id {
-        let now = os.now_ns();
-        // Other processes of the slice waiting for it: the slice may keep competing.
-        let next = if slice.waiters.load(Acquire) > 0 {
-            pick(t, now, 0, 0)
-        } else {
-            pick(t, now, 0, slice_id)
-        };
-        if install(os, dev, t, w, next, now) {
-            dev.takeovers_total.fetch_add(1, Relaxed);
-        }
-    }
-}
-
-/// The process's queued GPU work on one device, as the [`Client`] needs to see it.
-pub trait Work {
-    /// Estimated GPU ns of work queued and not yet complete (may poll completions).
-    fn outstanding_ns(&mut self) -> u64;
-    /// Estimated GPU ns of the launch about to be admitted.
-    fn next_ns(&mut self) -> u64;
-    /// The least GPU ns a launch like the one about to be admitted was recently measured at
-    /// ([`least_of`]): its time when no other context's work interleaved with it. What the
-    /// slice's processes queue together is counted in it ([`SchedSlice::queue_in_turn`]): a
-    /// measurement includes the time the engine served siblings' contexts, so a sum of
-    /// [`Work::next_ns`] over N busy processes counts their work about N times.
-    fn next_least_ns(&mut self) -> u64 {
-        self.next_ns()
-    }
-    /// Wait until all queued work is complete; returns when it completed (ns, ≤ now).
-    fn drain(&mut self) -> u64;
-    /// When the queued work was seen complete (ns, ≤ now), if all of it is (may poll
-    /// completions); `None` while some is pending, or when it cannot tell.
-    fn finished_at(&mut self) -> Option<u64> {
-        None
-    }
-    /// Wait until the queued work is estimated to need at most `ns` more; returns that estimate.
-    fn wait_below(&mut self, ns: u64) -> u64;
-    /// Launches queued and not yet complete (may poll completions).
-    fn pending(&mut self) -> usize;
-    /// Wait until at most `n` launches are pending (never spins; gives up after a while on a
-    /// launch that never completes).
-    fn wait_pending(&mut self, n: usize);
-    /// Until `until_ns`, the scheduler counts queued work in launches ([`Work::pending`]): a
-    /// tracker that samples launches must track each one meanwhile.
-    fn track_each(&mut self, _until_ns: u64) {}
-}
-
-/// The least recent measurement of a launch, after measuring `ns` (`least` before): a lower
-/// one is taken at once; a higher one raises it by a sixteenth of the difference, so the time
-/// a launch takes when it runs alone is remembered while other contexts' work inflates most
-/// measurements, and a launch that really got longer is followed within tens of measurements.
-pub fn least_of(least: u64, ns: u64) -> u64 {
-    if ns <= least {
-        ns.max(1)
-    } else {
-        least.saturating_add((ns - least) / 16)
-    }
-}
 
 /// What an admission cost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -23,7 +23,8 @@ use core::sync::atomic::{AtomicU32, Ordering::*};
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use super::client::{Os, Work};
+use super::sys::Os;
+use super::work::Work;
 
 const NONE: usize = usize::MAX;
 
@@ -542,7 +543,7 @@ pub struct Queue<'a, 'w> {
     pub learn: bool,
     /// The estimate of one launch.
     pub est_ns: u64,
-    /// The least recent measurement of one launch ([`crate::client::least_of`]).
+    /// The least recent measurement of one launch ([`crate::work::least_of`]).
     least_ns: u64,
     /// Estimated end of the tracked work.
     tail_end: u64,
@@ -611,7 +612,7 @@ impl<'a, 'w> Queue<'a, 'w> {
             if self.learn {
                 let m = self.engine.measured(k).unwrap_or(self.est_ns);
                 self.est_ns = (3 * self.est_ns + m) / 4;
-                self.least_ns = crate::client::least_of(self.least_ns, m);
+                self.least_ns = crate::work::least_of(self.least_ns, m);
             }
         }
         !self.tracked.is_empty()
