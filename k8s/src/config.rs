@@ -257,9 +257,7 @@ impl Config {
         let mut registry_dir = PathBuf::from("/var/lib/kubelet/plugins_registry");
         let mut plugin_dir: Option<PathBuf> = None;
         let mut cdi_dir = PathBuf::from("/var/run/cdi");
-        let mut runtime_dir = std::env::var_os("GPUSLICE_RUNTIME_DIR")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
+        let mut runtime_dir = gpuslice_ledger::dir::runtime_dir_var()
             .unwrap_or_else(|| PathBuf::from(gpuslice_ledger::DEFAULT_RUNTIME_DIR));
         let mut library = PathBuf::from(gpuslice_ledger::cdi::CONTAINER_LIBRARY);
         let mut cdi_kind = gpuslice_ledger::cdi::DEFAULT_KIND.to_string();

@@ -10,11 +10,9 @@
 //! itself failing, every GPU is unknown. Served as `v1alpha1` (kubelets 1.34 on) and `v1`
 //! (same messages; newer kubelets pick it from the registration's supported versions).
 
-use crate::driver::Driver;
 use crate::proto::{health_v1, health_v1alpha1};
 use std::collections::BTreeSet;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
@@ -114,9 +112,9 @@ type HealthStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 /// The stream for one watcher: the current health at once, then on every change and every
 /// [`KEEPALIVE`]; it ends when the watcher goes away. `T` is the v1 response or one with the
 /// same fields (v1alpha1), converted on the wire.
-fn watch<T: prost::Message + Default + Send + 'static>(driver: &Driver) -> HealthStream<T> {
-    let mut rx = driver.health();
-    let pool = driver.config().node_name.clone();
+fn watch<T: prost::Message + Default + Send + 'static>(health: &Health) -> HealthStream<T> {
+    let mut rx = health.gpus.clone();
+    let pool = health.pool.clone();
     let (tx, out) = tokio::sync::mpsc::channel::<Result<T, Status>>(4);
     tokio::spawn(async move {
         loop {
@@ -137,9 +135,15 @@ fn watch<T: prost::Message + Default + Send + 'static>(driver: &Driver) -> Healt
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(out))
 }
 
-/// Both health services.
+/// Both health services: the GPUs' health as the driver keeps it (`Driver::health`), for the
+/// pool (node) it publishes.
 #[derive(Clone)]
-pub struct Health(pub Arc<Driver>);
+pub struct Health {
+    /// The pool the devices are named in (the node's name).
+    pub pool: String,
+    /// Every GPU's health, current.
+    pub gpus: tokio::sync::watch::Receiver<Vec<GpuHealth>>,
+}
 
 #[tonic::async_trait]
 impl health_v1::dra_resource_health_server::DraResourceHealth for Health {
@@ -149,7 +153,7 @@ impl health_v1::dra_resource_health_server::DraResourceHealth for Health {
         &self,
         _: Request<health_v1::NodeWatchResourcesRequest>,
     ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        Ok(Response::new(watch(&self.0)))
+        Ok(Response::new(watch(self)))
     }
 }
 
@@ -161,7 +165,7 @@ impl health_v1alpha1::dra_resource_health_server::DraResourceHealth for Health {
         &self,
         _: Request<health_v1alpha1::NodeWatchResourcesRequest>,
     ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        Ok(Response::new(watch(&self.0)))
+        Ok(Response::new(watch(self)))
     }
 }
 

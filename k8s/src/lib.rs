@@ -9,21 +9,22 @@
 //! - [`proto`]: the kubelet's gRPC interfaces (plugin registration; DRA v1 and v1beta1), from
 //!   our own `.proto` files written from the published API;
 //! - [`driver`]: prepare and unprepare, with state only in the ledger and the CDI directory;
-//! - [`slice`]: the ResourceSlice; [`publish`]: where it goes, and the resync loop;
+//! - [`resource_slice`]: the ResourceSlice; [`publish`]: where it goes, and the resync loop;
 //! - [`claims`]: where ResourceClaims are read (API server, or a directory for tests);
 //! - [`server`]: the two unix-socket gRPC servers; [`health`]: the device-health stream the
 //!   kubelet watches (`DRAResourceHealth`);
-//! - [`nvml`], [`quantity`], [`config`].
+//! - [`nvml`], [`quantity`], [`config`]; [`error`]: the plugin's errors, worded where shown.
 
 pub mod claims;
 pub mod config;
 pub mod driver;
+pub mod error;
 pub mod health;
 pub mod nvml;
 pub mod publish;
 pub mod quantity;
+pub mod resource_slice;
 pub mod server;
-pub mod slice;
 
 /// Generated from `proto/` by `build.rs`.
 pub mod proto {

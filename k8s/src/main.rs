@@ -5,8 +5,9 @@ use gpuslice_dra::config::{
     ClaimsFrom, Cleanup, Config, ConfigError, PublishTo, CLEANUP_HELP, CLEANUP_USAGE, HELP, USAGE,
 };
 use gpuslice_dra::driver::Driver;
+use gpuslice_dra::error::Error;
 use gpuslice_dra::publish::{self, Sink};
-use gpuslice_dra::{server, slice};
+use gpuslice_dra::{resource_slice, server};
 use std::sync::Arc;
 
 fn main() {
@@ -41,23 +42,29 @@ fn main() {
 /// `gpuslice-dra slice [FLAGS]`: the ResourceSlice the plugin would publish now, as JSON on
 /// stdout (for `kubectl apply --dry-run=server --validate=strict -f -`), from NVML and the
 /// ledger's reservations, read only; the GPUs left out are named on stderr.
-fn print_slice(cfg: &Config) -> Result<(), String> {
+fn print_slice(cfg: &Config) -> Result<(), Error> {
     let inv = gpuslice_dra::nvml::Nvml::load()?.inventory()?;
     let snap = match gpuslice_ledger::Ledger::open(&cfg.runtime_dir) {
         Ok(l) => l.snapshot(),
         Err(gpuslice_ledger::LedgerError::NotFound(_)) => Default::default(),
-        Err(e) => return Err(format!("the ledger in {}: {e}", cfg.runtime_dir.display())),
+        Err(source) => {
+            return Err(Error::Ledger {
+                dir: cfg.runtime_dir.clone(),
+                source: Box::new(source),
+            })
+        }
     };
-    let found = slice::devices(&inv, &snap, cfg.memory_step, cfg.memory_default);
+    let found = resource_slice::devices(&inv, &snap, cfg.memory_step, cfg.memory_default);
     for (dev, why) in &found.left_out {
         eprintln!("gpuslice-dra: {dev} is left out: {why}");
     }
-    let s = slice::resource_slice(&cfg.node_name, &cfg.driver, 1, None, found.published);
-    let obj = publish::to_object(&s).map_err(|e| e.to_string())?;
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&obj).map_err(|e| e.to_string())?
-    );
+    let s = resource_slice::resource_slice(&cfg.node_name, &cfg.driver, 1, None, found.published);
+    let json = |e: serde_json::Error| Error::Other {
+        what: "writing the ResourceSlice as JSON",
+        why: e.to_string(),
+    };
+    let obj = publish::to_object(&s).map_err(json)?;
+    println!("{}", serde_json::to_string_pretty(&obj).map_err(json)?);
     Ok(())
 }
 
@@ -76,7 +83,7 @@ fn exit_usage(e: ConfigError, usage: &str, help: &str) -> ! {
 }
 
 /// Run `f` on a one-thread runtime; an error is printed and exits 1.
-fn block_on(f: impl std::future::Future<Output = Result<(), String>>) {
+fn block_on(f: impl std::future::Future<Output = Result<(), Error>>) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -93,14 +100,17 @@ fn block_on(f: impl std::future::Future<Output = Result<(), String>>) {
     }
 }
 
-async fn client() -> Result<kube::Client, String> {
-    kube::Client::try_default().await.map_err(|e| {
-        format!("connecting to the API server (in-cluster service account or KUBECONFIG): {e}")
-    })
+async fn client() -> Result<kube::Client, Error> {
+    kube::Client::try_default()
+        .await
+        .map_err(|source| Error::Api {
+            what: "connecting to the API server (in-cluster service account or KUBECONFIG)".into(),
+            source,
+        })
 }
 
 /// `gpuslice-dra cleanup`: remove the driver's ResourceSlices (of one node, or all).
-async fn cleanup(c: Cleanup) -> Result<(), String> {
+async fn cleanup(c: Cleanup) -> Result<(), Error> {
     let sink = match &c.publish {
         PublishTo::Api => Sink::Api(client().await?),
         PublishTo::File(p) => Sink::File(p.clone()),
@@ -123,7 +133,7 @@ async fn cleanup(c: Cleanup) -> Result<(), String> {
     Ok(())
 }
 
-async fn run(cfg: Config) -> Result<(), String> {
+async fn run(cfg: Config) -> Result<(), Error> {
     let needs_api = cfg.claims == ClaimsFrom::Api || cfg.publish == PublishTo::Api;
     let client = if needs_api {
         Some(client().await?)
@@ -154,7 +164,10 @@ async fn run(cfg: Config) -> Result<(), String> {
         endpoint: cfg.dra_socket().to_string_lossy().into_owned(),
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| format!("SIGTERM handler: {e}"))?;
+        .map_err(|e| Error::Other {
+            what: "SIGTERM handler",
+            why: e.to_string(),
+        })?;
     let (result, signalled) = tokio::select! {
         r = server::serve_dra(driver.clone(), dra) => (r, false),
         r = server::serve_registration(registration, reg) => (r, false),

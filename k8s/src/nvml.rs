@@ -2,6 +2,7 @@
 //! `dlopen("libnvidia-ml.so.1")`, never linked; the plugin image carries no driver, the node's
 //! driver library is mounted in, and the tests' fake GPU provides the same name).
 
+use crate::error::Error;
 pub use gpuslice_nvml::Gpu;
 
 /// What NVML says about the node: the driver version and every GPU.
@@ -17,20 +18,14 @@ pub struct Inventory {
 pub struct Nvml(gpuslice_nvml::Nvml);
 
 impl Nvml {
-    /// Load and initialise NVML; `Err` says why it is unavailable, and what to do when the
-    /// library is not there.
-    pub fn load() -> Result<Nvml, String> {
-        gpuslice_nvml::Nvml::load().map(Nvml).map_err(|e| match e {
-            gpuslice_nvml::Error::NotFound => format!(
-                "{e}: mount the node's NVIDIA driver libraries into the plugin's container \
-                 (see docs/kubernetes.md)"
-            ),
-            e => e.to_string(),
-        })
+    /// Load and initialise NVML; `Err` says why it is unavailable (and, shown, what to do when
+    /// the library is not there).
+    pub fn load() -> Result<Nvml, Error> {
+        Ok(Nvml(gpuslice_nvml::Nvml::load()?))
     }
 
     /// The driver version and every GPU, now.
-    pub fn inventory(&self) -> Result<Inventory, String> {
+    pub fn inventory(&self) -> Result<Inventory, Error> {
         Ok(Inventory {
             driver_version: self.0.driver_version().unwrap_or_default(),
             gpus: self.0.devices()?,

@@ -2,7 +2,8 @@
 //! the loop that republishes it when GPUs or reservations change.
 
 use crate::driver::Driver;
-use crate::slice;
+use crate::error::Error;
+use crate::resource_slice;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -62,11 +63,7 @@ impl Sink {
     /// Remove the ResourceSlices of `driver` on `node` (every node: `None`), at a clean exit
     /// or an uninstall, so the scheduler sees no devices of a driver that is gone; the names
     /// removed. Slices gone already are fine. A file sink removes its file.
-    pub async fn remove_all(
-        &self,
-        driver: &str,
-        node: Option<&str>,
-    ) -> Result<Vec<String>, String> {
+    pub async fn remove_all(&self, driver: &str, node: Option<&str>) -> Result<Vec<String>, Error> {
         match self {
             Sink::Api(c) => {
                 let api: kube::Api<ResourceSlice> = kube::Api::all(c.clone());
@@ -77,14 +74,22 @@ impl Sink {
                 let list = api
                     .list(&kube::api::ListParams::default().fields(&selector))
                     .await
-                    .map_err(|e| format!("listing ResourceSlices ({selector}): {e}"))?;
+                    .map_err(|source| Error::Api {
+                        what: format!("listing ResourceSlices ({selector})"),
+                        source,
+                    })?;
                 let mut removed = vec![];
                 for s in list.items {
                     let name = s.metadata.name.unwrap_or_default();
                     match api.delete(&name, &kube::api::DeleteParams::default()).await {
                         Ok(_) => removed.push(name),
                         Err(kube::Error::Api(e)) if e.code == 404 => {}
-                        Err(e) => return Err(format!("deleting ResourceSlice {name}: {e}")),
+                        Err(source) => {
+                            return Err(Error::Api {
+                                what: format!("deleting ResourceSlice {name}"),
+                                source,
+                            })
+                        }
                     }
                 }
                 Ok(removed)
@@ -92,7 +97,11 @@ impl Sink {
             Sink::File(p) => match std::fs::remove_file(p) {
                 Ok(()) => Ok(vec![p.display().to_string()]),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
-                Err(e) => Err(format!("removing {}: {e}", p.display())),
+                Err(source) => Err(Error::Io {
+                    what: "removing",
+                    path: p.clone(),
+                    source,
+                }),
             },
         }
     }
@@ -192,7 +201,7 @@ pub fn devices_named(message: &str, devices: &[Device]) -> Vec<String> {
 /// resync, reported when their message changes.
 pub async fn run(driver: Arc<Driver>, sink: Sink) {
     let cfg = driver.config().clone();
-    let name = slice::object_name(&cfg.node_name, &cfg.driver);
+    let name = resource_slice::object_name(&cfg.node_name, &cfg.driver);
     let mut generation = sink.generation(&name).await;
     let owner = sink.owner(&cfg.node_name).await;
     let mut last: Option<Vec<Device>> = None;
@@ -240,7 +249,7 @@ pub async fn run(driver: Arc<Driver>, sink: Sink) {
         }
         ticks = 0;
         let next = generation + changed as i64;
-        let s = slice::resource_slice(
+        let s = resource_slice::resource_slice(
             &cfg.node_name,
             &cfg.driver,
             next,

@@ -5,9 +5,12 @@
 /// The value of quantity `s` rounded up to an integer (the API server may canonicalize `1000` to
 /// `1k` and a byte count to `4Gi`; a fraction is rounded up, so a request is never shrunk).
 /// `Err` names what is wrong.
-pub fn parse(s: &str) -> Result<u128, String> {
+pub fn parse(s: &str) -> Result<u128, QuantityError> {
     let t = s.trim();
-    let bad = |why: &str| format!("quantity {s:?}: {why}");
+    let bad = |why: &'static str| QuantityError {
+        input: s.to_string(),
+        why,
+    };
     let (num, suffix) = t.split_at(
         t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))
             .unwrap_or(t.len()),
@@ -56,6 +59,23 @@ pub fn parse(s: &str) -> Result<u128, String> {
         .ok_or_else(|| bad("the number is too large"))?;
     Ok(n.div_ceil(den))
 }
+
+/// A string that is not a quantity, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuantityError {
+    /// The string.
+    pub input: String,
+    /// What is wrong (`unknown suffix (Ki Mi Gi …)`).
+    pub why: &'static str,
+}
+
+impl std::fmt::Display for QuantityError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "quantity {:?}: {}", self.input, self.why)
+    }
+}
+
+impl std::error::Error for QuantityError {}
 
 /// Bytes as a quantity: the largest binary unit that divides them exactly (`4Gi`, `1536Mi`,
 /// `12345`).

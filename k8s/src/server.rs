@@ -3,6 +3,7 @@
 //! service (v1 and v1beta1 on one socket; the kubelet picks the newest both sides know).
 
 use crate::driver::{ClaimRef, Driver};
+use crate::error::Error;
 use crate::proto::{registration, v1, v1beta1};
 use std::path::Path;
 use std::sync::Arc;
@@ -102,7 +103,7 @@ impl Dra {
                 },
                 Err(e) => v1::NodePrepareResourceResponse {
                     devices: vec![],
-                    error: e,
+                    error: e.to_string(),
                 },
             };
             out.claims.insert(c.uid, entry);
@@ -121,7 +122,7 @@ impl Dra {
             out.claims.insert(
                 c.uid,
                 v1::NodeUnprepareResourceResponse {
-                    error: r.err().unwrap_or_default(),
+                    error: r.err().map(|e| e.to_string()).unwrap_or_default(),
                 },
             );
         }
@@ -173,25 +174,31 @@ impl v1beta1::dra_plugin_server::DraPlugin for Dra {
 }
 
 /// Bind a unix socket at `path`, replacing a stale one (a previous plugin's).
-pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, String> {
+pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, Error> {
+    let io = |what, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { what, path, source }
+    };
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
     }
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("removing the old socket {}: {e}", path.display())),
+        Err(e) => return Err(io("removing the old socket", path)(e)),
     }
-    tokio::net::UnixListener::bind(path)
-        .map_err(|e| format!("listening on {}: {e}", path.display()))
+    tokio::net::UnixListener::bind(path).map_err(io("listening on", path))
 }
 
 /// Serve the DRA service on `listener` until the process ends.
 pub async fn serve_dra(
     driver: Arc<Driver>,
     listener: tokio::net::UnixListener,
-) -> Result<(), String> {
-    let health = crate::health::Health(driver.clone());
+) -> Result<(), Error> {
+    let health = crate::health::Health {
+        pool: driver.config().node_name.clone(),
+        gpus: driver.health(),
+    };
     let dra = Dra(driver);
     use crate::proto::{health_v1, health_v1alpha1};
     tonic::transport::Server::builder()
@@ -205,19 +212,25 @@ pub async fn serve_dra(
         )
         .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
         .await
-        .map_err(|e| format!("the DRA service: {e}"))
+        .map_err(|source| Error::Serve {
+            what: "the DRA service",
+            source,
+        })
 }
 
 /// Serve the registration service on `listener` until the process ends.
 pub async fn serve_registration(
     reg: Registration,
     listener: tokio::net::UnixListener,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     tonic::transport::Server::builder()
         .add_service(registration::registration_server::RegistrationServer::new(
             reg,
         ))
         .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
         .await
-        .map_err(|e| format!("the registration service: {e}"))
+        .map_err(|source| Error::Serve {
+            what: "the registration service",
+            source,
+        })
 }

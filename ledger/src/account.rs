@@ -49,9 +49,9 @@ use core::sync::atomic::{
 enum Cap<'a> {
     /// A slice quota.
     Quota(&'a AtomicU64),
-    /// The best-effort pool of a device.
+    /// The best-effort allowance of a device.
     BestEffort(&'a Device),
-    /// Node mode: a user's best-effort pool, held to the grant the monitor sets (and lowers).
+    /// Node mode: a user's best-effort allowance, held to the grant the monitor sets (and lowers).
     Grant(&'a AtomicU64),
 }
 
@@ -101,7 +101,7 @@ impl<'a> Account<'a> {
 
     /// A node-mode account: the counters live in the slice's region (`region.rs`), the limit
     /// in the policy (mapped read-only). `slice` is the policy's slice record (`None`: the
-    /// device's best-effort pool, whose region `region` is), `slot` the process's policy slot.
+    /// device's best-effort allowance, whose region `region` is), `slot` the process's policy slot.
     pub fn in_region(
         device: &'a Device,
         slice: Option<&'a Slice>,
@@ -115,14 +115,14 @@ impl<'a> Account<'a> {
         Self::over_region(cap, region, slot)
     }
 
-    /// A node-mode best-effort account: the counters in the pool's region, the limit the
-    /// monitor's grant in the policy (`layout::Pool`).
-    pub fn in_pool(
-        pool: &'a Pool,
+    /// A node-mode best-effort account: the counters in the allowance's region, the limit the
+    /// monitor's grant in the policy (`layout::Allowance`).
+    pub fn in_allowance(
+        allowance: &'a Allowance,
         region: &'a crate::region::Region,
         slot: usize,
     ) -> Option<Account<'a>> {
-        Self::over_region(Cap::Grant(&pool.grant), region, slot)
+        Self::over_region(Cap::Grant(&allowance.grant), region, slot)
     }
 
     /// The account of process `slot` over a region's counters, limited by `cap`.
@@ -157,7 +157,7 @@ impl<'a> Account<'a> {
         }
     }
 
-    /// Bytes held in the account (the whole slice, or the whole best-effort pool).
+    /// Bytes held in the account (the whole slice, or the whole best-effort allowance).
     #[inline]
     pub fn used(&self) -> u64 {
         self.counter.load(SeqCst)

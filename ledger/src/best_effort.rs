@@ -1,5 +1,5 @@
-//! Node mode's best-effort pools: one per (device, uid) with best-effort processes, each
-//! granted a max-min fair part of what no slice reserved on its device; a pool is made with its
+//! Node mode's best-effort allowances: one per (device, uid) with best-effort processes, each
+//! granted a max-min fair part of what no slice reserved on its device; an allowance is made with its
 //! first member and freed with its last. The monitor's, under the policy's lock (`node.rs`
 //! admits and reaps the members).
 
@@ -11,25 +11,29 @@ use core::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
 impl Ledger {
-    /// The best-effort pool of `uid` on `device`, made if missing; caller holds the lock.
-    pub(crate) fn pool_for_locked(&self, device: usize, uid: u32) -> Result<usize, LedgerError> {
-        let pools = self.pools();
-        if let Some(i) = pools.iter().position(|p| {
+    /// The best-effort allowance of `uid` on `device`, made if missing; caller holds the lock.
+    pub(crate) fn allowance_for_locked(
+        &self,
+        device: usize,
+        uid: u32,
+    ) -> Result<usize, LedgerError> {
+        let allowances = self.allowances();
+        if let Some(i) = allowances.iter().position(|p| {
             p.state.load(SeqCst) == STATE_ACTIVE
                 && p.device.load(SeqCst) as usize == device
                 && p.uid.load(SeqCst) == uid
         }) {
             return Ok(i);
         }
-        let i = pools
+        let i = allowances
             .iter()
             .position(|p| p.state.load(SeqCst) == STATE_FREE)
             .ok_or(LedgerError::TableFull {
-                table: "best-effort pool",
-                size: MAX_POOLS,
+                table: "best-effort allowance",
+                size: MAX_ALLOWANCES,
                 holders: "one per user and device with best-effort processes".into(),
             })?;
-        let p = &pools[i];
+        let p = &allowances[i];
         p.device.store(device as u32, SeqCst);
         p.uid.store(uid, SeqCst);
         p.members.store(0, SeqCst);
@@ -39,11 +43,11 @@ impl Ledger {
         Ok(i)
     }
 
-    /// A process charged to pool account `a` left: free the pool with its last member.
-    pub(crate) fn leave_pool_locked(&self, a: u32) {
+    /// A process charged to allowance account `a` left: free the allowance with its last member.
+    pub(crate) fn leave_allowance_locked(&self, a: u32) {
         let Some(p) = a
-            .checked_sub(POOL_ACCOUNT_BASE)
-            .and_then(|i| self.pools().get(i as usize))
+            .checked_sub(ALLOWANCE_ACCOUNT_BASE)
+            .and_then(|i| self.allowances().get(i as usize))
         else {
             return;
         };
@@ -58,15 +62,15 @@ impl Ledger {
         }
     }
 
-    /// Split what no slice reserved on `device` among its best-effort pools (max-min fair):
-    /// a pool holding more than an equal share keeps what it holds and cannot grow; the others
-    /// keep theirs and share the rest equally. A pool's counter is hostile (its own processes
+    /// Split what no slice reserved on `device` among its best-effort allowances (max-min fair):
+    /// an allowance holding more than an equal share keeps what it holds and cannot grow; the others
+    /// keep theirs and share the rest equally. An allowance's counter is hostile (its own processes
     /// write it), so what it is taken to hold is clamped to the grant it had: lying high keeps
-    /// a pool at most where it was, never above; lying low is a bypass (the device totals show
+    /// an allowance at most where it was, never above; lying low is a bypass (the device totals show
     /// it). Grants are stored first, then the counters read again: a charge racing a lowered
     /// grant is either seen here (and covered, up to the old grant) or sees the new grant and
     /// undoes itself (`account.rs`). Monitor only (needs its regions); caller holds the lock.
-    pub(crate) fn rebalance_pools_locked(&self, device: usize) {
+    pub(crate) fn rebalance_allowances_locked(&self, device: usize) {
         let Some(regions) = self.regions() else {
             return;
         };
@@ -77,15 +81,15 @@ impl Ledger {
             .memory_total
             .load(SeqCst)
             .saturating_sub(d.memory_reserved.load(SeqCst));
-        // A pool just admitted has no region yet (the socket makes it next): it holds nothing.
+        // An allowance just admitted has no region yet (the socket makes it next): it holds nothing.
         let mine: Vec<(usize, Option<Arc<Region>>)> = self
-            .pools()
+            .allowances()
             .iter()
             .enumerate()
             .filter(|(_, p)| {
                 p.state.load(SeqCst) == STATE_ACTIVE && p.device.load(SeqCst) as usize == device
             })
-            .map(|(i, _)| (i, regions.get(POOL_ACCOUNT_BASE + i as u32)))
+            .map(|(i, _)| (i, regions.get(ALLOWANCE_ACCOUNT_BASE + i as u32)))
             .collect();
         let counter = |r: &Option<Arc<Region>>| {
             r.as_ref()
@@ -96,7 +100,7 @@ impl Ledger {
         }
         let old: Vec<u64> = mine
             .iter()
-            .map(|(i, _)| self.pools()[*i].grant.load(SeqCst))
+            .map(|(i, _)| self.allowances()[*i].grant.load(SeqCst))
             .collect();
         let held: Vec<u64> = mine
             .iter()
@@ -119,10 +123,10 @@ impl Ledger {
             .map(|&h| if h > fair { h } else { h.saturating_add(spare) })
             .collect();
         for ((i, _), g) in mine.iter().zip(&grants) {
-            self.pools()[*i].grant.store(*g, SeqCst);
+            self.allowances()[*i].grant.store(*g, SeqCst);
         }
         for (((i, r), &g), &o) in mine.iter().zip(&grants).zip(&old) {
-            let p = &self.pools()[*i];
+            let p = &self.allowances()[*i];
             let now = counter(r);
             // A charge that raced the lowering succeeded against the old grant at most.
             let covered = now.min(o.max(g));
@@ -133,11 +137,11 @@ impl Ledger {
         }
     }
 
-    /// The monitor's tick: rebalance every device's best-effort pools.
-    pub fn rebalance_pools(&self) -> Result<(), LedgerError> {
+    /// The monitor's tick: rebalance every device's best-effort allowances.
+    pub fn rebalance_allowances(&self) -> Result<(), LedgerError> {
         let _g = self.lock()?;
         for d in 0..MAX_DEVICES {
-            self.rebalance_pools_locked(d);
+            self.rebalance_allowances_locked(d);
         }
         Ok(())
     }

@@ -34,14 +34,22 @@ pub const DEFAULT_RUNTIME_DIR: &str = "/dev/shm/gpuslice";
 /// `/dev/shm/gpuslice-<uid>`, their own personal-mode directory: a tenant's first CUDA process
 /// never creates the node's directory, so it can never stand in the way of root's monitor.
 pub fn runtime_dir_from_env() -> Result<PathBuf, LedgerError> {
-    match std::env::var_os("GPUSLICE_RUNTIME_DIR") {
-        Some(d) if !d.is_empty() => {
-            let p = PathBuf::from(d);
+    match runtime_dir_var() {
+        Some(p) => {
             check_absolute(&p)?;
             Ok(p)
         }
-        _ => Ok(default_runtime_dir()),
+        None => Ok(default_runtime_dir()),
     }
+}
+
+/// `GPUSLICE_RUNTIME_DIR` as set, unchecked (`None` when unset or empty): the one place the
+/// variable is read. Programs that default otherwise (the DRA plugin: the node's directory)
+/// or show a refused value take it from here.
+pub fn runtime_dir_var() -> Option<PathBuf> {
+    std::env::var_os("GPUSLICE_RUNTIME_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 /// The directory used when `GPUSLICE_RUNTIME_DIR` is unset (see [`runtime_dir_from_env`]).

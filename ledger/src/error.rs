@@ -54,8 +54,8 @@ pub enum LedgerError {
     NoSuchDevice(String),
     /// A slice name that cannot be stored.
     BadName(String),
-    /// Admission refused: the request does not fit what the device has left.
-    Admission(AdmissionError),
+    /// A new slice does not fit what its device has left (the fit rule, `ledger/join.rs`).
+    DoesNotFit(FitError),
     /// `GPUSLICE_RUNTIME_DIR` is not an absolute path.
     RelativeRuntimeDir(PathBuf),
     /// The runtime directory fails the ownership/mode checks.
@@ -107,14 +107,14 @@ impl LedgerError {
     pub fn refuses_the_request(&self) -> bool {
         matches!(
             self,
-            LedgerError::Admission(_) | LedgerError::UserLimit { .. }
+            LedgerError::DoesNotFit(_) | LedgerError::UserLimit { .. }
         )
     }
 }
 
 /// A slice that does not fit on its device.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdmissionError {
+pub struct FitError {
     /// The setting that asked for it (a variable like `GPUSLICE_MEMORY`, or a flag).
     pub setting: String,
     /// Device UUID.
@@ -125,7 +125,7 @@ pub struct AdmissionError {
     pub available: String,
 }
 
-impl fmt::Display for AdmissionError {
+impl fmt::Display for FitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -182,7 +182,7 @@ impl fmt::Display for LedgerError {
                 f,
                 "slice name {n:?} is not accepted: 1 to 63 bytes of letters, digits, '-', '_', '.', ':' or '/'"
             ),
-            LedgerError::Admission(a) => a.fmt(f),
+            LedgerError::DoesNotFit(a) => a.fmt(f),
             LedgerError::RelativeRuntimeDir(p) => write!(
                 f,
                 "GPUSLICE_RUNTIME_DIR={:?} is not valid; accepted: an absolute directory path",
@@ -239,9 +239,9 @@ impl std::error::Error for LedgerError {
     }
 }
 
-impl From<AdmissionError> for LedgerError {
-    fn from(a: AdmissionError) -> Self {
-        LedgerError::Admission(a)
+impl From<FitError> for LedgerError {
+    fn from(a: FitError) -> Self {
+        LedgerError::DoesNotFit(a)
     }
 }
 

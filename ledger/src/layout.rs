@@ -27,10 +27,10 @@ pub const MAX_DEVICES: usize = 16;
 pub const MAX_SLICES: usize = MAX_PROCS * MAX_DEVICES;
 /// Attached processes per node.
 pub const MAX_PROCS: usize = 512;
-/// Node mode: best-effort pools, one per (device, uid) with best-effort processes.
-pub const MAX_POOLS: usize = 256;
-/// `ProcDevice::account` of a node-mode best-effort process: this plus its pool's index.
-pub const POOL_ACCOUNT_BASE: u32 = 0x4000_0000;
+/// Node mode: best-effort allowances, one per (device, uid) with best-effort processes.
+pub const MAX_ALLOWANCES: usize = 256;
+/// `ProcDevice::account` of a node-mode best-effort process: this plus its allowance's index.
+pub const ALLOWANCE_ACCOUNT_BASE: u32 = 0x4000_0000;
 /// Longest slice name, in bytes (names are NUL-padded, not NUL-terminated when full).
 pub const NAME_LEN: usize = 64;
 // The settings grammar refuses any name the record cannot hold.
@@ -44,7 +44,7 @@ pub const DEVICE_NAME_LEN: usize = 96;
 
 /// `ProcDevice::account` when the process has not joined anything on that device.
 pub const ACCOUNT_NONE: u32 = u32::MAX;
-/// `ProcDevice::account` when the process is charged to the device's best-effort pool.
+/// `ProcDevice::account` when the process is charged to the device's best-effort allowance.
 pub const ACCOUNT_BEST_EFFORT: u32 = u32::MAX - 1;
 /// `Slice::memory_limit` of a slice without a quota (its processes are best effort).
 pub const NO_LIMIT: u64 = u64::MAX;
@@ -130,7 +130,7 @@ pub const ANY_UID: u32 = u32::MAX;
 pub struct Device {
     /// [`STATE_FREE`] or [`STATE_ACTIVE`].
     pub state: AtomicU32,
-    /// Non-zero while a reaper settles this device's best-effort pool: hot-path updates pause
+    /// Non-zero while a reaper settles this device's best-effort allowance: hot-path updates pause
     /// (briefly, bounded) so it can find a quiet moment. Correctness never depends on it.
     pub reaping: AtomicU32,
     /// UUID as text, `GPU-...`, NUL-padded.
@@ -146,7 +146,7 @@ pub struct Device {
     pub best_effort_used: AtomicU64,
     /// Sum of compute guarantees of slices on this device, in ppm (≤ [`PPM`]).
     pub compute_reserved: AtomicU64,
-    /// Allocations refused on this device's best-effort pool.
+    /// Allocations refused on this device's best-effort allowance.
     pub best_effort_denied_total: AtomicU64,
     /// Scheduler state (compute).
     pub sched: SchedDevice,
@@ -170,7 +170,7 @@ pub struct Slice {
     pub reaping: AtomicU32,
     /// Name, NUL-padded.
     pub name: Text<NAME_LEN>,
-    /// Quota in bytes, [`NO_LIMIT`] for a best-effort slice (charged to the device pool).
+    /// Quota in bytes, [`NO_LIMIT`] for a best-effort slice (charged to the device allowance).
     pub memory_limit: AtomicU64,
     /// Guaranteed compute share, ppm (0: best effort).
     pub compute_share_ppm: AtomicU32,
@@ -216,7 +216,7 @@ pub struct ProcDevice {
     /// Slice index the process joined on this device, [`ACCOUNT_NONE`] if none.
     pub slice: AtomicU32,
     /// Which counter its allocations are charged to: the slice index (quota), or
-    /// [`ACCOUNT_BEST_EFFORT`] (the device's best-effort pool), or [`ACCOUNT_NONE`].
+    /// [`ACCOUNT_BEST_EFFORT`] (the device's best-effort allowance), or [`ACCOUNT_NONE`].
     pub account: AtomicU32,
     /// Bytes this process holds on this device (its part of the account's counter).
     pub charged: AtomicU64,
@@ -257,12 +257,12 @@ pub struct Proc {
     pub host_pid: AtomicU32,
 }
 
-/// Node mode: the best-effort pool of one user on one device. Its processes charge into the
-/// pool's own region against `grant`, which only the monitor sets: it splits what no slice
-/// reserved among the device's pools (each keeps what it uses, the rest is shared equally),
+/// Node mode: the best-effort allowance of one user on one device. Its processes charge into the
+/// allowance's own region against `grant`, which only the monitor sets: it splits what no slice
+/// reserved among the device's allowances (each keeps what it uses, the rest is shared equally),
 /// so one user's best-effort processes can never starve another's, whatever they write.
 #[repr(C, align(64))]
-pub struct Pool {
+pub struct Allowance {
     /// [`STATE_FREE`] or [`STATE_ACTIVE`].
     pub state: AtomicU32,
     /// Ledger device index.
@@ -271,7 +271,7 @@ pub struct Pool {
     pub uid: AtomicU32,
     /// Processes charged to it.
     pub members: AtomicU32,
-    /// Bytes the pool may hold now (the monitor's grant; the hot path's limit).
+    /// Bytes the allowance may hold now (the monitor's grant; the hot path's limit).
     pub grant: AtomicU64,
     /// Bytes it held at the monitor's last look (display, admission without regions).
     pub used: AtomicU64,
@@ -287,10 +287,13 @@ pub const DEVICES_OFFSET: usize = align_up(size_of::<Header>(), 4096);
 pub const SLICES_OFFSET: usize = align_up(DEVICES_OFFSET + MAX_DEVICES * size_of::<Device>(), 4096);
 /// Offset of the process array.
 pub const PROCS_OFFSET: usize = align_up(SLICES_OFFSET + MAX_SLICES * size_of::<Slice>(), 4096);
-/// Offset of the best-effort pool array (node mode).
-pub const POOLS_OFFSET: usize = align_up(PROCS_OFFSET + MAX_PROCS * size_of::<Proc>(), 4096);
+/// Offset of the best-effort allowance array (node mode).
+pub const ALLOWANCES_OFFSET: usize = align_up(PROCS_OFFSET + MAX_PROCS * size_of::<Proc>(), 4096);
 /// Total size of the file.
-pub const FILE_SIZE: usize = align_up(POOLS_OFFSET + MAX_POOLS * size_of::<Pool>(), 4096);
+pub const FILE_SIZE: usize = align_up(
+    ALLOWANCES_OFFSET + MAX_ALLOWANCES * size_of::<Allowance>(),
+    4096,
+);
 
 /// A NUL-padded fixed text field, written only under the cold-path lock before its record is
 /// published (or by the record's owner), read by anyone.

@@ -74,8 +74,8 @@ pub struct AdmittedDevice {
     pub key: u32,
     /// Quota (`None`: best effort).
     pub memory_limit: Option<u64>,
-    /// Best effort: the pool (of this uid on this device) it charges into.
-    pub pool: Option<usize>,
+    /// Best effort: the allowance (of this uid on this device) it charges into.
+    pub allowance: Option<usize>,
     /// Lines for the user.
     pub warnings: Vec<String>,
 }
@@ -93,7 +93,11 @@ pub struct Admitted {
 pub fn region_key(account: u32, _d: usize) -> Option<u32> {
     match account {
         a if (a as usize) < MAX_SLICES => Some(a),
-        a if (POOL_ACCOUNT_BASE..POOL_ACCOUNT_BASE + MAX_POOLS as u32).contains(&a) => Some(a),
+        a if (ALLOWANCE_ACCOUNT_BASE..ALLOWANCE_ACCOUNT_BASE + MAX_ALLOWANCES as u32)
+            .contains(&a) =>
+        {
+            Some(a)
+        }
         _ => None,
     }
 }
@@ -283,12 +287,12 @@ impl Ledger {
                     });
                 }
                 let j = self.join_locked(h, dev, &ask.req, peer.nspid, peer.uid)?;
-                let pool = if j.memory_limit.is_none() {
-                    let i = self.pool_for_locked(dev, peer.uid)?;
+                let allowance = if j.memory_limit.is_none() {
+                    let i = self.allowance_for_locked(dev, peer.uid)?;
                     p.devices[dev]
                         .account
-                        .store(POOL_ACCOUNT_BASE + i as u32, SeqCst);
-                    self.pools()[i].members.fetch_add(1, SeqCst);
+                        .store(ALLOWANCE_ACCOUNT_BASE + i as u32, SeqCst);
+                    self.allowances()[i].members.fetch_add(1, SeqCst);
                     Some(i)
                 } else {
                     None
@@ -301,7 +305,7 @@ impl Ledger {
                     slice: j.slice,
                     key,
                     memory_limit: j.memory_limit,
-                    pool,
+                    allowance,
                     warnings: j.warnings,
                 });
             }
@@ -312,8 +316,8 @@ impl Ledger {
             return Err(e);
         }
         for d in &out.devices {
-            if d.pool.is_some() {
-                self.rebalance_pools_locked(d.device);
+            if d.allowance.is_some() {
+                self.rebalance_allowances_locked(d.device);
             }
         }
         Ok(out)
@@ -323,7 +327,7 @@ impl Ledger {
     fn release_locked(&self, slot: usize) {
         let p = &self.procs()[slot];
         for pd in &p.devices {
-            self.leave_pool_locked(pd.account.load(SeqCst));
+            self.leave_allowance_locked(pd.account.load(SeqCst));
             let s = pd.slice.load(SeqCst);
             pd.slice.store(ACCOUNT_NONE, SeqCst);
             pd.account.store(ACCOUNT_NONE, SeqCst);
@@ -425,7 +429,7 @@ impl Ledger {
             });
             for pd in &p.devices {
                 let s = pd.slice.load(SeqCst);
-                self.leave_pool_locked(pd.account.load(SeqCst));
+                self.leave_allowance_locked(pd.account.load(SeqCst));
                 pd.account.store(ACCOUNT_NONE, SeqCst);
                 pd.slice.store(ACCOUNT_NONE, SeqCst);
                 pd.charged.store(0, SeqCst);
@@ -468,12 +472,12 @@ impl Ledger {
                 continue;
             }
             let mut sum = 0u64;
-            for (i, p) in self.pools().iter().enumerate() {
+            for (i, p) in self.allowances().iter().enumerate() {
                 if p.state.load(SeqCst) != STATE_ACTIVE || p.device.load(SeqCst) as usize != d {
                     continue;
                 }
                 let used = regions
-                    .get(POOL_ACCOUNT_BASE + i as u32)
+                    .get(ALLOWANCE_ACCOUNT_BASE + i as u32)
                     .map_or(0, |r| r.header().memory_used.load(SeqCst));
                 p.used.store(used, SeqCst);
                 sum = sum.saturating_add(used);

@@ -1,6 +1,6 @@
 //! Node mode: a slice's *region*, the only memory its processes write.
 //!
-//! The monitor creates one region per slice record (and one best-effort pool per device) as a
+//! The monitor creates one region per slice record (and one best-effort allowance per device) as a
 //! `memfd`, sizes it once and seals it (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`): nobody,
 //! not even a process holding a read-write descriptor, can truncate or grow it, so a mapping
 //! of it can never fault with SIGBUS. Processes receive the descriptor over `monitor.sock`
@@ -14,7 +14,7 @@
 //! `ops_begun`/`ops_ended` counters (see `account.rs`), plus the compute scheduler's per-slice
 //! and per-process words ([`SchedSlice`], [`SchedProc`]; in node mode the turns the monitor
 //! grants are asked for in [`GrantProc`], per process, since a best-effort process's region is
-//! its user's pool, shared by several slices).
+//! its user's allowance, shared by several slices).
 
 use crate::error::LedgerError;
 use crate::layout::{CacheLine, MAX_PROCS};
@@ -34,7 +34,7 @@ pub struct RegionHeader {
     /// [`crate::layout::LAYOUT_VERSION`].
     pub layout_version: u32,
     /// Which record it belongs to: a slice index, or `u32::MAX - d` for device `d`'s
-    /// best-effort pool. Written by the monitor before any process sees the region.
+    /// best-effort allowance. Written by the monitor before any process sees the region.
     pub key: u32,
     /// The policy's generation of that record when the region was made (recovery check).
     pub created: u64,
@@ -82,7 +82,7 @@ pub struct RegionLayout {
 /// Size of every region.
 pub const REGION_SIZE: usize = size_of::<RegionLayout>().div_ceil(4096) * 4096;
 
-/// The key of device `d`'s best-effort pool.
+/// The key of device `d`'s best-effort allowance.
 pub fn best_effort_key(d: usize) -> u32 {
     u32::MAX - d as u32
 }
@@ -227,7 +227,7 @@ impl Region {
     }
 }
 
-/// The monitor's regions, by key (a slice index, or a pool's account `POOL_ACCOUNT_BASE + i`).
+/// The monitor's regions, by key (a slice index, or an allowance's account `ALLOWANCE_ACCOUNT_BASE + i`).
 pub trait Regions: Send + Sync {
     /// The region of `key`, if the monitor has one.
     fn get(&self, key: u32) -> Option<std::sync::Arc<Region>>;

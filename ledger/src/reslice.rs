@@ -7,7 +7,7 @@
 
 use core::sync::atomic::Ordering::*;
 
-use crate::error::{human_bytes, AdmissionError, LedgerError};
+use crate::error::{human_bytes, FitError, LedgerError};
 use crate::layout::{NO_LIMIT, PPM};
 use crate::Ledger;
 
@@ -57,7 +57,7 @@ impl Ledger {
         if let Some(l) = c.memory {
             let old = s.memory_limit.load(SeqCst);
             if old == NO_LIMIT {
-                return Err(AdmissionError {
+                return Err(FitError {
                     setting: "--memory".into(),
                     device: uuid,
                     requested: human_bytes(l),
@@ -67,7 +67,7 @@ impl Ledger {
             }
             let used = s.memory_used.0.load(SeqCst);
             if l < used {
-                return Err(AdmissionError {
+                return Err(FitError {
                     setting: "--memory".into(),
                     device: uuid,
                     requested: human_bytes(l),
@@ -79,7 +79,7 @@ impl Ledger {
             let be = d.best_effort_used.load(SeqCst);
             let total = d.memory_total.load(SeqCst);
             if others.saturating_add(l).saturating_add(be) > total {
-                return Err(AdmissionError {
+                return Err(FitError {
                     setting: "--memory".into(),
                     device: uuid,
                     requested: human_bytes(l),
@@ -95,7 +95,7 @@ impl Ledger {
             let old = s.compute_share_ppm.load(SeqCst) as u64;
             let others = d.compute_reserved.load(SeqCst).saturating_sub(old);
             if !gpuslice_sched::admits(others, new) {
-                return Err(AdmissionError {
+                return Err(FitError {
                     setting: "--compute".into(),
                     device: uuid,
                     requested: frac(new as u64),
@@ -108,7 +108,7 @@ impl Ledger {
             .compute_cap_ppm
             .unwrap_or_else(|| s.compute_cap_ppm.load(SeqCst));
         if cap != 0 && cap < share {
-            return Err(AdmissionError {
+            return Err(FitError {
                 setting: "--compute-cap".into(),
                 device: uuid,
                 requested: frac(cap as u64),

@@ -126,7 +126,7 @@ pub struct ProcDeviceInfo {
 pub struct Reaped {
     /// The dead processes whose records were freed.
     pub processes: Vec<ReapedProc>,
-    /// Bytes returned to slices and best-effort pools.
+    /// Bytes returned to slices and best-effort allowances.
     pub bytes_returned: u64,
     /// Slices removed because they became empty (a slice on several devices: one each).
     pub slices_removed: Vec<RemovedSlice>,

@@ -157,7 +157,7 @@ pub struct SliceView {
     pub index: usize,
     /// Ledger device index (checked `< MAX_DEVICES`).
     pub device: usize,
-    /// Quota in bytes; `None` for a best-effort slice (charged to the device's pool).
+    /// Quota in bytes; `None` for a best-effort slice (charged to the device's allowance).
     pub memory_limit: Option<u64>,
     /// Bytes the slice holds (quota slices; ≤ the quota). 0 for a best-effort slice: see
     /// [`View::slice_charged`].

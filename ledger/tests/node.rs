@@ -1,11 +1,11 @@
 //! Node mode's cold paths through the ledger API (what the monitor runs for its socket):
 //! admission with per-user bounds, one record per process, reaping by the monitor's own
-//! liveness, and the best-effort pools' grants. Creating a node policy needs root; without it
+//! liveness, and the best-effort allowances' grants. Creating a node policy needs root; without it
 //! these tests print why and pass vacuously (CI runs as root).
 
 mod common;
 use common::{node_policy, peer, Scratch, Table};
-use gpuslice_ledger::layout::{POOL_ACCOUNT_BASE, STATE_ACTIVE};
+use gpuslice_ledger::layout::{ALLOWANCE_ACCOUNT_BASE, STATE_ACTIVE};
 use gpuslice_ledger::node::{Admitted, DeviceAsk, Limits};
 use gpuslice_ledger::region::Region;
 use gpuslice_ledger::{Account, Ledger, LedgerError, OperatorSlice, SliceRequest};
@@ -27,7 +27,7 @@ fn ask(name: Option<&str>, memory: Option<u64>) -> Vec<DeviceAsk> {
 }
 
 /// Process `pid` of user `uid` admitted under the default per-user bounds, asking for slice
-/// `name` (none: the user's best-effort pool) with `memory`.
+/// `name` (none: the user's best-effort allowance) with `memory`.
 fn admit(
     l: &Ledger,
     (pid, uid): (u32, u32),
@@ -121,28 +121,28 @@ fn the_monitor_reaps_by_its_own_liveness_into_the_regions() {
 
 #[test]
 fn best_effort_grants_are_fair_and_a_liar_keeps_at_most_its_grant() {
-    let Some((l, t, _d)) = node("pools") else {
+    let Some((l, t, _d)) = node("allowances") else {
         return;
     };
     let a = admit(&l, (40, 1000), None, None).unwrap();
-    let pa = a.devices[0].pool.unwrap();
-    let ra = t.make(POOL_ACCOUNT_BASE + pa as u32);
-    l.rebalance_pools().unwrap();
+    let pa = a.devices[0].allowance.unwrap();
+    let ra = t.make(ALLOWANCE_ACCOUNT_BASE + pa as u32);
+    l.rebalance_allowances().unwrap();
     assert_eq!(
-        l.pools()[pa].grant.load(SeqCst),
+        l.allowances()[pa].grant.load(SeqCst),
         16 * GI,
         "alone: everything unreserved"
     );
-    let acc_a = Account::in_pool(&l.pools()[pa], &ra, a.slot).unwrap();
+    let acc_a = Account::in_allowance(&l.allowances()[pa], &ra, a.slot).unwrap();
     assert!(acc_a.try_charge(4 * GI));
     let b = admit(&l, (41, 2000), None, None).unwrap();
-    let pb = b.devices[0].pool.unwrap();
-    assert_ne!(pa, pb, "one pool per user");
-    let rb = t.make(POOL_ACCOUNT_BASE + pb as u32);
-    l.rebalance_pools().unwrap();
+    let pb = b.devices[0].allowance.unwrap();
+    assert_ne!(pa, pb, "one allowance per user");
+    let rb = t.make(ALLOWANCE_ACCOUNT_BASE + pb as u32);
+    l.rebalance_allowances().unwrap();
     let (ga, gb) = (
-        l.pools()[pa].grant.load(SeqCst),
-        l.pools()[pb].grant.load(SeqCst),
+        l.allowances()[pa].grant.load(SeqCst),
+        l.allowances()[pb].grant.load(SeqCst),
     );
     assert_eq!(
         (ga, gb),
@@ -152,33 +152,34 @@ fn best_effort_grants_are_fair_and_a_liar_keeps_at_most_its_grant() {
     // b lies: its counter says it holds everything. It keeps at most its grant, a still grows.
     rb.header().memory_used.store(u64::MAX, SeqCst);
     for _ in 0..5 {
-        l.rebalance_pools().unwrap();
+        l.rebalance_allowances().unwrap();
     }
     let (ga, gb) = (
-        l.pools()[pa].grant.load(SeqCst),
-        l.pools()[pb].grant.load(SeqCst),
+        l.allowances()[pa].grant.load(SeqCst),
+        l.allowances()[pb].grant.load(SeqCst),
     );
     assert!(
         gb <= 9 * GI && ga >= 7 * GI && ga + gb <= 16 * GI,
         "{ga} {gb}"
     );
     assert!(acc_a.try_charge(2 * GI), "a's best effort is not starved");
-    // A quota slice counts each pool for at most its grant: admitted while it fits.
+    // A quota slice counts each allowance for at most its grant: admitted while it fits.
     let held = |p: usize, r: &Region| {
         r.header()
             .memory_used
             .load(SeqCst)
-            .min(l.pools()[p].grant.load(SeqCst))
+            .min(l.allowances()[p].grant.load(SeqCst))
     };
     let before = held(pa, &ra) + held(pb, &rb);
     assert!(before <= 15 * GI, "{before}");
-    admit(&l, (42, 3000), Some("q"), Some(GI)).expect("1 GiB fits beside what the pools may hold");
-    let grants = l.pools()[pa].grant.load(SeqCst) + l.pools()[pb].grant.load(SeqCst);
+    admit(&l, (42, 3000), Some("q"), Some(GI))
+        .expect("1 GiB fits beside what the allowances may hold");
+    let grants = l.allowances()[pa].grant.load(SeqCst) + l.allowances()[pb].grant.load(SeqCst);
     assert!(
         grants <= 15 * GI,
         "grants lowered to the new reservation: {grants}"
     );
-    // A quota that does not fit beside the pools is refused, naming what is available.
+    // A quota that does not fit beside the allowances is refused, naming what is available.
     let e = admit(&l, (43, 3000), Some("big"), Some(8 * GI)).unwrap_err();
     assert!(e.to_string().contains("requested 8 GiB"), "{e}");
 }

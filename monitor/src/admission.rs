@@ -16,6 +16,7 @@
 //! `release` (an admitted process the driver refused memory: pieces of its own slice's balloon,
 //! `crate::balloon`).
 
+use crate::error::{Error, RequestError};
 use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
 use gpuslice_ledger::node::{region_key, DeviceAsk, Limits, Peer};
 use gpuslice_ledger::pidfd::PeerProcess;
@@ -74,14 +75,14 @@ impl RegionTable {
         r
     }
 
-    /// Drop the regions of slices that no longer exist (best-effort pools stay).
+    /// Drop the regions of slices that no longer exist (best-effort allowances stay).
     pub fn retain_live(&self, ledger: &Ledger) {
         let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
         m.retain(|&k, _| match ledger.slices().get(k as usize) {
             Some(s) => s.state.load(SeqCst) != STATE_FREE,
             None => k
-                .checked_sub(gpuslice_ledger::layout::POOL_ACCOUNT_BASE)
-                .and_then(|i| ledger.pools().get(i as usize))
+                .checked_sub(gpuslice_ledger::layout::ALLOWANCE_ACCOUNT_BASE)
+                .and_then(|i| ledger.allowances().get(i as usize))
                 .is_some_and(|p| p.state.load(SeqCst) != STATE_FREE),
         });
     }
@@ -176,21 +177,22 @@ pub struct Server {
 }
 
 /// Bind `monitor.sock` in the (checked, root-owned) runtime directory, mode 0666.
-pub fn bind(ledger: &Ledger) -> Result<OwnedFd, String> {
+pub fn bind(ledger: &Ledger) -> Result<OwnedFd, Error> {
     let dirfd = ledger.dir().fd();
     let _ = ledger.dir().unlink(SOCKET_FILE);
     // SAFETY: constants.
     let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
     if s < 0 {
-        return Err(format!(
-            "cannot create the admission socket: {}",
-            std::io::Error::last_os_error()
+        return Err(Error::os(
+            "create the admission socket",
+            None,
+            std::io::Error::last_os_error(),
         ));
     }
     // SAFETY: just created, ours.
     let s = unsafe { OwnedFd::from_raw_fd(s) };
     let path = format!("/proc/self/fd/{dirfd}/{SOCKET_FILE}");
-    let addr = protocol::unix_addr(&path).map_err(|e| e.to_string())?;
+    let addr = protocol::unix_addr(&path).map_err(Error::Protocol)?;
     // SAFETY: valid socket and address.
     let r = unsafe {
         libc::bind(
@@ -208,10 +210,10 @@ pub fn bind(ledger: &Ledger) -> Result<OwnedFd, String> {
         // SAFETY: `s` is our open, bound socket.
         || unsafe { libc::listen(s.as_raw_fd(), 128) } != 0
     {
-        return Err(format!(
-            "cannot serve {}: {}",
-            ledger.dir().path().join(SOCKET_FILE).display(),
-            std::io::Error::last_os_error()
+        return Err(Error::os(
+            "serve",
+            Some(ledger.dir().path().join(SOCKET_FILE)),
+            std::io::Error::last_os_error(),
         ));
     }
     Ok(s)
@@ -294,7 +296,7 @@ fn handle(server: &Server, sock: RawFd, peer: &PeerProcess, uid: u32) {
         .map_err(Refusal::other)
         .and_then(|()| match req.get("op") {
             Some("admit") => admit(server, &req, peer.pid, uid),
-            _ => answer(server, &req, peer.pid, uid).map_err(Refusal::other),
+            _ => answer(server, &req, peer.pid, uid).map_err(|e| Refusal::other(e.to_string())),
         });
     let (reply, fds) = answered.unwrap_or_else(|refusal| (refusal.encode(), vec![]));
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
@@ -302,10 +304,10 @@ fn handle(server: &Server, sock: RawFd, peer: &PeerProcess, uid: u32) {
 }
 
 /// The peer's identity as `/proc` shows it to the monitor (after [`PeerProcess::check`]).
-fn peer_of(pid: u32, uid: u32) -> Result<Peer, String> {
+fn peer_of(pid: u32, uid: u32) -> Result<Peer, RequestError> {
     let start_time = gpuslice_ledger::live_start_time_of(&pid.to_string());
     if start_time == 0 {
-        return Err(format!("cannot read /proc/{pid}: the process is gone"));
+        return Err(RequestError::Gone(pid));
     }
     let nspid = gpuslice_ledger::innermost_pid_of(pid).unwrap_or(pid);
     Ok(Peer {
@@ -337,15 +339,15 @@ fn is_operator(server: &Server, pid: u32, uid: u32) -> bool {
         })
 }
 
-fn num<T: std::str::FromStr>(m: &Message, k: &str) -> Result<T, String> {
+fn num<T: std::str::FromStr>(m: &Message, k: &str) -> Result<T, RequestError> {
     m.get(k)
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| format!("bad request: field {k:?} missing or not a number"))
+        .ok_or_else(|| RequestError::BadField(k.to_string()))
 }
 
 type Answer = (Message, Vec<OwnedFd>);
 
-fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, String> {
+fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, RequestError> {
     let ledger = &server.ledger;
     match req.get("op") {
         Some("ping") => Ok((Message::new("ok", &std::process::id().to_string()), vec![])),
@@ -367,19 +369,17 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
         }
         Some(op @ ("slice-create" | "slice-rm" | "slice-set" | "slice-priority")) => {
             if !is_operator(server, pid, uid) {
-                return Err(format!(
-                    "permission denied: `gpuslice slice` changes the node's policy; only root or \
-                     members of the operator group ({}) may use it (you are uid {uid})",
-                    crate::daemon::options::operator_group_name()
-                ));
+                return Err(RequestError::NotOperator {
+                    uid,
+                    group: crate::daemon::options::operator_group_name().to_string(),
+                });
             }
             let name = req.get("name").unwrap_or("").to_string();
             // Optional: the slice's join secret (gpuslice_ledger::secret), never logged.
             let secret = req
                 .get("secret")
                 .map(|v| Secret::parse("the request's secret", v))
-                .transpose()
-                .map_err(|e| e.to_string())?;
+                .transpose()?;
             let done = match op {
                 "slice-create" => ledger
                     .create_operator_slice_with_secret(
@@ -413,7 +413,7 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
                         c != gpuslice_sched::CLASS_NORMAL as u64
                             && c != gpuslice_sched::CLASS_LATENCY as u64
                     }) {
-                        return Err("bad request: field \"class\" is not a priority class".into());
+                        return Err(RequestError::NotAClass);
                     }
                     ledger.set_slice(
                         &name,
@@ -426,8 +426,7 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
                     )
                 }
                 _ => ledger.set_slice_priority(&name, num(req, "priority")?),
-            }
-            .map_err(|e| e.to_string())?;
+            }?;
             Ok((Message::new("ok", &done.to_string()), vec![]))
         }
         Some("view") => {
@@ -436,26 +435,26 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
                 .slices()
                 .get(si)
                 .filter(|s| s.state.load(SeqCst) == STATE_ACTIVE)
-                .ok_or("no such slice")?;
+                .ok_or(RequestError::NoSuchSlice)?;
             let owner = s.owner_uid.load(SeqCst);
             if uid != 0 && owner != uid {
-                return Err(format!("slice {si} is not yours (uid {uid})"));
+                return Err(RequestError::NotYours { slice: si, uid });
             }
             let r = server
                 .regions
                 .get(si as u32)
-                .ok_or("that slice has no region yet")?;
+                .ok_or(RequestError::NoRegion)?;
             // A read-only reopen: the receiver can map it, never write it.
             let f = std::fs::File::open(format!("/proc/self/fd/{}", r.fd()))
-                .map_err(|e| format!("cannot reopen a region: {e}"))?;
+                .map_err(RequestError::Reopen)?;
             Ok((Message::new("ok", "view"), vec![OwnedFd::from(f)]))
         }
-        _ => Err("bad request: unknown op".into()),
+        _ => Err(RequestError::UnknownOp),
     }
 }
 
 fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, Refusal> {
-    let peer = peer_of(pid, uid).map_err(Refusal::other)?;
+    let peer = peer_of(pid, uid).map_err(|e| Refusal::other(e.to_string()))?;
     let req = AdmitRequest::decode(req).map_err(Refusal::other)?;
     if let Some(n) = &req.slice {
         gpuslice_quantity::check_slice_name("GPUSLICE_SLICE", n)
@@ -483,7 +482,7 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, R
             req.secret.as_deref(),
         )
         .map_err(|e| match e {
-            LedgerError::Admission(a) => Refusal::asked(format!("admission: slice refused: {a}")),
+            LedgerError::DoesNotFit(a) => Refusal::asked(format!("admission: slice refused: {a}")),
             e if e.refuses_the_request() => Refusal::asked(e.to_string()),
             e => Refusal::other(e.to_string()),
         })?;
@@ -526,7 +525,7 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, R
             device: d.device,
             slice: d.slice,
             memory_limit: d.memory_limit,
-            pool: d.pool,
+            allowance: d.allowance,
         });
         reply.warnings.extend(d.warnings.iter().cloned());
     }

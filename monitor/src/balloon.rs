@@ -3,7 +3,7 @@
 //! slice's counters, could take memory another slice reserved, and the driver would let it. So
 //! the monitor itself holds, on each GPU, every quota slice's reserved-but-unused memory
 //! (`limit - used`, in pieces of at most [`CHUNK`]) through the real driver: what no slice
-//! uses and no best-effort pool may take is not free, and the driver answers
+//! uses and no best-effort allowance may take is not free, and the driver answers
 //! `CUDA_ERROR_OUT_OF_MEMORY` to anyone who asks for it.
 //!
 //! - **Handing back** ([`Balloons::release`]): a slice's process whose allocation the driver
@@ -30,6 +30,7 @@
 //!   `limit - used` only.
 //! - **Off**: `gpuslice monitor --balloons off`.
 
+use crate::error::{DriverError, RequestError};
 use gpuslice_abi::{pfn, CUcontext, CUdevice, CUdeviceptr, CUuuid, CUDA_SUCCESS};
 use gpuslice_ledger::layout::{NO_LIMIT, STATE_ACTIVE};
 use gpuslice_ledger::region::Regions;
@@ -93,12 +94,12 @@ pub struct Balloons {
 ///
 /// # Safety
 /// `lib` is a live `dlopen` handle and `T` is the C signature of `name`.
-unsafe fn sym<T: Copy>(lib: *mut libc::c_void, name: &str) -> Result<T, String> {
-    let c = std::ffi::CString::new(name).map_err(|_| "bad symbol name".to_string())?;
+unsafe fn sym<T: Copy>(lib: *mut libc::c_void, name: &'static str) -> Result<T, DriverError> {
+    let c = std::ffi::CString::new(name).map_err(|_| DriverError::Missing(name))?;
     // SAFETY: live handle and NUL-terminated name (this function's contract).
     let p = unsafe { libc::dlsym(lib, c.as_ptr()) };
     if p.is_null() {
-        return Err(format!("libcuda.so.1 has no {name}"));
+        return Err(DriverError::Missing(name));
     }
     // SAFETY: a non-null symbol of the signature `T` (this function's contract); function
     // pointers and data pointers have one size on every platform the driver exists for.
@@ -109,11 +110,11 @@ impl Balloons {
     /// Load the driver, initialise it and retain every device's primary context; a slice with
     /// no process reserves `room` for its first context. `Err` says why balloons cannot be
     /// held (no driver): the monitor then warns and goes on without.
-    pub fn open(room: u64) -> Result<Balloons, String> {
+    pub fn open(room: u64) -> Result<Balloons, DriverError> {
         // SAFETY: dlopen with a constant NUL-terminated name; the handle is checked.
         let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
         if lib.is_null() {
-            return Err("cannot load libcuda.so.1".into());
+            return Err(DriverError::NotLoaded);
         }
         type Entry = (
             pfn::cuInit,
@@ -141,11 +142,11 @@ impl Balloons {
                 set_current: sym(lib, "cuCtxSetCurrent")?,
             }
         };
-        let check = |what: &str, r| {
-            if r == CUDA_SUCCESS {
+        let check = |call: &'static str, code| {
+            if code == CUDA_SUCCESS {
                 Ok(())
             } else {
-                Err(format!("{what}: {}", gpuslice_abi::describe_cu(r)))
+                Err(DriverError::Failed { call, code })
             }
         };
         // SAFETY: the driver's functions with valid out-parameters (locals) throughout.
@@ -333,10 +334,10 @@ impl Balloons {
         start_time: u64,
         uuid: &str,
         bytes: u64,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, RequestError> {
         let dev = ledger
             .find_device(uuid)
-            .ok_or_else(|| format!("device {uuid:?} is not one the node's monitor knows"))?;
+            .ok_or_else(|| RequestError::UnknownDevice(uuid.to_string()))?;
         let me = ledger
             .procs()
             .iter()
@@ -345,12 +346,12 @@ impl Balloons {
                     && p.host_pid.load(SeqCst) == pid
                     && p.start_time.load(SeqCst) == start_time
             })
-            .ok_or("not admitted: only an admitted process may ask for its slice's memory")?;
+            .ok_or(RequestError::NotAdmitted)?;
         let si = me
             .devices
             .get(dev)
             .map(|d| d.slice.load(SeqCst) as usize)
-            .ok_or("bad device index")?;
+            .ok_or(RequestError::BadDeviceIndex)?;
         Ok(self.release(si, uuid, bytes))
     }
 

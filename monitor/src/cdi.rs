@@ -109,8 +109,8 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
         }
         None => match run::find_library() {
             Ok(p) => p,
-            Err(msg) => {
-                eprintln!("gpuslice: {msg}; or name it with --library PATH");
+            Err(e) => {
+                eprintln!("gpuslice: {e}; or name it with --library PATH");
                 return Ok(cli::EXIT_USAGE);
             }
         },
@@ -190,22 +190,91 @@ pub fn spec(
 
 /// CDI's rule for a vendor or class name: a letter first, a letter or digit last, letters,
 /// digits, `_`, `-`, `.` between.
-fn check_vendor_or_class(name: &str) -> Result<(), String> {
+fn check_vendor_or_class(name: &str) -> Result<(), Broken> {
     let b = name.as_bytes();
     let (Some(first), Some(last)) = (b.first(), b.last()) else {
-        return Err("empty".into());
+        return Err(Broken::Empty);
     };
     if !first.is_ascii_alphabetic() || !last.is_ascii_alphanumeric() {
-        return Err(format!(
-            "{name:?} must start with a letter and end with a letter or digit"
-        ));
+        return Err(Broken::Ends);
     }
-    if let Some(c) = first_outside(b, b"_-.") {
-        return Err(format!(
-            "{name:?} has {c:?}; allowed: letters, digits, _ - ."
-        ));
+    match first_outside(b, b"_-.") {
+        Some(c) => Err(Broken::Char(c)),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// Which of CDI's rules for a name a name breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Broken {
+    /// It is empty.
+    Empty,
+    /// It starts or ends with a character the rule does not allow there.
+    Ends,
+    /// It has this character, allowed nowhere.
+    Char(char),
+}
+
+/// A CDI kind or device name that CDI's rules refuse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NameError {
+    /// A kind without `/`.
+    NotAKind,
+    /// The kind's `vendor` or `class` (`part`), `name`, breaks the rule.
+    KindPart {
+        /// `vendor` or `class`.
+        part: &'static str,
+        /// The part as given.
+        name: String,
+        /// The rule broken.
+        broken: Broken,
+    },
+    /// A device name breaks the rule.
+    Device(Broken),
+}
+
+impl std::fmt::Display for NameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NameError::NotAKind => {
+                write!(f, "a kind is VENDOR/CLASS, for example gpuslice.dev/slice")
+            }
+            NameError::KindPart {
+                part,
+                broken: Broken::Empty,
+                ..
+            } => write!(f, "{part} empty"),
+            NameError::KindPart {
+                part,
+                name,
+                broken: Broken::Ends,
+            } => write!(
+                f,
+                "{part} {name:?} must start with a letter and end with a letter or digit"
+            ),
+            NameError::KindPart {
+                part,
+                name,
+                broken: Broken::Char(c),
+            } => {
+                write!(
+                    f,
+                    "{part} {name:?} has {c:?}; allowed: letters, digits, _ - ."
+                )
+            }
+            NameError::Device(Broken::Empty) => write!(f, "a CDI device name cannot be empty"),
+            NameError::Device(Broken::Ends) => {
+                write!(
+                    f,
+                    "a CDI device name starts and ends with a letter or digit"
+                )
+            }
+            NameError::Device(Broken::Char(c)) => write!(
+                f,
+                "a CDI device name cannot contain {c:?}; allowed: letters, digits, _ - . :"
+            ),
+        }
+    }
 }
 
 /// The first character of `name` that is neither a letter, a digit, nor one of `extra`.
@@ -215,30 +284,34 @@ fn first_outside(name: &[u8], extra: &[u8]) -> Option<char> {
 }
 
 /// A CDI kind: `vendor/class`.
-pub fn check_kind(kind: &str) -> Result<(), String> {
+pub fn check_kind(kind: &str) -> Result<(), NameError> {
     let Some((vendor, class)) = kind.split_once('/') else {
-        return Err("a kind is VENDOR/CLASS, for example gpuslice.dev/slice".into());
+        return Err(NameError::NotAKind);
     };
-    check_vendor_or_class(vendor).map_err(|e| format!("vendor {e}"))?;
-    check_vendor_or_class(class).map_err(|e| format!("class {e}"))
+    for (part, name) in [("vendor", vendor), ("class", class)] {
+        check_vendor_or_class(name).map_err(|broken| NameError::KindPart {
+            part,
+            name: name.to_string(),
+            broken,
+        })?;
+    }
+    Ok(())
 }
 
 /// CDI's rule for a device name: a letter or digit first and last, letters, digits, `_`, `-`,
 /// `.`, `:` between.
-pub fn check_device_name(name: &str) -> Result<(), String> {
+pub fn check_device_name(name: &str) -> Result<(), NameError> {
     let b = name.as_bytes();
     let (Some(first), Some(last)) = (b.first(), b.last()) else {
-        return Err("a CDI device name cannot be empty".into());
+        return Err(NameError::Device(Broken::Empty));
     };
     if !first.is_ascii_alphanumeric() || !last.is_ascii_alphanumeric() {
-        return Err("a CDI device name starts and ends with a letter or digit".into());
+        return Err(NameError::Device(Broken::Ends));
     }
-    if let Some(c) = first_outside(b, b"_-.:") {
-        return Err(format!(
-            "a CDI device name cannot contain {c:?}; allowed: letters, digits, _ - . :"
-        ));
+    match first_outside(b, b"_-.:") {
+        Some(c) => Err(NameError::Device(Broken::Char(c))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -267,11 +267,8 @@ pub fn check_device(flag: &str, value: &str, usage: &'static Command) -> Result<
 /// `$GPUSLICE_RUNTIME_DIR`, or the default (`/dev/shm/gpuslice`; see the ledger crate). A
 /// relative value is refused where the directory is opened, with the shim's message.
 pub fn runtime_dir() -> PathBuf {
-    gpuslice_ledger::runtime_dir_from_env().unwrap_or_else(|_| {
-        std::env::var_os("GPUSLICE_RUNTIME_DIR")
-            .unwrap_or_default()
-            .into()
-    })
+    gpuslice_ledger::runtime_dir_from_env()
+        .unwrap_or_else(|_| gpuslice_ledger::dir::runtime_dir_var().unwrap_or_default())
 }
 
 /// Whether `--help`/`-h` was asked; subcommands print their usage and exit 0.

@@ -12,7 +12,7 @@
 //! `GPUSLICE_FUZZ_SECONDS=600 cargo test -p gpuslice --bin gpuslice fuzz -- --nocapture`
 //! runs it for as long as asked and prints the executions.
 
-use crate::node::Node;
+use crate::ledger_window::LedgerWindow;
 use gpuslice_ledger::layout::*;
 use gpuslice_ledger::{Ledger, OperatorSlice, SliceRequest, PPM};
 use proptest::prelude::*;
@@ -210,12 +210,12 @@ fn write_case(dir: &Path, c: &Case) {
 /// The node-mode paths over the same file: the monitor's reaper and usage mirror, with
 /// regions whose words are as hostile as the file's.
 fn exercise_node(dir: &Path, noise: &[u64]) {
-    let pool_key = |i: u32| gpuslice_ledger::layout::POOL_ACCOUNT_BASE + i;
+    let allowance_key = |i: u32| gpuslice_ledger::layout::ALLOWANCE_ACCOUNT_BASE + i;
     use std::sync::atomic::Ordering::SeqCst;
     let Ok(l) = Ledger::open(dir) else { return };
     let regions = std::sync::Arc::new(crate::admission::RegionTable::default());
     l.set_regions(regions.clone());
-    for (i, k) in [0u32, 1, 2, 5, pool_key(0), pool_key(1)]
+    for (i, k) in [0u32, 1, 2, 5, allowance_key(0), allowance_key(1)]
         .into_iter()
         .enumerate()
     {
@@ -230,7 +230,7 @@ fn exercise_node(dir: &Path, noise: &[u64]) {
             }
         }
     }
-    for (i, p) in l.pools().iter().enumerate().take(3) {
+    for (i, p) in l.allowances().iter().enumerate().take(3) {
         p.state.store(STATE_ACTIVE, SeqCst);
         p.device
             .store((noise.get(i).copied().unwrap_or(0) % 3) as u32, SeqCst);
@@ -238,7 +238,7 @@ fn exercise_node(dir: &Path, noise: &[u64]) {
             .store(noise.get(i + 1).copied().unwrap_or(0), SeqCst);
     }
     let _ = l.reap_node(&|p| p.host_pid.load(SeqCst) % 2 == 0, regions.as_ref());
-    let _ = l.rebalance_pools();
+    let _ = l.rebalance_allowances();
     l.mirror_usage(regions.as_ref());
     regions.retain_live(&l);
     let _ = l.snapshot();
@@ -246,8 +246,8 @@ fn exercise_node(dir: &Path, noise: &[u64]) {
 
 /// Everything that reads the file; must not panic. Returns whether the ledger opened.
 fn exercise(dir: &Path) -> bool {
-    let opened = Node::open(dir).is_ok();
-    if let Ok(node) = Node::open(dir) {
+    let opened = LedgerWindow::open(dir).is_ok();
+    if let Ok(node) = LedgerWindow::open(dir) {
         let snap = node.snapshot();
         let _ = snap.to_json().to_string();
         let _ = crate::prom::render(&snap, None);
@@ -278,7 +278,9 @@ fn exercise(dir: &Path) -> bool {
         }
         let _ = l.reap_dead();
         let _ = crate::prom::render(
-            &Node::open(dir).map(|n| n.snapshot()).unwrap_or_default(),
+            &LedgerWindow::open(dir)
+                .map(|n| n.snapshot())
+                .unwrap_or_default(),
             None,
         );
     }

@@ -15,6 +15,7 @@
 //! Memory is therefore at most about `MAX_CONNECTIONS × (MAX_REQUEST + one exposition)`. The
 //! server runs on its own thread, so nothing here can stall the monitor's reaping.
 
+use crate::error::Error;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -28,9 +29,11 @@ const DEADLINE: Duration = Duration::from_secs(5);
 const MAX_CONNECTIONS: usize = 64;
 
 /// Bind `addr` (`host:port`, e.g. `127.0.0.1:9400` or `[::1]:9400`).
-pub fn bind(addr: &str) -> Result<TcpListener, String> {
-    TcpListener::bind(addr)
-        .map_err(|e| format!("--metrics-listen {addr}: cannot listen there: {e}"))
+pub fn bind(addr: &str) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr).map_err(|source| Error::Listen {
+        addr: addr.to_string(),
+        source,
+    })
 }
 
 /// The warning to log when `addr` is reachable from other machines (anything but loopback):

@@ -8,7 +8,7 @@
 //! - [`status`], [`top`], [`slice`], [`metrics`]: the operator's views and controls; all read
 //!   one [`view::NodeView`] of the ledger, rendered by [`table`] (people), [`view`] (JSON) or
 //!   [`prom`] (Prometheus text, served by [`http`]).
-//! - [`node`]: the only module that talks to `gpuslice-ledger` (which owns all state and every
+//! - [`ledger_window`]: the only module that talks to `gpuslice-ledger` (which owns all state and every
 //!   mutation); [`compute`] reads the scheduler's figures there; [`nvml`] loads NVML at run
 //!   time for device names, NVML indices and the memory audit.
 //! - [`turns`]: node mode's compute turns, granted by the monitor (a thread of the daemon).
@@ -25,12 +25,15 @@ mod cli;
 mod commands;
 mod compute;
 mod daemon;
+mod error;
 #[cfg(test)]
 mod fuzz;
 mod http;
+mod ledger_window;
 mod metrics;
-mod node;
 mod nvml;
+#[cfg(test)]
+mod parsers;
 mod prom;
 mod run;
 mod slice;

@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::cli::{self, Failure};
+use crate::error::{LibraryError, SettingError};
 
 const USAGE: &cli::Command = &crate::commands::RUN;
 
@@ -101,7 +102,7 @@ impl Limits {
         let flag = format!("--{name}");
         let value = args.utf8(&flag)?;
         let usage = args.usage;
-        check_value(&flag, &value).map_err(|msg| Failure::usage(msg, usage))?;
+        check_value(&flag, &value).map_err(|e| Failure::usage(e.to_string(), usage))?;
         let slot = match name {
             "memory" => &mut self.memory,
             "compute" => &mut self.compute,
@@ -149,7 +150,7 @@ impl Limits {
 /// the variables), so a value `run` accepts is one the shim accepts, and a bad one is a usage
 /// error here rather than a failed `cuInit` inside the program. The message names the flag,
 /// the value and the accepted forms.
-fn check_value(flag: &str, value: &str) -> Result<(), String> {
+fn check_value(flag: &str, value: &str) -> Result<(), SettingError> {
     use gpuslice_quantity::{
         check_slice_name, parse_cap_per_device, parse_fraction_per_device, parse_size_per_device,
     };
@@ -162,12 +163,12 @@ fn check_value(flag: &str, value: &str) -> Result<(), String> {
         "--priority" => {
             return match gpuslice_sched::parse_class(value) {
                 Some(_) => Ok(()),
-                None => Err(format!("--priority {value:?}: expected latency or normal")),
+                None => Err(SettingError::Priority(value.to_string())),
             }
         }
         _ => Ok(()),
     }
-    .map_err(|e| e.to_string())
+    .map_err(SettingError::Quantity)
 }
 
 /// Parse `gpuslice run`'s arguments: the limits and the program's command line (no side
@@ -212,7 +213,7 @@ fn run(args: Vec<OsString>) -> Result<i32, Failure> {
     let library = match (&system_wide, find_library()) {
         (_, Ok(l)) => Some(l),
         (Some(_), Err(_)) => None,
-        (None, Err(msg)) => return Ok(fail(cli::EXIT_USAGE, &msg)),
+        (None, Err(e)) => return Ok(fail(cli::EXIT_USAGE, &e.to_string())),
     };
     let program = match resolve_program(&command[0]) {
         Ok(p) => p,
@@ -274,27 +275,21 @@ fn fail(code: i32, msg: &str) -> i32 {
 
 /// Where `libgpuslice.so` is: `$GPUSLICE_LIBRARY` when set, else beside this binary, else in
 /// `../lib` from it. The error says where it looked and what to do; callers exit 2 with it.
-pub fn find_library() -> Result<PathBuf, String> {
+pub fn find_library() -> Result<PathBuf, LibraryError> {
     let exe = std::env::current_exe()
         .ok()
         .and_then(|e| e.canonicalize().ok());
     library_from(std::env::var_os("GPUSLICE_LIBRARY"), exe.as_deref())
 }
 
-fn library_from(var: Option<OsString>, exe: Option<&Path>) -> Result<PathBuf, String> {
-    const HOW: &str = "install it beside this binary with `scripts/install.sh PREFIX` (which \
-                       puts it in PREFIX/lib; cargo install users: `scripts/install.sh ~/.cargo`), \
-                       or set GPUSLICE_LIBRARY=/path/to/libgpuslice.so";
+fn library_from(var: Option<OsString>, exe: Option<&Path>) -> Result<PathBuf, LibraryError> {
     if let Some(var) = var.filter(|v| !v.is_empty()) {
         let p = PathBuf::from(&var);
         if p.is_file() {
             // Absolute, so LD_PRELOAD does not depend on the program's working directory.
             return Ok(p.canonicalize().unwrap_or(p));
         }
-        return Err(format!(
-            "GPUSLICE_LIBRARY={}: no such file; {HOW}",
-            p.display()
-        ));
+        return Err(LibraryError::NoSuchFile(p));
     }
     let mut looked = Vec::new();
     if let Some(dir) = exe.and_then(Path::parent) {
@@ -305,17 +300,13 @@ fn library_from(var: Option<OsString>, exe: Option<&Path>) -> Result<PathBuf, St
             if candidate.is_file() {
                 return Ok(candidate.canonicalize().unwrap_or(candidate));
             }
-            looked.push(candidate.display().to_string());
+            looked.push(candidate);
         }
     }
-    let looked = if looked.is_empty() {
-        "nowhere: this binary's path is unknown".to_string()
-    } else {
-        looked.join(" and ")
-    };
-    Err(format!(
-        "{LIBRARY_NAME} not found (looked at {looked}; GPUSLICE_LIBRARY is unset); {HOW}"
-    ))
+    Err(LibraryError::NotFound {
+        name: LIBRARY_NAME,
+        looked,
+    })
 }
 
 /// The program's path, found on `PATH` like `execvp` would; 127 when it is not there and 126
@@ -577,7 +568,7 @@ mod tests {
         std::fs::create_dir_all(dir.join("lib")).unwrap();
         let exe = dir.join("bin/gpuslice");
         // Nothing anywhere: a usage error naming both places looked at.
-        let msg = library_from(None, Some(&exe)).unwrap_err();
+        let msg = library_from(None, Some(&exe)).unwrap_err().to_string();
         assert!(
             msg.contains("bin/libgpuslice.so") && msg.contains("lib/libgpuslice.so"),
             "{msg}"
@@ -591,7 +582,7 @@ mod tests {
         assert!(found.ends_with("bin/libgpuslice.so"), "{found:?}");
         // A GPUSLICE_LIBRARY that does not exist is an error, not a fallback.
         let var = Some(OsString::from("/nonexistent/libgpuslice.so"));
-        let msg = library_from(var, Some(&exe)).unwrap_err();
+        let msg = library_from(var, Some(&exe)).unwrap_err().to_string();
         assert!(
             msg.contains("GPUSLICE_LIBRARY=/nonexistent/libgpuslice.so"),
             "{msg}"

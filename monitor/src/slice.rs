@@ -7,7 +7,7 @@
 
 use crate::cli::{self, Command, Failure};
 use crate::commands;
-use crate::node::{Node, SecretArg, SliceSpec};
+use crate::ledger_window::{LedgerWindow, SecretArg, SliceSpec};
 use crate::view::SliceView;
 use gpuslice_quantity::{
     check_cap_not_below_share, check_slice_name, parse_cap, parse_fraction, parse_quota,
@@ -215,7 +215,7 @@ pub(crate) fn parse_set(
 /// turn); admission is re-checked by the ledger.
 fn set(args: Vec<OsString>) -> Result<(), Failure> {
     let (name, change) = parse_set(args)?;
-    let node = Node::open(&cli::runtime_dir())?;
+    let node = LedgerWindow::open(&cli::runtime_dir())?;
     let n = node.set_slice(&name, &change)?;
     cli::outln!(
         "changed slice {name:?} ({n} device{})",
@@ -257,8 +257,8 @@ fn create(mut args: Vec<OsString>) -> Result<(), Failure> {
     let req = parse_create(args)?;
     let dir = cli::runtime_dir();
     // A tenant's view of a node policy is read-only: its request goes to the monitor.
-    let node = match Node::open(&dir) {
-        Err(e) if Node::is_missing(&e) => Node::open_or_create(&dir)?,
+    let node = match LedgerWindow::open(&dir) {
+        Err(e) if LedgerWindow::is_missing(&e) => LedgerWindow::open_or_create(&dir)?,
         other => other?,
     };
     let s = node.create_operator_slice(&req)?;
@@ -312,7 +312,7 @@ fn rm(args: Vec<OsString>) -> Result<(), Failure> {
         }
     }
     let name = name.ok_or_else(|| Failure::usage("missing the slice's NAME", RM))?;
-    let node = Node::open(&cli::runtime_dir())?;
+    let node = LedgerWindow::open(&cli::runtime_dir())?;
     let removed = node.remove_slice(&name)?;
     if removed == 0 {
         cli::outln!(

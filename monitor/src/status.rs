@@ -2,7 +2,7 @@
 //! people or as the contract's JSON object.
 
 use crate::cli::{self, Failure};
-use crate::node::Node;
+use crate::ledger_window::LedgerWindow;
 use crate::view::NodeView;
 use std::ffi::OsString;
 use std::path::Path;
@@ -30,9 +30,9 @@ pub fn main(args: Vec<OsString>) -> i32 {
 /// is an error naming the file and what is wrong with it. The GPUs NVML lists are in it
 /// either way, whether or not a monitor or a process has registered them.
 pub fn load(dir: &Path) -> Result<NodeView, Failure> {
-    let mut view = match Node::open(dir) {
+    let mut view = match LedgerWindow::open(dir) {
         Ok(node) => node.snapshot(),
-        Err(e) if Node::is_missing(&e) => NodeView::default(),
+        Err(e) if LedgerWindow::is_missing(&e) => NodeView::default(),
         Err(e) => return Err(e.into()),
     };
     crate::nvml::add_unregistered(&mut view);

@@ -229,7 +229,7 @@ pub fn render(snap: &NodeView) -> Vec<String> {
         .iter()
         .map(|p| vec![p.pid.to_string(), p.slice.clone(), size(p.memory_used)])
         .collect();
-    // Only running processes are listed ([`crate::node::Node::snapshot`]).
+    // Only running processes are listed ([`crate::ledger_window::LedgerWindow::snapshot`]).
     out.extend(layout(
         &[("PID", Right), ("SLICE", Left), ("MEMORY", Right)],
         &procs,

@@ -20,6 +20,7 @@ use gpuslice_sched::{
 };
 
 use crate::admission::RegionTable;
+use crate::error::Error;
 
 /// Shortest time between two passes of the turns thread (a bound on what ringing its bell costs).
 pub const MIN_PASS_NS: u64 = 50_000;
@@ -70,12 +71,12 @@ fn members_of(ledger: &Ledger, regions: &RegionTable) -> Cache {
 }
 
 /// Start the turns thread (node mode): it runs until the process exits.
-pub fn spawn(ledger: Arc<Ledger>, regions: Arc<RegionTable>) -> Result<(), String> {
+pub fn spawn(ledger: Arc<Ledger>, regions: Arc<RegionTable>) -> Result<(), Error> {
     std::thread::Builder::new()
         .name("turns".into())
         .spawn(move || run(&ledger, &regions))
         .map(|_| ())
-        .map_err(|e| format!("cannot start the compute turns thread: {e}"))
+        .map_err(|e| Error::os("start the compute turns thread", None, e))
 }
 
 fn run(ledger: &Ledger, regions: &RegionTable) {

@@ -54,8 +54,8 @@ pub struct GrantedDevice {
     pub slice: usize,
     /// The slice's quota (`None`: best effort).
     pub memory_limit: Option<u64>,
-    /// Best effort: the pool it charges into.
-    pub pool: Option<usize>,
+    /// Best effort: the allowance it charges into.
+    pub allowance: Option<usize>,
 }
 
 /// An admitted process: its record and, per device asked for and in the same order, where it
@@ -216,7 +216,7 @@ impl AdmitReply {
                     d.device,
                     d.slice,
                     opt_num(d.memory_limit),
-                    opt_num(d.pool.map(|p| p as u64))
+                    opt_num(d.allowance.map(|p| p as u64))
                 ),
             );
         }
@@ -236,7 +236,7 @@ impl AdmitReply {
         let mut devices = vec![];
         for line in m.all("dev") {
             let f: Vec<&str> = line.split('\t').collect();
-            let [uuid, device, slice, limit, pool] = f[..] else {
+            let [uuid, device, slice, limit, allowance] = f[..] else {
                 return Err("device line".into());
             };
             let opt = |v: &str, what: &str| match v {
@@ -248,7 +248,7 @@ impl AdmitReply {
                 device: device.parse().map_err(|_| "device")?,
                 slice: slice.parse().map_err(|_| "slice")?,
                 memory_limit: opt(limit, "limit")?,
-                pool: opt(pool, "pool")?.map(|p| p as usize),
+                allowance: opt(allowance, "allowance")?.map(|p| p as usize),
             });
         }
         Ok(Ok(AdmitReply {
@@ -333,14 +333,14 @@ mod tests {
                     device: 0,
                     slice: 3,
                     memory_limit: Some(1 << 30),
-                    pool: None,
+                    allowance: None,
                 },
                 GrantedDevice {
                     uuid: "GPU-2".into(),
                     device: 1,
                     slice: 4,
                     memory_limit: None,
-                    pool: Some(2),
+                    allowance: Some(2),
                 },
             ],
             warnings: vec!["the slice keeps its own values".into()],

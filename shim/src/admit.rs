@@ -6,6 +6,7 @@
 
 use crate::config::Config;
 use crate::log::log;
+pub use crate::process::DevState;
 use gpuslice_ledger::region::Region;
 use gpuslice_ledger::{Account, Ledger, LedgerError, ProcHandle, SliceRequest};
 use gpuslice_protocol::{self as protocol, AdmitReply, AdmitRequest, DeviceRequest, Refusal};
@@ -13,20 +14,6 @@ use std::time::Duration;
 
 /// A device found at start-up: ordinal, UUID, name, memory.
 pub type Found = (i32, String, String, u64);
-
-/// One device as this process sees it.
-pub struct DevState {
-    /// CUDA ordinal in this process.
-    pub ordinal: i32,
-    /// Index in the ledger.
-    pub ledger_dev: usize,
-    /// `GPU-...`.
-    pub uuid: String,
-    /// Where allocations are charged.
-    pub account: Account<'static>,
-    /// Node mode: the region of that account (where this process asks for compute turns).
-    pub region: Option<&'static gpuslice_ledger::region::Region>,
-}
 
 /// What admission gives a process: its record and, per CUDA ordinal, where it charges.
 pub struct Admitted {
@@ -203,13 +190,13 @@ impl Admission for Node {
                     let dev = &ledger.devices()[granted.device];
                     Account::in_region(dev, slice, region, reply.slot)
                 }
-                // Best effort: this user's pool on the device, held to the monitor's grant.
+                // Best effort: this user's allowance on the device, held to the monitor's grant.
                 None => {
-                    let pool = granted
-                        .pool
-                        .and_then(|p| ledger.pools().get(p))
-                        .ok_or_else(|| bad("pool"))?;
-                    Account::in_pool(pool, region, reply.slot)
+                    let allowance = granted
+                        .allowance
+                        .and_then(|p| ledger.allowances().get(p))
+                        .ok_or_else(|| bad("allowance"))?;
+                    Account::in_allowance(allowance, region, reply.slot)
                 }
             }
             .ok_or_else(|| bad("slot"))?;

@@ -8,12 +8,11 @@
 //! typo is never silently ignored. Sizes and fractions use the ledger crate's one parser.
 
 use crate::log::Level;
-use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use crate::process::DISABLED;
+use core::sync::atomic::Ordering::Relaxed;
 use gpuslice_ledger::PPM;
 use gpuslice_quantity::{self as quantity, ComputeSetting, PerDevice, QuantityError, Size};
 use std::path::PathBuf;
-
-static DISABLED: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 enabled, 2 disabled
 
 /// `GPUSLICE_DISABLE=1`: pure pass-through. Read without allocating (it is asked inside
 /// `dlsym`), once.

@@ -28,7 +28,7 @@
 
 use crate::log;
 use crate::real::{self, hooked_by_address, Lib, Sym, COUNT, SYMBOLS};
-use crate::{capture, init, launch, memory, nvml, report, sync};
+use crate::{capture, contexts, init, launch, memory, nvml, report, sync};
 use core::ffi::{c_char, c_int, c_void, CStr};
 use gpuslice_abi::{pfn, CUDA_SUCCESS};
 

@@ -7,58 +7,19 @@
 //! configuration or a refused admission prints one line and makes `cuInit` (and every later
 //! hooked call) fail with `CUDA_ERROR_INVALID_VALUE`.
 
-use crate::admit::{self, Admission, DevState, Found};
+use crate::admit::{self, Admission, Found};
 use crate::config::Config;
 use crate::log::{self, log};
+pub use crate::process::State;
+use crate::process::{FAILED, FORKED, INIT, STATE};
 use crate::real;
 use core::ffi::{c_char, c_int};
-use core::sync::atomic::{AtomicPtr, AtomicU32, Ordering::*};
+use core::sync::atomic::Ordering::*;
 use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 use gpuslice_ledger::node::Opened;
-use gpuslice_ledger::{Ledger, ProcHandle};
+use gpuslice_ledger::Ledger;
 use gpuslice_protocol::Refusal;
-use std::sync::Mutex;
-
-/// Everything the hooks need after start-up.
-pub struct State {
-    /// The mapped ledger (lives as long as the process).
-    pub ledger: &'static Ledger,
-    /// Our process record.
-    pub me: ProcHandle,
-    /// By CUDA ordinal.
-    pub devices: Vec<DevState>,
-    /// The compute class `GPUSLICE_PRIORITY` asks for (`None`: unset).
-    pub priority: Option<u32>,
-}
-
-impl State {
-    /// The device of the calling thread's current context.
-    #[inline]
-    pub fn current(&self) -> Option<&DevState> {
-        if self.devices.len() == 1 {
-            return self.devices.first();
-        }
-        let mut d: CUdevice = -1;
-        let f = real::cuCtxGetDevice()?;
-        // SAFETY: d is a valid out-parameter.
-        if unsafe { f(&mut d) } != CUDA_SUCCESS {
-            return None;
-        }
-        self.device(d)
-    }
-
-    /// The device of CUDA ordinal `d`.
-    #[inline]
-    pub fn device(&self, d: CUdevice) -> Option<&DevState> {
-        usize::try_from(d).ok().and_then(|i| self.devices.get(i))
-    }
-}
-
-static STATE: AtomicPtr<State> = AtomicPtr::new(core::ptr::null_mut());
-/// 0: not failed; otherwise the CUresult every hooked call returns.
-static FAILED: AtomicU32 = AtomicU32::new(0);
-static INIT: Mutex<()> = Mutex::new(());
 
 /// The state, starting up if needed. `Err` carries the status to return to the caller.
 #[inline]
@@ -97,11 +58,6 @@ pub unsafe fn cu_init(real: pfn::cuInit, flags: core::ffi::c_uint) -> CUresult {
         Err(e) => e,
     }
 }
-
-/// Set in a child made by `fork()` after start-up: such a child is no member of the ledger
-/// (CUDA itself does not survive a fork), so its hooked calls fail with
-/// `CUDA_ERROR_NOT_INITIALIZED`, saying why once.
-static FORKED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
 
 /// `pthread_atfork` child handler, registered once start-up published the state. Runs in the
 /// child right after `fork()`, where only async-signal-safe work is allowed: atomic stores and

@@ -15,7 +15,8 @@
 //! - [`memory`] (quotas on every allocation path, with [`pointers`] remembering sizes),
 //!   [`report`] and [`nvml`] (what the program is told), [`launch`] (the compute gate of
 //!   `compute/`, owned by the compute scheduler).
-//! - [`log`]: non-allocating `gpuslice:` lines on stderr.
+//! - [`log`]: non-allocating `gpuslice:` lines on stderr; [`process`]: the process-wide state
+//!   (what start-up publishes, and every static that lives as long as the process, listed).
 //!
 //! Nothing runs in a constructor; a process that never calls CUDA pays only for the `dlsym`
 //! hook. `GPUSLICE_DISABLE=1` makes every hook a pass-through.
@@ -24,6 +25,7 @@ mod admit;
 mod capture;
 mod compute;
 mod config;
+mod contexts;
 mod dlsym;
 mod hooks;
 mod init;
@@ -32,6 +34,7 @@ mod log;
 mod memory;
 mod nvml;
 mod pointers;
+mod process;
 mod real;
 mod report;
 mod symbols;

@@ -2,8 +2,9 @@
 //! buffer and written with one `write(2)`, so logging never allocates and never interleaves
 //! mid-line with other threads.
 
+use crate::process::{LOG_UNSET as UNSET, THRESHOLD};
 use core::fmt::{self, Write};
-use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use core::sync::atomic::Ordering::Relaxed;
 
 /// Severity, most severe first.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -31,10 +32,6 @@ impl Level {
         }
     }
 }
-
-/// Not read from the environment yet.
-const UNSET: u8 = u8::MAX;
-static THRESHOLD: AtomicU8 = AtomicU8::new(UNSET);
 
 /// Set the threshold (from the validated configuration, at start-up).
 pub fn set_level(l: Level) {

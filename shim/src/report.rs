@@ -19,7 +19,7 @@ pub fn view(dev: &DevState, real_total: u64, real_free: u64) -> (u64, u64) {
     )
 }
 
-/// The one formula, for an account's `limit` and `used` (a quota or the best-effort pool);
+/// The one formula, for an account's `limit` and `used` (a quota or the best-effort allowance);
 /// NVML-only processes apply it to what the ledger says (`nvml/memory.rs`).
 pub fn view_of(quota: bool, limit: u64, used: u64, real_total: u64, real_free: u64) -> (u64, u64) {
     let left = limit.saturating_sub(used);

@@ -61,8 +61,8 @@ macro_rules! for_each_symbol {
                 Cuda cuStreamBeginCapture_ptsz => capture::begin_capture_v1;
                 Cuda cuStreamBeginCapture_v2 => capture::begin_capture;
                 Cuda cuStreamBeginCapture_v2_ptsz => capture::begin_capture;
-                Cuda cuStreamEndCapture => memory::end_capture;
-                Cuda cuStreamEndCapture_ptsz => memory::end_capture;
+                Cuda cuStreamEndCapture => capture::end_capture;
+                Cuda cuStreamEndCapture_ptsz => capture::end_capture;
 
                 Cuda cuMemGetInfo_v2 => report::mem_get_info;
                 Cuda cuDeviceTotalMem_v2 => report::device_total_mem;
@@ -75,9 +75,9 @@ macro_rules! for_each_symbol {
                 Cuda cuLaunchCooperativeKernel_ptsz => launch::launch_cooperative;
                 Cuda cuGraphLaunch => launch::graph_launch;
                 Cuda cuGraphLaunch_ptsz => launch::graph_launch;
-                Cuda cuCtxDestroy_v2 => launch::ctx_destroy;
-                Cuda cuDevicePrimaryCtxRelease_v2 => launch::primary_ctx_release;
-                Cuda cuDevicePrimaryCtxReset_v2 => launch::primary_ctx_reset;
+                Cuda cuCtxDestroy_v2 => contexts::ctx_destroy;
+                Cuda cuDevicePrimaryCtxRelease_v2 => contexts::primary_ctx_release;
+                Cuda cuDevicePrimaryCtxReset_v2 => contexts::primary_ctx_reset;
 
                 Nvml nvmlDeviceGetMemoryInfo => nvml::memory_info;
                 Nvml nvmlDeviceGetMemoryInfo_v2 => nvml::memory_info;

@@ -2,7 +2,7 @@
 //! and its repair, the device table), and the home of every other cold path, one file a job:
 //!
 //! - `procs.rs`: a process attaches (claims a record, proves it alive) and detaches;
-//! - `admission.rs`: a process joins a slice on a device, and a new slice is admitted
+//! - `join.rs`: a process joins a slice on a device, and a new slice is admitted
 //!   (memory against what the device has left unreserved, compute shares summing to ≤ 1.0);
 //! - `slices.rs`: operator slices and the changes made to a slice after it exists (owner,
 //!   priority, audit, removal, the last process leaving);
@@ -14,13 +14,13 @@
 //! `EOWNERDEAD`) and `reap_dead` can repair: the sums `memory_reserved`, `compute_reserved`
 //! and `attached` are always recomputable from the slice and process records.
 
-mod admission;
+mod join;
 mod procs;
 mod reap;
 mod slices;
 mod snapshot;
 
-pub use admission::{Joined, SliceRequest};
+pub use join::{Joined, SliceRequest};
 pub use procs::ProcHandle;
 pub use slices::OperatorSlice;
 
@@ -78,7 +78,7 @@ impl Ledger {
     }
 
     /// Node mode, in the monitor: where the slices' regions are (admission reads the
-    /// best-effort pools' usage there). Set once.
+    /// best-effort allowances' usage there). Set once.
     pub fn set_regions(&self, r: std::sync::Arc<dyn crate::region::Regions>) {
         let _ = self.regions.set(r);
     }
@@ -169,10 +169,10 @@ impl Ledger {
         unsafe { &*self.m.base.add(PROCS_OFFSET).cast() }
     }
 
-    /// The best-effort pools (node mode).
-    pub fn pools(&self) -> &[Pool; MAX_POOLS] {
+    /// The best-effort allowances (node mode).
+    pub fn allowances(&self) -> &[Allowance; MAX_ALLOWANCES] {
         // SAFETY: as for devices.
-        unsafe { &*self.m.base.add(POOLS_OFFSET).cast() }
+        unsafe { &*self.m.base.add(ALLOWANCES_OFFSET).cast() }
     }
 
     /// Take the cold-path lock (times out after [`file::LOCK_TIMEOUT`]); repairs the derived

@@ -3,6 +3,7 @@
 //! race, and [`start_background`] starts one for `gpuslice run`. Apart because other commands
 //! use it without running a monitor.
 
+use crate::error::Error;
 use gpuslice_ledger::dir::{OpenHow, Owner, RuntimeDir};
 use std::fs::File;
 use std::io::{Read, Write};
@@ -53,15 +54,10 @@ pub fn monitor_running(dir: &Path) -> Option<u32> {
 
 /// The runtime directory, if the caller may run its monitor there (it owns it), else a
 /// message saying whose monitor it is.
-fn own_dir(dir: &Path) -> Result<RuntimeDir, String> {
-    let d = RuntimeDir::open_or_create(dir).map_err(|e| e.to_string())?;
+fn own_dir(dir: &Path) -> Result<RuntimeDir, Error> {
+    let d = RuntimeDir::open_or_create(dir)?;
     if d.owner() != Owner::Caller {
-        return Err(format!(
-            "the runtime directory {} belongs to root: only root runs its monitor \
-             (`sudo gpuslice monitor`, or the node's service); set GPUSLICE_RUNTIME_DIR to a \
-             directory of your own for a personal one",
-            dir.display()
-        ));
+        return Err(Error::RootsDir(dir.to_path_buf()));
     }
     Ok(d)
 }
@@ -75,7 +71,7 @@ impl MonitorLock {
     /// Take the lock for `dir`, or say which monitor holds it. The lock file is opened
     /// relative to the checked directory, never through a symlink, and must belong to the
     /// directory's owner (the caller): a planted file is refused, never truncated.
-    pub fn acquire(dir: &Path) -> Result<MonitorLock, String> {
+    pub fn acquire(dir: &Path) -> Result<MonitorLock, Error> {
         let path = dir.join(LOCK_FILE);
         let d = own_dir(dir)?;
         let how = OpenHow {
@@ -84,7 +80,7 @@ impl MonitorLock {
             exclusive: false,
             append: false,
         };
-        let mut f = File::from(d.open_file(LOCK_FILE, how).map_err(|e| e.to_string())?);
+        let mut f = File::from(d.open_file(LOCK_FILE, how)?);
         // A `monitor_running` probe holds a shared lock for microseconds: retry briefly so a
         // probe never makes a starting monitor believe another one runs.
         let mut tries = 0;
@@ -97,19 +93,17 @@ impl MonitorLock {
                 continue;
             }
             if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                let who = monitor_running(dir)
-                    .map_or("another process".to_string(), |p| format!("pid {p}"));
-                return Err(format!(
-                    "a monitor is already running for {} ({who} holds {})",
-                    dir.display(),
-                    path.display()
-                ));
+                return Err(Error::AlreadyRunning {
+                    dir: dir.to_path_buf(),
+                    pid: monitor_running(dir),
+                    lock: path,
+                });
             }
-            return Err(format!("cannot lock {}: {err}", path.display()));
+            return Err(Error::os("lock", Some(path), err));
         }
         f.set_len(0)
             .and_then(|_| writeln!(f, "{}", std::process::id()))
-            .map_err(|e| format!("cannot write the monitor's pid to {}: {e}", path.display()))?;
+            .map_err(|e| Error::os("write the monitor's pid to", Some(path), e))?;
         Ok(MonitorLock { _file: f })
     }
 }
@@ -117,13 +111,13 @@ impl MonitorLock {
 /// Make sure a monitor serves `dir`: return the pid of the running one, or start one in the
 /// background (detached, its log in `dir/monitor.log`) and return its pid once it holds the
 /// lock. `started` tells whether this call started it. Only in a directory the caller owns.
-pub fn start_background(dir: &Path) -> Result<(u32, bool), String> {
+pub fn start_background(dir: &Path) -> Result<(u32, bool), Error> {
     if let Some(pid) = monitor_running(dir) {
         return Ok((pid, false));
     }
     let d = own_dir(dir)?;
     let exe =
-        std::env::current_exe().map_err(|e| format!("cannot find the gpuslice binary: {e}"))?;
+        std::env::current_exe().map_err(|e| Error::os("find the gpuslice binary", None, e))?;
     let log_path = dir.join(LOG_FILE);
     let how = OpenHow {
         write: true,
@@ -131,13 +125,10 @@ pub fn start_background(dir: &Path) -> Result<(u32, bool), String> {
         exclusive: false,
         append: true,
     };
-    let log = File::from(
-        d.open_file(LOG_FILE, how)
-            .map_err(|e| format!("cannot open the monitor log: {e}"))?,
-    );
+    let log = File::from(d.open_file(LOG_FILE, how)?);
     let log2 = log
         .try_clone()
-        .map_err(|e| format!("cannot open the monitor log: {e}"))?;
+        .map_err(|e| Error::os("open the monitor log", Some(log_path.clone()), e))?;
     let mut cmd = std::process::Command::new(&exe);
     cmd.arg("monitor")
         .env("GPUSLICE_RUNTIME_DIR", dir)
@@ -161,7 +152,7 @@ pub fn start_background(dir: &Path) -> Result<(u32, bool), String> {
     }
     let mut child = cmd
         .spawn()
-        .map_err(|e| format!("cannot start {} monitor: {e}", exe.display()))?;
+        .map_err(|e| Error::os("start", Some(exe.clone()), e))?;
     let _ = child.wait();
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
@@ -172,12 +163,11 @@ pub fn start_background(dir: &Path) -> Result<(u32, bool), String> {
     }
     let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
     let tail: Vec<&str> = tail.lines().rev().take(3).collect();
-    Err(format!(
-        "started `{} monitor` but it did not come up within 5 s; last lines of {}: {}",
-        exe.display(),
-        log_path.display(),
-        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-    ))
+    Err(Error::DidNotStart {
+        exe,
+        log: log_path,
+        tail: tail.into_iter().rev().map(String::from).collect(),
+    })
 }
 
 #[cfg(test)]
@@ -195,12 +185,15 @@ mod tests {
         let target = d.join("root-only");
         std::fs::write(&target, "secret\n").unwrap();
         symlink(&target, rt.join(LOCK_FILE)).unwrap();
-        let e = MonitorLock::acquire(&rt).err().expect("refused");
+        let e = MonitorLock::acquire(&rt)
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(e.contains("symbolic link"), "{e}");
         assert_eq!(monitor_running(&rt), None);
         std::fs::remove_file(rt.join(LOCK_FILE)).unwrap();
         symlink(&target, rt.join(LOG_FILE)).unwrap();
-        let e = start_background(&rt).expect_err("refused");
+        let e = start_background(&rt).expect_err("refused").to_string();
         assert!(e.contains("symbolic link"), "{e}");
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "secret\n");
         std::fs::remove_dir_all(&d).unwrap();

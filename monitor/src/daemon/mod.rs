@@ -5,7 +5,7 @@
 //! monitor recomputes everything it shows from there.
 //!
 //! Each tick (a few times a second) it reaps processes that are gone, returning their memory
-//! and compute leases to their slices ([`crate::node::Node::reap`]); every second it audits
+//! and compute leases to their slices ([`crate::ledger_window::LedgerWindow::reap`]); every second it audits
 //! real per-process device memory through NVML and flags slices whose processes hold more than
 //! their quota. `--metrics-listen` serves the Prometheus exposition from a second thread.
 //!
@@ -48,7 +48,7 @@ pub use lock::{monitor_running, start_background, MonitorLock, LOG_FILE};
 pub use options::OnViolation;
 
 use crate::cli::{self, Failure};
-use crate::node::Node;
+use crate::ledger_window::LedgerWindow;
 use crate::nvml::{Gpu, Nvml};
 use crate::prom::MonitorFacts;
 use options::{group_gid, parse, Options, OPERATOR_GROUP_NAME, USAGE};
@@ -86,7 +86,7 @@ fn run(opts: Options) -> Result<(), Failure> {
     let node_mode = opts.node.unwrap_or_else(|| {
         gpuslice_ledger::dir::euid() == 0
             && (dir == Path::new(gpuslice_ledger::DEFAULT_RUNTIME_DIR)
-                || crate::node::is_node_dir(&dir.to_string_lossy()))
+                || crate::ledger_window::is_node_dir(&dir.to_string_lossy()))
     });
     let _lock = MonitorLock::acquire(&dir)?;
     let nvml = match Nvml::load() {
@@ -97,7 +97,7 @@ fn run(opts: Options) -> Result<(), Failure> {
         }
     };
     let first = if node_mode {
-        let node = Node::open_or_create_node(&dir)?;
+        let node = LedgerWindow::open_or_create_node(&dir)?;
         // The devices first: admission accepts only devices the monitor registered (a tenant
         // naming a device cannot register it, or its size).
         if nvml.is_none() {
@@ -142,7 +142,7 @@ fn run(opts: Options) -> Result<(), Failure> {
         Some((node, balloons))
     } else {
         // A ledger that cannot be used is reported (and retried) by the loop below.
-        Node::open_or_create(&dir).ok().map(|n| (n, None))
+        LedgerWindow::open_or_create(&dir).ok().map(|n| (n, None))
     };
     let (first, balloons) = match first {
         Some((n, b)) => (Some(n), b),
@@ -207,7 +207,7 @@ fn run(opts: Options) -> Result<(), Failure> {
 /// A `/metrics` scrape: a fresh snapshot of the ledger plus the monitor's facts.
 fn scrape(dir: &Path, facts: &Shared) -> String {
     let facts = facts.lock().map(|f| f.clone()).unwrap_or_default();
-    match Node::open(dir) {
+    match LedgerWindow::open(dir) {
         Ok(node) => crate::prom::render(&node.snapshot(), Some(&facts)),
         Err(e) => format!(
             "# the ledger cannot be read: {}\n{}",
@@ -220,7 +220,7 @@ fn scrape(dir: &Path, facts: &Shared) -> String {
 struct Monitor {
     dir: PathBuf,
     nvml: Option<Nvml>,
-    node: Option<Node>,
+    node: Option<LedgerWindow>,
     /// Node mode: the policy and the admission socket are this process's; they are never
     /// reopened (a replaced policy ends the monitor, for its supervisor to restart it).
     node_mode: bool,
@@ -228,7 +228,7 @@ struct Monitor {
     /// What the audit allows each process beyond what it charged (`--context-allowance`).
     context_allowance: u64,
     /// The ledger opened before the lock was taken, used by the first tick.
-    fresh: Option<Node>,
+    fresh: Option<LedgerWindow>,
     /// The last error opening the ledger, logged once until it changes.
     last_error: Option<String>,
     /// Slices (record, device) currently flagged over quota, to log transitions only.
@@ -245,7 +245,7 @@ impl Monitor {
         if self.node.is_none() {
             let opened = match self.fresh.take() {
                 Some(n) => Ok(n),
-                None => Node::open_or_create(&self.dir),
+                None => LedgerWindow::open_or_create(&self.dir),
             };
             match opened {
                 Ok(node) => {
@@ -352,7 +352,7 @@ fn start_balloons(
 
 /// Register the devices NVML lists in the ledger (admission accepts only registered devices);
 /// a device that cannot be registered is logged and the others go on.
-fn register_devices(node: &Node, devs: &[Gpu]) {
+fn register_devices(node: &LedgerWindow, devs: &[Gpu]) {
     for d in devs {
         if let Err(e) = node.register_device(d) {
             log!("cannot register device {} ({}): {e}", d.index, d.uuid);

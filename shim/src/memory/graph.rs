@@ -6,8 +6,6 @@
 
 use super::{balloon, reserved};
 use crate::admit::DevState;
-use crate::capture::{self, capture_graph_query, CAPTURES};
-use core::sync::atomic::Ordering::*;
 use gpuslice_abi::pfn;
 use gpuslice_abi::*;
 use std::sync::Mutex;
@@ -337,43 +335,20 @@ pub unsafe fn graph_exec_destroy(real: pfn::cuGraphExecDestroy, exec: CUgraphExe
     r
 }
 
-/// `cuStreamEndCapture(_ptsz)`: the capture ends even when it fails (invalidated), and then the
-/// driver keeps no graph, so the memory captured into it goes back.
-pub unsafe fn end_capture(
-    real: pfn::cuStreamEndCapture,
-    stream: CUstream,
-    out: *mut CUgraph,
-) -> CUresult {
-    let capturing = if CAPTURES.load(Acquire) == 0 {
-        None
-    } else {
-        // SAFETY: the program's stream (handler contract).
-        unsafe { capture_graph_query(stream) }
-    };
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(stream, out) };
-    let Some(g) = capturing else {
-        return r;
-    };
-    capture::ended();
-    let made = if r == CUDA_SUCCESS && !out.is_null() {
-        // SAFETY: the program's out-pointer, non-null (checked), written by the driver's
-        // successful call.
-        unsafe { *out }
-    } else {
-        core::ptr::null_mut()
-    };
+/// A capture into graph `captured` ended (`cuStreamEndCapture`): `made` is the graph the driver
+/// returned, null when the capture failed (invalidated: the driver keeps no graph, so the
+/// memory captured into it goes back).
+pub fn capture_ended(captured: CUgraph, made: CUgraph) {
     if made.is_null() {
-        graph_released(Holder::Graph(g as usize));
-    } else if made != g {
+        graph_released(Holder::Graph(captured as usize));
+    } else if made != captured {
         // The driver named the finished graph differently from the one it captured into.
         graph_charge_rehold(
             &mut graphs(),
-            Holder::Graph(g as usize),
+            Holder::Graph(captured as usize),
             Holder::Graph(made as usize),
         );
     }
-    r
 }
 
 #[cfg(test)]

@@ -60,7 +60,7 @@ pub use arrays::{
     array3d_create, array_create, array_destroy, mipmapped_create, mipmapped_destroy,
 };
 pub use graph::{
-    end_capture, graph_add_mem_alloc_node, graph_add_node, graph_add_node_v2, graph_destroy,
+    capture_ended, graph_add_mem_alloc_node, graph_add_node, graph_add_node_v2, graph_destroy,
     graph_exec_destroy, graph_instantiate, graph_instantiate_with_flags,
     graph_instantiate_with_params, launch_refused,
 };

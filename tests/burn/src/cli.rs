@@ -5,6 +5,14 @@ use std::time::Duration;
 use crate::driver::Resolve;
 use gpuslice_quantity::{parse_size, Size};
 
+/// Print one line on stdout and flush it, so a reader sees it at once. A reader that went away
+/// (closed pipe) is not burn's failure: the error is ignored rather than panicking.
+pub fn emit(line: impl std::fmt::Display) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
 pub const USAGE: &str = "\
 gpuslice-burn: a CUDA driver-API load generator (runs on the fake GPU and on real GPUs)
 

@@ -264,7 +264,7 @@ impl<'d> Load<'d> {
                         "gpu_seconds": k as f64 * kernel_s,
                         "gpu_fraction": k as f64 * kernel_s / dt,
                     });
-                    crate::report::emit(line);
+                    crate::cli::emit(line);
                     next_report = Some((at + report.unwrap_or_default(), st.kernels, now));
                 }
             }

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
     let o = match cli::parse(std::env::args_os().skip(1)) {
         Ok(Parsed::Run(o)) => o,
         Ok(Parsed::Help) => {
-            report::emit(cli::USAGE.trim_end());
+            cli::emit(cli::USAGE.trim_end());
             return ExitCode::SUCCESS;
         }
         Err(e) => {
@@ -170,7 +170,7 @@ fn phases(
             "allocated_bytes": live.iter().map(|a| a.bytes).sum::<u64>(),
             "seconds": hold.as_secs_f64(),
         });
-        report::emit(line);
+        cli::emit(line);
         std::thread::sleep(hold);
     }
     if o.launches() {

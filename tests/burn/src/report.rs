@@ -24,17 +24,9 @@ use serde_json::{json, Value};
 
 use gpuslice_abi::{cu_result_name, uuid_text, CUuuid};
 
-use crate::cli::Options;
+use crate::cli::{emit, Options};
 use crate::driver::{Driver, Failure};
 use crate::load::LoadStats;
-
-/// Print one line on stdout and flush it, so a reader sees it at once. A reader that went away
-/// (closed pipe) is not burn's failure: the error is ignored rather than panicking.
-pub fn emit(line: impl std::fmt::Display) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
-}
 
 /// `cuMemGetInfo_v2` at one moment.
 #[derive(Debug, Clone, Copy)]

@@ -43,7 +43,7 @@ fn compute_tenant(n: &Node, uid: u32, slice: &str, share: &str, secs: &str) -> C
         .env("GPUSLICE_SLICE", slice)
         .env("GPUSLICE_COMPUTE", share);
     // A slice name starting with "be-" has no memory quota: its processes charge into their
-    // user's best-effort pool, whose region is where they ask for turns.
+    // user's best-effort allowance, whose region is where they ask for turns.
     if !slice.starts_with("be-") {
         c.env("GPUSLICE_MEMORY", "1Gi");
     }

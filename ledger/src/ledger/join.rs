@@ -1,12 +1,14 @@
-//! Joining a slice and admitting a new one: what a process asks for ([`SliceRequest`]), the
-//! slice it gets ([`Joined`]), and the admission of a slice's memory and compute share against
-//! what its device has left. Apart because it is the one place that decides whether a slice
-//! fits; operator slices (`slices.rs`) come through it too.
+//! Joining a slice and making a new one: what a process asks for ([`SliceRequest`]), the
+//! slice it gets ([`Joined`]), and the fit rule: a new slice's memory and compute share against
+//! what its device has left (refused with a [`crate::FitError`]). Apart because it is the one
+//! place that decides whether a slice fits; operator slices (`slices.rs`) come through it too.
+//! (The monitor's socket server that admits processes in node mode is another thing:
+//! `monitor/src/admission.rs`.)
 
 use super::procs::ProcHandle;
 use super::Ledger;
 use crate::account::Account;
-use crate::error::{human_bytes, AdmissionError, LedgerError};
+use crate::error::{human_bytes, FitError, LedgerError};
 use crate::layout::*;
 use core::sync::atomic::Ordering::SeqCst;
 
@@ -328,7 +330,7 @@ impl Ledger {
         // Compute first: it has no hot-path counterpart, so a plain check under the lock is exact.
         let cpu = d.compute_reserved.load(SeqCst);
         if !gpuslice_sched::admits(cpu, share) {
-            return Err(AdmissionError {
+            return Err(FitError {
                 setting: cpu_setting.into(),
                 device: uuid,
                 requested: frac(share as u64),
@@ -341,8 +343,8 @@ impl Ledger {
             let total = d.memory_total.load(SeqCst);
             let before = d.memory_reserved.fetch_add(l, SeqCst);
             // Node mode: lower the best-effort grants to the new reservation first, then read
-            // what the pools hold (a charge racing the lowering is seen or undoes itself).
-            self.rebalance_pools_locked(device);
+            // what the allowances hold (a charge racing the lowering is seen or undoes itself).
+            self.rebalance_allowances_locked(device);
             let be = self.best_effort_now(device);
             let fits = before
                 .checked_add(l)
@@ -350,8 +352,8 @@ impl Ledger {
                 .is_some_and(|v| v <= total);
             if !fits {
                 d.memory_reserved.fetch_sub(l, SeqCst);
-                self.rebalance_pools_locked(device);
-                return Err(AdmissionError {
+                self.rebalance_allowances_locked(device);
+                return Err(FitError {
                     setting: mem_setting.into(),
                     device: uuid,
                     requested: human_bytes(l),
@@ -388,26 +390,26 @@ impl Ledger {
         Ok(si)
     }
 
-    /// What best-effort processes hold on `device` now. Node mode: the pools' live counters
+    /// What best-effort processes hold on `device` now. Node mode: the allowances' live counters
     /// where the monitor's regions are at hand (after lowering the grants), else, for root's
-    /// CLI, what the pools may hold (their grants), which is never less.
+    /// CLI, what the allowances may hold (their grants), which is never less.
     fn best_effort_now(&self, device: usize) -> u64 {
         if !self.is_node() {
             return self.devices()[device].best_effort_used.load(SeqCst);
         }
-        self.pools()
+        self.allowances()
             .iter()
             .enumerate()
             .filter(|(_, p)| {
                 p.state.load(SeqCst) == STATE_ACTIVE && p.device.load(SeqCst) as usize == device
             })
             .fold(0u64, |a, (i, p)| {
-                // A pool's counter is its users' to write: it counts for at most its grant
+                // An allowance's counter is its users' to write: it counts for at most its grant
                 // (the monitor's), so lying high cannot block other slices' admission.
                 let g = p.grant.load(SeqCst);
                 let v = match self.regions.get() {
                     Some(r) => r
-                        .get(POOL_ACCOUNT_BASE + i as u32)
+                        .get(ALLOWANCE_ACCOUNT_BASE + i as u32)
                         .map_or(0, |r| r.header().memory_used.load(SeqCst).min(g)),
                     None => g.max(p.used.load(SeqCst)),
                 };

@@ -1,18 +1,14 @@
-//! Stream capture: `cuStreamBeginCapture(_v2)(_ptsz)` counted, and the question "is this stream
-//! capturing, into which graph" asked of the driver only while a capture is open. The launch
-//! gate (`compute/`) passes captured launches through ungated; stream-ordered allocation
-//! (`memory/`) charges captured allocations as graph memory. `cuStreamEndCapture`, which
-//! hands the captured graph's memory on, is the graph memory's hook (`memory/graph.rs`).
+//! The captures open in this process, as the capture hooks (`capture/mod.rs`) count them, and
+//! the question "is this stream capturing, into which graph", asked of the driver only while
+//! one is open. Below the hooks and every room that asks: the launch gate (`compute/`) passes
+//! captured launches through ungated; stream-ordered allocation (`memory/pools.rs`) charges
+//! captured allocations as graph memory.
 
 use crate::real;
-use core::sync::atomic::{AtomicUsize, Ordering::*};
-use gpuslice_abi::pfn;
+use core::sync::atomic::Ordering::*;
 use gpuslice_abi::*;
 
-/// Captures begun and not yet ended, as the capture hooks saw them: an allocation or a
-/// contended launch asks the driver whether its stream is capturing only while this is not
-/// zero, so the hot path pays one atomic load when nothing captures.
-pub static CAPTURES: AtomicUsize = AtomicUsize::new(0);
+pub use crate::process::CAPTURES;
 
 /// The graph `stream` is capturing into, if any. A stream-ordered allocation captured there is
 /// a memory node of that graph: charged as its graph memory (`memory/graph.rs`), not as pool
@@ -49,31 +45,7 @@ pub(crate) unsafe fn capture_graph_query(stream: CUstream) -> Option<CUgraph> {
         .then_some(graph)
 }
 
-/// `cuStreamBeginCapture_v2(_ptsz)`: count the capture.
-pub unsafe fn begin_capture(
-    real: pfn::cuStreamBeginCapture_v2,
-    stream: CUstream,
-    mode: CUstreamCaptureMode,
-) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(stream, mode) };
-    if r == CUDA_SUCCESS {
-        CAPTURES.fetch_add(1, AcqRel);
-    }
-    r
-}
-
-/// `cuStreamBeginCapture(_ptsz)`: the CUDA 10 export, without a mode.
-pub unsafe fn begin_capture_v1(real: pfn::cuStreamBeginCapture, stream: CUstream) -> CUresult {
-    // SAFETY: the handler contract: `real` with the program's arguments.
-    let r = unsafe { real(stream) };
-    if r == CUDA_SUCCESS {
-        CAPTURES.fetch_add(1, AcqRel);
-    }
-    r
-}
-
 /// A capture counted by the begin hooks ended (`cuStreamEndCapture`, however it ended).
-pub(crate) fn ended() {
+pub(super) fn ended() {
     let _ = CAPTURES.fetch_update(AcqRel, Acquire, |n| n.checked_sub(1));
 }

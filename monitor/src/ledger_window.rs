@@ -54,7 +54,7 @@ pub fn is_node_dir(dir: &str) -> bool {
 }
 
 /// An open ledger.
-pub struct Node {
+pub struct LedgerWindow {
     ledger: Arc<Ledger>,
     /// Node mode, in the monitor: the slice regions it made and hands out.
     regions: Option<Arc<RegionTable>>,
@@ -64,19 +64,19 @@ fn ratio(ppm: u32) -> f64 {
     ppm as f64 / PPM as f64
 }
 
-impl Node {
+impl LedgerWindow {
     /// Open the existing ledger in `dir`.
-    pub fn open(dir: &Path) -> Result<Node, LedgerError> {
-        Ok(Node::new(Ledger::open(dir)?))
+    pub fn open(dir: &Path) -> Result<LedgerWindow, LedgerError> {
+        Ok(LedgerWindow::new(Ledger::open(dir)?))
     }
 
     /// Open the ledger in `dir`, creating it when there is none.
-    pub fn open_or_create(dir: &Path) -> Result<Node, LedgerError> {
-        Ok(Node::new(Ledger::open_or_create(dir)?))
+    pub fn open_or_create(dir: &Path) -> Result<LedgerWindow, LedgerError> {
+        Ok(LedgerWindow::new(Ledger::open_or_create(dir)?))
     }
 
-    fn new(ledger: Ledger) -> Node {
-        Node {
+    fn new(ledger: Ledger) -> LedgerWindow {
+        LedgerWindow {
             ledger: Arc::new(ledger),
             regions: None,
         }
@@ -84,12 +84,12 @@ impl Node {
 
     /// Node mode (the root monitor): open or create the policy, recover the regions live
     /// processes still hold (after a restart), and keep them.
-    pub fn open_or_create_node(dir: &Path) -> Result<Node, LedgerError> {
+    pub fn open_or_create_node(dir: &Path) -> Result<LedgerWindow, LedgerError> {
         let ledger = Arc::new(Ledger::open_or_create_node(dir)?);
         let regions = Arc::new(RegionTable::default());
         ledger.set_regions(regions.clone());
         regions.recover_all(&ledger);
-        Ok(Node {
+        Ok(LedgerWindow {
             ledger,
             regions: Some(regions),
         })
@@ -156,7 +156,7 @@ impl Node {
                 };
                 let r = self.ledger.reap_node(&alive, regions.as_ref())?;
                 regions.retain_live(&self.ledger);
-                self.ledger.rebalance_pools()?;
+                self.ledger.rebalance_allowances()?;
                 self.ledger.mirror_usage(regions.as_ref());
                 r
             }
@@ -564,7 +564,7 @@ mod tests {
     fn snapshot_translates_the_ledger_for_every_view() {
         let dir = std::env::temp_dir().join(format!("gpuslice-node-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let node = Node::open_or_create(&dir).unwrap();
+        let node = LedgerWindow::open_or_create(&dir).unwrap();
         let uuid = "GPU-11111111-2222-3333-4444-555555555555";
         node.ledger
             .ensure_device(uuid, "Test GPU", 16 * GI)
@@ -603,7 +603,7 @@ mod tests {
 
         // Liveness is an OFD lock: only another open file description sees ours, as the
         // monitor (another process) does.
-        let s = Node::open(&dir).unwrap().snapshot();
+        let s = LedgerWindow::open(&dir).unwrap().snapshot();
         let d = &s.devices[0];
         assert_eq!(
             (d.uuid.as_str(), d.index, d.memory_total),

@@ -1,0 +1,262 @@
+//! The plugin's state machine: preparing a claim makes an operator slice in the ledger (named
+//! from the claim's UID, on the allocated GPU, with the consumed memory and compute) and a CDI
+//! spec that puts containers in it; unpreparing removes both once no process uses the slice.
+//!
+//! Nothing lives only in memory: whether a claim is prepared is read from the ledger (the
+//! slice) and the CDI directory (the spec), so a restarted plugin carries on where the last
+//! one stopped, and every call is idempotent. Calls are serialized by one lock.
+//!
+//! Two kinds of runtime directory (docs/security.md): in a **personal** one the plugin writes
+//! the ledger itself (`Ledger::create_operator_slice`); in a **node** one the policy belongs to
+//! the root `gpuslice monitor`, and the plugin only reads it: slices are created and removed
+//! by operator requests over `monitor.sock` (`op=slice-create`, `op=slice-rm`, authorized by
+//! `SO_PEERCRED` as root), the monitor registers the GPUs and reaps dead processes, and a
+//! prepare while the monitor is down fails with a retryable per-claim error.
+//!
+//! One job a file: `mod.rs` the driver's state, the GPUs and their health, and the kubelet's
+//! calls; `slices.rs` where a claim's slices are made (the ledger, or the node's monitor);
+//! `prepare.rs` one claim prepared and unprepared; `cdi.rs` the claim's CDI spec.
+
+mod cdi;
+mod prepare;
+mod slices;
+
+use crate::claims::ClaimSource;
+use crate::config::Config;
+use crate::error::Error;
+use crate::health::GpuHealth;
+use crate::nvml::{Gpu, Inventory, Nvml};
+use crate::resource_slice;
+use gpuslice_ledger::Ledger;
+use gpuslice_protocol::Message;
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+/// A claim as the kubelet names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRef {
+    /// Namespace.
+    pub namespace: String,
+    /// UID.
+    pub uid: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ClaimRef {
+    /// `namespace/name`, the label the slice carries.
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// `e`, as this claim's.
+    fn error(&self, e: Error) -> Error {
+        Error::ForClaim {
+            claim: self.label(),
+            uid: self.uid.clone(),
+            source: Box::new(e),
+        }
+    }
+}
+
+/// One allocated device of a prepared claim, for the kubelet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedDevice {
+    /// The claim's request this device serves.
+    pub request_names: Vec<String>,
+    /// Pool (this node).
+    pub pool_name: String,
+    /// Device (`gpu-<uuid>`).
+    pub device_name: String,
+    /// The claim's gpuslice CDI device, then the NVIDIA device's.
+    pub cdi_device_ids: Vec<String>,
+}
+
+/// The slice name of a claim: `k8s-<uid>` (every container of every pod sharing the claim
+/// joins this one slice).
+pub fn slice_name(uid: &str) -> String {
+    format!("k8s-{uid}")
+}
+
+/// The driver.
+pub struct Driver {
+    cfg: Config,
+    ledger: Ledger,
+    /// Node mode: the policy is the monitor's; every change goes over `monitor.sock`.
+    node_mode: bool,
+    nvml: Nvml,
+    claims: Box<dyn ClaimSource>,
+    inventory: Mutex<Inventory>,
+    serial: tokio::sync::Mutex<()>,
+    /// Every GPU's health, for the kubelet's health streams (`health.rs`).
+    health: tokio::sync::watch::Sender<Vec<GpuHealth>>,
+    /// The device names of every GPU seen since start (one that vanishes stays, unhealthy).
+    seen: Mutex<BTreeSet<String>>,
+}
+
+impl Driver {
+    /// Open the ledger (personal mode: creating it if needed; node mode: waiting for the
+    /// monitor's policy), read the GPUs, register them in a personal ledger.
+    pub fn new(cfg: Config, claims: Box<dyn ClaimSource>) -> Result<Driver, Error> {
+        let nvml = Nvml::load()?;
+        let ledger = slices::open_ledger(&cfg.runtime_dir, cfg.mode)?;
+        let node_mode = ledger.is_node();
+        eprintln!(
+            "gpuslice-dra: {} in {}",
+            if node_mode {
+                "node mode: slices are made by the node's monitor (monitor.sock)"
+            } else {
+                "personal mode: slices are written to the ledger by this plugin"
+            },
+            cfg.runtime_dir.display()
+        );
+        let inventory = nvml.inventory()?;
+        let d = Driver {
+            cfg,
+            ledger,
+            node_mode,
+            nvml,
+            claims,
+            inventory: Mutex::new(inventory.clone()),
+            serial: tokio::sync::Mutex::new(()),
+            health: tokio::sync::watch::channel(vec![]).0,
+            seen: Mutex::new(BTreeSet::new()),
+        };
+        d.update_health(Ok(&inventory));
+        d.register(&inventory)?;
+        Ok(d)
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Whether the ledger is a node policy (slices go through the monitor).
+    pub fn node_mode(&self) -> bool {
+        self.node_mode
+    }
+
+    /// The GPUs' health, kept current by [`Driver::devices`] (every resync).
+    pub fn health(&self) -> tokio::sync::watch::Receiver<Vec<GpuHealth>> {
+        self.health.subscribe()
+    }
+
+    /// Determine every GPU's health from NVML's answer now and (node mode) the monitor's.
+    fn update_health(&self, inv: Result<&Inventory, &Error>) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let here: BTreeSet<String> = match inv {
+            Ok(inv) => inv
+                .gpus
+                .iter()
+                .map(|g| resource_slice::device_name(&g.uuid))
+                .collect(),
+            Err(_) => BTreeSet::new(),
+        };
+        seen.extend(here.iter().cloned());
+        let monitor = if self.node_mode && inv.is_ok() {
+            self.ask_monitor(&Message::new("op", "ping"))
+                .err()
+                .map(|e| e.to_string())
+        } else {
+            None
+        };
+        let nvml = inv.err().map(|e| e.to_string());
+        let here = match &nvml {
+            None => Ok(&here),
+            Some(e) => Err(e.as_str()),
+        };
+        let now = crate::health::judge(&seen, here, monitor.as_deref());
+        self.health.send_if_modified(|h| {
+            let changed = *h != now;
+            if changed {
+                for g in now.iter().filter(|g| !h.contains(g)) {
+                    match g.healthy {
+                        Some(true) => eprintln!("gpuslice-dra: {} is healthy", g.device),
+                        Some(false) => {
+                            eprintln!("gpuslice-dra: {} is unhealthy: {}", g.device, g.message)
+                        }
+                        None => {
+                            eprintln!("gpuslice-dra: {} health unknown: {}", g.device, g.message)
+                        }
+                    }
+                }
+                *h = now;
+            }
+            changed
+        });
+    }
+
+    /// Read GPUs and reservations again; the devices this node publishes now.
+    pub async fn devices(&self) -> Result<resource_slice::Devices, Error> {
+        let _g = self.serial.lock().await;
+        let inv = self.nvml.inventory();
+        self.update_health(inv.as_ref());
+        let inv = inv?;
+        self.register(&inv)?;
+        *self.inventory.lock().unwrap_or_else(|p| p.into_inner()) = inv.clone();
+        let snap = self.ledger.snapshot();
+        Ok(resource_slice::devices(
+            &inv,
+            &snap,
+            self.cfg.memory_step,
+            self.cfg.memory_default,
+        ))
+    }
+
+    fn gpus(&self) -> Vec<Gpu> {
+        self.inventory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .gpus
+            .clone()
+    }
+
+    /// Prepare claims, one result per claim (in order).
+    pub async fn prepare(&self, claims: &[ClaimRef]) -> Vec<Result<Vec<PreparedDevice>, Error>> {
+        let _g = self.serial.lock().await;
+        // Nothing is prepared while the node's monitor is down: a container started now would
+        // fail cuInit (no admission), so the pod waits with this message instead. Asked once
+        // per call, so a hung monitor costs one timeout, not one per claim.
+        let down = if self.node_mode {
+            self.ask_monitor(&Message::new("op", "ping")).err()
+        } else {
+            None
+        };
+        let mut out = Vec::with_capacity(claims.len());
+        for c in claims {
+            let r = match &down {
+                Some(e) => Err(Error::Monitor(e.clone())),
+                None => self.prepare_one(c).await,
+            }
+            .map_err(|e| c.error(e));
+            match &r {
+                Ok(d) => eprintln!(
+                    "gpuslice-dra: prepared claim {} as slice {} ({} device(s))",
+                    c.label(),
+                    slice_name(&c.uid),
+                    d.len()
+                ),
+                Err(e) => eprintln!("gpuslice-dra: prepare failed: {e}"),
+            }
+            out.push(r);
+        }
+        out
+    }
+
+    /// Unprepare claims, one result per claim (in order).
+    pub async fn unprepare(&self, claims: &[ClaimRef]) -> Vec<Result<(), Error>> {
+        let _g = self.serial.lock().await;
+        claims
+            .iter()
+            .map(|c| {
+                let r = self.unprepare_one(c).map_err(|e| c.error(e));
+                match &r {
+                    Ok(()) => eprintln!("gpuslice-dra: unprepared claim {}", c.label()),
+                    Err(e) => eprintln!("gpuslice-dra: unprepare failed: {e}"),
+                }
+                r
+            })
+            .collect()
+    }
+}
