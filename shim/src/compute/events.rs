@@ -210,27 +210,25 @@ impl Events {
         run.max(self.orphan_end)
     }
 
-    pub(super) fn estimate(&self, kind: Kind) -> u64 {
+    /// A launch's estimate and its least recent measurement.
+    fn learned(&self, kind: Kind) -> (u64, u64) {
         match kind {
             Kind::Graph(x) => self
                 .graphs
                 .iter()
                 .find(|g| g.0 == x)
-                .map_or(DEFAULT_EST_NS, |g| g.1),
-            _ => self.kernel_ns,
+                .map_or((DEFAULT_EST_NS, DEFAULT_EST_NS), |g| (g.1, g.2)),
+            _ => (self.kernel_ns, self.kernel_least_ns),
         }
+    }
+
+    pub(super) fn estimate(&self, kind: Kind) -> u64 {
+        self.learned(kind).0
     }
 
     /// A launch's least recent measurement (what the slice's queue bound counts).
     pub(super) fn least(&self, kind: Kind) -> u64 {
-        match kind {
-            Kind::Graph(x) => self
-                .graphs
-                .iter()
-                .find(|g| g.0 == x)
-                .map_or(DEFAULT_EST_NS, |g| g.2),
-            _ => self.kernel_least_ns,
-        }
+        self.learned(kind).1
     }
 
     /// Learn a measured launch's GPU time: a sample counts for a quarter (the first one of a
