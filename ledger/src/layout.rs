@@ -1,7 +1,8 @@
 //! The ledger file's `#[repr(C)]` layout, defined once.
 //!
 //! The file is `Header`, then `[Device; MAX_DEVICES]`, `[Slice; MAX_SLICES]`,
-//! `[Proc; MAX_PROCS]`, each array starting on a 4 KiB boundary. A freshly created file is all
+//! `[Proc; MAX_PROCS]`, `[Allowance; MAX_ALLOWANCES]`, `[Shared; MAX_SHARED]`, each array starting on a
+//! 4 KiB boundary. A freshly created file is all
 //! zeroes except the header, so every all-zero record is a valid *free* record. Everything that
 //! changes after creation is an atomic; cold-path fields change only under the header's robust
 //! mutex, hot-path counters (`Slice::memory_used`, `Device::best_effort_used`, `ProcDevice`)
@@ -19,7 +20,7 @@ use gpuslice_sched::{SchedDevice, SchedProc, SchedSlice};
 /// The first 8 bytes of every ledger file.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 /// Bumped on every layout change (including `gpuslice-sched`'s records).
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 6;
 /// Devices per node.
 pub const MAX_DEVICES: usize = 16;
 /// Slice records per node (a slice is per device: `(name, device)`). Sized so that every
@@ -31,6 +32,16 @@ pub const MAX_PROCS: usize = 512;
 pub const MAX_ALLOWANCES: usize = 256;
 /// `ProcDevice::account` of a node-mode best-effort process: this plus its allowance's index.
 pub const ALLOWANCE_ACCOUNT_BASE: u32 = 0x4000_0000;
+/// Exported VMM allocations whose charge may outlive their exporter (`Shared`): when full, an
+/// export is charged to its exporter until it exits, as without the table.
+pub const MAX_SHARED: usize = 256;
+/// Node mode: `Shared` records one user's exports may hold, so no tenant fills the table.
+pub const SHARED_PER_UID: usize = MAX_SHARED / 4;
+/// Importing processes one `Shared` record remembers; further importers are not counted.
+pub const SHARED_IMPORTERS: usize = 16;
+/// `Shared::exporter` once the exporter let go (released it, or died), and a free importer
+/// entry.
+pub const NO_SLOT: u32 = u32::MAX;
 /// Longest slice name, in bytes (names are NUL-padded, not NUL-terminated when full).
 pub const NAME_LEN: usize = 64;
 // The settings grammar refuses any name the record cannot hold.
@@ -277,6 +288,42 @@ pub struct Allowance {
     pub used: AtomicU64,
 }
 
+/// A VMM allocation exported as a POSIX file descriptor (`cuMemExportToShareableHandle`),
+/// charged to its exporter's account for as long as the driver keeps it: while the exporter
+/// holds it the bytes are in the exporter's `ProcDevice::charged`; once the exporter let go
+/// (released and unmapped it, or died) while an importer still holds it, the record itself
+/// holds them (`held`) in the same account's counter, until the last importer lets go or dies.
+/// In node mode only the monitor writes it, for the processes that ask over `monitor.sock`.
+/// Written only under the cold-path lock (`ledger/src/ledger/shared.rs`).
+#[repr(C, align(64))]
+pub struct Shared {
+    /// [`STATE_FREE`] or [`STATE_ACTIVE`].
+    pub state: AtomicU32,
+    /// Ledger device index of the memory.
+    pub device: AtomicU32,
+    /// The exporter's account on that device (`ProcDevice::account`): where the bytes are
+    /// counted, whoever holds them.
+    pub account: AtomicU32,
+    /// The exporter's process slot while it holds the memory, [`NO_SLOT`] once it let go.
+    pub exporter: AtomicU32,
+    /// The shareable handle's identity: `st_dev` of the exported descriptor.
+    pub key_dev: AtomicU64,
+    /// `st_ino` of the exported descriptor (a real driver's descriptors: see
+    /// docs/architecture.md, what is unverified).
+    pub key_ino: AtomicU64,
+    /// Bytes of the allocation, as charged at its creation.
+    pub bytes: AtomicU64,
+    /// Bytes the record holds in its account's counter itself (0 while the exporter holds
+    /// them).
+    pub held: AtomicU64,
+    /// 1 once any process imported it.
+    pub imported: AtomicU32,
+    /// Process slots holding an import ([`NO_SLOT`]: free entry).
+    pub importers: [AtomicU32; SHARED_IMPORTERS],
+    /// The exporter's uid (node mode: the per-user bound, [`SHARED_PER_UID`]).
+    pub uid: AtomicU32,
+}
+
 const fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
@@ -289,11 +336,13 @@ pub const SLICES_OFFSET: usize = align_up(DEVICES_OFFSET + MAX_DEVICES * size_of
 pub const PROCS_OFFSET: usize = align_up(SLICES_OFFSET + MAX_SLICES * size_of::<Slice>(), 4096);
 /// Offset of the best-effort allowance array (node mode).
 pub const ALLOWANCES_OFFSET: usize = align_up(PROCS_OFFSET + MAX_PROCS * size_of::<Proc>(), 4096);
-/// Total size of the file.
-pub const FILE_SIZE: usize = align_up(
+/// Offset of the shared-allocation array (personal mode).
+pub const SHARED_OFFSET: usize = align_up(
     ALLOWANCES_OFFSET + MAX_ALLOWANCES * size_of::<Allowance>(),
     4096,
 );
+/// Total size of the file.
+pub const FILE_SIZE: usize = align_up(SHARED_OFFSET + MAX_SHARED * size_of::<Shared>(), 4096);
 
 /// A NUL-padded fixed text field, written only under the cold-path lock before its record is
 /// published (or by the record's owner), read by anyone.
@@ -387,6 +436,24 @@ mod tests {
         assert_eq!(offset_of!(Header, turns_bell), 144);
         assert_eq!(offset_of!(Header, slice_hwm), 148);
         assert_eq!(size_of::<Header>(), 192);
+        // Layout 5 added the shared-allocation table after the pools.
+        assert_eq!(offset_of!(Shared, importers), 52);
+        assert_eq!(offset_of!(Shared, uid), 116);
+        assert_eq!(size_of::<Shared>(), 128);
+        assert_eq!(SHARED_OFFSET % 4096, 0);
+        // Layout 6: issue 20's words in the scheduler's records (`SchedDevice::charged_until_ns`
+        // and `overrun_until_ns` out of its reserved room, `SchedSlice::turn_queued_ns` and the
+        // turn words before it), which the ledger embeds; pinned here so a change to them
+        // trips this test too.
+        use gpuslice_sched::GrantProc;
+        assert_eq!(size_of::<SchedDevice>(), 136);
+        assert_eq!(offset_of!(SchedDevice, charged_until_ns), 96);
+        assert_eq!(size_of::<SchedSlice>(), 144);
+        assert_eq!(offset_of!(SchedSlice, turn_queued_ns), 136);
+        assert_eq!(size_of::<SchedProc>(), 64);
+        assert_eq!(size_of::<GrantProc>(), 64);
+        assert_eq!(size_of::<Device>(), 384);
+        assert_eq!(size_of::<Slice>(), 704);
         for s in [
             size_of::<Header>(),
             size_of::<Device>(),

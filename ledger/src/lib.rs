@@ -69,9 +69,12 @@ pub use dir::{runtime_dir_from_env, RuntimeDir, DEFAULT_RUNTIME_DIR};
 pub use error::{human_bytes, FitError, LedgerError};
 pub use file::{is_running, live_start_time_of, own_start_time, start_time_of, LOCK_TIMEOUT};
 pub use layout::{MAX_DEVICES, MAX_PROCS, MAX_SLICES, PPM};
-pub use ledger::{Joined, Ledger, LockGuard, OperatorSlice, ProcHandle, SliceRequest};
+pub use ledger::{
+    Joined, Ledger, LetGo, LockGuard, OperatorSlice, ProcHandle, ShareKey, SliceRequest,
+};
 pub use reslice::SliceChange;
 pub use snapshot::{
-    DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, RemovedSlice, SliceInfo, Snapshot,
+    DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, RemovedSlice, SharedInfo, SliceInfo,
+    Snapshot,
 };
 pub use view::innermost_pid_of;

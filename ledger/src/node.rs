@@ -348,7 +348,7 @@ impl Ledger {
         alive: &dyn Fn(&Proc) -> bool,
         regions: &dyn Regions,
     ) -> Result<Reaped, LedgerError> {
-        let _g = self.lock()?;
+        let g = self.lock()?;
         let mut out = Reaped::default();
         let procs = self.procs();
         for p in procs {
@@ -363,13 +363,22 @@ impl Ledger {
             return Ok(out);
         }
         let mut keys: Vec<(usize, u32, u32)> = vec![]; // (device, account, region key)
-        for &i in &dying {
-            for (d, pd) in procs[i].devices.iter().enumerate() {
-                let a = pd.account.load(SeqCst);
-                if let Some(k) = region_key(a, d) {
-                    if !keys.iter().any(|x| x.2 == k) {
-                        keys.push((d, a, k));
-                    }
+                                                       // Exported allocations: as in a personal ledger (`ledger/shared.rs`), on the regions.
+        let freed_shared = self.reap_shared_locked(&dying, &mut out);
+        let accounts = dying
+            .iter()
+            .flat_map(|&i| {
+                procs[i]
+                    .devices
+                    .iter()
+                    .enumerate()
+                    .map(|(d, pd)| (d, pd.account.load(SeqCst)))
+            })
+            .chain(freed_shared.iter().copied());
+        for (d, a) in accounts {
+            if let Some(k) = region_key(a, d) {
+                if !keys.iter().any(|x| x.2 == k) {
+                    keys.push((d, a, k));
                 }
             }
         }
@@ -393,7 +402,8 @@ impl Ledger {
                 .collect();
             let h = r.header();
             match dead_part(&h.memory_used.0, &h.reaping, &live) {
-                Some(n) => {
+                Some(dead) => {
+                    let n = dead.saturating_sub(self.shared_held(d, a));
                     let _ = h
                         .memory_used
                         .0
@@ -427,25 +437,26 @@ impl Ledger {
                 pid: p.pid.load(SeqCst),
                 bytes,
             });
-            for pd in &p.devices {
-                let s = pd.slice.load(SeqCst);
-                self.leave_allowance_locked(pd.account.load(SeqCst));
-                pd.account.store(ACCOUNT_NONE, SeqCst);
-                pd.slice.store(ACCOUNT_NONE, SeqCst);
-                pd.charged.store(0, SeqCst);
-                let Some(sl) = self.slices().get(s as usize) else {
-                    continue;
-                };
-                out.slices_removed
-                    .extend(self.leave_slice_locked(s as usize, sl));
-            }
-            p.pid.store(0, SeqCst);
-            p.state.store(STATE_FREE, SeqCst);
+            self.free_dead_record_locked(i, p, &mut out);
+        }
+        for (_, a) in freed_shared {
+            out.slices_removed
+                .extend(self.drop_kept_slice_locked(&g, a));
         }
         if !out.slices_removed.is_empty() {
             self.prune_secrets_locked();
         }
         Ok(out)
+    }
+
+    /// The policy slot of the admitted process `host_pid` started at `start_time` (the
+    /// monitor's record of a connected peer).
+    pub fn admitted_slot(&self, host_pid: u32, start_time: u64) -> Option<usize> {
+        self.procs().iter().position(|p| {
+            p.state.load(SeqCst) == STATE_ACTIVE
+                && p.host_pid.load(SeqCst) == host_pid
+                && p.start_time.load(SeqCst) == start_time
+        })
     }
 
     /// Node mode: copy what the regions say into the policy's usage words, so every reader of

@@ -10,6 +10,8 @@ pub struct Snapshot {
     pub slices: Vec<SliceInfo>,
     /// Process records in use (alive or awaiting the reaper).
     pub processes: Vec<ProcInfo>,
+    /// Exported VMM allocations registered for their importers (personal ledgers).
+    pub shared: Vec<SharedInfo>,
     /// Records that made no sense (scribbled indices) and were skipped, one line each.
     pub problems: Vec<String>,
 }
@@ -119,6 +121,23 @@ pub struct ProcDeviceInfo {
     pub slice: usize,
     /// Bytes.
     pub charged: u64,
+}
+
+/// An exported VMM allocation (`layout::Shared`).
+#[derive(Debug, Clone)]
+pub struct SharedInfo {
+    /// Ledger device index.
+    pub device: usize,
+    /// The slice record charged (`None`: a best-effort account).
+    pub slice: Option<usize>,
+    /// The exporter's process slot while it holds the memory.
+    pub exporter: Option<usize>,
+    /// Bytes of the allocation.
+    pub bytes: u64,
+    /// Bytes the record holds itself (the exporter let go or died).
+    pub held: u64,
+    /// Process slots of its importers (alive or awaiting the reaper).
+    pub importers: Vec<usize>,
 }
 
 /// What `reap_dead` reclaimed.

@@ -1,7 +1,8 @@
 //! Node mode's cold paths through the ledger API (what the monitor runs for its socket):
 //! admission with per-user bounds, one record per process, reaping by the monitor's own
-//! liveness, and the best-effort allowances' grants. Creating a node policy needs root; without it
-//! these tests print why and pass vacuously (CI runs as root).
+//! liveness, the best-effort allowances' grants, and exported allocations on the regions. Creating
+//! a node policy needs root; without it these tests print why and pass vacuously (CI runs as
+//! root).
 
 mod common;
 use common::{node_policy, peer, Scratch, Table};
@@ -223,4 +224,55 @@ fn tenants_names_are_their_own_and_operator_names_are_reserved() {
     assert_eq!(joined.devices[0].memory_limit, Some(2 * GI));
     let e = admit(&l, (51, 1000), Some("team"), None).unwrap_err();
     assert!(e.to_string().contains("belongs to uid 2000"), "{e}");
+}
+
+#[test]
+fn an_export_outlives_its_exporter_on_the_regions_and_one_user_holds_a_quarter_of_the_table() {
+    use gpuslice_ledger::layout::SHARED_PER_UID;
+    use gpuslice_ledger::{ProcHandle, ShareKey};
+    let Some((l, t, _d)) = node("shared") else {
+        return;
+    };
+    let x = admit(&l, (40, 1000), Some("x"), Some(4 * GI)).unwrap();
+    let y = admit(&l, (41, 2000), Some("y"), Some(GI)).unwrap();
+    let r = t.make(x.devices[0].key);
+    let _ = t.make(y.devices[0].key);
+    let dev = &l.devices()[x.devices[0].device];
+    let slice = &l.slices()[x.devices[0].slice];
+    assert!(Account::in_region(dev, Some(slice), &r, x.slot)
+        .unwrap()
+        .try_charge(GI));
+    let (xh, yh) = (ProcHandle { slot: x.slot }, ProcHandle { slot: y.slot });
+    let k = ShareKey { dev: 7, ino: 1 };
+    let rec = l.share_export(xh, x.devices[0].device, k, GI).unwrap();
+    assert!(rec.is_some());
+    assert_eq!(l.share_import(yh, k).unwrap(), rec);
+    // x dies: its slice keeps the gibibyte the importer holds, in its region.
+    let rp = l
+        .reap_node(&|p| p.host_pid.load(SeqCst) != 40, t.as_ref())
+        .unwrap();
+    assert_eq!((rp.processes.len(), rp.bytes_returned), (1, 0));
+    assert_eq!(r.header().memory_used.load(SeqCst), GI);
+    l.share_leave(yh, rec.unwrap()).unwrap();
+    assert_eq!(
+        r.header().memory_used.load(SeqCst),
+        0,
+        "the importer let go"
+    );
+    // One user's exports hold at most a quarter of the table; another's are not blocked.
+    for i in 0..SHARED_PER_UID as u64 {
+        let k = ShareKey { dev: 8, ino: i };
+        assert!(l
+            .share_export(yh, y.devices[0].device, k, 1)
+            .unwrap()
+            .is_some());
+    }
+    let k = ShareKey { dev: 8, ino: 999 };
+    assert_eq!(l.share_export(yh, y.devices[0].device, k, 1).unwrap(), None);
+    let z = admit(&l, (42, 3000), Some("z"), Some(GI)).unwrap();
+    let zh = ProcHandle { slot: z.slot };
+    assert!(l
+        .share_export(zh, z.devices[0].device, k, 1)
+        .unwrap()
+        .is_some());
 }

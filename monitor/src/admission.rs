@@ -14,7 +14,8 @@
 //! operator group),
 //! `view` (a read-only descriptor of one slice's region, for the slice's own uid or root),
 //! `release` (an admitted process the driver refused memory: pieces of its own slice's balloon,
-//! `crate::balloon`).
+//! `crate::balloon`), `share-export`, `share-import`, `share-leave`, `share-let-go` (an
+//! admitted process's exported VMM allocations, `crate::shared`).
 
 use crate::error::{Error, RequestError};
 use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
@@ -286,18 +287,19 @@ pub fn serve(listener: OwnedFd, server: Arc<Server>) {
 }
 
 fn handle(server: &Server, sock: RawFd, peer: &PeerProcess, uid: u32) {
-    let Ok(Some((req, _fds))) = protocol::recv(sock) else {
+    let Ok(Some((req, fds))) = protocol::recv(sock) else {
         return;
     };
     // Whoever connected must still be the process behind the pid when its request is read:
     // a connection whose maker exited is refused, whoever holds its pid now.
-    let answered = peer
-        .check()
-        .map_err(Refusal::other)
-        .and_then(|()| match req.get("op") {
-            Some("admit") => admit(server, &req, peer.pid, uid),
-            _ => answer(server, &req, peer.pid, uid).map_err(|e| Refusal::other(e.to_string())),
-        });
+    let answered =
+        peer.check()
+            .map_err(|e| Refusal::other(e.to_string()))
+            .and_then(|()| match req.get("op") {
+                Some("admit") => admit(server, &req, peer.pid, uid),
+                _ => answer(server, &req, &fds, peer.pid, uid)
+                    .map_err(|e| Refusal::other(e.to_string())),
+            });
     let (reply, fds) = answered.unwrap_or_else(|refusal| (refusal.encode(), vec![]));
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let _ = protocol::send(sock, &reply, &raw);
@@ -347,10 +349,25 @@ fn num<T: std::str::FromStr>(m: &Message, k: &str) -> Result<T, RequestError> {
 
 type Answer = (Message, Vec<OwnedFd>);
 
-fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, RequestError> {
+fn answer(
+    server: &Server,
+    req: &Message,
+    fds: &[OwnedFd],
+    pid: u32,
+    uid: u32,
+) -> Result<Answer, RequestError> {
     let ledger = &server.ledger;
     match req.get("op") {
         Some("ping") => Ok((Message::new("ok", &std::process::id().to_string()), vec![])),
+        Some(op @ ("share-export" | "share-import" | "share-leave" | "share-let-go")) => {
+            // An admitted process's exported VMM allocations (`crate::shared`).
+            let peer = peer_of(pid, uid)?;
+            let slot = ledger
+                .admitted_slot(peer.host_pid, peer.start_time)
+                .ok_or(RequestError::NotAdmitted("share its memory"))?;
+            let ok = crate::shared::answer(ledger, op, req, fds, slot)?;
+            Ok((Message::new("ok", &ok), vec![]))
+        }
         Some("release") => {
             // The slow path of an admitted process the driver refused (the device is full):
             // memory from its own slice's balloon, never another's.
@@ -455,7 +472,7 @@ fn answer(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, 
 
 fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, Refusal> {
     let peer = peer_of(pid, uid).map_err(|e| Refusal::other(e.to_string()))?;
-    let req = AdmitRequest::decode(req).map_err(Refusal::other)?;
+    let req = AdmitRequest::decode(req).map_err(|e| Refusal::other(format!("bad request: {e}")))?;
     if let Some(n) = &req.slice {
         gpuslice_quantity::check_slice_name("GPUSLICE_SLICE", n)
             .map_err(|e| Refusal::other(e.to_string()))?;

@@ -339,14 +339,9 @@ impl Balloons {
             .find_device(uuid)
             .ok_or_else(|| RequestError::UnknownDevice(uuid.to_string()))?;
         let me = ledger
-            .procs()
-            .iter()
-            .find(|p| {
-                p.state.load(SeqCst) == STATE_ACTIVE
-                    && p.host_pid.load(SeqCst) == pid
-                    && p.start_time.load(SeqCst) == start_time
-            })
-            .ok_or(RequestError::NotAdmitted)?;
+            .admitted_slot(pid, start_time)
+            .map(|i| &ledger.procs()[i])
+            .ok_or(RequestError::NotAdmitted("ask for its slice's memory"))?;
         let si = me
             .devices
             .get(dev)

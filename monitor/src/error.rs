@@ -171,8 +171,10 @@ pub enum RequestError {
     Ledger(LedgerError),
     /// A device the monitor does not know.
     UnknownDevice(String),
-    /// The asker is not an admitted process.
-    NotAdmitted,
+    /// The asker is not an admitted process (what it asked to do).
+    NotAdmitted(&'static str),
+    /// A request that needs a descriptor came without one, or with something else.
+    NoDescriptor,
     /// The asker's record names no such device.
     BadDeviceIndex,
     /// No live slice of that index.
@@ -210,10 +212,15 @@ impl fmt::Display for RequestError {
             RequestError::UnknownDevice(uuid) => {
                 write!(f, "device {uuid:?} is not one the node's monitor knows")
             }
-            RequestError::NotAdmitted => write!(
-                f,
-                "not admitted: only an admitted process may ask for its slice's memory"
-            ),
+            RequestError::NotAdmitted(what) => {
+                write!(f, "not admitted: only an admitted process may {what}")
+            }
+            RequestError::NoDescriptor => {
+                write!(
+                    f,
+                    "bad request: no descriptor of an exported allocation came with it"
+                )
+            }
             RequestError::BadDeviceIndex => write!(f, "bad device index"),
             RequestError::NoSuchSlice => write!(f, "no such slice"),
             RequestError::NotYours { slice, uid } => {
@@ -230,13 +237,6 @@ impl std::error::Error for RequestError {}
 impl From<LedgerError> for RequestError {
     fn from(e: LedgerError) -> RequestError {
         RequestError::Ledger(e)
-    }
-}
-
-impl From<Error> for crate::cli::Failure {
-    /// Shown on the operator's terminal, exit status 1.
-    fn from(e: Error) -> crate::cli::Failure {
-        crate::cli::Failure::Other(e.to_string())
     }
 }
 

@@ -62,7 +62,7 @@ fn interesting() -> impl Strategy<Value = u64> {
 
 fn scribble() -> impl Strategy<Value = Scribble> {
     prop_oneof![
-        4 => (0u8..3, prop_oneof![0usize..6, 0usize..512], 0usize..4096, any::<bool>(), interesting())
+        4 => (0u8..4, prop_oneof![0usize..6, 0usize..512], 0usize..4096, any::<bool>(), interesting())
             .prop_map(|(kind, record, offset, wide, value)| Scribble::Field {
                 kind,
                 record,
@@ -97,7 +97,8 @@ fn record_base(kind: u8, record: usize) -> Option<(usize, usize)> {
     let (off, size, max) = match kind {
         0 => (DEVICES_OFFSET, size_of::<Device>(), MAX_DEVICES),
         1 => (SLICES_OFFSET, size_of::<Slice>(), MAX_SLICES),
-        _ => (PROCS_OFFSET, size_of::<Proc>(), MAX_PROCS),
+        2 => (PROCS_OFFSET, size_of::<Proc>(), MAX_PROCS),
+        _ => (SHARED_OFFSET, size_of::<Shared>(), MAX_SHARED),
     };
     (record < max).then_some((off + record * size, size))
 }
@@ -124,6 +125,7 @@ fn build_template(dir: &Path) {
         claim: Some("ns/claim".into()),
     })
     .unwrap();
+    let mut mes = vec![];
     for (name, mem) in [
         (Some("ops"), None),
         (Some("team"), Some(1 << 30)),
@@ -135,8 +137,13 @@ fn build_template(dir: &Path) {
             l.join(me, d, &SliceRequest::new(name, mem)).unwrap();
             assert!(l.account(me, d).unwrap().try_charge(64 * MI));
         }
+        mes.push(me);
         // Left attached: the copies hold records of processes that are gone.
     }
+    // An exported allocation with an importer (`layout::Shared`), for the reapers to settle.
+    let key = gpuslice_ledger::ShareKey { dev: 1, ino: 2 };
+    let rec = l.share_export(mes[1], devs[0], key, 64 * MI).unwrap();
+    assert!(rec.is_some() && l.share_import(mes[2], key).unwrap() == rec);
 }
 
 fn template() -> &'static [u8] {

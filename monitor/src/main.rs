@@ -36,6 +36,7 @@ mod nvml;
 mod parsers;
 mod prom;
 mod run;
+mod shared;
 mod slice;
 mod status;
 mod table;

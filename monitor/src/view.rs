@@ -1,6 +1,6 @@
 //! One consistent picture of the node, as every view shows it: devices, slices, processes.
 //!
-//! [`NodeView`] is plain data, built from the ledger by `LedgerWindow::snapshot` (`ledger_window.rs`) and
+//! [`NodeView`] is plain data, built from the ledger by `LedgerWindow::snapshot` (`ledger_window/snapshot.rs`) and
 //! rendered by `table.rs` for people, [`NodeView::to_json`] for `status --json` (the
 //! contract's field names, sizes in bytes, fractions 0..1) and `prom.rs` for Prometheus. It
 //! imports none of them.
@@ -31,6 +31,9 @@ pub struct SliceView {
     /// device has left unreserved).
     pub memory_limit: Option<u64>,
     pub memory_used: u64,
+    /// Of `memory_used`, what VMM allocations its processes exported hold after their
+    /// exporter let go or exited, because another process still maps them.
+    pub memory_held_for_importers: u64,
     /// Guaranteed share, 0..1; 0 means best effort.
     pub compute_share: f64,
     /// Hard ceiling, 0..1; 1 means none.
@@ -111,6 +114,7 @@ impl NodeView {
                 "device_uuid": s.device_uuid,
                 "memory_limit": s.memory_limit,
                 "memory_used": s.memory_used,
+                "memory_held_for_importers": s.memory_held_for_importers,
                 "compute_share": s.compute_share,
                 "compute_cap": s.compute_cap,
                 "compute_used": s.compute_used,
@@ -168,6 +172,7 @@ pub(crate) mod tests {
                     device_uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
                     memory_limit: Some(4 * GI),
                     memory_used: 2 * GI,
+                    memory_held_for_importers: 0,
                     compute_share: 0.5,
                     compute_cap: 1.0,
                     compute_used: 0.42,
@@ -189,6 +194,7 @@ pub(crate) mod tests {
                     device_uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
                     memory_limit: None,
                     memory_used: GI,
+                    memory_held_for_importers: 0,
                     compute_share: 0.25,
                     compute_cap: 0.5,
                     compute_used: 0.0,

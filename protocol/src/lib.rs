@@ -20,7 +20,7 @@
 
 mod admit;
 
-pub use admit::{AdmitReply, AdmitRequest, DeviceRequest, GrantedDevice, Refusal};
+pub use admit::{AdmitReply, AdmitRequest, BadMessage, DeviceRequest, GrantedDevice, Refusal};
 
 use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -318,8 +318,18 @@ pub fn call(
     m: &Message,
     timeout: Duration,
 ) -> Result<(Message, Vec<OwnedFd>), ProtocolError> {
+    call_with(dirfd, m, &[], timeout)
+}
+
+/// One request carrying descriptors `fds` (`SCM_RIGHTS`), one reply.
+pub fn call_with(
+    dirfd: RawFd,
+    m: &Message,
+    fds: &[RawFd],
+    timeout: Duration,
+) -> Result<(Message, Vec<OwnedFd>), ProtocolError> {
     let s = connect(dirfd, timeout)?;
-    send(s.as_raw_fd(), m, &[])?;
+    send(s.as_raw_fd(), m, fds)?;
     match recv(s.as_raw_fd())? {
         Some(r) => Ok(r),
         None => Err(ProtocolError::NoAnswer),

@@ -43,6 +43,10 @@ pub struct Client<'a> {
     /// End of the span charged at this process's latest hand-over, while the work it left
     /// queued then may still run past it (0: nothing owed).
     owed_from: u64,
+    /// How many of the slice's processes still held work in that turn, itself included: their
+    /// leftovers interleave on the engine, so each one's wall time to its end counts all of
+    /// them, and it pays its part of that.
+    owed_among: u64,
     solo_word: u64,
 }
 
@@ -74,6 +78,7 @@ impl<'a> Client<'a> {
             charged_until: 0,
             admitted_ns: 0,
             owed_from: 0,
+            owed_among: 1,
             solo_word: Lease::solo_word(id),
         })
     }
@@ -226,7 +231,16 @@ impl<'a> Client<'a> {
         let done = done.min(now).min(from.saturating_add(HANDOFF_LEAD_NS));
         if done > from {
             let (share, cap) = self.share_cap();
-            charge(self.dev, self.me, share, cap, from, done, done - from);
+            let among = core::mem::replace(&mut self.owed_among, 1).max(1);
+            charge(
+                self.dev,
+                self.me,
+                share,
+                cap,
+                from,
+                done,
+                (done - from) / among,
+            );
             self.dev.overrun_until_ns.fetch_max(done, AcqRel);
         }
         false
@@ -414,6 +428,7 @@ impl<'a> Client<'a> {
                 if left > 0 {
                     // What it left queued runs into the next holder's turn: paid when done.
                     self.owed_from = end;
+                    self.owed_among = others + 1;
                 }
                 if others > 0 {
                     // Siblings of this slice still have work queued in the turn (the engine

@@ -10,8 +10,8 @@
 //! ([`super::pick`], [`super::charge`]) over the policy's slice records, which only it writes,
 //! so virtual time and cap budgets cannot be forged; it charges every turn at least the span it
 //! granted, whatever a tenant writes, plus what the slice's processes left queued past it, and
-//! grants the next turn when a lease ends whether or not its holder stopped (nobody waits on a
-//! tenant).
+//! grants the next turn when a lease ends whether or not its holder stopped, once the work its
+//! processes left queued is about done and at most 5 ms later (nobody waits on a tenant longer).
 //!
 //! [`Granted`] is one process's side of one device: the same [`Work`]-driven admission as
 //! [`Client`] (launch while the queued work fits before the lease's end, and while the slice's
@@ -59,8 +59,10 @@ pub struct GrantProc {
     /// in it); the monitor ends a turn early once every process of the slice is done or idle.
     pub done_turn: AtomicU64,
     /// When its queued work is estimated to complete (ns), written at each launch and at the
-    /// hand-back, and set to the moment it was seen done by a waiting process: the monitor
-    /// charges the slice until then for what its processes left queued past a turn.
+    /// hand-back, moved on by a waiting process while its work outlasts the estimate (to its
+    /// next look), and set to when it was seen done: the monitor charges the slice until then
+    /// for what its processes left queued past a turn, and holds the next grant (a while at
+    /// most) until little of it is left.
     pub busy_until_ns: AtomicU64,
     /// GPU ns sampled while solo (statistics only).
     pub solo_gpu_ns: AtomicU64,
@@ -241,10 +243,27 @@ impl<'a> Granted<'a> {
             } else {
                 work.outstanding_ns()
             };
-            if pending == 0 && self.me.busy_until_ns.load(Relaxed) > now {
-                self.me.busy_until_ns.store(now, Release);
-            }
             let next = work.next_ns();
+            let nap = if pending == 0 {
+                MAX_SLEEP_NS
+            } else {
+                overdue_nap(queued, next)
+            };
+            let busy = self.me.busy_until_ns.load(Relaxed);
+            if pending == 0 {
+                // Done: when it was seen done (the monitor charges the slice until then).
+                let at = work.finished_at().unwrap_or(now).min(now);
+                if busy > at {
+                    self.me.busy_until_ns.store(at, Release);
+                }
+            } else if busy < now.saturating_add(nap) {
+                // Still queued (past its estimate, when other contexts' kernels share the
+                // engine with it): "until I look again", so the monitor neither charges the
+                // rest to the next holder nor grants it while it runs (`turns.rs`).
+                self.me
+                    .busy_until_ns
+                    .store(now.saturating_add(nap), Release);
+            }
             self.me.need_ns.store(next.min(MAX_LEASE_NS), Release);
             let seq = self.dev.seq.load(Acquire);
             self.me.want_ns.store(now.max(1), Release);
@@ -258,11 +277,6 @@ impl<'a> Granted<'a> {
             if self.dev.lease.load(Acquire) != w || self.dev.turn.load(Acquire) != turn {
                 continue;
             }
-            let nap = if pending == 0 {
-                MAX_SLEEP_NS
-            } else {
-                queued.clamp(50_000, MAX_SLEEP_NS)
-            };
             self.os.futex_wait(&self.dev.seq, seq, nap);
         }
         self.me.want_ns.store(0, Release);
@@ -366,6 +380,24 @@ impl<'a> Scheduler<'a> {
         }
     }
 }
+
+/// How long a process waiting for a turn sleeps while its own work from an earlier turn is
+/// queued (`queued` ns left by its estimate, a kernel estimated at `next`): until the estimated
+/// end, and past it (other contexts' kernels time-slice with it), an eighth of a kernel at a
+/// time, 100 µs to 1 ms: its `busy_until_ns` says "until I look again", which the monitor
+/// charges and holds the next grant for, so it looks often enough that the engine does not idle
+/// long behind work already done, and seldom enough that a slice of many processes waiting on
+/// their kernels costs little CPU.
+fn overdue_nap(queued: u64, next: u64) -> u64 {
+    if queued > OVERDUE_NAP_MIN_NS {
+        queued.min(MAX_SLEEP_NS)
+    } else {
+        (next / 8).clamp(OVERDUE_NAP_MIN_NS, OVERDUE_NAP_MAX_NS)
+    }
+}
+
+const OVERDUE_NAP_MIN_NS: u64 = 100_000;
+const OVERDUE_NAP_MAX_NS: u64 = 1_000_000;
 
 #[cfg(test)]
 mod tests {

@@ -20,7 +20,7 @@
 //! - `work.rs`: [`Work`] is how a `Client` sees the process's queued GPU work (the shim
 //!   implements it with CUDA events; the unit tests with a simulated engine).
 //! - `sys.rs`: [`Os`], the clock and the futex, injected ([`SYSTEM`] is the real one); the
-//!   unit tests run the same code on a simulated clock and CPU (`sim.rs`), deterministically.
+//!   unit tests run the same code on a simulated clock and CPU (`sim/`), deterministically.
 //! - `granted.rs`: node mode, where the monitor grants the turns ([`Granted`], [`GrantProc`]);
 //!   [`Scheduler`] is either client behind one set of methods (what the shim holds).
 //! - `turns.rs`: node mode's grantor, [`DeviceTurns`]: one device's turns as the monitor's
@@ -51,9 +51,10 @@
 //! starts after the span the previous one was charged, and what a holder left queued past its
 //! charge is paid by it once it sees it done ([`Work::finished_at`]); a holder taken over
 //! without launching pays for the turn it held idle. In node mode the monitor charges the span
-//! granted plus what the slice's processes left queued past it (`turns.rs`). In both modes the
-//! slice's processes together queue at most a turn ([`SchedSlice::queue_in_turn`]), each
-//! launch counted at its least recent measurement ([`Work::next_least_ns`]). Nothing waits on a holder
+//! granted plus what the slice's processes left queued past it, and grants the next turn once
+//! that is about done (at most 5 ms past the lease, `turns.rs`). In both modes the slice's
+//! processes together queue at most a turn ([`SchedSlice::queue_in_turn`]), each launch
+//! counted at its least recent measurement ([`Work::next_least_ns`]). Nothing waits on a holder
 //! forever: a lease whose end is [`GRACE_NS`] past, or whose holder's queued work ran out
 //! [`IDLE_GRACE_NS`] ago with nothing new launched, is taken over by any waiter, so a holder
 //! that dies, hangs or goes idle loses its turn within milliseconds without the monitor. A
@@ -93,8 +94,8 @@ pub use records::{
 };
 pub use sys::{Os, SystemOs, SYSTEM};
 pub use turns::{
-    beat, DeviceTurns, Member, HAND_BACK_POLL_NS, HAND_BACK_WINDOW_NS, MAX_GRANT_NS, POLL_NS,
-    POLL_SOLO_NS, SOLO_QUIET_NS,
+    beat, DeviceTurns, Member, DRAIN_HOLD_NS, HAND_BACK_POLL_NS, HAND_BACK_WINDOW_NS, MAX_GRANT_NS,
+    POLL_NS, POLL_SOLO_NS, SETTLE_SLACK_NS, SOLO_QUIET_NS,
 };
 pub use work::{least_of, Work};
 

@@ -1,5 +1,5 @@
 //! The scheduler's unit tests. Most run simulated processes on the deterministic machine of
-//! `sim.rs` (simulated time, one engine), so each gives the same result on every run however
+//! `sim/` (simulated time, one engine), so each gives the same result on every run however
 //! loaded the host is; the bad cases of issue 14 (late joiner, descheduled or SIGSTOPped
 //! holder, a waiter that cannot run, tenants starting in the same microsecond) are among them.
 //! The rest drive one client with fixed estimates on the real clock.
@@ -1095,7 +1095,7 @@ fn a_slice_of_two_processes_gets_its_share() {
     // processes' launches alternate in one queue, so every measurement of either includes the
     // other's kernel, no estimate learned from events tells a launch's own time, and with the
     // slice's queue bounded together (each counting its least measurement, which is inflated
-    // there too) the slice got 0.43.
+    // there too) the slice got 0.44.
     for mode in [PERSONAL, NODE] {
         let t = Table::new(&[(0.5, 0.0), (0.5, 0.0)]);
         let r = simulate_in(mode, &t, &[learning(1), learning(1), learning(2)], 10.5);

@@ -7,16 +7,18 @@
 //! (which only the monitor writes), and runs the same pure policy as personal mode ([`pick`],
 //! [`charge`]) over those records, so virtual times and cap budgets are the monitor's own. A
 //! turn is charged the span the monitor granted (from the grant to its hand-back or its end),
-//! never less, whatever a tenant wrote; when a lease ends, the next slice is granted then,
-//! whether or not the holder stopped: a holder that overstays (stopped, hung, or ignoring its
-//! lease) is simply not granted again until it asks, and nobody waits on it. A slice alone and
+//! never less, whatever a tenant wrote, plus what its processes left queued past it; when a
+//! lease ends, the next slice is granted once that leftover is about done, at most
+//! [`DRAIN_HOLD_NS`] later, whether or not the holder stopped: a holder that overstays (stopped,
+//! hung, or ignoring its lease) is simply not granted again until it asks, and nobody waits on
+//! it longer. A slice alone and
 //! uncapped gets a solo lease (its launches cost one load); the monitor turns it into an
 //! ordinary lease when a second slice asks. Every write into the policy's records is here, so
 //! the monitor's thread only reads the ledger.
 
 use core::sync::atomic::{AtomicU64, Ordering::*};
 
-use super::granted::{GrantProc, MONITOR_BEAT_NS};
+use super::granted::{GrantProc, MONITOR_BEAT_NS, NODE_HANDOFF_LEAD_NS};
 use super::policy::*;
 use super::records::{Lease, SchedDevice, CLASS_LATENCY};
 use super::sys::Os;
@@ -76,6 +78,31 @@ fn next_look(end: u64, now: u64, poll: u64) -> u64 {
     }
 }
 
+/// How long past the end of a slice's leftover work, as its processes said, the monitor waits
+/// for them to say more before it charges it (work that outlasts its estimate is reported by
+/// the waiting process's next look, `granted.rs`).
+pub const SETTLE_SLACK_NS: u64 = IDLE_GRACE_NS;
+
+/// Longest the next grant waits, past a lease's end, for the work its holder's processes left
+/// queued to run down to [`NODE_HANDOFF_LEAD_NS`].
+pub const DRAIN_HOLD_NS: u64 = LEASE_NS;
+
+/// Whether the turn ending now (lease end `end`; its holder's processes say their queued work
+/// ends at `tail`) waits before the next grant, and until when. Work left queued past a turn
+/// runs on the engine after it; granted at once, the next holder's kernels would share the
+/// engine with it (contexts are time-sliced), and neither the holder's charge nor the next one's
+/// can tell whose the engine time was (a slice of 16 processes took 0.28 of the device for a
+/// 0.25 share that way, or, charged the whole overlap, 0.21). So the next grant waits until
+/// about [`NODE_HANDOFF_LEAD_NS`] of it is left, as a personal-mode holder hands over, and at
+/// most [`DRAIN_HOLD_NS`] past the lease's end: the holder pays for the wait (charged until
+/// its work is done, `settle_owed`), so a tenant claiming a long tail only makes its own turns
+/// dearer, and the others wait at most that long more for a turn.
+fn drain_hold(end: u64, tail: u64, now: u64) -> Option<u64> {
+    let last = end.saturating_add(DRAIN_HOLD_NS);
+    let until = tail.min(last).saturating_sub(NODE_HANDOFF_LEAD_NS);
+    (until > now).then(|| until.min(now + HAND_BACK_POLL_NS))
+}
+
 /// A slice gets a solo lease only once the others have neither waited nor held the device for
 /// this long (`SchedSlice::want_ns`, the monitor's record of it).
 pub const SOLO_QUIET_NS: u64 = 50_000_000;
@@ -110,6 +137,8 @@ pub struct DeviceTurns {
     /// The slice whose turn ended at the second figure, and whose processes may still have
     /// work queued then: not yet charged for it.
     owed: Option<(u32, u64)>,
+    /// The turn whose overstay was counted (`SchedDevice::takeovers_total`).
+    overstay_counted: Option<u64>,
     /// Per slot, the last `solo_gpu_ns` seen.
     solo_seen: Vec<u64>,
     last_ns: u64,
@@ -143,14 +172,14 @@ impl DeviceTurns {
         let mut done = true;
         // When the holder's turn would end as idle if nothing changes: looked at then.
         let mut idle_at = 0u64;
+        // When the holder's processes together say their queued work ends (hostile: bounded
+        // where it is used).
+        let mut tail = 0u64;
         for m in members.iter().filter(|m| m.slice == l0.holder) {
             let handed_back = m.words.done_turn.load(Acquire) == turn;
-            let busy = m
-                .words
-                .busy_until_ns
-                .load(Acquire)
-                .min(l0.end_ns)
-                .max(self.start_ns);
+            let until = m.words.busy_until_ns.load(Acquire);
+            tail = tail.max(until);
+            let busy = until.min(l0.end_ns).max(self.start_ns);
             let idle = !waiting(m, now) && now > busy.saturating_add(grace);
             if !(handed_back || idle) {
                 done = false;
@@ -293,8 +322,15 @@ impl DeviceTurns {
                 look
             };
         }
-        if now >= l.end_ns && !done {
-            dev.takeovers_total.fetch_add(1, Relaxed); // overstayed (or kept busy to its end)
+        if now >= l.end_ns && !done && self.overstay_counted != Some(turn) {
+            // Overstayed (or kept busy to its end); once a turn, however long it is held.
+            self.overstay_counted = Some(turn);
+            dev.takeovers_total.fetch_add(1, Relaxed);
+        }
+        if !preempt && self.granted == Some(turn) {
+            if let Some(at) = drain_hold(l.end_ns, tail, now) {
+                return at;
+            }
         }
         // Charge the span granted, then the next turn.
         // Only a turn this monitor granted: one found in the policy after a restart began at an
@@ -349,8 +385,11 @@ impl DeviceTurns {
             .max()
             .unwrap_or(0)
             .clamp(stop, stop.saturating_add(MAX_LEASE_NS));
-        if !now_or_never && until > self.last_ns {
-            return; // still running (as far as its processes said)
+        if !now_or_never && until.saturating_add(SETTLE_SLACK_NS) > self.last_ns {
+            // Still running as far as its processes said, or only just done: a process whose
+            // work outlasts its estimate says so when it looks again (`granted.rs`), a
+            // moment after the estimate ran out.
+            return;
         }
         self.owed = None;
         if let Some((s, share, cap)) = t.get(id) {
@@ -569,8 +608,47 @@ mod tests {
         // lease, busy forever, a bogus hand-back. It is charged the span granted, so WFQ still
         // gives it a quarter; and the other is granted on time at every lease end.
         let longest = run_pair([0.25, 0.75], true, 10);
-        // Its lies buy it at most the longest grant, paid in full.
-        assert!(longest <= MAX_GRANT_NS + POLL_NS, "{longest}");
+        // Its lies buy it at most the longest grant and the longest hold for the work it
+        // claims to have queued past it, paid in full.
+        assert!(
+            longest <= MAX_GRANT_NS + DRAIN_HOLD_NS + POLL_NS,
+            "{longest}"
+        );
+    }
+
+    /// Work the holder's processes left queued past its lease: the next grant waits until about
+    /// the hand-over lead of it is left (the holder paying), at most `DRAIN_HOLD_NS` past the
+    /// lease's end, so the next holder's kernels do not share the engine with it.
+    #[test]
+    fn the_next_grant_waits_for_the_holders_leftover_work_a_bounded_time() {
+        for (left, granted_at) in [
+            (2 * MS, 2 * MS - NODE_HANDOFF_LEAD_NS),
+            (60 * MS, DRAIN_HOLD_NS - NODE_HANDOFF_LEAD_NS),
+        ] {
+            let (p, mut dt, h) = halves_first_turn();
+            let l = p.lease();
+            // The holder launches to its end, leaving `left` queued past it.
+            p.w[h].want_ns.store(0, SeqCst);
+            p.w[h].busy_until_ns.store(l.end_ns + left, SeqCst);
+            let mut now = l.end_ns;
+            while p.lease().holder as usize - 1 == h && now < l.end_ns + 100 * MS {
+                p.step(&mut dt, now);
+                now += 10_000;
+            }
+            let waited = now - 10_000 - l.end_ns;
+            assert!(
+                waited >= granted_at && waited <= granted_at + HAND_BACK_POLL_NS,
+                "{left}: granted {waited} ns past the end"
+            );
+            // The holder pays its leftover (settled at the next turn's end at the latest).
+            let end2 = p.lease().end_ns;
+            p.step(&mut dt, end2);
+            let paid = p.vt(h as u32 + 1) / 2;
+            assert!(
+                paid >= LEASE_NS + granted_at,
+                "{left}: paid {paid} for a turn of {LEASE_NS} and its leftover"
+            );
+        }
     }
 
     /// Process `i` of `w` is the one process of slice `i + 1`.
@@ -612,12 +690,17 @@ mod tests {
             (l.holder, l.solo, l.end_ns),
             (1, false, T0 + 2 * MS + LEASE_NS)
         );
-        // The holder never hands back (stopped): the newcomer is granted at the lease's end,
-        // not later.
+        // The holder never hands back (stopped), saying its queue runs forever: the newcomer
+        // is granted when the longest hold for a holder's leftover work ends, not later.
         p.w[0].busy_until_ns.store(u64::MAX, SeqCst);
         p.step(&mut dt, T0 + 2 * MS + LEASE_NS - 1);
         assert_eq!(p.lease().holder, 1);
         p.step(&mut dt, T0 + 2 * MS + LEASE_NS);
+        assert_eq!(p.lease().holder, 1, "held for its leftover work");
+        p.step(
+            &mut dt,
+            T0 + 2 * MS + LEASE_NS + DRAIN_HOLD_NS - NODE_HANDOFF_LEAD_NS,
+        );
         let l = p.lease();
         // Not solo yet: the stopped holder was active moments ago (it may be only slow).
         assert_eq!((l.holder, l.solo), (2, false));
@@ -651,8 +734,9 @@ mod tests {
         assert!(p.lease().solo, "{:?}", p.lease());
     }
 
-    #[test]
-    fn a_holder_that_hands_back_early_is_charged_only_its_span() {
+    /// Two slices at 0.5, both waiting at `T0`, the first turn granted: the world, its turns,
+    /// and the holder's index.
+    fn halves_first_turn() -> (World, DeviceTurns, usize) {
         let p = World::new(&[(0.5, 1.0), (0.5, 1.0)]);
         p.w[0].want_ns.store(T0, SeqCst);
         p.w[1].want_ns.store(T0, SeqCst);
@@ -661,6 +745,12 @@ mod tests {
         let l = p.lease();
         assert!(!l.solo && l.holder != 0);
         let h = l.holder as usize - 1;
+        (p, dt, h)
+    }
+
+    #[test]
+    fn a_holder_that_hands_back_early_is_charged_only_its_span() {
+        let (p, mut dt, h) = halves_first_turn();
         p.w[h].want_ns.store(0, SeqCst);
         p.w[h].busy_until_ns.store(T0 + MS, SeqCst);
         // Done after 1 ms (idle for IDLE_GRACE_NS): the other gets it within one poll.

@@ -241,7 +241,7 @@ fn rival(one: &dyn Fn() -> gpuslice_abi::CUresult) -> ! {
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
@@ -404,16 +404,17 @@ impl Contended {
     }
 
     /// Turns granted on the device so far (the rival's and the measuring child's), and the ns
-    /// the measuring child's slice waited for a turn (the scheduler's own count).
-    fn turns_waited(&self) -> (u64, u64) {
+    /// the measuring child's slice waited for a turn (the scheduler's own count); `None` when
+    /// the ledger is another build's layout (an `--after` library of another version).
+    fn turns_waited(&self) -> Option<(u64, u64)> {
         use std::sync::atomic::Ordering::SeqCst;
-        let l = gpuslice_ledger::Ledger::open(&self.state.join("ledger")).unwrap();
+        let l = gpuslice_ledger::Ledger::open(&self.state.join("ledger")).ok()?;
         let waited = l
             .slices()
             .iter()
             .find(|s| s.name.eq_bytes(b"bench"))
             .map_or(0, |s| s.sched.throttled_ns_total.load(SeqCst));
-        (l.devices()[0].sched.leases_total.load(SeqCst), waited)
+        Some((l.devices()[0].sched.leases_total.load(SeqCst), waited))
     }
 }
 
@@ -563,13 +564,13 @@ impl StubSeries {
     fn round(&mut self, libs: &Path, state: &Path, direct: &Measured) {
         let s = run_child(libs, &state.join("alone"), Some(&self.shim), true);
         let con = Contended::start(libs, state, &self.shim);
-        let (before, _) = con.turns_waited();
+        let before = con.turns_waited();
         let c = output(con.shimmed(
             Command::new(std::env::current_exe().unwrap()),
             libs,
             &self.shim,
         ));
-        let (after, w) = con.turns_waited();
+        let after = con.turns_waited();
         drop(con);
         self.alone.push(s.launch_ns);
         self.contended.push(c.launch_ns);
@@ -577,8 +578,12 @@ impl StubSeries {
         self.over_contended.push(c.launch_ns - direct.launch_ns);
         self.stalls.push(c.stalls);
         self.stalled.push(c.stalled_ms);
-        self.turns.push((after - before) as f64);
-        self.waited.push(w as f64 / 1e6);
+        let (turns, waited) = match (before, after) {
+            (Some((b, _)), Some((a, w))) => ((a - b) as f64, w as f64 / 1e6),
+            _ => (f64::NAN, f64::NAN), // another layout: its books are not ours to read
+        };
+        self.turns.push(turns);
+        self.waited.push(waited);
     }
 
     fn print(self, direct: f64, direct_stalls: f64, label: String) {
@@ -644,9 +649,12 @@ fn callgrind(libs: &Path, state: &Path, shim: &Path) {
         .chain(after_shim())
         .enumerate()
     {
+        // A ledger of its own per library: an `--after` build may have another layout.
+        let own = state.join(format!("solo-{i}"));
+        std::fs::create_dir_all(&own).unwrap();
         let solo = |k: usize| -> u64 {
             let out_file = state.join(format!("cg.solo.{k}.{i}"));
-            let mut v = child(valgrind(&out_file), libs, state, Some(&sh));
+            let mut v = child(valgrind(&out_file), libs, &own, Some(&sh));
             v.env("GPUSLICE_BENCH_STUB", "1")
                 .env("GPUSLICE_BENCH_PAIRS", "0")
                 .env("GPUSLICE_BENCH_LAUNCHES", k.to_string());

@@ -122,9 +122,10 @@ pub fn insert(kind: Handle, h: u64, c: Charge) -> bool {
     false
 }
 
-/// Forget `h`, returning what it was charged if it was known.
+/// Walk `h`'s probe sequence up to the first empty slot: the first `Some` that `at` gives for
+/// a slot holding `h`'s key.
 #[inline]
-pub fn remove(kind: Handle, h: u64) -> Option<Charge> {
+fn probe(kind: Handle, h: u64, mut at: impl FnMut(&Slot, u64) -> Option<Charge>) -> Option<Charge> {
     let k = key(kind, h);
     let mut i = start(k);
     for _ in 0..SLOTS {
@@ -134,14 +135,30 @@ pub fn remove(kind: Handle, h: u64) -> Option<Charge> {
             return None;
         }
         if cur == k {
-            let v = s.val.load(Acquire);
-            if s.key.compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok() {
-                return Some(Charge::from_word(v));
+            if let Some(c) = at(s, k) {
+                return Some(c);
             }
         }
         i = (i + 1) & (SLOTS - 1);
     }
     None
+}
+
+/// Forget `h`, returning what it was charged if it was known.
+#[inline]
+pub fn remove(kind: Handle, h: u64) -> Option<Charge> {
+    probe(kind, h, |s, k| {
+        let v = s.val.load(Acquire);
+        s.key
+            .compare_exchange(k, TOMB, AcqRel, Relaxed)
+            .is_ok()
+            .then(|| Charge::from_word(v))
+    })
+}
+
+/// What `h` was charged, if it is known (the table unchanged).
+pub fn get(kind: Handle, h: u64) -> Option<Charge> {
+    probe(kind, h, |s, _| Some(Charge::from_word(s.val.load(Acquire))))
 }
 
 #[cfg(test)]
@@ -167,7 +184,9 @@ mod tests {
     fn insert_remove() {
         assert!(insert(Handle::Ptr, 0x7000_0000_1000, c(4096, 1, 3)));
         assert!(insert(Handle::Vmm, 0x7000_0000_1000, c(8192, 0, 0)));
+        assert_eq!(get(Handle::Ptr, 0x7000_0000_1000), Some(c(4096, 1, 3)));
         assert_eq!(remove(Handle::Ptr, 0x7000_0000_1000), Some(c(4096, 1, 3)));
+        assert_eq!(get(Handle::Ptr, 0x7000_0000_1000), None);
         assert_eq!(remove(Handle::Ptr, 0x7000_0000_1000), None);
         assert_eq!(remove(Handle::Vmm, 0x7000_0000_1000), Some(c(8192, 0, 0)));
         let handles: Vec<u64> = (1..5000u64).map(|i| i * 0x200000).collect();

@@ -42,6 +42,7 @@ macro_rules! for_each_symbol {
                 Cuda cuMemMap => memory::mem_map;
                 Cuda cuMemUnmap => memory::mem_unmap;
                 Cuda cuMemExportToShareableHandle => memory::mem_export;
+                Cuda cuMemImportFromShareableHandle => memory::mem_import;
                 Cuda cuArrayCreate_v2 => memory::array_create;
                 Cuda cuArray3DCreate_v2 => memory::array3d_create;
                 Cuda cuArrayDestroy => memory::array_destroy;

@@ -8,11 +8,15 @@ counted to the process that allocated it, never to an importer, until its last h
 (an exporter's free or release does not end it while an importer maps it); the errors for
 opening a handle in its own process, a handle of freed memory, and closing twice.
 """
+import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import CLIENTS, Served
 from helpers import Monitor, wait_until
+from test_node_balloons import node_monitor  # noqa: F401 (a fixture)
 
 GI = 1 << 30
 MI = 1 << 20
@@ -112,17 +116,143 @@ def test_vmm_fd_charged_to_its_creator_only(gpu_env, gpuslice_bin, tmp_path):
             assert wait_until(lambda: held(mon) == [256 * MI + CTX, GI + CTX], 20), (
                 mon.observed(), mon.log())
             # The last mapping goes: the driver frees the memory (NVML no longer counts it to
-            # the creator); gpuslice keeps the creator charged until it exits, since it cannot
-            # see other processes' mappings.
+            # the creator), and the creator's slice is no longer charged for it.
             gone = m.ask("unmap")
             assert gone["unmap"] == 0 and gone["release"] == 0, gone
             assert wait_until(lambda: held(mon) == [CTX, GI + CTX], 20), mon.observed()
-            assert x.ask("info")["free"] == GI - 256 * MI
+            assert x.ask("info")["free"] == GI
             assert x.proc.poll() is None and m.proc.poll() is None, "nobody was killed"
         assert "audit:" not in mon.log(), mon.log()
     finally:
         mon.stop()
 
+
+def slices_used(gpuslice_bin, env, key="memory_used"):
+    """{slice: bytes used} (or another of its `key`s) from `gpuslice status --json`."""
+    st = json.loads(subprocess.run([str(gpuslice_bin), "status", "--json"], env=env, check=True,
+                                   capture_output=True, text=True, timeout=60).stdout)
+    return {s["name"]: s[key] for s in st["slices"]}
+
+
+@pytest.mark.parametrize("exporter_end,importer_end",
+                         [("exit", "unmap"), ("kill", "unmap"), ("exit", "kill"), ("kill", "exit")])
+def test_a_vmm_export_stays_charged_past_its_exporter_until_the_last_importer_lets_go(
+        gpu_env, gpuslice_bin, tmp_path, exporter_end, importer_end):
+    """Issue 23: the exporter of a VMM allocation (slice `x`) exits or is SIGKILLed while the
+    importer (slice `y`) maps it: the driver keeps the memory, and `x` stays charged for it
+    (`gpuslice status --json`) until the importer unmaps it, exits or is SIGKILLed; `y` is
+    never charged. Under `gpuslice monitor --on-violation kill`: nothing reported or killed."""
+    def env(name):
+        return gpu_env(preload=True, GPUSLICE_MEMORY="1Gi", GPUSLICE_SLICE=name)
+    xenv, ienv = env("x"), env("y")
+    sock = tmp_path / "vmm.sock"
+    mon = Monitor(gpuslice_bin, xenv)
+    try:
+        with Client(xenv, "vmm-export", sock) as x, Client(ienv, "vmm-import", sock) as m:
+            assert x.ask("create 256")["status"] == 0
+            got = handed(x, m, "import")
+            assert got["status"] == 0 and got["read_ok"] and got["free"] == GI, got
+            assert slices_used(gpuslice_bin, xenv) == {"x": 256 * MI, "y": 0}
+            if exporter_end == "exit":
+                assert x.ask("exit")["event"] == "exit" and x.proc.wait(timeout=30) == 0
+            else:
+                x.proc.kill()
+                x.proc.wait(timeout=30)
+            # The driver keeps the memory for the importer, and x stays charged for it, before
+            # and after the monitor reaps the exporter.
+            assert slices_used(gpuslice_bin, xenv) == {"x": 256 * MI, "y": 0}
+            assert wait_until(lambda: "reaped pid" in mon.log(), 20), mon.log()
+            still = m.ask("read")
+            assert still["read_ok"] and still["free"] == GI, still
+            assert slices_used(gpuslice_bin, xenv) == {"x": 256 * MI, "y": 0}
+            held = slices_used(gpuslice_bin, xenv, "memory_held_for_importers")
+            assert held == {"x": 256 * MI, "y": 0}, held
+            if importer_end == "unmap":
+                gone = m.ask("unmap")
+                assert gone["unmap"] == 0 and gone["release"] == 0, gone
+                assert slices_used(gpuslice_bin, xenv) == {"y": 0}
+            elif importer_end == "exit":
+                assert m.ask("exit")["event"] == "exit" and m.proc.wait(timeout=30) == 0
+            else:
+                m.proc.kill()
+                m.proc.wait(timeout=30)
+            assert wait_until(lambda: "x" not in slices_used(gpuslice_bin, xenv), 20), (
+                slices_used(gpuslice_bin, xenv), mon.log())
+            assert importer_end != "unmap" or m.proc.poll() is None, "the importer was killed"
+        assert "audit:" not in mon.log(), mon.log()
+    finally:
+        mon.stop()
+
+
+@pytest.mark.parametrize("exporter_end", ["exit", "kill"])
+def test_in_node_mode_a_vmm_export_stays_charged_past_its_exporter(
+        gpu_env, gpuslice_bin, node_monitor, tmp_path, exporter_end):
+    """The same in node mode (the root monitor keeps the records, asked over `monitor.sock`;
+    `--on-violation kill`): the exporter's slice `x` stays charged while the importer maps the
+    memory, past the exporter's exit or SIGKILL; the importer's unmap returns it. Nothing
+    reported or killed."""
+    node_monitor("--on-violation", "kill")
+    def env(name):
+        return gpu_env(preload=True, GPUSLICE_MEMORY="1Gi", GPUSLICE_SLICE=name)
+    xenv, ienv = env("x"), env("y")
+    sock = tmp_path / "vmm-node.sock"
+    used = lambda: {k.split("/")[-1]: v for k, v in slices_used(gpuslice_bin, xenv).items()}
+    with Client(xenv, "vmm-export", sock) as x, Client(ienv, "vmm-import", sock) as m:
+        assert x.ask("create 256")["status"] == 0
+        got = handed(x, m, "import")
+        assert got["status"] == 0 and got["read_ok"] and got["free"] == GI, got
+        assert wait_until(lambda: used() == {"x": 256 * MI, "y": 0}, 20), used()
+        if exporter_end == "exit":
+            assert x.ask("exit")["event"] == "exit" and x.proc.wait(timeout=30) == 0
+        else:
+            x.proc.kill()
+            x.proc.wait(timeout=30)
+        assert wait_until(lambda: "reaped pid" in node_monitor.log(), 20), node_monitor.log()
+        still = m.ask("read")
+        assert still["read_ok"] and still["free"] == GI, still
+        assert used() == {"x": 256 * MI, "y": 0}, node_monitor.log()
+        gone = m.ask("unmap")
+        assert gone["unmap"] == 0 and gone["release"] == 0, gone
+        assert wait_until(lambda: "x" not in used(), 20), (used(), node_monitor.log())
+        assert m.proc.poll() is None
+    assert "audit:" not in node_monitor.log(), node_monitor.log()
+
+
+def test_in_node_mode_another_tenant_can_neither_release_nor_pin_an_export(
+        gpu_env, gpuslice_bin, node_monitor, tmp_path):
+    """A third admitted process (slice `h`), hand-making `share-*` requests on `monitor.sock`
+    as its shim would: letting go of or leaving every record, importing with a descriptor it
+    holds (/dev/null, not the export's). The exporter's slice stays charged while the real
+    importer maps the memory, and goes when it unmaps: the forger released nothing early and
+    pins nothing; its own slice is never charged."""
+    node_monitor("--on-violation", "kill")
+    def env(name):
+        return gpu_env(preload=True, GPUSLICE_MEMORY="1Gi", GPUSLICE_SLICE=name)
+    xenv, ienv, henv = env("x"), env("y"), env("h")
+    sock = tmp_path / "vmm-forge.sock"
+    used = lambda: {k.split("/")[-1]: v for k, v in slices_used(gpuslice_bin, xenv).items()}
+    with Client(xenv, "vmm-export", sock) as x, Client(ienv, "vmm-import", sock) as m, \
+            Client(henv, "vmm-import", tmp_path / "unused.sock") as h:
+        assert x.ask("create 256")["status"] == 0
+        assert handed(x, m, "import")["read_ok"]
+        def forge_all():
+            for rec in ("0", "1", "2", "255", "256", "-1", "x"):
+                for op in ("share-let-go", "share-leave"):
+                    r = h.ask(f"forge {op} {rec}")["reply"]
+                    assert r.get("ok") in ("keep", "left") or "err" in r, (op, rec, r)
+            r = h.ask("forge share-import devnull")["reply"]
+            assert r.get("ok") == "-", r
+        forge_all()
+        assert used() == {"x": 256 * MI, "y": 0, "h": 0}
+        x.proc.kill()
+        x.proc.wait(timeout=30)
+        assert wait_until(lambda: "reaped pid" in node_monitor.log(), 20), node_monitor.log()
+        forge_all()
+        assert used() == {"x": 256 * MI, "y": 0, "h": 0}, "released early"
+        assert m.ask("unmap")["unmap"] == 0
+        assert wait_until(lambda: used() == {"y": 0, "h": 0}, 20), "pinned"
+        assert m.proc.poll() is None and h.proc.poll() is None
+    assert "audit:" not in node_monitor.log(), node_monitor.log()
 
 
 def test_an_importer_that_dies_or_exits_holding_leaves_nothing_held(gpu_env, tmp_path):

@@ -17,11 +17,13 @@
 mod join;
 mod procs;
 mod reap;
+mod shared;
 mod slices;
 mod snapshot;
 
 pub use join::{Joined, SliceRequest};
 pub use procs::ProcHandle;
+pub use shared::{LetGo, ShareKey};
 pub use slices::OperatorSlice;
 
 use crate::dir::{Owner, RuntimeDir};

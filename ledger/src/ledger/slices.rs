@@ -156,7 +156,8 @@ impl Ledger {
     /// Remove the operator slices called `name` (on every device; where there is none, every
     /// tenant's slice of that name). One with processes still
     /// attached stops being operator-defined and goes away with its last process. Returns how
-    /// many were removed at once.
+    /// many were removed at once (one an importer's hold on an exported allocation keeps goes
+    /// with the allocation's last holder).
     pub fn remove_slice(&self, name: &str) -> Result<usize, LedgerError> {
         let _g = self.lock()?;
         let targets = self.operator_targets(name);
@@ -165,8 +166,8 @@ impl Ledger {
         for si in targets {
             let s = &self.slices()[si];
             s.operator_defined.store(0, SeqCst);
-            if s.attached.load(SeqCst) == 0 {
-                self.free_slice_locked(si);
+            // Kept while a process, or an exported allocation an importer holds, charges it.
+            if self.remove_if_unused_locked(si, s).is_some() {
                 removed += 1;
             }
         }
@@ -185,9 +186,19 @@ impl Ledger {
             .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(1)))
             .unwrap_or(0)
             .saturating_sub(1);
-        let free = left == 0
+        if left != 0 {
+            return None;
+        }
+        self.remove_if_unused_locked(si, sl)
+    }
+
+    /// Remove slice `si` if nothing keeps it: no process, not an operator's, and no exported
+    /// allocation charged to it that an importer still holds (`shared.rs`).
+    pub(crate) fn remove_if_unused_locked(&self, si: usize, sl: &Slice) -> Option<RemovedSlice> {
+        let free = sl.attached.load(SeqCst) == 0
             && sl.operator_defined.load(SeqCst) == 0
-            && sl.state.load(SeqCst) == STATE_ACTIVE;
+            && sl.state.load(SeqCst) == STATE_ACTIVE
+            && !self.slice_has_shared(si);
         if !free {
             return None;
         }
@@ -209,6 +220,8 @@ impl Ledger {
         };
         s.state.store(STATE_FREE, SeqCst);
         s.memory_used.0.store(0, SeqCst);
+        // Records charging it go with its counter (never onto the record's next slice).
+        self.drop_shared_of_slice_locked(si);
         // A scribbled device index: nothing to give back to (rebuild_derived recomputes sums).
         let Some(d) = self.devices().get(s.device.load(SeqCst) as usize) else {
             return;

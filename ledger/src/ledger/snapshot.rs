@@ -138,6 +138,29 @@ impl Ledger {
                 devices,
             });
         }
+        for r in self.shared() {
+            if r.state.load(SeqCst) != STATE_ACTIVE {
+                continue;
+            }
+            let (device, account) = (r.device.load(SeqCst) as usize, r.account.load(SeqCst));
+            let slot = |x: u32| ((x as usize) < MAX_PROCS).then_some(x as usize);
+            snap.shared.push(SharedInfo {
+                device,
+                slice: good_slice
+                    .get(account as usize)
+                    .copied()
+                    .unwrap_or(false)
+                    .then_some(account as usize),
+                exporter: slot(r.exporter.load(SeqCst)),
+                bytes: r.bytes.load(SeqCst),
+                held: r.held.load(SeqCst),
+                importers: r
+                    .importers
+                    .iter()
+                    .filter_map(|x| slot(x.load(SeqCst)))
+                    .collect(),
+            });
+        }
         snap
     }
 }

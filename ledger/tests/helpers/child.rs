@@ -4,11 +4,16 @@
 //! `ledger-test-child DIR MODE` opens (or creates) the ledger in DIR, prints `ready` when set
 //! up, and then, by MODE:
 //! - `churn`: joins slice `s` (64 MiB) and charges and uncharges random sizes forever;
-//! - `hold-lock`: holds the ledger's cold-path lock for 10 minutes.
+//! - `hold-lock`: holds the ledger's cold-path lock for 10 minutes;
+//! - `export PATH`: joins slice `x` (1 GiB), is charged 256 MiB and registers them as exported
+//!   under the identity of the file PATH (as the shim does for a VMM descriptor), then sleeps;
+//! - `import PATH`: joins slice `y` (1 GiB) and registers as an importer of PATH's export, then
+//!   sleeps.
 //!
 //! It dies with the test that started it (`PR_SET_PDEATHSIG`).
 
-use gpuslice_ledger::{Ledger, SliceRequest};
+use gpuslice_ledger::{Ledger, ShareKey, SliceRequest};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -51,6 +56,23 @@ fn main() {
                     a.uncharge(n);
                 }
             }
+        }
+        "export" | "import" => {
+            let f = std::fs::File::open(args.next().expect("a PATH")).unwrap();
+            let key = ShareKey::of_fd(f.as_raw_fd()).unwrap();
+            let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
+            let name = if mode == "export" { "x" } else { "y" };
+            let me = l.attach(name).unwrap();
+            l.join(me, dev, &SliceRequest::new(Some(name), Some(1 << 30)))
+                .unwrap();
+            if mode == "export" {
+                assert!(l.account(me, dev).unwrap().try_charge(256 * MI));
+                assert!(l.share_export(me, dev, key, 256 * MI).unwrap().is_some());
+            } else {
+                assert!(l.share_import(me, key).unwrap().is_some());
+            }
+            println!("ready");
+            std::thread::sleep(Duration::from_secs(600));
         }
         "hold-lock" => {
             let _g = l.lock().unwrap();

@@ -77,6 +77,13 @@ fn many_processes_in_one_slice_do_not_take_the_device() {
             let r = simulate_in(mode, &t, &ts, 4.0);
             let what = format!("{n} processes x {kernel_us} us, node {}", mode.node);
             victim_keeps_its_share(failed, &r, 2, S, 4 * S, &what);
+            // And the attacker keeps its own guarantee: its slice saturates, so it is owed
+            // 0.25 (node mode charged it the engine time its leftovers shared with t2's turns,
+            // and it got 0.21 of the device, before the next grant waited for them).
+            let own = r.slice_fraction(1, S, 4 * S);
+            if own < 0.24 {
+                failed.push(format!("{what}: the 0.25 slice itself got {own:.3}"));
+            }
         }
     });
 }

@@ -11,7 +11,8 @@
 //! - [`plain`]: `cuMemAlloc_v2`, pitch and managed memory (no state: the pointer table);
 //! - [`pools`]: stream-ordered allocation and memory pools (the pool table, retained credit);
 //! - [`vmm`]: the virtual memory API's physical allocations (`cuMemCreate`), charged until
-//!   the driver frees them (released and unmapped; exported ones until the process exits);
+//!   the driver frees them (released and unmapped; exported ones until their importers let go
+//!   too);
 //! - [`arrays`]: arrays and mipmapped arrays, charged what their descriptor implies;
 //! - [`graph`]: graph memory nodes and captured allocations (held by graphs and executables).
 //!
@@ -54,6 +55,7 @@ mod graph;
 mod plain;
 mod pool_objects;
 pub(crate) mod pools;
+mod shared;
 mod vmm;
 
 pub use arrays::{
@@ -67,7 +69,7 @@ pub use graph::{
 pub use plain::{mem_alloc, mem_alloc_managed, mem_alloc_pitch, mem_free};
 pub use pool_objects::{pool_create, pool_destroy, pool_trim_to};
 pub use pools::{mem_alloc_async, mem_alloc_from_pool, mem_free_async, reclaim_pools};
-pub use vmm::{mem_create, mem_export, mem_map, mem_release, mem_unmap};
+pub use vmm::{mem_create, mem_export, mem_import, mem_map, mem_release, mem_unmap};
 
 #[inline]
 fn oom(dev: &DevState, bytes: u64) -> CUresult {

@@ -3,24 +3,33 @@
 //!
 //! The driver frees a handle's memory only when it is released *and* its last mapping is
 //! unmapped (`cuMemMap` holds a reference), so a handle released while still mapped here stays
-//! charged until its last `cuMemUnmap`. A handle exported (`cuMemExportToShareableHandle`) may
-//! be mapped by other processes too, which this process cannot see: its memory stays charged
-//! here, to the slice that created it, until this process exits (never less than the driver
-//! holds). Importing (`cuMemImportFromShareableHandle`) and mapping charge nothing: the memory
-//! is its creator's. The bookkeeping of mappings and exports is behind one mutex: mapping and
-//! exporting are not hot paths (each is a driver call of microseconds that changes page
-//! tables), and `cuMemCreate`/`cuMemRelease` of a never-mapped handle do not take it.
+//! charged until its last `cuMemUnmap`. A handle exported as a POSIX descriptor
+//! (`cuMemExportToShareableHandle`) may be imported and mapped by other processes, which keep
+//! the memory alive past this process's release and exit: the export is registered in the
+//! ledger (`Ledger::share_export`), importers register on it when they import and leave when
+//! their last handle and mapping of it go, and the charge stays on this process's slice until
+//! the last of them let go (`gpuslice_ledger`'s `shared.rs`; the reaper does the same for the
+//! dead; in node mode the monitor keeps the records, asked over `monitor.sock`: `shared.rs`).
+//! An export nobody imported yet, one of another handle type and one the table has no room
+//! for stay charged here until this process exits (never less than the driver holds).
+//! Importing and mapping charge the importer nothing: the memory is its creator's. The
+//! bookkeeping of mappings, exports and imports is behind one mutex: mapping,
+//! exporting and importing are not hot paths (each is a driver call of microseconds that
+//! changes page tables), and `cuMemCreate`/`cuMemRelease` of a handle never mapped, exported or
+//! imported do not take it; the ledger's lock is never taken under it.
 
 use super::{charge_and_alloc, written};
+use crate::init::State;
 use crate::log::log;
 use crate::pointers::{self, Charge, Handle};
 use gpuslice_abi::pfn;
 use gpuslice_abi::*;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use gpuslice_ledger::LetGo;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Mutex;
 
-/// What this process maps and exported.
+/// What this process maps, exported and imported.
 struct Maps {
     /// Mappings by address: (size, handle).
     at: BTreeMap<u64, (u64, u64)>,
@@ -28,12 +37,25 @@ struct Maps {
     count: HashMap<u64, u32>,
     /// Handles released while still mapped here: their charge, returned at the last unmap.
     released: HashMap<u64, Charge>,
-    /// Handles exported and not yet released.
-    exported: HashSet<u64>,
+    /// Handles exported and not yet let go: the ledger's record of the export (`None`: not
+    /// registered, charged here until this process exits).
+    exported: HashMap<u64, Option<usize>>,
+    /// Imported handles: the ledger's record of the export, and whether released.
+    imported: HashMap<u64, (usize, bool)>,
+}
+
+/// What happens to a charge once the driver would free the memory in this process.
+enum Gone {
+    /// Still held here (mapped): nothing yet.
+    Held,
+    /// Never exported: uncharge.
+    Free(Charge),
+    /// Exported: the ledger decides (`record` `None`: kept until exit).
+    Exported(Option<usize>, Charge),
 }
 
 static MAPS: Mutex<Option<Maps>> = Mutex::new(None);
-/// Set once anything was mapped or exported: until then a release needs no lock.
+/// Set once anything was mapped, exported or imported: until then a release needs no lock.
 static USED: AtomicBool = AtomicBool::new(false);
 
 fn with_maps<T>(f: impl FnOnce(&mut Maps) -> T) -> T {
@@ -42,8 +64,68 @@ fn with_maps<T>(f: impl FnOnce(&mut Maps) -> T) -> T {
         at: BTreeMap::new(),
         count: HashMap::new(),
         released: HashMap::new(),
-        exported: HashSet::new(),
+        exported: HashMap::new(),
+        imported: HashMap::new(),
     }))
+}
+
+impl Maps {
+    /// The charge of a handle whose last reference here went (released, unmapped).
+    fn gone(&mut self, h: u64, c: Charge) -> Gone {
+        match self.exported.remove(&h) {
+            Some(rec) => Gone::Exported(rec, c),
+            None => Gone::Free(c),
+        }
+    }
+
+    /// An imported handle's last reference here went: the record this process no longer
+    /// holds any handle of (`None`: it still holds another).
+    fn import_gone(&mut self, h: u64) -> Option<usize> {
+        let (rec, _) = self.imported.remove(&h)?;
+        (!self.imported.values().any(|&(r, _)| r == rec)).then_some(rec)
+    }
+}
+
+/// Settle a charge whose memory the driver no longer holds for this process.
+fn settle(st: &State, g: Gone) {
+    let c = match g {
+        Gone::Held => return,
+        Gone::Free(c) => c,
+        Gone::Exported(rec, c) => {
+            let what = rec.map_or(LetGo::Keep, |rec| super::shared::let_go(st, rec));
+            match what {
+                LetGo::Uncharge => c,
+                LetGo::HandedOver => {
+                    log!(
+                        Debug,
+                        "exported VMM allocation let go while an importer holds it: its {} \
+                         bytes stay charged to this slice until the last importer lets go",
+                        c.bytes
+                    );
+                    return;
+                }
+                LetGo::Keep => {
+                    log!(
+                        Debug,
+                        "exported VMM allocation let go: its {} bytes stay charged until this \
+                         process exits",
+                        c.bytes
+                    );
+                    return;
+                }
+            }
+        }
+    };
+    if let Some(dev) = st.device(c.device as CUdevice) {
+        dev.account.uncharge(c.bytes);
+    }
+}
+
+/// This process let go of its last handle and mapping of an imported allocation.
+fn leave(st: &State, rec: Option<usize>) {
+    if let Some(rec) = rec {
+        super::shared::leave(st, rec);
+    }
 }
 
 /// `cuMemCreate`: physical memory for the virtual memory API; charged when the location is a
@@ -80,7 +162,7 @@ pub unsafe fn mem_create(
 }
 
 /// `cuMemRelease`: the charge goes back now only if the driver frees the memory now (not
-/// mapped here, never exported).
+/// mapped here, and no importer holds it if it was exported).
 pub unsafe fn mem_release(
     real: pfn::cuMemRelease,
     handle: CUmemGenericAllocationHandle,
@@ -89,31 +171,42 @@ pub unsafe fn mem_release(
     // SAFETY: the handler contract: `real` with the program's arguments.
     let pass = || unsafe { real(handle) };
     let Some(c) = pointers::remove(Handle::Vmm, handle) else {
-        return pass(); // imported, or made before start-up: charged to nobody here
+        // Imported, or made before start-up: charged to nobody here.
+        let r = pass();
+        if r == CUDA_SUCCESS && USED.load(Acquire) {
+            let left = with_maps(|m| {
+                let mapped = m.count.get(&handle).is_some_and(|&n| n > 0);
+                match m.imported.get_mut(&handle) {
+                    Some(e) if mapped => {
+                        e.1 = true;
+                        None
+                    }
+                    Some(_) => m.import_gone(handle),
+                    None => None,
+                }
+            });
+            leave(st, left);
+        }
+        return r;
     };
     let r = pass();
     if r != CUDA_SUCCESS {
         pointers::insert(Handle::Vmm, handle, c);
         return r;
     }
-    let keep = USED.load(Acquire)
-        && with_maps(|m| {
+    let gone = if USED.load(Acquire) {
+        with_maps(|m| {
             if m.count.get(&handle).is_some_and(|&n| n > 0) {
                 m.released.insert(handle, c);
-                true
+                Gone::Held
             } else {
-                m.exported.remove(&handle)
+                m.gone(handle, c)
             }
-        });
-    if keep {
-        log!(
-            Debug,
-            "VMM handle {handle:#x} released while mapped or exported: its {} bytes stay charged",
-            c.bytes
-        );
-    } else if let Some(dev) = st.device(c.device as CUdevice) {
-        dev.account.uncharge(c.bytes);
-    }
+        })
+    } else {
+        Gone::Free(c)
+    };
+    settle(st, gone);
     r
 }
 
@@ -139,8 +232,8 @@ pub unsafe fn mem_map(
     r
 }
 
-/// `cuMemUnmap`: a handle released earlier whose last mapping this was returns its charge
-/// (unless it was exported).
+/// `cuMemUnmap`: a handle released earlier whose last mapping this was returns its charge (an
+/// exported one as the ledger says), or, imported, leaves its export's record.
 pub unsafe fn mem_unmap(real: pfn::cuMemUnmap, ptr: CUdeviceptr, size: usize) -> CUresult {
     // SAFETY: the handler contract: `real` with the program's arguments.
     let r = unsafe { real(ptr, size) };
@@ -151,36 +244,41 @@ pub unsafe fn mem_unmap(real: pfn::cuMemUnmap, ptr: CUdeviceptr, size: usize) ->
         return r;
     };
     let end = ptr.saturating_add(size as u64);
-    let freed: Vec<Charge> = with_maps(|m| {
-        let gone: Vec<u64> = m.at.range(ptr..end).map(|(&a, _)| a).collect();
-        let mut freed = Vec::new();
-        for a in gone {
+    let (gone, left) = with_maps(|m| {
+        let unmapped: Vec<u64> = m.at.range(ptr..end).map(|(&a, _)| a).collect();
+        let (mut gone, mut left) = (Vec::new(), Vec::new());
+        for a in unmapped {
             let Some((_, h)) = m.at.remove(&a) else {
                 continue;
             };
             let n = m.count.entry(h).or_insert(1);
             *n -= 1;
-            if *n == 0 {
-                m.count.remove(&h);
-                if let Some(c) = m.released.remove(&h) {
-                    if !m.exported.remove(&h) {
-                        freed.push(c);
-                    }
-                }
+            if *n != 0 {
+                continue;
+            }
+            m.count.remove(&h);
+            if let Some(c) = m.released.remove(&h) {
+                gone.push(m.gone(h, c));
+            }
+            if m.imported.get(&h).is_some_and(|e| e.1) {
+                left.push(m.import_gone(h));
             }
         }
-        freed
+        (gone, left)
     });
-    for c in freed {
-        if let Some(dev) = st.device(c.device as CUdevice) {
-            dev.account.uncharge(c.bytes);
-        }
+    for g in gone {
+        settle(st, g);
+    }
+    for rec in left {
+        leave(st, rec);
     }
     r
 }
 
-/// `cuMemExportToShareableHandle`: other processes may now map the memory; its charge stays
-/// here until this process exits.
+/// `cuMemExportToShareableHandle`: other processes may now map the memory. A POSIX descriptor
+/// of memory charged here is registered in the ledger, so the charge stays on this slice until
+/// the last importer lets go, past this process's release and exit; any other export stays
+/// charged here until this process exits.
 pub unsafe fn mem_export(
     real: pfn::cuMemExportToShareableHandle,
     out: *mut core::ffi::c_void,
@@ -190,9 +288,59 @@ pub unsafe fn mem_export(
 ) -> CUresult {
     // SAFETY: the handler contract: `real` with the program's arguments.
     let r = unsafe { real(out, handle, ty, flags) };
-    if r == CUDA_SUCCESS {
-        USED.store(true, Release);
-        with_maps(|m| m.exported.insert(handle));
+    if r != CUDA_SUCCESS {
+        return r;
+    }
+    USED.store(true, Release);
+    let rec = match (crate::init::state(), pointers::get(Handle::Vmm, handle)) {
+        (Ok(st), Some(c)) if ty == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && !out.is_null() => {
+            // SAFETY: for a POSIX descriptor the driver wrote an `int` to `out` (non-null,
+            // checked), the program's out-pointer; read after success only.
+            let fd = unsafe { *out.cast::<core::ffi::c_int>() };
+            register_export(st, fd, c)
+        }
+        _ => None,
+    };
+    with_maps(|m| m.exported.insert(handle, rec));
+    r
+}
+
+/// The record of an export of `c` as descriptor `fd` (`None`: not registered).
+fn register_export(st: &State, fd: core::ffi::c_int, c: Charge) -> Option<usize> {
+    let dev = st.device(c.device as CUdevice)?;
+    super::shared::export(st, dev, fd, c.bytes)
+}
+
+/// `cuMemImportFromShareableHandle`: charges nothing (the memory is its exporter's); an
+/// import of a POSIX descriptor registered by its exporter keeps the exporter's slice charged
+/// while this process holds a handle or mapping of it. Registered before the driver call, so
+/// an exporter that lets go or dies meanwhile finds the importer already there.
+pub unsafe fn mem_import(
+    real: pfn::cuMemImportFromShareableHandle,
+    handle: *mut CUmemGenericAllocationHandle,
+    os_handle: *mut core::ffi::c_void,
+    ty: CUmemAllocationHandleType,
+) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let pass = || unsafe { real(handle, os_handle, ty) };
+    let st = match crate::init::state() {
+        Ok(st) if ty == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && !handle.is_null() => st,
+        _ => return pass(),
+    };
+    // A POSIX descriptor travels as the pointer's value (cuda.h: `(void *)(uintptr_t) fd`).
+    let rec = super::shared::import(st, os_handle as usize as core::ffi::c_int);
+    let r = pass();
+    match rec {
+        Some(rec) if r == CUDA_SUCCESS => {
+            // SAFETY: handle is non-null (checked) and the driver wrote it (success).
+            let h = unsafe { *handle };
+            USED.store(true, Release);
+            with_maps(|m| m.imported.insert(h, (rec, false)));
+        }
+        Some(rec) if !with_maps(|m| m.imported.values().any(|&(x, _)| x == rec)) => {
+            leave(st, Some(rec)); // the driver refused, and no other handle holds it
+        }
+        _ => {}
     }
     r
 }

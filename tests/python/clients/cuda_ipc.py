@@ -8,7 +8,8 @@ Roles and their commands:
   filled with a pattern from the host), `send` (cuMemExportToShareableHandle, the fd sent to
   the next connection), `release` (cuMemRelease), `unmap` (cuMemUnmap, cuMemAddressFree);
 - `vmm-import SOCKET`: `import` (receive the fd, cuMemImportFromShareableHandle, map, read the
-  bytes back and compare), `unmap` (cuMemUnmap, cuMemAddressFree, cuMemRelease);
+  bytes back and compare), `read` (compare them again), `unmap` (cuMemUnmap, cuMemAddressFree,
+  cuMemRelease);
 - `ipc-export SOCKET`: `alloc_shared MIB` (cuMemAlloc, filled), `send` (cuIpcGetMemHandle, sent), `own`
   (cuIpcOpenMemHandle of its own handle: the driver refuses), `free` (cuMemFree);
 - `ipc-import SOCKET`: `open` (receive a handle, cuIpcOpenMemHandle, compare the bytes),
@@ -17,7 +18,9 @@ Roles and their commands:
 - interprocess events: `event_send MS` on `ipc-export` (an event recorded after a kernel of MS
   ms, its handle sent), `event_open` on `ipc-import` (opened, queried, synchronized, waited on).
 Every role: `alloc MIB` (cuMemAlloc of its own), `info` (cuMemGetInfo; NVML's device memory
-and per-process figures as this process sees them).
+and per-process figures as this process sees them), `forge OP ARG` (node mode: a hand-made
+`share-*` request on the node's `monitor.sock`, as a tenant could send instead of its shim:
+ARG a record index, or `devnull` to send a descriptor of /dev/null; the monitor's reply).
 """
 import ctypes
 import os
@@ -25,19 +28,10 @@ import socket
 import sys
 import time
 
-from cuda_ctx import primary_context
+from cuda_ctx import Location, Prop, primary_context
 from fw_common import MI, emit, serve
 
 c_u64, c_size = ctypes.c_uint64, ctypes.c_size_t
-
-
-class Location(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_uint), ("id", ctypes.c_int)]
-
-
-class Prop(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_uint), ("handle_types", ctypes.c_uint), ("location", Location),
-                ("win32", ctypes.c_void_p), ("flags", ctypes.c_uint8 * 8)]
 
 
 class Access(ctypes.Structure):
@@ -163,6 +157,10 @@ def vmm_import():
         return dict(status=r)
     state.update(h=h.value, size=size, va=map_handle(h.value, size))
     return dict(status=0, read_ok=read_ok(state["va"], size), **info())
+
+
+def vmm_read():
+    return dict(read_ok=read_ok(state["va"], state["size"]), **info())
 
 
 def vmm_release():
@@ -308,9 +306,25 @@ def event_open():
                 destroy=cuda.cuEventDestroy_v2(ev))
 
 
+def forge(op, arg):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(os.path.join(os.environ["GPUSLICE_RUNTIME_DIR"], "monitor.sock"))
+    msg, fds = f"op={op}\n", []
+    if arg == "devnull":
+        fds.append(os.open("/dev/null", os.O_RDONLY))
+    else:
+        msg += f"rec={arg}\n"
+    socket.send_fds(sock, [msg.encode()], fds)
+    for fd in fds:
+        os.close(fd)
+    reply = sock.recv(65536).decode()
+    sock.close()
+    return dict(reply=dict(line.split("=", 1) for line in reply.splitlines() if "=" in line))
+
+
 ROLES = {
     "vmm-export": dict(create=vmm_create, send=vmm_send, release=vmm_release, unmap=vmm_unmap),
-    "vmm-import": dict(import_=vmm_import, unmap=vmm_import_unmap),
+    "vmm-import": dict(import_=vmm_import, read=vmm_read, unmap=vmm_import_unmap),
     "ipc-export": dict(alloc_shared=ipc_alloc, send=ipc_send, own=ipc_own, free=ipc_free,
                        event_send=event_send),
     "ipc-import": dict(open=ipc_open, reopen=ipc_reopen, close=ipc_close, event_open=event_open),
@@ -320,5 +334,6 @@ if __name__ == "__main__":
     handlers = {k.rstrip("_"): v for k, v in ROLES[sys.argv[1]].items()}
     handlers.setdefault("alloc", alloc)
     handlers["info"] = info
+    handlers["forge"] = forge
     emit(event="ready", **info())
     serve(handlers)

@@ -1,0 +1,384 @@
+//! Exported VMM allocations (`layout::Shared`): the charge of an allocation
+//! exported as a POSIX descriptor stays on its exporter's account for as long as the driver
+//! keeps the memory, which may be past the exporter's release or exit while another process
+//! imported it and still holds or maps it.
+//!
+//! The exporter registers the allocation when it exports it ([`Ledger::share_export`]),
+//! importers when they import it ([`Ledger::share_import`]) and leave when their last handle
+//! and mapping go ([`Ledger::share_leave`]). When the exporter lets go first (released and
+//! unmapped it, [`Ledger::share_let_go`], or died, the reaper) while a live importer holds it,
+//! the bytes move from the exporter's `charged` word into the record's `held`, in the same
+//! account's counter: `counter = Σ live members' charged + Σ held + updates in flight` stays
+//! true, so the reaper's double collect (`account.rs`) returns `counter − Σ live charged −
+//! Σ held` for the dead. The last importer to leave or die returns `held`.
+//!
+//! The counters are where the account's are: in a personal ledger the slice's `memory_used`
+//! and the process record's words; in node mode the slice's region (`region.rs`), where only
+//! the monitor calls these, for the processes that ask over `monitor.sock` (the caller's slot
+//! is the monitor's record of the connected process, never something it says).
+//!
+//! Every change here is made under the cold-path lock, like the reaper's, so none races it;
+//! the hot paths never look at the table. What the records hold is checked before use
+//! (indices, the account, bytes clamped to what the exporter was charged): a record can hold
+//! at most what its exporter had charged on that device, only on the exporter's own account,
+//! and only while a live process that imported the same descriptor holds it.
+
+use super::{Ledger, LockGuard};
+use crate::account::Member;
+use crate::error::LedgerError;
+use crate::layout::*;
+use crate::ledger::ProcHandle;
+use crate::snapshot::{Reaped, RemovedSlice};
+use core::sync::atomic::AtomicU64;
+use core::sync::atomic::Ordering::{Relaxed, Release, SeqCst};
+
+/// The identity of an exported allocation: `(st_dev, st_ino)` of its shareable descriptor,
+/// the same in the exporter and in every process the descriptor was passed to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareKey {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+}
+
+impl ShareKey {
+    /// The identity of descriptor `fd` (`None`: not a descriptor).
+    pub fn of_fd(fd: i32) -> Option<ShareKey> {
+        let st = crate::dir::fstat(fd).ok()?;
+        Some(ShareKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        })
+    }
+}
+
+/// What an exporter letting go of an exported allocation does with its charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LetGo {
+    /// A live importer still holds the memory: the record holds the charge now (do not
+    /// uncharge).
+    HandedOver,
+    /// Every importer let go: the driver frees the memory, uncharge it.
+    Uncharge,
+    /// Nobody imported it yet, and the descriptor may still be on its way: it stays charged to
+    /// the exporter until it exits (never less than the driver holds).
+    Keep,
+}
+
+impl Ledger {
+    /// The shared-allocation records.
+    pub fn shared(&self) -> &[Shared; MAX_SHARED] {
+        // SAFETY: SHARED_OFFSET..+MAX_SHARED*size lies in the mapping; records are atomics.
+        unsafe { &*self.m.base.add(SHARED_OFFSET).cast() }
+    }
+
+    /// Process `me` exported `bytes` it was charged on ledger device `dev` as the descriptor
+    /// `key`: the record (new, or the one it already made for `key`), `None` when the table is
+    /// full (node mode: or holds [`SHARED_PER_UID`] of `me`'s user's), the process holds no
+    /// account there (node mode: or a best-effort allowance's) or another process registered
+    /// `key` (the charge then stays with `me` until it exits).
+    pub fn share_export(
+        &self,
+        me: ProcHandle,
+        dev: usize,
+        key: ShareKey,
+        bytes: u64,
+    ) -> Result<Option<usize>, LedgerError> {
+        let _g = self.lock()?;
+        let Some(pd) = self.procs().get(me.slot).and_then(|p| p.devices.get(dev)) else {
+            return Ok(None);
+        };
+        let account = pd.account.load(SeqCst);
+        // Node mode's best-effort allowances go with their last member (their region too): a
+        // best-effort export stays charged to its exporter until it exits.
+        if account == ACCOUNT_NONE || (self.is_node() && account as usize >= MAX_SLICES) {
+            return Ok(None);
+        }
+        if let Some(i) = self.find_shared(key) {
+            let mine = self.shared()[i].exporter.load(SeqCst) == me.slot as u32;
+            return Ok(mine.then_some(i));
+        }
+        let uid = self.procs()[me.slot].uid.load(SeqCst);
+        let theirs = self
+            .shared()
+            .iter()
+            .filter(|r| r.state.load(SeqCst) == STATE_ACTIVE && r.uid.load(SeqCst) == uid)
+            .count();
+        if self.is_node() && theirs >= SHARED_PER_UID {
+            return Ok(None);
+        }
+        let Some(i) = self
+            .shared()
+            .iter()
+            .position(|r| r.state.load(SeqCst) == STATE_FREE)
+        else {
+            return Ok(None);
+        };
+        let r = &self.shared()[i];
+        r.device.store(dev as u32, SeqCst);
+        r.account.store(account, SeqCst);
+        r.exporter.store(me.slot as u32, SeqCst);
+        r.key_dev.store(key.dev, SeqCst);
+        r.key_ino.store(key.ino, SeqCst);
+        r.bytes.store(bytes, SeqCst);
+        r.held.store(0, SeqCst);
+        r.imported.store(0, SeqCst);
+        r.uid.store(uid, SeqCst);
+        for x in &r.importers {
+            x.store(NO_SLOT, SeqCst);
+        }
+        r.state.store(STATE_ACTIVE, SeqCst);
+        Ok(Some(i))
+    }
+
+    /// Process `me` imported the descriptor `key`: the record it is now counted on, `None`
+    /// when nobody registered `key` (not exported under gpuslice, or from a node policy), it
+    /// is `me`'s own export, or the record's importer entries are full.
+    pub fn share_import(
+        &self,
+        me: ProcHandle,
+        key: ShareKey,
+    ) -> Result<Option<usize>, LedgerError> {
+        let _g = self.lock()?;
+        let Some(i) = self.find_shared(key) else {
+            return Ok(None);
+        };
+        let r = &self.shared()[i];
+        let slot = me.slot as u32;
+        if r.exporter.load(SeqCst) == slot {
+            return Ok(None);
+        }
+        if r.importers.iter().any(|x| x.load(SeqCst) == slot) {
+            return Ok(Some(i));
+        }
+        // An entry of a process that died (not reaped yet) is free too.
+        let Some(e) = r.importers.iter().find(|x| !self.holds(x.load(SeqCst))) else {
+            return Ok(None);
+        };
+        e.store(slot, SeqCst);
+        r.imported.store(1, SeqCst);
+        Ok(Some(i))
+    }
+
+    /// Process `me` let go of its last handle and mapping of record `rec`'s allocation. If the
+    /// exporter let go before and nobody else holds it, the driver frees it: the record's
+    /// charge goes back (and an exporter's slice it kept alone is removed).
+    pub fn share_leave(
+        &self,
+        me: ProcHandle,
+        rec: usize,
+    ) -> Result<Vec<RemovedSlice>, LedgerError> {
+        let g = self.lock()?;
+        let Some(r) = self.shared().get(rec) else {
+            return Ok(vec![]);
+        };
+        if r.state.load(SeqCst) != STATE_ACTIVE {
+            return Ok(vec![]);
+        }
+        for x in &r.importers {
+            let _ = x.compare_exchange(me.slot as u32, NO_SLOT, SeqCst, SeqCst);
+        }
+        if r.exporter.load(SeqCst) != NO_SLOT || self.any_importer(r) {
+            return Ok(vec![]);
+        }
+        let (d, a, held) = (
+            r.device.load(SeqCst) as usize,
+            r.account.load(SeqCst),
+            r.held.load(SeqCst),
+        );
+        r.state.store(STATE_FREE, SeqCst);
+        self.with_counter(d, a, |c| {
+            let _ = c.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(held)));
+        });
+        Ok(self.drop_kept_slice_locked(&g, a).into_iter().collect())
+    }
+
+    /// Exporter `me` let go of record `rec`'s allocation (released it and unmapped its last
+    /// mapping): what to do with what it was charged for it. Anyone but the exporter gets
+    /// [`LetGo::Keep`] and changes nothing.
+    pub fn share_let_go(&self, me: ProcHandle, rec: usize) -> Result<LetGo, LedgerError> {
+        let _g = self.lock()?;
+        let Some(r) = self.shared().get(rec) else {
+            return Ok(LetGo::Keep);
+        };
+        if r.state.load(SeqCst) != STATE_ACTIVE || r.exporter.load(SeqCst) != me.slot as u32 {
+            return Ok(LetGo::Keep);
+        }
+        if self.any_importer(r) {
+            let d = r.device.load(SeqCst) as usize;
+            let bytes = r.bytes.load(SeqCst);
+            let handed = self.with_member(me.slot, d, |m| {
+                let n = bytes.min(m.charged.load(SeqCst));
+                // The record holds the bytes first, then the exporter's word lets them go, one
+                // update bracketed like the hot path's (`account.rs`): killed in between, the
+                // bytes are counted twice (kept too long), never lost.
+                r.held.store(n, SeqCst);
+                r.exporter.store(NO_SLOT, SeqCst);
+                m.begun.fetch_add(1, Relaxed);
+                m.charged.fetch_sub(n, Release);
+                m.ended.fetch_add(1, Release);
+            });
+            return Ok(if handed.is_some() {
+                LetGo::HandedOver
+            } else {
+                LetGo::Keep
+            });
+        }
+        if r.imported.load(SeqCst) != 0 {
+            r.state.store(STATE_FREE, SeqCst);
+            return Ok(LetGo::Uncharge);
+        }
+        Ok(LetGo::Keep)
+    }
+
+    /// The reaper's part (under the lock, `dying` marked): dead importers leave; a dying
+    /// exporter's records held by a live importer keep their bytes (clamped to what it was
+    /// charged there), the others go with it; records nobody holds any more are freed. The
+    /// accounts whose counters must give back a freed record's `held`.
+    pub(crate) fn reap_shared_locked(
+        &self,
+        dying: &[usize],
+        out: &mut Reaped,
+    ) -> Vec<(usize, u32)> {
+        let mut settle = vec![];
+        // What each dying exporter was charged per device and has not yet handed to a record.
+        let mut left: Vec<(usize, usize, u64)> = vec![];
+        for (i, r) in self.shared().iter().enumerate() {
+            if r.state.load(SeqCst) != STATE_ACTIVE {
+                continue;
+            }
+            let (d, a) = (r.device.load(SeqCst) as usize, r.account.load(SeqCst));
+            if d >= MAX_DEVICES || self.with_counter(d, a, |_| ()).is_none() {
+                out.problems.push(format!(
+                    "shared allocation record {i}: device {d} or account {a} is not usable; freed"
+                ));
+                r.state.store(STATE_FREE, SeqCst);
+                continue;
+            }
+            for x in &r.importers {
+                if dying.contains(&(x.load(SeqCst) as usize)) {
+                    x.store(NO_SLOT, SeqCst);
+                }
+            }
+            let e = r.exporter.load(SeqCst) as usize;
+            if dying.contains(&e) {
+                if self.any_importer(r) {
+                    let at = left.iter().position(|&(p, dd, _)| p == e && dd == d);
+                    let at = at.unwrap_or_else(|| {
+                        let c = self.with_member(e, d, |m| m.charged.load(SeqCst));
+                        left.push((e, d, c.unwrap_or(0)));
+                        left.len() - 1
+                    });
+                    let n = r.bytes.load(SeqCst).min(left[at].2);
+                    left[at].2 -= n;
+                    r.held.store(n, SeqCst);
+                    r.exporter.store(NO_SLOT, SeqCst);
+                } else {
+                    r.state.store(STATE_FREE, SeqCst); // its bytes go with the exporter's
+                }
+            } else if e as u32 == NO_SLOT && !self.any_importer(r) {
+                r.state.store(STATE_FREE, SeqCst);
+                if !settle.contains(&(d, a)) {
+                    settle.push((d, a));
+                }
+            }
+        }
+        settle
+    }
+
+    /// Bytes the records hold themselves in account `a` of device `d`.
+    pub(crate) fn shared_held(&self, d: usize, a: u32) -> u64 {
+        self.shared()
+            .iter()
+            .filter(|r| {
+                r.state.load(SeqCst) == STATE_ACTIVE
+                    && r.device.load(SeqCst) as usize == d
+                    && r.account.load(SeqCst) == a
+            })
+            .fold(0u64, |s, r| s.saturating_add(r.held.load(SeqCst)))
+    }
+
+    /// Whether a record charges slice `si` (which then stays, even with no process in it).
+    pub(crate) fn slice_has_shared(&self, si: usize) -> bool {
+        self.shared()
+            .iter()
+            .any(|r| r.state.load(SeqCst) == STATE_ACTIVE && r.account.load(SeqCst) as usize == si)
+    }
+
+    /// Free the records charging slice `si` (it is being freed with its counter).
+    pub(crate) fn drop_shared_of_slice_locked(&self, si: usize) {
+        for r in self.shared() {
+            if r.state.load(SeqCst) == STATE_ACTIVE && r.account.load(SeqCst) as usize == si {
+                r.state.store(STATE_FREE, SeqCst);
+            }
+        }
+    }
+
+    /// Remove slice `a` if a record alone kept it (no process, not an operator's): after its
+    /// last record went.
+    pub(crate) fn drop_kept_slice_locked(
+        &self,
+        _g: &LockGuard<'_>,
+        a: u32,
+    ) -> Option<RemovedSlice> {
+        let sl = self.slices().get(a as usize)?;
+        self.remove_if_unused_locked(a as usize, sl)
+    }
+
+    /// Run `f` on the counter of account `a` on device `d` (a slice's `memory_used`, or the
+    /// device's best-effort pool; in node mode the account's region), `None` for anything else.
+    fn with_counter<T>(&self, d: usize, a: u32, f: impl FnOnce(&AtomicU64) -> T) -> Option<T> {
+        if self.is_node() {
+            let r = self.regions()?.get(crate::node::region_key(a, d)?)?;
+            return Some(f(&r.header().memory_used.0));
+        }
+        if a == ACCOUNT_BEST_EFFORT {
+            return self.devices().get(d).map(|dv| f(&dv.best_effort_used));
+        }
+        let s = self.slices().get(a as usize)?;
+        let live = s.state.load(SeqCst) == STATE_ACTIVE && s.device.load(SeqCst) as usize == d;
+        live.then(|| f(&s.memory_used.0))
+    }
+
+    /// Run `f` on process slot `slot`'s words in its account on device `d` (in node mode, in
+    /// the account's region).
+    fn with_member<T>(&self, slot: usize, d: usize, f: impl FnOnce(Member<'_>) -> T) -> Option<T> {
+        let p = self.procs().get(slot)?;
+        let pd = p.devices.get(d)?;
+        if self.is_node() {
+            let key = crate::node::region_key(pd.account.load(SeqCst), d)?;
+            let r = self.regions()?.get(key)?;
+            let w = r.proc_(slot)?;
+            return Some(f(Member {
+                begun: &w.ops_begun,
+                ended: &w.ops_ended,
+                charged: &w.charged,
+            }));
+        }
+        Some(f(Member {
+            begun: &p.ops_begun,
+            ended: &p.ops_ended,
+            charged: &pd.charged,
+        }))
+    }
+
+    fn find_shared(&self, key: ShareKey) -> Option<usize> {
+        self.shared().iter().position(|r| {
+            r.state.load(SeqCst) == STATE_ACTIVE
+                && r.key_dev.load(SeqCst) == key.dev
+                && r.key_ino.load(SeqCst) == key.ino
+        })
+    }
+
+    /// Whether process slot `slot` is a live process (entries of the dead count for nothing).
+    fn holds(&self, slot: u32) -> bool {
+        (slot as usize) < MAX_PROCS
+            && self.procs()[slot as usize].state.load(SeqCst) == STATE_ACTIVE
+            && self.is_alive(slot as usize)
+    }
+
+    fn any_importer(&self, r: &Shared) -> bool {
+        r.importers.iter().any(|x| self.holds(x.load(SeqCst)))
+    }
+}
