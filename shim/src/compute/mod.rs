@@ -230,6 +230,7 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
         };
     }
     inner.events.next = inner.events.estimate(kind);
+    inner.events.next_least = inner.events.least(kind);
     // The one stream a hand-over inside the admission may record a fence on.
     inner.events.current = stream;
     inner.client.acquire(&mut inner.events);
