@@ -254,38 +254,61 @@ fn an_export_outlives_its_exporter_on_the_regions_and_one_user_holds_a_quarter_o
     assert_eq!((rp.processes.len(), rp.bytes_returned), (1, 0));
     assert_eq!(r.header().memory_used.load(SeqCst), GI);
     l.share_leave(yh, rec.unwrap()).unwrap();
+    // Only descriptors may hold it now: x's slice stays charged until the monitor finds none
+    // (`share_release_unheld`), or an import adopts it and the charge moves to y's slice.
+    let rec = rec.unwrap();
     assert_eq!(
         r.header().memory_used.load(SeqCst),
-        0,
-        "the importer let go"
+        GI,
+        "a descriptor may hold it"
     );
+    assert_eq!(l.descriptor_held(), vec![(rec, k)]);
+    let od = y.devices[0].device;
+    let adopted = Import::Adopted {
+        rec,
+        dev: od,
+        bytes: GI,
+    };
+    assert_eq!(l.share_import(yh, k).unwrap(), adopted);
+    assert_eq!(r.header().memory_used.load(SeqCst), 0, "moved to y");
+    assert_eq!(ry.header().memory_used.load(SeqCst), GI);
+    assert_ne!(
+        slice.state.load(SeqCst),
+        STATE_ACTIVE,
+        "x's slice went with it"
+    );
+    assert!(l.descriptor_held().is_empty());
+    // y lets go: the record holds y's charge for the descriptors that may be left.
+    assert_eq!(l.share_let_go(yh, rec).unwrap(), LetGo::HandedOver);
+    assert_eq!(ry.header().memory_used.load(SeqCst), GI);
+    assert_eq!(l.descriptor_held(), vec![(rec, k)]);
+    // A scan that found another record's descriptor gone changes nothing here.
+    assert!(l
+        .share_release_unheld(rec, ShareKey { dev: 7, ino: 2 })
+        .unwrap()
+        .is_empty());
+    assert_eq!(ry.header().memory_used.load(SeqCst), GI);
+    // y's slice has a live process: it stays, uncharged.
+    assert!(l.share_release_unheld(rec, k).unwrap().is_empty());
+    assert_eq!(
+        ry.header().memory_used.load(SeqCst),
+        0,
+        "no descriptor left"
+    );
+    assert!(l.descriptor_held().is_empty());
     // An orphan now: importing the descriptor again charges y, in its own region (the
-    // monitor charges, not the tenant), and y lets go of it as its exporter. A best-effort
-    // importer keeps no record: it is told to charge itself.
+    // monitor charges, not the tenant). A best-effort importer keeps no record: it is told
+    // to charge itself.
     let b = admit(&l, (43, 4000), None, None).unwrap();
     let bh = ProcHandle { slot: b.slot };
-    let od = y.devices[0].device;
     assert_eq!(
         l.share_import(bh, k).unwrap(),
         Import::Charge { dev: od, bytes: GI }
     );
-    assert_eq!(
-        l.share_import(yh, k).unwrap(),
-        Import::Adopted {
-            rec: rec.unwrap(),
-            dev: od,
-            bytes: GI
-        }
-    );
+    assert_eq!(l.share_import(yh, k).unwrap(), adopted);
     assert_eq!(ry.header().memory_used.load(SeqCst), GI);
-    assert_eq!(l.share_let_go(yh, rec.unwrap()).unwrap(), LetGo::Uncharge);
-    let ya = Account::in_region(
-        &l.devices()[od],
-        Some(&l.slices()[y.devices[0].slice]),
-        &ry,
-        y.slot,
-    );
-    ya.unwrap().uncharge(GI);
+    assert_eq!(l.share_let_go(yh, rec).unwrap(), LetGo::HandedOver);
+    l.share_release_unheld(rec, k).unwrap();
     assert_eq!(ry.header().memory_used.load(SeqCst), 0);
     // Over its quota (1 GiB, 1 GiB of its own charged): refused, nothing changed.
     let ya = Account::in_region(

@@ -11,9 +11,14 @@
 //! alive). So a process can only export on its own account, import what it holds a
 //! descriptor of, and leave or let go of its own part; what it says is the size only, which
 //! is clamped to what it was charged.
+//!
+//! A record nobody but descriptors holds (its exporter and importers gone) stays charged to
+//! its last exporter's slice while any process on the node holds a descriptor of it, as the
+//! driver keeps the memory: [`release_unheld`], run by the reaper's tick at most once a second
+//! and only while such records exist, looks for their identities in `/proc/*/fd`.
 
 use crate::error::RequestError;
-use gpuslice_ledger::{Import, Ledger, LetGo, ProcHandle, ShareKey};
+use gpuslice_ledger::{Import, Ledger, LetGo, ProcHandle, RemovedSlice, ShareKey};
 use gpuslice_protocol::Message;
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -67,4 +72,78 @@ pub fn answer(
         .into()),
         _ => Err(RequestError::UnknownOp),
     }
+}
+
+/// At most this many open descriptors are looked at per scan; a node with more keeps every
+/// record charged (the safe side: an overcharge, never memory charged to nobody).
+const MAX_SCANNED: usize = 1 << 20;
+
+/// Node mode: let go of the records only descriptors held and of which no process on the node
+/// holds one any more (the driver released the memory): their charge goes, with the slice it
+/// alone kept. Looks in `/proc/*/fd` only while such records exist; the removed slices, and
+/// a line per record it could not let go of (retried at the next scan).
+pub fn release_unheld(ledger: &Ledger) -> (Vec<RemovedSlice>, Vec<String>) {
+    let (mut removed, mut problems) = (vec![], vec![]);
+    let held = ledger.descriptor_held();
+    if held.is_empty() {
+        return (removed, problems);
+    }
+    let keys: Vec<ShareKey> = held.iter().map(|&(_, k)| k).collect();
+    let Some(open) = open_keys(&keys) else {
+        return (removed, problems);
+    };
+    for (rec, key) in held.into_iter().filter(|(_, k)| !open.contains(k)) {
+        match ledger.share_release_unheld(rec, key) {
+            Ok(r) => removed.extend(r),
+            Err(e) => problems.push(format!("shared allocation record {rec}: {e}")),
+        }
+    }
+    (removed, problems)
+}
+
+/// Which of `keys` an open descriptor of some process (not this one: it closes the descriptors
+/// it is sent at once) has, by `stat` of each `/proc/PID/fd/N` (the open file's identity);
+/// `None` when the scan is not complete: a process's descriptors it may not read, or more
+/// than [`MAX_SCANNED`] descriptors. Stops as soon as every key was found.
+fn open_keys(keys: &[ShareKey]) -> Option<Vec<ShareKey>> {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::process::id();
+    let mut found: Vec<ShareKey> = vec![];
+    let mut budget = MAX_SCANNED;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let fds = match std::fs::read_dir(entry.path().join("fd")) {
+            Ok(fds) => fds,
+            // Gone meanwhile (or a kernel thread's): it holds nothing.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(_) => return None,
+        };
+        for fd in fds.flatten() {
+            budget = budget.checked_sub(1)?;
+            // A descriptor closed meanwhile holds nothing any more.
+            let Ok(st) = std::fs::metadata(fd.path()) else {
+                continue;
+            };
+            let key = ShareKey {
+                dev: st.dev(),
+                ino: st.ino(),
+            };
+            if keys.contains(&key) && !found.contains(&key) {
+                found.push(key);
+                if found.len() == keys.len() {
+                    return Some(found);
+                }
+            }
+        }
+    }
+    Some(found)
 }

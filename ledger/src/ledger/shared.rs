@@ -197,20 +197,38 @@ impl Ledger {
     /// registered `key` (not exported under gpuslice, or from a node policy) or the record's
     /// importer entries are full.
     pub fn share_import(&self, me: ProcHandle, key: ShareKey) -> Result<Import, LedgerError> {
-        let _g = self.lock()?;
+        let g = self.lock()?;
         let Some(i) = self.find_shared(key) else {
             return Ok(Import::Unknown);
         };
         let r = &self.shared()[i];
-        if r.state.load(SeqCst) == STATE_ACTIVE {
+        let (dev, bytes) = (r.device.load(SeqCst) as usize, r.bytes.load(SeqCst));
+        // Node mode: a record only descriptors hold (its exporter and importers gone) is still
+        // charged to its last exporter's slice (`held`); its importer adopts it as an orphan's,
+        // and the charge moves to its slice.
+        let by_descriptors = self.descriptors_only(r);
+        if r.state.load(SeqCst) == STATE_ACTIVE && !by_descriptors {
             return Ok(self
                 .add_importer(me, i)
                 .map_or(Import::Unknown, Import::Held));
         }
-        let (dev, bytes) = (r.device.load(SeqCst) as usize, r.bytes.load(SeqCst));
         let Some(account) = self.slice_account(me.slot, dev) else {
+            if by_descriptors {
+                // No account to move the charge to: it stays where it is while `me` holds it.
+                return Ok(self
+                    .add_importer(me, i)
+                    .map_or(Import::Unknown, Import::Held));
+            }
             return Ok(Import::Charge { dev, bytes });
         };
+        let (old, held) = (r.account.load(SeqCst), r.held.load(SeqCst));
+        let same = by_descriptors && old == account;
+        if same {
+            // Its own slice already counts the bytes: let them go first, so the charge below
+            // is a move, not a second count against the quota.
+            self.return_held(dev, old, held);
+            r.held.store(0, SeqCst);
+        }
         // Charged like an allocation (the same compare-and-swap against the quota, in `me`'s
         // own words), then the record is `me`'s: both under the lock, so a second importer
         // finds it held, and the reaper sees the bytes in `me`'s charged word.
@@ -218,7 +236,14 @@ impl Ledger {
             .with_slice_account(me.slot, dev, |a| a.try_charge(bytes))
             .unwrap_or(false);
         if !charged {
+            if same {
+                let _ = self.with_counter(dev, old, |c| c.fetch_add(held, SeqCst));
+                r.held.store(held, SeqCst);
+            }
             return Ok(Import::Refused { dev, bytes });
+        }
+        if by_descriptors && !same {
+            self.return_held(dev, old, held);
         }
         r.account.store(account, SeqCst);
         r.exporter.store(me.slot as u32, SeqCst);
@@ -229,6 +254,10 @@ impl Ledger {
             x.store(NO_SLOT, SeqCst);
         }
         r.state.store(STATE_ACTIVE, SeqCst);
+        if by_descriptors && !same {
+            // The slice the record alone kept goes (its processes gone), as at a last leave.
+            let _ = self.drop_kept_slice_locked(&g, old);
+        }
         Ok(Import::Adopted { rec: i, dev, bytes })
     }
 
@@ -293,7 +322,9 @@ impl Ledger {
         for x in &r.importers {
             let _ = x.compare_exchange(me.slot as u32, NO_SLOT, SeqCst, SeqCst);
         }
-        if r.exporter.load(SeqCst) != NO_SLOT || self.any_importer(r) {
+        // Node mode: the record keeps the charge until no descriptor of it is left
+        // ([`Ledger::share_release_unheld`], after the monitor's scan).
+        if r.exporter.load(SeqCst) != NO_SLOT || self.any_importer(r) || self.is_node() {
             return Ok(vec![]);
         }
         let (d, a, held) = (
@@ -303,10 +334,70 @@ impl Ledger {
         );
         r.held.store(0, SeqCst);
         r.state.store(STATE_ORPHAN, SeqCst);
+        self.return_held(d, a, held);
+        Ok(self.drop_kept_slice_locked(&g, a).into_iter().collect())
+    }
+
+    /// Node mode: the records only descriptors may hold now (active, their exporter and
+    /// importers gone; each still charged to its last exporter's slice): what the monitor looks
+    /// for in `/proc/*/fd`.
+    pub fn descriptor_held(&self) -> Vec<(usize, ShareKey)> {
+        if !self.is_node() {
+            return vec![];
+        }
+        (self.shared().iter().enumerate())
+            .filter(|(_, r)| self.descriptors_only(r))
+            .map(|(i, r)| {
+                let key = ShareKey {
+                    dev: r.key_dev.load(SeqCst),
+                    ino: r.key_ino.load(SeqCst),
+                };
+                (i, key)
+            })
+            .collect()
+    }
+
+    /// Node mode: no process holds a descriptor of record `rec` (identity `key`) any more, as
+    /// the monitor's scan found: its charge goes back (and the slice it alone kept), and it
+    /// becomes an orphan. Nothing changes if it is no longer that record, or someone took it
+    /// meanwhile (an import adopted it, an importer counted on it).
+    pub fn share_release_unheld(
+        &self,
+        rec: usize,
+        key: ShareKey,
+    ) -> Result<Vec<RemovedSlice>, LedgerError> {
+        let g = self.lock()?;
+        let Some(r) = self.shared().get(rec) else {
+            return Ok(vec![]);
+        };
+        let same = r.key_dev.load(SeqCst) == key.dev && r.key_ino.load(SeqCst) == key.ino;
+        if !same || !self.descriptors_only(r) {
+            return Ok(vec![]);
+        }
+        let (d, a, held) = (
+            r.device.load(SeqCst) as usize,
+            r.account.load(SeqCst),
+            r.held.load(SeqCst),
+        );
+        r.held.store(0, SeqCst);
+        r.state.store(STATE_ORPHAN, SeqCst);
+        self.return_held(d, a, held);
+        Ok(self.drop_kept_slice_locked(&g, a).into_iter().collect())
+    }
+
+    /// Node mode: whether record `r` is active with nobody but descriptors holding it.
+    fn descriptors_only(&self, r: &Shared) -> bool {
+        self.is_node()
+            && r.state.load(SeqCst) == STATE_ACTIVE
+            && r.exporter.load(SeqCst) == NO_SLOT
+            && !self.any_importer(r)
+    }
+
+    /// Give back `held` bytes a record held in account `a` of device `d`.
+    fn return_held(&self, d: usize, a: u32, held: u64) {
         self.with_counter(d, a, |c| {
             let _ = c.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(held)));
         });
-        Ok(self.drop_kept_slice_locked(&g, a).into_iter().collect())
     }
 
     /// Exporter `me` let go of record `rec`'s allocation (released it and unmapped its last
@@ -320,7 +411,10 @@ impl Ledger {
         if r.state.load(SeqCst) != STATE_ACTIVE || r.exporter.load(SeqCst) != me.slot as u32 {
             return Ok(LetGo::Keep);
         }
-        if self.any_importer(r) {
+        // Node mode: a record once imported holds the charge while any descriptor of it is
+        // left, as the driver holds the memory (the monitor's scan lets it go).
+        let node_held = self.is_node() && r.imported.load(SeqCst) != 0;
+        if self.any_importer(r) || node_held {
             let d = r.device.load(SeqCst) as usize;
             let bytes = r.bytes.load(SeqCst);
             let handed = self.with_member(me.slot, d, |m| {
@@ -378,7 +472,9 @@ impl Ledger {
             }
             let e = r.exporter.load(SeqCst) as usize;
             if dying.contains(&e) {
-                if self.any_importer(r) {
+                // Node mode: the record holds the charge for the descriptors that may be left
+                // (the monitor's scan lets it go).
+                if self.any_importer(r) || self.is_node() {
                     let at = left.iter().position(|&(p, dd, _)| p == e && dd == d);
                     let at = at.unwrap_or_else(|| {
                         let c = self.with_member(e, d, |m| m.charged.load(SeqCst));
@@ -395,7 +491,7 @@ impl Ledger {
                     r.exporter.store(NO_SLOT, SeqCst);
                     r.state.store(STATE_ORPHAN, SeqCst);
                 }
-            } else if e as u32 == NO_SLOT && !self.any_importer(r) {
+            } else if e as u32 == NO_SLOT && !self.any_importer(r) && !self.is_node() {
                 r.state.store(STATE_ORPHAN, SeqCst);
                 if !settle.contains(&(d, a)) {
                     settle.push((d, a));

@@ -190,6 +190,7 @@ fn run(opts: Options) -> Result<(), Failure> {
         bypassing: HashSet::new(),
         balloons,
         facts,
+        last_fd_scan: None,
     };
     let mut last_audit = Instant::now() - Duration::from_secs(10);
     while !cli::stop_requested() {
@@ -238,6 +239,8 @@ struct Monitor {
     /// Node mode: the slices' unused reservations, held on the GPUs (`--balloons`).
     balloons: Option<Arc<crate::balloon::Balloons>>,
     facts: Shared,
+    /// Node mode: when `/proc/*/fd` was last scanned for exported allocations' descriptors.
+    last_fd_scan: Option<Instant>,
 }
 
 impl Monitor {
@@ -297,6 +300,17 @@ impl Monitor {
                 log!("{e}; reopening the ledger");
                 self.node = None;
                 return;
+            }
+        }
+        // Exported allocations only descriptors hold: at most once a second (a scan of every
+        // process's descriptors), only while there are any (`shared.rs`).
+        let due = self
+            .last_fd_scan
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        if self.node_mode && due {
+            self.last_fd_scan = Some(Instant::now());
+            for l in node.release_unheld() {
+                log!("{l}");
             }
         }
         // After the reap: what the dead held is back in their slices' unused reservations.

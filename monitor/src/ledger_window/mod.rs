@@ -153,6 +153,16 @@ impl LedgerWindow {
     }
 }
 
+impl LedgerWindow {
+    /// Node mode: let go of the exported allocations no descriptor holds any more
+    /// ([`crate::shared::release_unheld`]); the log lines of the slices that went with them.
+    pub fn release_unheld(&self) -> Vec<String> {
+        let (removed, mut lines) = crate::shared::release_unheld(&self.ledger);
+        lines.extend(removed_lines(&removed));
+        lines
+    }
+}
+
 /// One log line per emptied slice, naming it once with its devices (a slice is a record per
 /// device: a process's slice on 8 GPUs is 8 records): `removed emptied slice "pid-7" (GPU 0,
 /// 1)`. Devices by NVML's index where NVML knows them, else by UUID.
