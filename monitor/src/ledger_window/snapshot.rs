@@ -18,7 +18,7 @@ impl LedgerWindow {
         let mut s = self.ledger.snapshot();
         let node_mode = self.ledger.is_node();
         let own_ns = gpuslice_ledger::view::own_pid_identity().0;
-        as_reaped(&mut s, &|p| exited(p, node_mode, own_ns));
+        as_reaped(&mut s, node_mode, &|p| exited(p, node_mode, own_ns));
         let nvml = crate::nvml::indices();
         let index = |uuid: &str, ledger_index: usize| {
             nvml.get(uuid).copied().unwrap_or(ledger_index as u32)
@@ -163,18 +163,21 @@ fn exited(p: &ProcInfo, node_mode: bool, own_ns: u64) -> bool {
 /// The node as the reaper will leave it: processes that have `exited` are gone at once, what
 /// they held is returned to their slices and devices, and a process's slice with no process
 /// left goes too, with what it reserved. The views show this, so a program that exits is never
-/// listed after it (`status` right after `gpuslice run` returns).
-fn as_reaped(s: &mut Snapshot, exited: &dyn Fn(&ProcInfo) -> bool) {
+/// listed after it (`status` right after `gpuslice run` returns). In node mode (`node_mode`)
+/// an exporter's records stay charged after it as the reaper leaves them, for the descriptors
+/// that may hold them (the monitor's scan of `/proc/*/fd` lets them go).
+fn as_reaped(s: &mut Snapshot, node_mode: bool, exited: &dyn Fn(&ProcInfo) -> bool) {
     let (gone, kept): (Vec<ProcInfo>, Vec<ProcInfo>) =
         s.processes.drain(..).partition(|p| exited(p));
     s.processes = kept;
-    // Exported allocations a live importer holds stay charged to their exporter's slice, as
-    // the reaper leaves them (`gpuslice_ledger`'s `shared.rs`); the others go.
+    // Exported allocations a live importer (node mode: or a descriptor) holds stay charged to
+    // their exporter's slice, as the reaper leaves them (`gpuslice_ledger`'s `shared.rs`); the
+    // others go.
     let live: Vec<usize> = s.processes.iter().map(|p| p.slot).collect();
     let mut kept_for: Vec<(usize, usize, u64)> = vec![];
     let mut freed: Vec<(Option<usize>, usize, u64)> = vec![];
     s.shared.retain_mut(|r| {
-        let imported = r.importers.iter().any(|i| live.contains(i));
+        let imported = node_mode || r.importers.iter().any(|i| live.contains(i));
         match r.exporter {
             Some(_) if !imported => false, // with the exporter's charge, or still its own
             Some(e) if !live.contains(&e) => {
@@ -313,7 +316,7 @@ mod tests {
             proc_(21, false, 1, 0, GI),
             proc_(30, true, 2, 0, GI),
         ];
-        as_reaped(&mut s, &|p| !p.alive);
+        as_reaped(&mut s, false, &|p| !p.alive);
         let pids: Vec<u32> = s.processes.iter().map(|p| p.pid).collect();
         assert_eq!(pids, [20, 30]);
         let slices: Vec<(&str, &[u32], u64)> = s
@@ -358,7 +361,7 @@ mod tests {
             shared(0, Some(10), 0, vec![20]),
             shared(2, None, 256 * MI, vec![31]),
         ];
-        as_reaped(&mut s, &|p| !p.alive);
+        as_reaped(&mut s, false, &|p| !p.alive);
         let slices: Vec<(&str, u64)> = s
             .slices
             .iter()

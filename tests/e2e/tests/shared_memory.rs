@@ -139,11 +139,12 @@ fn socket_dir(n: &Node) -> PathBuf {
 
 /// The quota escape of handing a descriptor to another user and exiting: tenant A exports a
 /// 256 MiB VMM allocation and sends its descriptor to two processes of tenant B, which keep
-/// it without importing; A exits, and once the monitor reaped it nobody is charged for the
-/// memory the descriptor keeps alive. B's import in a 128 MiB slice is refused with
+/// it without importing; A exits, and once the monitor reaped it A's slice stays charged for
+/// the memory the descriptors keep alive. B's import in a 128 MiB slice is refused with
 /// CUDA_ERROR_OUT_OF_MEMORY (nothing charged); in a 1 GiB slice it succeeds, reads A's bytes,
-/// and is charged to B's slice (its whole quota less 256 MiB free) until it unmaps. Nobody is
-/// reported or killed.
+/// and the charge moves to B's slice (its whole quota less 256 MiB free; A's slice goes). Both
+/// closed their descriptors when they imported: once it unmaps, the monitor's scan finds no
+/// descriptor and B's slice is uncharged. Nobody is reported or killed.
 #[test]
 fn a_descriptor_handed_to_another_user_is_charged_to_it_when_imported() {
     need_root!();
@@ -160,9 +161,10 @@ fn a_descriptor_handed_to_another_user_is_charged_to_it_when_imported() {
     x.exit();
     // The monitor's reap itself (its log line): an import before it is a plain import of a
     // live export, charged nothing (seen once, waiting on the status alone).
-    wait_for("x reaped", &n, || {
-        n.monitor_log().contains(&reaped) && !used(&n).contains_key("x")
-    });
+    wait_for("x reaped", &n, || n.monitor_log().contains(&reaped));
+    // Past a descriptor scan or two: still charged, B's processes hold the descriptors.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(used(&n).get("x"), Some(&(256 * MI)), "held by descriptors");
 
     let refused = small.ask("import");
     assert_eq!(refused["status"], CUDA_ERROR_OUT_OF_MEMORY, "{refused}");
@@ -178,9 +180,9 @@ fn a_descriptor_handed_to_another_user_is_charged_to_it_when_imported() {
         GI - 256 * MI,
         "charged as its own allocation: {got}"
     );
-    wait_for("y charged", &n, || {
+    wait_for("y charged, x gone", &n, || {
         let u = used(&n);
-        u.get("y") == Some(&(256 * MI)) && u.get("small") == Some(&0)
+        u.get("y") == Some(&(256 * MI)) && u.get("small") == Some(&0) && !u.contains_key("x")
     });
     let gone = m.ask("unmap");
     assert_eq!(
@@ -188,10 +190,70 @@ fn a_descriptor_handed_to_another_user_is_charged_to_it_when_imported() {
         (&0.into(), &0.into()),
         "{gone}"
     );
-    assert_eq!(gone["free"], GI, "{gone}");
+    // Both closed their descriptors when they imported: once the monitor's scan finds none
+    // left, the record's charge goes.
     wait_for("y uncharged", &n, || used(&n).get("y") == Some(&0));
+    assert_eq!(m.ask("info")["free"], GI);
     assert!(m.child.try_wait().unwrap().is_none() && small.child.try_wait().unwrap().is_none());
     assert!(!n.monitor_log().contains("audit:"), "{}", n.monitor_log());
     m.exit();
     small.exit();
+}
+
+/// A process that only holds descriptors: `python3` without the shim (no CUDA at all),
+/// connecting to `sock` as `uid`, receiving one descriptor, and keeping it until its stdin
+/// closes.
+fn holder(uid: u32, sock: &Path) -> Child {
+    const HOLD: &str = "import socket, sys\n\
+        s = socket.socket(socket.AF_UNIX)\n\
+        s.connect(sys.argv[1])\n\
+        msg, fds, _, _ = socket.recv_fds(s, 8, 1)\n\
+        print('held', len(fds), flush=True)\n\
+        sys.stdin.read()\n";
+    let mut c = std::process::Command::new("setpriv");
+    c.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .arg("--")
+        .arg(PYTHON)
+        .arg("-c")
+        .arg(HOLD)
+        .arg(sock)
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    c.spawn().unwrap()
+}
+
+/// The escape the descriptor scan closes: tenant A exports a 256 MiB VMM allocation, hands its
+/// descriptor to a plain process of tenant B that only holds it (never imports it, no CUDA),
+/// and exits. The driver keeps the memory for the descriptor, so A's slice stays charged for it
+/// (`gpuslice status --json`) while the holder lives; once the holder exits, the monitor's
+/// scan of `/proc/*/fd` finds no descriptor and the charge goes with A's slice.
+#[test]
+fn memory_only_a_descriptor_holds_stays_charged_to_its_exporter() {
+    need_root!();
+    let n = Node::new(1, "4Gi", &["--on-violation", "kill"]);
+    let sock = socket_dir(&n).join("hold.sock");
+    let mut x = Client::new(&n, TENANT_A, "x", "1Gi", "vmm-export", &sock);
+    assert_eq!(x.ask("create 256")["status"], 0);
+    assert_eq!(x.ask("send")["event"], "listening");
+    let mut h = holder(TENANT_B, &sock);
+    let mut line = String::new();
+    BufReader::new(h.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "held 1");
+    let sent = x.read();
+    assert!(sent.get("error").is_none(), "{sent}");
+    let reaped = format!("reaped pid {}:", x.pid);
+    x.exit();
+    wait_for("x reaped", &n, || n.monitor_log().contains(&reaped));
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(used(&n).get("x"), Some(&(256 * MI)), "the holder keeps it");
+    drop(h.stdin.take());
+    assert!(h.wait().unwrap().success());
+    wait_for("x uncharged", &n, || !used(&n).contains_key("x"));
+    assert!(!n.monitor_log().contains("audit:"), "{}", n.monitor_log());
 }
