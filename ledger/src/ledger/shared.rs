@@ -26,6 +26,12 @@
 //! new export has its identity (the old descriptor is gone: the kernel reuses an inode number
 //! only once the file is freed).
 //!
+//! In node mode a record is not orphaned while a descriptor may be left: with no live
+//! importer it keeps its last exporter's charge in `held` ([`Ledger::descriptor_held`]) until
+//! the monitor's scan of `/proc/*/fd` finds no descriptor of it
+//! ([`Ledger::share_release_unheld`]), or an import adopts it (the charge moves to the
+//! importer's slice). Personal mode orphans it at once (one user, nobody to scan).
+//!
 //! The counters are where the account's are: in a personal ledger the slice's `memory_used` and
 //! the process record's words; in node mode the slice's region (`region.rs`), where only the
 //! monitor calls these, for the processes that ask over `monitor.sock` (the caller's slot is
@@ -35,7 +41,8 @@
 //! the hot paths never look at the table. What the records hold is checked before use
 //! (indices, the account, bytes clamped to what the exporter was charged): a record can hold
 //! at most what its exporter had charged on that device, only on the exporter's own account,
-//! and only while a live process that imported the same descriptor holds it.
+//! and only while a live process that imported the same descriptor holds it (node mode: or
+//! while the monitor finds a descriptor of it open).
 
 use super::{Ledger, LockGuard};
 use crate::account::{Account, Member};

@@ -129,7 +129,8 @@ fn settle(st: &State, g: Gone) {
                     log!(
                         Debug,
                         "exported VMM allocation let go while an importer holds it: its {} \
-                         bytes stay charged to this slice until the last importer lets go",
+                         bytes stay charged to this slice until the last importer lets go (node mode: \
+                         and no process holds a descriptor of it)",
                         c.bytes
                     );
                     return;
