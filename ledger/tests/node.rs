@@ -340,3 +340,60 @@ fn an_export_outlives_its_exporter_on_the_regions_and_one_user_holds_a_quarter_o
         .unwrap()
         .is_some());
 }
+
+#[test]
+fn an_export_only_a_descriptor_may_hold_stays_charged_until_released_or_adopted() {
+    use gpuslice_ledger::{Import, LetGo, ProcHandle, ShareKey};
+    let Some((l, t, _d)) = node("descriptors") else {
+        return;
+    };
+    let x = admit(&l, (60, 1000), Some("x"), Some(2 * GI)).unwrap();
+    let r = t.make(x.devices[0].key);
+    let dev = &l.devices()[x.devices[0].device];
+    let slice = &l.slices()[x.devices[0].slice];
+    assert!(Account::in_region(dev, Some(slice), &r, x.slot)
+        .unwrap()
+        .try_charge(GI));
+    let xh = ProcHandle { slot: x.slot };
+    let k = ShareKey { dev: 9, ino: 1 };
+    let rec = l
+        .share_export(xh, x.devices[0].device, k, GI)
+        .unwrap()
+        .unwrap();
+    // Never imported, the exporter dies: the record keeps its charge for the descriptor.
+    let rp = l
+        .reap_node(&|p| p.host_pid.load(SeqCst) != 60, t.as_ref())
+        .unwrap();
+    assert_eq!((rp.processes.len(), rp.bytes_returned), (1, 0));
+    assert_eq!(r.header().memory_used.load(SeqCst), GI);
+    assert_eq!(slice.state.load(SeqCst), STATE_ACTIVE, "the record keeps x");
+    assert_eq!(l.descriptor_held(), vec![(rec, k)]);
+    // A process of the same slice imports it: the charge moves to its own words, counted once
+    // (2 GiB quota, 1 GiB held: a second count would still fit, so look at the counter).
+    let x2 = admit(&l, (61, 1000), Some("x"), Some(2 * GI)).unwrap();
+    let x2h = ProcHandle { slot: x2.slot };
+    let adopted = Import::Adopted {
+        rec,
+        dev: x.devices[0].device,
+        bytes: GI,
+    };
+    assert_eq!(l.share_import(x2h, k).unwrap(), adopted);
+    assert_eq!(
+        r.header().memory_used.load(SeqCst),
+        GI,
+        "moved, not counted twice"
+    );
+    assert_eq!(r.proc_(x2.slot).unwrap().charged.load(SeqCst), GI);
+    assert!(l.descriptor_held().is_empty());
+    // It lets go: held by the record again, until no descriptor is found.
+    assert_eq!(l.share_let_go(x2h, rec).unwrap(), LetGo::HandedOver);
+    assert_eq!(r.proc_(x2.slot).unwrap().charged.load(SeqCst), 0);
+    assert_eq!(r.header().memory_used.load(SeqCst), GI);
+    assert!(l.share_release_unheld(rec, k).unwrap().is_empty());
+    assert_eq!(r.header().memory_used.load(SeqCst), 0);
+    assert_eq!(slice.state.load(SeqCst), STATE_ACTIVE, "x2 is in it");
+    // An orphan now: not listed, and a second release changes nothing.
+    assert!(l.descriptor_held().is_empty());
+    assert!(l.share_release_unheld(rec, k).unwrap().is_empty());
+    assert_eq!(r.header().memory_used.load(SeqCst), 0);
+}
