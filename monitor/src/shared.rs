@@ -147,3 +147,46 @@ fn open_keys(keys: &[ShareKey]) -> Option<Vec<ShareKey>> {
     }
     Some(found)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::FromRawFd;
+    use std::process::{Command, Stdio};
+
+    /// A descriptor another process holds is found; once that process is gone it is not;
+    /// this process's own descriptors never count.
+    #[test]
+    fn a_descriptor_is_found_only_while_another_process_holds_it() {
+        // Anyone else's descriptors are root's to read (the monitor's, in node mode).
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to read every process's descriptors");
+            return;
+        }
+        // SAFETY: memfd_create with a static name; the descriptor is checked and owned below.
+        let fd = unsafe { libc::memfd_create(c"gpuslice-scan-test".as_ptr(), 0) };
+        assert!(fd >= 0, "memfd_create");
+        // SAFETY: fd is a fresh descriptor nothing else owns.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let key = ShareKey::of_fd(owned.as_raw_fd()).unwrap();
+        assert_eq!(open_keys(&[key]), Some(vec![]), "our own descriptor");
+        // Not close-on-exec: the child inherits it (and only holds it).
+        let mut child = Command::new("sleep")
+            .arg("60")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let other = ShareKey {
+            dev: key.dev,
+            ino: u64::MAX,
+        };
+        let t0 = std::time::Instant::now();
+        let found = open_keys(&[key, other]);
+        eprintln!("a full scan of /proc/*/fd: {:?}", t0.elapsed());
+        assert_eq!(found, Some(vec![key]));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(open_keys(&[key]), Some(vec![]), "its holder is gone");
+    }
+}
