@@ -334,15 +334,7 @@ impl Ledger {
         if r.exporter.load(SeqCst) != NO_SLOT || self.any_importer(r) || self.is_node() {
             return Ok(vec![]);
         }
-        let (d, a, held) = (
-            r.device.load(SeqCst) as usize,
-            r.account.load(SeqCst),
-            r.held.load(SeqCst),
-        );
-        r.held.store(0, SeqCst);
-        r.state.store(STATE_ORPHAN, SeqCst);
-        self.return_held(d, a, held);
-        Ok(self.drop_kept_slice_locked(&g, a).into_iter().collect())
+        Ok(self.orphan_locked(&g, r))
     }
 
     /// Node mode: the records only descriptors may hold now (active, their exporter and
@@ -354,13 +346,7 @@ impl Ledger {
         }
         (self.shared().iter().enumerate())
             .filter(|(_, r)| self.descriptors_only(r))
-            .map(|(i, r)| {
-                let key = ShareKey {
-                    dev: r.key_dev.load(SeqCst),
-                    ino: r.key_ino.load(SeqCst),
-                };
-                (i, key)
-            })
+            .map(|(i, r)| (i, Self::key_of(r)))
             .collect()
     }
 
@@ -377,10 +363,15 @@ impl Ledger {
         let Some(r) = self.shared().get(rec) else {
             return Ok(vec![]);
         };
-        let same = r.key_dev.load(SeqCst) == key.dev && r.key_ino.load(SeqCst) == key.ino;
-        if !same || !self.descriptors_only(r) {
+        if Self::key_of(r) != key || !self.descriptors_only(r) {
             return Ok(vec![]);
         }
+        Ok(self.orphan_locked(&g, r))
+    }
+
+    /// Record `r` held by nobody any more: its `held` bytes go back (and the slice it alone
+    /// kept, returned), and it becomes an orphan.
+    fn orphan_locked(&self, g: &LockGuard<'_>, r: &Shared) -> Vec<RemovedSlice> {
         let (d, a, held) = (
             r.device.load(SeqCst) as usize,
             r.account.load(SeqCst),
@@ -389,7 +380,15 @@ impl Ledger {
         r.held.store(0, SeqCst);
         r.state.store(STATE_ORPHAN, SeqCst);
         self.return_held(d, a, held);
-        Ok(self.drop_kept_slice_locked(&g, a).into_iter().collect())
+        self.drop_kept_slice_locked(g, a).into_iter().collect()
+    }
+
+    /// The identity of record `r`'s descriptor.
+    fn key_of(r: &Shared) -> ShareKey {
+        ShareKey {
+            dev: r.key_dev.load(SeqCst),
+            ino: r.key_ino.load(SeqCst),
+        }
     }
 
     /// Node mode: whether record `r` is active with nobody but descriptors holding it.

@@ -21,6 +21,17 @@ const CUDA_ERROR_OUT_OF_MEMORY: u64 = 2;
 /// What every user can run (the clients need only the standard library and ctypes).
 const PYTHON: &str = "/usr/bin/python3";
 
+/// The system's python run as user `uid` (its own group, no others); arguments follow.
+fn python_as(uid: u32) -> std::process::Command {
+    let mut c = std::process::Command::new("setpriv");
+    c.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .arg("--")
+        .arg(PYTHON);
+    c
+}
+
 /// One `cuda_ipc.py ROLE SOCKET` client of a user, under the shim, in its own slice.
 struct Client {
     child: Child,
@@ -35,15 +46,8 @@ impl Client {
         // The Node's environment for `uid` (the fake GPU, the runtime directory, the shim's
         // copy every user can read), with this interpreter instead of one of its binaries.
         let base = n.burn(uid);
-        let mut c = std::process::Command::new("setpriv");
-        c.arg(format!("--reuid={uid}"))
-            .arg(format!("--regid={uid}"))
-            .arg("--clear-groups")
-            .arg("--")
-            .arg(PYTHON)
-            .arg(&script)
-            .arg(role)
-            .arg(sock);
+        let mut c = python_as(uid);
+        c.arg(&script).arg(role).arg(sock);
         for (k, v) in base.get_envs() {
             match v {
                 Some(v) => c.env(k, v),
@@ -210,13 +214,8 @@ fn holder(uid: u32, sock: &Path) -> Child {
         msg, fds, _, _ = socket.recv_fds(s, 8, 1)\n\
         print('held', len(fds), flush=True)\n\
         sys.stdin.read()\n";
-    let mut c = std::process::Command::new("setpriv");
-    c.arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={uid}"))
-        .arg("--clear-groups")
-        .arg("--")
-        .arg(PYTHON)
-        .arg("-c")
+    let mut c = python_as(uid);
+    c.arg("-c")
         .arg(HOLD)
         .arg(sock)
         .env_clear()
