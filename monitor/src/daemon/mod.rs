@@ -191,6 +191,7 @@ fn run(opts: Options) -> Result<(), Failure> {
         balloons,
         facts,
         last_fd_scan: None,
+        fd_scan: None,
     };
     let mut last_audit = Instant::now() - Duration::from_secs(10);
     while !cli::stop_requested() {
@@ -241,6 +242,8 @@ struct Monitor {
     facts: Shared,
     /// Node mode: when `/proc/*/fd` was last scanned for exported allocations' descriptors.
     last_fd_scan: Option<Instant>,
+    /// That scan while it runs (`scan_descriptors`): its log lines.
+    fd_scan: Option<std::thread::JoinHandle<Vec<String>>>,
 }
 
 impl Monitor {
@@ -302,17 +305,7 @@ impl Monitor {
                 return;
             }
         }
-        // Exported allocations only descriptors hold: at most once a second (a scan of every
-        // process's descriptors), only while there are any (`shared.rs`).
-        let due = self
-            .last_fd_scan
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
-        if self.node_mode && due {
-            self.last_fd_scan = Some(Instant::now());
-            for l in node.release_unheld() {
-                log!("{l}");
-            }
-        }
+        let ledger = node.parts().map(|(l, _)| l);
         // After the reap: what the dead held is back in their slices' unused reservations.
         if let (Some(b), Some((ledger, regions))) = (&self.balloons, node.parts()) {
             for l in b.tick(&ledger, regions.as_ref()) {
@@ -322,6 +315,42 @@ impl Monitor {
                 f.balloons = b.held().into_iter().collect();
                 f.balloons.sort();
             }
+        }
+        self.scan_descriptors(ledger);
+    }
+}
+
+impl Monitor {
+    /// Node mode: exported allocations only descriptors hold are looked for in every process's
+    /// descriptors (`shared.rs`) at most once a second, only while there are any, on a thread
+    /// of their own: a `stat` of a tenant's descriptor can block (a FUSE or NFS file), and the
+    /// reaper must not wait on it (a blocked scan keeps the records charged, the safe side).
+    fn scan_descriptors(&mut self, ledger: Option<Arc<gpuslice_ledger::Ledger>>) {
+        if self.fd_scan.as_ref().is_some_and(|h| h.is_finished()) {
+            match self.fd_scan.take().map(std::thread::JoinHandle::join) {
+                Some(Ok(lines)) => lines.iter().for_each(|l| log!("{l}")),
+                Some(Err(_)) => log!("the scan for exported allocations' descriptors failed"),
+                None => {}
+            }
+        }
+        let due = self
+            .last_fd_scan
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        let Some(ledger) = ledger.filter(|_| self.node_mode && due && self.fd_scan.is_none())
+        else {
+            return;
+        };
+        if ledger.descriptor_held().is_empty() {
+            return;
+        }
+        self.last_fd_scan = Some(Instant::now());
+        let scan = move || crate::ledger_window::release_unheld(&ledger);
+        match std::thread::Builder::new()
+            .name("fd-scan".into())
+            .spawn(scan)
+        {
+            Ok(h) => self.fd_scan = Some(h),
+            Err(e) => log!("cannot start the scan for exported allocations' descriptors: {e}"),
         }
     }
 }

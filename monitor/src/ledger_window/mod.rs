@@ -153,14 +153,12 @@ impl LedgerWindow {
     }
 }
 
-impl LedgerWindow {
-    /// Node mode: let go of the exported allocations no descriptor holds any more
-    /// ([`crate::shared::release_unheld`]); the log lines of the slices that went with them.
-    pub fn release_unheld(&self) -> Vec<String> {
-        let (removed, mut lines) = crate::shared::release_unheld(&self.ledger);
-        lines.extend(removed_lines(&removed));
-        lines
-    }
+/// Node mode: let go of the exported allocations no descriptor holds any more
+/// ([`crate::shared::release_unheld`]); the log lines of the slices that went with them.
+pub fn release_unheld(ledger: &Ledger) -> Vec<String> {
+    let (removed, mut lines) = crate::shared::release_unheld(ledger);
+    lines.extend(removed_lines(&removed));
+    lines
 }
 
 /// One log line per emptied slice, naming it once with its devices (a slice is a record per
