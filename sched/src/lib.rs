@@ -64,6 +64,7 @@ mod client;
 mod granted;
 mod policy;
 mod records;
+mod rings;
 #[cfg(test)]
 mod sim;
 mod sys;
@@ -86,6 +87,7 @@ pub use records::{
     class_name, parse_class, slice_stats, used_fraction, Lease, SchedDevice, SchedProc, SchedSlice,
     SliceComputeStats, Window, CLASS_LATENCY, CLASS_NORMAL, MAX_SLICE_ID, WINDOW_NS,
 };
+pub use rings::Rings;
 pub use turns::{
     beat, DeviceTurns, Member, DRAIN_HOLD_NS, HAND_BACK_POLL_NS, HAND_BACK_WINDOW_NS, MAX_GRANT_NS,
     POLL_NS, POLL_SOLO_NS, SETTLE_SLACK_NS, SOLO_QUIET_NS,
