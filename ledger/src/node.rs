@@ -437,20 +437,7 @@ impl Ledger {
                 pid: p.pid.load(SeqCst),
                 bytes,
             });
-            for pd in &p.devices {
-                let s = pd.slice.load(SeqCst);
-                self.leave_allowance_locked(pd.account.load(SeqCst));
-                pd.account.store(ACCOUNT_NONE, SeqCst);
-                pd.slice.store(ACCOUNT_NONE, SeqCst);
-                pd.charged.store(0, SeqCst);
-                let Some(sl) = self.slices().get(s as usize) else {
-                    continue;
-                };
-                out.slices_removed
-                    .extend(self.leave_slice_locked(s as usize, sl));
-            }
-            p.pid.store(0, SeqCst);
-            p.state.store(STATE_FREE, SeqCst);
+            self.free_dead_record_locked(i, p, &mut out);
         }
         for (_, a) in freed_shared {
             out.slices_removed

@@ -54,14 +54,8 @@ impl PeerProcess {
     /// Whether the process that connected still runs: its pidfd is not readable (a pidfd
     /// polls readable once its process has exited, zombie or reaped) and its pid still has
     /// the start time it had at accept. `Err` says why not, for the refusal.
-    pub fn check(&self) -> Result<(), String> {
-        let gone = || {
-            format!(
-                "the process that connected (pid {}) has exited: a request counts only from \
-                 the process that made the connection",
-                self.pid
-            )
-        };
+    pub fn check(&self) -> Result<(), PeerGone> {
+        let gone = || PeerGone { pid: self.pid };
         let Some(fd) = &self.pidfd else {
             return Err(gone());
         };
@@ -74,6 +68,26 @@ impl PeerProcess {
         Ok(())
     }
 }
+
+/// The process that made a connection has exited (whoever holds its pid now).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerGone {
+    /// The pid it had.
+    pub pid: u32,
+}
+
+impl std::fmt::Display for PeerGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the process that connected (pid {}) has exited: a request counts only from the \
+             process that made the connection",
+            self.pid
+        )
+    }
+}
+
+impl std::error::Error for PeerGone {}
 
 /// The peer's pidfd from the kernel (`SO_PEERPIDFD`), where it has it.
 fn peer_pidfd(sock: RawFd) -> Option<OwnedFd> {
@@ -138,7 +152,7 @@ mod tests {
         while !exited(p.pidfd.as_ref().unwrap().as_raw_fd()) {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let e = p.check().unwrap_err();
+        let e = p.check().unwrap_err().to_string();
         assert!(e.contains("has exited"), "a zombie: {e}");
         child.wait().unwrap();
         assert!(p.check().is_err(), "reaped");

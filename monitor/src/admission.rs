@@ -294,7 +294,7 @@ fn handle(server: &Server, sock: RawFd, peer: &PeerProcess, uid: u32) {
     // a connection whose maker exited is refused, whoever holds its pid now.
     let answered =
         peer.check()
-            .map_err(Refusal::other)
+            .map_err(|e| Refusal::other(e.to_string()))
             .and_then(|()| match req.get("op") {
                 Some("admit") => admit(server, &req, peer.pid, uid),
                 _ => answer(server, &req, &fds, peer.pid, uid)
@@ -472,7 +472,7 @@ fn answer(
 
 fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, Refusal> {
     let peer = peer_of(pid, uid).map_err(|e| Refusal::other(e.to_string()))?;
-    let req = AdmitRequest::decode(req).map_err(Refusal::other)?;
+    let req = AdmitRequest::decode(req).map_err(|e| Refusal::other(format!("bad request: {e}")))?;
     if let Some(n) = &req.slice {
         gpuslice_quantity::check_slice_name("GPUSLICE_SLICE", n)
             .map_err(|e| Refusal::other(e.to_string()))?;

@@ -2,6 +2,7 @@
 //! them, and the runtime directory.
 
 pub use crate::commands::Command;
+use crate::error::{Error, SettingError};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,6 +63,13 @@ impl Failure {
                 EXIT_FAILURE
             }
         }
+    }
+}
+
+impl From<Error> for Failure {
+    /// Shown on the operator's terminal, exit status 1.
+    fn from(e: Error) -> Failure {
+        Failure::Other(e.to_string())
     }
 }
 
@@ -269,6 +277,12 @@ pub fn check_device(flag: &str, value: &str, usage: &'static Command) -> Result<
 pub fn runtime_dir() -> PathBuf {
     gpuslice_ledger::runtime_dir_from_env()
         .unwrap_or_else(|_| gpuslice_ledger::dir::runtime_dir_var().unwrap_or_default())
+}
+
+/// `--priority`'s value as the scheduler's class (`latency` or `normal`): the one parse of the
+/// flag, for `run`, `cdi` and `slice create|set`.
+pub fn priority_class(value: &str) -> Result<u32, SettingError> {
+    gpuslice_sched::parse_class(value).ok_or_else(|| SettingError::Priority(value.to_string()))
 }
 
 /// Whether `--help`/`-h` was asked; subcommands print their usage and exit 0.

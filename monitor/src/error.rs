@@ -240,13 +240,6 @@ impl From<LedgerError> for RequestError {
     }
 }
 
-impl From<Error> for crate::cli::Failure {
-    /// Shown on the operator's terminal, exit status 1.
-    fn from(e: Error) -> crate::cli::Failure {
-        crate::cli::Failure::Other(e.to_string())
-    }
-}
-
 /// A `gpuslice run`/`cdi` flag's value that the shim would refuse.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SettingError {

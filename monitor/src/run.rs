@@ -160,12 +160,7 @@ fn check_value(flag: &str, value: &str) -> Result<(), SettingError> {
         "--compute" => parse_fraction_per_device(flag, value).map(drop),
         "--compute-cap" => parse_cap_per_device(flag, value).map(drop),
         "--slice" => check_slice_name(flag, value),
-        "--priority" => {
-            return match gpuslice_sched::parse_class(value) {
-                Some(_) => Ok(()),
-                None => Err(SettingError::Priority(value.to_string())),
-            }
-        }
+        "--priority" => return cli::priority_class(value).map(drop),
         _ => Ok(()),
     }
     .map_err(SettingError::Quantity)

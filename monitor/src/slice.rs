@@ -7,7 +7,8 @@
 
 use crate::cli::{self, Command, Failure};
 use crate::commands;
-use crate::ledger_window::{LedgerWindow, SecretArg, SliceSpec};
+use crate::ledger_window::slices::{SecretArg, SliceSpec};
+use crate::ledger_window::LedgerWindow;
 use crate::view::SliceView;
 use gpuslice_quantity::{
     check_cap_not_below_share, check_slice_name, parse_cap, parse_fraction, parse_quota,
@@ -193,9 +194,8 @@ pub(crate) fn parse_set(
             }
             Long("priority") => {
                 let v = p.utf8("--priority")?;
-                c.class = Some(gpuslice_sched::parse_class(&v).ok_or_else(|| {
-                    Failure::usage(format!("--priority {v:?}: expected latency or normal"), SET)
-                })?);
+                c.class =
+                    Some(cli::priority_class(&v).map_err(|e| Failure::usage(e.to_string(), SET))?);
             }
             Value(v) if name.is_none() => name = Some(cli::utf8(v, "NAME", SET)?),
             _ => return Err(Failure::usage(arg.unexpected().to_string(), SET)),
@@ -242,12 +242,7 @@ pub(crate) fn take_priority(args: &mut Vec<OsString>) -> Result<Option<u32>, Fai
             i += 1;
             continue;
         };
-        class = Some(gpuslice_sched::parse_class(&v).ok_or_else(|| {
-            Failure::usage(
-                format!("--priority {v:?}: expected latency or normal"),
-                CREATE,
-            )
-        })?);
+        class = Some(cli::priority_class(&v).map_err(|e| Failure::usage(e.to_string(), CREATE))?);
     }
     Ok(class)
 }

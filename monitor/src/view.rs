@@ -1,6 +1,6 @@
 //! One consistent picture of the node, as every view shows it: devices, slices, processes.
 //!
-//! [`NodeView`] is plain data, built from the ledger by `LedgerWindow::snapshot` (`ledger_window.rs`) and
+//! [`NodeView`] is plain data, built from the ledger by `LedgerWindow::snapshot` (`ledger_window/snapshot.rs`) and
 //! rendered by `table.rs` for people, [`NodeView::to_json`] for `status --json` (the
 //! contract's field names, sizes in bytes, fractions 0..1) and `prom.rs` for Prometheus. It
 //! imports none of them.

@@ -130,9 +130,33 @@ fn opt_num(v: Option<u64>) -> String {
     v.map_or("-".into(), |n| n.to_string())
 }
 
-fn bad(what: &str) -> String {
-    format!("bad request: {what}")
+/// What is wrong with an admission request or reply on the wire; each side words it (the
+/// monitor's refusal says `bad request: …`, the shim's `the node's monitor answered something
+/// unexpected (…)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BadMessage {
+    /// A field is missing or not a number.
+    Field(&'static str),
+    /// A `dev` line without its tab-separated fields (how many it needs).
+    DevLine(usize),
+    /// A share or cap past [`PPM`], or a quota of 0.
+    OutOfRange,
+    /// A device named twice.
+    Twice(String),
 }
+
+impl std::fmt::Display for BadMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadMessage::Field(name) => write!(f, "{name}"),
+            BadMessage::DevLine(n) => write!(f, "a dev line needs {n} fields"),
+            BadMessage::OutOfRange => write!(f, "share, cap or memory out of range"),
+            BadMessage::Twice(uuid) => write!(f, "device {uuid:?} named twice"),
+        }
+    }
+}
+
+impl std::error::Error for BadMessage {}
 
 impl AdmitRequest {
     /// As a request message.
@@ -164,25 +188,25 @@ impl AdmitRequest {
 
     /// The request `m` carries (`op=admit` already matched), every field checked: a share or
     /// cap past [`PPM`], a quota of 0, a device named twice or a malformed line is refused with
-    /// the reason (`bad request: ...`). Names are the caller's to check against its rules.
-    pub fn decode(m: &Message) -> Result<AdmitRequest, String> {
+    /// the reason. Names are the caller's to check against its rules.
+    pub fn decode(m: &Message) -> Result<AdmitRequest, BadMessage> {
         let mut devices: Vec<DeviceRequest> = vec![];
         for line in m.all("dev") {
             let f: Vec<&str> = line.split('\t').collect();
             let [uuid, memory, share, cap, mem_setting, cpu_setting] = f[..] else {
-                return Err(bad("a dev line needs 6 fields"));
+                return Err(BadMessage::DevLine(6));
             };
             let memory = match memory {
                 "-" => None,
-                m => Some(m.parse::<u64>().map_err(|_| bad("memory"))?),
+                m => Some(m.parse::<u64>().map_err(|_| BadMessage::Field("memory"))?),
             };
-            let share: u32 = share.parse().map_err(|_| bad("share"))?;
-            let cap: u32 = cap.parse().map_err(|_| bad("cap"))?;
+            let share: u32 = share.parse().map_err(|_| BadMessage::Field("share"))?;
+            let cap: u32 = cap.parse().map_err(|_| BadMessage::Field("cap"))?;
             if share > PPM || cap > PPM || memory == Some(0) {
-                return Err(bad("share, cap or memory out of range"));
+                return Err(BadMessage::OutOfRange);
             }
             if devices.iter().any(|d| d.uuid == uuid) {
-                return Err(bad(&format!("device {uuid:?} named twice")));
+                return Err(BadMessage::Twice(uuid.into()));
             }
             devices.push(DeviceRequest {
                 uuid: uuid.into(),
@@ -228,25 +252,31 @@ impl AdmitReply {
 
     /// The reply to an admission: `Ok(Err(refusal))` when the monitor refused, `Err(what)` when
     /// the reply is malformed. Index bounds are the caller's to check against its tables.
-    pub fn decode(m: &Message) -> Result<Result<AdmitReply, Refusal>, String> {
+    pub fn decode(m: &Message) -> Result<Result<AdmitReply, Refusal>, BadMessage> {
         if let Some(r) = Refusal::decode(m) {
             return Ok(Err(r));
         }
-        let slot = m.get("slot").and_then(|v| v.parse().ok()).ok_or("slot")?;
+        let slot = m
+            .get("slot")
+            .and_then(|v| v.parse().ok())
+            .ok_or(BadMessage::Field("slot"))?;
         let mut devices = vec![];
         for line in m.all("dev") {
             let f: Vec<&str> = line.split('\t').collect();
             let [uuid, device, slice, limit, allowance] = f[..] else {
-                return Err("device line".into());
+                return Err(BadMessage::DevLine(5));
             };
-            let opt = |v: &str, what: &str| match v {
+            let opt = |v: &str, what: &'static str| match v {
                 "-" => Ok(None),
-                v => v.parse::<u64>().map(Some).map_err(|_| what.to_string()),
+                v => v
+                    .parse::<u64>()
+                    .map(Some)
+                    .map_err(|_| BadMessage::Field(what)),
             };
             devices.push(GrantedDevice {
                 uuid: uuid.into(),
-                device: device.parse().map_err(|_| "device")?,
-                slice: slice.parse().map_err(|_| "slice")?,
+                device: device.parse().map_err(|_| BadMessage::Field("device"))?,
+                slice: slice.parse().map_err(|_| BadMessage::Field("slice"))?,
                 memory_limit: opt(limit, "limit")?,
                 allowance: opt(allowance, "allowance")?.map(|p| p as usize),
             });
@@ -310,17 +340,15 @@ mod tests {
         ] {
             let mut m = Message::new("op", "admit");
             m.push("dev", line);
-            let e = AdmitRequest::decode(&m).unwrap_err();
-            assert!(
-                e.starts_with("bad request") && e.contains(why),
-                "{line:?}: {e}"
-            );
+            let e = AdmitRequest::decode(&m).unwrap_err().to_string();
+            assert!(e.contains(why), "{line:?}: {e}");
         }
         let mut m = request().encode();
         m.push("dev", "GPU-1\t-\t0\t1000000\tM\tC");
-        assert!(AdmitRequest::decode(&m)
-            .unwrap_err()
-            .contains("named twice"));
+        assert_eq!(
+            AdmitRequest::decode(&m).unwrap_err(),
+            BadMessage::Twice("GPU-1".into())
+        );
     }
 
     #[test]
@@ -361,6 +389,9 @@ mod tests {
         );
         let mut bad = Message::new("ok", "admit");
         bad.push("slot", "1").push("dev", "GPU-1\t0\t0\t-");
-        assert_eq!(AdmitReply::decode(&bad).unwrap_err(), "device line");
+        assert_eq!(
+            AdmitReply::decode(&bad).unwrap_err(),
+            BadMessage::DevLine(5)
+        );
     }
 }

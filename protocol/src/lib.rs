@@ -20,7 +20,7 @@
 
 mod admit;
 
-pub use admit::{AdmitReply, AdmitRequest, DeviceRequest, GrantedDevice, Refusal};
+pub use admit::{AdmitReply, AdmitRequest, BadMessage, DeviceRequest, GrantedDevice, Refusal};
 
 use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

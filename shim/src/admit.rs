@@ -159,7 +159,7 @@ impl Admission for Node {
             ))
         };
         let reply: AdmitReply = AdmitReply::decode(&reply)
-            .map_err(|what| bad(&what))?
+            .map_err(|what| bad(&what.to_string()))?
             .map_err(|r| Refusal {
                 code: r.code,
                 message: format!("the node's monitor refused: {}", r.message),

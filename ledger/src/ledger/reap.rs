@@ -115,29 +115,39 @@ impl Ledger {
             });
             // Its compute lease and place in the queue go before its slices do.
             crate::tenants::reap_proc(self.devices(), self.slices(), &self.header().slice_hwm, p);
-            for (d, pd) in p.devices.iter().enumerate() {
-                let s = pd.slice.load(SeqCst);
-                pd.account.store(ACCOUNT_NONE, SeqCst);
-                pd.slice.store(ACCOUNT_NONE, SeqCst);
-                pd.charged.store(0, SeqCst);
-                if s == ACCOUNT_NONE {
-                    continue;
-                }
-                let Some(sl) = self.slices().get(s as usize) else {
-                    out.problems.push(format!(
-                        "process record {i}: slice index {s} on device {d} is past the slice table"
-                    ));
-                    continue;
-                };
-                out.slices_removed
-                    .extend(self.leave_slice_locked(s as usize, sl));
-            }
-            p.pid.store(0, SeqCst);
-            p.state.store(STATE_FREE, SeqCst);
+            self.free_dead_record_locked(i, p, &mut out);
         }
         for (_, a) in freed_shared {
             out.slices_removed.extend(self.drop_kept_slice_locked(g, a));
         }
         out
+    }
+}
+
+impl Ledger {
+    /// Let go of dead process record `i` once its memory is settled (personal and node mode's
+    /// reapers): its place in a best-effort allowance, its accounts, and its slices (one whose
+    /// last member it was goes), then the record itself. Caller holds the lock.
+    pub(crate) fn free_dead_record_locked(&self, i: usize, p: &Proc, out: &mut Reaped) {
+        for (d, pd) in p.devices.iter().enumerate() {
+            let s = pd.slice.load(SeqCst);
+            self.leave_allowance_locked(pd.account.load(SeqCst));
+            pd.account.store(ACCOUNT_NONE, SeqCst);
+            pd.slice.store(ACCOUNT_NONE, SeqCst);
+            pd.charged.store(0, SeqCst);
+            if s == ACCOUNT_NONE {
+                continue;
+            }
+            let Some(sl) = self.slices().get(s as usize) else {
+                out.problems.push(format!(
+                    "process record {i}: slice index {s} on device {d} is past the slice table"
+                ));
+                continue;
+            };
+            out.slices_removed
+                .extend(self.leave_slice_locked(s as usize, sl));
+        }
+        p.pid.store(0, SeqCst);
+        p.state.store(STATE_FREE, SeqCst);
     }
 }

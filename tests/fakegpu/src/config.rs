@@ -234,6 +234,21 @@ pub fn parse_visible(v: &str, devices: usize) -> Vec<usize> {
     out
 }
 
+/// The configuration, read once; the error line is printed once, by the first caller, so
+/// callers only need to know that it failed.
+#[allow(clippy::result_unit_err)]
+pub fn config() -> Result<&'static Config, ()> {
+    static CONFIG: std::sync::OnceLock<Result<Config, String>> = std::sync::OnceLock::new();
+    let r = CONFIG.get_or_init(|| {
+        let r = Config::from_env(|k| std::env::var(k).ok());
+        if let Err(e) = &r {
+            eprintln!("{e}");
+        }
+        r
+    });
+    r.as_ref().map_err(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,12 +3,12 @@
 //! stub slot); at 2, every driver call too. Apart because every export logs through it, and a
 //! trace costs one relaxed load when it is off.
 
-use crate::runtime as rtm;
+use crate::config::config;
 use gpuslice_abi::*;
 use std::sync::atomic::Ordering::*;
 
 fn debug_enabled() -> bool {
-    rtm::config().map(|c| c.debug > 0).unwrap_or(false)
+    config().map(|c| c.debug > 0).unwrap_or(false)
 }
 
 /// 0: not read yet; else the debug level + 1.
@@ -19,7 +19,7 @@ static TRACE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 pub fn trace(name: &str) {
     let mut t = TRACE.load(Relaxed);
     if t == 0 {
-        t = rtm::config().map(|c| c.debug).unwrap_or(0) + 1;
+        t = config().map(|c| c.debug).unwrap_or(0) + 1;
         TRACE.store(t, Relaxed);
     }
     if t > 2 {

@@ -5,7 +5,8 @@
 //! - [`config`] reads `FAKEGPU_*` and `CUDA_VISIBLE_DEVICES` once;
 //! - [`shared`] is the node-wide state file every process maps: device memory counters,
 //!   per-process records, the execution engine's owner token;
-//! - [`runtime`] holds devices, contexts and the thread's context stack;
+//! - [`runtime`] holds devices, contexts (each with its [`ctx_storage`]) and the thread's
+//!   context stack;
 //! - [`mem`] backs device memory with lazily reserved host memory and counts it in [`shared`];
 //! - [`exec`] runs streams' work with simulated time on the shared engine, time-sliced
 //!   between processes; [`graph`] records and replays captured work; [`module`] reads kernel
@@ -22,6 +23,7 @@
 mod abi_check;
 pub mod api;
 pub mod config;
+pub mod ctx_storage;
 pub mod debug;
 pub mod exec;
 pub mod export;

@@ -80,7 +80,7 @@ pub use board::*;
 
 fn init() -> NResult<()> {
     let cfg = config().map_err(|_| NVML_ERROR_UNKNOWN)?;
-    shared::node(cfg).map_err(|e| {
+    shared::node(cfg, crate::runtime::at_exit).map_err(|e| {
         eprintln!("{e}");
         NVML_ERROR_UNKNOWN
     })?;

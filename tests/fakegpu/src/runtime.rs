@@ -2,6 +2,7 @@
 //! thread's context stack. Every entry point starts from [`rt`] or [`cur_ctx`], which give the
 //! driver's errors for "not initialised" and "no current context".
 
+pub use crate::config::config;
 use crate::config::{device_uuid, Config};
 use crate::exec::{Executor, Stream};
 use crate::shared::{self, Node};
@@ -60,7 +61,7 @@ pub struct Ctx {
     /// Per-thread default streams, by thread.
     pub ptds: Mutex<HashMap<std::thread::ThreadId, &'static Stream>>,
     /// The runtime's per-context storage (export table `c693336e`).
-    pub storage: crate::export::CtxStorage,
+    pub storage: crate::ctx_storage::CtxStorage,
     /// Device memory it holds while active ([`context_bytes`]); 0 when not charged.
     charged: std::sync::atomic::AtomicU64,
 }
@@ -80,7 +81,7 @@ impl Ctx {
             active: AtomicBool::new(active),
             legacy: OnceLock::new(),
             ptds: Mutex::new(HashMap::new()),
-            storage: crate::export::CtxStorage::new(),
+            storage: crate::ctx_storage::CtxStorage::new(),
             charged: std::sync::atomic::AtomicU64::new(0),
         }))
     }
@@ -114,21 +115,6 @@ impl Ctx {
 }
 
 static RT: OnceLock<Result<Runtime, CUresult>> = OnceLock::new();
-static CONFIG: OnceLock<Result<Config, String>> = OnceLock::new();
-
-/// The configuration, read once; the error line is printed once, by the first caller, so
-/// callers only need to know that it failed.
-#[allow(clippy::result_unit_err)]
-pub fn config() -> Result<&'static Config, ()> {
-    let r = CONFIG.get_or_init(|| {
-        let r = Config::from_env(|k| std::env::var(k).ok());
-        if let Err(e) = &r {
-            eprintln!("{e}");
-        }
-        r
-    });
-    r.as_ref().map_err(|_| ())
-}
 
 /// `cuInit`.
 pub fn init(flags: u32) -> CuResult<()> {
@@ -143,7 +129,7 @@ pub fn init(flags: u32) -> CuResult<()> {
 
 fn build() -> Result<Runtime, CUresult> {
     let cfg = config().map_err(|_| CUDA_ERROR_INVALID_VALUE)?.clone();
-    let node = shared::node(&cfg).map_err(|e| {
+    let node = shared::node(&cfg, at_exit).map_err(|e| {
         eprintln!("{e}");
         CUDA_ERROR_OPERATING_SYSTEM
     })?;
@@ -336,7 +322,8 @@ pub fn ctx_destroy(c: &'static Ctx) -> CuResult<()> {
 
 fn teardown(c: &'static Ctx) {
     let _ = crate::exec::ctx_synchronize(c);
-    crate::export::run_dtors(c);
+    // SAFETY: `c`'s own handle, for its own storage.
+    unsafe { c.storage.run_dtors(c.handle()) };
     c.active.store(false, Release);
     crate::mem::free_all_of(c);
     uncharge(c);

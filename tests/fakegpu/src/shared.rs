@@ -81,9 +81,10 @@ pub struct Node {
 
 static NODE: OnceLock<Result<Node, String>> = OnceLock::new();
 
-/// Attach to (creating if needed) the node state described by `cfg`.
-pub fn node(cfg: &Config) -> Result<&'static Node, String> {
-    NODE.get_or_init(|| attach(cfg))
+/// Attach to (creating if needed) the node state described by `cfg`; `at_exit` (the runtime's
+/// teardown) is registered with `atexit` once this process holds a slot.
+pub fn node(cfg: &Config, at_exit: extern "C" fn()) -> Result<&'static Node, String> {
+    NODE.get_or_init(|| attach(cfg, at_exit))
         .as_ref()
         .map_err(|e| e.clone())
 }
@@ -93,7 +94,7 @@ pub fn attached() -> Option<&'static Node> {
     NODE.get().and_then(|r| r.as_ref().ok())
 }
 
-fn attach(cfg: &Config) -> Result<Node, String> {
+fn attach(cfg: &Config, at_exit: extern "C" fn()) -> Result<Node, String> {
     let dir = &cfg.state_dir;
     std::fs::create_dir_all(dir)
         .map_err(|e| format!("fakegpu: FAKEGPU_STATE_DIR={}: {e}", dir.display()))?;
@@ -169,7 +170,7 @@ fn attach(cfg: &Config) -> Result<Node, String> {
             if s.pid.compare_exchange(0, pid, AcqRel, Relaxed).is_ok() {
                 s.start_time.store(start, Release);
                 // An exiting process gives its slot back at once (a killed one is reaped).
-                libc::atexit(crate::runtime::at_exit);
+                libc::atexit(at_exit);
                 return Ok(Node { state, slot: i });
             }
         }

@@ -11,12 +11,10 @@ JSON line of medians (µs) over RUNS fresh MIB MiB allocations:
 import ctypes
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
-from cuda_ctx import alloc, primary_context
+from cuda_ctx import Timings, alloc, answer_lines, primary_context
 from fw_common import MI
 
 
@@ -24,24 +22,17 @@ class IpcHandle(ctypes.Structure):  # passed by value, as cuda.h declares it
     _fields_ = [("reserved", ctypes.c_char * 64)]
 
 
-def us(t0):
-    return (time.perf_counter() - t0) * 1e6
-
-
 def importer():
     cuda, _ = primary_context()
-    times = {"open": [], "close": []}
-    for line in sys.stdin:
-        h = IpcHandle.from_buffer_copy(bytes.fromhex(line.strip()))
+    t = Timings("open", "close")
+
+    def each(line):
+        h = IpcHandle.from_buffer_copy(bytes.fromhex(line))
         p = ctypes.c_uint64()
-        t0 = time.perf_counter()
-        assert cuda.cuIpcOpenMemHandle_v2(ctypes.byref(p), h, 1) == 0
-        times["open"].append(us(t0))
-        t0 = time.perf_counter()
-        assert cuda.cuIpcCloseMemHandle(p) == 0
-        times["close"].append(us(t0))
-        print("ok", flush=True)
-    print(json.dumps({k: statistics.median(v) for k, v in times.items()}), flush=True)
+        t.call("open", cuda.cuIpcOpenMemHandle_v2, ctypes.byref(p), h, 1)
+        t.call("close", cuda.cuIpcCloseMemHandle, p)
+
+    answer_lines(t, each)
 
 
 def main(mib, runs):
@@ -50,19 +41,15 @@ def main(mib, runs):
     data = bytes(range(256)) * (size // 256)
     child = subprocess.Popen([sys.executable, __file__, "import"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, env=os.environ)
-    times = {"get_untouched": [], "get_filled": [], "get_again": []}
+    t = Timings("get_untouched", "get_filled", "get_again")
     for _ in range(runs):
         for kind in ("get_untouched", "get_filled"):
             p = alloc(cuda, size)
             if kind == "get_filled":
                 assert cuda.cuMemcpyHtoD_v2(ctypes.c_uint64(p), data, ctypes.c_size_t(size)) == 0
             h = IpcHandle()
-            t0 = time.perf_counter()
-            assert cuda.cuIpcGetMemHandle(ctypes.byref(h), ctypes.c_uint64(p)) == 0
-            times[kind].append(us(t0))
-            t0 = time.perf_counter()
-            assert cuda.cuIpcGetMemHandle(ctypes.byref(h), ctypes.c_uint64(p)) == 0
-            times["get_again"].append(us(t0))
+            t.call(kind, cuda.cuIpcGetMemHandle, ctypes.byref(h), ctypes.c_uint64(p))
+            t.call("get_again", cuda.cuIpcGetMemHandle, ctypes.byref(h), ctypes.c_uint64(p))
             child.stdin.write(bytes(h).hex() + "\n")
             child.stdin.flush()
             assert child.stdout.readline().strip() == "ok"
@@ -70,7 +57,7 @@ def main(mib, runs):
     child.stdin.close()
     out = json.loads(child.stdout.readline())
     child.wait()
-    out.update({k: statistics.median(v) for k, v in times.items()})
+    out.update(t.medians())
     print(json.dumps(dict(mib=mib, runs=runs, median_us={k: round(v, 1) for k, v in out.items()})))
 
 

@@ -15,37 +15,29 @@ registering costs (docs/benchmarks.md).
 import ctypes
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
-from cuda_ctx import Location, Prop, primary_context
+from cuda_ctx import Location, Prop, Timings, answer_lines, primary_context
 from fw_common import MI
 
 c_u64, c_size = ctypes.c_uint64, ctypes.c_size_t
 
 
-def us(t0):
-    return (time.perf_counter() - t0) * 1e6
-
-
 def importer():
     cuda, _ = primary_context()
-    times = {"import": [], "import_release": []}
-    for line in sys.stdin:
+    t = Timings("import", "import_release")
+
+    def each(line):
         pid, n = line.split()
         fd = os.open(f"/proc/{pid}/fd/{n}", os.O_RDWR)
         h = c_u64()
-        t0 = time.perf_counter()
-        assert cuda.cuMemImportFromShareableHandle(ctypes.byref(h), ctypes.c_void_p(fd), 1) == 0
-        times["import"].append(us(t0))
+        t.call("import", cuda.cuMemImportFromShareableHandle, ctypes.byref(h),
+               ctypes.c_void_p(fd), 1)
         os.close(fd)
-        t0 = time.perf_counter()
-        assert cuda.cuMemRelease(h) == 0
-        times["import_release"].append(us(t0))
-        print("ok", flush=True)
-    print(json.dumps({k: statistics.median(v) for k, v in times.items()}), flush=True)
+        t.call("import_release", cuda.cuMemRelease, h)
+
+    answer_lines(t, each)
 
 
 def main(mib, runs):
@@ -53,24 +45,20 @@ def main(mib, runs):
     size = mib * MI
     child = subprocess.Popen([sys.executable, __file__, "import"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, env=os.environ)
-    times = {"export": [], "release": []}
+    t = Timings("export", "release")
     prop = Prop(1, 1, Location(1, dev.value), None)
     for _ in range(runs):
         h = c_u64()
         assert cuda.cuMemCreate(ctypes.byref(h), c_size(size), ctypes.byref(prop), c_u64(0)) == 0
         fd = ctypes.c_int()
-        t0 = time.perf_counter()
-        assert cuda.cuMemExportToShareableHandle(ctypes.byref(fd), h, 1, c_u64(0)) == 0
-        times["export"].append(us(t0))
+        t.call("export", cuda.cuMemExportToShareableHandle, ctypes.byref(fd), h, 1, c_u64(0))
         child.stdin.write(f"{os.getpid()} {fd.value}\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "ok"
-        t0 = time.perf_counter()
-        assert cuda.cuMemRelease(h) == 0
-        times["release"].append(us(t0))
+        t.call("release", cuda.cuMemRelease, h)
         os.close(fd.value)
     child.stdin.close()
-    out = {k: statistics.median(v) for k, v in times.items()}
+    out = t.medians()
     out.update(json.loads(child.stdout.readline()))
     child.wait()
     print(json.dumps(out))

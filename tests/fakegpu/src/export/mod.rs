@@ -13,8 +13,9 @@
 //!
 //! - this file: [`Table`], the stub slots, the small tables (the cudart interface, the static
 //!   buffers, `42d85a81`, `263e8860`, `21318c60`) and the lookup by UUID;
-//! - `storage.rs`: per-context storage ([`CtxStorage`]), read without a lock on cudart's path
-//!   of nearly every call;
+//! - `storage.rs`: the per-context storage table, over each context's
+//!   [`crate::ctx_storage::CtxStorage`] (read without a lock on cudart's path of nearly every
+//!   call);
 //! - `integrity.rs`: the start-up integrity check and the message it authenticates;
 //! - `md2.rs`: MD2 (RFC 1319) and HMAC-MD2, checked against the RFC's test suite.
 
@@ -82,7 +83,7 @@ mod storage;
 
 pub use integrity::{integrity_message, INTEGRITY};
 pub use md2::{hmac_md2, md2};
-pub use storage::{run_dtors, CtxStorage, Dtor, STORAGE};
+pub use storage::STORAGE;
 
 // --- 6bd5fb6c: the cudart interface ----------------------------------------------------------
 
