@@ -103,15 +103,6 @@ fn drain_hold(end: u64, tail: u64, now: u64) -> Option<u64> {
     (until > now).then(|| until.min(now + HAND_BACK_POLL_NS))
 }
 
-/// A latency slice's lease: its turn ends [`LATENCY_IDLE_GRACE_NS`](crate::LATENCY_IDLE_GRACE_NS)
-/// after its burst's queued work runs out, so the lease only bounds a burst. A burst's kernels
-/// share the engine with what the preempted holder left in flight (time-sliced), and the
-/// estimates its processes learn from them run long (a 50 us kernel measured across a
-/// neighbour's 2 ms slice): under an ordinary lease a 20-kernel burst then "did not fit", and
-/// its process handed the turn back mid-burst and waited a lease for the next. The longest
-/// grant any slice can get by stating its need, paid in full like any span granted.
-pub const LATENCY_LEASE_NS: u64 = MAX_GRANT_NS;
-
 /// A slice gets a solo lease only once the others have neither waited nor held the device for
 /// this long (`SchedSlice::want_ns`, the monitor's record of it).
 pub const SOLO_QUIET_NS: u64 = 50_000_000;
@@ -428,14 +419,7 @@ impl DeviceTurns {
             };
         }
         if next.holder != 0 && !next.solo {
-            let latency = t
-                .get(next.holder)
-                .is_some_and(|(s, _, _)| s.class.load(Relaxed) == CLASS_LATENCY);
-            let len = if latency {
-                LATENCY_LEASE_NS
-            } else {
-                LEASE_NS.max(need.saturating_add(HANDOFF_LEAD_NS))
-            };
+            let len = LEASE_NS.max(need.saturating_add(HANDOFF_LEAD_NS));
             next.end_ns = now + len.min(MAX_GRANT_NS);
         }
         let cur = Lease::unpack(dev.lease.load(Acquire));
@@ -808,34 +792,6 @@ mod tests {
             paid <= MS / 2 + MS / 2,
             "paid {paid} ns for a turn whose work ended 0.5 ms in"
         );
-    }
-
-    /// A latency slice that preempts the trainer gets a lease its burst fits in whatever its
-    /// processes estimate (its turn still ends with its burst); the trainer's stay ordinary.
-    #[test]
-    fn a_preempting_latency_slice_gets_a_lease_its_burst_fits_in() {
-        let p = World::new(&[(0.2, 1.0), (0.6, 1.0)]);
-        p.t.get(1).unwrap().0.class.store(CLASS_LATENCY, SeqCst);
-        let mut dt = DeviceTurns::default();
-        // Both ask; then the trainer holds an ordinary turn.
-        p.w[1].want_ns.store(T0, SeqCst);
-        p.step(&mut dt, T0);
-        p.w[0].want_ns.store(T0 + MS, SeqCst);
-        p.step(&mut dt, T0 + MS);
-        p.w[0].want_ns.store(0, SeqCst);
-        p.w[1].want_ns.store(T0 + 2 * MS, SeqCst);
-        let mut now = T0 + 2 * MS;
-        while p.lease().holder != 2 {
-            now = p.step(&mut dt, now).max(now + 1);
-        }
-        let trainer = p.lease();
-        assert!(trainer.end_ns <= now + LEASE_NS, "{trainer:?} at {now}");
-        // The latency slice asks: granted at once, for LATENCY_LEASE_NS.
-        p.w[0].want_ns.store(now, SeqCst);
-        p.step(&mut dt, now);
-        let l = p.lease();
-        assert_eq!(l.holder, 1);
-        assert_eq!(l.end_ns, now + LATENCY_LEASE_NS);
     }
 
     #[test]
