@@ -89,8 +89,8 @@ fn many_processes_in_one_slice_do_not_take_the_device() {
 }
 
 /// (a) again with t1's slice in the latency class (a tenant sets its own slice's class): its
-/// turns preempt t2's and its leases are the longest (`LATENCY_LEASE_NS`), all paid in full;
-/// t2 keeps its share, per second too. Node mode only: in personal mode the tenants are one
+/// turns preempt t2's (paid in full, like any span granted); t2 keeps its share, per second
+/// too. Node mode only: in personal mode the tenants are one
 /// user's, and a latency slice there launches beside the holder, paying as it goes.
 #[test]
 fn many_processes_in_a_latency_slice_do_not_take_the_device() {
