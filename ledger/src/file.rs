@@ -391,8 +391,9 @@ pub(crate) fn lock(h: &Header, path: &Path) -> Result<Locked, LedgerError> {
     let me = std::process::id();
     match rc {
         0 => {
+            // SeqCst: a lock-free snapshot sees the holder before any change it makes.
             h.lock_holder
-                .store(me, core::sync::atomic::Ordering::Relaxed);
+                .store(me, core::sync::atomic::Ordering::SeqCst);
             Ok(Locked::Clean)
         }
         libc::EOWNERDEAD => {
@@ -401,7 +402,7 @@ pub(crate) fn lock(h: &Header, path: &Path) -> Result<Locked, LedgerError> {
             h.mutex_recoveries
                 .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
             h.lock_holder
-                .store(me, core::sync::atomic::Ordering::Relaxed);
+                .store(me, core::sync::atomic::Ordering::SeqCst);
             Ok(Locked::OwnerDied)
         }
         libc::ETIMEDOUT => Err(LedgerError::LockTimeout {
@@ -419,8 +420,7 @@ pub(crate) fn lock(h: &Header, path: &Path) -> Result<Locked, LedgerError> {
 
 /// Release the header's mutex.
 pub(crate) fn unlock(h: &Header) {
-    h.lock_holder
-        .store(0, core::sync::atomic::Ordering::Relaxed);
+    h.lock_holder.store(0, core::sync::atomic::Ordering::SeqCst);
     // SAFETY: called only by the holder (LockGuard's drop).
     unsafe { libc::pthread_mutex_unlock(h.mutex.0.get()) };
 }

@@ -69,6 +69,10 @@ pub const STATE_ACTIVE: u32 = 1;
 /// A process found dead whose memory could not be reclaimed yet (a neighbour was mid-update);
 /// the next reap finishes it.
 pub const STATE_DYING: u32 = 2;
+/// A shared-allocation record (`Shared::state`) nobody is charged for any more while a
+/// descriptor of it may still be imported: its device, identity and size stay, so the next
+/// importer is charged for it (`ledger/src/ledger/shared.rs`); reused when the table is full.
+pub const STATE_ORPHAN: u32 = 3;
 
 /// Set in `Header::ready` once the creator has initialised everything.
 pub const READY: u32 = 0x5245_4459; // "READ"
@@ -297,7 +301,7 @@ pub struct Allowance {
 /// Written only under the cold-path lock (`ledger/src/ledger/shared.rs`).
 #[repr(C, align(64))]
 pub struct Shared {
-    /// [`STATE_FREE`] or [`STATE_ACTIVE`].
+    /// [`STATE_FREE`], [`STATE_ACTIVE`] or [`STATE_ORPHAN`].
     pub state: AtomicU32,
     /// Ledger device index of the memory.
     pub device: AtomicU32,

@@ -229,14 +229,14 @@ fn tenants_names_are_their_own_and_operator_names_are_reserved() {
 #[test]
 fn an_export_outlives_its_exporter_on_the_regions_and_one_user_holds_a_quarter_of_the_table() {
     use gpuslice_ledger::layout::SHARED_PER_UID;
-    use gpuslice_ledger::{ProcHandle, ShareKey};
+    use gpuslice_ledger::{Import, LetGo, ProcHandle, ShareKey};
     let Some((l, t, _d)) = node("shared") else {
         return;
     };
     let x = admit(&l, (40, 1000), Some("x"), Some(4 * GI)).unwrap();
     let y = admit(&l, (41, 2000), Some("y"), Some(GI)).unwrap();
     let r = t.make(x.devices[0].key);
-    let _ = t.make(y.devices[0].key);
+    let ry = t.make(y.devices[0].key);
     let dev = &l.devices()[x.devices[0].device];
     let slice = &l.slices()[x.devices[0].slice];
     assert!(Account::in_region(dev, Some(slice), &r, x.slot)
@@ -246,7 +246,7 @@ fn an_export_outlives_its_exporter_on_the_regions_and_one_user_holds_a_quarter_o
     let k = ShareKey { dev: 7, ino: 1 };
     let rec = l.share_export(xh, x.devices[0].device, k, GI).unwrap();
     assert!(rec.is_some());
-    assert_eq!(l.share_import(yh, k).unwrap(), rec);
+    assert_eq!(l.share_import(yh, k).unwrap(), Import::Held(rec.unwrap()));
     // x dies: its slice keeps the gibibyte the importer holds, in its region.
     let rp = l
         .reap_node(&|p| p.host_pid.load(SeqCst) != 40, t.as_ref())
@@ -259,6 +259,47 @@ fn an_export_outlives_its_exporter_on_the_regions_and_one_user_holds_a_quarter_o
         0,
         "the importer let go"
     );
+    // An orphan now: importing the descriptor again charges y, in its own region (the
+    // monitor charges, not the tenant), and y lets go of it as its exporter. A best-effort
+    // importer keeps no record: it is told to charge itself.
+    let b = admit(&l, (43, 4000), None, None).unwrap();
+    let bh = ProcHandle { slot: b.slot };
+    let od = y.devices[0].device;
+    assert_eq!(
+        l.share_import(bh, k).unwrap(),
+        Import::Charge { dev: od, bytes: GI }
+    );
+    assert_eq!(
+        l.share_import(yh, k).unwrap(),
+        Import::Adopted {
+            rec: rec.unwrap(),
+            dev: od,
+            bytes: GI
+        }
+    );
+    assert_eq!(ry.header().memory_used.load(SeqCst), GI);
+    assert_eq!(l.share_let_go(yh, rec.unwrap()).unwrap(), LetGo::Uncharge);
+    let ya = Account::in_region(
+        &l.devices()[od],
+        Some(&l.slices()[y.devices[0].slice]),
+        &ry,
+        y.slot,
+    );
+    ya.unwrap().uncharge(GI);
+    assert_eq!(ry.header().memory_used.load(SeqCst), 0);
+    // Over its quota (1 GiB, 1 GiB of its own charged): refused, nothing changed.
+    let ya = Account::in_region(
+        &l.devices()[od],
+        Some(&l.slices()[y.devices[0].slice]),
+        &ry,
+        y.slot,
+    );
+    assert!(ya.unwrap().try_charge(GI));
+    assert_eq!(
+        l.share_import(yh, k).unwrap(),
+        Import::Refused { dev: od, bytes: GI }
+    );
+    ya.unwrap().uncharge(GI);
     // One user's exports hold at most a quarter of the table; another's are not blocked.
     for i in 0..SHARED_PER_UID as u64 {
         let k = ShareKey { dev: 8, ino: i };

@@ -8,7 +8,7 @@
 
 mod common;
 use common::{fresh_dir, Scratch};
-use gpuslice_ledger::{Ledger, LetGo, ShareKey, SliceRequest};
+use gpuslice_ledger::{Import, Ledger, LetGo, ProcHandle, ShareKey, SliceRequest};
 use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
 
@@ -96,14 +96,10 @@ fn a_killed_exporter_stays_charged_until_its_last_importer_dies() {
 #[test]
 fn an_exporter_that_lets_go_hands_its_charge_to_the_record() {
     let (d, l, key) = setup("let-go");
-    let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
-    let me = l.attach("x").unwrap();
-    l.join(me, dev, &SliceRequest::new(Some("x"), Some(1 << 30)))
-        .unwrap();
+    let (me, dev) = joined(&l, "x", 1 << 30);
     let a = l.account(me, dev).unwrap();
     assert!(a.try_charge(256 * MI));
-    let f = std::fs::File::open(&key).unwrap();
-    let k = ShareKey::of_fd(f.as_raw_fd()).unwrap();
+    let k = key_of(&key);
     let rec = l.share_export(me, dev, k, 256 * MI).unwrap().unwrap();
     assert_eq!(
         l.share_export(me, dev, k, 256 * MI).unwrap(),
@@ -132,19 +128,17 @@ fn an_exporter_that_lets_go_hands_its_charge_to_the_record() {
 fn an_importer_that_leaves_returns_the_charge_and_cannot_take_it_early() {
     let (d, l, key) = setup("leave");
     let mut x = child(&d, "export", &key);
-    let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
-    let me = l.attach("z").unwrap();
-    l.join(me, dev, &SliceRequest::new(Some("z"), Some(1 << 30)))
-        .unwrap();
-    let f = std::fs::File::open(&key).unwrap();
-    let k = ShareKey::of_fd(f.as_raw_fd()).unwrap();
-    let rec = l.share_import(me, k).unwrap().unwrap();
+    let (me, _) = joined(&l, "z", 1 << 30);
+    let k = key_of(&key);
+    let Import::Held(rec) = l.share_import(me, k).unwrap() else {
+        panic!("not held")
+    };
     // Leaving while the exporter holds it changes nothing but the record; nor can an importer
     // let go in the exporter's place.
     assert_eq!(l.share_let_go(me, rec).unwrap(), LetGo::Keep);
     l.share_leave(me, rec).unwrap();
     assert_eq!(used(&l, "x"), Some(256 * MI));
-    assert_eq!(l.share_import(me, k).unwrap(), Some(rec));
+    assert_eq!(l.share_import(me, k).unwrap(), Import::Held(rec));
     kill(&mut x);
     l.reap_dead().unwrap();
     assert_eq!(used(&l, "x"), Some(256 * MI), "the importer still holds it");
@@ -157,10 +151,7 @@ fn foreign_indices_and_scribbled_records_change_nothing_they_should_not() {
     use core::sync::atomic::Ordering::SeqCst;
     let (d, l, key) = setup("hostile");
     let mut x = child(&d, "export", &key);
-    let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
-    let me = l.attach("z").unwrap();
-    l.join(me, dev, &SliceRequest::new(Some("z"), Some(1 << 30)))
-        .unwrap();
+    let (me, _) = joined(&l, "z", 1 << 30);
     // Record indices past the table, or of a record this process has no part in.
     for rec in [0, 1, 255, 256, usize::MAX] {
         assert_eq!(l.share_let_go(me, rec).unwrap(), LetGo::Keep);
@@ -193,6 +184,150 @@ fn foreign_indices_and_scribbled_records_change_nothing_they_should_not() {
         None,
         "never imported: gone with its exporter"
     );
+}
+
+/// [`setup`], with the descriptor exported (256 MiB, slice `x`) by a child SIGKILLed since
+/// and reaped: an orphan nobody is charged for.
+fn orphaned(tag: &str) -> (Scratch, Ledger, std::path::PathBuf) {
+    let (d, l, key) = setup(tag);
+    let mut x = child(&d, "export", &key);
+    kill(&mut x);
+    l.reap_dead().unwrap();
+    (d, l, key)
+}
+
+/// The identity of the file at `p`, as the shim keys a descriptor.
+fn key_of(p: &std::path::Path) -> ShareKey {
+    let f = std::fs::File::open(p).unwrap();
+    ShareKey::of_fd(f.as_raw_fd()).unwrap()
+}
+
+/// A process of its own slice `name` with a quota of `quota` bytes on the test device.
+fn joined(l: &Ledger, name: &str, quota: u64) -> (ProcHandle, usize) {
+    let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
+    let me = l.attach(name).unwrap();
+    l.join(me, dev, &SliceRequest::new(Some(name), Some(quota)))
+        .unwrap();
+    (me, dev)
+}
+
+#[test]
+fn a_descriptor_imported_after_its_exporter_died_charges_its_importer() {
+    let (_d, l, key) = orphaned("orphan");
+    assert_eq!(used(&l, "x"), None, "the exporter's charge went with it");
+    let k = key_of(&key);
+    // Over its quota, an importer cannot take it (the shim refuses the import); nothing
+    // changed.
+    let (small, dev) = joined(&l, "small", 128 * MI);
+    let bytes = 256 * MI;
+    assert_eq!(
+        l.share_import(small, k).unwrap(),
+        Import::Refused { dev, bytes }
+    );
+    assert_eq!(used(&l, "small"), Some(0));
+    // Two importers: the first is charged and adopts the record, the second is counted as
+    // its importer and charged nothing.
+    let (a, _) = joined(&l, "a", 1 << 30);
+    let (b, _) = joined(&l, "b", 1 << 30);
+    let Import::Adopted {
+        rec,
+        dev: od,
+        bytes: ob,
+    } = l.share_import(a, k).unwrap()
+    else {
+        panic!("not adopted")
+    };
+    assert_eq!((od, ob), (dev, bytes));
+    assert_eq!(l.share_import(b, k).unwrap(), Import::Held(rec));
+    let aa = l.account(a, dev).unwrap();
+    assert_eq!(
+        (aa.charged(), used(&l, "a"), used(&l, "b")),
+        (bytes, Some(bytes), Some(0))
+    );
+    // The adopter is its exporter now: letting go while b holds it hands the charge over.
+    assert_eq!(l.share_let_go(a, rec).unwrap(), LetGo::HandedOver);
+    assert_eq!((aa.charged(), used(&l, "a")), (0, Some(bytes)));
+    l.share_leave(b, rec).unwrap();
+    assert_eq!(used(&l, "a"), Some(0), "the last holder went");
+    // An orphan again: the next import is charged again (and lets go of it: uncharged), and
+    // a later export of the same identity (the descriptor is gone, its inode reused)
+    // replaces it.
+    assert_eq!(
+        l.share_import(b, k).unwrap(),
+        Import::Adopted { rec, dev, bytes }
+    );
+    assert_eq!(used(&l, "b"), Some(bytes));
+    assert_eq!(l.share_let_go(b, rec).unwrap(), LetGo::Uncharge);
+    let ab = l.account(b, dev).unwrap();
+    ab.uncharge(bytes);
+    assert!(ab.try_charge(64 * MI));
+    assert_eq!(l.share_export(b, dev, k, 64 * MI).unwrap(), Some(rec));
+    assert_eq!(l.share_import(a, k).unwrap(), Import::Held(rec));
+}
+
+#[test]
+fn an_adopter_that_imports_its_orphan_again_stays_charged_while_it_holds_either() {
+    let (_d, l, key) = orphaned("twice");
+    let k = key_of(&key);
+    let (a, dev) = joined(&l, "a", 1 << 30);
+    let Import::Adopted { rec, bytes, .. } = l.share_import(a, k).unwrap() else {
+        panic!("not adopted")
+    };
+    // A second import of its own record counts it as an importer, charged nothing more.
+    assert_eq!(l.share_import(a, k).unwrap(), Import::Held(rec));
+    assert_eq!(used(&l, "a"), Some(bytes));
+    // Letting go of the first handle hands the charge to the record: the second holds it.
+    assert_eq!(l.share_let_go(a, rec).unwrap(), LetGo::HandedOver);
+    assert_eq!(
+        (l.account(a, dev).unwrap().charged(), used(&l, "a")),
+        (0, Some(bytes))
+    );
+    l.share_leave(a, rec).unwrap();
+    assert_eq!(used(&l, "a"), Some(0));
+    assert!(matches!(
+        l.share_import(a, k).unwrap(),
+        Import::Adopted { .. }
+    ));
+}
+
+#[test]
+fn an_adopter_that_dies_or_lets_go_leaves_an_orphan_for_the_next_importer() {
+    let (d, l, key) = orphaned("adopter");
+    let mut y = child(&d, "adopt", &key);
+    assert_eq!(used(&l, "y"), Some(256 * MI), "the adopter is charged");
+    let mut i = child(&d, "import", &key);
+    assert_eq!(
+        used(&l, "y"),
+        Some(256 * MI),
+        "importing it charges nothing"
+    );
+    kill(&mut y);
+    l.reap_dead().unwrap();
+    assert_eq!(used(&l, "y"), Some(256 * MI), "kept for the importer");
+    kill(&mut i);
+    l.reap_dead().unwrap();
+    assert_eq!(used(&l, "y"), None);
+    let k = key_of(&key);
+    let (z, _) = joined(&l, "z", 1 << 30);
+    assert!(matches!(
+        l.share_import(z, k).unwrap(),
+        Import::Adopted { bytes, .. } if bytes == 256 * MI
+    ));
+    assert_eq!(used(&l, "z"), Some(256 * MI));
+}
+
+#[test]
+fn a_table_full_of_orphans_takes_new_exports() {
+    use core::sync::atomic::Ordering::SeqCst;
+    let (_d, l, key) = setup("full");
+    let (me, dev) = joined(&l, "x", 1 << 30);
+    for r in l.shared() {
+        r.state.store(gpuslice_ledger::layout::STATE_ORPHAN, SeqCst); // identities long gone
+        r.key_ino.store(u64::MAX, SeqCst);
+    }
+    let k = key_of(&key);
+    assert!(l.account(me, dev).unwrap().try_charge(MI));
+    assert_eq!(l.share_export(me, dev, k, MI).unwrap(), Some(0));
 }
 
 #[test]

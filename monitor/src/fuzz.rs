@@ -143,7 +143,19 @@ fn build_template(dir: &Path) {
     // An exported allocation with an importer (`layout::Shared`), for the reapers to settle.
     let key = gpuslice_ledger::ShareKey { dev: 1, ino: 2 };
     let rec = l.share_export(mes[1], devs[0], key, 64 * MI).unwrap();
-    assert!(rec.is_some() && l.share_import(mes[2], key).unwrap() == rec);
+    let held = rec.map(gpuslice_ledger::Import::Held);
+    assert!(held.is_some_and(|h| l.share_import(mes[2], key).unwrap() == h));
+    // And an orphan: imported, left, let go (the next importer of its descriptor pays).
+    let key = gpuslice_ledger::ShareKey { dev: 1, ino: 3 };
+    let rec = l
+        .share_export(mes[1], devs[0], key, 32 * MI)
+        .unwrap()
+        .unwrap();
+    l.share_import(mes[2], key).unwrap();
+    l.share_leave(mes[2], rec).unwrap();
+    let go = l.share_let_go(mes[1], rec).unwrap();
+    assert_eq!(go, gpuslice_ledger::LetGo::Uncharge);
+    l.account(mes[1], devs[0]).unwrap().uncharge(32 * MI);
 }
 
 fn template() -> &'static [u8] {
@@ -278,6 +290,15 @@ fn exercise(dir: &Path) -> bool {
                             a.uncharge(4096);
                         }
                         let _ = (a.limit(), a.used(), a.charged());
+                    }
+                    // The shared records' paths, over whatever the records say.
+                    for ino in [2, 3] {
+                        let key = gpuslice_ledger::ShareKey { dev: 1, ino };
+                        if let Ok(gpuslice_ledger::Import::Adopted { rec, .. }) =
+                            l.share_import(me, key)
+                        {
+                            let _ = l.share_let_go(me, rec);
+                        }
                     }
                 }
             }

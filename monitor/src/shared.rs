@@ -3,7 +3,8 @@
 //! between processes").
 //!
 //! A tenant cannot write the policy, so its shim asks here: `share-export` (with the exported
-//! POSIX descriptor), `share-import` (with the descriptor it imported), `share-leave` and
+//! POSIX descriptor), `share-import` (with the descriptor it imports: an orphan's importer is
+//! charged here, in its slice's region, before its driver call), `share-leave` and
 //! `share-let-go` (a record index). Who asks is the monitor's record of the connected process
 //! (`SO_PEERCRED`, its start time); the allocation's identity is what the monitor itself reads
 //! from the descriptor (`fstat`), which it closes at once (holding it would keep the memory
@@ -12,11 +13,13 @@
 //! is clamped to what it was charged.
 
 use crate::error::RequestError;
-use gpuslice_ledger::{Ledger, LetGo, ProcHandle, ShareKey};
+use gpuslice_ledger::{Import, Ledger, LetGo, ProcHandle, ShareKey};
 use gpuslice_protocol::Message;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-/// Answer one `share-*` request of the admitted process `slot`: the reply's `ok` value.
+/// Answer one `share-*` request of the admitted process `slot`: the reply's `ok` value
+/// (`share-import`: `held REC`, `adopted REC DEV BYTES`, `refused DEV BYTES`, `charge DEV
+/// BYTES` or `-`; the shim's `memory/shared.rs` reads them).
 pub fn answer(
     ledger: &Ledger,
     op: &str,
@@ -45,7 +48,13 @@ pub fn answer(
             let bytes = num("bytes")?;
             Ok(shown(ledger.share_export(me, dev, key()?, bytes)?))
         }
-        "share-import" => Ok(shown(ledger.share_import(me, key()?)?)),
+        "share-import" => Ok(match ledger.share_import(me, key()?)? {
+            Import::Held(rec) => format!("held {rec}"),
+            Import::Adopted { rec, dev, bytes } => format!("adopted {rec} {dev} {bytes}"),
+            Import::Refused { dev, bytes } => format!("refused {dev} {bytes}"),
+            Import::Charge { dev, bytes } => format!("charge {dev} {bytes}"),
+            Import::Unknown => "-".into(),
+        }),
         "share-leave" => {
             ledger.share_leave(me, rec()?)?;
             Ok("left".into())

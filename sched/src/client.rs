@@ -1,144 +1,17 @@
 //! One process's side of one device: [`Client`] asks for admission before each launch, sleeps
 //! on the device's futex while another slice holds the lease, waits for its own queued work
-//! when its lease ends, charges what it used and hands the lease on. [`Os`] is everything it
-//! needs from the operating system (clock, futex), so tests run it on a simulated clock.
+//! when its lease ends, charges what it used and hands the lease on. It sees the process's
+//! queued work through [`Work`] (`work.rs`) and the clock and futex through [`Os`] (`sys.rs`),
+//! so tests run it on a simulated engine and clock; the lease word's hand-over is `lease.rs`.
 
-use core::sync::atomic::{AtomicU32, Ordering::*};
+use core::sync::atomic::Ordering::*;
 
+use super::lease::install;
 use super::policy::*;
 use super::records::{Lease, SchedDevice, SchedProc, SchedSlice, CLASS_LATENCY, MAX_SLICE_ID};
+use super::sys::Os;
+use super::work::Work;
 use gpuslice_quantity::PPM;
-
-/// What the scheduler needs from the operating system: one clock for every process of the
-/// node, and a futex in shared memory. [`SYSTEM`] is the real one; the unit tests use a
-/// simulated clock and scheduler.
-pub trait Os: Sync {
-    /// CLOCK_MONOTONIC in ns.
-    fn now_ns(&self) -> u64;
-    /// Sleep while `word` equals `val`, at most `timeout_ns` (any return means "look again").
-    fn futex_wait(&self, word: &AtomicU32, val: u32, timeout_ns: u64);
-    /// Wake every sleeper on `word`.
-    fn futex_wake(&self, word: &AtomicU32);
-}
-
-/// The operating system itself ([`crate::sys`]).
-pub struct SystemOs;
-
-/// The one [`SystemOs`].
-pub static SYSTEM: SystemOs = SystemOs;
-
-impl Os for SystemOs {
-    fn now_ns(&self) -> u64 {
-        crate::sys::now_ns()
-    }
-    fn futex_wait(&self, word: &AtomicU32, val: u32, timeout_ns: u64) {
-        crate::sys::futex_wait(word, val, timeout_ns)
-    }
-    fn futex_wake(&self, word: &AtomicU32) {
-        crate::sys::futex_wake(word)
-    }
-}
-
-/// Replace lease word `old` by `new` (one CAS) and wake sleepers if the holder changed.
-pub(super) fn install(
-    os: &dyn Os,
-    dev: &SchedDevice,
-    t: &dyn Tenants,
-    old: u64,
-    new: Lease,
-    now: u64,
-) -> bool {
-    if let Some((s, _, _)) = t.get(new.holder) {
-        // Before the CAS, so a waiter never sees the new holder with a stale estimate. A failed
-        // CAS leaves a harmless later estimate (it only delays an idle takeover).
-        s.busy_until_ns.fetch_max(now + WAKE_ALLOW_NS, AcqRel);
-    }
-    // Before the CAS (a failed one only costs a spare settle), so whoever sees the new word
-    // sees the new turn.
-    dev.turn.fetch_add(1, AcqRel);
-    if dev
-        .lease
-        .compare_exchange(old, new.pack(), AcqRel, Acquire)
-        .is_err()
-    {
-        return false;
-    }
-    if let Some((s, _, _)) = t.get(new.holder) {
-        s.leases_total.fetch_add(1, Relaxed);
-        dev.leases_total.fetch_add(1, Relaxed);
-    }
-    if Lease::unpack(old).holder != new.holder {
-        dev.seq.fetch_add(1, Release);
-        if dev.sleepers.load(Acquire) > 0 {
-            os.futex_wake(&dev.seq);
-        }
-    }
-    true
-}
-
-/// Revoke what a dead process held on one device: its place among its slice's waiters and, when
-/// its slice holds the lease and no other process of the slice is launching under it, the lease.
-/// Called by the reaper (ledger/monitor) with the dead process's records; idempotent. Waiters do
-/// not depend on it (they take over an overdue lease themselves), it only makes the handoff
-/// immediate.
-pub fn on_process_dead(
-    os: &dyn Os,
-    dev: &SchedDevice,
-    dev_index: usize,
-    t: &dyn Tenants,
-    slice_id: u32,
-    slice: &SchedSlice,
-    proc: &SchedProc,
-) {
-    let bit = 1u32 << (dev_index % 32);
-    if proc.waiting_mask.fetch_and(!bit, AcqRel) & bit != 0 {
-        let _ = slice
-            .waiters
-            .fetch_update(AcqRel, Acquire, |w| w.checked_sub(1));
-    }
-    let holding = proc.holding_mask.fetch_and(!bit, AcqRel) & bit != 0;
-    let w = dev.lease.load(Acquire);
-    let l = Lease::unpack(w);
-    // A solo lease is not tracked per process: give it up too (a surviving process of the slice
-    // takes it back at its next launch).
-    if (holding || l.solo) && l.holder == slice_id {
-        let now = os.now_ns();
-        // Other processes of the slice waiting for it: the slice may keep competing.
-        let next = if slice.waiters.load(Acquire) > 0 {
-            pick(t, now, 0, 0)
-        } else {
-            pick(t, now, 0, slice_id)
-        };
-        if install(os, dev, t, w, next, now) {
-            dev.takeovers_total.fetch_add(1, Relaxed);
-        }
-    }
-}
-
-/// The process's queued GPU work on one device, as the [`Client`] needs to see it.
-pub trait Work {
-    /// Estimated GPU ns of work queued and not yet complete (may poll completions).
-    fn outstanding_ns(&mut self) -> u64;
-    /// Estimated GPU ns of the launch about to be admitted.
-    fn next_ns(&mut self) -> u64;
-    /// Wait until all queued work is complete; returns when it completed (ns, ≤ now).
-    fn drain(&mut self) -> u64;
-    /// When the queued work was seen complete (ns, ≤ now), if all of it is (may poll
-    /// completions); `None` while some is pending, or when it cannot tell.
-    fn finished_at(&mut self) -> Option<u64> {
-        None
-    }
-    /// Wait until the queued work is estimated to need at most `ns` more; returns that estimate.
-    fn wait_below(&mut self, ns: u64) -> u64;
-    /// Launches queued and not yet complete (may poll completions).
-    fn pending(&mut self) -> usize;
-    /// Wait until at most `n` launches are pending (never spins; gives up after a while on a
-    /// launch that never completes).
-    fn wait_pending(&mut self, n: usize);
-    /// Until `until_ns`, the scheduler counts queued work in launches ([`Work::pending`]): a
-    /// tracker that samples launches must track each one meanwhile.
-    fn track_each(&mut self, _until_ns: u64) {}
-}
 
 /// What an admission cost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -170,6 +43,10 @@ pub struct Client<'a> {
     /// End of the span charged at this process's latest hand-over, while the work it left
     /// queued then may still run past it (0: nothing owed).
     owed_from: u64,
+    /// How many of the slice's processes still held work in that turn, itself included: their
+    /// leftovers interleave on the engine, so each one's wall time to its end counts all of
+    /// them, and it pays its part of that.
+    owed_among: u64,
     solo_word: u64,
 }
 
@@ -201,6 +78,7 @@ impl<'a> Client<'a> {
             charged_until: 0,
             admitted_ns: 0,
             owed_from: 0,
+            owed_among: 1,
             solo_word: Lease::solo_word(id),
         })
     }
@@ -353,7 +231,16 @@ impl<'a> Client<'a> {
         let done = done.min(now).min(from.saturating_add(HANDOFF_LEAD_NS));
         if done > from {
             let (share, cap) = self.share_cap();
-            charge(self.dev, self.me, share, cap, from, done, done - from);
+            let among = core::mem::replace(&mut self.owed_among, 1).max(1);
+            charge(
+                self.dev,
+                self.me,
+                share,
+                cap,
+                from,
+                done,
+                (done - from) / among,
+            );
             self.dev.overrun_until_ns.fetch_max(done, AcqRel);
         }
         false
@@ -454,6 +341,7 @@ impl<'a> Client<'a> {
                             .is_ok()
                     {
                         self.me.turn_used_ns.store(0, Release);
+                        self.me.turn_queued_ns.store(0, Release);
                         self.me.turn_start_ns.store(since, Release);
                     }
                     self.proc.holding_mask.fetch_or(self.bit(), AcqRel);
@@ -479,18 +367,19 @@ impl<'a> Client<'a> {
                 // `queued` and `next` are estimates from the driver's timings: saturate.
                 let need = queued.saturating_add(next);
                 let done_at = now.saturating_add(need);
+                let least = work.next_least_ns();
                 // The first launch of a turn is always admitted (what is left of an earlier
                 // turn's handoff lead is in `queued`); when it runs past the lease, the lease is
                 // stretched to cover it, once a turn. Never again in the same turn: a holder
                 // whose queue stays short would otherwise stretch it launch after launch and
                 // keep the device for good (the freeze of issue 14, `a_shallow_queue_...`).
                 let first = self.admitted_ns == 0 && self.dev.stretched.load(Acquire) != turn;
-                // Each process of a slice bounds its own queue by the turn, not the slice's
-                // together (node mode does, `Granted`): here their estimates, learned from
-                // kernels that interleave with each other's, grow with their number, so the
-                // sum bounds itself, and a sum of them held a slice of two at 0.44 of 0.5;
-                // what runs past the turn is paid (`settle_owed`).
-                if now < l.end_ns && (first || done_at <= l.end_ns) {
+                // The slice's processes together queue at most the turn (node mode's bound,
+                // `SchedSlice::queue_in_turn`): N processes must not queue N turns.
+                if now < l.end_ns
+                    && (first || done_at <= l.end_ns)
+                    && self.me.queue_in_turn(now, l.end_ns, least)
+                {
                     if done_at > l.end_ns {
                         // One launch longer than what is left of the lease: stretch the lease
                         // to cover it, so waiters do not take over mid-kernel.
@@ -536,10 +425,10 @@ impl<'a> Client<'a> {
                 // would hold the start of this process's next turns far beyond the clock.
                 let end = now + left.min(MAX_LEASE_NS);
                 let others = self.settle(end);
-                if left > 0 && others == 0 {
-                    // The last of the slice to hand over: what it left queued runs into the
-                    // next holder's turn (a sibling's runs in the slice's own turn).
+                if left > 0 {
+                    // What it left queued runs into the next holder's turn: paid when done.
                     self.owed_from = end;
+                    self.owed_among = others + 1;
                 }
                 if others > 0 {
                     // Siblings of this slice still have work queued in the turn (the engine

@@ -26,9 +26,11 @@
 
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
-use super::client::{Admission, Client, Os, Work};
+use super::client::{Admission, Client};
 use super::policy::{LATENCY_QUEUE_NS, MAX_LEASE_NS, MAX_SLEEP_NS};
 use super::records::{Lease, SchedDevice, SchedSlice, CLASS_LATENCY, MAX_SLICE_ID};
+use super::sys::Os;
+use super::work::Work;
 
 /// A holder hands its turn back when its queued work needs about this much more: a hand-back
 /// travels to the monitor (woken through the policy's `turns_bell`), then to the next holder's

@@ -15,9 +15,11 @@
 //!   launch the shim asks it for admission; it sleeps on a futex in the ledger while another
 //!   slice holds the lease, waits for its own queued work when its lease ends, charges the GPU
 //!   time its launches used, and hands the lease to the next slice.
-//! - [`Work`] is how a `Client` sees the process's queued GPU work (the shim implements it with
-//!   CUDA events; the unit tests with a simulated engine).
-//! - [`Os`]: the clock and the futex, injected ([`SYSTEM`] is the real one, `sys.rs`); the
+//! - `lease.rs`: the lease word changing hands (`install`: every hand-over, renewal and
+//!   takeover; [`on_process_dead`]: what a dead process held).
+//! - `work.rs`: [`Work`] is how a `Client` sees the process's queued GPU work (the shim
+//!   implements it with CUDA events; the unit tests with a simulated engine).
+//! - `sys.rs`: [`Os`], the clock and the futex, injected ([`SYSTEM`] is the real one); the
 //!   unit tests run the same code on a simulated clock and CPU (`sim/`), deterministically.
 //! - `granted.rs`: node mode, where the monitor grants the turns ([`Granted`], [`GrantProc`]);
 //!   [`Scheduler`] is either client behind one set of methods (what the shim holds).
@@ -50,8 +52,9 @@
 //! charge is paid by it once it sees it done ([`Work::finished_at`]); a holder taken over
 //! without launching pays for the turn it held idle. In node mode the monitor charges the span
 //! granted plus what the slice's processes left queued past it, and grants the next turn once
-//! that is about done (at most 5 ms past the lease, `turns.rs`), and the slice's
-//! processes together queue at most a turn (`granted.rs`). Nothing waits on a holder
+//! that is about done (at most 5 ms past the lease, `turns.rs`). In both modes the slice's
+//! processes together queue at most a turn ([`SchedSlice::queue_in_turn`]), each launch
+//! counted at its least recent measurement ([`Work::next_least_ns`]). Nothing waits on a holder
 //! forever: a lease whose end is [`GRACE_NS`] past, or whose holder's queued work ran out
 //! [`IDLE_GRACE_NS`] ago with nothing new launched, is taken over by any waiter, so a holder
 //! that dies, hangs or goes idle loses its turn within milliseconds without the monitor. A
@@ -62,6 +65,7 @@
 
 mod client;
 mod granted;
+mod lease;
 mod policy;
 mod records;
 mod rings;
@@ -71,12 +75,14 @@ mod sys;
 #[cfg(test)]
 mod tests;
 mod turns;
+mod work;
 
-pub use client::{on_process_dead, Admission, Client, Os, SystemOs, Work, SYSTEM};
+pub use client::{Admission, Client};
 pub use granted::{
     GrantProc, GrantWords, Granted, Scheduler, MONITOR_BEAT_NS, MONITOR_STALE_NS,
     NODE_HANDOFF_LEAD_NS,
 };
+pub use lease::on_process_dead;
 pub use policy::{
     admits, charge, charge_solo, idle_grace, pick, recheck_at, rejoin, takeover_due, Tenants,
     BEST_EFFORT_PPM, CAP_SLACK_NS, GRACE_NS, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LATENCY_ACTIVE_NS,
@@ -88,10 +94,12 @@ pub use records::{
     SliceComputeStats, Window, CLASS_LATENCY, CLASS_NORMAL, MAX_SLICE_ID, WINDOW_NS,
 };
 pub use rings::Rings;
+pub use sys::{Os, SystemOs, SYSTEM};
 pub use turns::{
     beat, DeviceTurns, Member, DRAIN_HOLD_NS, HAND_BACK_POLL_NS, HAND_BACK_WINDOW_NS, MAX_GRANT_NS,
     POLL_NS, POLL_SOLO_NS, SETTLE_SLACK_NS, SOLO_QUIET_NS,
 };
+pub use work::{least_of, Work};
 
 /// CLOCK_MONOTONIC in ns, the clock of every timestamp here ([`SYSTEM`]'s).
 pub fn now_ns() -> u64 {

@@ -1,8 +1,39 @@
 //! The operating-system calls of the compute scheduler, in one place: the clock every
 //! timestamp uses and the process-shared futex a waiter sleeps on (the word lives in the
-//! ledger's shared memory). Nothing here allocates; each call is one syscall.
+//! ledger's shared memory), and [`Os`], through which the scheduler uses them, so the unit tests
+//! inject a simulated clock and CPU (`sim.rs`). Nothing here allocates; each call is one syscall.
 
 use core::sync::atomic::AtomicU32;
+
+/// What the scheduler needs from the operating system: one clock for every process of the
+/// node, and a futex in shared memory. [`SYSTEM`] is the real one; the unit tests use a
+/// simulated clock and scheduler.
+pub trait Os: Sync {
+    /// CLOCK_MONOTONIC in ns.
+    fn now_ns(&self) -> u64;
+    /// Sleep while `word` equals `val`, at most `timeout_ns` (any return means "look again").
+    fn futex_wait(&self, word: &AtomicU32, val: u32, timeout_ns: u64);
+    /// Wake every sleeper on `word`.
+    fn futex_wake(&self, word: &AtomicU32);
+}
+
+/// The operating system itself (the functions below).
+pub struct SystemOs;
+
+/// The one [`SystemOs`].
+pub static SYSTEM: SystemOs = SystemOs;
+
+impl Os for SystemOs {
+    fn now_ns(&self) -> u64 {
+        now_ns()
+    }
+    fn futex_wait(&self, word: &AtomicU32, val: u32, timeout_ns: u64) {
+        futex_wait(word, val, timeout_ns)
+    }
+    fn futex_wake(&self, word: &AtomicU32) {
+        futex_wake(word)
+    }
+}
 
 /// CLOCK_MONOTONIC in ns: the clock of every scheduler timestamp (one clock for all processes).
 pub fn now_ns() -> u64 {

@@ -18,10 +18,10 @@
 
 use core::sync::atomic::{AtomicU64, Ordering::*};
 
-use super::client::Os;
 use super::granted::{GrantProc, MONITOR_BEAT_NS, NODE_HANDOFF_LEAD_NS};
 use super::policy::*;
 use super::records::{Lease, SchedDevice, CLASS_LATENCY};
+use super::sys::Os;
 use gpuslice_quantity::PPM;
 
 /// Slots beyond this are ignored for solo statistics (a bound on what a member list can make

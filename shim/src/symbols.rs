@@ -43,6 +43,7 @@ macro_rules! for_each_symbol {
                 Cuda cuMemUnmap => memory::mem_unmap;
                 Cuda cuMemExportToShareableHandle => memory::mem_export;
                 Cuda cuMemImportFromShareableHandle => memory::mem_import;
+                Cuda cuMemRetainAllocationHandle => memory::mem_retain;
                 Cuda cuArrayCreate_v2 => memory::array_create;
                 Cuda cuArray3DCreate_v2 => memory::array3d_create;
                 Cuda cuArrayDestroy => memory::array_destroy;

@@ -218,6 +218,72 @@ def test_in_node_mode_a_vmm_export_stays_charged_past_its_exporter(
     assert "audit:" not in node_monitor.log(), node_monitor.log()
 
 
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+def orphan_case(gpu_env, gpuslice_bin, tmp_path, reaped, exporter_end):
+    """The exporter (slice `x`) sends its VMM fd to the importer (slice `y`), which keeps it
+    without importing; the exporter ends (`exit`, `kill`, or `let-go`: release and unmap,
+    then exit); once reaped, nobody is charged for the memory the descriptor keeps alive. The
+    importer's import then charges `y` (its whole quota less 256 MiB free), its unmap returns
+    it; over a 128 MiB quota (slice `small`) the import is refused with
+    CUDA_ERROR_OUT_OF_MEMORY and charges nothing."""
+    def env(name, quota="1Gi"):
+        return gpu_env(preload=True, GPUSLICE_MEMORY=quota, GPUSLICE_SLICE=name)
+    xenv, ienv, senv = env("x"), env("y"), env("small", "128Mi")
+    sock = tmp_path / "vmm-orphan.sock"
+    used = lambda: {k.split("/")[-1]: v for k, v in slices_used(gpuslice_bin, xenv).items()}
+    with Client(xenv, "vmm-export", sock) as x, Client(ienv, "vmm-import", sock) as m, \
+            Client(senv, "vmm-import", sock) as small:
+        assert x.ask("create 256")["status"] == 0
+        assert handed(x, m, "receive")["received"]
+        assert handed(x, small, "receive")["received"]
+        if exporter_end == "let-go":
+            assert x.ask("release")["status"] == 0 and x.ask("unmap")["unmap"] == 0
+            assert wait_until(lambda: used().get("x") == 256 * MI, 20), (
+                "kept until it exits: the descriptor is on its way", used())
+        if exporter_end == "kill":
+            x.proc.kill()
+            x.proc.wait(timeout=30)
+        else:
+            assert x.ask("exit")["event"] == "exit" and x.proc.wait(timeout=30) == 0
+        assert wait_until(lambda: "reaped pid" in reaped(), 20), reaped()
+        assert wait_until(lambda: "x" not in used(), 20), used()
+        refused = small.ask("import")
+        assert refused["status"] == CUDA_ERROR_OUT_OF_MEMORY, refused
+        assert refused["free"] == 128 * MI, refused
+        got = m.ask("import")
+        assert got["status"] == 0 and got["read_ok"], got
+        assert got["free"] == GI - 256 * MI, ("charged as its own allocation", got)
+        assert wait_until(lambda: used() == {"y": 256 * MI, "small": 0}, 20), used()
+        gone = m.ask("unmap")
+        assert gone["unmap"] == 0 and gone["release"] == 0 and gone["free"] == GI, gone
+        assert wait_until(lambda: used() == {"y": 0, "small": 0}, 20), used()
+        assert m.proc.poll() is None and small.proc.poll() is None
+    assert "audit:" not in reaped(), reaped()
+
+
+@pytest.mark.parametrize("exporter_end", ["exit", "kill", "let-go"])
+def test_a_descriptor_imported_after_its_exporter_ended_charges_the_importer(
+        gpu_env, gpuslice_bin, tmp_path, exporter_end):
+    """The quota escape of exporting, handing the descriptor to a friend and exiting: the
+    friend's import is charged to its own slice (personal ledger, `--on-violation kill`)."""
+    mon = Monitor(gpuslice_bin, gpu_env(preload=True, GPUSLICE_MEMORY="1Gi"))
+    try:
+        orphan_case(gpu_env, gpuslice_bin, tmp_path, mon.log, exporter_end)
+    finally:
+        mon.stop()
+
+
+@pytest.mark.parametrize("exporter_end", ["exit", "kill"])
+def test_in_node_mode_a_descriptor_imported_after_its_exporter_ended_charges_the_importer(
+        gpu_env, gpuslice_bin, node_monitor, tmp_path, exporter_end):
+    """The same in node mode: the monitor charges the importer's slice (in its region) and
+    makes it the record's exporter when it asks `share-import`."""
+    node_monitor("--on-violation", "kill")
+    orphan_case(gpu_env, gpuslice_bin, tmp_path, node_monitor.log, exporter_end)
+
+
 def test_in_node_mode_another_tenant_can_neither_release_nor_pin_an_export(
         gpu_env, gpuslice_bin, node_monitor, tmp_path):
     """A third admitted process (slice `h`), hand-making `share-*` requests on `monitor.sock`
@@ -306,3 +372,66 @@ def test_an_interprocess_event_is_seen_from_another_process(gpu_env, tmp_path):
         assert got["status"] == 0 and got["first_query"] == CUDA_ERROR_NOT_READY, got
         assert got["sync"] == 0 and got["waited_s"] > 0, got
         assert got["after_query"] == 0 and got["stream_wait"] == 0 and got["destroy"] == 0, got
+
+
+@pytest.mark.parametrize("order", [("retain", "unmap", "release", "release"),
+                                   ("release", "retain", "unmap", "release"),
+                                   ("retain", "release", "release", "unmap")])
+@pytest.mark.parametrize("shim", [False, True])
+def test_a_retained_vmm_handle_stays_charged_until_its_last_reference_goes(
+        gpu_env, tmp_path, order, shim):
+    """cuMemRetainAllocationHandle adds a reference the program must release. The driver (the
+    fake, alone) keeps the memory while any reference or mapping is left, whatever the order;
+    under the shim the slice stays charged exactly as long, is uncharged once, and a release
+    too many changes nothing. Otherwise retain, unmap and release would leave a live,
+    mappable handle charged to nobody."""
+    env = gpu_env(preload=True, GPUSLICE_MEMORY="1Gi") if shim else gpu_env()
+    # Under the shim NVML shows the slice's charges; alone, the fake's, with the context.
+    ctx = 0 if shim else CTX
+    with Client(env, "vmm-export", tmp_path / "unused.sock") as x:
+        total = x.ready["total"]
+        assert x.ask("create 256")["free"] == total - ctx - 256 * MI
+        steps = list(order)
+        for i, step in enumerate(steps):
+            got = x.ask(step)
+            assert got.get("status", got.get("unmap")) == 0, (step, got)
+            assert step != "retain" or got["same"], got
+            if i < len(steps) - 1:
+                assert used_by(got, x.pid) == 256 * MI + ctx, ("the driver holds it", step, got)
+                assert got["free"] == total - ctx - 256 * MI, ("still charged", step, got)
+        assert used_by(got, x.pid) == ctx and got["free"] == total - ctx, ("all gone", got)
+        again = x.ask("release")
+        assert again["status"] == CUDA_ERROR_INVALID_VALUE, again
+        assert again["free"] == total - ctx, again
+        if shim:
+            assert x.ask("alloc 1024")["status"] == 0, "the quota is whole, never more"
+            assert x.ask("alloc 1")["status"] == CUDA_ERROR_OUT_OF_MEMORY
+
+
+def test_an_importers_retained_reference_keeps_the_exporter_charged(
+        gpu_env, gpuslice_bin, tmp_path):
+    """An importer that retains its mapping's handle, then unmaps and releases its own, still
+    holds the memory: its exporter's slice `x` stays charged past the exporter's exit until
+    the retained reference is released (`--on-violation kill`: nothing reported or killed)."""
+    def env(name):
+        return gpu_env(preload=True, GPUSLICE_MEMORY="1Gi", GPUSLICE_SLICE=name)
+    xenv, ienv = env("x"), env("y")
+    mon = Monitor(gpuslice_bin, xenv)
+    try:
+        with Client(xenv, "vmm-export", tmp_path / "r.sock") as x, \
+                Client(ienv, "vmm-import", tmp_path / "r.sock") as m:
+            assert x.ask("create 256")["status"] == 0
+            assert handed(x, m, "import")["status"] == 0
+            assert m.ask("retain")["same"]
+            gone = m.ask("unmap")
+            assert gone["unmap"] == 0 and gone["release"] == 0, gone
+            assert x.ask("exit")["event"] == "exit" and x.proc.wait(timeout=30) == 0
+            assert wait_until(lambda: "reaped pid" in mon.log(), 20), mon.log()
+            assert slices_used(gpuslice_bin, xenv) == {"x": 256 * MI, "y": 0}
+            assert m.ask("release")["status"] == 0
+            assert wait_until(lambda: "x" not in slices_used(gpuslice_bin, xenv), 20)
+            assert slices_used(gpuslice_bin, xenv) == {"y": 0}
+        assert "audit:" not in mon.log(), mon.log()
+    finally:
+        mon.stop()
+

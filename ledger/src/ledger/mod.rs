@@ -23,14 +23,14 @@ mod snapshot;
 
 pub use join::{Joined, SliceRequest};
 pub use procs::ProcHandle;
-pub use shared::{LetGo, ShareKey};
+pub use shared::{Import, LetGo, ShareKey};
 pub use slices::OperatorSlice;
 
 use crate::dir::{Owner, RuntimeDir};
 use crate::error::LedgerError;
 use crate::file::{self, Locked, Mapping};
 use crate::layout::*;
-use core::sync::atomic::Ordering::{Relaxed, SeqCst};
+use core::sync::atomic::Ordering::SeqCst;
 use std::path::Path;
 
 /// Device and inode of a file.
@@ -54,7 +54,9 @@ pub struct LockGuard<'a> {
 
 impl Drop for LockGuard<'_> {
     fn drop(&mut self) {
-        self.ledger.header().generation.fetch_add(1, Relaxed);
+        // Before the unlock: a snapshot that saw the lock free at both ends and the same
+        // generation saw no change (`snapshot.rs`).
+        self.ledger.header().generation.fetch_add(1, SeqCst);
         file::unlock(self.ledger.header());
     }
 }

@@ -12,10 +12,24 @@
 //! true, so the reaper's double collect (`account.rs`) returns `counter − Σ live charged −
 //! Σ held` for the dead. The last importer to leave or die returns `held`.
 //!
-//! The counters are where the account's are: in a personal ledger the slice's `memory_used`
-//! and the process record's words; in node mode the slice's region (`region.rs`), where only
-//! the monitor calls these, for the processes that ask over `monitor.sock` (the caller's slot
-//! is the monitor's record of the connected process, never something it says).
+//! A descriptor outlives every handle: the driver keeps the memory for it (an exported POSIX
+//! descriptor holds a reference, as an imported handle does), so it may be imported after
+//! everyone let go, the exporter exited included. A record nobody is charged for any more
+//! therefore becomes an *orphan* ([`STATE_ORPHAN`]) instead of going: its device, identity and
+//! size stay, and the next process that imports it is charged for it as if it had allocated it,
+//! here, under the lock, before the driver's import ([`Import::Adopted`]: it becomes the
+//! record's exporter), or refused over its quota ([`Import::Refused`]). So handing a descriptor
+//! to a friend and exiting moves the charge to the friend's slice when it imports, and never to
+//! no slice; and since the charge is made here (in node mode by the monitor), a tenant that
+//! hand-makes its requests cannot take an orphan over uncharged. An orphan is reused when the
+//! table has no free record (that identity loses its size: see docs/architecture.md) or when a
+//! new export has its identity (the old descriptor is gone: the kernel reuses an inode number
+//! only once the file is freed).
+//!
+//! The counters are where the account's are: in a personal ledger the slice's `memory_used` and
+//! the process record's words; in node mode the slice's region (`region.rs`), where only the
+//! monitor calls these, for the processes that ask over `monitor.sock` (the caller's slot is
+//! the monitor's record of the connected process, never something it says).
 //!
 //! Every change here is made under the cold-path lock, like the reaper's, so none races it;
 //! the hot paths never look at the table. What the records hold is checked before use
@@ -24,7 +38,7 @@
 //! and only while a live process that imported the same descriptor holds it.
 
 use super::{Ledger, LockGuard};
-use crate::account::Member;
+use crate::account::{Account, Member};
 use crate::error::LedgerError;
 use crate::layout::*;
 use crate::ledger::ProcHandle;
@@ -53,13 +67,53 @@ impl ShareKey {
     }
 }
 
+/// What [`Ledger::share_import`] did for a descriptor about to be imported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Import {
+    /// Someone is charged for the memory: the importer is counted on record `.0` and charged
+    /// nothing.
+    Held(usize),
+    /// An orphan (nobody charged for it any more): the importer was charged `bytes` on ledger
+    /// device `dev` and is record `rec`'s exporter now (if the driver's import fails, it lets
+    /// go of it as an exporter: [`Ledger::share_let_go`]).
+    Adopted {
+        /// The record.
+        rec: usize,
+        /// Its ledger device.
+        dev: usize,
+        /// Bytes charged.
+        bytes: u64,
+    },
+    /// An orphan of `bytes` on ledger device `dev` that does not fit the importer's quota:
+    /// nothing changed; the import is refused as an allocation would be.
+    Refused {
+        /// Its ledger device.
+        dev: usize,
+        /// Bytes of the allocation.
+        bytes: u64,
+    },
+    /// An orphan of `bytes` on ledger device `dev`, and the importer's account there keeps no
+    /// record (node mode's best-effort allowance, or none): it charges itself, as for an
+    /// allocation, until it lets go; the record stays an orphan.
+    Charge {
+        /// Its ledger device.
+        dev: usize,
+        /// Bytes of the allocation.
+        bytes: u64,
+    },
+    /// Not an export gpuslice knows (or not counted: the record's importer entries are full):
+    /// charged nothing.
+    Unknown,
+}
+
 /// What an exporter letting go of an exported allocation does with its charge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LetGo {
     /// A live importer still holds the memory: the record holds the charge now (do not
     /// uncharge).
     HandedOver,
-    /// Every importer let go: the driver frees the memory, uncharge it.
+    /// Nobody else holds it: uncharge it. The record stays as an orphan, so a descriptor still
+    /// around charges whoever imports it next.
     Uncharge,
     /// Nobody imported it yet, and the descriptor may still be on its way: it stays charged to
     /// the exporter until it exits (never less than the driver holds).
@@ -95,7 +149,8 @@ impl Ledger {
         if account == ACCOUNT_NONE || (self.is_node() && account as usize >= MAX_SLICES) {
             return Ok(None);
         }
-        if let Some(i) = self.find_shared(key) {
+        let same = self.find_shared(key);
+        if let Some(i) = same.filter(|&i| self.shared()[i].state.load(SeqCst) == STATE_ACTIVE) {
             let mine = self.shared()[i].exporter.load(SeqCst) == me.slot as u32;
             return Ok(mine.then_some(i));
         }
@@ -108,10 +163,12 @@ impl Ledger {
         if self.is_node() && theirs >= SHARED_PER_UID {
             return Ok(None);
         }
-        let Some(i) = self
-            .shared()
-            .iter()
-            .position(|r| r.state.load(SeqCst) == STATE_FREE)
+        // An orphan of the same identity is stale (its descriptor is gone); else a free
+        // record, else an orphan (its size is lost: docs/architecture.md).
+        let state = |s| self.shared().iter().position(|r| r.state.load(SeqCst) == s);
+        let Some(i) = same
+            .or_else(|| state(STATE_FREE))
+            .or_else(|| state(STATE_ORPHAN))
         else {
             return Ok(None);
         };
@@ -132,38 +189,95 @@ impl Ledger {
         Ok(Some(i))
     }
 
-    /// Process `me` imported the descriptor `key`: the record it is now counted on, `None`
-    /// when nobody registered `key` (not exported under gpuslice, or from a node policy), it
-    /// is `me`'s own export, or the record's importer entries are full.
-    pub fn share_import(
-        &self,
-        me: ProcHandle,
-        key: ShareKey,
-    ) -> Result<Option<usize>, LedgerError> {
+    /// Process `me` is importing the descriptor `key` (asked before the driver's import, so an
+    /// exporter letting go meanwhile finds it there): [`Import::Held`] when someone is charged for
+    /// the memory (`me` is counted on the record); for an orphan, `me` charged for it and made its
+    /// exporter ([`Import::Adopted`]), [`Import::Refused`] over its quota, or [`Import::Charge`]
+    /// when `me` has no account there that keeps a record; [`Import::Unknown`] when nobody
+    /// registered `key` (not exported under gpuslice, or from a node policy) or the record's
+    /// importer entries are full.
+    pub fn share_import(&self, me: ProcHandle, key: ShareKey) -> Result<Import, LedgerError> {
         let _g = self.lock()?;
         let Some(i) = self.find_shared(key) else {
-            return Ok(None);
+            return Ok(Import::Unknown);
         };
         let r = &self.shared()[i];
-        let slot = me.slot as u32;
-        if r.exporter.load(SeqCst) == slot {
-            return Ok(None);
+        if r.state.load(SeqCst) == STATE_ACTIVE {
+            return Ok(self
+                .add_importer(me, i)
+                .map_or(Import::Unknown, Import::Held));
         }
+        let (dev, bytes) = (r.device.load(SeqCst) as usize, r.bytes.load(SeqCst));
+        let Some(account) = self.slice_account(me.slot, dev) else {
+            return Ok(Import::Charge { dev, bytes });
+        };
+        // Charged like an allocation (the same compare-and-swap against the quota, in `me`'s
+        // own words), then the record is `me`'s: both under the lock, so a second importer
+        // finds it held, and the reaper sees the bytes in `me`'s charged word.
+        let charged = self
+            .with_slice_account(me.slot, dev, |a| a.try_charge(bytes))
+            .unwrap_or(false);
+        if !charged {
+            return Ok(Import::Refused { dev, bytes });
+        }
+        r.account.store(account, SeqCst);
+        r.exporter.store(me.slot as u32, SeqCst);
+        r.held.store(0, SeqCst);
+        r.imported.store(1, SeqCst);
+        r.uid.store(self.procs()[me.slot].uid.load(SeqCst), SeqCst);
+        for x in &r.importers {
+            x.store(NO_SLOT, SeqCst);
+        }
+        r.state.store(STATE_ACTIVE, SeqCst);
+        Ok(Import::Adopted { rec: i, dev, bytes })
+    }
+
+    /// Process slot `slot`'s account on ledger device `d` if it can keep a record (as for an
+    /// export: not node mode's best-effort allowances, which go with their last member).
+    fn slice_account(&self, slot: usize, d: usize) -> Option<u32> {
+        let pd = self.procs().get(slot)?.devices.get(d)?;
+        let a = pd.account.load(SeqCst);
+        let keeps = a != ACCOUNT_NONE && (!self.is_node() || (a as usize) < MAX_SLICES);
+        keeps.then_some(a)
+    }
+
+    /// Run `f` on process slot `slot`'s account on device `d` ([`Self::slice_account`]; in
+    /// node mode over the slice's region), `None` when it has none.
+    fn with_slice_account<T>(
+        &self,
+        slot: usize,
+        d: usize,
+        f: impl FnOnce(&Account<'_>) -> T,
+    ) -> Option<T> {
+        let a = self.slice_account(slot, d)?;
+        if !self.is_node() {
+            return self.account(ProcHandle { slot }, d).map(|acc| f(&acc));
+        }
+        let region = self.regions()?.get(crate::node::region_key(a, d)?)?;
+        let slice = self.slices().get(a as usize)?;
+        let acc = Account::in_region(self.devices().get(d)?, Some(slice), &region, slot)?;
+        Some(f(&acc))
+    }
+
+    /// Count `me` as an importer of active record `i`: `i`, or `None` when the entries are
+    /// full. Its exporter too: a second handle it imports holds the memory after it let go
+    /// of its own (the charge is then handed over to the record, not returned).
+    fn add_importer(&self, me: ProcHandle, i: usize) -> Option<usize> {
+        let r = &self.shared()[i];
+        let slot = me.slot as u32;
         if r.importers.iter().any(|x| x.load(SeqCst) == slot) {
-            return Ok(Some(i));
+            return Some(i);
         }
         // An entry of a process that died (not reaped yet) is free too.
-        let Some(e) = r.importers.iter().find(|x| !self.holds(x.load(SeqCst))) else {
-            return Ok(None);
-        };
+        let e = r.importers.iter().find(|x| !self.holds(x.load(SeqCst)))?;
         e.store(slot, SeqCst);
         r.imported.store(1, SeqCst);
-        Ok(Some(i))
+        Some(i)
     }
 
     /// Process `me` let go of its last handle and mapping of record `rec`'s allocation. If the
-    /// exporter let go before and nobody else holds it, the driver frees it: the record's
-    /// charge goes back (and an exporter's slice it kept alone is removed).
+    /// exporter let go before and nobody else holds it, the record's charge goes back (and an
+    /// exporter's slice it kept alone is removed); the record stays as an orphan.
     pub fn share_leave(
         &self,
         me: ProcHandle,
@@ -187,7 +301,8 @@ impl Ledger {
             r.account.load(SeqCst),
             r.held.load(SeqCst),
         );
-        r.state.store(STATE_FREE, SeqCst);
+        r.held.store(0, SeqCst);
+        r.state.store(STATE_ORPHAN, SeqCst);
         self.with_counter(d, a, |c| {
             let _ = c.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(held)));
         });
@@ -226,7 +341,7 @@ impl Ledger {
             });
         }
         if r.imported.load(SeqCst) != 0 {
-            r.state.store(STATE_FREE, SeqCst);
+            r.state.store(STATE_ORPHAN, SeqCst);
             return Ok(LetGo::Uncharge);
         }
         Ok(LetGo::Keep)
@@ -234,8 +349,8 @@ impl Ledger {
 
     /// The reaper's part (under the lock, `dying` marked): dead importers leave; a dying
     /// exporter's records held by a live importer keep their bytes (clamped to what it was
-    /// charged there), the others go with it; records nobody holds any more are freed. The
-    /// accounts whose counters must give back a freed record's `held`.
+    /// charged there), the others' bytes go with it; records nobody holds any more become
+    /// orphans. The accounts whose counters must give back an orphaned record's `held`.
     pub(crate) fn reap_shared_locked(
         &self,
         dying: &[usize],
@@ -275,10 +390,13 @@ impl Ledger {
                     r.held.store(n, SeqCst);
                     r.exporter.store(NO_SLOT, SeqCst);
                 } else {
-                    r.state.store(STATE_FREE, SeqCst); // its bytes go with the exporter's
+                    // Its bytes go with the exporter's; a descriptor it left behind charges
+                    // whoever imports it next.
+                    r.exporter.store(NO_SLOT, SeqCst);
+                    r.state.store(STATE_ORPHAN, SeqCst);
                 }
             } else if e as u32 == NO_SLOT && !self.any_importer(r) {
-                r.state.store(STATE_FREE, SeqCst);
+                r.state.store(STATE_ORPHAN, SeqCst);
                 if !settle.contains(&(d, a)) {
                     settle.push((d, a));
                 }
@@ -363,9 +481,10 @@ impl Ledger {
         }))
     }
 
+    /// The active or orphan record of identity `key`.
     fn find_shared(&self, key: ShareKey) -> Option<usize> {
         self.shared().iter().position(|r| {
-            r.state.load(SeqCst) == STATE_ACTIVE
+            matches!(r.state.load(SeqCst), STATE_ACTIVE | STATE_ORPHAN)
                 && r.key_dev.load(SeqCst) == key.dev
                 && r.key_ino.load(SeqCst) == key.ino
         })

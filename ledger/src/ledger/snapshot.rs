@@ -7,6 +7,9 @@ use crate::layout::*;
 use crate::snapshot::*;
 use core::sync::atomic::Ordering::{Relaxed, SeqCst};
 
+/// Tries at a snapshot taken between cold-path changes (each waits 0.5 ms after a busy one).
+const SNAPSHOT_TRIES: usize = 40;
+
 impl Ledger {
     /// A consistent-enough copy of everything, for display and decisions (no lock taken).
     ///
@@ -14,7 +17,29 @@ impl Ledger {
     /// record that does not make sense (a slice on a device past the table, a process joined
     /// to a slice index past it) is skipped and described in [`Snapshot::problems`]; sums
     /// saturate. Nothing here panics or reads outside the mapping, whatever the file holds.
+    ///
+    /// Taken while no cold-path change is under way (the lock free before and after, and no
+    /// unlock in between: every unlock bumps `generation`), so a process the reaper freed is
+    /// never missing while its memory still counts; after `SNAPSHOT_TRIES` busy tries (a lock
+    /// held that long) it is taken as the records stand.
     pub fn snapshot(&self) -> Snapshot {
+        let h = self.header();
+        let quiet = || h.lock_holder.load(SeqCst) == 0;
+        for _ in 0..SNAPSHOT_TRIES {
+            let before = h.generation.load(SeqCst);
+            if quiet() {
+                let snap = self.snapshot_as_it_stands();
+                if quiet() && h.generation.load(SeqCst) == before {
+                    return snap;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_micros(500));
+        }
+        self.snapshot_as_it_stands()
+    }
+
+    /// The records as they stand, checked, with no regard for changes under way.
+    fn snapshot_as_it_stands(&self) -> Snapshot {
         let mut snap = Snapshot::default();
         for (i, d) in self.devices().iter().enumerate() {
             if d.state.load(SeqCst) != STATE_ACTIVE {

@@ -12,7 +12,7 @@
 //!
 //! It dies with the test that started it (`PR_SET_PDEATHSIG`).
 
-use gpuslice_ledger::{Ledger, ShareKey, SliceRequest};
+use gpuslice_ledger::{Import, Ledger, ShareKey, SliceRequest};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::Duration;
@@ -57,7 +57,7 @@ fn main() {
                 }
             }
         }
-        "export" | "import" => {
+        "export" | "import" | "adopt" => {
             let f = std::fs::File::open(args.next().expect("a PATH")).unwrap();
             let key = ShareKey::of_fd(f.as_raw_fd()).unwrap();
             let dev = l.ensure_device(UUID, "test", 64 << 30).unwrap();
@@ -68,8 +68,12 @@ fn main() {
             if mode == "export" {
                 assert!(l.account(me, dev).unwrap().try_charge(256 * MI));
                 assert!(l.share_export(me, dev, key, 256 * MI).unwrap().is_some());
+            } else if mode == "import" {
+                assert!(matches!(l.share_import(me, key).unwrap(), Import::Held(_)));
             } else {
-                assert!(l.share_import(me, key).unwrap().is_some());
+                // An orphan: charged for it as for an allocation, and its exporter now.
+                let got = l.share_import(me, key).unwrap();
+                assert!(matches!(got, Import::Adopted { .. }), "{got:?}");
             }
             println!("ready");
             std::thread::sleep(Duration::from_secs(600));

@@ -244,6 +244,16 @@ impl Engine {
         at
     }
 
+    /// The engine time the work queued on contexts `ctxs` still needs at `now`, together.
+    pub fn backlog(&self, ctxs: &[usize], now: u64) -> u64 {
+        let mut st = self.lock();
+        st.advance(now);
+        ctxs.iter()
+            .filter_map(|&c| st.sched.queues.get(c))
+            .flat_map(|q| q.iter().map(|&(_, left)| left))
+            .sum()
+    }
+
     /// The stretches of engine time context `ctx` ran, up to `now`.
     pub fn runs(&self, ctx: usize, now: u64) -> Vec<(u64, u64)> {
         let mut st = self.lock();

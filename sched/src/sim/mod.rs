@@ -31,7 +31,7 @@ pub use queue::Queue;
 use core::sync::atomic::{AtomicU32, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use super::client::Os;
+use super::sys::Os;
 
 const NONE: usize = usize::MAX;
 

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use super::engine::KernelId;
 use super::{Cpu, Engine};
-use crate::client::Work;
+use crate::work::{least_of, Work};
 
 /// What pending work counts for once its estimated end has passed (the shim's figure).
 const MIN_PENDING_NS: u64 = 10_000;
@@ -26,6 +26,8 @@ pub struct Queue<'a, 'w> {
     pub learn: bool,
     /// The estimate of one launch.
     pub est_ns: u64,
+    /// The least recent measurement of one launch ([`least_of`]).
+    least_ns: u64,
     /// Estimated end of the tracked work.
     tail_end: u64,
     /// The latest tracked launch.
@@ -43,6 +45,7 @@ impl<'a, 'w> Queue<'a, 'w> {
             tracked: VecDeque::new(),
             learn: false,
             est_ns,
+            least_ns: est_ns,
             tail_end: 0,
             last_tracked: None,
         }
@@ -92,6 +95,7 @@ impl<'a, 'w> Queue<'a, 'w> {
             if self.learn {
                 let m = self.engine.measured(k).unwrap_or(self.est_ns);
                 self.est_ns = (3 * self.est_ns + m) / 4;
+                self.least_ns = least_of(self.least_ns, m);
             }
         }
         !self.tracked.is_empty()
@@ -111,6 +115,10 @@ impl Work for Queue<'_, '_> {
 
     fn next_ns(&mut self) -> u64 {
         self.est_ns
+    }
+
+    fn next_least_ns(&mut self) -> u64 {
+        self.least_ns.min(self.est_ns)
     }
 
     fn drain(&mut self) -> u64 {

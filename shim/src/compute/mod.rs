@@ -15,7 +15,7 @@
 //!   is; the driver is asked only while some capture is in progress), ask the client for
 //!   admission (it may sleep on the ledger's futex), and track the launch. Every contended
 //!   launch is admitted on its own, so the queued work stays within the lease launch by launch,
-//!   but only a sample carries events (`events.rs`): about one launch in
+//!   but only a sample carries events (`events/`): about one launch in
 //!   [`events::FENCE_NS`] of estimated GPU work gets an event after it, which tells when the
 //!   queue completes (the lease's holder drains it before handing over, so a deep asynchronous
 //!   queue is paid for by whoever queued it), and an event before it, which measures the launch
@@ -26,7 +26,8 @@
 //! `sched::Granted`: the monitor grants the turns (`bind`, `binding`); everything else is the
 //! same.
 //!
-//! `events.rs` is the process's queued work as the events show it (the scheduler's `Work`).
+//! `events/` is the process's queued work as the events show it (`events/work.rs`: the
+//! scheduler's `Work`).
 
 use core::ptr::null_mut;
 use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
@@ -65,7 +66,7 @@ enum Kind {
     Pass,
     /// Launched under a solo lease.
     Solo,
-    /// Admitted by the scheduler, one more launch of the run (no event; see `events.rs`).
+    /// Admitted by the scheduler, one more launch of the run (no event; see `events/`).
     Run,
     /// Admitted by the scheduler: fence it (`start` non-null: measure it too).
     Kernel,
@@ -230,6 +231,7 @@ fn slow_before(stream: CUstream, kind: Kind) -> Gate {
         };
     }
     inner.events.next = inner.events.estimate(kind);
+    inner.events.next_least = inner.events.least(kind);
     // The one stream a hand-over inside the admission may record a fence on.
     inner.events.current = stream;
     inner.client.acquire(&mut inner.events);

@@ -69,7 +69,7 @@ pub use graph::{
 pub use plain::{mem_alloc, mem_alloc_managed, mem_alloc_pitch, mem_free};
 pub use pool_objects::{pool_create, pool_destroy, pool_trim_to};
 pub use pools::{mem_alloc_async, mem_alloc_from_pool, mem_free_async, reclaim_pools};
-pub use vmm::{mem_create, mem_export, mem_import, mem_map, mem_release, mem_unmap};
+pub use vmm::{mem_create, mem_export, mem_import, mem_map, mem_release, mem_retain, mem_unmap};
 
 #[inline]
 fn oom(dev: &DevState, bytes: u64) -> CUresult {

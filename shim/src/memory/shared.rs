@@ -1,7 +1,8 @@
 //! Exported VMM allocations: telling the ledger (a personal ledger, under its lock) or the
 //! node's monitor (node mode, over `monitor.sock`: the policy is read-only here) that this
 //! process exported, imported, let go of or left one, so that the exporter's slice stays
-//! charged while any process holds the memory (`gpuslice_ledger`'s `shared.rs`). Cold paths
+//! charged while any process holds the memory, and an importer of memory nobody is charged
+//! for any more is charged for it (`gpuslice_ledger`'s `shared.rs`). Cold paths
 //! only (an export, an import, a last release or unmap). A failure never fails the driver
 //! call: the charge then stays with its exporter until it exits (never less than the driver
 //! holds), or an importer's hold is not counted; said once in the log.
@@ -10,7 +11,7 @@ use crate::admit::DevState;
 use crate::init::State;
 use crate::log::log;
 use core::ffi::c_int;
-use gpuslice_ledger::{LedgerError, LetGo, ShareKey};
+use gpuslice_ledger::{Import, LedgerError, LetGo, ShareKey};
 use gpuslice_protocol::{self as protocol, Message};
 
 /// How long one question to the monitor may take (it answers at once).
@@ -83,12 +84,37 @@ pub(super) fn export(st: &State, dev: &DevState, fd: c_int, bytes: u64) -> Optio
     }
 }
 
-/// This process imported the POSIX descriptor `fd`: the record it now holds (`None`: not an
-/// export gpuslice knows, or not counted).
-pub(super) fn import(st: &State, fd: c_int) -> Option<usize> {
+/// The monitor's answer to `share-import` (`monitor/src/shared.rs`).
+fn imported(v: &str) -> Import {
+    let w: Vec<&str> = v.split(' ').collect();
+    let n = |i: usize| w.get(i).and_then(|x| x.parse::<u64>().ok());
+    let us = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
+    match (w.first().copied(), n(1), n(2), n(3)) {
+        (Some("held"), Some(rec), None, None) => Import::Held(us(rec)),
+        (Some("adopted"), Some(rec), Some(dev), Some(bytes)) => Import::Adopted {
+            rec: us(rec),
+            dev: us(dev),
+            bytes,
+        },
+        (Some("refused"), Some(dev), Some(bytes), None) => Import::Refused {
+            dev: us(dev),
+            bytes,
+        },
+        (Some("charge"), Some(dev), Some(bytes), None) => Import::Charge {
+            dev: us(dev),
+            bytes,
+        },
+        _ => Import::Unknown,
+    }
+}
+
+/// This process is importing the POSIX descriptor `fd` (asked before the driver's import):
+/// counted on a record someone is charged for, charged for an orphan (or refused, or told to
+/// charge itself), or neither.
+pub(super) fn import(st: &State, fd: c_int) -> Import {
     let m = Message::new("op", "share-import");
-    let r = tell(st, &m, Some(fd), record, || {
-        keyed(fd, |k| st.ledger.share_import(st.me, k))
+    let r = tell(st, &m, Some(fd), imported, || {
+        ShareKey::of_fd(fd).map_or(Ok(Import::Unknown), |k| st.ledger.share_import(st.me, k))
     });
     r.unwrap_or_else(|e| {
         log!(
@@ -96,7 +122,7 @@ pub(super) fn import(st: &State, fd: c_int) -> Option<usize> {
             "could not register an imported VMM allocation ({e}): its exporter's slice may be \
              uncharged while this process still maps it"
         );
-        None
+        Import::Unknown
     })
 }
 

@@ -3,28 +3,33 @@
 //!
 //! The driver frees a handle's memory only when it is released *and* its last mapping is
 //! unmapped (`cuMemMap` holds a reference), so a handle released while still mapped here stays
-//! charged until its last `cuMemUnmap`. A handle exported as a POSIX descriptor
-//! (`cuMemExportToShareableHandle`) may be imported and mapped by other processes, which keep
-//! the memory alive past this process's release and exit: the export is registered in the
-//! ledger (`Ledger::share_export`), importers register on it when they import and leave when
-//! their last handle and mapping of it go, and the charge stays on this process's slice until
-//! the last of them let go (`gpuslice_ledger`'s `shared.rs`; the reaper does the same for the
-//! dead; in node mode the monitor keeps the records, asked over `monitor.sock`: `shared.rs`).
-//! An export nobody imported yet, one of another handle type and one the table has no room
-//! for stay charged here until this process exits (never less than the driver holds).
-//! Importing and mapping charge the importer nothing: the memory is its creator's. The
-//! bookkeeping of mappings, exports and imports is behind one mutex: mapping,
-//! exporting and importing are not hot paths (each is a driver call of microseconds that
-//! changes page tables), and `cuMemCreate`/`cuMemRelease` of a handle never mapped, exported or
-//! imported do not take it; the ledger's lock is never taken under it.
+//! charged until its last `cuMemUnmap`; a reference `cuMemRetainAllocationHandle` added holds
+//! it too, until its own `cuMemRelease` (counted per handle here). A handle exported as a POSIX
+//! descriptor (`cuMemExportToShareableHandle`) may be imported and mapped by other processes,
+//! which keep the memory alive past this process's release and exit: the export is registered
+//! in the ledger (`Ledger::share_export`), importers register on it when they import and leave
+//! when their last handle and mapping of it go, and the charge stays on this process's slice
+//! until the last of them let go (`gpuslice_ledger`'s `shared.rs`; the reaper does the same for
+//! the dead; in node mode the monitor keeps the records, asked over `monitor.sock`:
+//! `shared.rs`). An export nobody imported yet, one of another handle type and one the table
+//! has no room for stay charged here until this process exits (never less than the driver
+//! holds). Importing and mapping charge the importer nothing: the memory is its creator's, as
+//! long as someone is charged for it. A descriptor imported after everyone let go of the memory
+//! (its exporter exited, say: the descriptor keeps the driver's memory alive) is an *orphan*:
+//! the importer is charged for it as if it had allocated it (refused with
+//! `CUDA_ERROR_OUT_OF_MEMORY` over its quota) and becomes the export's exporter. The
+//! bookkeeping of mappings, exports and imports is behind one mutex: mapping, exporting and
+//! importing are not hot paths (each is a driver call of microseconds that changes page
+//! tables), and `cuMemCreate`/`cuMemRelease` of a handle never mapped, exported or imported do
+//! not take it; the ledger's lock is never taken under it.
 
-use super::{charge_and_alloc, written};
+use super::{charge_and_alloc, oom, record, written};
 use crate::init::State;
 use crate::log::log;
 use crate::pointers::{self, Charge, Handle};
 use gpuslice_abi::pfn;
 use gpuslice_abi::*;
-use gpuslice_ledger::LetGo;
+use gpuslice_ledger::{Import, LetGo};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Mutex;
@@ -42,6 +47,10 @@ struct Maps {
     exported: HashMap<u64, Option<usize>>,
     /// Imported handles: the ledger's record of the export, and whether released.
     imported: HashMap<u64, (usize, bool)>,
+    /// References `cuMemRetainAllocationHandle` added and no `cuMemRelease` took back yet:
+    /// while a handle has any, the driver keeps its memory whatever else is released or
+    /// unmapped.
+    retained: HashMap<u64, u32>,
 }
 
 /// What happens to a charge once the driver would free the memory in this process.
@@ -66,6 +75,7 @@ fn with_maps<T>(f: impl FnOnce(&mut Maps) -> T) -> T {
         released: HashMap::new(),
         exported: HashMap::new(),
         imported: HashMap::new(),
+        retained: HashMap::new(),
     }))
 }
 
@@ -76,6 +86,26 @@ impl Maps {
             Some(rec) => Gone::Exported(rec, c),
             None => Gone::Free(c),
         }
+    }
+
+    /// Handle `h` has no mapping and no retained reference left here: the charge a release
+    /// left held, and the record an import released earlier leaves.
+    fn unheld(&mut self, h: u64) -> (Option<Gone>, Option<usize>) {
+        let gone = self.released.remove(&h).map(|c| self.gone(h, c));
+        let released = self.imported.get(&h).is_some_and(|e| e.1);
+        (gone, if released { self.import_gone(h) } else { None })
+    }
+
+    /// Take back one retained reference of `h`: whether it had one.
+    fn unretain(&mut self, h: u64) -> bool {
+        let Some(n) = self.retained.get_mut(&h) else {
+            return false;
+        };
+        *n -= 1;
+        if *n == 0 {
+            self.retained.remove(&h);
+        }
+        true
     }
 
     /// An imported handle's last reference here went: the record this process no longer
@@ -170,6 +200,30 @@ pub unsafe fn mem_release(
     let st = ready!();
     // SAFETY: the handler contract: `real` with the program's arguments.
     let pass = || unsafe { real(handle) };
+    // A reference cuMemRetainAllocationHandle added: the driver counts references, not which
+    // is which, so this release takes back a retained one and the handle's own stays.
+    if USED.load(Acquire) && with_maps(|m| m.unretain(handle)) {
+        let r = pass();
+        if r != CUDA_SUCCESS {
+            with_maps(|m| *m.retained.entry(handle).or_insert(0) += 1);
+            return r;
+        }
+        // The last retained reference of a handle released and unmapped before: now the
+        // driver lets go of it.
+        let (gone, left) = with_maps(|m| {
+            let held = m.count.contains_key(&handle) || m.retained.contains_key(&handle);
+            if held {
+                (None, None)
+            } else {
+                m.unheld(handle)
+            }
+        });
+        if let Some(g) = gone {
+            settle(st, g);
+        }
+        leave(st, left);
+        return r;
+    }
     let Some(c) = pointers::remove(Handle::Vmm, handle) else {
         // Imported, or made before start-up: charged to nobody here.
         let r = pass();
@@ -257,12 +311,12 @@ pub unsafe fn mem_unmap(real: pfn::cuMemUnmap, ptr: CUdeviceptr, size: usize) ->
                 continue;
             }
             m.count.remove(&h);
-            if let Some(c) = m.released.remove(&h) {
-                gone.push(m.gone(h, c));
+            if m.retained.contains_key(&h) {
+                continue; // a retained reference still holds it: its release settles
             }
-            if m.imported.get(&h).is_some_and(|e| e.1) {
-                left.push(m.import_gone(h));
-            }
+            let (g, l) = m.unheld(h);
+            gone.extend(g);
+            left.push(l);
         }
         (gone, left)
     });
@@ -271,6 +325,27 @@ pub unsafe fn mem_unmap(real: pfn::cuMemUnmap, ptr: CUdeviceptr, size: usize) ->
     }
     for rec in left {
         leave(st, rec);
+    }
+    r
+}
+
+/// `cuMemRetainAllocationHandle`: the handle mapped at `addr`, with one more reference the
+/// program must release. Counted, so that neither the handle's own release nor its last
+/// unmap returns a charge (or leaves an import) while this reference still holds the memory,
+/// and its release is not taken for the handle's own.
+pub unsafe fn mem_retain(
+    real: pfn::cuMemRetainAllocationHandle,
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut core::ffi::c_void,
+) -> CUresult {
+    // SAFETY: the handler contract: `real` with the program's arguments.
+    let r = unsafe { real(handle, addr) };
+    if r == CUDA_SUCCESS && !handle.is_null() {
+        // SAFETY: the program's out-pointer, non-null (checked), written by the driver
+        // (success).
+        let h = unsafe { *handle };
+        USED.store(true, Release);
+        with_maps(|m| *m.retained.entry(h).or_insert(0) += 1);
     }
     r
 }
@@ -311,10 +386,11 @@ fn register_export(st: &State, fd: core::ffi::c_int, c: Charge) -> Option<usize>
     super::shared::export(st, dev, fd, c.bytes)
 }
 
-/// `cuMemImportFromShareableHandle`: charges nothing (the memory is its exporter's); an
-/// import of a POSIX descriptor registered by its exporter keeps the exporter's slice charged
-/// while this process holds a handle or mapping of it. Registered before the driver call, so
-/// an exporter that lets go or dies meanwhile finds the importer already there.
+/// `cuMemImportFromShareableHandle`: charges nothing when someone is charged for the memory;
+/// an import of a POSIX descriptor registered by its exporter keeps the exporter's slice
+/// charged while this process holds a handle or mapping of it. Registered before the driver
+/// call, so an exporter that lets go or dies meanwhile finds the importer already there. An
+/// orphan (nobody charged for it any more) is charged here: [`import_orphan`].
 pub unsafe fn mem_import(
     real: pfn::cuMemImportFromShareableHandle,
     handle: *mut CUmemGenericAllocationHandle,
@@ -328,7 +404,12 @@ pub unsafe fn mem_import(
         _ => return pass(),
     };
     // A POSIX descriptor travels as the pointer's value (cuda.h: `(void *)(uintptr_t) fd`).
-    let rec = super::shared::import(st, os_handle as usize as core::ffi::c_int);
+    let rec = match super::shared::import(st, os_handle as usize as core::ffi::c_int) {
+        Import::Held(rec) => Some(rec),
+        Import::Unknown => None,
+        // SAFETY: the handler contract; handle is non-null (checked).
+        orphan => return unsafe { import_orphan(st, pass, handle, orphan) },
+    };
     let r = pass();
     match rec {
         Some(rec) if r == CUDA_SUCCESS => {
@@ -343,4 +424,63 @@ pub unsafe fn mem_import(
         _ => {}
     }
     r
+}
+
+/// Import an orphan, as the ledger (or the monitor) answered: adopted (charged there, under
+/// its lock; this process is the record's exporter now, and lets go of it as one, also when
+/// the driver refuses), refused over the quota (`CUDA_ERROR_OUT_OF_MEMORY` without calling
+/// the driver, as an allocation), or to be charged here as an allocation of this handle
+/// (an account that keeps no record).
+///
+/// # Safety
+/// `handle` is non-null, the program's out-pointer; `pass` is the driver's import.
+unsafe fn import_orphan(
+    st: &State,
+    pass: impl Fn() -> CUresult,
+    handle: *mut CUmemGenericAllocationHandle,
+    found: Import,
+) -> CUresult {
+    let (dev, bytes) = match found {
+        Import::Adopted { dev, bytes, .. }
+        | Import::Refused { dev, bytes }
+        | Import::Charge { dev, bytes } => (dev, bytes),
+        Import::Held(_) | Import::Unknown => return pass(),
+    };
+    // The ledger charges only an account this process joined, which has its state here.
+    let Some(d) = st.devices.iter().find(|d| d.ledger_dev == dev) else {
+        log!(
+            Warn,
+            "imported VMM allocation of {bytes} bytes on a device this process does not use: \
+             {}",
+            if matches!(found, Import::Adopted { .. }) {
+                "charged until this process exits"
+            } else {
+                "charged to no slice"
+            }
+        );
+        return pass();
+    };
+    let alloc = || {
+        let r = pass();
+        // SAFETY: handle is non-null (this function's contract), read after success only.
+        let h = unsafe { written(r, handle) };
+        (r, h.unwrap_or(0))
+    };
+    match found {
+        Import::Adopted { rec, .. } => {
+            let c = Charge::new(bytes, d, 0);
+            let (r, h) = alloc();
+            if r != CUDA_SUCCESS {
+                settle(st, Gone::Exported(Some(rec), c));
+                return r;
+            }
+            USED.store(true, Release);
+            record(Handle::Vmm, h, c);
+            with_maps(|m| m.exported.insert(h, Some(rec)));
+            CUDA_SUCCESS
+        }
+        // SAFETY: d is a device of the started state.
+        Import::Charge { .. } => unsafe { charge_and_alloc(d, Handle::Vmm, bytes, alloc) },
+        _ => oom(d, bytes),
+    }
 }

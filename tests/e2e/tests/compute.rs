@@ -248,6 +248,43 @@ fn a_slice_of_two_processes_shares_one_share() {
     );
 }
 
+/// Personal mode bounds what a slice's processes queue together, not each on its own
+/// (`SchedSlice::queue_in_turn`): eight processes of a 0.25 slice, each keeping 16 launches of
+/// 1 ms in flight, next to one 0.75 process. Each process bounding only its own queue, the
+/// slice could have eight turns' work queued at every hand-over, running on into the other
+/// slice's turns; together they keep the 0.75 slice's part of the GPU time at its share.
+#[test]
+fn many_processes_of_a_slice_queue_one_turn_together() {
+    let (_serial, w) = serial_world();
+    let deep = ["--kernel-us", "1000", "--seconds", "11.5", "--depth", "16"];
+    let quarter = [("GPUSLICE_COMPUTE", "0.25")];
+    let many: Vec<Tenant> = (0..8).map(|_| spawn(&w, "many", &quarter, &deep)).collect();
+    let one = spawn(
+        &w,
+        "one",
+        &[("GPUSLICE_COMPUTE", "0.75")],
+        &saturating("11.5"),
+    );
+    let many: Vec<Ran> = many.into_iter().map(finish).collect();
+    let one = finish(one);
+    let mut all: Vec<&Ran> = many.iter().collect();
+    all.push(&one);
+    let (from, to) = all_ran(&all, 1.0, 0.5);
+    let t1: f64 = many.iter().map(|r| fraction_in(r, from, to)).sum();
+    let t2 = fraction_in(&one, from, to);
+    let part = t2 / (t1 + t2);
+    // The figures of docs/benchmarks.md (`-- --nocapture`).
+    eprintln!(
+        "eight processes x 16 deep at 0.25: {t1:.3}; one at 0.75: {t2:.3}; its part {part:.3}"
+    );
+    assert!(
+        part >= 0.71,
+        "over {:.1} s the 0.75 slice got {part:.3} of the GPU time ({t2:.3} of the device), the \
+         eight processes of the 0.25 slice {t1:.3}",
+        to - from
+    );
+}
+
 /// A contended launch carries events only on a sample of launches (`shim/src/compute/events.rs`),
 /// not an event pair each: in the fake's trace of a tenant held to half the device by a
 /// neighbour, event records are burn's own one per launch plus a few, not three per launch.

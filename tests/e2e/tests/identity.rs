@@ -721,14 +721,21 @@ fn balloons_fall_away_with_the_monitor_and_come_back_with_it() {
     kill_all([&mut h]);
 }
 
-/// The balloons' costs, for docs/benchmarks.md ("Balloons"); not a test (no assertion on time):
+/// A benchmark, not a test: the balloons' costs for docs/benchmarks.md ("Balloons"). It is
+/// `#[ignore]`d on purpose: it asserts nothing about time (only what its figures rest on: each
+/// run allocated, the hog filled the device), so a default `cargo test` would spend its 10-20 s
+/// (15 slow paths, 5 monitor restarts) on numbers nobody reads. Run it, as root, with
 /// `cargo test -p gpuslice-e2e --test identity balloon_costs -- --ignored --nocapture`.
 /// Prints the monitor's own device memory with nothing reserved, the slow path's latency (the
 /// driver full, a 768 MiB allocation asks the monitor for its slice's reservation and
 /// retries; median of 15) and the monitor's start-up holding 3 GiB (two 1 GiB slices and
-/// their context room).
+/// their context room). What the balloons must do is tested by the tests above
+/// (`reserved_memory_is_held_against_a_bypass_and_a_scribbler`,
+/// `every_allocation_path_gets_its_balloon_back`,
+/// `balloons_fall_away_with_the_monitor_and_come_back_with_it`) and
+/// `tests/python/test_node_balloons.py`.
 #[test]
-#[ignore]
+#[ignore = "a benchmark (docs/benchmarks.md, \"Balloons\"): run with --ignored --nocapture"]
 fn balloon_costs() {
     need_root!();
     let median = |mut v: Vec<f64>| {

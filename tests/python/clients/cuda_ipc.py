@@ -6,10 +6,13 @@ POSIX fd by SCM_RIGHTS, a legacy IPC handle's 64 bytes as data.
 Roles and their commands:
 - `vmm-export SOCKET`: `create MIB` (cuMemCreate for a POSIX fd, reserved, mapped read-write,
   filled with a pattern from the host), `send` (cuMemExportToShareableHandle, the fd sent to
-  the next connection), `release` (cuMemRelease), `unmap` (cuMemUnmap, cuMemAddressFree);
-- `vmm-import SOCKET`: `import` (receive the fd, cuMemImportFromShareableHandle, map, read the
-  bytes back and compare), `read` (compare them again), `unmap` (cuMemUnmap, cuMemAddressFree,
-  cuMemRelease);
+  the next connection), `release` (cuMemRelease), `unmap` (cuMemUnmap, cuMemAddressFree),
+  `retain` (cuMemRetainAllocationHandle of the mapped address: one more reference, to release);
+- `vmm-import SOCKET`: `receive` (receive the fd and keep it, importing nothing), `import`
+  (receive the fd unless one is kept, cuMemImportFromShareableHandle, map, read the bytes back
+  and compare; its status and cuMemGetInfo when the import fails), `read` (compare them
+  again), `unmap` (cuMemUnmap, cuMemAddressFree, cuMemRelease), `retain` and `release` as
+  for `vmm-export`;
 - `ipc-export SOCKET`: `alloc_shared MIB` (cuMemAlloc, filled), `send` (cuIpcGetMemHandle, sent), `own`
   (cuIpcOpenMemHandle of its own handle: the driver refuses), `free` (cuMemFree);
 - `ipc-import SOCKET`: `open` (receive a handle, cuIpcOpenMemHandle, compare the bytes),
@@ -145,22 +148,35 @@ def vmm_send():
     return info()
 
 
-def vmm_import():
+def vmm_receive():
     s = connect()
     msg, fds, _, _ = socket.recv_fds(s, 8, 1)
     s.close()
-    size = int.from_bytes(msg, "little")
+    state.update(fd=fds[0], size=int.from_bytes(msg, "little"))
+    return dict(received=True)
+
+
+def vmm_import():
+    if "fd" not in state:
+        vmm_receive()
+    fd, size = state.pop("fd"), state["size"]
     h = c_u64()
-    r = cuda.cuMemImportFromShareableHandle(ctypes.byref(h), ctypes.c_void_p(fds[0]), 1)
-    os.close(fds[0])
+    r = cuda.cuMemImportFromShareableHandle(ctypes.byref(h), ctypes.c_void_p(fd), 1)
+    os.close(fd)
     if r != 0:
-        return dict(status=r)
+        return dict(status=r, **info())
     state.update(h=h.value, size=size, va=map_handle(h.value, size))
     return dict(status=0, read_ok=read_ok(state["va"], size), **info())
 
 
 def vmm_read():
     return dict(read_ok=read_ok(state["va"], state["size"]), **info())
+
+
+def vmm_retain():
+    h = c_u64()
+    r = cuda.cuMemRetainAllocationHandle(ctypes.byref(h), ctypes.c_void_p(state["va"]))
+    return dict(status=r, same=h.value == state["h"], **info())
 
 
 def vmm_release():
@@ -323,8 +339,10 @@ def forge(op, arg):
 
 
 ROLES = {
-    "vmm-export": dict(create=vmm_create, send=vmm_send, release=vmm_release, unmap=vmm_unmap),
-    "vmm-import": dict(import_=vmm_import, read=vmm_read, unmap=vmm_import_unmap),
+    "vmm-export": dict(create=vmm_create, send=vmm_send, release=vmm_release, unmap=vmm_unmap,
+                       retain=vmm_retain),
+    "vmm-import": dict(receive=vmm_receive, import_=vmm_import, retain=vmm_retain,
+                       release=vmm_release, read=vmm_read, unmap=vmm_import_unmap),
     "ipc-export": dict(alloc_shared=ipc_alloc, send=ipc_send, own=ipc_own, free=ipc_free,
                        event_send=event_send),
     "ipc-import": dict(open=ipc_open, reopen=ipc_reopen, close=ipc_close, event_open=event_open),

@@ -7,7 +7,10 @@ MIB MiB allocations, each exported here and imported by a second process (this s
   or with the node's monitor);
 - `import`: cuMemImportFromShareableHandle in the other process (registered as an importer);
 - `import_release`: the importer's cuMemRelease of its only handle (it leaves the record);
-- `release`: the exporter's cuMemRelease once the importer left (the charge returned).
+- `release`: the exporter's cuMemRelease once the importer left (the charge returned);
+- `import_orphan`: the other process imports the same descriptor again, now that nobody holds
+  the memory but the descriptor (under gpuslice an orphan: the importer is charged for it);
+- `orphan_release`: its cuMemRelease of that handle (the charge returned).
 
 Without gpuslice these are the driver's own costs; the difference under the shim is what
 registering costs (docs/benchmarks.md).
@@ -26,16 +29,16 @@ c_u64, c_size = ctypes.c_uint64, ctypes.c_size_t
 
 def importer():
     cuda, _ = primary_context()
-    t = Timings("import", "import_release")
+    t = Timings("import", "import_release", "import_orphan", "orphan_release")
 
     def each(line):
-        pid, n = line.split()
+        again, pid, n = line.split()
         fd = os.open(f"/proc/{pid}/fd/{n}", os.O_RDWR)
         h = c_u64()
-        t.call("import", cuda.cuMemImportFromShareableHandle, ctypes.byref(h),
-               ctypes.c_void_p(fd), 1)
+        t.call("import_orphan" if again == "again" else "import",
+               cuda.cuMemImportFromShareableHandle, ctypes.byref(h), ctypes.c_void_p(fd), 1)
         os.close(fd)
-        t.call("import_release", cuda.cuMemRelease, h)
+        t.call("orphan_release" if again == "again" else "import_release", cuda.cuMemRelease, h)
 
     answer_lines(t, each)
 
@@ -52,10 +55,14 @@ def main(mib, runs):
         assert cuda.cuMemCreate(ctypes.byref(h), c_size(size), ctypes.byref(prop), c_u64(0)) == 0
         fd = ctypes.c_int()
         t.call("export", cuda.cuMemExportToShareableHandle, ctypes.byref(fd), h, 1, c_u64(0))
-        child.stdin.write(f"{os.getpid()} {fd.value}\n")
+        child.stdin.write(f"first {os.getpid()} {fd.value}\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "ok"
         t.call("release", cuda.cuMemRelease, h)
+        # Only the descriptor holds the memory now: imported again, an orphan.
+        child.stdin.write(f"again {os.getpid()} {fd.value}\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "ok"
         os.close(fd.value)
     child.stdin.close()
     out = t.medians()

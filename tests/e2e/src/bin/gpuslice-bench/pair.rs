@@ -1,7 +1,10 @@
 //! `pair`: issue 20's headline pair, 0.25 / 0.75 with 1 ms kernels, at several queue depths,
 //! in personal mode (the tenants' own scheduler, one user) and in node mode (a root monitor
 //! granting turns to two unprivileged users; needs root): what the 0.25 tenant got of the
-//! device over the run's middle, per run and the median.
+//! device over the run's middle, per run and the median. Before each run, a control: one
+//! launcher at the same depth alone on the fake without gpuslice, for a third of the run: how
+//! busy such a launcher can keep the device on this host now (at depth 1 its own gaps between
+//! kernels, a wake-up and a launch each, idle the device however it is shared).
 
 use std::process::{Child, Stdio};
 
@@ -30,6 +33,19 @@ fn args(depth: u64, seconds: f64) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
+}
+
+/// The control: one launcher alone on the fake, without gpuslice; its fraction of the device.
+fn alone(depth: u64, seconds: f64) -> f64 {
+    let env = Env::new("pair-alone");
+    let c = env
+        .command(&bin_dir().join("gpuslice-burn"), false)
+        .args(args(depth, seconds))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn gpuslice-burn");
+    window(&collect(c), 1.0, seconds, 1.0).0
 }
 
 /// One personal-mode run: both tenants under the shim as this user.
@@ -76,9 +92,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub(crate) fn pair(o: &PairOpts) {
     // SAFETY: geteuid cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
+    let control = (o.seconds / 3.0).max(3.0);
     println!(
         "0.25 / 0.75, 1 ms kernels, {} runs of {} s each, measured from 1 s to {} s (burn's own \
-         count): the 0.25 tenant's fraction of the device, and its part of what the two got",
+         count): the 0.25 tenant's fraction of the device, its part of what the two got, and \
+         the device's busy fraction against one launcher's alone without gpuslice just before \
+         ({control} s, from 1 s)",
         o.runs,
         o.seconds,
         o.seconds - 1.0
@@ -90,7 +109,9 @@ pub(crate) fn pair(o: &PairOpts) {
         }
         for &depth in &o.depths {
             let (mut quarter, mut part, mut each) = (vec![], vec![], vec![]);
+            let (mut busy, mut lone) = (vec![], vec![]);
             for _ in 0..o.runs {
+                let solo = alone(depth, control);
                 let (a, b) = match mode.as_str() {
                     "node" => node(depth, o.seconds),
                     _ => personal(depth, o.seconds),
@@ -99,13 +120,17 @@ pub(crate) fn pair(o: &PairOpts) {
                 let fb = window(&b, 1.0, o.seconds - 1.0, 0.75).0;
                 quarter.push(fa);
                 part.push(fa / (fa + fb));
-                each.push(format!("{fa:.3}/{fb:.3}"));
+                busy.push(fa + fb);
+                lone.push(solo);
+                each.push(format!("{fa:.3}/{fb:.3} (alone {solo:.3})"));
             }
             println!(
                 "{mode:<8} depth {depth}: 0.25 tenant median {:.3} of the device, part {:.3}; \
-                 each run 0.25/0.75: {}",
+                 device busy {:.3}, one launcher alone {:.3}; each run 0.25/0.75: {}",
                 median(quarter),
                 median(part),
+                median(busy),
+                median(lone),
                 each.join(", ")
             );
         }

@@ -27,6 +27,8 @@ use gpuslice_sched::{self as sched, Work};
 use super::Kind;
 use crate::real;
 
+mod work;
+
 /// Launches tracked per device; one more waits for the oldest to complete.
 const RING: usize = 128;
 /// What pending work counts for once its estimated end has passed.
@@ -77,11 +79,15 @@ pub(super) struct Events {
     /// (until then every fence measures).
     kernel_ns: u64,
     learned: bool,
-    /// Measured GPU time of graph replays, per executable.
-    graphs: [(CUgraphExec, u64); GRAPHS],
+    /// The least recent measurement of a kernel launch ([`sched::least_of`]): its time when no
+    /// other context's work interleaved with it.
+    kernel_least_ns: u64,
+    /// Measured GPU time of graph replays, per executable: the average and the least.
+    graphs: [(CUgraphExec, u64, u64); GRAPHS],
     graph_next: usize,
-    /// Estimate of the launch being admitted.
+    /// Estimate of the launch being admitted, and its least recent measurement.
     pub(super) next: u64,
+    pub(super) next_least: u64,
     /// When the tracked work is expected to complete (ns; 0 when nothing is tracked).
     tail_end: u64,
     /// The run: launches since the last fence, on `run_stream`, estimated at `run_ns` in all
@@ -128,9 +134,11 @@ impl Events {
             spare: Vec::with_capacity(2 * RING + 8),
             kernel_ns: DEFAULT_EST_NS,
             learned: false,
-            graphs: [(null_mut(), 0); GRAPHS],
+            kernel_least_ns: DEFAULT_EST_NS,
+            graphs: [(null_mut(), 0, 0); GRAPHS],
             graph_next: 0,
             next: DEFAULT_EST_NS,
+            next_least: DEFAULT_EST_NS,
             tail_end: 0,
             run_stream: null_mut(),
             run_n: 0,
@@ -204,15 +212,25 @@ impl Events {
         run.max(self.orphan_end)
     }
 
-    pub(super) fn estimate(&self, kind: Kind) -> u64 {
+    /// A launch's estimate and its least recent measurement.
+    fn learned(&self, kind: Kind) -> (u64, u64) {
         match kind {
             Kind::Graph(x) => self
                 .graphs
                 .iter()
                 .find(|g| g.0 == x)
-                .map_or(DEFAULT_EST_NS, |g| g.1),
-            _ => self.kernel_ns,
+                .map_or((DEFAULT_EST_NS, DEFAULT_EST_NS), |g| (g.1, g.2)),
+            _ => (self.kernel_ns, self.kernel_least_ns),
         }
+    }
+
+    pub(super) fn estimate(&self, kind: Kind) -> u64 {
+        self.learned(kind).0
+    }
+
+    /// A launch's least recent measurement (what the slice's queue bound counts).
+    pub(super) fn least(&self, kind: Kind) -> u64 {
+        self.learned(kind).1
     }
 
     /// Learn a measured launch's GPU time: a sample counts for a quarter (the first one of a
@@ -226,17 +244,24 @@ impl Events {
         let avg = |old: u64| ((3 * old as u128 + ns as u128) / 4) as u64;
         match kind {
             Kind::Graph(x) => match self.graphs.iter_mut().find(|g| g.0 == x) {
-                Some(g) => g.1 = avg(g.1),
+                Some(g) => {
+                    g.1 = avg(g.1);
+                    g.2 = sched::least_of(g.2, ns);
+                }
                 None => {
-                    self.graphs[self.graph_next] = (x, ns);
+                    self.graphs[self.graph_next] = (x, ns, ns.max(1));
                     self.graph_next = (self.graph_next + 1) % GRAPHS;
                 }
             },
             _ if !self.learned => {
                 self.kernel_ns = ns.max(1);
+                self.kernel_least_ns = ns.max(1);
                 self.learned = true;
             }
-            _ => self.kernel_ns = avg(self.kernel_ns).max(1),
+            _ => {
+                self.kernel_ns = avg(self.kernel_ns).max(1);
+                self.kernel_least_ns = sched::least_of(self.kernel_least_ns, ns);
+            }
         }
     }
 
@@ -468,117 +493,6 @@ fn nap(est_ns: u64) {
     std::thread::sleep(std::time::Duration::from_nanos(ns));
 }
 
-impl Events {
-    /// What is left of the queued work (ns, 0 when overdue but pending); None when every fence
-    /// completed and the unfenced launches' estimated end has passed.
-    fn left(&mut self, now: u64) -> Option<u64> {
-        let fenced = self.poll();
-        let unfenced = self.unfenced_end();
-        if !fenced {
-            if unfenced <= now {
-                self.tail_end = 0;
-                self.run_end = 0;
-                self.orphan_end = 0;
-                return None;
-            }
-            return Some(unfenced - now);
-        }
-        Some(self.tail_end.max(unfenced).saturating_sub(now))
-    }
-
-    /// Launches not known complete: the fences' and, until their estimated end, the run's.
-    fn launches_pending(&mut self) -> usize {
-        self.poll();
-        let now = sched::now_ns();
-        let fenced: usize = (0..self.len)
-            .map(|i| self.ring[(self.head + i) % RING].launches as usize)
-            .sum();
-        let run = if self.run_n > 0 && self.run_end > now {
-            self.run_n as usize
-        } else {
-            0
-        };
-        fenced + run
-    }
-}
-
-impl Work for Events {
-    fn outstanding_ns(&mut self) -> u64 {
-        // Pending but overdue by the estimate: still something, so a holder keeps waiting.
-        self.left(sched::now_ns())
-            .map_or(0, |l| l.max(MIN_PENDING_NS))
-    }
-
-    fn wait_below(&mut self, ns: u64) -> u64 {
-        self.fence_run();
-        let t0 = sched::now_ns();
-        loop {
-            let now = sched::now_ns();
-            let Some(left) = self.left(now) else {
-                return 0;
-            };
-            // Past its estimated end the rest is unknown: wait for it to complete.
-            if (left > 0 && left <= ns) || now.saturating_sub(t0) > DRAIN_LIMIT_NS {
-                return left.max(MIN_PENDING_NS);
-            }
-            let nap_ns = if left > ns {
-                left - ns
-            } else {
-                MIN_PENDING_NS * 2
-            };
-            std::thread::sleep(std::time::Duration::from_nanos(nap_ns.min(1_000_000)));
-        }
-    }
-
-    fn next_ns(&mut self) -> u64 {
-        self.next
-    }
-
-    fn finished_at(&mut self) -> Option<u64> {
-        let now = sched::now_ns();
-        self.left(now)
-            .is_none()
-            .then(|| self.done_seen.max(self.unfenced_end()).min(now))
-            .filter(|&at| at != 0)
-    }
-
-    fn pending(&mut self) -> usize {
-        self.launches_pending()
-    }
-
-    fn wait_pending(&mut self, n: usize) {
-        self.fence_run();
-        let t0 = sched::now_ns();
-        while self.launches_pending() > n {
-            if sched::now_ns().saturating_sub(t0) > DRAIN_LIMIT_NS {
-                return;
-            }
-            let est = if self.len > 0 {
-                self.ring[self.head].est
-            } else {
-                self.run_ns
-            };
-            nap(est);
-        }
-    }
-
-    fn track_each(&mut self, until_ns: u64) {
-        self.each_until = self.each_until.max(until_ns);
-    }
-
-    fn drain(&mut self) -> u64 {
-        self.fence_run();
-        let t0 = sched::now_ns();
-        while let Some(left) = self.left(sched::now_ns()) {
-            if sched::now_ns().saturating_sub(t0) > DRAIN_LIMIT_NS {
-                break;
-            }
-            nap(left);
-        }
-        sched::now_ns()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -608,6 +522,35 @@ mod tests {
         e.learn(Kind::Graph(g), 3_000_000);
         assert_eq!(e.estimate(Kind::Graph(g)), 3_000_000, "per executable");
         assert!(e.estimate(Kind::Kernel) < 21_000);
+    }
+
+    /// The least measurement keeps a launch's own time while most samples include a sibling's
+    /// kernels (two busy processes of a slice: every other sample twice as long), and follows
+    /// a launch that really got longer.
+    #[test]
+    fn the_least_measurement_ignores_interleaved_samples() {
+        let mut e = Events::new();
+        for i in 0..40 {
+            e.learn(Kind::Kernel, if i % 2 == 0 { 1_000_000 } else { 2_000_000 });
+        }
+        assert!(e.estimate(Kind::Kernel) > 1_400_000);
+        assert!(
+            e.least(Kind::Kernel) <= 1_062_500,
+            "{}",
+            e.least(Kind::Kernel)
+        );
+        for _ in 0..40 {
+            e.learn(Kind::Kernel, 4_000_000);
+        }
+        assert!(
+            e.least(Kind::Kernel) > 3_700_000,
+            "{}",
+            e.least(Kind::Kernel)
+        );
+        let g = 7usize as CUgraphExec;
+        e.learn(Kind::Graph(g), 3_000_000);
+        e.learn(Kind::Graph(g), 6_000_000);
+        assert_eq!(e.least(Kind::Graph(g)), 3_187_500, "per executable");
     }
 
     #[test]
