@@ -16,7 +16,8 @@ use gpuslice_ledger::region::{Region, Regions};
 use gpuslice_ledger::tenants::LedgerTenants;
 use gpuslice_ledger::{Ledger, MAX_DEVICES, MAX_SLICES};
 use gpuslice_sched::{
-    self as sched, DeviceTurns, Lease, Member, Os, SchedSlice, Tenants, MONITOR_BEAT_NS,
+    self as sched, DeviceTurns, GrantProc, Lease, Member, Os, Rings, SchedSlice, Tenants,
+    MONITOR_BEAT_NS,
 };
 
 use crate::admission::RegionTable;
@@ -70,6 +71,13 @@ fn members_of(ledger: &Ledger, regions: &RegionTable) -> Cache {
     out
 }
 
+/// The grant words of the cache's processes, in its order.
+fn words(cache: &Cache) -> impl Iterator<Item = Option<&GrantProc>> {
+    cache
+        .iter()
+        .map(|(slot, _, _, r)| r.proc_(*slot).map(|p| &p.grant))
+}
+
 /// Start the turns thread (node mode): it runs until the process exits.
 pub fn spawn(ledger: Arc<Ledger>, regions: Arc<RegionTable>) -> Result<(), Error> {
     std::thread::Builder::new()
@@ -91,6 +99,7 @@ fn run(ledger: &Ledger, regions: &RegionTable) {
     let mut cache: Cache = vec![];
     let mut generation = u64::MAX;
     let mut refreshed = 0u64;
+    let mut rings = Rings::default();
     loop {
         let now = os.now_ns();
         sched::beat(&ledger.header().monitor_beat_ns, now);
@@ -100,6 +109,7 @@ fn run(ledger: &Ledger, regions: &RegionTable) {
             refreshed = now;
             cache = members_of(ledger, regions);
         }
+        rings.pass(&mut words(&cache));
         let mut next = now + MONITOR_BEAT_NS;
         for (d, dt) in turns.iter_mut().enumerate() {
             let dev = &ledger.devices()[d];
@@ -137,7 +147,17 @@ fn run(ledger: &Ledger, regions: &RegionTable) {
         // they can wake this thread, never write anything it reads without clamping). A wake
         // sooner than MIN_PASS_NS after the last pass waits out the rest, so a tenant ringing
         // without pause costs at most one pass per MIN_PASS_NS.
+        let began = now;
         let now = os.now_ns();
+        if rings.missed(&mut words(&cache)) {
+            // A ring that came in the pass woke nobody: pass again (at most one per
+            // MIN_PASS_NS), not a poll (1 ms) later.
+            let at = began.saturating_add(MIN_PASS_NS);
+            if at > now {
+                std::thread::sleep(Duration::from_nanos(at - now));
+            }
+            continue;
+        }
         if next > now {
             let bell = &ledger.header().turns_bell;
             os.futex_wait(bell, bell.load(Acquire), next - now);

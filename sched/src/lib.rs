@@ -68,6 +68,7 @@ mod granted;
 mod lease;
 mod policy;
 mod records;
+mod rings;
 #[cfg(test)]
 mod sim;
 mod sys;
@@ -92,6 +93,7 @@ pub use records::{
     class_name, parse_class, slice_stats, used_fraction, Lease, SchedDevice, SchedProc, SchedSlice,
     SliceComputeStats, Window, CLASS_LATENCY, CLASS_NORMAL, MAX_SLICE_ID, WINDOW_NS,
 };
+pub use rings::Rings;
 pub use sys::{Os, SystemOs, SYSTEM};
 pub use turns::{
     beat, DeviceTurns, Member, DRAIN_HOLD_NS, HAND_BACK_POLL_NS, HAND_BACK_WINDOW_NS, MAX_GRANT_NS,

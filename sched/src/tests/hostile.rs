@@ -88,6 +88,39 @@ fn many_processes_in_one_slice_do_not_take_the_device() {
     });
 }
 
+/// (a) again with t1's slice in the latency class (a tenant sets its own slice's class): its
+/// turns preempt t2's (paid in full, like any span granted); t2 keeps its share, per second
+/// too. Node mode only: in personal mode the tenants are one
+/// user's, and a latency slice there launches beside the holder, paying as it goes.
+#[test]
+fn many_processes_in_a_latency_slice_do_not_take_the_device() {
+    let mut failed = Vec::new();
+    {
+        let (mode, failed) = (NODE, &mut failed);
+        for (n, kernel_us) in [(16, 8000), (32, 1000), (1, 1000)] {
+            let t = Table::new(&[(0.25, 0.0), (0.75, 0.0)]);
+            let mut ts: Vec<Tenant> = (0..n)
+                .map(|_| Tenant {
+                    depth: 2,
+                    learn: true,
+                    class: CLASS_LATENCY,
+                    ..tenant(1, kernel_us)
+                })
+                .collect();
+            ts.push(t2(2));
+            let r = simulate_in(mode, &t, &ts, 4.0);
+            for s in 1..4 {
+                let what = format!(
+                    "latency class, {n} processes x {kernel_us} us, node {}, second {s}",
+                    mode.node
+                );
+                victim_keeps_its_share(failed, &r, 2, s * S, (s + 1) * S, &what);
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+}
+
 /// (b) The virtual-time-floor pump: t1's two best-effort slices (whose virtual time runs 100x
 /// faster than the time they get) share the device for 3 s while its 0.25 slice launches one
 /// 1 µs kernel every 100 ms (never stale, low virtual time), then saturates; t2's new 0.75
