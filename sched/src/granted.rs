@@ -201,13 +201,23 @@ impl<'a> Granted<'a> {
                     }
                     continue;
                 }
-                let need = queued.saturating_add(next);
+                // A latency slice's short kernels share the engine with other contexts' long
+                // ones, so their measurements hold the others' time slices (a 50 µs kernel
+                // beside 2 ms ones measures ~0.5 ms) and a burst that fits would be handed back
+                // mid-way: its launches count at their least measurement. What runs past the
+                // turn is still charged to the slice (`turns.rs`), so this lends it nothing.
+                let (need, counted) = if self.class.load(Relaxed) == CLASS_LATENCY {
+                    let least = work.next_least_ns();
+                    (least.saturating_mul(work.pending() as u64 + 1), least)
+                } else {
+                    (queued.saturating_add(next), next)
+                };
                 // The first launch of a turn always goes (a kernel longer than what is left
                 // would never run otherwise); later ones only while they fit, and while the
                 // slice's processes together fit.
                 let first = self.turn != Some(turn);
                 if (first || now.saturating_add(need) <= l.end_ns)
-                    && self.slice_admits(turn, now, l.end_ns, next)
+                    && self.slice_admits(turn, now, l.end_ns, counted)
                 {
                     self.turn = Some(turn);
                     self.me.want_ns.store(0, Release);
