@@ -102,12 +102,30 @@ impl Drop for Books {
     }
 }
 
-/// One reading of the books: each user's engine time so far, seconds.
+/// One reading of the books: each user's engine time so far, seconds; and how long t2's threads
+/// have waited for a CPU so far, seconds (summed over its threads).
 #[derive(Clone, Copy, Debug)]
 struct Sample {
     t: f64,
     t1: f64,
     t2: f64,
+    t2_cpu_wait: f64,
+}
+
+/// Nanoseconds the threads of process `pid` have spent runnable but not running (the second
+/// field of `/proc/PID/task/TID/schedstat`), summed; None once the process is gone.
+fn run_queue_ns(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut sum = 0;
+    for t in tasks.flatten() {
+        let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        sum += stat
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(sum)
 }
 
 /// A thread that reads the books every 100 ms for the processes registered with [`Meter::add`]
@@ -129,6 +147,8 @@ impl Meter {
         let (p, l, s) = (pids.clone(), last.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
             let mut samples = vec![];
+            // Each t2 process's run-queue time at its latest reading.
+            let mut waited: std::collections::HashMap<u32, u64> = Default::default();
             while !s.load(SeqCst) {
                 let now: Vec<(Who, u32)> = p.lock().unwrap().clone();
                 let ids: Vec<u32> = now.iter().map(|x| x.1).collect();
@@ -141,6 +161,12 @@ impl Meter {
                     sum[(*who == Who::T2) as usize] += *v;
                 }
                 drop(last);
+                let mut t2_wait = 0;
+                for (_, pid) in now.iter().filter(|x| x.0 == Who::T2) {
+                    let v = waited.entry(*pid).or_insert(0);
+                    *v = run_queue_ns(*pid).unwrap_or(*v).max(*v);
+                    t2_wait += *v;
+                }
                 // A reading the reader was descheduled in the middle of has no one time: it
                 // updates the last values, but is no point of the series.
                 if to - from <= MAX_READING_S {
@@ -148,6 +174,7 @@ impl Meter {
                         t: (from + to) / 2.0,
                         t1: sum[0] as f64 / 1e9,
                         t2: sum[1] as f64 / 1e9,
+                        t2_cpu_wait: t2_wait as f64 / 1e9,
                     });
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -235,6 +262,10 @@ struct Got {
     part: f64,
     /// The most t1 got in any second of the window (1 s windows, every 0.5 s).
     t1_worst: f64,
+    /// Per judged second: (t1's fraction, the part of it t2's threads waited for a CPU, summed
+    /// over them: a launcher short of CPU lends its turns, which the ceiling cannot tell apart
+    /// from a refusal).
+    seconds: Vec<(f64, f64)>,
     /// Per half second: (t1, t2) fractions of the device.
     halves: Vec<(f64, f64)>,
     /// Seconds (of 19) for which t1's ceiling was judged.
@@ -283,6 +314,7 @@ fn got(s: &[Sample], from: Option<f64>) -> Got {
     );
     let (t1, t2) = between(s, from, to);
     let mut t1_worst: f64 = 0.0;
+    let mut seconds = vec![];
     let mut judged = 0;
     let mut halves = vec![];
     let mut w = from;
@@ -291,7 +323,10 @@ fn got(s: &[Sample], from: Option<f64>) -> Got {
         // leaves a gap, and a rate over a longer span is no figure for one second).
         let (a, b) = (sample_at(s, w), sample_at(s, w + 1.0));
         if a.t - w <= 0.2 && b.t - (w + 1.0) <= 0.2 {
-            t1_worst = t1_worst.max(between(s, w, w + 1.0).0);
+            let t1 = between(s, w, w + 1.0).0;
+            let starved = ((b.t2_cpu_wait - a.t2_cpu_wait) / (b.t - a.t)).clamp(0.0, 1.0);
+            t1_worst = t1_worst.max(t1);
+            seconds.push((t1, starved));
             judged += 1;
         }
         w += 0.5;
@@ -316,6 +351,7 @@ fn got(s: &[Sample], from: Option<f64>) -> Got {
         t2,
         part: t2 / (t1 + t2),
         t1_worst,
+        seconds,
         halves,
     }
 }
@@ -326,10 +362,15 @@ fn show(g: &Got) -> String {
         .iter()
         .map(|(a, b)| format!("{a:.2}/{b:.2}"))
         .collect();
+    let sec: Vec<String> = g
+        .seconds
+        .iter()
+        .map(|(a, w)| format!("{a:.2}/{w:.2}"))
+        .collect();
     format!(
         "t1 {:.3}, t2 {:.3} of the device (t2's part {:.3}), t1's worst second {:.3} (of {} \
-         judged); \
-         {} readings, {:.2} s apart at most; per 0.5 s t1/t2: {}",
+         judged); {} readings, {:.2} s apart at most; per 0.5 s t1/t2: {}; per second t1 / \
+         part t2's threads waited for a CPU: {}",
         g.t1,
         g.t2,
         g.part,
@@ -337,7 +378,8 @@ fn show(g: &Got) -> String {
         g.judged,
         g.readings,
         g.gap,
-        h.join(" ")
+        h.join(" "),
+        sec.join(" ")
     )
 }
 
