@@ -343,6 +343,15 @@ pub const CU_STREAM_LEGACY: usize = 0x1;
 /// The per-thread default stream handle.
 pub const CU_STREAM_PER_THREAD: usize = 0x2;
 
+/// How a host thread waits for the device (`cuCtxCreate`, `cuDevicePrimaryCtxSetFlags`): the
+/// driver's heuristic (spin while the process has no more active contexts than CPUs, else
+/// yield), spin, yield, or block on a synchronization primitive.
+pub const CU_CTX_SCHED_AUTO: c_uint = 0x00;
+pub const CU_CTX_SCHED_SPIN: c_uint = 0x01;
+pub const CU_CTX_SCHED_YIELD: c_uint = 0x02;
+pub const CU_CTX_SCHED_BLOCKING_SYNC: c_uint = 0x04;
+pub const CU_CTX_SCHED_MASK: c_uint = 0x07;
+
 pub const CU_EVENT_DEFAULT: c_uint = 0;
 pub const CU_EVENT_BLOCKING_SYNC: c_uint = 1;
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 2;

@@ -124,6 +124,25 @@ fn events_measure_the_simulated_kernel_duration() {
 }
 
 #[test]
+fn every_scheduling_flag_waits_until_the_kernel_has_ended() {
+    // The driver spins, yields or blocks by the context's CU_CTX_SCHED_* flag; the fake spins
+    // only the last stretch, but no way of waiting may return before the work is done.
+    let w = World::new(1, "16Gi");
+    let v = scenario(&w, &["syncflags", "3000"]);
+    for (name, flags) in [("auto", 0), ("spin", 1), ("yield", 2), ("blocking", 4)] {
+        let r = &v[name];
+        assert_eq!(r["flags"], flags, "{name}: {v}");
+        for how in ["stream_ms", "event_ms", "blocking_event_ms", "ctx_ms"] {
+            let ms = r[how].as_f64().unwrap();
+            assert!(
+                ms >= 3.0,
+                "{name} {how} returned after {ms} ms, before its 3 ms kernel: {v}"
+            );
+        }
+    }
+}
+
+#[test]
 fn two_unthrottled_processes_share_the_engine_about_equally() {
     let w = World::new(1, "16Gi");
     let (a, b) = (

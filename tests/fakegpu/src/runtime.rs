@@ -300,14 +300,20 @@ fn uncharge(c: &'static Ctx) {
 /// `cuCtxCreate`: a new context, made current (pushed).
 pub fn ctx_create(flags: u32, dev: CUdevice) -> CuResult<&'static Ctx> {
     device(dev)?;
-    let c = Ctx::new(dev as usize, false, true);
+    let c = Ctx::new(dev as usize, false, false);
     c.flags.store(flags, Relaxed);
-    if let Err(e) = charge(c) {
-        c.active.store(false, Release);
-        return Err(e);
-    }
+    charge(c)?;
+    set_active(c, true);
     push_current(c);
     Ok(c)
+}
+
+/// Mark `c` active or not, and count it among the process's active contexts (which decide
+/// how `CU_CTX_SCHED_AUTO` waits).
+fn set_active(c: &Ctx, active: bool) {
+    if c.active.swap(active, AcqRel) != active {
+        crate::exec::context_active(active);
+    }
 }
 
 /// `cuCtxDestroy`: waits for its work, frees what it allocated, removes it from this thread's stack.
@@ -324,7 +330,7 @@ fn teardown(c: &'static Ctx) {
     let _ = crate::exec::ctx_synchronize(c);
     // SAFETY: `c`'s own handle, for its own storage.
     unsafe { c.storage.run_dtors(c.handle()) };
-    c.active.store(false, Release);
+    set_active(c, false);
     crate::mem::free_all_of(c);
     uncharge(c);
 }
@@ -335,7 +341,7 @@ pub fn primary_retain(dev: CUdevice) -> CuResult<&'static Ctx> {
     let mut refs = d.primary_refs.lock().unwrap_or_else(|e| e.into_inner());
     charge(d.primary)?;
     *refs += 1;
-    d.primary.active.store(true, Release);
+    set_active(d.primary, true);
     Ok(d.primary)
 }
 

@@ -18,6 +18,8 @@
 //!   cuMemAllocAsync), instantiated, its graph destroyed, then launched; memory info and a plain
 //!   allocation of BYTES afterwards, memory info again once the node's memory is freed and the
 //!   executable destroyed (run under the shim);
+//! - `syncflags KERNEL_US`: in a context made with each `CU_CTX_SCHED_*` flag (and with a
+//!   blocking-sync event), how long stream, event and context synchronizes of one kernel took;
 //! - `launchcost`: host cost of launch, record and sync (a diagnostic, not a test).
 
 use gpuslice_abi::*;
@@ -215,6 +217,7 @@ fn main() {
             arg(1).parse().expect("STREAMS"),
             arg(2).parse().expect("ROUNDS"),
         ),
+        "syncflags" => sync_flags(arg(1).parse().expect("KERNEL_US")),
         "procaddr" => procaddr(),
         "fidelity" => fidelity(&arg(1)),
         "copies" => copies(),
@@ -270,6 +273,52 @@ fn main() {
 }
 
 /// Zero-duration kernels must complete like any other: every synchronize returns.
+/// For each scheduling flag: the context's flags as read back, and the wall time in ms from
+/// launch to the return of a stream, an event and a context synchronize of one kernel of `us`.
+fn sync_flags(us: u64) -> serde_json::Value {
+    let c = Cuda::init();
+    let mut out = serde_json::Map::new();
+    for (name, flags) in [
+        ("auto", CU_CTX_SCHED_AUTO),
+        ("spin", CU_CTX_SCHED_SPIN),
+        ("yield", CU_CTX_SCHED_YIELD),
+        ("blocking", CU_CTX_SCHED_BLOCKING_SYNC),
+    ] {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        ok!(call!(c.lib, cuCtxCreate_v2; &mut ctx, flags, 0));
+        let mut read: c_uint = 0;
+        ok!(call!(c.lib, cuCtxGetFlags; &mut read));
+        let f = c.spin();
+        let s: CUstream = std::ptr::null_mut();
+        let timed = |sync: &dyn Fn()| {
+            let t = Instant::now();
+            c.launch_spin(f, us * 1000, s);
+            sync();
+            t.elapsed().as_secs_f64() * 1e3
+        };
+        let e = c.event();
+        let mut blocking: CUevent = std::ptr::null_mut();
+        ok!(call!(c.lib, cuEventCreate; &mut blocking, CU_EVENT_BLOCKING_SYNC));
+        let stream = timed(&|| ok!(call!(c.lib, cuStreamSynchronize; s)));
+        let event = timed(&|| {
+            c.record(e, s);
+            c.ev_sync(e)
+        });
+        let blocking_event = timed(&|| {
+            c.record(blocking, s);
+            c.ev_sync(blocking)
+        });
+        let context = timed(&|| ok!(call!(c.lib, cuCtxSynchronize; )));
+        ok!(call!(c.lib, cuCtxDestroy_v2; ctx));
+        out.insert(
+            name.into(),
+            serde_json::json!({"flags": read, "stream_ms": stream, "event_ms": event,
+                "blocking_event_ms": blocking_event, "ctx_ms": context}),
+        );
+    }
+    out.into()
+}
+
 fn zero(streams: usize, rounds: usize) -> serde_json::Value {
     let c = Cuda::init();
     let f = c.spin();

@@ -9,9 +9,9 @@
 //! (whichever of the two comes second recycles it). Record generations only grow, across
 //! reuse too, so a `cuStreamWaitEvent` queued before the destroy still sees its record done.
 
-use super::{Executor, Op, Stream};
+use super::{Executor, HostWait, Op, Stream};
 use crate::runtime::CuResult;
-use crate::shared::{now_ns, sleep_until};
+use crate::shared::now_ns;
 use gpuslice_abi::*;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
@@ -188,7 +188,7 @@ impl Event {
             let ex = unsafe { &*ex };
             ex.wait_for(|| self.recorded(gen));
         }
-        sleep_until(self.time());
+        HostWait::of_event(self.flags.load(Relaxed)).until(self.time());
         if !ex.is_null() {
             // SAFETY: executors are leaked, never freed.
             crate::mem::after_sync_phys(unsafe { &*ex }.phys);

@@ -234,14 +234,13 @@ impl Executor {
         true
     }
 
-    /// Wait until everything queued on queue `id` so far has completed, in simulated time too.
-    pub(super) fn wait_queue(&self, id: usize) {
+    /// Wait until everything queued on queue `id` so far is planned; when it ends in simulated
+    /// time (the caller waits for that in its own way, [`super::HostWait`]).
+    pub(super) fn wait_queue(&self, id: usize) -> u64 {
         let g = self.lock();
         let target = g.queues[id].submitted;
         let g = self.wait_while(g, |g| g.queues[id].completed < target);
-        let end = g.queues[id].last_end;
-        drop(g);
-        sleep_until(end);
+        g.queues[id].last_end
     }
 
     /// Whether queue `id` has nothing pending, in simulated time too (`cuStreamQuery`).
@@ -260,9 +259,9 @@ impl Executor {
         }
     }
 
-    /// Wait until everything queued so far on the queues of context `ctx` has completed, in
-    /// simulated time too (`cuCtxSynchronize`).
-    pub(super) fn wait_ctx(&self, ctx: usize) {
+    /// Wait until everything queued so far on the queues of context `ctx` is planned; when it
+    /// ends in simulated time (`cuCtxSynchronize`).
+    pub(super) fn wait_ctx(&self, ctx: usize) -> u64 {
         let mut g = self.lock();
         let targets: Vec<(usize, u64)> = g
             .queues
@@ -276,8 +275,7 @@ impl Executor {
             g = self.wait_while(g, |g| g.queues[i].completed < t && g.queues[i].ctx == ctx);
             end = end.max(g.queues[i].last_end);
         }
-        drop(g);
-        sleep_until(end);
+        end
     }
 
     /// Wait until `done()` holds, checked under the lock after each batch of completions

@@ -13,10 +13,10 @@
 //! at the call, for the exporter's last record (the driver queues the wait on the stream);
 //! recording an opened event is not seen by its exporter.
 
-use super::Event;
+use super::{Event, HostWait};
 use crate::mem::map_node_file;
 use crate::runtime::{rt, rt_unchecked, CuResult};
-use crate::shared::{now_ns, sleep_until, slot_alive};
+use crate::shared::{now_ns, slot_alive};
 use gpuslice_abi::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
@@ -219,7 +219,7 @@ pub(super) fn synchronize(e: &Event) -> CuResult<()> {
         }
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
-    sleep_until(s.ts.load(Acquire));
+    HostWait::of_event(e.flags.load(Relaxed)).until(s.ts.load(Acquire));
     Ok(())
 }
 

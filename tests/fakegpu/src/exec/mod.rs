@@ -14,18 +14,22 @@
 //! - `stream.rs`: [`Stream`] handles and the stream calls, and [`ctx_synchronize`];
 //! - `capture.rs`: stream capture into graphs;
 //! - `event.rs`: [`Event`]s, their records, waits and timing;
-//! - `ipc_event.rs`: interprocess events, mirrored through a node-wide file.
+//! - `ipc_event.rs`: interprocess events, mirrored through a node-wide file;
+//! - `host_wait.rs`: how a synchronizing thread waits for the end, by the context's
+//!   `CU_CTX_SCHED_*` flag.
 
 mod capture;
 mod engine;
 mod event;
 mod executor;
+mod host_wait;
 mod ipc_event;
 mod ops;
 mod stream;
 
 pub use event::Event;
 pub use executor::{shutdown, Executor, HORIZON_NS, QUEUE_DEPTH};
+pub use host_wait::{context_active, HostWait};
 pub use ipc_event::{get_event_handle, open_event_handle};
 pub use ops::{Copy3D, Memset, Op, StreamCallback};
 pub use stream::{ctx_synchronize, Stream};

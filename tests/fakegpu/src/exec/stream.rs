@@ -5,7 +5,7 @@
 //! current, and a capture (`capture.rs`) that diverts work into a graph instead of the queue.
 
 use super::capture::Capture;
-use super::{Executor, Op};
+use super::{Executor, HostWait, Op};
 use crate::graph;
 use crate::runtime::{Ctx, CuResult};
 use gpuslice_abi::*;
@@ -104,7 +104,8 @@ impl Stream {
             self.invalidate_capture();
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
-        self.exec.wait_queue(self.id);
+        let end = self.exec.wait_queue(self.id);
+        HostWait::of_context(self.ctx.flags.load(Relaxed)).until(end);
         crate::mem::after_sync(self.ctx.dev);
         Ok(())
     }
@@ -134,7 +135,8 @@ impl Stream {
 
 /// `cuCtxSynchronize`: wait for every stream of `c`.
 pub fn ctx_synchronize(c: &'static Ctx) -> CuResult<()> {
-    c.device().exec.wait_ctx(c as *const Ctx as usize);
+    let end = c.device().exec.wait_ctx(c as *const Ctx as usize);
+    HostWait::of_context(c.flags.load(Relaxed)).until(end);
     crate::mem::after_sync(c.dev);
     Ok(())
 }
