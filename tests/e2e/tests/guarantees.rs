@@ -11,9 +11,14 @@
 //! pass with every CPU busy: t2's figure is its part of the time the two users got together
 //! (how much the device idles depends on whether the launchers get a CPU); where an attack
 //! idles the device (a stopped holder), t2 is compared with what it got beside the same tenant
-//! just before, side by side. t1's ceiling per second is absolute: a host that keeps t2's one
-//! launcher off a CPU for long lends its time to t1 (rightly: t2 had nothing queued), which
-//! these tests cannot tell apart from a refusal.
+//! just before, side by side. t1's ceiling holds per second while t2 has work queued: a host
+//! that keeps t2's one launcher off a CPU lends its turns to t1 (rightly: t2 has nothing queued
+//! and does not ask), so a second's ceiling is raised by t2's share of the part of it t2's
+//! threads waited for a CPU (their run-queue time, `/proc/PID/task/*/schedstat`), the rule the
+//! PyTorch tenants' test uses to tell a starved tenant from a refused one. Traced with two and
+//! three busy loops (docs/benchmarks.md, "Issue 20, round 3 (h7/ceiling)"): in every second
+//! over 0.29, every turn of t1's was granted while t2's one process neither waited nor had work
+//! queued, and t2's threads waited for a CPU 0.30-0.32 of that second (0.1-0.2 in others).
 
 use gpuslice_e2e::node::*;
 use gpuslice_e2e::{artifact, need_root};
@@ -25,8 +30,11 @@ use std::time::Duration;
 
 /// t2's slice must get at least this part of what the two users got.
 const T2_FLOOR: f64 = 0.71;
-/// t1's slices together may get at most this fraction of the device in any one second.
+/// t1's slices together may get at most this fraction of the device in any one second in
+/// which t2 had work queued.
 const T1_CEILING: f64 = 0.29;
+/// t2's share: of a second in which its launcher had no CPU, this much is lent to t1.
+const T2_SHARE: f64 = 0.75;
 /// Seconds over which the guarantee is measured, after t2's first second.
 const WINDOW_S: f64 = 10.0;
 /// A reading of the books that took longer than this is not used as a point of the series.
@@ -262,6 +270,9 @@ struct Got {
     part: f64,
     /// The most t1 got in any second of the window (1 s windows, every 0.5 s).
     t1_worst: f64,
+    /// The second furthest over its ceiling ([`T1_CEILING`] plus what t2 lent in it): (t1's
+    /// fraction, the part t2's threads waited for a CPU, how far over; <= 0: none over).
+    t1_over: (f64, f64, f64),
     /// Per judged second: (t1's fraction, the part of it t2's threads waited for a CPU, summed
     /// over them: a launcher short of CPU lends its turns, which the ceiling cannot tell apart
     /// from a refusal).
@@ -314,6 +325,7 @@ fn got(s: &[Sample], from: Option<f64>) -> Got {
     );
     let (t1, t2) = between(s, from, to);
     let mut t1_worst: f64 = 0.0;
+    let mut t1_over = (0.0, 0.0, f64::NEG_INFINITY);
     let mut seconds = vec![];
     let mut judged = 0;
     let mut halves = vec![];
@@ -326,6 +338,10 @@ fn got(s: &[Sample], from: Option<f64>) -> Got {
             let t1 = between(s, w, w + 1.0).0;
             let starved = ((b.t2_cpu_wait - a.t2_cpu_wait) / (b.t - a.t)).clamp(0.0, 1.0);
             t1_worst = t1_worst.max(t1);
+            let over = t1 - (T1_CEILING + T2_SHARE * starved);
+            if over > t1_over.2 {
+                t1_over = (t1, starved, over);
+            }
             seconds.push((t1, starved));
             judged += 1;
         }
@@ -351,6 +367,7 @@ fn got(s: &[Sample], from: Option<f64>) -> Got {
         t2,
         part: t2 / (t1 + t2),
         t1_worst,
+        t1_over,
         seconds,
         halves,
     }
@@ -368,13 +385,17 @@ fn show(g: &Got) -> String {
         .map(|(a, w)| format!("{a:.2}/{w:.2}"))
         .collect();
     format!(
-        "t1 {:.3}, t2 {:.3} of the device (t2's part {:.3}), t1's worst second {:.3} (of {} \
+        "t1 {:.3}, t2 {:.3} of the device (t2's part {:.3}), t1's worst second {:.3}, the \
+         second furthest over its ceiling {:.3} with t2 {:.2} without a CPU ({:+.3}) (of {} \
          judged); {} readings, {:.2} s apart at most; per 0.5 s t1/t2: {}; per second t1 / \
          part t2's threads waited for a CPU: {}",
         g.t1,
         g.t2,
         g.part,
         g.t1_worst,
+        g.t1_over.0,
+        g.t1_over.1,
+        g.t1_over.2,
         g.judged,
         g.readings,
         g.gap,
@@ -383,7 +404,8 @@ fn show(g: &Got) -> String {
     )
 }
 
-/// The guarantee: t2's part at least [`T2_FLOOR`], t1 at most [`T1_CEILING`] in every second.
+/// The guarantee: t2's part at least [`T2_FLOOR`], t1 at most [`T1_CEILING`] in every second,
+/// plus what t2 lent in it for want of a CPU.
 fn assert_guarantee(case: &str, g: &Got, n: &Node) {
     println!("{case}: {}", show(g));
     let log = || {
@@ -407,10 +429,13 @@ fn assert_guarantee(case: &str, g: &Got, n: &Node) {
         g.judged,
         show(g)
     );
+    let (t1, starved, over) = g.t1_over;
     assert!(
-        g.t1_worst <= T1_CEILING,
-        "{case}: t1's slices got {:.3} of the device in one second while t2 had work queued: {}\n{}",
-        g.t1_worst,
+        over <= 0.0,
+        "{case}: t1's slices got {t1:.3} of the device in one second while t2 had work queued \
+         (its threads waited for a CPU {starved:.2} of that second, which lends t1 at most \
+         {:.3}): {}\n{}",
+        T2_SHARE * starved,
         show(g),
         log()
     );
