@@ -124,7 +124,7 @@ impl Ledger {
     }
 
     /// Set the scheduling priority (0 normal, 1 latency) of the slices called `name` (the
-    /// operator's, else every tenant's of that name: [`Ledger::operator_targets`]); returns how
+    /// operator's, else every tenant's of that name: `Ledger::operator_targets`); returns how
     /// many.
     pub fn set_slice_priority(&self, name: &str, priority: u32) -> Result<usize, LedgerError> {
         let _g = self.lock()?;

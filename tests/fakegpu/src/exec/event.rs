@@ -217,7 +217,7 @@ impl Event {
 
     /// `cuEventDestroy`: never waits (a host function or callback may destroy an event
     /// recorded behind it on its own stream). The event is recycled once the executor planned
-    /// its last record, here or in [`Event::set_recorded`], so no pending record ever lands
+    /// its last record, here or in `Event::set_recorded`, so no pending record ever lands
     /// on a reused event.
     pub fn destroy(&'static self) {
         if self.interprocess() {
