@@ -104,6 +104,17 @@ impl Ledger {
         }
     }
 
+    /// Node mode: the bytes of slice `si`'s unused reservation the monitor's balloons hold now
+    /// (its processes are told they are free).
+    pub fn record_balloon(&self, si: usize, held: u64) {
+        if !self.writable() {
+            return;
+        }
+        if let Some(s) = self.slices().get(si) {
+            s.balloon_held.store(held, SeqCst);
+        }
+    }
+
     /// Node mode: let only `uid`'s processes join the slice `name` on `device` (index or UUID);
     /// an operator slice is open to every uid until this is set.
     pub fn set_slice_owner(

@@ -188,7 +188,10 @@ impl Event {
             let ex = unsafe { &*ex };
             ex.wait_for(|| self.recorded(gen));
         }
-        HostWait::of_event(self.flags.load(Relaxed)).until(self.time());
+        let end = self.time();
+        // SAFETY: executors are leaked, never freed.
+        let more = !ex.is_null() && unsafe { &*ex }.busy_after(end);
+        HostWait::of_event(self.flags.load(Relaxed)).until(end, more);
         if !ex.is_null() {
             // SAFETY: executors are leaked, never freed.
             crate::mem::after_sync_phys(unsafe { &*ex }.phys);
