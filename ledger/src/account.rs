@@ -47,8 +47,8 @@ use core::sync::atomic::{
 /// What an account is checked against.
 #[derive(Clone, Copy)]
 enum Cap<'a> {
-    /// A slice quota.
-    Quota(&'a AtomicU64),
+    /// A slice quota (the slice's record: its limit, and what balloons hold of it).
+    Quota(&'a Slice),
     /// The best-effort allowance of a device.
     BestEffort(&'a Device),
     /// Node mode: a user's best-effort allowance, held to the grant the monitor sets (and lowers).
@@ -78,7 +78,7 @@ impl<'a> Account<'a> {
         match slice {
             Some(s) => Account {
                 counter: &s.memory_used.0,
-                cap: Cap::Quota(&s.memory_limit),
+                cap: Cap::Quota(s),
                 charged: &pd.charged,
                 begun: &proc_.ops_begun,
                 ended: &proc_.ops_ended,
@@ -109,7 +109,7 @@ impl<'a> Account<'a> {
         slot: usize,
     ) -> Option<Account<'a>> {
         let cap = match slice {
-            Some(s) => Cap::Quota(&s.memory_limit),
+            Some(s) => Cap::Quota(s),
             None => Cap::BestEffort(device),
         };
         Self::over_region(cap, region, slot)
@@ -149,7 +149,8 @@ impl<'a> Account<'a> {
     #[inline]
     pub fn limit(&self) -> u64 {
         match self.cap {
-            Cap::Quota(l) | Cap::Grant(l) => l.load(SeqCst),
+            Cap::Quota(s) => s.memory_limit.load(SeqCst),
+            Cap::Grant(l) => l.load(SeqCst),
             Cap::BestEffort(d) => d
                 .memory_total
                 .load(SeqCst)
@@ -161,6 +162,16 @@ impl<'a> Account<'a> {
     #[inline]
     pub fn used(&self) -> u64 {
         self.counter.load(SeqCst)
+    }
+
+    /// Node mode: bytes of a quota slice's unused reservation the monitor holds on the device
+    /// (balloons), which an allocation of the slice gets back; 0 for best effort. Hostile
+    /// input only to the caller's own view: the policy's record, written by the monitor.
+    pub fn held_for_it(&self) -> u64 {
+        match self.cap {
+            Cap::Quota(s) => s.balloon_held.load(Relaxed),
+            _ => 0,
+        }
     }
 
     /// Whether this account is a slice quota (false: best effort).

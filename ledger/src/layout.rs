@@ -20,7 +20,7 @@ use gpuslice_sched::{SchedDevice, SchedProc, SchedSlice};
 /// The first 8 bytes of every ledger file.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 /// Bumped on every layout change (including `gpuslice-sched`'s records).
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 /// Devices per node.
 pub const MAX_DEVICES: usize = 16;
 /// Slice records per node (a slice is per device: `(name, device)`). Sized so that every
@@ -211,6 +211,10 @@ pub struct Slice {
     pub audit_observed: AtomicU64,
     /// The audit: times the slice went over its quota.
     pub violations_total: AtomicU64,
+    /// Node mode: bytes of the slice's unused reservation the monitor holds on the device
+    /// (balloons, docs/security.md): free to the slice's processes though the driver does not
+    /// count them free, so `cuMemGetInfo` and NVML add them back. Written by the monitor only.
+    pub balloon_held: AtomicU64,
 }
 
 /// Keeps a hot atomic alone on its cache line so neighbours do not false-share it.

@@ -30,7 +30,7 @@ fn frac(ppm: u64) -> String {
 
 impl Ledger {
     /// Change the slices called `name` (the operator's, one per device it exists on, else every
-    /// tenant's of that name: [`Ledger::operator_targets`]); all or nothing: each
+    /// tenant's of that name: `Ledger::operator_targets`); all or nothing: each
     /// change is checked on every record first. Refused: lowering the quota below what the
     /// slice uses now (the message says requested and used), a quota or share that does not fit
     /// what the device has left (requested and available), a quota on a best-effort slice, a

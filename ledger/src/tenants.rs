@@ -1,4 +1,4 @@
-//! The ledger's side of the compute scheduler: the slices of one device as [`sched`] sees them
+//! The ledger's side of the compute scheduler: the slices of one device as [`gpuslice_sched`] sees them
 //! ([`LedgerTenants`]), and what the reaper does for a dead process ([`reap_proc`]). Here, not in
 //! `sched`, so the scheduler does not depend on the ledger's layout.
 

@@ -162,6 +162,9 @@ pub struct SliceView {
     /// Bytes the slice holds (quota slices; ≤ the quota). 0 for a best-effort slice: see
     /// [`View::slice_charged`].
     pub memory_used: u64,
+    /// Node mode: bytes of its unused reservation the monitor's balloons hold (≤ the quota; 0
+    /// for best effort): free to its processes, though not to the driver.
+    pub balloon_held: u64,
     /// Guaranteed compute share, ppm (≤ [`PPM`]).
     pub compute_share_ppm: u32,
     /// Compute cap, ppm (≤ [`PPM`]; [`PPM`]: none).
@@ -274,6 +277,7 @@ impl<'a> View<'a> {
             device,
             memory_limit,
             memory_used: memory_limit.map_or(0, |l| s.memory_used.0.load(Relaxed).min(l)),
+            balloon_held: memory_limit.map_or(0, |l| s.balloon_held.load(Relaxed).min(l)),
             compute_share_ppm: s.compute_share_ppm.load(Relaxed).min(PPM),
             compute_cap_ppm: s.compute_cap_ppm.load(Relaxed).min(PPM),
             compute_used: gpuslice_sched::slice_stats(

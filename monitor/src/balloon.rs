@@ -288,6 +288,8 @@ impl Balloons {
                     ));
                 }
             }
+            // What the slice's processes are told is free beyond the driver's free memory.
+            ledger.record_balloon(si, st.held.get(&si).map_or(0, Held::bytes));
         }
         let gone: Vec<usize> = st
             .held
@@ -301,6 +303,7 @@ impl Balloons {
                     self.shrink(&mut h, 0, 0);
                 }
             }
+            ledger.record_balloon(si, 0);
             st.short.remove(&si);
         }
         lines
@@ -309,7 +312,7 @@ impl Balloons {
     /// A process of slice `si` on device `uuid` found the driver full: free at least `bytes` of
     /// that slice's balloon (whole pieces) and hold off refilling for [`QUIET`]. The bytes
     /// freed (0: the balloon holds nothing there; the device is full for other reasons).
-    pub fn release(&self, si: usize, uuid: &str, bytes: u64) -> u64 {
+    pub fn release(&self, ledger: &Ledger, si: usize, uuid: &str, bytes: u64) -> u64 {
         let mut st = self.lock();
         let Some(h) = st.held.get_mut(&si) else {
             return 0;
@@ -319,6 +322,7 @@ impl Balloons {
         }
         let keep = h.bytes();
         let freed = self.shrink(h, keep, bytes.max(1));
+        ledger.record_balloon(si, h.bytes());
         st.quiet_until = Instant::now() + QUIET;
         freed
     }
@@ -347,7 +351,7 @@ impl Balloons {
             .get(dev)
             .map(|d| d.slice.load(SeqCst) as usize)
             .ok_or(RequestError::BadDeviceIndex)?;
-        Ok(self.release(si, uuid, bytes))
+        Ok(self.release(ledger, si, uuid, bytes))
     }
 
     /// A process was just admitted to slice `si` (the policy's record): hand back the room
@@ -363,7 +367,7 @@ impl Balloons {
         if self.room == 0 || s.memory_limit.load(SeqCst) == NO_LIMIT {
             return 0;
         }
-        self.release(si, &d.uuid.get(), self.room)
+        self.release(ledger, si, &d.uuid.get(), self.room)
     }
 
     /// What the balloons hold per device UUID, for the log and metrics.

@@ -5,7 +5,7 @@
 //!
 //! - [`daemon`]: `gpuslice monitor`, the node daemon (reaping, NVML audit, metrics server), and
 //!   the monitor lock other commands use to find or start it.
-//! - [`status`], [`top`], [`slice`], [`metrics`]: the operator's views and controls; all read
+//! - [`status`], [`top`], [`slice`](mod@slice), [`metrics`]: the operator's views and controls; all read
 //!   one [`view::NodeView`] of the ledger, rendered by [`table`] (people), [`view`] (JSON) or
 //!   [`prom`] (Prometheus text, served by [`http`]).
 //! - [`ledger_window`]: the only module that talks to `gpuslice-ledger` (which owns all state and every

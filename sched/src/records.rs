@@ -224,7 +224,7 @@ pub struct SchedSlice {
     /// GPU ns charged to the slice for turn `turn_key` so far.
     pub turn_used_ns: AtomicU64,
     /// Processes of the slice with work queued in a turn: `[turn: 40 bits][count: 24 bits]`
-    /// (see [`TurnHolders`]). The last of them to finish its queue hands the lease on, so the
+    /// (see `TurnHolders`). The last of them to finish its queue hands the lease on, so the
     /// next slice's turn does not begin behind a sibling's queued work.
     pub turn_holders: TurnHolders,
     /// Latest estimated end of the work its processes queued (ns): how long a process that

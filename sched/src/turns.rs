@@ -11,8 +11,9 @@
 //! lease ends, the next slice is granted once that leftover is about done, at most
 //! [`DRAIN_HOLD_NS`] later, whether or not the holder stopped: a holder that overstays (stopped,
 //! hung, or ignoring its lease) is simply not granted again until it asks, and nobody waits on
-//! it longer. A slice alone and
-//! uncapped gets a solo lease (its launches cost one load); the monitor turns it into an
+//! it longer. A latency slice preempting a holder is granted at once, beside the holder's
+//! leftover: the two split the time they shared on the engine, each paying half (the one place
+//! a turn pays less than its span). A slice alone and uncapped gets a solo lease (its launches cost one load); the monitor turns it into an
 //! ordinary lease when a second slice asks. Every write into the policy's records is here, so
 //! the monitor's thread only reads the ledger.
 
@@ -137,6 +138,11 @@ pub struct DeviceTurns {
     /// The slice whose turn ended at the second figure, and whose processes may still have
     /// work queued then: not yet charged for it.
     owed: Option<(u32, u64)>,
+    /// The turn granted at once over the previous holder's leftover work (a latency slice
+    /// preempting), and the part of its span that leftover is known to have shared with it, of
+    /// which each pays half (`settle_owed`).
+    beside: Option<u64>,
+    beside_shared: u64,
     /// The turn whose overstay was counted (`SchedDevice::takeovers_total`).
     overstay_counted: Option<u64>,
     /// Per slot, the last `solo_gpu_ns` seen.
@@ -157,7 +163,7 @@ impl DeviceTurns {
     ) -> u64 {
         let elapsed = now.saturating_sub(self.last_ns).min(MAX_LEASE_NS);
         self.last_ns = now;
-        self.settle_owed(dev, t, members, false);
+        self.settle_owed(dev, t, members, None);
         // Whether the holder of an ordinary lease is done with its turn: every process of its
         // slice handed it back or is idle (launched nothing for IDLE_GRACE_NS since its queued
         // work ran out, or since the turn began; and does not wait to start in it). Read before
@@ -306,12 +312,18 @@ impl DeviceTurns {
             self.grant(os, dev, t, now, 0, need);
             return now + poll;
         }
+        // A waiting latency slice ends a normal holder's turn at once when the grant that
+        // follows would go to it: the same pick as that grant's (the holder competing, as it
+        // does while its turn runs). Asked with the holder left out, a latency slice too far
+        // ahead to be served first ended the turn at every pass only for the grant to give it
+        // back to the holder (turns cut to ~1 ms while the latency slice still waited).
         let preempt = latency_waits && {
             let (h, _, _) = t.get(l.holder).expect("checked above");
             h.class.load(Relaxed) != CLASS_LATENCY && {
-                let p = pick(t, now, 0, l.holder);
-                t.get(p.holder)
-                    .is_some_and(|(s, _, _)| s.class.load(Relaxed) == CLASS_LATENCY)
+                let p = pick(t, now, l.holder, 0);
+                p.holder != l.holder
+                    && t.get(p.holder)
+                        .is_some_and(|(s, _, _)| s.class.load(Relaxed) == CLASS_LATENCY)
             }
         };
         if now < l.end_ns && !done && !preempt {
@@ -337,10 +349,20 @@ impl DeviceTurns {
         // unknown time (and was not granted by anyone while the monitor was down).
         let stop = now.min(l.end_ns);
         if let (Some((s, share, cap)), true) = (t.get(l.holder), self.granted == Some(turn)) {
-            // The previous turn's leftovers first: this turn's charge starts after them.
-            self.settle_owed(dev, t, members, true);
-            let start = self.start_ns.max(self.charged_until).min(stop);
-            charge(dev, s, share, cap, start, stop, stop - start);
+            // The previous turn's leftovers first: this turn's charge starts after them, or,
+            // granted beside them (preempting), from its grant less its half of what they
+            // shared: like any turn, a preempting one pays its span.
+            self.settle_owed(dev, t, members, Some(stop));
+            let (start, busy) = if self.beside == Some(turn) {
+                let start = self.start_ns.min(stop);
+                (start, (stop - start).saturating_sub(self.beside_shared / 2))
+            } else {
+                let start = self.start_ns.max(self.charged_until).min(stop);
+                (start, stop - start)
+            };
+            self.beside = None;
+            self.beside_shared = 0;
+            charge(dev, s, share, cap, start, stop, busy);
             // What its processes left queued runs on the engine after the turn: charged once
             // they report it done, or as far as they said it would run when the next turn
             // ends, whichever comes first.
@@ -353,8 +375,13 @@ impl DeviceTurns {
         // hung gets at most one more turn, which ends as idle after IDLE_GRACE_NS (charged
         // too), and then stops competing: it does not wait for a turn.
         let renewing = if done { 0 } else { l.holder };
+        let preempted = l.holder;
         self.grant(os, dev, t, now, renewing, need);
         let l = Lease::unpack(dev.lease.load(Acquire));
+        if preempt && l.holder != preempted {
+            // Granted without waiting for the holder's leftover, which runs beside this turn.
+            self.beside = self.granted;
+        }
         if l.holder != 0 && !l.solo {
             next_look(l.end_ns, now, poll)
         } else {
@@ -365,15 +392,21 @@ impl DeviceTurns {
     /// Charge the slice whose turn ended last for the work its processes left queued past the
     /// turn (all of them together: the engine runs it after the turn, or beside the next
     /// holder's), once every one of them reports its queue done, or at once with what they
-    /// said when `now_or_never` (the next turn ends: it must know where its own charge starts).
-    /// Their words are hostile: read as "until then", never before the turn's end, at most
-    /// [`MAX_LEASE_NS`] past it; a slice that says less pays the span granted, no less.
+    /// said when the current turn ends at `now_or_never` (it must know where its own charge
+    /// starts). Their words are hostile: read as "until then", never before the turn's end, at
+    /// most [`MAX_LEASE_NS`] past it; a slice that says less pays the span granted, no less.
+    ///
+    /// Leftover work that ran beside a turn granted over it at once (a latency slice
+    /// preempting: no hold for it) shared the engine with that turn, which time-slices the two
+    /// contexts: each pays half of the time they shared. A slice that says its leftover runs
+    /// longer pays for all of it past the shared part, so saying more never lowers its own
+    /// charge.
     fn settle_owed(
         &mut self,
         dev: &SchedDevice,
         t: &dyn Tenants,
         members: &[Member],
-        now_or_never: bool,
+        now_or_never: Option<u64>,
     ) {
         let Some((id, stop)) = self.owed else {
             return;
@@ -385,15 +418,21 @@ impl DeviceTurns {
             .max()
             .unwrap_or(0)
             .clamp(stop, stop.saturating_add(MAX_LEASE_NS));
-        if !now_or_never && until.saturating_add(SETTLE_SLACK_NS) > self.last_ns {
+        if now_or_never.is_none() && until.saturating_add(SETTLE_SLACK_NS) > self.last_ns {
             // Still running as far as its processes said, or only just done: a process whose
             // work outlasts its estimate says so when it looks again (`granted.rs`), a
             // moment after the estimate ran out.
             return;
         }
         self.owed = None;
+        let mut pay = until - stop;
+        if self.beside.is_some() && self.beside == self.granted {
+            let end = now_or_never.map_or(until, |e| until.min(e));
+            self.beside_shared = end.saturating_sub(self.start_ns.max(stop));
+            pay -= self.beside_shared / 2;
+        }
         if let Some((s, share, cap)) = t.get(id) {
-            charge(dev, s, share, cap, stop, until, until - stop);
+            charge(dev, s, share, cap, stop, until, pay);
         }
         self.charged_until = self.charged_until.max(until);
     }
@@ -792,6 +831,96 @@ mod tests {
             paid <= MS / 2 + MS / 2,
             "paid {paid} ns for a turn whose work ended 0.5 ms in"
         );
+    }
+
+    /// A trainer (slice 2, 0.6) granted the device at `T0`, then an ordinary lease once the
+    /// latency slice (slice 1, 0.2, its virtual time `latency_vt`) asks too. Returns the world
+    /// and its turns, the trainer holding.
+    fn trainer_holding(latency_vt: u64) -> (World, DeviceTurns) {
+        let p = World::new(&[(0.2, 1.0), (0.6, 1.0)]);
+        p.t.get(1).unwrap().0.class.store(CLASS_LATENCY, SeqCst);
+        p.t.get(1).unwrap().0.vt.store(latency_vt, SeqCst);
+        p.t.get(2).unwrap().0.vt.store(0, SeqCst);
+        p.w[1].want_ns.store(T0, SeqCst);
+        let mut dt = DeviceTurns::default();
+        p.step(&mut dt, T0);
+        // The latency slice comes later (its first request), the trainer already holding.
+        let l = p.lease();
+        assert_eq!(l.holder, 2, "{l:?}");
+        if l.solo {
+            p.w[0].want_ns.store(T0 + 100_000, SeqCst);
+            p.step(&mut dt, T0 + 100_000);
+        }
+        assert_eq!(p.lease().holder, 2);
+        (p, dt)
+    }
+
+    /// A latency slice that preempts a trainer pays for its turn like any holder, less its half
+    /// of the time the trainer's kernel in flight shared the engine with it (in node mode such
+    /// turns used to be charged from the end of the trainer's leftover: a client that used
+    /// ~0.09 of the device was charged 0.003-0.021, the trainer paying for the rest).
+    #[test]
+    fn a_preempting_latency_turn_pays_its_span() {
+        let (p, mut dt) = trainer_holding(0);
+        let l = p.lease();
+        assert!(!l.solo);
+        // The trainer launches; the latency slice asks mid-turn: the turn ends at once.
+        let at = T0 + MS;
+        p.w[1].want_ns.store(0, SeqCst);
+        p.w[1].busy_until_ns.store(at + 2 * MS, SeqCst);
+        p.w[0].want_ns.store(at, SeqCst);
+        p.step(&mut dt, at);
+        assert_eq!(p.lease().holder, 1, "preempted");
+        let trainer_before = p.vt(2) * 600_000 / PPM as u64;
+        // The burst: 1 ms queued, then idle; the trainer's 2 ms kernel in flight beside it.
+        p.w[0].want_ns.store(0, SeqCst);
+        p.w[0].busy_until_ns.store(at + MS, SeqCst);
+        p.w[1].want_ns.store(at, SeqCst);
+        let mut now = at;
+        while p.lease().holder == 1 && now < at + 20 * MS {
+            now += 50_000;
+            p.step(&mut dt, now);
+        }
+        let span = now - at;
+        assert!(span < 3 * MS, "the latency turn lasted {span}");
+        let shared = span.min(2 * MS);
+        let paid = p.vt(1) * 200_000 / PPM as u64;
+        assert!(
+            paid + 10_000 >= span - shared / 2 && paid <= span,
+            "the latency slice paid {paid} ns for a turn of {span} ns"
+        );
+        // The trainer pays its leftover, less its half of what it shared.
+        p.step(&mut dt, now + 10 * MS);
+        let trainer = p.vt(2) * 600_000 / PPM as u64 - trainer_before;
+        assert!(
+            trainer + 10_000 >= 2 * MS - shared / 2,
+            "the trainer paid {trainer} ns for a 2 ms leftover"
+        );
+    }
+
+    /// A latency slice too far ahead to be served first (more than `LATENCY_LEAD_NS` of virtual
+    /// time) does not end the holder's turn: the check asks what the grant would (the holder
+    /// competing), so the trainer's turn is not cut only to be granted to it again.
+    #[test]
+    fn the_preemption_check_and_the_grant_agree_on_the_holder() {
+        let (p, mut dt) = trainer_holding(10 * LATENCY_LEAD_NS);
+        let l = p.lease();
+        assert!(!l.solo);
+        let turn = p.dev.turn.load(SeqCst);
+        let mut now = T0 + 100_000;
+        while now + HAND_BACK_WINDOW_NS < l.end_ns {
+            now += 100_000;
+            p.w[1].want_ns.store(0, SeqCst);
+            p.w[1].busy_until_ns.store(now + MS, SeqCst);
+            p.w[0].want_ns.store(now, SeqCst);
+            p.step(&mut dt, now);
+            assert_eq!(
+                (p.dev.turn.load(SeqCst), p.lease()),
+                (turn, l),
+                "the trainer's turn was ended at {} ms",
+                (now - T0) / MS
+            );
+        }
     }
 
     #[test]

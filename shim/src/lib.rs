@@ -21,6 +21,10 @@
 //! Nothing runs in a constructor; a process that never calls CUDA pays only for the `dlsym`
 //! hook. `GPUSLICE_DISABLE=1` makes every hook a pass-through.
 
+// Its only API is the C ABI: these docs are for its maintainers, read with
+// `cargo rustdoc -p gpuslice-shim --lib -- --document-private-items`, so they link to private items.
+#![allow(rustdoc::private_intra_doc_links)]
+
 mod admit;
 mod capture;
 mod compute;

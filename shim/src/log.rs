@@ -148,7 +148,7 @@ impl fmt::Display for InternalError<'_> {
 /// lists only the hooks and `dlsym`), so the hook table set here is not the one a Rust host
 /// program's `std` uses: the host's panics keep its own hook and message.
 ///
-/// The hook formats into [`line`]'s stack buffer and allocates nothing itself; a panic with a
+/// The hook formats into [`line()`]'s stack buffer and allocates nothing itself; a panic with a
 /// formatted message has had its `String` built by `std` before any hook runs.
 pub fn install_panic_hook() {
     static ONCE: std::sync::Once = std::sync::Once::new();

@@ -11,22 +11,43 @@ use gpuslice_abi::*;
 /// `(total, free)` to report for `dev`, given the driver's own numbers.
 pub fn view(dev: &DevState, real_total: u64, real_free: u64) -> (u64, u64) {
     view_of(
-        dev.account.is_quota(),
-        dev.account.limit(),
-        dev.account.used(),
+        Figures {
+            quota: dev.account.is_quota(),
+            limit: dev.account.limit(),
+            used: dev.account.used(),
+            held: dev.account.held_for_it(),
+        },
         real_total,
         real_free,
     )
 }
 
-/// The one formula, for an account's `limit` and `used` (a quota or the best-effort allowance);
-/// NVML-only processes apply it to what the ledger says (`nvml/memory.rs`).
-pub fn view_of(quota: bool, limit: u64, used: u64, real_total: u64, real_free: u64) -> (u64, u64) {
-    let left = limit.saturating_sub(used);
-    if quota {
-        (limit, left.min(real_free))
+/// An account's figures on one device, as the one formula [`view_of`] takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Figures {
+    /// A slice's quota (false: the best-effort allowance).
+    pub quota: bool,
+    /// The quota, or the allowance's limit.
+    pub limit: u64,
+    /// What the account holds.
+    pub used: u64,
+    /// Node mode: what the monitor's balloons hold of the slice's unused reservation.
+    pub held: u64,
+}
+
+/// The one formula, for an account's figures (a quota or the best-effort allowance); NVML-only
+/// processes apply it to what the ledger says (`nvml/memory.rs`). Free is what is left of the
+/// limit, as far as the device has it: the driver's free memory, plus what the monitor holds
+/// for this very slice (its balloon, handed back on an allocation's slow path; without it a
+/// slice whose reservation the balloons hold would be told 0 free, and a framework sizing its
+/// pool by free memory, TensorFlow's, would get none).
+pub fn view_of(f: Figures, real_total: u64, real_free: u64) -> (u64, u64) {
+    let left = f.limit.saturating_sub(f.used);
+    let free = left.min(real_free.saturating_add(f.held));
+    if f.quota {
+        (f.limit, free)
     } else {
-        (real_total, left.min(real_free))
+        (real_total, free)
     }
 }
 

@@ -4,10 +4,12 @@
 `OutOfMemoryError`, `empty_cache` gives everything back), with the balloons on (node mode's
 default) and off; the time each run takes is printed for docs/benchmarks.md ("Balloons").
 With `backend:cudaMallocAsync` (stream-ordered pool allocations) it fills its quota the same on
-a device whose free memory is all its slice's balloon: the pool takes the slow path.
+a device whose free memory is all its slice's balloon (and is told its quota is free): the pool
+takes the slow path.
 
 Node mode needs root (the policy is root's); without it these tests fail saying so.
 """
+import contextlib
 import json
 import os
 import subprocess
@@ -78,11 +80,12 @@ def test_torch_fills_its_quota_in_node_mode(fw_env, node_monitor, balloons):
 
 
 
-def test_torch_async_pool_gets_its_balloon_back(fw_env, gpu_env, node_monitor, profile_dir):
+@contextlib.contextmanager
+def only_the_balloon_free(gpu_env, node_monitor, profile_dir):
     """On a 4 GiB device an operator slice `t` reserves 1 GiB and an unwrapped program holds all
-    the rest but one context's room, so the only memory left is `t`'s balloon. PyTorch with
-    `PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync` in `t` fills its 1 GiB as on an empty
-    device: every pool allocation the driver refuses asks the monitor for `t`'s balloon."""
+    the rest but one context's room, so the only memory left is `t`'s balloon. A process of `t`
+    then finds 384 MiB free in the driver (its admission hands back the 512 MiB room kept for
+    its context, which takes 128 MiB); the rest of its 1 GiB can only come from the balloon."""
     node_monitor(memory="4Gi")
     env = gpu_env(memory="4Gi")
     create = subprocess.run([str(artifact(profile_dir, "gpuslice")), "slice", "create", "t", "--memory", "1Gi"],
@@ -112,22 +115,42 @@ def test_torch_async_pool_gets_its_balloon_back(fw_env, gpu_env, node_monitor, p
     try:
         held = json.loads(hog.stdout.readline())
         assert held["allocated_bytes"] == 4 * GI - 3 * ctx - GI - 512 * MI, held
-        # The probe's context fits, its 128 MiB do not. PyTorch's admission hands back the
-        # room kept for its context, which takes 128 MiB of it: 512 MiB are free, and the rest
-        # of its 1 GiB can only come from the balloon.
+        # The probe's context fits, its 128 MiB do not.
         wait_held("128Mi")
+        yield
+    finally:
+        hog.kill()
+        hog.wait(timeout=30)
+
+
+def test_torch_async_pool_gets_its_balloon_back(fw_env, gpu_env, node_monitor, profile_dir):
+    """PyTorch with `PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync` in a slice whose free
+    memory is all its balloon ([`only_the_balloon_free`]) fills its 1 GiB as on an empty device:
+    every pool allocation the driver refuses asks the monitor for `t`'s balloon."""
+    with only_the_balloon_free(gpu_env, node_monitor, profile_dir):
         t0 = time.monotonic()
         r = run_framework("torch", "fw_torch",
                           fw_env(memory="4Gi", PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync",
                                  GPUSLICE_SLICE="t"), "fill", 96)
         seconds = time.monotonic() - t0
-    finally:
-        hog.kill()
-        hog.wait(timeout=30)
-    # Free memory shows what the driver has free (none: the balloon holds it), not the quota's.
-    assert r["before"]["total"] == GI, r
+    # Free memory is the quota's: what the driver has free counts the slice's own balloon in
+    # (the driver alone would say 384 MiB).
+    assert r["before"]["total"] == GI and r["before"]["free"] == GI, r
     assert r["error"] and r["error"]["type"] == "OutOfMemoryError", r
     assert 9 <= r["allocated"] <= 10, (r, node_monitor.log())
     assert r["max_reserved"] <= GI, r
     print(f"PyTorch (cudaMallocAsync) fills 1 GiB from its balloon: {r['allocated']} tensors of "
           f"96 MiB, then OutOfMemoryError; {seconds:.2f} s for the whole process")
+
+
+def test_tf_sizes_its_pool_from_the_quota_not_the_drivers_free(fw_env, gpu_env, node_monitor, profile_dir):
+    """TensorFlow's default allocator takes, once, what `cuMemGetInfo` says is free less a
+    reserve, and never grows: in a slice whose free memory is all its balloon it gets most of
+    its 1 GiB because the library counts the balloon as free (told the driver's 384 MiB, it
+    held two 128 MiB tensors of it)."""
+    with only_the_balloon_free(gpu_env, node_monitor, profile_dir):
+        r = run_framework("tf", "fw_tf", fw_env(memory="4Gi", GPUSLICE_SLICE="t"), "fill", 128, "default")
+    assert r["error"] and r["error"]["type"] == "ResourceExhaustedError", r
+    assert r["allocated"] * 128 * MI <= GI, r
+    print("TF in the ballooned slice:", r["allocated"], "tensors of 128 MiB")
+    assert r["allocated"] >= 4, ("more than the driver's 384 MiB free", r, node_monitor.log())

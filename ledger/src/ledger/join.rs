@@ -383,6 +383,7 @@ impl Ledger {
         s.over_quota.store(0, SeqCst);
         s.audit_observed.store(0, SeqCst);
         s.violations_total.store(0, SeqCst);
+        s.balloon_held.store(0, SeqCst);
         // SAFETY: under the lock, record not yet published.
         unsafe { s.claim.set("") };
         s.state.store(STATE_ACTIVE, SeqCst);

@@ -104,6 +104,17 @@ impl Ledger {
         }
     }
 
+    /// Node mode: the bytes of slice `si`'s unused reservation the monitor's balloons hold now
+    /// (its processes are told they are free).
+    pub fn record_balloon(&self, si: usize, held: u64) {
+        if !self.writable() {
+            return;
+        }
+        if let Some(s) = self.slices().get(si) {
+            s.balloon_held.store(held, SeqCst);
+        }
+    }
+
     /// Node mode: let only `uid`'s processes join the slice `name` on `device` (index or UUID);
     /// an operator slice is open to every uid until this is set.
     pub fn set_slice_owner(
@@ -124,7 +135,7 @@ impl Ledger {
     }
 
     /// Set the scheduling priority (0 normal, 1 latency) of the slices called `name` (the
-    /// operator's, else every tenant's of that name: [`Ledger::operator_targets`]); returns how
+    /// operator's, else every tenant's of that name: `Ledger::operator_targets`); returns how
     /// many.
     pub fn set_slice_priority(&self, name: &str, priority: u32) -> Result<usize, LedgerError> {
         let _g = self.lock()?;

@@ -1,5 +1,5 @@
 //! The `gpuslice` binary's window on the ledger: opening it, turning the ledger's snapshot into
-//! the [`NodeView`] every view renders, registering NVML's devices, reaping, and operator
+//! the [`NodeView`](crate::view::NodeView) every view renders, registering NVML's devices, reaping, and operator
 //! slices. All state and all mutation live in `gpuslice-ledger`; this module only translates
 //! (ledger indices to NVML's, ppm to fractions, errors to messages).
 //!

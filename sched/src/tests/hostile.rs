@@ -116,6 +116,18 @@ fn many_processes_in_a_latency_slice_do_not_take_the_device() {
                 );
                 victim_keeps_its_share(failed, &r, 2, s * S, (s + 1) * S, &what);
             }
+            // It pays for what it uses: its turns, granted by preempting t2's, are charged like
+            // any turn (they were charged from the end of t2's work left queued, which ran beside
+            // them: about nothing).
+            let got = r.slice_fraction(1, 0, 4 * S);
+            let charged = t.0[0].0.gpu_ns_total.load(Relaxed) as f64 / (4 * S) as f64;
+            eprintln!("latency class, {n} x {kernel_us} us: got {got:.3}, charged {charged:.3}");
+            if charged < got - 0.03 {
+                failed.push(format!(
+                    "latency class, {n} x {kernel_us} us: got {got:.3} of the device over 4 s, \
+                     charged {charged:.3}"
+                ));
+            }
         }
     }
     assert!(failed.is_empty(), "{failed:#?}");

@@ -9,16 +9,14 @@ use gpuslice_abi::*;
 /// `(total, free, used, reserved)` for a device inside a slice, given NVML's own total/free.
 fn memory(place: &Place, total: u64, free: u64) -> Option<(u64, u64, u64, u64)> {
     let (Place::Inside {
-        memory: Some((limit, used, quota)),
-        ..
+        memory: Some(fig), ..
     }
-    | Place::Outside {
-        memory: Some((limit, used, quota)),
-    }) = *place
+    | Place::Outside { memory: Some(fig) }) = *place
     else {
         return None;
     };
-    let (t, f) = view_of(quota, limit, used, total, free);
+    let (t, f) = view_of(fig, total, free);
+    let (quota, used) = (fig.quota, fig.used);
     // v1 `used` counts everything not free (NVML's meaning); v2 splits it into the slice's
     // usage and `reserved`: quota the device cannot give right now.
     let not_free = t.saturating_sub(f);
@@ -80,11 +78,17 @@ pub unsafe fn memory_info<M: MemoryStruct>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::Figures;
 
     #[test]
     fn memory_inside_a_slice() {
         let inside = |limit, used, quota| Place::Inside {
-            memory: Some((limit, used, quota)),
+            memory: Some(Figures {
+                quota,
+                limit,
+                used,
+                held: 0,
+            }),
             found: None,
         };
         // Quota 1 GiB, 256 MiB used, the device has plenty: v2 used + free = total.
@@ -106,13 +110,35 @@ mod tests {
         // A CUDA process outside any slice: its best-effort figures, as CUDA reports them.
         let (t, f, _, _) = memory(
             &Place::Outside {
-                memory: Some((4 << 30, 1 << 30, false)),
+                memory: Some(Figures {
+                    quota: false,
+                    limit: 4 << 30,
+                    used: 1 << 30,
+                    held: 0,
+                }),
             },
             16 << 30,
             10 << 30,
         )
         .unwrap();
         assert_eq!((t, f), (16 << 30, 3 << 30));
+        // Node mode, the device's free memory all this slice's own balloon: free is what the
+        // quota has left (an allocation gets the balloon back), never more.
+        let ballooned = |held| Place::Inside {
+            memory: Some(Figures {
+                quota: true,
+                limit: 1 << 30,
+                used: 256 << 20,
+                held,
+            }),
+            found: None,
+        };
+        let (t, f, nf, res) = memory(&ballooned(768 << 20), 16 << 30, 0).unwrap();
+        assert_eq!((t, f, nf, res), (1 << 30, 768 << 20, 256 << 20, 0));
+        let (_, f, _, res) = memory(&ballooned(512 << 20), 16 << 30, 128 << 20).unwrap();
+        assert_eq!((f, res), (640 << 20, 128 << 20));
+        let (_, f, _, _) = memory(&ballooned(u64::MAX), 16 << 30, u64::MAX).unwrap();
+        assert_eq!(f, 768 << 20, "never past the quota, whatever the words say");
         assert!(memory(
             &Place::Inside {
                 memory: None,

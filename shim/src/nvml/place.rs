@@ -6,6 +6,7 @@
 
 use super::cache::{lock_cache, Cache, Member};
 use crate::init::{state_if_ready, State};
+use crate::report::Figures;
 use gpuslice_abi::*;
 use gpuslice_ledger::view::{PidMap, View, INITIAL_PID_NS};
 
@@ -16,13 +17,13 @@ pub(super) enum Place {
     /// CUDA agree on its memory.
     Outside {
         /// Best-effort limit, what the pool holds (as in `Inside`), for an attached process.
-        memory: Option<(u64, u64, bool)>,
+        memory: Option<Figures>,
     },
     /// Inside a slice.
     Inside {
         /// Quota or best-effort limit, what the account holds, whether it is a quota
         /// (`None`: no figures of its own, the real memory).
-        memory: Option<(u64, u64, bool)>,
+        memory: Option<Figures>,
         /// Ledger device and slice indices, when the ledger has the slice.
         found: Option<(usize, usize)>,
     },
@@ -61,7 +62,7 @@ impl Cache {
         } = self;
         let Some(v) = ro.as_ref().map(|r| r.view()) else {
             return Place::Inside {
-                memory: configured.map(|size| (size.resolve(real_total), 0, true)),
+                memory: configured.map(|size| quota(size.resolve(real_total), 0, 0)),
                 found: None,
             };
         };
@@ -80,14 +81,14 @@ impl Cache {
         }
         let Some(ld) = d.ledger_dev else {
             return Place::Inside {
-                memory: configured.map(|size| (size.resolve(real_total), 0, true)),
+                memory: configured.map(|size| quota(size.resolve(real_total), 0, 0)),
                 found: None,
             };
         };
         match d.slice.and_then(|si| v.slice(si)) {
             Some(s) => Place::Inside {
                 memory: Some(match s.memory_limit {
-                    Some(l) => (l, s.memory_used, true),
+                    Some(l) => quota(l, s.memory_used, s.balloon_held),
                     None => best_effort(&v, ld),
                 }),
                 found: Some((ld, s.index)),
@@ -97,7 +98,7 @@ impl Cache {
                 let total = v.device(ld).map_or(real_total, |x| x.memory_total);
                 Place::Inside {
                     memory: Some(match configured {
-                        Some(size) => (size.resolve(total), 0, true),
+                        Some(size) => quota(size.resolve(total), 0, 0),
                         None => best_effort(&v, ld),
                     }),
                     found: None,
@@ -112,11 +113,16 @@ impl Cache {
         let Some(ds) = st.devices.iter().find(|x| x.uuid.as_bytes() == d.uuid()) else {
             return Place::Outside { memory: None }; // CUDA cannot see this device
         };
-        let memory = Some((ds.account.limit(), ds.account.used(), ds.account.is_quota()));
+        let memory = Some(Figures {
+            quota: ds.account.is_quota(),
+            limit: ds.account.limit(),
+            used: ds.account.used(),
+            held: ds.account.held_for_it(),
+        });
         if !self.in_slice {
             // Its private best-effort slice: the CUDA view of memory, the real rest.
             return Place::Outside {
-                memory: memory.filter(|m| !m.2),
+                memory: memory.filter(|m| !m.quota),
             };
         }
         let v = View::of(st.ledger);
@@ -139,14 +145,26 @@ impl Cache {
 }
 
 /// A best-effort account on ledger device `ld`, as `Account::limit`/`used` compute it.
-fn best_effort(v: &View<'_>, ld: usize) -> (u64, u64, bool) {
-    v.device(ld).map_or((0, 0, false), |d| {
-        (
-            d.memory_total - d.memory_reserved,
-            d.best_effort_used,
-            false,
-        )
-    })
+fn best_effort(v: &View<'_>, ld: usize) -> Figures {
+    let (limit, used) = v.device(ld).map_or((0, 0), |d| {
+        (d.memory_total - d.memory_reserved, d.best_effort_used)
+    });
+    Figures {
+        quota: false,
+        limit,
+        used,
+        held: 0,
+    }
+}
+
+/// A quota's figures.
+fn quota(limit: u64, used: u64, held: u64) -> Figures {
+    Figures {
+        quota: true,
+        limit,
+        used,
+        held,
+    }
 }
 
 /// What a hook gets to work with on one device.

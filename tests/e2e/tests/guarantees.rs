@@ -11,9 +11,14 @@
 //! pass with every CPU busy: t2's figure is its part of the time the two users got together
 //! (how much the device idles depends on whether the launchers get a CPU); where an attack
 //! idles the device (a stopped holder), t2 is compared with what it got beside the same tenant
-//! just before, side by side. t1's ceiling per second is absolute: a host that keeps t2's one
-//! launcher off a CPU for long lends its time to t1 (rightly: t2 had nothing queued), which
-//! these tests cannot tell apart from a refusal.
+//! just before, side by side. t1's ceiling holds per second while t2 has work queued: a host
+//! that keeps t2's one launcher off a CPU lends its turns to t1 (rightly: t2 has nothing queued
+//! and does not ask), so a second's ceiling is raised by t2's share of the part of it t2's
+//! threads waited for a CPU (their run-queue time, `/proc/PID/task/*/schedstat`), the rule the
+//! PyTorch tenants' test uses to tell a starved tenant from a refused one. Traced with two and
+//! three busy loops (docs/benchmarks.md, "Issue 20, round 3 (h7/ceiling)"): in every second
+//! over 0.29, every turn of t1's was granted while t2's one process neither waited nor had work
+//! queued, and t2's threads waited for a CPU 0.30-0.32 of that second (0.1-0.2 in others).
 
 use gpuslice_e2e::node::*;
 use gpuslice_e2e::{artifact, need_root};
@@ -25,8 +30,11 @@ use std::time::Duration;
 
 /// t2's slice must get at least this part of what the two users got.
 const T2_FLOOR: f64 = 0.71;
-/// t1's slices together may get at most this fraction of the device in any one second.
+/// t1's slices together may get at most this fraction of the device in any one second in
+/// which t2 had work queued.
 const T1_CEILING: f64 = 0.29;
+/// t2's share: of a second in which its launcher had no CPU, this much is lent to t1.
+const T2_SHARE: f64 = 0.75;
 /// Seconds over which the guarantee is measured, after t2's first second.
 const WINDOW_S: f64 = 10.0;
 /// A reading of the books that took longer than this is not used as a point of the series.
@@ -102,12 +110,30 @@ impl Drop for Books {
     }
 }
 
-/// One reading of the books: each user's engine time so far, seconds.
+/// One reading of the books: each user's engine time so far, seconds; and how long t2's threads
+/// have waited for a CPU so far, seconds (summed over its threads).
 #[derive(Clone, Copy, Debug)]
 struct Sample {
     t: f64,
     t1: f64,
     t2: f64,
+    t2_cpu_wait: f64,
+}
+
+/// Nanoseconds the threads of process `pid` have spent runnable but not running (the second
+/// field of `/proc/PID/task/TID/schedstat`), summed; None once the process is gone.
+fn run_queue_ns(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut sum = 0;
+    for t in tasks.flatten() {
+        let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        sum += stat
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(sum)
 }
 
 /// A thread that reads the books every 100 ms for the processes registered with [`Meter::add`]
@@ -129,6 +155,8 @@ impl Meter {
         let (p, l, s) = (pids.clone(), last.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
             let mut samples = vec![];
+            // Each t2 process's run-queue time at its latest reading.
+            let mut waited: std::collections::HashMap<u32, u64> = Default::default();
             while !s.load(SeqCst) {
                 let now: Vec<(Who, u32)> = p.lock().unwrap().clone();
                 let ids: Vec<u32> = now.iter().map(|x| x.1).collect();
@@ -141,6 +169,12 @@ impl Meter {
                     sum[(*who == Who::T2) as usize] += *v;
                 }
                 drop(last);
+                let mut t2_wait = 0;
+                for (_, pid) in now.iter().filter(|x| x.0 == Who::T2) {
+                    let v = waited.entry(*pid).or_insert(0);
+                    *v = run_queue_ns(*pid).unwrap_or(*v).max(*v);
+                    t2_wait += *v;
+                }
                 // A reading the reader was descheduled in the middle of has no one time: it
                 // updates the last values, but is no point of the series.
                 if to - from <= MAX_READING_S {
@@ -148,6 +182,7 @@ impl Meter {
                         t: (from + to) / 2.0,
                         t1: sum[0] as f64 / 1e9,
                         t2: sum[1] as f64 / 1e9,
+                        t2_cpu_wait: t2_wait as f64 / 1e9,
                     });
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -235,6 +270,13 @@ struct Got {
     part: f64,
     /// The most t1 got in any second of the window (1 s windows, every 0.5 s).
     t1_worst: f64,
+    /// The second furthest over its ceiling ([`T1_CEILING`] plus what t2 lent in it): (t1's
+    /// fraction, the part t2's threads waited for a CPU, how far over; <= 0: none over).
+    t1_over: (f64, f64, f64),
+    /// Per judged second: (t1's fraction, the part of it t2's threads waited for a CPU, summed
+    /// over them: a launcher short of CPU lends its turns, which the ceiling cannot tell apart
+    /// from a refusal).
+    seconds: Vec<(f64, f64)>,
     /// Per half second: (t1, t2) fractions of the device.
     halves: Vec<(f64, f64)>,
     /// Seconds (of 19) for which t1's ceiling was judged.
@@ -283,6 +325,8 @@ fn got(s: &[Sample], from: Option<f64>) -> Got {
     );
     let (t1, t2) = between(s, from, to);
     let mut t1_worst: f64 = 0.0;
+    let mut t1_over = (0.0, 0.0, f64::NEG_INFINITY);
+    let mut seconds = vec![];
     let mut judged = 0;
     let mut halves = vec![];
     let mut w = from;
@@ -291,7 +335,14 @@ fn got(s: &[Sample], from: Option<f64>) -> Got {
         // leaves a gap, and a rate over a longer span is no figure for one second).
         let (a, b) = (sample_at(s, w), sample_at(s, w + 1.0));
         if a.t - w <= 0.2 && b.t - (w + 1.0) <= 0.2 {
-            t1_worst = t1_worst.max(between(s, w, w + 1.0).0);
+            let t1 = between(s, w, w + 1.0).0;
+            let starved = ((b.t2_cpu_wait - a.t2_cpu_wait) / (b.t - a.t)).clamp(0.0, 1.0);
+            t1_worst = t1_worst.max(t1);
+            let over = t1 - (T1_CEILING + T2_SHARE * starved);
+            if over > t1_over.2 {
+                t1_over = (t1, starved, over);
+            }
+            seconds.push((t1, starved));
             judged += 1;
         }
         w += 0.5;
@@ -316,6 +367,8 @@ fn got(s: &[Sample], from: Option<f64>) -> Got {
         t2,
         part: t2 / (t1 + t2),
         t1_worst,
+        t1_over,
+        seconds,
         halves,
     }
 }
@@ -326,22 +379,33 @@ fn show(g: &Got) -> String {
         .iter()
         .map(|(a, b)| format!("{a:.2}/{b:.2}"))
         .collect();
+    let sec: Vec<String> = g
+        .seconds
+        .iter()
+        .map(|(a, w)| format!("{a:.2}/{w:.2}"))
+        .collect();
     format!(
-        "t1 {:.3}, t2 {:.3} of the device (t2's part {:.3}), t1's worst second {:.3} (of {} \
-         judged); \
-         {} readings, {:.2} s apart at most; per 0.5 s t1/t2: {}",
+        "t1 {:.3}, t2 {:.3} of the device (t2's part {:.3}), t1's worst second {:.3}, the \
+         second furthest over its ceiling {:.3} with t2 {:.2} without a CPU ({:+.3}) (of {} \
+         judged); {} readings, {:.2} s apart at most; per 0.5 s t1/t2: {}; per second t1 / \
+         part t2's threads waited for a CPU: {}",
         g.t1,
         g.t2,
         g.part,
         g.t1_worst,
+        g.t1_over.0,
+        g.t1_over.1,
+        g.t1_over.2,
         g.judged,
         g.readings,
         g.gap,
-        h.join(" ")
+        h.join(" "),
+        sec.join(" ")
     )
 }
 
-/// The guarantee: t2's part at least [`T2_FLOOR`], t1 at most [`T1_CEILING`] in every second.
+/// The guarantee: t2's part at least [`T2_FLOOR`], t1 at most [`T1_CEILING`] in every second,
+/// plus what t2 lent in it for want of a CPU.
 fn assert_guarantee(case: &str, g: &Got, n: &Node) {
     println!("{case}: {}", show(g));
     let log = || {
@@ -365,10 +429,13 @@ fn assert_guarantee(case: &str, g: &Got, n: &Node) {
         g.judged,
         show(g)
     );
+    let (t1, starved, over) = g.t1_over;
     assert!(
-        g.t1_worst <= T1_CEILING,
-        "{case}: t1's slices got {:.3} of the device in one second while t2 had work queued: {}\n{}",
-        g.t1_worst,
+        over <= 0.0,
+        "{case}: t1's slices got {t1:.3} of the device in one second while t2 had work queued \
+         (its threads waited for a CPU {starved:.2} of that second, which lends t1 at most \
+         {:.3}): {}\n{}",
+        T2_SHARE * starved,
         show(g),
         log()
     );

@@ -581,6 +581,14 @@ fn takes_the_slow_path(n: &Node, path: &str) -> bool {
         text(&o),
         n.monitor_log()
     );
+    // And it was told so: cuMemGetInfo counts its own balloon as free (a framework that sizes
+    // its pool by free memory, TensorFlow's, would otherwise get nothing here).
+    assert!(
+        r["mem_free"].as_u64() >= Some(768 << 20),
+        "{path}: cuMemGetInfo said {} free where the slice could allocate 768 MiB: {}",
+        r["mem_free"],
+        text(&o)
+    );
     let taken = String::from_utf8_lossy(&o.stderr)
         .lines()
         .any(|l| l.contains("slow path for") && l.contains("allocated after"));

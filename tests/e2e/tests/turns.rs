@@ -438,7 +438,7 @@ fn a_tenant_sets_its_own_slices_priority_in_node_mode() {
 /// docs/benchmarks.md, not a test: `cargo test -p gpuslice-e2e --test turns -- --ignored
 /// --nocapture handover_cost`.
 #[test]
-#[ignore]
+#[ignore = "a benchmark (docs/benchmarks.md): run with --ignored --nocapture handover_cost"]
 fn handover_cost_personal_vs_node() {
     need_root!();
     let _serial = compute_serial();
@@ -504,7 +504,7 @@ fn handover_cost_personal_vs_node() {
 /// the device solo, in node mode. `cargo test -p gpuslice-e2e --test turns -- --ignored
 /// --nocapture first_grant`.
 #[test]
-#[ignore]
+#[ignore = "a benchmark (docs/benchmarks.md): run with --ignored --nocapture first_grant"]
 fn first_grant_latency_in_node_mode() {
     let Some((_serial, n)) = compute_node() else {
         return;
@@ -547,7 +547,7 @@ fn first_grant_latency_in_node_mode() {
 /// client run (default 5), `LATENCY_BENCH_SHARE` the client's share (default 0.2; at most 0.4). A measurement for docs/benchmarks.md, not a test: `cargo test -p
 /// gpuslice-e2e --test turns -- --ignored --nocapture latency_personal_vs_node`.
 #[test]
-#[ignore]
+#[ignore = "a benchmark (docs/benchmarks.md): run with --ignored --nocapture latency_personal_vs_node"]
 fn latency_personal_vs_node() {
     need_root!();
     let _serial = compute_serial();

@@ -15,7 +15,7 @@ const SLOTS: usize = 16;
 
 /// Per-context storage: a few (key, value, destructor) slots read without a lock. Writers
 /// (`put`, `del`, teardown: rare) serialise on one mutex; `get` (nearly every runtime call)
-/// is a scan of at most [`SLOTS`] atomics. A value is published before its key (Release), so a
+/// is a scan of at most `SLOTS` atomics. A value is published before its key (Release), so a
 /// reader that sees the key sees the value.
 pub struct CtxStorage {
     keys: [AtomicUsize; SLOTS],

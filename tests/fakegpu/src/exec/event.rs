@@ -188,7 +188,10 @@ impl Event {
             let ex = unsafe { &*ex };
             ex.wait_for(|| self.recorded(gen));
         }
-        HostWait::of_event(self.flags.load(Relaxed)).until(self.time());
+        let end = self.time();
+        // SAFETY: executors are leaked, never freed.
+        let more = !ex.is_null() && unsafe { &*ex }.busy_after(end);
+        HostWait::of_event(self.flags.load(Relaxed)).until(end, more);
         if !ex.is_null() {
             // SAFETY: executors are leaked, never freed.
             crate::mem::after_sync_phys(unsafe { &*ex }.phys);
@@ -217,7 +220,7 @@ impl Event {
 
     /// `cuEventDestroy`: never waits (a host function or callback may destroy an event
     /// recorded behind it on its own stream). The event is recycled once the executor planned
-    /// its last record, here or in [`Event::set_recorded`], so no pending record ever lands
+    /// its last record, here or in `Event::set_recorded`, so no pending record ever lands
     /// on a reused event.
     pub fn destroy(&'static self) {
         if self.interprocess() {

@@ -243,6 +243,13 @@ impl Executor {
         g.queues[id].last_end
     }
 
+    /// Whether this process has work on the device planned to end after `t`, or queued and not
+    /// yet planned: a synchronizing thread that wakes late at `t` then idles nothing.
+    pub(super) fn busy_after(&self, t: u64) -> bool {
+        let g = self.lock();
+        g.cursor > t || g.queues.iter().any(|q| !q.items.is_empty())
+    }
+
     /// Whether queue `id` has nothing pending, in simulated time too (`cuStreamQuery`).
     pub(super) fn queue_idle(&self, id: usize) -> bool {
         let g = self.lock();

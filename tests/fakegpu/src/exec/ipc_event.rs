@@ -219,7 +219,7 @@ pub(super) fn synchronize(e: &Event) -> CuResult<()> {
         }
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
-    HostWait::of_event(e.flags.load(Relaxed)).until(s.ts.load(Acquire));
+    HostWait::of_event(e.flags.load(Relaxed)).until(s.ts.load(Acquire), false);
     Ok(())
 }
 

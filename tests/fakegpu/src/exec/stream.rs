@@ -105,7 +105,8 @@ impl Stream {
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
         let end = self.exec.wait_queue(self.id);
-        HostWait::of_context(self.ctx.flags.load(Relaxed)).until(end);
+        let more = self.exec.busy_after(end);
+        HostWait::of_context(self.ctx.flags.load(Relaxed)).until(end, more);
         crate::mem::after_sync(self.ctx.dev);
         Ok(())
     }
@@ -136,7 +137,8 @@ impl Stream {
 /// `cuCtxSynchronize`: wait for every stream of `c`.
 pub fn ctx_synchronize(c: &'static Ctx) -> CuResult<()> {
     let end = c.device().exec.wait_ctx(c as *const Ctx as usize);
-    HostWait::of_context(c.flags.load(Relaxed)).until(end);
+    let ex = &c.device().exec;
+    HostWait::of_context(c.flags.load(Relaxed)).until(end, ex.busy_after(end));
     crate::mem::after_sync(c.dev);
     Ok(())
 }

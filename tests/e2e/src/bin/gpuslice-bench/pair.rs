@@ -97,10 +97,16 @@ pub(crate) fn pair(o: &PairOpts) {
         "0.25 / 0.75, 1 ms kernels, {} runs of {} s each, measured from 1 s to {} s (burn's own \
          count): the 0.25 tenant's fraction of the device, its part of what the two got, and \
          the device's busy fraction against one launcher's alone without gpuslice just before \
-         ({control} s, from 1 s)",
+         ({control} s, from 1 s); {build} build (the launch round trip at depth 1 is the \
+         build's)",
         o.runs,
         o.seconds,
-        o.seconds - 1.0
+        o.seconds - 1.0,
+        build = if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
     );
     for mode in &o.modes {
         if mode == "node" && !root {
