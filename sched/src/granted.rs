@@ -34,9 +34,15 @@ use super::work::Work;
 
 /// A holder hands its turn back when its queued work needs about this much more: a hand-back
 /// travels to the monitor (woken through the policy's `turns_bell`), then to the next holder's
-/// futex wake and first launch, so the lead is longer than personal mode's `HANDOFF_LEAD_NS`,
-/// where holders hand over to each other directly.
-pub const NODE_HANDOFF_LEAD_NS: u64 = 500_000;
+/// futex wake and first launch, three wake-ups on a host whose CPUs may be busy, so the lead is
+/// longer than personal mode's `HANDOFF_LEAD_NS`, where holders hand over to each other
+/// directly. At 0.5 ms the engine idled after one hand-over in eight to one in two on the fake
+/// at load 5 (the holder woke late, or the monitor, or the next holder: 1-8 % of the device);
+/// past the engine's 2 ms time slice the next holder's kernels would interleave with the
+/// leftover, and 1 ms and 2 ms both cost the 0.25 tenant of the pair or an attacker's slice a
+/// point in the simulation (`tests/hostile.rs`), so 1.5 ms (docs/benchmarks.md, "Issue 20,
+/// round 3 (h7/handover)").
+pub const NODE_HANDOFF_LEAD_NS: u64 = 1_500_000;
 /// A monitor heartbeat older than this means no monitor grants turns: launch unthrottled.
 pub const MONITOR_STALE_NS: u64 = 500_000_000;
 /// The monitor refreshes its heartbeat at least this often.

@@ -166,22 +166,50 @@ struct Mode {
     /// Node mode: a simulated monitor grants the turns ([`DeviceTurns`]), the tenants are
     /// [`Granted`] clients.
     node: bool,
+    /// The monitor cannot run in the stretches [`busy_host`] draws from this seed (0: it
+    /// always can), like a process on a host whose CPUs other work keeps busy.
+    monitor_busy_host: u64,
+}
+
+/// Stretches up to `end` in which a process on a busy host cannot run, drawn from `seed`
+/// (the same on every run): after 1-12 ms of running, 0.1-2.5 ms without a CPU, as a process
+/// waits its turn on a 2-vCPU host with four or five runnable threads beside it (the real
+/// pair's host at load 4-6: `docs/benchmarks.md`, "Issue 20, round 3").
+fn busy_host(seed: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move |lo: u64, hi: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        lo + x % (hi - lo)
+    };
+    let mut v = Vec::new();
+    let mut at = next(0, 12 * MS);
+    while at < end {
+        let d = next(100_000, 2_500_000);
+        v.push((at, at + d));
+        at += d + next(MS, 12 * MS);
+    }
+    v
 }
 
 /// The engine of every test before issue 20: submission order, personal mode.
 const FIFO: Mode = Mode {
     slice_ns: 0,
     node: false,
+    monitor_busy_host: 0,
 };
 /// The fake's engine (2 ms time slices), personal mode.
 const PERSONAL: Mode = Mode {
     slice_ns: 2 * MS,
     node: false,
+    monitor_busy_host: 0,
 };
 /// The fake's engine, node mode.
 const NODE: Mode = Mode {
     slice_ns: 2 * MS,
     node: true,
+    monitor_busy_host: 0,
 };
 
 /// Run `tenants` on table `t` until simulated second `secs`.
@@ -412,7 +440,11 @@ fn run_sim(
     }
     ps.push(Process {
         start_ns: 0,
-        stalls: Vec::new(),
+        stalls: if mode.monitor_busy_host == 0 {
+            Vec::new()
+        } else {
+            busy_host(mode.monitor_busy_host, end)
+        },
         wake_latency_ns: 0,
         body: Box::new({
             let (procs, dead, alive, node) = (&procs, &dead, &alive, &node);

@@ -224,3 +224,55 @@ fn the_headline_pair_gets_its_guarantee() {
         }
     });
 }
+
+/// The pair on a busy host: every process (the monitor's too) loses its CPU for 0.1-2.5 ms
+/// every 1-12 ms ([`busy_host`]). Each hand-over waits for the holder to wake and hand back,
+/// the monitor to grant, and the next holder to wake and launch; with node mode's hand-over
+/// lead at 0.5 ms the device idled 4.5 points more than under one launcher alone (0.955 busy at
+/// depth 8, the 0.25 tenant 0.239), as on the fake at load 4-6 (docs/benchmarks.md, "Issue 20,
+/// round 3"). Read against a control in the same simulation: one launcher at the same depth
+/// alone, stalled the same way. Node mode only: personal mode's figures are printed (its split
+/// at depth 8 on a busy host is a known miss, docs/benchmarks.md).
+#[test]
+fn the_pair_keeps_the_device_busy_on_a_busy_host() {
+    let mut failed = Vec::new();
+    for node in [false, true] {
+        let mode = Mode {
+            monitor_busy_host: if node { 99 } else { 0 },
+            ..if node { NODE } else { PERSONAL }
+        };
+        for depth in [2, 8] {
+            let ten = |id, seed| Tenant {
+                depth,
+                learn: true,
+                stalls: busy_host(seed, 11 * S),
+                ..tenant(id, 1000)
+            };
+            let (a, b) = (S / 2, 10 * S + S / 2);
+            let alone = simulate_in(mode, &Table::new(&[(1.0, 0.0)]), &[ten(1, 7)], 10.5);
+            let lone = alone.fraction(0, a, b);
+            let t = Table::new(&[(0.25, 0.0), (0.75, 0.0)]);
+            let r = simulate_in(mode, &t, &[ten(1, 7), ten(2, 8)], 10.5);
+            let (f, g) = (r.fraction(0, a, b), r.fraction(1, a, b));
+            let charged = |id| {
+                t.get(id)
+                    .map_or(0, |(s, _, _)| s.gpu_ns_total.load(Relaxed))
+            };
+            let (c1, c2) = (charged(1), charged(2));
+            eprintln!(
+                "busy host, pair, node {node} depth {depth}: {f:.3} / {g:.3}, busy {:.3}, one \
+                 launcher alone {lone:.3}; the 0.25 slice {:.3} of the charges",
+                f + g,
+                c1 as f64 / (c1 + c2).max(1) as f64
+            );
+            // Within a point of its share of what one launcher keeps busy, and the device
+            // idling at most 2.5 points more than under that launcher.
+            if node && (f < 0.25 * lone - 0.01 || f > 0.26 || f + g < lone - 0.025) {
+                failed.push(format!(
+                    "node {node} depth {depth}: {f:.3} / {g:.3} (alone {lone:.3})"
+                ));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+}
