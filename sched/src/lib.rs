@@ -38,9 +38,10 @@
 //! burst and no idle, lightly used or best-effort slice sets anyone's start. Best-effort slices
 //! get the device only while no guaranteed slice competes. A cap is a GCRA budget (`cap_tat`): a slice is
 //! eligible only once the GPU time it used, divided by its cap, has been "paid" by the clock. A
-//! slice alone and uncapped gets a **solo** lease: its processes launch after one load of the
-//! lease word, with no clock, no event and no syscall; a newcomer turns the solo lease into an
-//! ordinary one and waits for it to end.
+//! slice alone and uncapped (no other slice waited or held the device for [`SOLO_QUIET_NS`])
+//! gets a **solo** lease: its processes launch after one load of the lease word, with no clock,
+//! no event and no syscall; a newcomer turns the solo lease into an ordinary one and waits for
+//! it to end.
 //!
 //! A lease ends on time because its holder stops launching once its estimated queued work would
 //! run past the lease end, then waits until about [`HANDOFF_LEAD_NS`] of it is left (so a deep
@@ -87,7 +88,7 @@ pub use policy::{
     admits, charge, charge_solo, idle_grace, pick, recheck_at, rejoin, takeover_due, Tenants,
     BEST_EFFORT_PPM, CAP_SLACK_NS, GRACE_NS, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LATENCY_ACTIVE_NS,
     LATENCY_LEAD_NS, LATENCY_QUEUE_NS, LEASE_NS, MAX_LEASE_NS, MAX_SLEEP_NS, REJOIN_DEBT_NS,
-    RETURN_NS, WAKE_ALLOW_NS, WANT_STALE_NS,
+    RETURN_NS, SOLO_QUIET_NS, WAKE_ALLOW_NS, WANT_STALE_NS,
 };
 pub use records::{
     class_name, parse_class, slice_stats, used_fraction, Lease, SchedDevice, SchedProc, SchedSlice,
@@ -97,7 +98,7 @@ pub use rings::Rings;
 pub use sys::{Os, SystemOs, SYSTEM};
 pub use turns::{
     beat, DeviceTurns, Member, DRAIN_HOLD_NS, HAND_BACK_POLL_NS, HAND_BACK_WINDOW_NS, MAX_GRANT_NS,
-    POLL_NS, POLL_SOLO_NS, SETTLE_SLACK_NS, SOLO_QUIET_NS,
+    POLL_NS, POLL_SOLO_NS, SETTLE_SLACK_NS,
 };
 pub use work::{least_of, Work};
 

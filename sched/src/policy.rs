@@ -79,6 +79,25 @@ pub(crate) fn weight(share_ppm: u32) -> u64 {
     }
 }
 
+/// A slice gets a solo lease only once the others have neither waited nor held the device for
+/// this long (`SchedSlice::want_ns`): a slice between two bursts of launches (synchronizing,
+/// its own last kernels still running) is not gone, and a solo holder's queue is neither
+/// bounded nor charged. Without it two tenants that synchronize every few turns each got the
+/// device solo while the other synchronized, and split it evenly whatever their shares
+/// (issue 20: a PyTorch pair at 0.25 / 0.75 at 0.50 / 0.50).
+pub const SOLO_QUIET_NS: u64 = 50_000_000;
+
+/// Whether a slice other than `id` waited or held the device within [`SOLO_QUIET_NS`].
+fn recently_active_other(t: &dyn Tenants, id: u32, now: u64) -> bool {
+    let mut active = false;
+    t.each(&mut |other, s, _, _| {
+        if other != id && now.saturating_sub(s.want_ns.load(Acquire)) < SOLO_QUIET_NS {
+            active = true;
+        }
+    });
+    active
+}
+
 /// Whether a process of the slice waited or launched recently (its heartbeat is fresh).
 pub(crate) fn fresh(s: &SchedSlice, now: u64) -> bool {
     now.saturating_sub(s.want_ns.load(Acquire)) < WANT_STALE_NS
@@ -193,7 +212,8 @@ pub fn pick(t: &dyn Tenants, now: u64, renewing: u32, exclude: u32) -> Lease {
             if competing == 1
                 && exclude == 0
                 && !capped(cap)
-                && (!latency_recent || urgent.is_some_and(|u| u.1 == id)) =>
+                && (!latency_recent || urgent.is_some_and(|u| u.1 == id))
+                && !recently_active_other(t, id, now) =>
         {
             Lease {
                 holder: id,

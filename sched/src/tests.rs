@@ -971,18 +971,38 @@ fn a_late_joiner_gets_its_share_at_once() {
 
 /// A holder descheduled for 50-500 ms in the middle of its turn loses the turn within a few
 /// ms (the other launches meanwhile), and both are back at their shares soon after it runs.
+/// What the other was lent in the first [`SOLO_QUIET_NS`] of the pause (ordinary, charged
+/// turns: a slice away that briefly is not idle) it pays back when the holder returns, and no
+/// more: after a pause shorter than [`RETURN_NS`] it waits at most that much GPU time at the
+/// returning slice's share.
 #[test]
 fn a_holder_descheduled_mid_turn_loses_its_turn() {
+    let shares = [0.25, 0.75];
     for pause in [50 * MS, 200 * MS, 500 * MS] {
         for who in [0usize, 1] {
-            let t = Table::new(&[(0.25, 0.0), (0.75, 0.0)]);
+            let t = Table::new(&[(shares[0], 0.0), (shares[1], 0.0)]);
             let mut ts = [tenant(1, 1000), tenant(2, 1000)];
-            ts[who].pauses = vec![(S + 1_234_567, pause)];
+            let at = S + 1_234_567;
+            ts[who].pauses = vec![(at, pause)];
             let r = simulate(&t, &ts, 3.5);
             let other = 1 - who;
             assert_no_gap(&r, 100 * MS, 3500 * MS, 100 * MS.max(pause + 50 * MS));
-            let g = r.max_gap(other, S, S + pause + 100 * MS);
-            assert!(g <= 20 * MS, "pause {pause}: the other waited {g} ns");
+            let g = r.max_gap(other, S, at + pause);
+            assert!(
+                g <= 20 * MS,
+                "pause {pause} who {who}: the other waited {g} ns"
+            );
+            let charged = pause.min(SOLO_QUIET_NS) as f64;
+            let owed = if pause < RETURN_NS {
+                charged * shares[who] / shares[other]
+            } else {
+                0.0
+            };
+            let g = r.max_gap(other, at + pause, at + pause + 300 * MS);
+            assert!(
+                g as f64 <= owed + 20.0 * MS as f64,
+                "pause {pause} who {who}: the other waited {g} ns after it, owed {owed}"
+            );
             let back = S + pause + 300 * MS;
             assert_split(&r, back, back + S, &[0.25, 0.75], 0.04);
         }
@@ -1254,7 +1274,16 @@ fn latency_class_in(mode: Mode) {
         l99 as f64 <= 1.5 * a99 as f64 + 2.0 * MS as f64,
         "{l99} vs alone {a99}"
     );
-    assert!(n99 > l99, "priority made no difference: {n99} vs {l99}");
+    // Without priority it waits for the trainer's turn to end, at best about as soon: in
+    // personal mode 3.0 ms either way, since the trainer no longer gets a solo lease (whose
+    // queue is not bounded) between bursts 10 ms apart (`SOLO_QUIET_NS`; it waited 35 ms
+    // before); in node mode 3.6 ms against 3.0. Priority never makes it worse (within the
+    // burst's own kernels), nor the normal class worse than a trainer's turn.
+    assert!(
+        l99 <= n99 + 500_000,
+        "priority made it worse: {n99} vs {l99}"
+    );
+    assert!(n99 <= a99 + LEASE_NS + 2 * MS, "{n99} vs alone {a99}");
     assert!(
         trainer_share(&latency) >= 0.6,
         "{}",

@@ -104,20 +104,6 @@ fn drain_hold(end: u64, tail: u64, now: u64) -> Option<u64> {
     (until > now).then(|| until.min(now + HAND_BACK_POLL_NS))
 }
 
-/// A slice gets a solo lease only once the others have neither waited nor held the device for
-/// this long (`SchedSlice::want_ns`, the monitor's record of it).
-pub const SOLO_QUIET_NS: u64 = 50_000_000;
-
-fn recently_active_other(t: &dyn Tenants, id: u32, now: u64) -> bool {
-    let mut active = false;
-    t.each(&mut |other, s, _, _| {
-        if other != id && now.saturating_sub(s.want_ns.load(Acquire)) < SOLO_QUIET_NS {
-            active = true;
-        }
-    });
-    active
-}
-
 /// Per-slice demand seen in one pass.
 #[derive(Clone, Copy)]
 struct Ask {
@@ -447,16 +433,8 @@ impl DeviceTurns {
         renewing: u32,
         need: u64,
     ) {
+        // Never solo while another slice was active moments ago (`SOLO_QUIET_NS`, in `pick`).
         let mut next = pick(t, now, renewing, 0);
-        if next.solo && recently_active_other(t, next.holder, now) {
-            // Another slice waited or held the device moments ago (between two of its
-            // launches, on a busy CPU): an ordinary lease, so its return does not start from
-            // the virtual time of a solo holder that was not charged.
-            next = Lease {
-                solo: false,
-                ..next
-            };
-        }
         if next.holder != 0 && !next.solo {
             let len = LEASE_NS.max(need.saturating_add(HANDOFF_LEAD_NS));
             next.end_ns = now + len.min(MAX_GRANT_NS);

@@ -197,12 +197,6 @@ def judge_pair(a, b, share=0.25, tol=0.04):
     return part, verdict
 
 
-# Known bug, not fixed (issue #20's closing note of 2026-12-02): on an idle host with the
-# release fake, 1-2 runs in 8 give the 0.25 tenant 0.33-0.50 (the 0.75 tenant "refused"), with
-# this round's library and with the previous one's alike. Kept running and printing; an
-# assertion failure is reported as XFAIL instead of failing CI until it is found.
-@pytest.mark.xfail(strict=False, raises=AssertionError,
-                   reason="personal mode: a PyTorch pair sometimes splits 0.35-0.50 on an idle host (#20 note)")
 @pytest.mark.parametrize("graph", [(False, False), (True, False)], ids=["launches", "cudagraph"])
 def test_torch_compute_shares_quarter_and_three_quarters(fw_env, gpuslice_bin, graph):
     a, b = contend(fw_env, ["0.25", "0.75"], graph=graph, gpuslice_bin=gpuslice_bin)

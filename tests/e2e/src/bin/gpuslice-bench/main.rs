@@ -46,7 +46,51 @@ fn list(v: &str) -> Vec<String> {
         .collect()
 }
 
+/// The flags each subcommand takes (`--all` alone, the others with a value).
+fn flags(cmd: &str) -> Option<&'static [&'static str]> {
+    Some(match cmd {
+        "shares" => &[
+            "--scenario",
+            "--kernel-us",
+            "--launch",
+            "--seconds",
+            "--all",
+        ],
+        "overhead" => &["--launches"],
+        "freeze" => &["--runs", "--seconds"],
+        "pair" => &["--depths", "--modes", "--runs", "--seconds"],
+        "latency" => &["--seconds"],
+        _ => return None,
+    })
+}
+
+/// Every argument after the subcommand is a known flag or a flag's value: a misspelt flag
+/// (or `--help`) must not start a run of several minutes with the defaults.
+fn check_flags(args: &[String]) {
+    let Some(known) = flags(&args[0]) else { return };
+    let mut i = 1;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if a == "--help" || a == "-h" {
+            usage_to(0);
+        }
+        if !known.contains(&a) {
+            eprintln!(
+                "gpuslice-bench {}: unknown argument {a:?}; it takes {}",
+                args[0],
+                known.join(", ")
+            );
+            usage();
+        }
+        i += if a == "--all" { 1 } else { 2 };
+    }
+}
+
 fn usage() -> ! {
+    usage_to(2)
+}
+
+fn usage_to(code: i32) -> ! {
     eprintln!(
         "usage: gpuslice-bench shares [--scenario pair,article,eight,cap,idle,alone] \
          [--kernel-us 20,1000,5000] [--launch plain,ex,graph] [--seconds S] [--all]\n       \
@@ -55,12 +99,16 @@ fn usage() -> ! {
          gpuslice-bench pair [--depths 1,2,8] [--modes personal,node] [--runs N] [--seconds S]\n       \
          gpuslice-bench launch-loop N"
     );
-    std::process::exit(2)
+    std::process::exit(code)
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first() else { usage() };
+    if cmd == "--help" || cmd == "-h" {
+        usage_to(0);
+    }
+    check_flags(&args);
     let value = |flag: &str| {
         args.iter()
             .position(|a| a == flag)
