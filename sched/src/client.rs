@@ -374,6 +374,7 @@ impl<'a> Client<'a> {
                 // whose queue stays short would otherwise stretch it launch after launch and
                 // keep the device for good (the freeze of issue 14, `a_shallow_queue_...`).
                 let first = self.admitted_ns == 0 && self.dev.stretched.load(Acquire) != turn;
+                let slice_first = self.me.turn_queued_ns.load(Acquire) == 0;
                 // The slice's processes together queue at most the turn (node mode's bound,
                 // `SchedSlice::queue_in_turn`): N processes must not queue N turns.
                 if now < l.end_ns
@@ -399,16 +400,31 @@ impl<'a> Client<'a> {
                     // No further than a stretched lease reaches: `busy_until_ns` only grows
                     // (fetch_max), so one absurd estimate would end idle takeovers for good.
                     self.busy_until = now + need.min(MAX_LEASE_NS);
-                    self.me.tail_ns.fetch_max(self.busy_until, AcqRel);
-                    // An admitted holder counts as busy until its lease's end less the handoff
-                    // lead: one that pauses between bursts (a synchronize, CPU work) keeps its
-                    // turn rather than losing it to an idle takeover and paying a hand-over per
-                    // burst. Not while a latency slice is active (it must get the device soon).
-                    let until = l.end_ns.saturating_sub(HANDOFF_LEAD_NS);
-                    if until > self.busy_until && (self.latency() || !self.latency_active(now)) {
-                        self.busy_until = until;
+                    let tail = self
+                        .me
+                        .tail_ns
+                        .fetch_max(self.busy_until, AcqRel)
+                        .max(self.busy_until);
+                    if self.latency() {
+                        // A latency slice's turn is its burst: it keeps it to the end.
+                        self.busy_until = self
+                            .busy_until
+                            .max(l.end_ns.saturating_sub(HANDOFF_LEAD_NS));
                     }
-                    self.me.busy_until_ns.fetch_max(self.busy_until, AcqRel);
+                    if slice_first && !self.latency_active(now) {
+                        // The slice's first launch of the turn: from now on it is busy while
+                        // its queued work runs (then idle after `IDLE_GRACE_NS`, as in node
+                        // mode), not for the rest of the time a new holder is allowed to wake
+                        // (`WAKE_ALLOW_NS`) nor to the lease's end: a client between two
+                        // requests lends the rest of its turn. Not while a latency slice is
+                        // active: a holder kept to one kernel in flight then waits for it
+                        // longer than its estimate says, and is not idle.
+                        self.me
+                            .busy_until_ns
+                            .store(tail.max(self.busy_until), Release);
+                    } else {
+                        self.me.busy_until_ns.fetch_max(self.busy_until, AcqRel);
+                    }
                     break;
                 }
                 // The lease is over for us: pay for everything queued, then hand over, a little

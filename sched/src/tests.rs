@@ -1274,16 +1274,24 @@ fn latency_class_in(mode: Mode) {
         l99 as f64 <= 1.5 * a99 as f64 + 2.0 * MS as f64,
         "{l99} vs alone {a99}"
     );
-    // Without priority it waits for the trainer's turn to end, at best about as soon: in
-    // personal mode 3.0 ms either way, since the trainer no longer gets a solo lease (whose
-    // queue is not bounded) between bursts 10 ms apart (`SOLO_QUIET_NS`; it waited 35 ms
-    // before); in node mode 3.6 ms against 3.0. Priority never makes it worse (within the
-    // burst's own kernels), nor the normal class worse than a trainer's turn.
+    // Without priority it waits for the trainer's turn to end: in personal mode 4.1 ms
+    // against 3.0 with priority, since the trainer no longer gets a solo lease (whose queue is
+    // not bounded) between bursts 10 ms apart (`SOLO_QUIET_NS`; it waited 35 ms before); in
+    // node mode 3.6 ms against 3.0. Priority never makes it worse (within the burst's own
+    // kernels), nor the normal class worse than a trainer's turn.
     assert!(
         l99 <= n99 + 500_000,
         "priority made it worse: {n99} vs {l99}"
     );
     assert!(n99 <= a99 + LEASE_NS + 2 * MS, "{n99} vs alone {a99}");
+    // The client's idle time between requests is lent to the trainer, not held: the device
+    // idled 30 % of the time while a normal-class client kept each turn to its end (the
+    // trainer at 0.615 in personal mode; 0.854 now, 0.882 in node mode).
+    assert!(
+        trainer_share(&normal) >= 0.8,
+        "trainer beside a normal client: {}",
+        trainer_share(&normal)
+    );
     assert!(
         trainer_share(&latency) >= 0.6,
         "{}",
