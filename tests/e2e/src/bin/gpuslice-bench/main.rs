@@ -82,6 +82,10 @@ fn check_flags(args: &[String]) {
             );
             usage();
         }
+        if a != "--all" && i + 1 >= args.len() {
+            eprintln!("gpuslice-bench {}: {a} needs a value", args[0]);
+            usage();
+        }
         i += if a == "--all" { 1 } else { 2 };
     }
 }
