@@ -354,11 +354,13 @@ impl<'a> Client<'a> {
                 if held_short {
                     work.track_each(now + LATENCY_ACTIVE_NS);
                 }
-                if held_short && (queued > LATENCY_QUEUE_NS || work.pending() > 0) {
-                    // A latency slice is active: keep at most one kernel of ours in flight, so
-                    // that the latency slice's work, launched beside ours, waits for about one
-                    // kernel of ours, not the whole queue.
-                    work.wait_pending(0);
+                if held_short && (queued > LATENCY_QUEUE_NS || work.pending() > 1) {
+                    // A latency slice is active: keep at most one kernel of ours in flight, and
+                    // the next one queued behind it only once it is nearly done, so that the
+                    // latency slice's work, launched beside ours, waits for about one kernel
+                    // of ours, not the whole queue (and the engine does not idle between two
+                    // of ours while we wake up to launch the next).
+                    work.wait_pending(1);
                     if work.pending() > 0 {
                         work.wait_below(LATENCY_QUEUE_NS);
                     }
