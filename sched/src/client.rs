@@ -399,8 +399,9 @@ impl<'a> Client<'a> {
                         }
                     }
                     self.admitted_ns = self.admitted_ns.saturating_add(next);
-                    // No further than a stretched lease reaches: `busy_until_ns` only grows
-                    // (fetch_max), so one absurd estimate would end idle takeovers for good.
+                    // No further than a stretched lease reaches: `busy_until_ns` is lowered
+                    // only at the slice's first launch of a turn (below), so one absurd
+                    // estimate would otherwise hold off idle takeovers for the whole turn.
                     self.busy_until = now + need.min(MAX_LEASE_NS);
                     let tail = self
                         .me
