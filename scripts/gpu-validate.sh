@@ -1,15 +1,59 @@
 #!/usr/bin/env bash
 # gpu-validate.sh: proves gpuslice on a real NVIDIA GPU, with clients nobody here wrote.
 #
-# Runs prebuilt release binaries (no Rust needed on the GPU machine) and the Python workloads in
-# tests/gpu/, judges each check against the targets of issue 7, writes every number to a
-# results file (text + JSON) and prints a table last. With --fake, the burn-based checks run on
-# the fake GPU instead, so CI keeps the script from rotting; the PyTorch/JAX/CuPy/nvidia-smi
-# checks are then SKIP, never PASS.
+# Runs prebuilt release binaries (no Rust needed on the GPU machine, no network) and the Python
+# workloads in tests/gpu/, judges each check against the targets of issues 7 and 37, writes
+# every number to a results file (text + JSON) and prints a table last. With --fake, the
+# burn-based checks and the node-mode section run on the fake GPU instead, so CI keeps the
+# script from rotting (tests/e2e/tests/gpu_validate.rs); the PyTorch/JAX/CuPy/nvidia-smi
+# checks are then SKIP, never PASS. docs/benchmarks.md, "Real GPU", says how to run it through
+# the device tool (the exact command) and where its figures go.
+#
+# Two sections, each check in order, none stopping the next (a FAIL is recorded, the run goes
+# on); --only personal|node runs one:
+# - personal: memory quotas (burn on three paths, PyTorch's three allocators, JAX, CuPy),
+#   shares 0.25/0.75 and a cap with burn and PyTorch, the shim's overhead.
+# - node (root): a root monitor `--mode node`, balloons on, `--context-allowance 512Mi`, on a
+#   private runtime directory in /dev/shm; tenants are uids 47201 and 47202 (slices tenant-a,
+#   tenant-b: 4 GiB each, compute 0.25 and 0.75, `--owner` each) and 47203 (no slice), run
+#   with setpriv: no user is created, nothing is left (the monitor is stopped, the directory
+#   removed, every process this script started ended by its pid). What each figure means:
+#     context: driver-API process   NVML's figure for an unwrapped burn holding 2 MiB, less the
+#                                   2 MiB, on the quiet device: a CUDA context's real size. PASS
+#                                   when it fits the allowance; the fake's default for this card
+#                                   (1/32 of it, at most 512 MiB) is printed beside it
+#     context: pytorch process      the same for PyTorch (NVML less memory_reserved) after the
+#                                   first tensor and after a bf16 matmul (cuBLAS loaded)
+#     the monitor's own memory      what the device lost when the monitor started, nothing
+#                                   reserved yet (one context per GPU), and NVML's figure for it
+#     balloons hold 2 x 4Gi         NVML's free memory before and after the two slices exist:
+#                                   it must fall by 2 x (4 GiB + the 512 MiB kept for a first
+#                                   context), held by the monitor's process
+#     a bypass gets only unreserved uid 47203, no LD_PRELOAD, asks for 256 MiB pieces (then
+#                                   64 and 2 MiB) past the device's size: it may get what was
+#                                   free less its own context (+130 MiB: the balloons' 64 MiB
+#                                   hysteresis per slice), and must leave the device full
+#     tenants allocate 4Gi beside   while the bypass holds, each tenant's first process gets
+#                                   4 x 1 GiB (its context from the room its admission handed
+#                                   back, the rest from its balloon), then OUT_OF_MEMORY
+#     cuda ipc / vmm fd charged once tenant A shares 1 GiB (256 MiB on the fake) from slice
+#                                   tenant-a with a process of its own 512 MiB slice: the ledger
+#                                   charges the exporter's slice only, NVML counts the memory to
+#                                   the exporter's process only, the audit says nothing; for the
+#                                   VMM fd the exporter then exits and its slice stays charged
+#                                   while the importer maps it (whose NVML lists it then is
+#                                   recorded: the real driver's answer is what this is for)
+#     shares 0.25/0.75 (node)       tenant-a and tenant-b saturating with 1 ms kernels under the
+#                                   monitor's turns: each within 2 points of its share (on the
+#                                   fake: the split of what the two got, within 10 points)
+#     monitor stops                 SIGTERM: exit 0, and NVML's free memory is back to where it
+#                                   was before the monitor started
 #
 # Layout: this file orchestrates processes only; tests/gpu/verdict.py holds every threshold and
-# writes the results; tests/gpu/*.py are the workloads. Exit status: 0 when no check failed,
-# 1 when one did (or a prerequisite is missing), 2 on bad usage.
+# writes the results; tests/gpu/*.py are the workloads and probes (node_probe.py reads NVML and
+# `gpuslice status` from outside every slice; node_share.py drives tests/python/clients/
+# cuda_ipc.py). Exit status: 0 when no check failed, 1 when one did (or a prerequisite is
+# missing), 2 on bad usage.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,11 +61,13 @@ GPU_DIR=$ROOT/tests/gpu
 
 usage() {
   cat <<'EOF'
-usage: scripts/gpu-validate.sh [--fake] [--target-dir DIR] [--out FILE] [--python PY]
-                               [--seconds S] [--fake-lib-dir DIR]
+usage: scripts/gpu-validate.sh [--fake] [--only personal|node] [--target-dir DIR] [--out FILE]
+                               [--python PY] [--seconds S] [--fake-lib-dir DIR]
 
-  --fake            run the burn-based checks on the fake GPU (no GPU needed)
-  --target-dir DIR  where gpuslice-burn, libgpuslice.so (and libfakegpu.so) are
+  --fake            run the burn-based checks and node mode on the fake GPU (no GPU needed)
+  --only SECTION    personal (quotas, shares, overhead) or node (root: monitor, balloons,
+                    tenants, sharing); default both
+  --target-dir DIR  where gpuslice, gpuslice-burn, libgpuslice.so (and libfakegpu.so) are
                     (default: target/release beside this script)
   --out FILE        results file (default results/gpu-validate[-fake]-<UTC time>.txt);
                     FILE's .json twin and a .logs/ directory of raw outputs go beside it
@@ -31,7 +77,8 @@ usage: scripts/gpu-validate.sh [--fake] [--target-dir DIR] [--out FILE] [--pytho
                     libfakegpu.so in --target-dir, else scripts/fakegpu.sh's answer)
 
 Bring the binaries to a GPU machine: `cargo build --release` elsewhere, then copy scripts/,
-tests/gpu/ and target/release/{gpuslice,gpuslice-burn,libgpuslice.so} in the same layout.
+tests/gpu/, tests/python/clients/ and target/release/{gpuslice,gpuslice-burn,libgpuslice.so}
+in the same layout. Node mode needs root.
 EOF
 }
 
@@ -185,9 +232,11 @@ verdict() { "$PY" "$GPU_DIR/verdict.py" --records "$RECORDS" "$@"; }
 # skip NAME REASON
 skip() { verdict record --name "$1" --status SKIP --note "$2"; }
 
-# budget WANT: a timeout of WANT seconds, shortened so the whole run stays inside its deadline.
+# budget WANT: a timeout of WANT seconds, shortened so the whole run stays inside its deadline
+# (at least 1: `timeout 0` would mean none).
 budget() {
   local left=$((DEADLINE - $(date +%s)))
+  ((left >= 1)) || left=1
   ((left < $1)) && echo "$left" || echo "$1"
 }
 
@@ -468,7 +517,8 @@ nstart() {
   NODE_PIDS+=("$STARTED")
 }
 
-# stop PID: SIGTERM, then SIGKILL after 10 s; its exit status in STOPPED_RC.
+# stop PID: SIGTERM, then SIGKILL after 10 s; its exit status in STOPPED_RC. PID is reaped and
+# leaves NODE_PIDS, so nothing later signals a pid the kernel may have handed to another process.
 stop() {
   local i
   kill "$1" 2>/dev/null || true
@@ -479,6 +529,11 @@ stop() {
   kill -9 "$1" 2>/dev/null || true
   STOPPED_RC=0
   wait "$1" 2>/dev/null || STOPPED_RC=$?
+  local -a left=()
+  for i in ${NODE_PIDS[@]+"${NODE_PIDS[@]}"}; do
+    if [[ $i != "$1" ]]; then left+=("$i"); fi
+  done
+  NODE_PIDS=(${left[@]+"${left[@]}"})
 }
 
 # wait_holding BASE PID SECONDS: until burn's "holding" line is in BASE.out (false if PID
