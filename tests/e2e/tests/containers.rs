@@ -80,6 +80,21 @@ fn a_gpuslice_cdi_spec_holds_every_process_of_the_container() {
         .unwrap();
     assert_held_to_4_gib(&o, "the container's environment");
 
+    // Another copy of the library in LD_PRELOAD (an image's own): the loader binds every
+    // call to the first one loaded, and the other is never called: charged once too.
+    let mut other = hw.clone();
+    other.push(("LD_PRELOAD", "/opt/own/libgpuslice.so"));
+    let copy = format!(
+        "mkdir -p \"$R/opt/own\" && cp {} \"$R/opt/own/\"",
+        lib.display()
+    );
+    let o = c
+        .command_after(TENANT_A, &other, &burn, &copy)
+        .args(alloc)
+        .output()
+        .unwrap();
+    assert_held_to_4_gib(&o, "two copies of the library");
+
     // ... and it is in the slice: the node's status lists it there while it holds 1 GiB.
     let mut holder = c
         .command(TENANT_A, &hw, &burn)
