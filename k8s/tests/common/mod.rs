@@ -395,8 +395,13 @@ impl TestClaim {
 pub fn container_env(cdi_dir: &Path, id: &str) -> Vec<(String, String)> {
     let (kind, name) = id.split_once('=').unwrap();
     for entry in std::fs::read_dir(cdi_dir).unwrap() {
+        // Runtimes read the specs, not the directories of their files beside them.
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
         let spec: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(entry.unwrap().path()).unwrap()).unwrap();
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         if spec["kind"] != kind {
             continue;
         }
