@@ -229,3 +229,66 @@ fn write_via_temporary(
 pub fn is_node_dir(dir: &str) -> bool {
     crate::Ledger::open(std::path::Path::new(dir)).is_ok_and(|l| l.is_node())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &std::path::Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_specs_files_are_written_beside_it_and_removed_after_it() {
+        let d = std::env::temp_dir().join(format!("gpuslice-cdi-files-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let spec_path = d.join("gpuslice.dev-slice_k8s-x.json");
+        let env = [("GPUSLICE_SLICE".to_string(), "k8s-x".to_string())];
+        let files = write_files(&spec_path, &env).unwrap();
+        assert_eq!(files, d.join("gpuslice.dev-slice_k8s-x.d"));
+        assert_eq!(mode(&files), 0o700);
+        for f in [PRELOAD_FILE, SETTINGS_FILE] {
+            assert_eq!(mode(&files.join(f)), 0o644, "{f}");
+        }
+        let settings = std::fs::read_to_string(files.join(SETTINGS_FILE)).unwrap();
+        let read = gpuslice_quantity::settings_file::parse("f", settings.as_bytes()).unwrap();
+        let read: Vec<(&str, &str)> = read.iter().map(|(k, v, _)| (*k, *v)).collect();
+        assert_eq!(
+            read,
+            [
+                ("GPUSLICE_RUNTIME_DIR", CONTAINER_RUNTIME_DIR),
+                ("GPUSLICE_SLICE", "k8s-x")
+            ]
+        );
+        // The spec mounts exactly those files, read-only, where the loader and the shim look.
+        let s = spec("a.dev/b", "x", &env, "/lib.so", "/run/x", Some(&files));
+        let mounts = s["devices"][0]["containerEdits"]["mounts"]
+            .as_array()
+            .unwrap();
+        for (f, at) in [
+            (PRELOAD_FILE, "/etc/ld.so.preload"),
+            (SETTINGS_FILE, "/etc/gpuslice/slice.env"),
+        ] {
+            let m = mounts
+                .iter()
+                .find(|m| m["containerPath"] == at)
+                .unwrap_or_else(|| panic!("{s}"));
+            assert_eq!(m["hostPath"], files.join(f).to_str().unwrap());
+            assert_eq!(m["options"][0], "ro");
+        }
+        // A directory loosened by hand is made root-only again; a repeat changes nothing else.
+        std::fs::set_permissions(&files, std::fs::Permissions::from_mode(0o755)).unwrap();
+        write_files(&spec_path, &env).unwrap();
+        assert_eq!(mode(&files), 0o700);
+        // Removed (what is gone already is no error); the spec's directory is left as it was.
+        remove_files(&spec_path).unwrap();
+        remove_files(&spec_path).unwrap();
+        assert!(!files.exists());
+        // A symlink where the directory would be is refused, never followed.
+        std::os::unix::fs::symlink("/tmp", &files).unwrap();
+        assert!(write_files(&spec_path, &env).is_err());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
