@@ -125,13 +125,13 @@ fn a_gpuslice_cdi_spec_holds_every_process_of_the_container() {
     // A program that never calls CUDA runs as before under the preloaded shim (a shell, `ls`).
     let o = c
         .command(TENANT_A, &[], Path::new("/bin/sh"))
-        .args(["-c", "ls /usr/lib/gpuslice && cat /etc/ld.so.preload"])
+        .args(["-c", "ls /usr/lib/gpuslice/libgpuslice.so && cat /etc/ld.so.preload"])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(
         String::from_utf8_lossy(&o.stdout),
-        "libgpuslice.so\n/usr/lib/gpuslice/libgpuslice.so\n",
+        "/usr/lib/gpuslice/libgpuslice.so\n/usr/lib/gpuslice/libgpuslice.so\n",
         "{}",
         text(&o)
     );
