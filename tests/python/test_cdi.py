@@ -108,6 +108,9 @@ def test_generated_spec_validates_and_injects_the_slice(validator, gpuslice, pro
     ledger = mounts[env["GPUSLICE_RUNTIME_DIR"]]
     assert "rw" in ledger["options"]
     assert ledger["hostPath"] == str(gpuslice.runtime)
+    # On stdout there is no beside for the spec's own files: none mounted, and it says so.
+    assert "/etc/ld.so.preload" not in mounts and "/etc/gpuslice/slice.env" not in mounts
+    assert "clear their environment" in p.stderr
 
 
 def test_output_file_kind_and_library_flags(validator, gpuslice, tmp_path, profile_dir):

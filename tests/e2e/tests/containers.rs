@@ -125,7 +125,10 @@ fn a_gpuslice_cdi_spec_holds_every_process_of_the_container() {
     // A program that never calls CUDA runs as before under the preloaded shim (a shell, `ls`).
     let o = c
         .command(TENANT_A, &[], Path::new("/bin/sh"))
-        .args(["-c", "ls /usr/lib/gpuslice/libgpuslice.so && cat /etc/ld.so.preload"])
+        .args([
+            "-c",
+            "ls /usr/lib/gpuslice/libgpuslice.so && cat /etc/ld.so.preload",
+        ])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
