@@ -373,10 +373,10 @@ async fn every_process_of_a_claims_container_is_in_its_slice() {
 
     // The tenant's program with `env -i`: admitted into the claim's slice with the file's
     // secret, held to its 4 GiB.
-    held_to_4_gib(&mut c.command(TENANT, &hw, &burn));
+    assert_held_to_4_gib(&mut c.command(TENANT, &hw, &burn));
     // Root in the container (what most images run as) too, though the node's directory, its
     // own on the host, is read-only there.
-    held_to_4_gib(&mut c.command(0, &hw, &burn));
+    assert_held_to_4_gib(&mut c.command(0, &hw, &burn));
     // A setuid program (euid root, its caller's environment) loads the shim from
     // /etc/ld.so.preload, which ignores every variable of that environment: in the claim's
     // slice, whatever its caller says.
@@ -391,7 +391,7 @@ async fn every_process_of_a_claims_container_is_in_its_slice() {
         ])
         .collect();
     let setuid = Path::new("/usr/local/bin/gpuslice-burn-setuid");
-    held_to_4_gib(&mut c.command_after(
+    assert_held_to_4_gib(&mut c.command_after(
         TENANT,
         &hostile,
         setuid,
@@ -451,18 +451,4 @@ async fn every_process_of_a_claims_container_is_in_its_slice() {
     assert!(!files.exists(), "{}", files.display());
     p.kill().unwrap();
     p.wait().unwrap();
-}
-
-/// `cmd` (a burn in a 4 GiB claim's container) gets 3 GiB and 1 GiB, and the next 512 MiB is
-/// refused with CUDA_ERROR_OUT_OF_MEMORY; its stderr shown if not.
-fn held_to_4_gib(cmd: &mut std::process::Command) {
-    let o = cmd
-        .args(["--alloc", "3Gi,1Gi,512Mi", "--json"])
-        .output()
-        .unwrap();
-    let v = gpuslice_e2e::node::burn_json(&o);
-    let text = gpuslice_e2e::node::text(&o);
-    assert_eq!(v["mem_total"], 4 * GI, "{text}");
-    assert_eq!(v["allocated_bytes"], 4 * GI, "{text}");
-    assert_eq!(v["alloc_errors"], serde_json::json!([2]), "{text}");
 }

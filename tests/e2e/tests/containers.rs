@@ -12,23 +12,9 @@ use gpuslice_e2e::container::{fake_gpu_env, Container};
 use gpuslice_e2e::need_root;
 use gpuslice_e2e::node::*;
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 
 const GI: u64 = 1 << 30;
-
-/// `gpuslice-burn --alloc 3Gi,1Gi,512Mi` in the 4 GiB slice: it sees a 4 GiB GPU, gets 4 GiB,
-/// and the next 512 MiB is refused with CUDA_ERROR_OUT_OF_MEMORY (2).
-fn assert_held_to_4_gib(o: &Output, what: &str) {
-    let v = burn_json(o);
-    assert_eq!(v["mem_total"], 4 * GI, "{what}: {}", text(o));
-    assert_eq!(v["allocated_bytes"], 4 * GI, "{what}: {}", text(o));
-    assert_eq!(
-        v["alloc_errors"],
-        serde_json::json!([2]),
-        "{what}: {}",
-        text(o)
-    );
-}
 
 #[test]
 fn a_gpuslice_cdi_spec_holds_every_process_of_the_container() {
@@ -56,16 +42,10 @@ fn a_gpuslice_cdi_spec_holds_every_process_of_the_container() {
     let hw = fake_gpu_env(&n.world);
     let hw: Vec<(&str, &str)> = hw.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let burn = n.bin.join("gpuslice-burn");
-    let alloc = ["--alloc", "3Gi,1Gi,512Mi", "--json"];
 
     // A process that cleared its environment (`env -i`): no LD_PRELOAD, no GPUSLICE_*; the
     // loader preloads the shim from /etc/ld.so.preload, which reads the slice from the file.
-    let o = c
-        .command(TENANT_A, &hw, &burn)
-        .args(alloc)
-        .output()
-        .unwrap();
-    assert_held_to_4_gib(&o, "env -i");
+    assert_held_to_4_gib(&mut c.command(TENANT_A, &hw, &burn));
 
     // A process with the container's environment: LD_PRELOAD and /etc/ld.so.preload name the
     // same library, which the loader maps once; held to 4 GiB, not charged twice (3 GiB then
@@ -73,12 +53,7 @@ fn a_gpuslice_cdi_spec_holds_every_process_of_the_container() {
     let mut env = c.env();
     env.extend(hw.iter().copied());
     assert!(env.iter().any(|(k, _)| *k == "LD_PRELOAD"), "{env:?}");
-    let o = c
-        .command(TENANT_A, &env, &burn)
-        .args(alloc)
-        .output()
-        .unwrap();
-    assert_held_to_4_gib(&o, "the container's environment");
+    assert_held_to_4_gib(&mut c.command(TENANT_A, &env, &burn));
 
     // Another copy of the library in LD_PRELOAD (an image's own): the loader binds every
     // call to the first one loaded, and the other is never called: charged once too.
@@ -88,12 +63,7 @@ fn a_gpuslice_cdi_spec_holds_every_process_of_the_container() {
         "mkdir -p \"$R/opt/own\" && cp {} \"$R/opt/own/\"",
         lib.display()
     );
-    let o = c
-        .command_after(TENANT_A, &other, &burn, &copy)
-        .args(alloc)
-        .output()
-        .unwrap();
-    assert_held_to_4_gib(&o, "two copies of the library");
+    assert_held_to_4_gib(&mut c.command_after(TENANT_A, &other, &burn, &copy));
 
     // ... and it is in the slice: the node's status lists it there while it holds 1 GiB.
     let mut holder = c
