@@ -106,7 +106,7 @@ The gpuslice DRA kubelet plugin: publishes this node's GPUs as shareable devices
   --driver NAME          driver name (default gpuslice.dev)
   --registry-dir DIR     kubelet plugin registration dir (default /var/lib/kubelet/plugins_registry)
   --plugin-dir DIR       this plugin's socket dir (default /var/lib/kubelet/plugins/<driver>)
-  --cdi-dir DIR          where CDI specs go (default /var/run/cdi)
+  --cdi-dir DIR          where CDI specs (and each one's files, NAME.d/) go (default /var/run/cdi)
   --runtime-dir DIR      gpuslice ledger dir (default $GPUSLICE_RUNTIME_DIR or /dev/shm/gpuslice)
   --library PATH         libgpuslice.so on the host (default /usr/lib/gpuslice/libgpuslice.so)
   --cdi-kind K           CDI kind of claim devices (default gpuslice.dev/slice)

@@ -118,12 +118,27 @@ impl Ledger {
 
     /// What a wrapped process opens: in its own directory a personal ledger (created when
     /// missing) or, if the directory holds the node policy, that policy read-only; in root's
-    /// directory the node policy, read-only (never creating anything).
+    /// directory the node policy, read-only (never creating anything). Root in a container
+    /// whose node directory is mounted read-only (every slice's CDI spec mounts it so) finds
+    /// its own directory unwritable: the node policy there is opened read-only as well.
     pub fn open_for_process(dir: &Path) -> Result<Opened, LedgerError> {
         let d = RuntimeDir::open_or_create(dir)?;
         if d.owner() == Owner::Caller {
             let l = match Ledger::open_in(d, true) {
                 Err(LedgerError::NotFound(_)) => Ledger::open_or_create(dir)?,
+                Err(LedgerError::Io { source, .. })
+                    if source.raw_os_error() == Some(libc::EROFS) =>
+                {
+                    let l = Ledger::open_in(RuntimeDir::open(dir)?, false)?;
+                    if !l.is_node() {
+                        return Err(LedgerError::Monitor(format!(
+                            "{} is a personal ledger on a read-only mount; mount it read-write, \
+                             or run the node's monitor (`gpuslice monitor --mode node`)",
+                            l.path().display()
+                        )));
+                    }
+                    return Ok(Opened::Node(l));
+                }
                 other => other?,
             };
             if !l.is_node() {

@@ -335,13 +335,16 @@ pub static CDI: Command = Command {
         flag(
             "output",
             "FILE",
-            "write FILE (atomically) instead of stdout",
+            "write FILE (atomically) instead of stdout, and beside it (FILE less its \
+             extension, .d/) the /etc/ld.so.preload and settings file it mounts",
         )
         .short('o'),
     ],
     details: "\
 The host's ledger directory ($GPUSLICE_RUNTIME_DIR, default /dev/shm/gpuslice) is mounted at
-/run/gpuslice. Put the spec in /etc/cdi/ and use it beside the GPU's own CDI device:
+/run/gpuslice. With --output, the container's /etc/ld.so.preload names the library and
+/etc/gpuslice/slice.env holds the spec's variables, so programs that clear their environment
+are in the slice too. Put the spec in /etc/cdi/ and use it beside the GPU's own CDI device:
   --device nvidia.com/gpu=0 --device gpuslice.dev/slice=NAME",
     subcommands: &[],
 };

@@ -236,7 +236,8 @@ impl Driver {
         Ok(devices)
     }
 
-    /// Unprepare claim `c`: its CDI spec and slices go once no live process is in them.
+    /// Unprepare claim `c`: its CDI spec, the spec's files and its slices go once no live
+    /// process is in them.
     pub(super) fn unprepare_one(&self, c: &ClaimRef) -> Result<(), Error> {
         let name = slice_name(&c.uid);
         // Processes that died are returned first, so a finished pod's slice is free to go
@@ -276,6 +277,12 @@ impl Driver {
                 })
             }
         }
+        // Its files after it (a runtime reading the spec finds them until it is gone).
+        gpuslice_ledger::cdi::remove_files(&path).map_err(|source| Error::Io {
+            what: "removing the claim's /etc/ld.so.preload and settings file",
+            path: gpuslice_ledger::cdi::files_dir(&path),
+            source,
+        })?;
         if mine.is_empty() {
             return Ok(());
         }

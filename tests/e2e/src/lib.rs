@@ -7,6 +7,7 @@
 //! --workspace` (what `scripts/test.sh` runs) uses the ones just built, whatever
 //! `CARGO_TARGET_DIR` is.
 
+pub mod container;
 pub mod node;
 
 use std::path::{Path, PathBuf};
