@@ -20,8 +20,8 @@
 //! alloc, free) touch only atomics, never the lock file.
 
 use crate::config::{Config, MAX_DEVICES};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::OnceLock;
 
 /// Most processes the state file has slots for.
 pub const MAX_PROCS: usize = 1024;
@@ -127,8 +127,12 @@ fn attach(cfg: &Config, at_exit: extern "C" fn()) -> Result<Node, String> {
         ));
     };
     // An exiting process gives its slot back at once (a killed one is reaped).
-    // SAFETY: registers a plain `extern "C" fn()` that catches its own panics.
-    unsafe { libc::atexit(at_exit) };
+    // SAFETY: registers plain `extern "C" fn()`s: `at_exit` catches its own panics, and
+    // `in_forked_child` only stores to an atomic (async-signal-safe, as a fork handler must be).
+    unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(None, None, Some(in_forked_child));
+    }
     Ok(Node { state, slot, locks })
 }
 
@@ -347,9 +351,40 @@ pub fn visible_pid(n: &Node, i: usize) -> Option<u32> {
     }
 }
 
-/// One reaper per process at a time: POSIX locks belong to the process, so two of its threads
-/// could both take a byte, and the first to unlock would leave the other reclaiming unlocked.
-static REAPING: Mutex<()> = Mutex::new(());
+/// Set while a thread of this process reaps. One reaper per process at a time: POSIX locks
+/// belong to the process, so two of its threads could both take a byte, and the first to
+/// unlock would leave the other reclaiming unlocked. Not a `Mutex`: a child forked while
+/// another thread reaps would inherit it locked for good (and hang in its first NVML call);
+/// the fork handler ([`in_forked_child`]) clears this flag instead.
+static REAPING: AtomicBool = AtomicBool::new(false);
+
+/// This thread reaps while it holds one.
+struct Reaping;
+
+impl Reaping {
+    /// Wait for another thread's reap (a few system calls a slot) to end, then reap.
+    fn enter() -> Reaping {
+        while REAPING
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+        Reaping
+    }
+}
+
+impl Drop for Reaping {
+    fn drop(&mut self) {
+        REAPING.store(false, Release);
+    }
+}
+
+/// `pthread_atfork` child handler: the child's only thread is the one that forked, so no
+/// reap is under way there, whatever the parent's other threads were doing.
+extern "C" fn in_forked_child() {
+    REAPING.store(false, Relaxed);
+}
 
 /// Reclaim the slots of dead processes: their memory returns to the devices, their engine
 /// token is released. Each dead slot is reclaimed exactly once.
@@ -359,7 +394,7 @@ pub fn reap(n: &Node) {
 
 /// [`reap`] for a process holding slot `mine` (`usize::MAX`: none yet).
 fn reap_slots(state: &State, fd: i32, mine: usize) {
-    let _one = REAPING.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = Reaping::enter();
     for (i, s) in state.procs.iter().enumerate() {
         if i == mine || s.pid.load(Acquire) == 0 || !try_lock(fd, i) {
             continue;
@@ -777,6 +812,32 @@ mod tests {
         assert_eq!(state.dev[0].owner.load(Acquire), 0, "slot 3's engine token");
         // The bytes were given back: the slots can be claimed.
         assert!(holder(fd, 3).is_none() && holder(fd, 5).is_none());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A child forked while another thread of its parent reaps (a monitor's NVML poller) can
+    /// reap, and so answer NVML: a lock held in the parent does not exist in the child.
+    #[test]
+    fn a_child_forked_during_a_reap_can_reap() {
+        let (dir, state, fd) = fresh("forkreap");
+        // SAFETY: registers the handler `attach` registers; it only stores to an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
+        let reaping = Reaping::enter();
+        let c = spawn(move |up| {
+            reap_slots(state, fd, usize::MAX);
+            put(up, 1);
+        });
+        drop(reaping);
+        let mut p = libc::pollfd {
+            fd: c.from,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polls one descriptor we own, for at most 10 s.
+        let ready = unsafe { libc::poll(&mut p, 1, 10_000) };
+        assert_eq!(ready, 1, "the child hung in its reap");
+        assert_eq!(get(c.from), 1);
+        c.kill();
         let _ = std::fs::remove_dir_all(dir);
     }
 
