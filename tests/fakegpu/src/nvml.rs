@@ -160,7 +160,7 @@ fn handle_of(i: usize) -> nvmlDevice_t {
 }
 
 fn memory(n: &Node, i: usize) -> (u64, u64) {
-    shared::reap(n.state);
+    shared::reap(n);
     let (free, total) = n.mem_info(i);
     (total, total - free)
 }
@@ -228,7 +228,7 @@ fn process_detail_list(h: nvmlDevice_t, l: *mut ProcessDetailList) -> NResult<()
             return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
         let procs = match (*l).mode {
-            0 => shared::processes(n.state, i),
+            0 => shared::processes(n, i),
             1 | 2 => vec![],
             _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
         };
@@ -273,10 +273,7 @@ pub struct AccountingStats {
 /// its high-water mark); any other pid is `NVML_ERROR_NOT_FOUND`.
 fn accounting_stats(h: nvmlDevice_t, pid: c_uint, s: *mut AccountingStats) -> NResult<()> {
     let (n, i) = dev(h)?;
-    let Some((_, used)) = shared::processes(n.state, i)
-        .into_iter()
-        .find(|&(p, _)| p == pid)
-    else {
+    let Some((_, used)) = shared::processes(n, i).into_iter().find(|&(p, _)| p == pid) else {
         return Err(NVML_ERROR_NOT_FOUND);
     };
     put(
@@ -314,7 +311,7 @@ fn fill_processes<T>(
     if count.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
-    let procs = shared::processes(n.state, i);
+    let procs = shared::processes(n, i);
     // SAFETY: count is non-null; infos holds *count entries by the API contract.
     unsafe {
         let cap = *count as usize;

@@ -6,6 +6,8 @@
 //! - `meminfo`: cuMemGetInfo_v2 and NVML's view of device 0;
 //! - `events KERNEL_US`: time one `gpuslice_spin` kernel with events;
 //! - `share KERNEL_US SECONDS`: launch back to back (16 in flight), report engine share;
+//! - `busy BYTES KERNEL_US SECONDS`: `hold`'s line, then `share`'s run and report, then wait
+//!   until stdin closes (still holding the memory);
 //! - `zero STREAMS ROUNDS`: 0 ns kernels (mixed with 50 µs ones) on several streams, each round
 //!   ending in cuCtxSynchronize, cuStreamSynchronize and cuEventSynchronize;
 //! - `procaddr`: the cuGetProcAddress cases the tests check;
@@ -155,6 +157,29 @@ fn nvml_memory() -> serde_json::Value {
     serde_json::json!({"total": m.total, "used": m.used, "free": m.free, "processes": procs})
 }
 
+/// Launch `us` µs kernels back to back (16 in flight) for `secs` seconds: the share of the
+/// engine this process got (simulated kernel time over wall time).
+fn share(c: &Cuda, us: u64, secs: f64) -> serde_json::Value {
+    let f = c.spin();
+    let s: CUstream = std::ptr::null_mut();
+    let ring: Vec<CUevent> = (0..16).map(|_| c.event()).collect();
+    let start = Instant::now();
+    let mut launched = 0usize;
+    while start.elapsed().as_secs_f64() < secs {
+        let slot = launched % ring.len();
+        if launched >= ring.len() {
+            c.ev_sync(ring[slot]);
+        }
+        c.launch_spin(f, us * 1000, s);
+        c.record(ring[slot], s);
+        launched += 1;
+    }
+    ok!(call!(c.lib, cuCtxSynchronize; ));
+    let wall = start.elapsed().as_secs_f64();
+    let gpu = launched as f64 * us as f64 / 1e6;
+    serde_json::json!({"kernels": launched, "gpu_seconds": gpu, "wall_seconds": wall, "share": gpu / wall})
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
@@ -190,28 +215,28 @@ fn main() {
             ok!(call!(c.lib, cuEventElapsedTime; &mut ms, a, b));
             serde_json::json!({"elapsed_ms": ms})
         }
-        "share" => {
+        "share" => share(
+            &Cuda::init(),
+            arg(1).parse().expect("KERNEL_US"),
+            arg(2).parse().expect("SECONDS"),
+        ),
+        "busy" => {
             let c = Cuda::init();
-            let us: u64 = arg(1).parse().expect("KERNEL_US");
-            let secs: f64 = arg(2).parse().expect("SECONDS");
-            let f = c.spin();
-            let s: CUstream = std::ptr::null_mut();
-            let ring: Vec<CUevent> = (0..16).map(|_| c.event()).collect();
-            let start = Instant::now();
-            let mut launched = 0usize;
-            while start.elapsed().as_secs_f64() < secs {
-                let slot = launched % ring.len();
-                if launched >= ring.len() {
-                    c.ev_sync(ring[slot]);
-                }
-                c.launch_spin(f, us * 1000, s);
-                c.record(ring[slot], s);
-                launched += 1;
-            }
-            ok!(call!(c.lib, cuCtxSynchronize; ));
-            let wall = start.elapsed().as_secs_f64();
-            let gpu = launched as f64 * us as f64 / 1e6;
-            serde_json::json!({"kernels": launched, "gpu_seconds": gpu, "wall_seconds": wall, "share": gpu / wall})
+            let n: usize = arg(1).parse().expect("BYTES");
+            let r = c.alloc(n);
+            println!(
+                "{}",
+                serde_json::json!({"ptr": r.ok(), "error": r.err(), "pid": std::process::id()})
+            );
+            let report = share(
+                &c,
+                arg(2).parse().expect("KERNEL_US"),
+                arg(3).parse().expect("SECONDS"),
+            );
+            println!("{report}");
+            let mut s = String::new();
+            let _ = std::io::stdin().read_line(&mut s);
+            return;
         }
         "zero" => zero(
             arg(1).parse().expect("STREAMS"),
