@@ -75,7 +75,14 @@ build_components() {
     # Kubernetes from its module: k8s.io/kubernetes v1.37.x with each staging module pinned by
     # replace to its published v0.37.x (tests/cluster/build/kubernetes/go.mod says why).
     say "building kubernetes $k8s_version (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl)"
-    (cd "$recipes/kubernetes" && go build "${flags[@]}" -o "$tmp/" \
+    # The version every component reports (and Helm's kubeVersion checks), stamped as
+    # Kubernetes' own build does (hack/lib/version.sh); a module build leaves "v0.0.0-master".
+    local kv=${k8s_version#v} stamp="" pkg
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        stamp+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=${kv%%.*}"
+        stamp+=" -X $pkg.gitMinor=$(echo "$kv" | cut -d. -f2) -X $pkg.gitTreeState=clean"
+    done
+    (cd "$recipes/kubernetes" && go build -trimpath -ldflags="-s -w$stamp" -o "$tmp/" \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet \
         k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl)
@@ -383,8 +390,17 @@ cmd_install() {
     local bin
     bin=$(bin_dir)
     export KUBECONFIG="$state/admin.kubeconfig" PATH="$bin:$PATH"
+    # The fake driver's configuration, as the node's CDI spec gives it to pods.
+    cat >"$state/values-driver.yaml" <<EOF
+driver:
+  env:
+    - {name: FAKEGPU_STATE_DIR, value: /run/fakegpu}
+    - {name: FAKEGPU_DEVICES, value: "$fake_gpus"}
+    - {name: FAKEGPU_MEMORY, value: "$fake_memory"}
+EOF
     helm upgrade --install gpuslice "$root/deploy/helm/gpuslice" --namespace gpuslice-system \
-        --create-namespace -f "$root/tests/cluster/values-fake.yaml" --wait --timeout 5m
+        --create-namespace -f "$root/tests/cluster/values-fake.yaml" -f "$state/values-driver.yaml" \
+        --wait --timeout 5m
     kubectl -n gpuslice-system rollout status ds/gpuslice --timeout=180s
 }
 

@@ -17,6 +17,27 @@ class KubeError(AssertionError):
     pass
 
 
+_SUFFIX = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50,
+           "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "m": None}
+
+
+def quantity(q):
+    """A Kubernetes quantity as the API server writes it back (canonical: 1000 is "1k") as an
+    int; milli-units are refused (nothing here uses them)."""
+    q = str(q)
+    for suffix in sorted(_SUFFIX, key=len, reverse=True):
+        if q.endswith(suffix) and q[: -len(suffix)].lstrip("-").isdigit():
+            if _SUFFIX[suffix] is None:
+                raise ValueError(f"quantity {q!r}: milli-units")
+            return int(q[: -len(suffix)]) * _SUFFIX[suffix]
+    return int(q)
+
+
+def quantities(d):
+    """A map of quantities (consumedCapacity, a capacity's values) as ints."""
+    return {k: quantity(v) for k, v in d.items()}
+
+
 class Cluster:
     def __init__(self, kubeconfig, path, root):
         self.kubeconfig = kubeconfig

@@ -12,6 +12,7 @@ import json
 import pytest
 
 import workloads as w
+from kube import quantities
 
 
 @pytest.fixture
@@ -71,8 +72,8 @@ def test_example_pods_are_held_to_their_memory_and_share(cluster, ns):
     assert ra["device"] == rb["device"], (ra, rb)
     # consumedCapacity as kube-scheduler writes it: the capacity names, bare (the plugin's
     # reading, k8s/src/claims.rs).
-    assert ra["consumedCapacity"] == {"memory": "4Gi", "compute": "250"}, ra
-    assert rb["consumedCapacity"] == {"memory": "8Gi", "compute": "750"}, rb
+    assert quantities(ra["consumedCapacity"]) == {"memory": 4 << 30, "compute": 250}, ra
+    assert quantities(rb["consumedCapacity"]) == {"memory": 8 << 30, "compute": 750}, rb
 
     # gpuslice on the node names each slice by its claim, with the claimed quota and share.
     st = cluster.wait_until("both claims' slices in gpuslice status", lambda: (
@@ -133,7 +134,7 @@ def test_a_claim_that_does_not_fit_waits_for_the_scheduler(cluster, ns):
     cluster.delete("pod", "first", ns)
     cluster.wait_running(ns, "second", timeout=120)
     claim, res = allocation(cluster, ns, "second")
-    assert res["consumedCapacity"] == {"memory": "8Gi", "compute": "250"}, res
+    assert quantities(res["consumedCapacity"]) == {"memory": 8 << 30, "compute": 250}, res
 
 
 def test_two_containers_of_one_pod_are_one_slice_and_exec_is_held(cluster, ns):

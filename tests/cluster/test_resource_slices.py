@@ -5,6 +5,7 @@ reserve most of a GPU"), and what kube-scheduler then does with it."""
 import pytest
 
 import workloads as w
+from kube import quantity
 
 GI = 1 << 30
 
@@ -19,12 +20,6 @@ def devices_by_index(s):
     return {d["attributes"]["index"]["int"]: d for d in s["spec"]["devices"]}
 
 
-def quantity_bytes(q):
-    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
-    for u, m in units.items():
-        if q.endswith(u):
-            return int(q[: -len(u)]) * m
-    return int(q)
 
 
 def operator(cluster, *args):
@@ -57,35 +52,36 @@ def test_the_resource_slice_at_every_reservation_level(cluster, reservation):
     for d in devs.values():
         assert d["allowMultipleAllocations"] is True
         cap = d["capacity"]
-        assert quantity_bytes(cap["memory"]["value"]) == 16 * GI, cap
-        assert cap["compute"]["value"] == "1000", cap
+        assert quantity(cap["memory"]["value"]) == 16 * GI, cap
+        assert quantity(cap["compute"]["value"]) == 1000, cap
         # The request policies as the API server kept them (a refusal would have dropped the
         # whole slice).
-        assert cap["memory"]["requestPolicy"]["validRange"]["min"] == "256Mi", cap
-        assert cap["compute"]["requestPolicy"]["default"] == "0", cap
+        assert quantity(cap["memory"]["requestPolicy"]["validRange"]["min"]) == 256 << 20, cap
+        assert quantity(cap["compute"]["requestPolicy"]["default"]) == 0, cap
 
     # An operator slice holding all of GPU 0's compute: GPU 0 takes best-effort claims only.
     operator(cluster, "create", "ops-hold", "--memory", "1Gi", "--compute", "1.0", "--device", "0")
     devs = wait_slice(cluster, "GPU 0's compute reserved", lambda d: (
-        d.get(0) and d[0]["capacity"]["compute"]["value"] == "0" and d))
+        d.get(0) and quantity(d[0]["capacity"]["compute"]["value"]) == 0 and d))
     assert "requestPolicy" not in devs[0]["capacity"]["compute"], devs[0]
-    assert quantity_bytes(devs[0]["capacity"]["memory"]["value"]) == 15 * GI
-    assert devs[1]["capacity"]["compute"]["value"] == "1000"
+    assert quantity(devs[0]["capacity"]["memory"]["value"]) == 15 * GI
+    assert quantity(devs[1]["capacity"]["compute"]["value"]) == 1000
 
-    # 15.75 of its 16 GiB, then all of it: GPU 0 is left out, GPU 1 stays whole.
-    for memory in ("15872Mi", "16Gi"):
-        operator(cluster, "set", "ops-hold", "--memory", memory)
+    # 15.75 of its 16 GiB (16128Mi), then all of it: GPU 0 is left out, GPU 1 stays whole.
+    for memory in ("16128Mi", "16Gi"):
+        operator(cluster, "rm", "ops-hold")
+        operator(cluster, "create", "ops-hold", "--memory", memory, "--device", "0")
         devs = wait_slice(cluster, f"GPU 0 left out at {memory} reserved",
                           lambda d: 0 not in d and 1 in d and d)
-        assert quantity_bytes(devs[1]["capacity"]["memory"]["value"]) == 16 * GI
-        assert devs[1]["capacity"]["compute"]["value"] == "1000"
+        assert quantity(devs[1]["capacity"]["memory"]["value"]) == 16 * GI
+        assert quantity(devs[1]["capacity"]["compute"]["value"]) == 1000
     assert plugin_refusals(cluster) == []
 
     # The reservation gone, GPU 0 is back whole.
     operator(cluster, "rm", "ops-hold")
     devs = wait_slice(cluster, "GPU 0 back", lambda d: (
-        0 in d and d[0]["capacity"]["compute"]["value"] == "1000" and d))
-    assert quantity_bytes(devs[0]["capacity"]["memory"]["value"]) == 16 * GI
+        0 in d and quantity(d[0]["capacity"]["compute"]["value"]) == 1000 and d))
+    assert quantity(devs[0]["capacity"]["memory"]["value"]) == 16 * GI
     assert plugin_refusals(cluster) == []
 
 
@@ -93,7 +89,7 @@ def test_a_claim_goes_to_the_gpu_that_has_room(cluster, reservation, tmp_path):
     ns = "t-room"
     cluster.kubectl("create", "namespace", ns)
     try:
-        operator(cluster, "create", "ops-hold", "--memory", "15872Mi", "--compute", "0.5",
+        operator(cluster, "create", "ops-hold", "--memory", "16128Mi", "--compute", "0.5",
                  "--device", "0")
         wait_slice(cluster, "GPU 0 left out", lambda d: 0 not in d and d)
         cluster.apply([w.claim_template("q", ns, "4Gi", 250),
