@@ -185,7 +185,7 @@ fn must_replace(huffman: bool, value: &[u8]) -> bool {
         value.len() >= REPLACEMENT.len()
             && value
                 .iter()
-                .any(|&c| matches!(c, b'/' | b'?' | b'#' | b' ') || c < 0x20 || c >= 0x7f)
+                .any(|&c| matches!(c, b'/' | b'?' | b'#' | b' ') || !(0x20..0x7f).contains(&c))
     }
 }
 
