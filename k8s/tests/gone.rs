@@ -9,7 +9,7 @@
 mod common;
 use common::apiserver::{exited, wait_until, Cluster, FakeApiServer};
 use common::strict::check_resource_slice;
-use common::{channel, health_watch, next_health, NODE};
+use common::{channel, consumed, health_watch, next_health, Kubelet, TestClaim, NODE};
 use gpuslice_dra::proto::health_v1alpha1::HealthStatus;
 use gpuslice_dra::proto::registration;
 use gpuslice_e2e::artifact;
@@ -75,7 +75,8 @@ async fn a_lost_gpu_is_tainted_and_unhealthy_until_it_is_back() {
         gpu0["name"].as_str().unwrap().to_string(),
         gpu1["name"].as_str().unwrap().to_string(),
     );
-    let mut health = health_watch(&endpoint(&cluster).await).await;
+    let ep = endpoint(&cluster).await;
+    let mut health = health_watch(&ep).await;
     next_health(&mut health, "both GPUs healthy", |h| {
         h.len() == 2 && h.values().all(|(s, _)| *s == HealthStatus::Healthy)
     })
@@ -120,6 +121,32 @@ async fn a_lost_gpu_is_tainted_and_unhealthy_until_it_is_back() {
     })
     .await;
 
+    // A claim the scheduler placed on GPU 1 before it was lost (a pod starting now): its
+    // prepare fails, naming the loss, and creates nothing; the kubelet retries.
+    let uid = "3a3a3a3a-0000-4000-8000-00000000003a";
+    let c = TestClaim::new("team-a", "a", uid);
+    let claim = c.allocated(NODE, &dev1, Some(consumed("4Gi", "250")));
+    api.lock().objects.insert(
+        "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/a".into(),
+        (200, serde_json::to_string(&claim).unwrap()),
+    );
+    let mut kubelet = Kubelet::connect(&ep).await;
+    let r = kubelet.prepare(&[&c]).await;
+    let e = &r.claims[uid].error;
+    assert!(
+        e.contains(&format!(
+            "device {dev1} is gone (NVML reports it lost: fallen off the bus, XID 79; tainted \
+             gpuslice.dev/gone=lost:NoSchedule in the ResourceSlice): nothing was created"
+        )),
+        "{e}"
+    );
+    assert!(gpuslice_ledger::Ledger::open(&cluster.world.runtime_dir())
+        .unwrap()
+        .snapshot()
+        .slices
+        .iter()
+        .all(|s| s.name != format!("k8s-{uid}")));
+
     // While it stays lost the slice does not change (the taint keeps its timeAdded): a
     // second of resyncs (every 0.1 s) sends nothing new.
     let generation = s["spec"]["pool"]["generation"].clone();
@@ -142,6 +169,10 @@ async fn a_lost_gpu_is_tainted_and_unhealthy_until_it_is_back() {
     assert!(cluster
         .log_text()
         .contains(&format!("{dev1} is back: taint gpuslice.dev/gone removed")));
+    // The kubelet's retry now prepares the claim.
+    let r = kubelet.prepare(&[&c]).await;
+    assert_eq!(r.claims[uid].error, "");
+    assert_eq!(kubelet.unprepare(&[&c]).await.claims[uid].error, "");
 
     // Every slice sent passed the 1.37 checks, taints included.
     let verdicts = api.lock().verdicts.clone();

@@ -103,8 +103,8 @@ pub struct Driver {
 struct Known {
     /// The device last published for each GPU while it was there.
     devices: BTreeMap<String, Device>,
-    /// Since when each gone GPU has been gone (its taint's `timeAdded`).
-    gone_since: BTreeMap<String, Time>,
+    /// Since when each gone GPU has been gone (its taint's `timeAdded`), and why.
+    gone_since: BTreeMap<String, (Time, Gone)>,
 }
 
 impl Driver {
@@ -251,6 +251,12 @@ impl Driver {
             .collect()
     }
 
+    /// Why the published GPU `device` is gone, if it is (as of the last resync).
+    fn gone_now(&self, device: &str) -> Option<Gone> {
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        known.gone_since.get(device).map(|(_, why)| *why)
+    }
+
     /// Remember the devices published now, and add each `gone` GPU as last published, tainted
     /// `<driver>/gone` (its `timeAdded` kept while it stays gone, so the slice does not change
     /// at every resync); a GPU that is back is published fresh, untainted.
@@ -273,7 +279,7 @@ impl Driver {
             let Some(last) = known.devices.get(name) else {
                 continue;
             };
-            let since = known.gone_since.entry(name.clone()).or_insert_with(|| {
+            let (since, was) = known.gone_since.entry(name.clone()).or_insert_with(|| {
                 eprintln!(
                     "gpuslice-dra: {name} is gone ({}): kept in the ResourceSlice with taint \
                      {key}={}:{}",
@@ -284,8 +290,9 @@ impl Driver {
                     why.as_str(),
                     effect.as_str()
                 );
-                resource_slice::now()
+                (resource_slice::now(), *why)
             });
+            *was = *why;
             out.published.push(resource_slice::tainted(
                 last,
                 &self.cfg.driver,
