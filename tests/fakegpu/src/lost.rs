@@ -36,20 +36,65 @@ struct Table {
     generation: [AtomicU32; MAX_DEVICES],
 }
 
-/// The mapped table; `None` when the state directory cannot hold it (then nothing is lost).
-fn table() -> Option<&'static Table> {
-    static TABLE: OnceLock<Option<&'static Table>> = OnceLock::new();
-    *TABLE.get_or_init(|| {
-        let dir = &config().ok()?.state_dir;
-        std::fs::create_dir_all(dir).ok()?;
-        let (p, fd) =
-            crate::mem::map_file_in(dir, "lost", std::mem::size_of::<Table>(), MAGIC).ok()?;
-        // SAFETY: the mapping stays (it is never unmapped); the fd is no longer needed.
-        unsafe { libc::close(fd) };
-        // SAFETY: `map_file_in` mapped `size_of::<Table>()` bytes, zeroed and stamped when new;
-        // every field is an atomic, valid for any bytes.
-        Some(unsafe { &*(p as *const Table) })
-    })
+/// The mapped table, and whether this process may change it; `None` when the state
+/// directory cannot hold it (then nothing is lost).
+fn table() -> Option<(&'static Table, bool)> {
+    static TABLE: OnceLock<Option<(&'static Table, bool)>> = OnceLock::new();
+    *TABLE.get_or_init(|| map(&config().ok()?.state_dir))
+}
+
+/// Map `dir/lost`: read-write (made, zeroed and stamped under `flock` if new, readable by
+/// every user of the node as the state of a GPU is), or read-only for a user who may not
+/// write it (a tenant of a file root made: it still sees losses).
+fn map(dir: &std::path::Path) -> Option<(&'static Table, bool)> {
+    std::fs::create_dir_all(dir).ok()?;
+    let path = std::ffi::CString::new(dir.join("lost").as_os_str().as_encoded_bytes()).ok()?;
+    let size = std::mem::size_of::<Table>();
+    // SAFETY: plain syscalls on a path of the state directory, each checked; the file is at
+    // least `size` bytes before it is mapped, so the whole mapping is backed; it is never
+    // unmapped, so the reference lives as long as the process. Every field is an atomic,
+    // valid for any bytes; a read-only mapping is only ever loaded from.
+    unsafe {
+        let mut writable = true;
+        let mut fd = libc::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+            0o644,
+        );
+        if fd < 0 {
+            writable = false;
+            fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        }
+        if fd < 0 {
+            return None;
+        }
+        if writable {
+            libc::flock(fd, libc::LOCK_EX);
+        }
+        let mut st: libc::stat = std::mem::zeroed();
+        let big_enough = libc::fstat(fd, &mut st) == 0
+            && ((st.st_size as usize) >= size
+                || (writable && libc::ftruncate(fd, size as libc::off_t) == 0));
+        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        let p = if big_enough {
+            libc::mmap(std::ptr::null_mut(), size, prot, libc::MAP_SHARED, fd, 0)
+        } else {
+            libc::MAP_FAILED
+        };
+        if p != libc::MAP_FAILED && writable && std::ptr::read_volatile(p as *const u64) != MAGIC {
+            std::ptr::write_bytes(p as *mut u8, 0, size);
+            std::ptr::write_volatile(p as *mut u64, MAGIC);
+        }
+        if writable {
+            // Explicitly: the mapping keeps the file description, and with it the lock, alive.
+            libc::flock(fd, libc::LOCK_UN);
+        }
+        libc::close(fd);
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        Some((&*(p as *const Table), writable))
+    }
 }
 
 impl Table {
@@ -67,7 +112,7 @@ impl Table {
 
 /// The generation of physical device `phys` (odd: lost).
 pub fn generation(phys: usize) -> u32 {
-    table().map_or(0, |t| t.generation(phys))
+    table().map_or(0, |(t, _)| t.generation(phys))
 }
 
 /// Whether physical device `phys` is lost now.
@@ -83,14 +128,14 @@ pub fn usable(now: u32, born: u32) -> bool {
 
 /// Lose (`lost` non-zero) or bring back physical device `dev` for every process on the node.
 /// 0 when done (or already so), -1 for a device index past the fake's limit, -2 when the file
-/// cannot be made in `FAKEGPU_STATE_DIR`.
+/// cannot be made or written in `FAKEGPU_STATE_DIR`.
 #[no_mangle]
 pub extern "C" fn fakegpu_set_lost(dev: u32, lost: i32) -> i32 {
     let d = dev as usize;
     if d >= MAX_DEVICES {
         return -1;
     }
-    let Some(t) = table() else { return -2 };
+    let Some((t, true)) = table() else { return -2 };
     t.set(d, lost != 0);
     0
 }

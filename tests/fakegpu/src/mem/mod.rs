@@ -33,7 +33,7 @@ pub use host::{alloc_host, free_host, host_register, host_unregister};
 pub use ipc::{close_mem_handle, get_mem_handle, open_mem_handle};
 pub use pool::{after_sync, after_sync_phys, free_async_called, Pool};
 pub use ranges::{lookup, Kind, Range};
-pub(crate) use shared_mem::{leave_all as release_shared, map_file_in, map_node_file};
+pub(crate) use shared_mem::{leave_all as release_shared, map_node_file};
 pub use vmm::{
     vmm_address_free, vmm_covers, vmm_create, vmm_export, vmm_import, vmm_lookup, vmm_map,
     vmm_properties, vmm_release, vmm_reserve, vmm_retain, vmm_set_access, vmm_unmap, GRANULARITY,

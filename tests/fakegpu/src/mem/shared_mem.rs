@@ -114,18 +114,7 @@ fn open() -> CuResult<Local> {
 /// need be: (address, its open fd). A file whose first eight bytes are not `magic` (new, or of
 /// another layout) is zeroed and then stamped, under `flock`, so exactly one process starts it.
 pub(crate) fn map_node_file(name: &str, size: usize, magic: u64) -> CuResult<(*mut u8, i32)> {
-    map_file_in(&rt_unchecked().cfg.state_dir, name, size, magic)
-}
-
-/// [`map_node_file`] in the state directory `dir`, for callers that may run before `cuInit`
-/// (NVML, the fake's own exports).
-pub(crate) fn map_file_in(
-    dir: &std::path::Path,
-    name: &str,
-    size: usize,
-    magic: u64,
-) -> CuResult<(*mut u8, i32)> {
-    let path = dir.join(name);
+    let path = rt_unchecked().cfg.state_dir.join(name);
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| CUDA_ERROR_OPERATING_SYSTEM)?;
     // SAFETY: plain syscalls on a path of the state directory; the file is grown to `size`
