@@ -111,6 +111,18 @@ impl Driver {
                 .iter()
                 .find(|g| resource_slice::device_name(&g.uuid) == r.device)
             else {
+                if let Some(why) = self.gone_now(&r.device) {
+                    return Err(Error::Gone {
+                        device: r.device.clone(),
+                        why,
+                        taint: format!(
+                            "{}={}:{}",
+                            resource_slice::gone_key(&self.cfg.driver),
+                            why.as_str(),
+                            self.cfg.gone_taint_effect.as_str()
+                        ),
+                    });
+                }
                 return Err(Error::NotOnNode {
                     device: r.device.clone(),
                     here: gpus

@@ -660,3 +660,52 @@ fn a_stopped_engine_holder_in_another_pid_namespace_loses_the_engine() {
     other.end();
     assert_had_the_engine_back(&v);
 }
+
+#[test]
+fn a_device_lost_off_the_bus_fails_nvml_and_cuda_until_it_is_back() {
+    use std::io::Write;
+    const GPU_IS_LOST: u64 = 15; // NVML_ERROR_GPU_IS_LOST
+    const UNKNOWN: u64 = 999; // CUDA_ERROR_UNKNOWN
+    let w = World::new(2, "4Gi");
+    let probe = |dev: &str| scenario(&w, &["probe", dev]);
+    let codes = |v: &Value| {
+        ["nvml_handle", "nvml_memory", "cuda_retain", "cuda_alloc"].map(|k| v[k].as_u64().unwrap())
+    };
+    // A process with a handle and a context on device 1 before the loss.
+    let mut before = client(&w)
+        .args(["probe", "1", "wait"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (line, v) = first_line(&mut before);
+    assert_eq!(codes(&v), [0; 4], "{line}");
+
+    assert_eq!(scenario(&w, &["lose", "1"])["lost"], true);
+    before.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    let (line, v) = first_line(&mut before);
+    assert_eq!(v["nvml_count"], 2, "a lost GPU is still counted: {line}");
+    assert_eq!(v["nvml_handle"], GPU_IS_LOST, "{line}");
+    assert_eq!(
+        v["nvml_memory"], GPU_IS_LOST,
+        "a handle taken before: {line}"
+    );
+    assert_eq!(v["cuda_alloc"], UNKNOWN, "a context made before: {line}");
+    assert!(before.wait().unwrap().success());
+
+    let now = probe("1");
+    assert_eq!(
+        codes(&now),
+        [GPU_IS_LOST, GPU_IS_LOST, UNKNOWN, UNKNOWN],
+        "{now}"
+    );
+    assert_eq!(codes(&probe("0")), [0; 4], "the other device is untouched");
+
+    assert_eq!(scenario(&w, &["restore", "1"])["lost"], false);
+    assert_eq!(codes(&probe("1")), [0; 4], "back after the reset");
+    assert_eq!(
+        scenario(&w, &["restore", "1"])["lost"],
+        false,
+        "twice is fine"
+    );
+}

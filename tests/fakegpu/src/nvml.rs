@@ -107,7 +107,17 @@ fn dev(h: nvmlDevice_t) -> NResult<(&'static Node, usize)> {
     if h.is_null() || !off.is_multiple_of(std::mem::size_of::<Handle>()) || i >= ndev(n) {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
+    present(i)?;
     Ok((n, i))
+}
+
+/// `NVML_ERROR_GPU_IS_LOST` for a device that fell off the bus ([`crate::lost`]).
+fn present(i: usize) -> NResult<()> {
+    if crate::lost::is_lost(i) {
+        Err(NVML_ERROR_GPU_IS_LOST)
+    } else {
+        Ok(())
+    }
 }
 
 fn put<T>(p: *mut T, v: T) -> NResult<()> {
@@ -338,21 +348,32 @@ nvml_exports! {
     fn nvmlDeviceGetHandleByIndex_v2(i: c_uint, h: *mut nvmlDevice_t) {
         let n = node()?;
         if i as usize >= ndev(n) { return Err(NVML_ERROR_INVALID_ARGUMENT); }
+        present(i as usize)?;
         put(h, handle_of(i as usize))
     }
     fn nvmlDeviceGetHandleByIndex(i: c_uint, h: *mut nvmlDevice_t) {
         let n = node()?;
         if i as usize >= ndev(n) { return Err(NVML_ERROR_INVALID_ARGUMENT); }
+        present(i as usize)?;
         put(h, handle_of(i as usize))
     }
     fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, h: *mut nvmlDevice_t) {
         let n = node()?;
         if uuid.is_null() { return Err(NVML_ERROR_INVALID_ARGUMENT); }
         let want = CStr::from_ptr(uuid).to_str().map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
-        let i = (0..ndev(n)).find(|&i| uuid_string(&device_uuid(i)) == want).ok_or(NVML_ERROR_NOT_FOUND)?;
+        // A lost device's UUID cannot be read: not found among those that answer is
+        // GPU_IS_LOST while any device is lost ("if any GPU has fallen off the bus").
+        let answering = || (0..ndev(n)).filter(|&i| present(i).is_ok());
+        let Some(i) = answering().find(|&i| uuid_string(&device_uuid(i)) == want) else {
+            return Err(if answering().count() < ndev(n) { NVML_ERROR_GPU_IS_LOST } else { NVML_ERROR_NOT_FOUND });
+        };
         put(h, handle_of(i))
     }
-    fn nvmlDeviceGetHandleByPciBusId_v2(bus: *const c_char, h: *mut nvmlDevice_t) { put(h, handle_of(device_of_bus_id(bus)?)) }
+    fn nvmlDeviceGetHandleByPciBusId_v2(bus: *const c_char, h: *mut nvmlDevice_t) {
+        let i = device_of_bus_id(bus)?;
+        present(i)?;
+        put(h, handle_of(i))
+    }
     fn nvmlDeviceGetName(h: nvmlDevice_t, buf: *mut c_char, len: c_uint) {
         let (n, i) = dev(h)?;
         put_str(buf, len, &device_name(n.state.dev[i].total.load(Relaxed)))

@@ -22,7 +22,12 @@
 //!   executable destroyed (run under the shim);
 //! - `syncflags KERNEL_US`: in a context made with each `CU_CTX_SCHED_*` flag (and with a
 //!   blocking-sync event), how long stream, event and context synchronizes of one kernel took;
-//! - `launchcost`: host cost of launch, record and sync (a diagnostic, not a test).
+//! - `launchcost`: host cost of launch, record and sync (a diagnostic, not a test);
+//! - `lose DEV`, `restore DEV`: make node device DEV fall off the bus (XID 79) for every
+//!   process on the node, or bring it back (`fakegpu_set_lost`; see the fake's `lost.rs`);
+//! - `probe DEV [wait]`: what NVML and CUDA answer for device DEV (its handle and memory, a
+//!   primary context and an allocation in it); with `wait`, once more after a line on stdin,
+//!   with the same handle and context (a device lost in between).
 
 use gpuslice_abi::*;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
@@ -289,6 +294,11 @@ fn main() {
         "pool" => pool(),
         "graphmem" => graphmem(arg(1).parse().expect("BYTES"), arg(2) == "capture"),
         "vmm" => vmm(),
+        "lose" | "restore" => set_lost(arg(0) == "lose", arg(1).parse().expect("DEV")),
+        "probe" => {
+            probe(arg(1).parse().expect("DEV"), arg(2) == "wait");
+            return;
+        }
         other => {
             eprintln!("fakegpu-client: unknown scenario {other:?}");
             std::process::exit(2);
@@ -808,4 +818,64 @@ fn vmm() -> serde_json::Value {
     let odd = call!(c.lib, cuMemCreate; &mut h, gran + 1, &prop, 0);
     serde_json::json!({"granularity": gran, "created": free0 - free1, "bytes": ok_bytes, "held_while_mapped": free0 - free2,
         "after_unmap": free0 - free3, "unaligned_size": odd})
+}
+
+/// `lose DEV` / `restore DEV`.
+fn set_lost(lost: bool, dev: u32) -> serde_json::Value {
+    let lib = Lib::open("libcuda.so.1");
+    let f: extern "C" fn(u32, i32) -> i32 = lib.get("fakegpu_set_lost");
+    match f(dev, i32::from(lost)) {
+        0 => serde_json::json!({"device": dev, "lost": lost}),
+        r => {
+            eprintln!(
+                "fakegpu-client: device {dev}: {}",
+                if r == -1 {
+                    "past the fake's 16 devices"
+                } else {
+                    "cannot write FAKEGPU_STATE_DIR/lost"
+                }
+            );
+            std::process::exit(1);
+        }
+    }
+}
+
+/// `probe DEV [wait]`: one JSON line of result codes (0: success), twice with `wait`.
+fn probe(dev: u32, wait: bool) {
+    let nvml = Lib::open("libnvidia-ml.so.1");
+    ok!(call!(nvml, nvmlInit_v2; ));
+    let cuda = Lib::open("libcuda.so.1");
+    ok!(call!(cuda, cuInit; 0));
+    let mut h: nvmlDevice_t = std::ptr::null_mut();
+    let handle = call!(nvml, nvmlDeviceGetHandleByIndex_v2; dev, &mut h);
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    let retain = call!(cuda, cuDevicePrimaryCtxRetain; &mut ctx, dev as c_int);
+    if retain == 0 {
+        ok!(call!(cuda, cuCtxSetCurrent; ctx));
+    }
+    let report = |first: bool| {
+        let mut count: c_uint = 0;
+        ok!(call!(nvml, nvmlDeviceGetCount_v2; &mut count));
+        let mut fresh: nvmlDevice_t = std::ptr::null_mut();
+        let mut m = nvmlMemory_t::default();
+        let alloc = if retain == 0 {
+            call!(cuda, cuMemAlloc_v2; &mut 0u64, 1 << 20)
+        } else {
+            retain
+        };
+        serde_json::json!({
+            "nvml_count": count,
+            "nvml_handle": call!(nvml, nvmlDeviceGetHandleByIndex_v2; dev, &mut fresh),
+            "nvml_memory": if handle == 0 { call!(nvml, nvmlDeviceGetMemoryInfo; h, &mut m) } else { handle },
+            "cuda_retain": retain,
+            "cuda_alloc": alloc,
+            "first": first,
+        })
+    };
+    println!("{}", report(true));
+    if wait {
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        println!("{}", report(false));
+    }
 }
