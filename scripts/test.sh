@@ -103,9 +103,25 @@ else
     bash scripts/cluster.sh down </dev/null || failed+=("cluster down")
 fi
 
+# The plain manifests in deploy/ are the Helm chart's rendering (scripts/render-manifests.sh);
+# checked with the helm the cluster's build made (tests/cluster/test_chart.py checks it too),
+# or any helm on PATH. Without one, said at the end.
+step "deploy/ is the chart's rendering (scripts/render-manifests.sh --check)"
+render_not_run=""
+render_rc=0
+bash scripts/render-manifests.sh --check </dev/null || render_rc=$?
+case $render_rc in
+0) ;;
+3) render_not_run="no helm: scripts/cluster.sh build makes one" ;;
+*) failed+=("rendered manifests") ;;
+esac
+
 not_run=""
+if [ -n "$render_not_run" ]; then
+    not_run=" (NOT RUN: the check that deploy/ is the chart's rendering: $render_not_run)"
+fi
 if [ -n "$cluster_not_run" ]; then
-    not_run=" (NOT RUN: the Kubernetes cluster tests, tests/cluster: $cluster_not_run)"
+    not_run="$not_run (NOT RUN: the Kubernetes cluster tests, tests/cluster: $cluster_not_run)"
 fi
 if [ "$frameworks" = 0 ]; then
     not_run="$not_run (NOT RUN: the GPU framework tests, tests/python/test_frameworks_*.py: --no-frameworks)"
