@@ -162,6 +162,12 @@ pub static MONITOR: Command = Command {
              context, which NVML counts and quotas do not (default 512Mi)",
         ),
         flag(
+            "context-memory",
+            "SIZE",
+            "node mode: what each CUDA context is charged to its slice, inside the quota as on a \
+             GPU (default: what the monitor's own context takes on the device)",
+        ),
+        flag(
             "balloons",
             "on|off",
             "node mode: hold every slice's unused reservation on the GPU, so no program can \

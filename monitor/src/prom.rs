@@ -189,7 +189,7 @@ pub fn render(snap: &NodeView, facts: Option<&MonitorFacts>) -> String {
     }
 
     type SliceField = fn(&crate::view::SliceView) -> Option<f64>;
-    let slice_families: [(&'static str, &str, &str, SliceField); 11] = [
+    let slice_families: [(&'static str, &str, &str, SliceField); 12] = [
         (
             "gpuslice_slice_memory_limit_bytes",
             "gauge",
@@ -201,6 +201,12 @@ pub fn render(snap: &NodeView, facts: Option<&MonitorFacts>) -> String {
             "gauge",
             "Device memory the slice holds.",
             |s| Some(s.memory_used as f64),
+        ),
+        (
+            "gpuslice_slice_memory_contexts_bytes",
+            "gauge",
+            "Of the slice's memory, what its processes' CUDA contexts are charged (node mode).",
+            |s| Some(s.memory_contexts as f64),
         ),
         (
             "gpuslice_slice_compute_share_ratio",

@@ -384,6 +384,7 @@ impl Ledger {
         s.audit_observed.store(0, SeqCst);
         s.violations_total.store(0, SeqCst);
         s.balloon_held.store(0, SeqCst);
+        s.context_used.store(0, SeqCst);
         // SAFETY: under the lock, record not yet published.
         unsafe { s.claim.set("") };
         s.state.store(STATE_ACTIVE, SeqCst);

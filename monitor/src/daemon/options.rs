@@ -51,6 +51,9 @@ pub(super) struct Options {
     /// Device memory the audit allows each process beyond what it charged: its CUDA context,
     /// which the driver takes and NVML counts but no quota does (`--context-allowance`).
     pub(super) context_allowance: u64,
+    /// Node mode: what each CUDA context is charged to its slice, inside the quota
+    /// (`--context-memory`; `None`: what the monitor's own context takes, measured at start).
+    pub(super) context_memory: Option<u64>,
 }
 
 /// `--context-allowance`'s default: more than a real driver's context takes (a few hundred
@@ -69,6 +72,7 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         on_violation: OnViolation::Report,
         balloons: true,
         context_allowance: CONTEXT_ALLOWANCE,
+        context_memory: None,
     };
     let mut interval = None;
     loop {
@@ -130,6 +134,23 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                         ))
                     }
                 };
+            }
+            Long("context-memory") => {
+                let v = cli::utf8(p.value()?, "--context-memory", USAGE)?;
+                let n = match gpuslice_quantity::parse_size("--context-memory", &v) {
+                    Ok(gpuslice_quantity::Size::Bytes(n)) => n,
+                    _ => {
+                        return Err(Failure::usage(
+                            format!(
+                                "--context-memory {v:?}: expected a size in bytes, like 512Mi \
+                                 or 0 (contexts not charged; default: what the monitor's own \
+                                 context takes)"
+                            ),
+                            USAGE,
+                        ))
+                    }
+                };
+                cli::once(&mut o.context_memory, "--context-memory", n, USAGE)?;
             }
             Long("balloons") => {
                 let v = cli::utf8(p.value()?, "--balloons", USAGE)?;

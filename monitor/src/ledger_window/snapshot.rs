@@ -34,6 +34,7 @@ impl LedgerWindow {
                 memory_reserved: d.memory_reserved,
                 memory_used: d.memory_used,
                 compute_reserved: ratio(d.compute_reserved_ppm),
+                context_bytes: d.context_bytes,
             })
             .collect();
         let slice_names: HashMap<usize, &str> = s
@@ -64,6 +65,7 @@ impl LedgerWindow {
                     device_uuid: sl.device_uuid.clone(),
                     memory_limit: sl.memory_limit,
                     memory_used: sl.memory_used,
+                    memory_contexts: sl.context_used,
                     memory_held_for_importers: s
                         .shared
                         .iter()
@@ -271,6 +273,7 @@ mod tests {
             memory_used: used,
             best_effort_used: 0,
             compute_reserved_ppm: 750_000,
+            context_bytes: 0,
         }
     }
 
@@ -284,6 +287,7 @@ mod tests {
             private: false,
             memory_limit: Some(4 * GI),
             memory_used: used,
+            context_used: 0,
             compute_share_ppm: 250_000,
             compute_cap_ppm: PPM,
             attached: pids.len() as u32,
