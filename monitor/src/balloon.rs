@@ -208,9 +208,10 @@ impl Balloons {
     }
 
     /// Bring every quota slice's balloon to its unused reservation, within [`SLACK`]; free the
-    /// balloons of slices that are gone. Monitor tick only. Log lines (a balloon that cannot
-    /// be filled: the device is physically full, memory taken outside gpuslice).
-    pub fn tick(&self, ledger: &Ledger, regions: &dyn Regions) -> Vec<String> {
+    /// balloons of slices that are gone. Monitor tick only. Log lines, each with the device
+    /// UUID when it says a balloon cannot be filled (the device is physically full: memory
+    /// taken outside gpuslice, which the caller names).
+    pub fn tick(&self, ledger: &Ledger, regions: &dyn Regions) -> Vec<(String, Option<String>)> {
         let mut lines = vec![];
         let mut st = self.lock();
         let quiet = Instant::now() < st.quiet_until;
@@ -266,16 +267,21 @@ impl Balloons {
                 let uuid = h.owner.0.clone();
                 if missing >= SLACK {
                     if st.short.insert(si) {
-                        lines.push(format!(
-                            "balloons: cannot hold {} of slice {name:?}'s unused reservation on \
-                             {uuid}: the device is physically full (memory taken outside \
-                             gpuslice?); retrying every tick",
-                            crate::table::size(missing)
+                        lines.push((
+                            format!(
+                                "balloons: cannot hold {} of slice {name:?}'s unused reservation \
+                                 on {uuid}: the device is physically full; retrying every tick",
+                                crate::table::size(missing)
+                            ),
+                            Some(uuid),
                         ));
                     }
                 } else if st.short.remove(&si) {
-                    lines.push(format!(
-                        "balloons: slice {name:?}'s unused reservation on {uuid} is held again"
+                    lines.push((
+                        format!(
+                            "balloons: slice {name:?}'s unused reservation on {uuid} is held again"
+                        ),
+                        None,
                     ));
                 }
             }

@@ -258,6 +258,13 @@ impl Ledger {
         }))
     }
 
+    /// Whether a process of `uid` naming `name` (`None`: a private slice, always new) on
+    /// `device` would join a slice that exists (node mode's admission: a new reservation is
+    /// checked against the device as it physically is).
+    pub fn joins_existing(&self, name: Option<&str>, device: usize, uid: u32) -> bool {
+        name.is_some_and(|n| matches!(self.slice_for(n, device, uid), Ok(Some(_))))
+    }
+
     /// The operator slice called `name` on `device` (at most one: operator names are unique
     /// per device, whatever tenants named their own slices).
     pub(crate) fn operator_slice(&self, name: &str, device: usize) -> Option<usize> {

@@ -143,7 +143,7 @@ fn env_slice(pid: u32) -> Option<String> {
 }
 
 /// The effective uid of `pid` (the second `Uid:` field of `/proc/<pid>/status`).
-fn uid_of(pid: u32) -> Option<u32> {
+pub(crate) fn uid_of(pid: u32) -> Option<u32> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines()
         .find_map(|l| l.strip_prefix("Uid:"))?

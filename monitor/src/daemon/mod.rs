@@ -41,6 +41,7 @@ macro_rules! log {
 }
 
 mod audit;
+pub(crate) use audit::uid_of;
 mod lock;
 pub(crate) mod options;
 
@@ -131,6 +132,7 @@ fn run(opts: Options) -> Result<(), Failure> {
             limits: opts.limits,
             operator_gid: group_gid(&opts.operator_group),
             balloons: balloons.clone(),
+            nvml: Nvml::load().ok(),
         });
         std::thread::Builder::new()
             .name("admission".into())
@@ -314,8 +316,11 @@ impl Monitor {
         let ledger = node.parts().map(|(l, _)| l);
         // After the reap: what the dead held is back in their slices' unused reservations.
         if let (Some(b), Some((ledger, regions))) = (&self.balloons, node.parts()) {
-            for l in b.tick(&ledger, regions.as_ref()) {
-                log!("{l}");
+            for (l, short_on) in b.tick(&ledger, regions.as_ref()) {
+                log!(
+                    "{l}{}",
+                    crowding(&ledger, regions.as_ref(), self.nvml.as_ref(), short_on)
+                );
             }
             if let Ok(mut f) = self.facts.lock() {
                 f.balloons = b.held().into_iter().collect();
@@ -363,6 +368,27 @@ impl Monitor {
 
 /// Node mode: load the driver and hold every slice's unused reservation (the first tick, timed
 /// for the log); `None`, with a warning, where the driver cannot be used.
+/// For a balloon that cannot be filled on device `short_on`: whose memory outside gpuslice
+/// crowds the reservation out (pid, uid, bytes by NVML), as the rest of its log line.
+fn crowding(
+    ledger: &gpuslice_ledger::Ledger,
+    regions: &dyn gpuslice_ledger::region::Regions,
+    nvml: Option<&Nvml>,
+    short_on: Option<String>,
+) -> String {
+    let (Some(uuid), Some(nvml)) = (short_on, nvml) else {
+        return String::new();
+    };
+    let Some(dev) = ledger.find_device(&uuid) else {
+        return String::new();
+    };
+    match crate::physical::room(ledger, regions, nvml, true, dev, &uuid) {
+        Some(r) if !r.outside.is_empty() => format!(" (crowded out{})", r.outside_text()),
+        _ => " (nothing outside gpuslice by NVML: another slice's memory, or the driver's)"
+            .to_string(),
+    }
+}
+
 /// Node mode: set what each CUDA context is charged to its slice on every GPU
 /// (`Device::context_bytes`): `--context-memory`, else what this monitor's own context takes
 /// there by NVML (`measured`: its primary contexts are retained and nothing else allocated
@@ -430,7 +456,8 @@ fn start_balloons(
     };
     // Before the first balloon: NVML then shows the monitor's own contexts alone.
     charge_contexts(ledger, nvml, context_memory, true);
-    for l in b.tick(ledger, regions) {
+    for (l, short_on) in b.tick(ledger, regions) {
+        let l = l + &crowding(ledger, regions, nvml, short_on);
         log!("{l}");
     }
     let mut held: Vec<(String, u64)> = b.held().into_iter().collect();

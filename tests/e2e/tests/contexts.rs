@@ -129,6 +129,127 @@ fn contexts_are_charged_to_their_slice_inside_its_quota() {
     wait_slice_gone(&n, "t1q");
 }
 
+/// An unwrapped program of `uid` (no shim: a bypass) that creates its context, allocates
+/// `alloc` (none if empty) and holds it 60 s; with its first line as JSON.
+fn bypass(n: &Node, uid: u32, alloc: &str) -> (Child, serde_json::Value) {
+    let mut c = n.command(uid, "gpuslice-burn");
+    c.env_remove("LD_PRELOAD");
+    if !alloc.is_empty() {
+        c.args(["--alloc", alloc]);
+    }
+    let mut c = c
+        .args(["--hold", "60", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (_, v) = first_line(&mut c);
+    (c, v)
+}
+
+/// (a), bypassed: t1's programs without the library only create contexts until the device is
+/// full (31 of 512 MiB beside the monitor's). No quota counts them, so t2's later 4 GiB slice
+/// fits the ledger; it is refused up front at `cuInit`, with what it asked, what the device
+/// physically has and whose memory is outside gpuslice (pid, uid) — never admitted and then
+/// out of memory at context creation. Once they are gone, t2 is admitted.
+#[test]
+fn context_only_bypassers_get_a_later_slice_refused_up_front() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let ctx = context_charge(&n);
+    let mut held = vec![];
+    for _ in 0..40 {
+        let (c, v) = bypass(&n, TENANT_A, "");
+        if !holds(&v) {
+            assert_eq!(v["error"]["code"], OOM, "{v}");
+            break;
+        }
+        held.push(c);
+    }
+    assert_eq!(
+        held.len() as u64,
+        (DEVICE - ctx) / ctx,
+        "contexts the device holds"
+    );
+    let o = n.allocate(TENANT_B, &in_slice("t2q", "4Gi"), "1Mi");
+    assert_eq!(burn_json(&o)["error"]["call"], "cuInit", "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    for want in [
+        "requested 4 GiB, available 0 B",
+        "as the device physically is",
+        "memory held outside gpuslice: pid ",
+        &format!("(uid {TENANT_A}) 512 MiB"),
+    ] {
+        assert!(err.contains(want), "no {want:?} in {}", text(&o));
+    }
+    assert!(slices_named(&n.status(), "t2q").next().is_none());
+    kill_all(held.iter_mut());
+    // The fake frees a dead process's memory when someone notices it: retry a little.
+    let t0 = Instant::now();
+    loop {
+        let o = n.allocate(TENANT_B, &in_slice("t2q", "4Gi"), "free");
+        let r = burn_json(&o);
+        if r["allocated_bytes"] == 4 * GI - ctx {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", text(&o));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// (c) Memory held outside gpuslice after t2's admission: t1's unwrapped program takes all it
+/// can get. t2 keeps its reservation (a second process allocates the whole of what it is told
+/// is free, the quota less two contexts and what the first holds), and the monitor names the
+/// bypasser (pid, uid) in its log.
+#[test]
+fn memory_outside_gpuslice_after_admission_crowds_out_no_reservation() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let ctx = context_charge(&n);
+    let t2 = in_slice("t2q", "4Gi");
+    let (first, v) = start(&n, TENANT_B, &t2, "1Gi");
+    assert!(holds(&v), "t2's first process: {v}\n{}", stderr_of(first));
+    // The balloon follows the first process's allocation at the monitor's next tick.
+    std::thread::sleep(Duration::from_millis(500));
+    let (hog, v) = bypass(&n, TENANT_A, &["512Mi"; 32].join(","));
+    assert!(holds(&v), "the bypass: {v}");
+    // At most what nobody reserved: 16 GiB less t2's 4 GiB, the monitor's context and its own.
+    let got = v["allocated_bytes"].as_u64().unwrap();
+    let unreserved = DEVICE - 4 * GI - 2 * ctx;
+    assert!(got <= unreserved && got + 2 * GI > unreserved, "{v}");
+    let o = n.allocate(TENANT_B, &t2, "free,1Mi");
+    let r = burn_json(&o);
+    let told = 4 * GI - 2 * ctx - GI;
+    assert_eq!(
+        r["mem"]["start"]["free"],
+        told,
+        "{}\n{}",
+        text(&o),
+        n.monitor_log()
+    );
+    assert_eq!(
+        r["allocated_bytes"],
+        told,
+        "{}\n{}",
+        text(&o),
+        n.monitor_log()
+    );
+    let line = format!("pid {} of uid {TENANT_A} holds", hog.id());
+    let t0 = Instant::now();
+    while !n.monitor_log().contains(&line) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the monitor never named the bypass ({line}): {}",
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = n.monitor_log();
+    let named = log.lines().find(|l| l.contains(&line)).unwrap();
+    assert!(named.contains("outside gpuslice"), "{named}");
+    kill_all([first, hog].iter_mut());
+}
+
 /// (e) On a full device, a second and a fifth process of t2's 4 GiB slice each allocate the
 /// whole of what `cuMemGetInfo` shows them, and the slice as a whole gets its full quota:
 /// `t1_fills` makes the device full (t1 over its quota by a scribbled counter, or a quota of
@@ -167,6 +288,7 @@ fn a_full_device_leaves_t2_its_quota(n: &Node, mut t1: Vec<Child>) {
         .burn(TENANT_B)
         .args(["--alloc", "free", "--json"])
         .envs(t2)
+        .env("GPUSLICE_LOG", "debug")
         .output()
         .unwrap();
     let r = burn_json(&o);
