@@ -152,8 +152,8 @@ pub static MONITOR: Command = Command {
         flag(
             "on-violation",
             "report|kill",
-            "a slice NVML finds over its quota is reported (default), or its processes that \
-             are themselves over killed (never one within what it charged)",
+            "a slice NVML finds over its quota is reported, or its processes that are over \
+             killed, and tenants' bypasses (default: kill in node mode, report in personal mode)",
         ),
         flag(
             "context-allowance",

@@ -190,7 +190,9 @@ fn run(opts: Options) -> Result<(), Failure> {
         nvml,
         node: None,
         node_mode,
-        on_violation: opts.on_violation,
+        on_violation: opts
+            .on_violation
+            .unwrap_or(OnViolation::default_for(node_mode)),
         context_allowance: opts.context_allowance,
         fresh: first,
         last_error: None,

@@ -34,8 +34,22 @@ pub(super) fn group_gid(name: &str) -> Option<u32> {
 pub enum OnViolation {
     /// Log it, count it in metrics and `status`.
     Report,
-    /// Also SIGKILL the slice's processes that hold memory on that device.
+    /// Also SIGKILL the processes that are over (`AuditRow::to_kill`) and tenants' bypasses.
     Kill,
+}
+
+impl OnViolation {
+    /// The default: `kill` in node mode (its defaults are the safe ones: a tenant over its
+    /// slice by a bypass or a scribbled counter does not keep what it took; the cost, a process
+    /// whose context grows past its charge and `--context-allowance`, is in docs/security.md),
+    /// `report` in personal mode (one user's own programs).
+    pub fn default_for(node_mode: bool) -> OnViolation {
+        if node_mode {
+            OnViolation::Kill
+        } else {
+            OnViolation::Report
+        }
+    }
 }
 
 pub(super) struct Options {
@@ -45,7 +59,8 @@ pub(super) struct Options {
     pub(super) node: Option<bool>,
     pub(super) limits: gpuslice_ledger::node::Limits,
     pub(super) operator_group: String,
-    pub(super) on_violation: OnViolation,
+    /// `None`: the mode's default ([`OnViolation::default_for`]).
+    pub(super) on_violation: Option<OnViolation>,
     /// Node mode: hold every slice's unused reservation physically (`crate::balloon`).
     pub(super) balloons: bool,
     /// Device memory the audit allows each process beyond what it charged: its CUDA context,
@@ -69,7 +84,7 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         node: None,
         limits: Default::default(),
         operator_group: OPERATOR_GROUP.into(),
-        on_violation: OnViolation::Report,
+        on_violation: None,
         balloons: true,
         context_allowance: CONTEXT_ALLOWANCE,
         context_memory: None,
@@ -108,7 +123,7 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
             }
             Long("on-violation") => {
                 let v = cli::utf8(p.value()?, "--on-violation", USAGE)?;
-                o.on_violation = match v.as_str() {
+                o.on_violation = Some(match v.as_str() {
                     "report" => OnViolation::Report,
                     "kill" => OnViolation::Kill,
                     _ => {
@@ -117,7 +132,7 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                             USAGE,
                         ))
                     }
-                };
+                });
             }
             Long("context-allowance") => {
                 let v = cli::utf8(p.value()?, "--context-allowance", USAGE)?;

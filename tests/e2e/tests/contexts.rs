@@ -152,10 +152,13 @@ fn bypass(n: &Node, uid: u32, alloc: &str) -> (Child, serde_json::Value) {
 /// fits the ledger; it is refused up front at `cuInit`, with what it asked, what the device
 /// physically has and whose memory is outside gpuslice (pid, uid) — never admitted and then
 /// out of memory at context creation. Once they are gone, t2 is admitted.
+///
+/// With `--on-violation report`, so that the bypassers stay (node mode's default, `kill`,
+/// ends them within an audit period: [`memory_outside_gpuslice_after_admission_crowds_out_no_reservation`]).
 #[test]
 fn context_only_bypassers_get_a_later_slice_refused_up_front() {
     need_root!();
-    let n = Node::new(1, "16Gi", &[]);
+    let n = Node::new(1, "16Gi", &["--on-violation", "report"]);
     let ctx = context_charge(&n);
     let mut held = vec![];
     for _ in 0..40 {
@@ -200,7 +203,8 @@ fn context_only_bypassers_get_a_later_slice_refused_up_front() {
 /// (c) Memory held outside gpuslice after t2's admission: t1's unwrapped program takes all it
 /// can get. t2 keeps its reservation (a second process allocates the whole of what it is told
 /// is free, the quota less two contexts and what the first holds), and the monitor names the
-/// bypasser (pid, uid) in its log.
+/// bypasser (pid, uid) in its log and, under node mode's default `--on-violation kill`, ends
+/// it.
 #[test]
 fn memory_outside_gpuslice_after_admission_crowds_out_no_reservation() {
     need_root!();
@@ -247,7 +251,15 @@ fn memory_outside_gpuslice_after_admission_crowds_out_no_reservation() {
     let log = n.monitor_log();
     let named = log.lines().find(|l| l.contains(&line)).unwrap();
     assert!(named.contains("outside gpuslice"), "{named}");
-    kill_all([first, hog].iter_mut());
+    let mut hog = hog;
+    let st = gpuslice_e2e::wait_within(&mut hog, Duration::from_secs(30), "the bypass");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&st),
+        Some(libc::SIGKILL),
+        "{}",
+        n.monitor_log()
+    );
+    kill_all([first].iter_mut());
 }
 
 /// (e) On a full device, a second and a fifth process of t2's 4 GiB slice each allocate the
@@ -342,13 +354,14 @@ fn a_full_device_leaves_t2_its_quota(n: &Node, mut t1: Vec<Child>) {
     kill_all(held.iter_mut().chain(t1.iter_mut()));
 }
 
-/// (e) with t1 over its 1 GiB quota by zeroing its slice's usage counter (the default
-/// `--on-violation report` lets it keep what it took): its processes take every byte nobody
-/// reserved and their own slice's balloon.
+/// (e) with t1 over its 1 GiB quota by zeroing its slice's usage counter, and keeping what it
+/// took (`--on-violation report`; node mode's default, `kill`, ends it:
+/// [`a_scribbler_does_not_keep_what_it_took`]): its processes take every byte nobody reserved
+/// and their own slice's balloon.
 #[test]
 fn a_scribbler_filling_the_device_leaves_t2_its_quota() {
     need_root!();
-    let n = Node::new(1, "16Gi", &[]);
+    let n = Node::new(1, "16Gi", &["--on-violation", "report"]);
     let ctx = context_charge(&n);
     // t2's slice first (an operator slice of its own, nothing used: its balloon holds 4 GiB).
     let o = n.cli(
@@ -420,6 +433,68 @@ fn a_quota_filling_the_device_leaves_t2_its_quota() {
     assert!(holds(&v), "t1: {v}\n{}", stderr_of(c));
     assert_eq!(v["allocated_bytes"], rest - ctx, "{v}");
     a_full_device_leaves_t2_its_quota(&n, vec![c]);
+}
+
+/// Node mode's default `--on-violation kill`: t1, over its 1 GiB quota by zeroing its slice's
+/// usage counter, does not keep what it took: once the audit finds the slice over, its largest
+/// processes are ended until the rest fits the quota and the audit's allowance (each is
+/// within what it charged: only the slice's own scribbled counter let them past the quota), and
+/// t2's process is untouched. What it keeps past its quota is at most `--context-allowance` per
+/// process left (docs/security.md, "Memory in node mode").
+#[test]
+fn a_scribbler_does_not_keep_what_it_took() {
+    need_root!();
+    let n = Node::new(1, "16Gi", &[]);
+    let ctx = context_charge(&n);
+    let (mut t2, v) = start(&n, TENANT_B, &in_slice("t2q", "2Gi"), "1Gi");
+    assert!(holds(&v), "{v}");
+    let mut sidecar = n
+        .child(TENANT_A, "zero-used")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = {
+        let mut r = BufReader::new(sidecar.stdout.as_mut().unwrap());
+        let mut line = String::new();
+        while r.read_line(&mut line).unwrap_or(0) > 0 && !line.contains("ready") {
+            line.clear();
+        }
+        line.contains("ready")
+    };
+    assert!(ready, "the sidecar did not start: {}", stderr_of(sidecar));
+    let mut t1 = vec![];
+    for _ in 0..4 {
+        let (c, v) = start(&n, TENANT_A, &in_slice("t1s", "1Gi"), "512Mi");
+        assert!(holds(&v), "{v}");
+        t1.push(c);
+    }
+    // 4 x (512 MiB + a context) on a 1 GiB quota: the audit ends processes until what is left
+    // fits the quota and `--context-allowance` (512 MiB) per process left: two of them.
+    let t0 = Instant::now();
+    let killed = loop {
+        let k = t1
+            .iter_mut()
+            .filter_map(|c| c.try_wait().unwrap())
+            .filter(|s| std::os::unix::process::ExitStatusExt::signal(s) == Some(9))
+            .count();
+        if k >= 2 {
+            break k;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{k} of t1's processes ended\n{}",
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    println!(
+        "{killed} of t1's 4 scribbling processes ended ({} each)",
+        512 * MI + ctx
+    );
+    assert!(n.monitor_log().contains("--on-violation kill: killed pid"));
+    assert!(t2.try_wait().unwrap().is_none(), "t2's process was harmed");
+    kill_all(t1.iter_mut().chain([&mut t2, &mut sidecar]));
 }
 
 #[test]

@@ -80,15 +80,16 @@ fn still_running<'a>(n: &Node, children: impl IntoIterator<Item = &'a mut Child>
 /// Issue #27, "the audit can be aimed at a victim": t2 holds 512 MiB in its slice `tq` (1 GiB);
 /// t1 runs an unwrapped program that names `tq` and takes 1 GiB. The audit attributes it to t1
 /// (its uid), not to t2's slice: `tq` is never flagged, t2's process is never killed, and t1's
-/// bypass is the one reported (default `report`) or killed (`--on-violation kill`).
+/// bypass is the one reported (`--on-violation report`) or killed (node mode's default,
+/// `kill`).
 #[test]
 fn an_aimed_audit_hits_the_bypass_not_the_victim() {
     need_root!();
     for kill in [false, true] {
         let opts: &[&str] = if kill {
-            &["--on-violation", "kill"]
-        } else {
             &[]
+        } else {
+            &["--on-violation", "report"]
         };
         let n = Node::new(1, "16Gi", opts);
         let mut victim = holder_in(&n, TENANT_B, ("tq", "1Gi"), "512Mi", "60");
@@ -481,11 +482,12 @@ fn hold_the_rest(n: &Node, hold: &str) -> Child {
 /// physically (balloons), so (b) t1's unwrapped program that asks for everything gets
 /// `CUDA_ERROR_OUT_OF_MEMORY` from the driver, and while t1 holds all it could get t2 still
 /// allocates its whole 1 GiB; (a) the same while t1's processes zero their slice's usage counter
-/// before every allocation.
+/// before every allocation. With `--on-violation report`, so that t1 keeps what it took (node
+/// mode's default, `kill`, ends it: `contexts.rs`).
 #[test]
 fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
     need_root!();
-    let n = Node::new(1, "4Gi", &[]);
+    let n = Node::new(1, "4Gi", &["--on-violation", "report"]);
     reserve_for_t2(&n, "t2res");
     // All of its 1 GiB but its own context (charged inside the quota, 128 MiB on 4 GiB).
     let t2_allocates = |n: &Node| {
@@ -619,7 +621,7 @@ fn takes_the_slow_path(n: &Node, path: &str) -> bool {
 #[test]
 fn every_allocation_path_gets_its_balloon_back() {
     need_root!();
-    let n = Node::new(1, "4Gi", &[]);
+    let n = Node::new(1, "4Gi", &["--on-violation", "report"]);
     reserve_for_t2(&n, "t2res");
     let mut hog = hold_the_rest(&n, "120");
     let paths = [
@@ -767,7 +769,7 @@ fn balloon_costs() {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[v.len() / 2]
     };
-    let mut n = Node::new(1, "4Gi", &[]);
+    let mut n = Node::new(1, "4Gi", &["--on-violation", "report"]);
     // The monitor's own device memory with nothing reserved: what the driver shows free to an
     // unwrapped program, against the device's size.
     let o = n

@@ -268,9 +268,9 @@ fn the_audit_reports_and_kills_a_bypass() {
     need_root!();
     for kill in [false, true] {
         let mode: &[&str] = if kill {
-            &["--on-violation", "kill"]
-        } else {
             &[]
+        } else {
+            &["--on-violation", "report"]
         };
         let n = Node::new(1, "16Gi", mode);
         let o = n.cli(0, &["slice", "create", "team", "--memory", "1Gi"]);
