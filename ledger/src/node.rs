@@ -32,6 +32,9 @@ pub struct Peer {
     pub uid: u32,
     /// Start time of `host_pid` (`/proc/<pid>/stat` field 22), read by the monitor.
     pub start_time: u64,
+    /// Inode of its PID namespace (0: unknown), so a reader in that namespace can tell whether
+    /// `nspid` still runs (`status`'s `alive`).
+    pub pid_ns: u64,
 }
 
 /// Per-user bounds on the policy's tables (docs/security.md, "Bounds").
@@ -242,6 +245,7 @@ impl Ledger {
         p.host_pid.store(peer.host_pid, SeqCst);
         p.uid.store(peer.uid, SeqCst);
         p.start_time.store(peer.start_time, SeqCst);
+        p.pid_ns.store(peer.pid_ns, SeqCst);
         // SAFETY: under the lock, record not yet published.
         unsafe { p.slice_name.set(display_name) };
         for pd in &p.devices {

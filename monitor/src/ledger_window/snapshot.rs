@@ -147,18 +147,25 @@ fn exited(p: &ProcInfo, node_mode: bool, own_ns: u64) -> bool {
     if !p.alive {
         return true;
     }
-    let pid = if node_mode {
+    // Its pid as this reader's namespace sees it: its own pid when the reader shares its
+    // namespace (a node's processes and root's CLI usually do, in a container too), else, in
+    // node mode, the host's pid the monitor recorded when the reader is root in the host's.
+    let pid = if p.pid_ns != 0 && p.pid_ns == own_ns {
+        Some(p.pid)
+    } else if node_mode {
         (own_ns == gpuslice_ledger::view::INITIAL_PID_NS && gpuslice_ledger::dir::euid() == 0)
             .then_some(p.host_pid)
     } else {
-        (p.pid_ns != 0 && p.pid_ns == own_ns).then_some(p.pid)
+        None
     };
     let Some(pid) = pid.filter(|&pid| pid != 0) else {
         return false;
     };
     match gpuslice_ledger::start_time_of(&pid.to_string()) {
         0 => !Path::new(&format!("/proc/{pid}")).exists(),
-        start => start != p.start_time,
+        // Another process that took the pid, or this one exited and not yet waited for (a
+        // zombie has released its memory: `alive` says what it is, as the reaper will).
+        start => start != p.start_time || !gpuslice_ledger::is_running(pid, start),
     }
 }
 

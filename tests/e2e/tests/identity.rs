@@ -302,9 +302,30 @@ fn a_zombies_memory_returns_to_its_slice() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let zombie_at = Instant::now();
+    // `status` never shows the zombie alive (it has exited; only its parent has not waited):
+    // it shows the node as the reaper will leave it.
+    let s = n.status();
+    assert!(
+        s["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["pid"] != pid || p["alive"] == false),
+        "{s:#}"
+    );
     wait_status(&n, 10, "the zombie's 768 MiB back in z", |s| {
         (used(s) == Some((1 << 20) + ctx)).then_some(())
     });
+    // And the monitor's reaper does so (its log line), the zombie still there.
+    let reaped = format!("reaped pid {pid}:");
+    while !n.monitor_log().contains(&reaped) {
+        assert!(
+            zombie_at.elapsed() < Duration::from_secs(10),
+            "not reaped: {}",
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     println!(
         "the zombie's memory was back in {:?} (monitor interval 50 ms, status polled every 50 ms)",
         zombie_at.elapsed()
