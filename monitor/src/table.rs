@@ -243,6 +243,37 @@ pub fn render(snap: &NodeView) -> Vec<String> {
         &procs,
         "(no processes)",
     ));
+    // Exported memory no process of its slice holds any more (node mode: kept charged for the
+    // importers or descriptors that do); listed only when there is some.
+    if !snap.orphans.is_empty() {
+        out.push(String::new());
+        let rows: Vec<Vec<String>> = snap
+            .orphans
+            .iter()
+            .map(|o| {
+                vec![
+                    o.slice.clone().unwrap_or_else(|| "best effort".into()),
+                    device_index(snap, &o.device_uuid),
+                    size(o.bytes),
+                    if o.importers > 0 {
+                        format!("{} importers", o.importers)
+                    } else {
+                        "descriptors only".into()
+                    },
+                ]
+            })
+            .collect();
+        out.extend(layout(
+            &[
+                ("EXPORTED, EXPORTER GONE: SLICE", Left),
+                ("GPU", Right),
+                ("MEMORY", Right),
+                ("HELD BY", Left),
+            ],
+            &rows,
+            "",
+        ));
+    }
     out
 }
 

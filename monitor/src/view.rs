@@ -99,6 +99,21 @@ pub struct NodeView {
     pub processes: Vec<ProcessView>,
     /// Ledger records that made no sense and were skipped (see `Ledger::snapshot`).
     pub problems: Vec<String>,
+    /// Exported memory whose exporter has let go or exited, kept charged to a slice for the
+    /// importers or descriptors that still hold it.
+    pub orphans: Vec<OrphanView>,
+}
+
+/// An exported allocation with no exporter left (`layout::Shared`), charged to its slice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OrphanView {
+    /// The slice it stays charged to (`None`: a best-effort allowance).
+    pub slice: Option<String>,
+    pub device_uuid: String,
+    /// Bytes it holds there.
+    pub bytes: u64,
+    /// Live importers holding it (0: only descriptors, found by the monitor's scan).
+    pub importers: usize,
 }
 
 impl NodeView {
@@ -147,6 +162,12 @@ impl NodeView {
                 "alive": p.alive,
             })).collect::<Vec<_>>(),
             "problems": self.problems,
+            "orphans": self.orphans.iter().map(|o| json!({
+                "slice": o.slice,
+                "device_uuid": o.device_uuid,
+                "bytes": o.bytes,
+                "importers": o.importers,
+            })).collect::<Vec<_>>(),
         })
     }
 
@@ -252,6 +273,7 @@ pub(crate) mod tests {
                 },
             ],
             problems: vec![],
+            orphans: vec![],
         }
     }
 

@@ -126,11 +126,30 @@ impl LedgerWindow {
             })
             .collect();
         processes.sort_by_key(|p| p.pid);
+        let live: Vec<usize> = s.processes.iter().map(|p| p.slot).collect();
+        let orphans = s
+            .shared
+            .iter()
+            .filter(|r| r.exporter.is_none() && r.held > 0)
+            .filter_map(|r| {
+                let uuid = s.devices.iter().find(|x| x.index == r.device)?;
+                Some(crate::view::OrphanView {
+                    slice: r
+                        .slice
+                        .and_then(|i| slice_names.get(&i))
+                        .map(|n| n.to_string()),
+                    device_uuid: uuid.uuid.clone(),
+                    bytes: r.held,
+                    importers: r.importers.iter().filter(|i| live.contains(i)).count(),
+                })
+            })
+            .collect();
         NodeView {
             devices,
             slices,
             processes,
             problems: s.problems,
+            orphans,
         }
     }
 }

@@ -258,8 +258,23 @@ fn memory_only_a_descriptor_holds_stays_charged_to_its_exporter() {
     wait_for("x reaped", &n, || n.monitor_log().contains(&reaped));
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(used(&n).get("x"), Some(&(256 * MI)), "the holder keeps it");
+    // `status` lists the orphan record: charged to x, held by a descriptor only.
+    let st = n.status();
+    let orphans = st["orphans"].as_array().cloned().unwrap_or_default();
+    assert!(
+        orphans.len() == 1
+            && orphans[0]["bytes"] == 256 * MI
+            && orphans[0]["importers"] == 0
+            && orphans[0]["slice"]
+                .as_str()
+                .is_some_and(|s| s.ends_with('x')),
+        "{st:#}"
+    );
+    let table = String::from_utf8_lossy(&n.cli(0, &["status"]).stdout).into_owned();
+    assert!(table.contains("descriptors only"), "{table}");
     drop(h.stdin.take());
     assert!(h.wait().unwrap().success());
     wait_for("x uncharged", &n, || !used(&n).contains_key("x"));
+    assert_eq!(n.status()["orphans"], serde_json::json!([]));
     assert!(!n.monitor_log().contains("audit:"), "{}", n.monitor_log());
 }
