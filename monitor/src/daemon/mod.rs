@@ -368,8 +368,6 @@ impl Monitor {
     }
 }
 
-/// Node mode: load the driver and hold every slice's unused reservation (the first tick, timed
-/// for the log); `None`, with a warning, where the driver cannot be used.
 /// For a balloon that cannot be filled on device `short_on`: whose memory outside gpuslice
 /// crowds the reservation out (pid, uid, bytes by NVML), as the rest of its log line.
 fn crowding(
@@ -438,6 +436,8 @@ fn charge_contexts(
     }
 }
 
+/// Node mode: load the driver and hold every slice's unused reservation (the first tick, timed
+/// for the log); `None`, with a warning, where the driver cannot be used.
 fn start_balloons(
     ledger: &gpuslice_ledger::Ledger,
     regions: &dyn gpuslice_ledger::region::Regions,
