@@ -32,6 +32,9 @@ pub struct Peer {
     pub uid: u32,
     /// Start time of `host_pid` (`/proc/<pid>/stat` field 22), read by the monitor.
     pub start_time: u64,
+    /// Inode of its PID namespace (0: unknown), so a reader in that namespace can tell whether
+    /// `nspid` still runs (`status`'s `alive`).
+    pub pid_ns: u64,
 }
 
 /// Per-user bounds on the policy's tables (docs/security.md, "Bounds").
@@ -257,6 +260,7 @@ impl Ledger {
         p.host_pid.store(peer.host_pid, SeqCst);
         p.uid.store(peer.uid, SeqCst);
         p.start_time.store(peer.start_time, SeqCst);
+        p.pid_ns.store(peer.pid_ns, SeqCst);
         // SAFETY: under the lock, record not yet published.
         unsafe { p.slice_name.set(display_name) };
         for pd in &p.devices {
@@ -443,6 +447,7 @@ impl Ledger {
                 if let Some(rp) = keys_of(d, pd).and_then(|k| regions.get(k)) {
                     if let Some(w) = rp.proc_(i) {
                         bytes = bytes.saturating_add(w.charged.swap(0, SeqCst));
+                        w.contexts.store(0, SeqCst);
                         w.ops_begun.store(0, SeqCst);
                         w.ops_ended.store(0, SeqCst);
                     }
@@ -510,16 +515,34 @@ impl Ledger {
             }
             dev.best_effort_used.store(sum, SeqCst);
         }
+        // Each slice's contexts: what its members say of their own charge is context, each
+        // clamped to that charge (hostile words move only their own slice's display).
+        let mut contexts = vec![0u64; self.slices().len()];
         for (i, p) in self.procs().iter().enumerate() {
             if p.state.load(SeqCst) == STATE_FREE {
                 continue;
             }
             for (d, pd) in p.devices.iter().enumerate() {
-                let v = region_key(pd.account.load(SeqCst), d)
+                let account = pd.account.load(SeqCst);
+                let (v, ctx) = region_key(account, d)
                     .and_then(|k| regions.get(k))
-                    .and_then(|r| r.proc_(i).map(|w| w.charged.load(SeqCst)))
-                    .unwrap_or(0);
+                    .and_then(|r| {
+                        r.proc_(i).map(|w| {
+                            let c = w.charged.load(SeqCst);
+                            (c, w.contexts.load(SeqCst).min(c))
+                        })
+                    })
+                    .unwrap_or((0, 0));
                 pd.charged.store(v, SeqCst);
+                if let Some(sum) = contexts.get_mut(account as usize) {
+                    *sum = sum.saturating_add(ctx);
+                }
+            }
+        }
+        for (s, ctx) in self.slices().iter().zip(contexts) {
+            if s.state.load(SeqCst) == STATE_ACTIVE {
+                let used = s.memory_used.0.load(SeqCst);
+                s.context_used.store(ctx.min(used), SeqCst);
             }
         }
     }

@@ -152,14 +152,20 @@ pub static MONITOR: Command = Command {
         flag(
             "on-violation",
             "report|kill",
-            "a slice NVML finds over its quota is reported (default), or its processes that \
-             are themselves over killed (never one within what it charged)",
+            "a slice NVML finds over its quota is reported, or its processes that are over \
+             killed, and tenants' bypasses (default: kill in node mode, report in personal mode)",
         ),
         flag(
             "context-allowance",
             "SIZE",
             "device memory the audit allows each process beyond its quota for its CUDA \
              context, which NVML counts and quotas do not (default 512Mi)",
+        ),
+        flag(
+            "context-memory",
+            "SIZE",
+            "node mode: what each CUDA context is charged to its slice, inside the quota as on a \
+             GPU (default: what the monitor's own context takes on the device)",
         ),
         flag(
             "balloons",
