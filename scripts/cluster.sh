@@ -96,7 +96,9 @@ build_components() {
         github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
         github.com/containerd/containerd/v2/cmd/ctr \
         sigs.k8s.io/cri-tools/cmd/crictl)
-    (cd "$recipes/containerd" && CGO_ENABLED=1 go build "${flags[@]}" -o "$tmp/runc" github.com/opencontainers/runc)
+    # runc with seccomp (libseccomp, cgo): containerd gives every pod sandbox the runtime's
+    # default profile, and a runc without seccomp refuses it ("seccomp not supported").
+    (cd "$recipes/containerd" && CGO_ENABLED=1 go build "${flags[@]}" -tags seccomp -o "$tmp/runc" github.com/opencontainers/runc)
     mkdir -p "$tmp/cni"
     (cd "$recipes/containerd" && go build "${flags[@]}" -o "$tmp/cni/" \
         github.com/containernetworking/plugins/plugins/main/bridge \
@@ -106,6 +108,8 @@ build_components() {
     (cd "$recipes/helm" && go build "${flags[@]}" -o "$tmp/helm" helm.sh/helm/v4/cmd/helm)
     echo "$k8s_version" >"$tmp/VERSION"
     mv "$tmp" "$out"
+    # Binaries of older recipes are of no use (~750 MB each).
+    find "$cache" -maxdepth 1 -name 'bin-*' ! -path "$out" -exec rm -rf {} +
     say "built in $((SECONDS - start)) s into $out"
 }
 
@@ -253,6 +257,9 @@ wait_for() { # SECONDS WHAT CMD...
     done
 }
 
+# One node, one of each: no leader election (a lease renewal that times out on a loaded host
+# would make the scheduler or the controller manager exit, and nothing here restarts them).
+#
 # Feature gates, set explicitly so the cluster is the same whatever a release's defaults:
 # DRAConsumableCapacity: shareable devices with consumable capacity (memory, compute): the
 #   driver's whole placement model; beta and on by default since 1.36, named anyway.
@@ -336,11 +343,11 @@ cmd_up() {
         --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
         --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
         --allocate-node-cidrs --cluster-cidr "$pod_cidr" --service-cluster-ip-range "$service_cidr" \
-        --feature-gates "$gates_common"
+        --leader-elect=false --feature-gates "$gates_common"
     start kube-scheduler "$bin/kube-scheduler" --kubeconfig "$state/scheduler.kubeconfig" \
         --authentication-kubeconfig "$state/scheduler.kubeconfig" \
         --authorization-kubeconfig "$state/scheduler.kubeconfig" \
-        --feature-gates "$gates_common"
+        --leader-elect=false --feature-gates "$gates_common"
 
     # the node
     sed -e "s#@PKI@#$pki#g" -e "s#@GATES@#$(gates_yaml "$gates_kubelet")#" \
