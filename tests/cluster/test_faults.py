@@ -69,6 +69,13 @@ def health_of(cluster, ns, pod):
     return out
 
 
+def allocated_status(cluster, ns, pod):
+    """`kubectl get pod -o jsonpath=...allocatedResourcesStatus` (kubectl describe does not
+    print it in 1.37)."""
+    return cluster.kubectl("get", "pod", pod, "-n", ns, "-o", "jsonpath={.status.containerStatuses"
+                           "[*].allocatedResourcesStatus}").stdout
+
+
 def cluster_sh(cluster, *args):
     subprocess.run(["bash", str(cluster.root / "scripts/cluster.sh"), *args], check=True,
                    timeout=300)
@@ -128,8 +135,8 @@ def test_the_monitor_killed(cluster, ns):
     # Health turns the GPU unhealthy (the plugin's health stream; kubelet -> pod status).
     cluster.wait_until("the device unhealthy in the pod's status",
                        lambda: health_of(cluster, ns, "holder") == ["Unhealthy"], timeout=60)
-    print("kubectl describe while the monitor is down:\n" + "\n".join(
-        ln for ln in cluster.describe("pod", "holder", ns).splitlines() if "ealth" in ln))
+    print("allocatedResourcesStatus while the monitor is down:", allocated_status(cluster, ns,
+                                                                               "holder"))
     # A new claim waits (prepare refused, retried by the kubelet), the old pod keeps its quota.
     cluster.apply([w.claim_template("late-claim", ns, "1Gi", 50),
                    w.pod("late", ns, ["--alloc", "512Mi", "--hold", 600], template="late-claim")])
@@ -211,9 +218,7 @@ def test_a_gpu_that_is_gone_is_tainted_and_unhealthy(cluster, ns):
         assert d["taints"][0]["effect"] == "NoSchedule", d
         cluster.wait_until("GPU 1 unhealthy in the pod's status",
                            lambda: health_of(cluster, ns, "on-one") == ["Unhealthy"], timeout=90)
-        print("kubectl describe pod, the GPU gone:\n" + "\n".join(
-            ln for ln in cluster.describe("pod", "on-one", ns).splitlines()
-            if "ealth" in ln or "claim:" in ln))
+        print("allocatedResourcesStatus, the GPU gone:", allocated_status(cluster, ns, "on-one"))
         # kube-scheduler places no new claim on it: pinned there, a claim waits.
         cluster.apply([w.claim_template("pinned", ns, "1Gi", 50, gpu_index=1),
                        w.pod("wants-one", ns, ["--alloc", "256Mi", "--hold", 600],
