@@ -440,6 +440,36 @@ class Watch:
         self.thread.join(timeout=10)
 
 
+COMPONENTS = ("kube-scheduler", "kube-apiserver", "etcd", "kube-controller-manager")
+
+
+def cpu_seconds():
+    """CPU seconds (user + system) each control-plane process of scripts/cluster.sh has used,
+    from its pid file and /proc; {} when the cluster runs elsewhere."""
+    run = pathlib.Path(os.environ.get("GPUSLICE_CLUSTER_STATE", "/var/lib/gpuslice-cluster")) / "run"
+    out = {}
+    for c in COMPONENTS:
+        try:
+            pid = (run / f"{c}.pid").read_text().strip()
+            fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[c] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def throttled_waits():
+    """How many client-side throttling waits (>= 1 s: the ones logged at the default
+    verbosity) kube-scheduler's log holds; None when it is not readable here."""
+    log_file = pathlib.Path(os.environ.get("GPUSLICE_CLUSTER_STATE", "/var/lib/gpuslice-cluster")
+                            ) / "logs/kube-scheduler.log"
+    try:
+        with open(log_file, errors="replace") as f:
+            return sum(1 for ln in f if "client-side throttling" in ln)
+    except OSError:
+        return None
+
+
 def run_workload(api, args, mode, cls, sizes, slices):
     """Create the pods (and their claims) of one workload, wait for the scheduler to be done
     with them, and measure."""
@@ -483,6 +513,7 @@ def run_workload(api, args, mode, cls, sizes, slices):
         log(f"{mode}: creating {n} ResourceClaims")
         parallel(claim)
     log(f"{mode}: creating {n} pods ({args.claims} claims) with {args.creators} clients")
+    cpu0, waits0 = cpu_seconds(), throttled_waits()
     t0 = time.monotonic()
     parallel(make)
     t_created = time.monotonic()
@@ -507,6 +538,7 @@ def run_workload(api, args, mode, cls, sizes, slices):
             break
         time.sleep(1)
     watch.close()
+    cpu1, waits1 = cpu_seconds(), throttled_waits()
 
     with watch.lock:
         bound = dict(watch.bound)
@@ -522,6 +554,8 @@ def run_workload(api, args, mode, cls, sizes, slices):
         r["steady_per_s"] = (b - a) / (times[b] - times[a]) if times[b] > times[a] else None
         r["latency_p50_s"] = statistics.median(lat)
         r["latency_p99_s"] = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+    r["cpu_s"] = {c: cpu1[c] - cpu0[c] for c in cpu1 if c in cpu0}
+    r["throttled_waits"] = None if waits0 is None or waits1 is None else waits1 - waits0
     reasons = {}
     for p in range(n):
         name = f"p-{p:05d}"
@@ -698,6 +732,13 @@ def report(args, version, results, started, load_start, nodes_lost, renew_errors
                          f"{r['devices_compute_full']}")
         elif r["overcommitted"]:
             lines.append(f"- whole: devices given to more than one claim: {r['overcommitted']}")
+    for r in results:
+        if r["cpu_s"]:
+            per = r["cpu_s"].get("kube-scheduler", 0) / max(r["bound"], 1) * 1000
+            lines.append(f"- {r['mode']}: CPU seconds used while its pods were created and "
+                         f"scheduled: " + ", ".join(f"{c} {v:.1f}" for c, v in r["cpu_s"].items())
+                         + f" (kube-scheduler {per:.0f} ms per pod placed); kube-scheduler's "
+                         f"client-side throttling waits of 1 s or more: {r['throttled_waits']}")
     if nodes_lost or renew_errors:
         lines.append(f"- simulated nodes that lost Ready during the run: {nodes_lost}; "
                      f"lease renewals failed: {renew_errors}")
