@@ -119,7 +119,8 @@ class Api:
         u = urllib.parse.urlparse(cluster["server"])
         self.host, self.port = u.hostname, u.port or 443
         self.ssl = ssl.create_default_context(cafile=path_of(cluster, "certificate-authority"))
-        self.ssl.load_cert_chain(path_of(user, "client-certificate"), path_of(user, "client-key"))
+        self.cert = (path_of(user, "client-certificate"), path_of(user, "client-key"))
+        self.ssl.load_cert_chain(*self.cert)
         self._local = threading.local()
 
     def connect(self, timeout=60):
@@ -458,6 +459,45 @@ def cpu_seconds():
     return out
 
 
+def scheduler_metrics(api, url):
+    """From kube-scheduler's /metrics (its serving certificate is its own, self-signed; the
+    client certificate is the admin's): API requests by verb, the seconds they waited in the
+    client-side rate limiter, and scheduling attempts by result. {} if it does not answer."""
+    u = urllib.parse.urlparse(url)
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.load_cert_chain(*api.cert)
+    try:
+        conn = http.client.HTTPSConnection(u.hostname, u.port or 443, context=ctx, timeout=10)
+        conn.request("GET", u.path or "/metrics")
+        r = conn.getresponse()
+        text = r.read().decode(errors="replace")
+        conn.close()
+        if r.status != 200:
+            return {}
+    except (OSError, http.client.HTTPException):
+        return {}
+    out = {}
+    for ln in text.splitlines():
+        name, _, value = ln.rpartition(" ")
+        for prefix, key in (("rest_client_requests_total{", "requests"),
+                            ("rest_client_rate_limiter_duration_seconds_sum{", "limiter_wait_s"),
+                            ("scheduler_schedule_attempts_total{", "attempts")):
+            if name.startswith(prefix):
+                label = "result" if key == "attempts" else ("method" if key == "requests"
+                                                             else "verb")
+                k = name.split(f'{label}="', 1)[1].split('"', 1)[0] if f'{label}="' in name else "?"
+                d = out.setdefault(key, {})
+                d[k] = d.get(k, 0) + float(value)
+    return out
+
+
+def delta(after, before):
+    return {k: {kk: v - before.get(k, {}).get(kk, 0) for kk, v in d.items()}
+            for k, d in after.items()}
+
+
 def throttled_waits():
     """How many client-side throttling waits (>= 1 s: the ones logged at the default
     verbosity) kube-scheduler's log holds; None when it is not readable here."""
@@ -514,6 +554,7 @@ def run_workload(api, args, mode, cls, sizes, slices):
         parallel(claim)
     log(f"{mode}: creating {n} pods ({args.claims} claims) with {args.creators} clients")
     cpu0, waits0 = cpu_seconds(), throttled_waits()
+    m0 = scheduler_metrics(api, args.scheduler_metrics)
     t0 = time.monotonic()
     parallel(make)
     t_created = time.monotonic()
@@ -539,6 +580,7 @@ def run_workload(api, args, mode, cls, sizes, slices):
         time.sleep(1)
     watch.close()
     cpu1, waits1 = cpu_seconds(), throttled_waits()
+    m1 = scheduler_metrics(api, args.scheduler_metrics)
 
     with watch.lock:
         bound = dict(watch.bound)
@@ -555,6 +597,7 @@ def run_workload(api, args, mode, cls, sizes, slices):
         r["latency_p50_s"] = statistics.median(lat)
         r["latency_p99_s"] = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
     r["cpu_s"] = {c: cpu1[c] - cpu0[c] for c in cpu1 if c in cpu0}
+    r["scheduler"] = delta(m1, m0) if m0 and m1 else {}
     r["throttled_waits"] = None if waits0 is None or waits1 is None else waits1 - waits0
     reasons = {}
     for p in range(n):
@@ -739,6 +782,19 @@ def report(args, version, results, started, load_start, nodes_lost, renew_errors
                          f"scheduled: " + ", ".join(f"{c} {v:.1f}" for c, v in r["cpu_s"].items())
                          + f" (kube-scheduler {per:.0f} ms per pod placed); kube-scheduler's "
                          f"client-side throttling waits of 1 s or more: {r['throttled_waits']}")
+    for r in results:
+        m = r["scheduler"]
+        if m:
+            reqs = sum(m.get("requests", {}).values())
+            wait = sum(m.get("limiter_wait_s", {}).values())
+            att = m.get("attempts", {})
+            lines.append(
+                f"- {r['mode']}: kube-scheduler made {reqs:.0f} API requests "
+                f"({reqs / max(r['bound'], 1):.1f} per pod placed: "
+                + ", ".join(f"{k} {v:.0f}" for k, v in sorted(m.get("requests", {}).items()))
+                + f"), waiting {wait / max(reqs, 1):.2f} s each on average in its client-side "
+                f"rate limiter; scheduling attempts: "
+                + ", ".join(f"{k} {v:.0f}" for k, v in sorted(att.items())))
     if nodes_lost or renew_errors:
         lines.append(f"- simulated nodes that lost Ready during the run: {nodes_lost}; "
                      f"lease renewals failed: {renew_errors}")
@@ -786,6 +842,9 @@ def main():
     ap.add_argument("--fakegpu", type=pathlib.Path,
                     default=pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
                     / "release/libfakegpu.so")
+    ap.add_argument("--scheduler-metrics", default="https://127.0.0.1:10259/metrics",
+                    help="kube-scheduler's metrics, read before and after each workload "
+                         "(default https://127.0.0.1:10259/metrics)")
     ap.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
     ap.add_argument("--cleanup", action="store_true",
                     help="only remove what an earlier run left (everything labelled "
