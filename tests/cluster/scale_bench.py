@@ -177,6 +177,40 @@ class Api:
         return self.get(path + q)
 
 
+class RateLimit:
+    """At most `qps` requests a second across the threads that share it (a token bucket of
+    one second's worth): the benchmark must not starve the control plane it measures (an API
+    server that answers kube-scheduler's leader-lease renewal after its 5 s timeout makes the
+    scheduler exit)."""
+
+    def __init__(self, qps):
+        self.qps = qps
+        self.lock = threading.Lock()
+        self.next = time.monotonic()
+
+    def wait(self):
+        if self.qps <= 0:
+            return
+        with self.lock:
+            now = time.monotonic()
+            self.next = max(self.next, now - 1.0) + 1.0 / self.qps
+            delay = self.next - now
+        if delay > 0:
+            time.sleep(delay)
+
+
+def scheduler_alive(api, max_age=30):
+    """Whether kube-scheduler renewed its leader lease in the last `max_age` seconds (a
+    scheduler that lost it exits, and nothing is placed until one is started again)."""
+    lease = api.get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kube-scheduler",
+                    ok=(404,))
+    if not lease or not lease["spec"].get("renewTime"):
+        return None  # leader election off, or another name: cannot tell
+    t = datetime.datetime.strptime(lease["spec"]["renewTime"][:19], "%Y-%m-%dT%H:%M:%S")
+    age = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None) - t
+    return age.total_seconds() < max_age
+
+
 def now_micro():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -543,16 +577,23 @@ def run_workload(api, args, mode, cls, sizes, slices):
         created[i] = time.monotonic()
         api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", pod_obj(i, ref))
 
+    limit = RateLimit(args.qps)
+
     def parallel(f):
+        def limited(i):
+            limit.wait()
+            f(i)
+
         with concurrent.futures.ThreadPoolExecutor(args.creators) as ex:
-            for fut in concurrent.futures.as_completed([ex.submit(f, i) for i in range(n)]):
+            for fut in concurrent.futures.as_completed([ex.submit(limited, i) for i in range(n)]):
                 fut.result()
 
     if args.claims == "direct":
         # The claims first, untimed: the pods' creation is what the scheduler sees arrive.
         log(f"{mode}: creating {n} ResourceClaims")
         parallel(claim)
-    log(f"{mode}: creating {n} pods ({args.claims} claims) with {args.creators} clients")
+    log(f"{mode}: creating {n} pods ({args.claims} claims) with {args.creators} clients, "
+        f"at most {args.qps:g} /s")
     cpu0, waits0 = cpu_seconds(), throttled_waits()
     m0 = scheduler_metrics(api, args.scheduler_metrics)
     t0 = time.monotonic()
@@ -563,6 +604,7 @@ def run_workload(api, args, mode, cls, sizes, slices):
     # Done when every pod is bound, or when nothing was bound for --settle seconds and the
     # scheduler has marked every other pod unschedulable.
     last_change, last_bound = time.monotonic(), -1
+    last_alive = time.monotonic()
     end = t0 + args.timeout
     while True:
         bound, pending = watch.counts()
@@ -572,6 +614,14 @@ def run_workload(api, args, mode, cls, sizes, slices):
             log(f"{mode}: {bound} bound, {pending} unschedulable, {now - t0:.0f} s")
         if bound == n:
             break
+        if now - last_alive >= 10:
+            last_alive = now
+            if scheduler_alive(api) is False:
+                watch.close()
+                raise SystemExit("scale_bench: kube-scheduler has not renewed its leader lease "
+                                 "(kube-system/kube-scheduler) for 30 s: it is gone (a "
+                                 "scheduler that loses its lease exits; see its log); "
+                                 f"{bound} of {n} pods were bound")
         if bound + pending >= n and now - last_change >= args.settle:
             break
         if now > end:
@@ -831,7 +881,12 @@ def main():
                          "claimed with (default gpuslice.dev, the chart's; another name keeps "
                          "the run apart from the real node's driver, e.g. while the cluster "
                          "tests run)")
-    ap.add_argument("--creators", type=int, default=8, help="parallel clients creating pods")
+    ap.add_argument("--creators", type=int, default=4, help="parallel clients creating pods")
+    ap.add_argument("--qps", type=float, default=40,
+                    help="claims and pods created per second at most, all clients together "
+                         "(default 40; 0: no limit). On a small control plane an unlimited "
+                         "burst delays kube-scheduler's lease renewal past its timeout, and "
+                         "the scheduler exits")
     ap.add_argument("--settle", type=float, default=20,
                     help="seconds without a binding after which the rest is taken as unschedulable")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per workload at most")
@@ -909,6 +964,9 @@ def main():
             time.sleep(0.5)
         sizes = workload(args)
         for mode in workloads:
+            if scheduler_alive(api) is False:
+                raise SystemExit("scale_bench: kube-scheduler has not renewed its leader lease "
+                                 "(kube-system/kube-scheduler) for 30 s: is it running?")
             driver = args.driver if mode == "shared" else f"whole.{args.driver}"
             cls = ensure_class(api, driver, driver, made_classes)
             log(f"{mode}: DeviceClass {cls}; publishing {args.nodes} ResourceSlices of driver "
