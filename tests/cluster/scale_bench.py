@@ -58,6 +58,8 @@ SIM = "gpuslice.dev/sim"
 NAMESPACE = "gpuslice-scale"
 RESOURCE = "/apis/resource.k8s.io/v1"
 GI = 1 << 30
+# scripts/cluster.sh's state: the components' pid files and logs (read only).
+STATE = pathlib.Path(os.environ.get("GPUSLICE_CLUSTER_STATE", "/var/lib/gpuslice-cluster"))
 
 
 def log(msg):
@@ -481,7 +483,7 @@ COMPONENTS = ("kube-scheduler", "kube-apiserver", "etcd", "kube-controller-manag
 def cpu_seconds():
     """CPU seconds (user + system) each control-plane process of scripts/cluster.sh has used,
     from its pid file and /proc; {} when the cluster runs elsewhere."""
-    run = pathlib.Path(os.environ.get("GPUSLICE_CLUSTER_STATE", "/var/lib/gpuslice-cluster")) / "run"
+    run = STATE / "run"
     out = {}
     for c in COMPONENTS:
         try:
@@ -535,8 +537,7 @@ def delta(after, before):
 def throttled_waits():
     """How many client-side throttling waits (>= 1 s: the ones logged at the default
     verbosity) kube-scheduler's log holds; None when it is not readable here."""
-    log_file = pathlib.Path(os.environ.get("GPUSLICE_CLUSTER_STATE", "/var/lib/gpuslice-cluster")
-                            ) / "logs/kube-scheduler.log"
+    log_file = STATE / "logs/kube-scheduler.log"
     try:
         with open(log_file, errors="replace") as f:
             return sum(1 for ln in f if "client-side throttling" in ln)
@@ -791,7 +792,7 @@ def report(args, version, results, started, load_start, nodes_lost, renew_errors
         f"{' '.join(f'{x:.1f}' for x in load)} at the end |",
         f"| Kubernetes | {version} (the cluster's kube-apiserver, kube-scheduler, "
         f"kube-controller-manager) |",
-        f"| command | `{' '.join(shlex.quote(a) for a in ['python3', 'tests/cluster/scale_bench.py'] + sys.argv[1:])}` |",
+        f"| command | `{shlex.join(['python3', 'tests/cluster/scale_bench.py'] + sys.argv[1:])}` |",
         f"| simulated | {args.nodes} nodes × {args.gpus} GPUs of {args.gpu_memory}; {args.pods} "
         f"pods, one {args.claims} claim each; memory uniform {args.memory[0]}–{args.memory[1]} "
         f"Gi, compute uniform {args.compute[0]}–{args.compute[1]} (steps of 100), seed "
