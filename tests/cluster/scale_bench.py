@@ -762,10 +762,12 @@ def cleanup(api, created_classes=()):
 
 def ensure_class(api, name, driver, made):
     """The DeviceClass `name` (the chart's gpuslice.dev when installed); made here if it is
-    missing, as deploy/deviceclass.yaml defines it, and removed at the end."""
+    missing, as the chart's rendering (deploy/gpuslice.yaml) defines it, and removed at the
+    end."""
     if api.get(f"{RESOURCE}/deviceclasses/{name}", ok=(404,)):
         return f"{name} (existing)"
-    obj = yaml.safe_load((ROOT / "deploy/deviceclass.yaml").read_text())
+    obj = next(o for o in yaml.safe_load_all((ROOT / "deploy/gpuslice.yaml").read_text())
+               if o and o.get("kind") == "DeviceClass")
     obj["metadata"] = {"name": name, "labels": {LABEL: "true"}}
     obj["spec"]["selectors"] = [{"cel": {"expression": f'device.driver == "{driver}"'}}]
     api.create(f"{RESOURCE}/deviceclasses", obj)
