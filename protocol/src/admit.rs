@@ -1,16 +1,14 @@
-//! The admission boundary, typed: what a process asks for at `cuInit` ([`AdmitRequest`]), what
-//! it is given ([`AdmitReply`]) and why not ([`Refusal`], with the CUDA status the shim returns
-//! as data). One codec for both ends: the shim encodes requests and decodes replies with it,
-//! the monitor decodes requests and encodes replies with it, so the two cannot drift apart.
+//! The admission boundary: what a process asks for at `cuInit` ([`AdmitRequest`]) and what it
+//! is given ([`AdmitReply`]); why not is a [`crate::Refusal`], whose reason gives the CUDA
+//! status the shim returns.
 //!
 //! On the wire (one [`Message`]): `op=admit`, `slice=<name or empty>`, optional `secret=` and
 //! `priority=<class>`, then one `dev=` per device: `uuid\tmemory|-\tshare\tcap\tmemory
 //! setting\tcompute setting`. A reply is `ok=admit`, `slot=<n>`, one `dev=` per device in the
 //! order asked (`uuid\tdevice\tslice\tlimit|-\tpool|-`, each with one region descriptor) and
-//! `warn=` lines; a refusal is `err=<one line>` and `code=<CUresult>`.
+//! `warn=` lines.
 
-use crate::Message;
-use gpuslice_abi::{CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OPERATING_SYSTEM};
+use crate::wire::{opt_num, BadMessage, Message};
 use gpuslice_quantity::PPM;
 
 /// What a process asks for on one device.
@@ -70,98 +68,12 @@ pub struct AdmitReply {
     pub warnings: Vec<String>,
 }
 
-/// Why a process is not admitted, and the CUDA status its `cuInit` returns for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    /// `CUDA_ERROR_INVALID_VALUE` for what the process asked (it does not fit, a limit);
-    /// `CUDA_ERROR_OPERATING_SYSTEM` for anything else.
-    pub code: CUresult,
-    /// One line for the user.
-    pub message: String,
-}
-
-impl Refusal {
-    /// A refusal of what was asked (`CUDA_ERROR_INVALID_VALUE`).
-    pub fn asked(message: impl Into<String>) -> Refusal {
-        Refusal {
-            code: CUDA_ERROR_INVALID_VALUE,
-            message: message.into(),
-        }
-    }
-
-    /// A refusal for any other reason (`CUDA_ERROR_OPERATING_SYSTEM`).
-    pub fn other(message: impl Into<String>) -> Refusal {
-        Refusal {
-            code: CUDA_ERROR_OPERATING_SYSTEM,
-            message: message.into(),
-        }
-    }
-
-    /// As a reply.
-    pub fn encode(&self) -> Message {
-        let mut m = Message::new("err", &self.message);
-        m.push("code", &self.code.to_string());
-        m
-    }
-
-    /// The refusal a reply carries, if it is one (a reply without a code is an operating-system
-    /// refusal: an operator request's, which carry none).
-    pub fn decode(reply: &Message) -> Option<Refusal> {
-        let message = reply.get("err")?.to_string();
-        let code = reply
-            .get("code")
-            .and_then(|c| c.parse().ok())
-            .filter(|&c| c == CUDA_ERROR_INVALID_VALUE)
-            .unwrap_or(CUDA_ERROR_OPERATING_SYSTEM);
-        Some(Refusal { code, message })
-    }
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
 /// Longest setting name carried (a variable or a flag); longer ones are cut.
 const MAX_SETTING: usize = 64;
 
-fn opt_num(v: Option<u64>) -> String {
-    v.map_or("-".into(), |n| n.to_string())
-}
-
-/// What is wrong with an admission request or reply on the wire; each side words it (the
-/// monitor's refusal says `bad request: …`, the shim's `the node's monitor answered something
-/// unexpected (…)`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BadMessage {
-    /// A field is missing or not a number.
-    Field(&'static str),
-    /// A `dev` line without its tab-separated fields (how many it needs).
-    DevLine(usize),
-    /// A share or cap past [`PPM`], or a quota of 0.
-    OutOfRange,
-    /// A device named twice.
-    Twice(String),
-}
-
-impl std::fmt::Display for BadMessage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BadMessage::Field(name) => write!(f, "{name}"),
-            BadMessage::DevLine(n) => write!(f, "a dev line needs {n} fields"),
-            BadMessage::OutOfRange => write!(f, "share, cap or memory out of range"),
-            BadMessage::Twice(uuid) => write!(f, "device {uuid:?} named twice"),
-        }
-    }
-}
-
-impl std::error::Error for BadMessage {}
-
 impl AdmitRequest {
-    /// As a request message.
-    pub fn encode(&self) -> Message {
-        let mut m = Message::new("op", "admit");
+    /// Its fields, after `op=admit`.
+    pub(crate) fn encode_into(&self, m: &mut Message) {
         m.push("slice", self.slice.as_deref().unwrap_or(""));
         if let Some(s) = &self.secret {
             m.push("secret", s);
@@ -183,15 +95,17 @@ impl AdmitRequest {
                 ),
             );
         }
-        m
     }
 
     /// The request `m` carries (`op=admit` already matched), every field checked: a share or
     /// cap past [`PPM`], a quota of 0, a device named twice or a malformed line is refused with
     /// the reason. Names are the caller's to check against its rules.
-    pub fn decode(m: &Message) -> Result<AdmitRequest, BadMessage> {
+    pub(crate) fn decode(m: &Message) -> Result<AdmitRequest, BadMessage> {
         let mut devices: Vec<DeviceRequest> = vec![];
         for line in m.all("dev") {
+            if devices.len() == crate::MAX_REQUEST_DEVICES {
+                return Err(BadMessage::TooManyDevices);
+            }
             let f: Vec<&str> = line.split('\t').collect();
             let [uuid, memory, share, cap, mem_setting, cpu_setting] = f[..] else {
                 return Err(BadMessage::DevLine(6));
@@ -220,7 +134,7 @@ impl AdmitRequest {
         Ok(AdmitRequest {
             slice: m.get("slice").filter(|n| !n.is_empty()).map(String::from),
             secret: m.get("secret").map(String::from),
-            priority: m.get("priority").and_then(|v| v.parse().ok()),
+            priority: m.optional("priority")?,
             devices,
         })
     }
@@ -228,7 +142,7 @@ impl AdmitRequest {
 
 impl AdmitReply {
     /// As a reply message (the region descriptors travel beside it, one per device).
-    pub fn encode(&self) -> Message {
+    pub(crate) fn encode(&self) -> Message {
         let mut m = Message::new("ok", "admit");
         m.push("slot", &self.slot.to_string());
         for d in &self.devices {
@@ -250,12 +164,9 @@ impl AdmitReply {
         m
     }
 
-    /// The reply to an admission: `Ok(Err(refusal))` when the monitor refused, `Err(what)` when
-    /// the reply is malformed. Index bounds are the caller's to check against its tables.
-    pub fn decode(m: &Message) -> Result<Result<AdmitReply, Refusal>, BadMessage> {
-        if let Some(r) = Refusal::decode(m) {
-            return Ok(Err(r));
-        }
+    /// The reply to an admission (not a refusal), every field checked but index bounds, which
+    /// are the caller's to check against its tables.
+    pub(crate) fn decode(m: &Message) -> Result<AdmitReply, BadMessage> {
         let slot = m
             .get("slot")
             .and_then(|v| v.parse().ok())
@@ -281,17 +192,18 @@ impl AdmitReply {
                 allowance: opt(allowance, "allowance")?.map(|p| p as usize),
             });
         }
-        Ok(Ok(AdmitReply {
+        Ok(AdmitReply {
             slot,
             devices,
             warnings: m.all("warn").map(String::from).collect(),
-        }))
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Op, Refusal, Reply, Request};
 
     fn request() -> AdmitRequest {
         AdmitRequest {
@@ -321,11 +233,10 @@ mod tests {
 
     #[test]
     fn a_request_survives_the_wire() {
-        let r = request();
-        let m = Message::decode(&r.encode().encode()).unwrap();
-        assert_eq!(AdmitRequest::decode(&m).unwrap(), r);
-        let private = AdmitRequest::default();
-        assert_eq!(AdmitRequest::decode(&private.encode()).unwrap(), private);
+        for r in [request(), AdmitRequest::default()] {
+            let m = Message::decode(&Request::from(r.clone()).encode().encode()).unwrap();
+            assert_eq!(Request::decode(&m), Ok(Request::Admit(r)));
+        }
     }
 
     #[test]
@@ -343,11 +254,23 @@ mod tests {
             let e = AdmitRequest::decode(&m).unwrap_err().to_string();
             assert!(e.contains(why), "{line:?}: {e}");
         }
-        let mut m = request().encode();
+        let mut m = Request::from(request()).encode();
         m.push("dev", "GPU-1\t-\t0\t1000000\tM\tC");
         assert_eq!(
             AdmitRequest::decode(&m).unwrap_err(),
             BadMessage::Twice("GPU-1".into())
+        );
+    }
+
+    #[test]
+    fn too_many_devices_are_refused() {
+        let mut m = Message::new("op", "admit");
+        for i in 0..=crate::MAX_REQUEST_DEVICES {
+            m.push("dev", &format!("GPU-{i}\t-\t0\t1000000\tM\tC"));
+        }
+        assert_eq!(
+            AdmitRequest::decode(&m).unwrap_err(),
+            BadMessage::TooManyDevices
         );
     }
 
@@ -374,19 +297,14 @@ mod tests {
             warnings: vec!["the slice keeps its own values".into()],
         };
         let m = Message::decode(&reply.encode().encode()).unwrap();
-        assert_eq!(AdmitReply::decode(&m).unwrap(), Ok(reply));
+        assert_eq!(Reply::decode(Op::Admit, &m), Ok(Ok(Reply::Admitted(reply))));
         for refusal in [
             Refusal::asked("admission: slice refused: no room"),
             Refusal::other("cannot read /proc/1"),
         ] {
             let m = Message::decode(&refusal.encode().encode()).unwrap();
-            assert_eq!(AdmitReply::decode(&m).unwrap(), Err(refusal));
+            assert_eq!(Reply::decode(Op::Admit, &m), Ok(Err(refusal)));
         }
-        // An operator request's refusal carries no code: never taken for the process's fault.
-        assert_eq!(
-            Refusal::decode(&Message::new("err", "no")).unwrap().code,
-            CUDA_ERROR_OPERATING_SYSTEM
-        );
         let mut bad = Message::new("ok", "admit");
         bad.push("slot", "1").push("dev", "GPU-1\t0\t0\t-");
         assert_eq!(

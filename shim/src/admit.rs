@@ -9,7 +9,9 @@ use crate::log::log;
 pub use crate::process::DevState;
 use gpuslice_ledger::region::Region;
 use gpuslice_ledger::{Account, Ledger, LedgerError, ProcHandle, SliceRequest};
-use gpuslice_protocol::{self as protocol, AdmitReply, AdmitRequest, DeviceRequest, Refusal};
+use gpuslice_protocol::{
+    self as protocol, AdmitReply, AdmitRequest, DeviceRequest, ProtocolError, Refusal,
+};
 use std::time::Duration;
 
 /// A device found at start-up: ordinal, UUID, name, memory.
@@ -136,10 +138,16 @@ impl Admission for Node {
     fn admit(&self, req: &AdmitRequest, found: Vec<Found>) -> Result<Admitted, Refusal> {
         let ledger = self.0;
         let sock = ledger.dir().path().join(protocol::SOCKET_FILE);
+        let bad = |what: &str| {
+            Refusal::other(format!(
+                "the node's monitor answered something unexpected ({what})"
+            ))
+        };
         let t0 = std::time::Instant::now();
-        let (reply, fds) = loop {
-            match protocol::call(ledger.dir().fd(), &req.encode(), Duration::from_secs(10)) {
+        let (answer, fds) = loop {
+            match protocol::exchange(ledger.dir().fd(), req.clone(), &[], Duration::from_secs(10)) {
                 Ok(r) => break r,
+                Err(ProtocolError::Unexpected(what)) => return Err(bad(&what.to_string())),
                 Err(_) if t0.elapsed() < MONITOR_WAIT => {
                     std::thread::sleep(Duration::from_millis(100))
                 }
@@ -153,17 +161,10 @@ impl Admission for Node {
                 }
             }
         };
-        let bad = |what: &str| {
-            Refusal::other(format!(
-                "the node's monitor answered something unexpected ({what})"
-            ))
-        };
-        let reply: AdmitReply = AdmitReply::decode(&reply)
-            .map_err(|what| bad(&what.to_string()))?
-            .map_err(|r| Refusal {
-                code: r.code,
-                message: format!("the node's monitor refused: {}", r.message),
-            })?;
+        let reply: AdmitReply = answer.map_err(|r| Refusal {
+            why: r.why,
+            message: format!("the node's monitor refused: {}", r.message),
+        })?;
         if reply.slot >= gpuslice_ledger::MAX_PROCS {
             return Err(bad("slot"));
         }

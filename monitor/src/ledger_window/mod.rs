@@ -14,7 +14,7 @@ use crate::admission::RegionTable;
 use crate::cli::Failure;
 use crate::nvml::Gpu;
 use gpuslice_ledger::{Ledger, LedgerError};
-use gpuslice_protocol::{self as protocol, Message};
+use gpuslice_protocol::{self as protocol, Call, Done};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -78,14 +78,16 @@ impl LedgerWindow {
         self.ledger.is_node() && !self.ledger.writable()
     }
 
-    /// One operator request to the node's monitor; its `ok` value, or its refusal as an error.
-    fn ask_monitor(&self, m: &Message) -> Result<String, Failure> {
+    /// One operator request to the node's monitor: on how many slice records it acted, or its
+    /// refusal as an error.
+    fn ask_monitor<C: Call<Reply = Done>>(&self, req: C) -> Result<usize, Failure> {
         protocol::ask(
             self.ledger.dir().fd(),
-            m,
+            req,
             std::time::Duration::from_secs(10),
         )
         .map_err(|e| Failure::Other(format!("{e} (is the node's monitor running?)")))?
+        .map(|d| d.records)
         .map_err(|e| Failure::Other(e.message))
     }
 

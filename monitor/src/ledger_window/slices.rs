@@ -7,7 +7,7 @@ use crate::cli::Failure;
 use crate::view::SliceView;
 use gpuslice_ledger::secret::Secret;
 use gpuslice_ledger::{OperatorSlice, PPM};
-use gpuslice_protocol::Message;
+use gpuslice_protocol::{SliceCreate, SliceRemove, SliceSet};
 use gpuslice_quantity::Size;
 
 /// What `slice create` asks for, parsed but not yet resolved against a device.
@@ -135,19 +135,16 @@ impl LedgerWindow {
         secret: Option<&Secret>,
     ) -> Result<(), Failure> {
         if self.via_monitor() {
-            let mut m = Message::new("op", "slice-create");
-            m.push("name", &req.name)
-                .push("device", uuid)
-                .push("memory", &memory.to_string())
-                .push("share", &req.compute_ppm.to_string())
-                .push("cap", &req.cap_ppm.unwrap_or(PPM).to_string());
-            if let Some(u) = req.owner {
-                m.push("owner", &u.to_string());
-            }
-            if let Some(s) = secret {
-                m.push("secret", s.expose());
-            }
-            self.ask_monitor(&m)?;
+            self.ask_monitor(SliceCreate {
+                name: req.name.clone(),
+                device: uuid.to_string(),
+                memory,
+                share_ppm: req.compute_ppm,
+                cap_ppm: req.cap_ppm.unwrap_or(PPM),
+                owner: req.owner,
+                claim: None,
+                secret: secret.map(|s| s.expose().to_string()),
+            })?;
         } else {
             self.ledger.create_operator_slice_with_secret(
                 &OperatorSlice {
@@ -175,22 +172,13 @@ impl LedgerWindow {
         change: &gpuslice_ledger::SliceChange,
     ) -> Result<usize, Failure> {
         if self.via_monitor() {
-            let mut m = Message::new("op", "slice-set");
-            m.push("name", name);
-            if let Some(v) = change.memory {
-                m.push("memory", &v.to_string());
-            }
-            if let Some(v) = change.compute_share_ppm {
-                m.push("share", &v.to_string());
-            }
-            if let Some(v) = change.compute_cap_ppm {
-                m.push("cap", &v.to_string());
-            }
-            if let Some(v) = change.class {
-                m.push("class", &v.to_string());
-            }
-            let r = self.ask_monitor(&m)?;
-            return Ok(r.parse().unwrap_or(0));
+            return self.ask_monitor(SliceSet {
+                name: name.to_string(),
+                memory: change.memory,
+                share_ppm: change.compute_share_ppm,
+                cap_ppm: change.compute_cap_ppm,
+                class: change.class,
+            });
         }
         Ok(self.ledger.set_slice(name, change)?)
     }
@@ -199,8 +187,9 @@ impl LedgerWindow {
     /// processes attached goes with its last process).
     pub fn remove_slice(&self, name: &str) -> Result<usize, Failure> {
         if self.via_monitor() {
-            let r = self.ask_monitor(&Message::new("op", "slice-rm").push("name", name).clone())?;
-            return Ok(r.parse().unwrap_or(0));
+            return self.ask_monitor(SliceRemove {
+                name: name.to_string(),
+            });
         }
         Ok(self.ledger.remove_slice(name)?)
     }

@@ -60,26 +60,29 @@ pub fn serve_child(modes: &[ChildMode]) {
 /// What a child mode asks the node's monitor to admit it with, as the shim asks it: device 0
 /// of the node in `dir`, with the memory quota `memory` (`None`: best effort) and the compute
 /// share `share_ppm`, into slice `slice` (`None`: its user's best-effort slice). The socket's
-/// directory, to send it through (`gpuslice_protocol::call`).
+/// directory, to send it through (`gpuslice_protocol::exchange`).
 pub fn admit_request(
     dir: &Path,
     slice: Option<&str>,
     memory: Option<u64>,
     share_ppm: u32,
-) -> (gpuslice_ledger::RuntimeDir, gpuslice_protocol::Message) {
+) -> (gpuslice_ledger::RuntimeDir, gpuslice_protocol::AdmitRequest) {
     let d = gpuslice_ledger::RuntimeDir::open(dir).unwrap();
     let l = gpuslice_ledger::Ledger::open(dir).unwrap();
     let uuid = l.snapshot().devices[0].uuid.clone();
-    let memory = memory.map_or("-".to_string(), |m| m.to_string());
-    let mut m = gpuslice_protocol::Message::new("op", "admit");
-    if let Some(slice) = slice {
-        m.push("slice", slice);
-    }
-    m.push(
-        "dev",
-        &format!("{uuid}\t{memory}\t{share_ppm}\t1000000\tX\tY"),
-    );
-    (d, m)
+    let req = gpuslice_protocol::AdmitRequest {
+        slice: slice.map(String::from),
+        devices: vec![gpuslice_protocol::DeviceRequest {
+            uuid,
+            memory,
+            compute_share_ppm: share_ppm,
+            compute_cap_ppm: gpuslice_ledger::PPM,
+            memory_setting: "X".into(),
+            compute_setting: "Y".into(),
+        }],
+        ..Default::default()
+    };
+    (d, req)
 }
 
 /// Admitted by the node's monitor with [`admit_request`] (the test fails if it is refused): the
@@ -90,9 +93,10 @@ pub fn admitted_region(
     memory: Option<u64>,
     share_ppm: u32,
 ) -> gpuslice_ledger::region::Region {
-    let (d, m) = admit_request(dir, slice, memory, share_ppm);
-    let (r, fds) = gpuslice_protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
-    assert!(r.get("err").is_none(), "{r:?}");
+    let (d, req) = admit_request(dir, slice, memory, share_ppm);
+    let (answer, fds) =
+        gpuslice_protocol::exchange(d.fd(), req, &[], Duration::from_secs(10)).unwrap();
+    assert!(answer.is_ok(), "{answer:?}");
     gpuslice_ledger::region::Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap()
 }
 
