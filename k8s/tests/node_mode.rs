@@ -95,7 +95,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
     };
     let sa = slice_of(&policy, &a).expect("the claim's slice in the policy");
     assert_eq!(
-        (sa.memory_limit, sa.compute_share_ppm, sa.claim.as_deref()),
+        (sa.memory_limit, sa.compute_share.ppm(), sa.claim.as_deref()),
         (Some(4 * GI), 250_000, Some("team-a/a"))
     );
     assert!(sa.operator_defined);

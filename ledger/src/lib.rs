@@ -68,7 +68,7 @@ pub use account::Account;
 pub use dir::{runtime_dir_from_env, RuntimeDir, DEFAULT_RUNTIME_DIR};
 pub use error::{human_bytes, FitError, LedgerError};
 pub use file::{is_running, live_start_time_of, own_start_time, start_time_of, LOCK_TIMEOUT};
-pub use layout::{MAX_DEVICES, MAX_PROCS, MAX_SLICES, PPM};
+pub use layout::{Cap, Share, MAX_DEVICES, MAX_PROCS, MAX_SLICES, PPM};
 pub use ledger::{
     Import, Joined, Ledger, LetGo, LockGuard, OperatorSlice, ProcHandle, ShareKey, SliceRequest,
 };

@@ -5,7 +5,7 @@
 use core::sync::atomic::{AtomicU32, Ordering::*};
 
 use crate::layout::{Device, Proc, Slice, STATE_ACTIVE};
-use gpuslice_sched::{on_process_dead, SchedSlice, Tenants, SYSTEM};
+use gpuslice_sched::{on_process_dead, Tenant, Tenants, SYSTEM};
 
 /// The ledger's slices on one device.
 pub struct LedgerTenants<'a> {
@@ -19,7 +19,7 @@ pub struct LedgerTenants<'a> {
 }
 
 impl Tenants for LedgerTenants<'_> {
-    fn each(&self, f: &mut dyn FnMut(u32, &SchedSlice, u32, u32)) {
+    fn each(&self, f: &mut dyn FnMut(Tenant<'_>)) {
         // 0: a file made before the mark existed, or no slice yet: look at every record.
         let hwm = match self.hwm.load(Acquire) as usize {
             0 => self.slices.len(),
@@ -27,22 +27,24 @@ impl Tenants for LedgerTenants<'_> {
         };
         for (i, s) in self.slices[..hwm].iter().enumerate() {
             if s.state.load(Acquire) == STATE_ACTIVE && s.device.load(Relaxed) == self.device {
-                let share = s.compute_share_ppm.load(Relaxed);
-                let cap = s.compute_cap_ppm.load(Relaxed);
-                f(i as u32 + 1, &s.sched, share, cap);
+                f(Tenant {
+                    id: i as u32 + 1,
+                    sched: &s.sched,
+                    share: s.share(),
+                    cap: s.cap(),
+                });
             }
         }
     }
 
-    fn get(&self, id: u32) -> Option<(&SchedSlice, u32, u32)> {
+    fn get(&self, id: u32) -> Option<Tenant<'_>> {
         let s = self.slices.get(id.checked_sub(1)? as usize)?;
         (s.state.load(Acquire) == STATE_ACTIVE && s.device.load(Relaxed) == self.device).then(
-            || {
-                (
-                    &s.sched,
-                    s.compute_share_ppm.load(Relaxed),
-                    s.compute_cap_ppm.load(Relaxed),
-                )
+            || Tenant {
+                id,
+                sched: &s.sched,
+                share: s.share(),
+                cap: s.cap(),
             },
         )
     }

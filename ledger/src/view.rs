@@ -165,10 +165,10 @@ pub struct SliceView {
     /// Node mode: bytes of its unused reservation the monitor's balloons hold (≤ the quota; 0
     /// for best effort): free to its processes, though not to the driver.
     pub balloon_held: u64,
-    /// Guaranteed compute share, ppm (≤ [`PPM`]).
-    pub compute_share_ppm: u32,
-    /// Compute cap, ppm (≤ [`PPM`]; [`PPM`]: none).
-    pub compute_cap_ppm: u32,
+    /// Guaranteed compute share.
+    pub compute_share: Share,
+    /// Compute cap.
+    pub compute_cap: Cap,
     /// Fraction of the device's time the slice used over the scheduler's window (0..=1).
     pub compute_used: f64,
     /// Created by an operator.
@@ -278,8 +278,8 @@ impl<'a> View<'a> {
             memory_limit,
             memory_used: memory_limit.map_or(0, |l| s.memory_used.0.load(Relaxed).min(l)),
             balloon_held: memory_limit.map_or(0, |l| s.balloon_held.load(Relaxed).min(l)),
-            compute_share_ppm: s.compute_share_ppm.load(Relaxed).min(PPM),
-            compute_cap_ppm: s.compute_cap_ppm.load(Relaxed).min(PPM),
+            compute_share: s.share(),
+            compute_cap: s.cap(),
             compute_used: gpuslice_sched::slice_stats(
                 &self.devices[device].sched,
                 &s.sched,
@@ -548,8 +548,8 @@ mod tests {
             name: "op".into(),
             device: UUID.into(),
             memory: 2 << 30,
-            compute_share_ppm: 250_000,
-            compute_cap_ppm: PPM,
+            compute_share: Share::from_ppm(250_000),
+            compute_cap: Cap::NONE,
             claim: None,
         })
         .unwrap();
@@ -572,7 +572,7 @@ mod tests {
             let s = v.slice(si).unwrap();
             assert_eq!(s.memory_limit, Some(2 << 30));
             assert_eq!(s.memory_used, 300 << 20);
-            assert_eq!(s.compute_share_ppm, 250_000);
+            assert_eq!(s.compute_share.ppm(), 250_000);
             assert!(s.operator_defined && !s.private);
             let members: Vec<usize> = v.members(si).collect();
             assert_eq!(members, vec![me.slot]);
@@ -630,7 +630,7 @@ mod tests {
         let v = ro.view();
         let sv = v.slice(j.slice).unwrap();
         assert_eq!(sv.memory_used, 1 << 30);
-        assert_eq!(sv.compute_share_ppm, PPM);
+        assert_eq!(sv.compute_share.ppm(), PPM);
         let dv = v.device(dev).unwrap();
         assert_eq!((dv.memory_reserved, dv.best_effort_used), (8 << 30, 0));
         assert_eq!(dv.best_effort_free(), 0);

@@ -18,7 +18,7 @@
 //! admitted process's exported VMM allocations, `crate::shared`).
 
 use crate::error::{Error, RequestError};
-use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
+use gpuslice_ledger::layout::{STATE_ACTIVE, STATE_FREE};
 use gpuslice_ledger::node::{region_key, DeviceAsk, Limits, Peer};
 use gpuslice_ledger::pidfd::PeerProcess;
 use gpuslice_ledger::region::Region;
@@ -439,8 +439,8 @@ fn slice_create(ledger: &Ledger, c: SliceCreate) -> Result<Done, RequestError> {
             name: c.name.clone(),
             device: c.device.clone(),
             memory: c.memory,
-            compute_share_ppm: c.share_ppm.min(PPM),
-            compute_cap_ppm: c.cap_ppm.min(PPM),
+            compute_share: c.share,
+            compute_cap: c.cap,
             claim: c.claim,
         },
         secret.as_ref(),
@@ -462,8 +462,8 @@ fn slice_set(ledger: &Ledger, c: SliceSet) -> Result<Done, RequestError> {
         &c.name,
         &gpuslice_ledger::SliceChange {
             memory: c.memory,
-            compute_share_ppm: c.share_ppm.map(|v| v.min(PPM)),
-            compute_cap_ppm: c.cap_ppm.map(|v| v.min(PPM)),
+            compute_share: c.share,
+            compute_cap: c.cap,
             class: c.class,
         },
     )?;

@@ -9,7 +9,7 @@
 //! `warn=` lines.
 
 use crate::wire::{opt_num, BadMessage, Message};
-use gpuslice_quantity::PPM;
+use gpuslice_quantity::{Cap, Share, PPM};
 
 /// What a process asks for on one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,10 +18,10 @@ pub struct DeviceRequest {
     pub uuid: String,
     /// Quota in bytes (`None`: best effort); never 0.
     pub memory: Option<u64>,
-    /// Guaranteed compute share, ppm (0: none).
-    pub compute_share_ppm: u32,
-    /// Compute cap, ppm ([`PPM`]: none).
-    pub compute_cap_ppm: u32,
+    /// Guaranteed compute share.
+    pub compute_share: Share,
+    /// Compute cap.
+    pub compute_cap: Cap,
     /// Where the memory setting came from, for messages (a variable or a flag).
     pub memory_setting: String,
     /// Where the compute share came from, for messages.
@@ -88,8 +88,8 @@ impl AdmitRequest {
                     "{}\t{}\t{}\t{}\t{}\t{}",
                     d.uuid,
                     opt_num(d.memory),
-                    d.compute_share_ppm,
-                    d.compute_cap_ppm,
+                    d.compute_share.ppm(),
+                    d.compute_cap.ppm(),
                     d.memory_setting,
                     d.compute_setting
                 ),
@@ -125,8 +125,8 @@ impl AdmitRequest {
             devices.push(DeviceRequest {
                 uuid: uuid.into(),
                 memory,
-                compute_share_ppm: share,
-                compute_cap_ppm: cap,
+                compute_share: Share::from_ppm(share),
+                compute_cap: Cap::from_ppm(cap),
                 memory_setting: mem_setting.chars().take(MAX_SETTING).collect(),
                 compute_setting: cpu_setting.chars().take(MAX_SETTING).collect(),
             });
@@ -214,16 +214,16 @@ mod tests {
                 DeviceRequest {
                     uuid: "GPU-1".into(),
                     memory: Some(1 << 30),
-                    compute_share_ppm: 250_000,
-                    compute_cap_ppm: PPM,
+                    compute_share: Share::from_ppm(250_000),
+                    compute_cap: Cap::NONE,
                     memory_setting: "GPUSLICE_MEMORY".into(),
                     compute_setting: "GPUSLICE_COMPUTE".into(),
                 },
                 DeviceRequest {
                     uuid: "GPU-2".into(),
                     memory: None,
-                    compute_share_ppm: 0,
-                    compute_cap_ppm: 500_000,
+                    compute_share: Share::NONE,
+                    compute_cap: Cap::from_ppm(500_000),
                     memory_setting: "CUDA_DEVICE_MEMORY_LIMIT_1".into(),
                     compute_setting: "GPUSLICE_COMPUTE".into(),
                 },

@@ -7,6 +7,7 @@
 
 use crate::admit::AdmitRequest;
 use crate::wire::{BadMessage, Message};
+use gpuslice_quantity::{Cap, Share};
 
 /// The protocol version this build speaks. A request newer than the monitor's is refused with
 /// [`crate::Why::BadRequest`], never half-understood.
@@ -70,10 +71,10 @@ pub struct SliceCreate {
     pub device: String,
     /// Quota, bytes.
     pub memory: u64,
-    /// Guaranteed compute share, ppm (0: none).
-    pub share_ppm: u32,
-    /// Compute cap, ppm (`PPM`: none).
-    pub cap_ppm: u32,
+    /// Guaranteed compute share.
+    pub share: Share,
+    /// Compute cap.
+    pub cap: Cap,
     /// The only uid whose processes may join it (`None`: any).
     pub owner: Option<u32>,
     /// The resource claim it was made for (the DRA plugin's).
@@ -96,10 +97,10 @@ pub struct SliceSet {
     pub name: String,
     /// New quota, bytes.
     pub memory: Option<u64>,
-    /// New guaranteed share, ppm.
-    pub share_ppm: Option<u32>,
-    /// New cap, ppm.
-    pub cap_ppm: Option<u32>,
+    /// New guaranteed share.
+    pub share: Option<Share>,
+    /// New cap.
+    pub cap: Option<Cap>,
     /// New compute class.
     pub class: Option<u32>,
 }
@@ -252,8 +253,8 @@ impl Request {
                 m.push("name", &c.name)
                     .push("device", &c.device)
                     .push("memory", &c.memory.to_string())
-                    .push("share", &c.share_ppm.to_string())
-                    .push("cap", &c.cap_ppm.to_string())
+                    .push("share", &c.share.ppm().to_string())
+                    .push("cap", &c.cap.ppm().to_string())
                     .push_some("owner", c.owner)
                     .push_some("claim", c.claim.as_ref())
                     .push_some("secret", c.secret.as_ref());
@@ -264,8 +265,8 @@ impl Request {
             Request::SliceSet(s) => {
                 m.push("name", &s.name)
                     .push_some("memory", s.memory)
-                    .push_some("share", s.share_ppm)
-                    .push_some("cap", s.cap_ppm)
+                    .push_some("share", s.share.map(Share::ppm))
+                    .push_some("cap", s.cap.map(Cap::ppm))
                     .push_some("class", s.class);
             }
             Request::SlicePriority(p) => {
@@ -312,8 +313,8 @@ impl Request {
                 name: m.text("name")?,
                 device: m.text("device")?,
                 memory: m.field("memory")?,
-                share_ppm: m.field("share")?,
-                cap_ppm: m.field("cap")?,
+                share: Share::from_ppm(m.field("share")?),
+                cap: Cap::from_ppm(m.field("cap")?),
                 owner: m.optional("owner")?,
                 // An older plugin sent `claim=` for none.
                 claim: m.get("claim").filter(|c| !c.is_empty()).map(String::from),
@@ -325,8 +326,8 @@ impl Request {
             Op::SliceSet => Request::SliceSet(SliceSet {
                 name: m.text("name")?,
                 memory: m.optional("memory")?,
-                share_ppm: m.optional("share")?,
-                cap_ppm: m.optional("cap")?,
+                share: m.optional("share")?.map(Share::from_ppm),
+                cap: m.optional("cap")?.map(Cap::from_ppm),
                 class: m.optional("class")?,
             }),
             Op::SlicePriority => Request::SlicePriority(SlicePriority {

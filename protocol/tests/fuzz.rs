@@ -13,6 +13,7 @@
 //! ```
 
 use gpuslice_protocol::*;
+use gpuslice_quantity::{Cap, Share};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -132,8 +133,8 @@ fn admit_request(r: &mut Rng) -> AdmitRequest {
             .map(|i| DeviceRequest {
                 uuid: format!("GPU-{i}-{}", r.text(8, false)),
                 memory: r.opt(|r| r.num().max(1)),
-                compute_share_ppm: r.below(1_000_001) as u32,
-                compute_cap_ppm: r.below(1_000_001) as u32,
+                compute_share: Share::from_ppm(r.below(1_000_001) as u32),
+                compute_cap: Cap::from_ppm(r.below(1_000_001) as u32),
                 memory_setting: r.text(64, false),
                 compute_setting: r.text(64, false),
             })
@@ -163,8 +164,8 @@ fn request(r: &mut Rng) -> Request {
             name: r.text(24, true),
             device: r.text(40, true),
             memory: r.num(),
-            share_ppm: r.u32(),
-            cap_ppm: r.u32(),
+            share: Share::from_ppm(r.u32()),
+            cap: Cap::from_ppm(r.u32()),
             owner: r.opt(Rng::u32),
             claim: r.opt(Rng::name),
             secret: r.opt(|r| r.text(64, true)),
@@ -177,8 +178,8 @@ fn request(r: &mut Rng) -> Request {
         10 => SliceSet {
             name: r.text(24, true),
             memory: r.opt(Rng::num),
-            share_ppm: r.opt(Rng::u32),
-            cap_ppm: r.opt(Rng::u32),
+            share: r.opt(|r| Share::from_ppm(r.u32())),
+            cap: r.opt(|r| Cap::from_ppm(r.u32())),
             class: r.opt(Rng::u32),
         }
         .into(),

@@ -23,7 +23,9 @@ use super::granted::{GrantProc, MONITOR_BEAT_NS, NODE_HANDOFF_LEAD_NS};
 use super::policy::*;
 use super::records::{Lease, SchedDevice, CLASS_LATENCY};
 use super::sys::Os;
-use gpuslice_quantity::PPM;
+
+#[cfg(test)]
+use gpuslice_quantity::{Cap, Share, PPM};
 
 /// Slots beyond this are ignored for solo statistics (a bound on what a member list can make
 /// the turns allocate).
@@ -160,7 +162,7 @@ impl DeviceTurns {
         // A latency slice's turn ends soon after its burst does (it pays for the span granted).
         let grace = t
             .get(l0.holder)
-            .map_or(IDLE_GRACE_NS, |(s, _, _)| idle_grace(s));
+            .map_or(IDLE_GRACE_NS, |t| idle_grace(t.sched));
         let mut done = true;
         // When the holder's turn would end as idle if nothing changes: looked at then.
         let mut idle_at = 0u64;
@@ -217,7 +219,7 @@ impl DeviceTurns {
         let holder = l0.holder;
         let mut latency_waits = false;
         let mut returning: Vec<u32> = vec![];
-        t.each(&mut |id, s, _, _| {
+        t.each(&mut |Tenant { id, sched: s, .. }| {
             let a = asks.iter().find(|a| a.id == id);
             s.waiters.store(a.map_or(0, |a| a.waiters), Release);
             if a.is_some() {
@@ -253,8 +255,8 @@ impl DeviceTurns {
         // Solo statistics (the slice's own samples, at most the wall time since the last pass).
         for (id, ns) in solo_ns {
             if ns > 0 {
-                if let Some((s, _, _)) = t.get(id) {
-                    charge_solo(dev, s, now, ns.min(elapsed), 0);
+                if let Some(s) = t.get(id) {
+                    charge_solo(dev, s.sched, now, ns.min(elapsed), 0);
                 }
             }
         }
@@ -275,9 +277,9 @@ impl DeviceTurns {
             return now + poll;
         }
         if l.solo {
-            let (_, _, cap) = t.get(l.holder).expect("checked above");
+            let cap = t.get(l.holder).expect("checked above").cap;
             let others = asks.iter().any(|a| a.id != l.holder);
-            let capped = cap != 0 && cap < PPM;
+            let capped = capped(cap);
             if !others && !capped {
                 return now + POLL_SOLO_NS.max(poll);
             }
@@ -304,12 +306,12 @@ impl DeviceTurns {
         // ahead to be served first ended the turn at every pass only for the grant to give it
         // back to the holder (turns cut to ~1 ms while the latency slice still waited).
         let preempt = latency_waits && {
-            let (h, _, _) = t.get(l.holder).expect("checked above");
+            let h = t.get(l.holder).expect("checked above").sched;
             h.class.load(Relaxed) != CLASS_LATENCY && {
                 let p = pick(t, now, l.holder, 0);
                 p.holder != l.holder
                     && t.get(p.holder)
-                        .is_some_and(|(s, _, _)| s.class.load(Relaxed) == CLASS_LATENCY)
+                        .is_some_and(|t| t.sched.class.load(Relaxed) == CLASS_LATENCY)
             }
         };
         if now < l.end_ns && !done && !preempt {
@@ -334,7 +336,16 @@ impl DeviceTurns {
         // Only a turn this monitor granted: one found in the policy after a restart began at an
         // unknown time (and was not granted by anyone while the monitor was down).
         let stop = now.min(l.end_ns);
-        if let (Some((s, share, cap)), true) = (t.get(l.holder), self.granted == Some(turn)) {
+        if let (
+            Some(Tenant {
+                sched: s,
+                share,
+                cap,
+                ..
+            }),
+            true,
+        ) = (t.get(l.holder), self.granted == Some(turn))
+        {
             // The previous turn's leftovers first: this turn's charge starts after them, or,
             // granted beside them (preempting), from its grant less its half of what they
             // shared: like any turn, a preempting one pays its span.
@@ -417,8 +428,8 @@ impl DeviceTurns {
             self.beside_shared = end.saturating_sub(self.start_ns.max(stop));
             pay -= self.beside_shared / 2;
         }
-        if let Some((s, share, cap)) = t.get(id) {
-            charge(dev, s, share, cap, stop, until, pay);
+        if let Some(h) = t.get(id) {
+            charge(dev, h.sched, h.share, h.cap, stop, until, pay);
         }
         self.charged_until = self.charged_until.max(until);
     }
@@ -450,7 +461,7 @@ impl DeviceTurns {
         self.granted = Some(dev.turn.fetch_add(1, AcqRel).wrapping_add(1));
         dev.lease.store(l.pack(), Release);
         self.start_ns = now;
-        if let Some((s, _, _)) = t.get(l.holder) {
+        if let Some(Tenant { sched: s, .. }) = t.get(l.holder) {
             s.leases_total.fetch_add(1, Relaxed);
             dev.leases_total.fetch_add(1, Relaxed);
         }
@@ -495,16 +506,21 @@ mod tests {
     }
 
     /// Slices 1..=n with shares and caps, as the policy holds them.
-    struct Slices(Vec<(SchedSlice, u32, u32)>);
+    struct Slices(Vec<(SchedSlice, Share, Cap)>);
     impl Tenants for Slices {
-        fn each(&self, f: &mut dyn FnMut(u32, &SchedSlice, u32, u32)) {
-            for (i, (s, share, cap)) in self.0.iter().enumerate() {
-                f(i as u32 + 1, s, *share, *cap);
+        fn each(&self, f: &mut dyn FnMut(Tenant<'_>)) {
+            for id in 1..=self.0.len() as u32 {
+                f(self.get(id).expect("in the table"));
             }
         }
-        fn get(&self, id: u32) -> Option<(&SchedSlice, u32, u32)> {
-            let (s, a, b) = self.0.get(id.checked_sub(1)? as usize)?;
-            Some((s, *a, *b))
+        fn get(&self, id: u32) -> Option<Tenant<'_>> {
+            let (s, share, cap) = self.0.get(id.checked_sub(1)? as usize)?;
+            Some(Tenant {
+                id,
+                sched: s,
+                share: *share,
+                cap: *cap,
+            })
         }
     }
 
@@ -514,8 +530,8 @@ mod tests {
                 .map(|&(s, c)| {
                     (
                         SchedSlice::default(),
-                        (s * PPM as f64) as u32,
-                        (c * PPM as f64) as u32,
+                        Share::from_ppm((s * PPM as f64) as u32),
+                        Cap::from_ppm((c * PPM as f64) as u32),
                     )
                 })
                 .collect(),
@@ -551,7 +567,7 @@ mod tests {
         }
         /// The virtual time slice `id` has been charged.
         fn vt(&self, id: u32) -> u64 {
-            self.t.get(id).unwrap().0.vt.load(SeqCst)
+            self.t.get(id).unwrap().sched.vt.load(SeqCst)
         }
     }
 
@@ -783,7 +799,7 @@ mod tests {
     #[test]
     fn a_latency_holder_done_with_its_burst_pays_only_a_short_grace() {
         let p = World::new(&[(0.2, 1.0), (0.8, 1.0)]);
-        p.t.get(1).unwrap().0.class.store(CLASS_LATENCY, SeqCst);
+        p.t.get(1).unwrap().sched.class.store(CLASS_LATENCY, SeqCst);
         p.w[0].want_ns.store(T0, SeqCst);
         let mut dt = DeviceTurns::default();
         p.step(&mut dt, T0);
@@ -796,7 +812,7 @@ mod tests {
         p.w[0].want_ns.store(0, SeqCst);
         p.w[0].busy_until_ns.store(T0 + MS + MS / 2, SeqCst);
         let look = p.step(&mut dt, T0 + MS + 100_000);
-        let idle_at = T0 + MS + MS / 2 + idle_grace(p.t.get(1).unwrap().0);
+        let idle_at = T0 + MS + MS / 2 + idle_grace(p.t.get(1).unwrap().sched);
         assert!(look <= idle_at + 1, "looked at {look}, idle at {idle_at}");
         p.step(&mut dt, look);
         assert_eq!(
@@ -816,9 +832,9 @@ mod tests {
     /// and its turns, the trainer holding.
     fn trainer_holding(latency_vt: u64) -> (World, DeviceTurns) {
         let p = World::new(&[(0.2, 1.0), (0.6, 1.0)]);
-        p.t.get(1).unwrap().0.class.store(CLASS_LATENCY, SeqCst);
-        p.t.get(1).unwrap().0.vt.store(latency_vt, SeqCst);
-        p.t.get(2).unwrap().0.vt.store(0, SeqCst);
+        p.t.get(1).unwrap().sched.class.store(CLASS_LATENCY, SeqCst);
+        p.t.get(1).unwrap().sched.vt.store(latency_vt, SeqCst);
+        p.t.get(2).unwrap().sched.vt.store(0, SeqCst);
         p.w[1].want_ns.store(T0, SeqCst);
         let mut dt = DeviceTurns::default();
         p.step(&mut dt, T0);
@@ -961,7 +977,7 @@ mod tests {
         let mut dt = DeviceTurns::default();
         dt.step(&p.os, &p.dev, &p.t, &m, T0);
         assert_eq!(p.lease(), Lease::FREE);
-        assert_eq!(p.t.get(1).unwrap().0.waiters.load(SeqCst), 0);
+        assert_eq!(p.t.get(1).unwrap().sched.waiters.load(SeqCst), 0);
     }
 
     /// The queue the tenant client sees: a fixed kernel length, nothing ever queued.

@@ -58,8 +58,8 @@ pub fn request(config: &Config, found: &[Found]) -> AdmitRequest {
                 DeviceRequest {
                     uuid: uuid.clone(),
                     memory,
-                    compute_share_ppm: config.share(*ord as u32),
-                    compute_cap_ppm: config.cap(*ord as u32),
+                    compute_share: config.share(*ord as u32),
+                    compute_cap: config.cap(*ord as u32),
                     memory_setting,
                     compute_setting: compute_setting.clone(),
                 }

@@ -6,19 +6,19 @@ use super::LedgerWindow;
 use crate::cli::Failure;
 use crate::view::SliceView;
 use gpuslice_ledger::secret::Secret;
-use gpuslice_ledger::{OperatorSlice, PPM};
+use gpuslice_ledger::OperatorSlice;
 use gpuslice_protocol::{SliceCreate, SliceRemove, SliceSet};
-use gpuslice_quantity::Size;
+use gpuslice_quantity::{Cap, Share, Size};
 
 /// What `slice create` asks for, parsed but not yet resolved against a device.
 #[derive(Debug, Clone)]
 pub struct SliceSpec {
     pub name: String,
     pub memory: Size,
-    /// Guarantee, ppm.
-    pub compute_ppm: u32,
-    /// Ceiling, ppm; `None` for none.
-    pub cap_ppm: Option<u32>,
+    /// Guarantee.
+    pub compute: Share,
+    /// Ceiling.
+    pub cap: Cap,
     /// `I` (NVML index where NVML is available, else ledger index) or a UUID.
     pub device: String,
     /// Node mode: the only uid whose processes may join it (`None`: any).
@@ -139,8 +139,8 @@ impl LedgerWindow {
                 name: req.name.clone(),
                 device: uuid.to_string(),
                 memory,
-                share_ppm: req.compute_ppm,
-                cap_ppm: req.cap_ppm.unwrap_or(PPM),
+                share: req.compute,
+                cap: req.cap,
                 owner: req.owner,
                 claim: None,
                 secret: secret.map(|s| s.expose().to_string()),
@@ -151,8 +151,8 @@ impl LedgerWindow {
                     name: req.name.clone(),
                     device: uuid.to_string(),
                     memory,
-                    compute_share_ppm: req.compute_ppm,
-                    compute_cap_ppm: req.cap_ppm.unwrap_or(PPM),
+                    compute_share: req.compute,
+                    compute_cap: req.cap,
                     claim: None,
                 },
                 secret,
@@ -175,8 +175,8 @@ impl LedgerWindow {
             return self.ask_monitor(SliceSet {
                 name: name.to_string(),
                 memory: change.memory,
-                share_ppm: change.compute_share_ppm,
-                cap_ppm: change.compute_cap_ppm,
+                share: change.compute_share,
+                cap: change.compute_cap,
                 class: change.class,
             });
         }
@@ -211,11 +211,11 @@ mod tests {
         node.ledger
             .ensure_device(uuid, "Test GPU", 16 * GI)
             .unwrap();
-        let req = |memory: &str, compute_ppm, cap_ppm| SliceSpec {
+        let req = |memory: &str, compute: u32, cap: Option<u32>| SliceSpec {
             name: "op".into(),
             memory: gpuslice_quantity::parse_size("--memory", memory).unwrap(),
-            compute_ppm,
-            cap_ppm,
+            compute: Share::from_ppm(compute),
+            cap: cap.map_or(Cap::NONE, Cap::from_ppm),
             device: "0".into(),
             owner: None,
             secret: None,
@@ -234,8 +234,8 @@ mod tests {
         let join = SliceRequest {
             name: Some("op".into()),
             memory: Some(8 * GI),
-            compute_share_ppm: 0,
-            compute_cap_ppm: PPM,
+            compute_share: Share::NONE,
+            compute_cap: Cap::NONE,
             memory_setting: "GPUSLICE_MEMORY".into(),
             compute_setting: "GPUSLICE_COMPUTE".into(),
         };

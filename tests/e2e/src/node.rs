@@ -75,8 +75,8 @@ pub fn admit_request(
         devices: vec![gpuslice_protocol::DeviceRequest {
             uuid,
             memory,
-            compute_share_ppm: share_ppm,
-            compute_cap_ppm: gpuslice_ledger::PPM,
+            compute_share: gpuslice_ledger::Share::from_ppm(share_ppm),
+            compute_cap: gpuslice_ledger::Cap::NONE,
             memory_setting: "X".into(),
             compute_setting: "Y".into(),
         }],
