@@ -166,13 +166,21 @@ fn recover(ledger: &Ledger, key: u32) -> Option<Region> {
     None
 }
 
+/// The group whose members may use the operator requests, besides root.
+pub struct OperatorGroup {
+    /// Its name, for the refusal's message.
+    pub name: String,
+    /// Its gid (`None`: no such group on this node).
+    pub gid: Option<u32>,
+}
+
 /// What the socket thread needs.
 pub struct Server {
     pub ledger: Arc<Ledger>,
     pub regions: Arc<RegionTable>,
     pub limits: Limits,
-    /// gid of the operator group, if it exists.
-    pub operator_gid: Option<u32>,
+    /// The operator group (`--operator-group`).
+    pub operator_group: OperatorGroup,
     /// The slices' unused reservations held on the GPUs (`None`: `--balloons off`, or no
     /// driver).
     pub balloons: Option<Arc<crate::balloon::Balloons>>,
@@ -319,7 +327,7 @@ fn is_operator(server: &Server, pid: u32, uid: u32) -> bool {
     if uid == 0 {
         return true;
     }
-    let Some(gid) = server.operator_gid else {
+    let Some(gid) = server.operator_group.gid else {
         return false;
     };
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -359,7 +367,7 @@ fn answer(
         }
         Err(RequestError::NotOperator {
             uid,
-            group: crate::daemon::options::operator_group_name().to_string(),
+            group: server.operator_group.name.clone(),
         })
     };
     let reply: Reply = match req {
@@ -512,7 +520,15 @@ fn admit(server: &Server, req: AdmitRequest, pid: u32, uid: u32) -> Result<Answe
         .iter()
         .map(|d| DeviceAsk {
             uuid: d.uuid.clone(),
-            req: SliceRequest::for_device(req.slice.clone(), d),
+            // The request, as the policy joins it.
+            req: SliceRequest {
+                name: req.slice.clone(),
+                memory: d.memory,
+                compute_share: d.compute_share,
+                compute_cap: d.compute_cap,
+                memory_setting: d.memory_setting.clone(),
+                compute_setting: d.compute_setting.clone(),
+            },
         })
         .collect();
     let name = &req.slice;

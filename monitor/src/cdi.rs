@@ -4,8 +4,8 @@
 //! beside the GPU's own CDI device (`--device nvidia.com/gpu=0 --device
 //! gpuslice.dev/slice=NAME`). Its container edits:
 //! - mount the host's `libgpuslice.so` read-only at
-//!   [`gpuslice_ledger::cdi::CONTAINER_LIBRARY`] and the host's ledger directory read-write at
-//!   [`gpuslice_ledger::cdi::CONTAINER_RUNTIME_DIR`] (fixed paths, so the spec does not depend
+//!   [`gpuslice_cdi::CONTAINER_LIBRARY`] and the host's ledger directory read-write at
+//!   [`gpuslice_cdi::CONTAINER_RUNTIME_DIR`] (fixed paths, so the spec does not depend
 //!   on the image's layout);
 //! - set `LD_PRELOAD`, `GPUSLICE_RUNTIME_DIR`, `GPUSLICE_SLICE` and whichever of
 //!   `GPUSLICE_MEMORY`, `GPUSLICE_COMPUTE`, `GPUSLICE_COMPUTE_CAP` were given.
@@ -23,9 +23,9 @@ use crate::run::{self, Limits};
 
 const USAGE: &cli::Command = &crate::commands::CDI;
 
-// The spec builder, its constants and the atomic write live in `gpuslice_ledger::cdi`, shared
+// The spec builder, its constants and the atomic write live in `gpuslice_cdi`, shared
 // with gpuslice-dra.
-use gpuslice_ledger::cdi::{write_atomically, DEFAULT_KIND};
+use gpuslice_cdi::{write_atomically, DEFAULT_KIND};
 
 /// Entry point of `gpuslice cdi`; returns the exit status.
 pub fn main(args: Vec<OsString>) -> i32 {
@@ -155,7 +155,7 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
         Some(path) => {
             // A spec with a secret is root's alone (the container runtime reads it as root).
             let write = if secret.is_some() {
-                gpuslice_ledger::cdi::write_private_atomically
+                gpuslice_cdi::write_private_atomically
             } else {
                 write_atomically
             };
@@ -171,7 +171,7 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
     Ok(0)
 }
 
-/// The spec as JSON (built by [`gpuslice_ledger::cdi::spec`]).
+/// The spec as JSON (built by [`gpuslice_cdi::spec`]).
 pub fn spec(
     kind: &str,
     slice: &str,
@@ -185,7 +185,7 @@ pub fn spec(
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    gpuslice_ledger::cdi::spec(kind, slice, &env, host_library, host_runtime_dir)
+    gpuslice_cdi::spec(kind, slice, &env, host_library, host_runtime_dir)
 }
 
 /// CDI's rule for a vendor or class name: a letter first, a letter or digit last, letters,

@@ -68,6 +68,19 @@ pub fn request(config: &Config, found: &[Found]) -> AdmitRequest {
     }
 }
 
+/// What the request asks for on device `d`, as the personal ledger joins it (the monitor's
+/// `admission.rs` reads the same request for a node's policy).
+fn slice_request(slice: &Option<String>, d: &DeviceRequest) -> SliceRequest {
+    SliceRequest {
+        name: slice.clone(),
+        memory: d.memory,
+        compute_share: d.compute_share,
+        compute_cap: d.compute_cap,
+        memory_setting: d.memory_setting.clone(),
+        compute_setting: d.compute_setting.clone(),
+    }
+}
+
 /// A ledger error during admission, as the refusal `cuInit` reports.
 fn refusal(e: LedgerError) -> Refusal {
     if e.refuses_the_request() {
@@ -100,7 +113,7 @@ impl Admission for Personal {
         let mut items = vec![];
         for ((_, uuid, name, total), d) in found.iter().zip(&req.devices) {
             let dev = ledger.ensure_device(uuid, name, *total).map_err(refusal)?;
-            items.push((dev, SliceRequest::for_device(req.slice.clone(), d)));
+            items.push((dev, slice_request(&req.slice, d)));
         }
         // One taking of the lock for every device (512 processes may start at once).
         let joins = ledger.join_all(me, &items).map_err(refusal)?;

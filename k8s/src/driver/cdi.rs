@@ -1,4 +1,4 @@
-//! A prepared claim's CDI spec: the same builder as `gpuslice cdi` (`gpuslice_ledger::cdi`),
+//! A prepared claim's CDI spec: the same builder as `gpuslice cdi` (`gpuslice_cdi`),
 //! one file per claim in the CDI directory, root's alone when it carries a join secret.
 
 use super::{slice_name, Driver};
@@ -31,7 +31,7 @@ impl Driver {
         if let Some(s) = secret {
             env.push((SECRET_VAR.to_string(), s.expose().to_string()));
         }
-        let spec = gpuslice_ledger::cdi::spec(
+        let spec = gpuslice_cdi::spec(
             &self.cfg.cdi_kind,
             &name,
             &env,
@@ -45,9 +45,9 @@ impl Driver {
         }
         // A spec with a secret is root's alone (the container runtime reads it as root).
         let write = if secret.is_some() {
-            gpuslice_ledger::cdi::write_private_atomically
+            gpuslice_cdi::write_private_atomically
         } else {
-            gpuslice_ledger::cdi::write_atomically
+            gpuslice_cdi::write_atomically
         };
         std::fs::create_dir_all(&self.cfg.cdi_dir)
             .and_then(|()| write(&path, text.as_bytes()))

@@ -32,7 +32,7 @@ pub struct SliceRequest {
 impl SliceRequest {
     /// A request for memory alone: slice `name` (`None`: a private slice) with quota `memory`
     /// (`None`: best effort), no compute share, no cap; messages name the settings `memory`
-    /// and `compute share` (callers that read settings say which with [`SliceRequest::for_device`]).
+    /// and `compute share` (callers that read settings say which in the fields).
     pub fn new(name: Option<&str>, memory: Option<u64>) -> SliceRequest {
         SliceRequest {
             name: name.map(Into::into),
@@ -41,18 +41,6 @@ impl SliceRequest {
             compute_cap: Cap::NONE,
             memory_setting: "memory".into(),
             compute_setting: "compute share".into(),
-        }
-    }
-
-    /// What a process's admission request asks for on one device, in slice `name`.
-    pub fn for_device(name: Option<String>, d: &gpuslice_protocol::DeviceRequest) -> SliceRequest {
-        SliceRequest {
-            name,
-            memory: d.memory,
-            compute_share: d.compute_share,
-            compute_cap: d.compute_cap,
-            memory_setting: d.memory_setting.clone(),
-            compute_setting: d.compute_setting.clone(),
         }
     }
 }

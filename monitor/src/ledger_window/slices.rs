@@ -7,7 +7,6 @@ use crate::cli::Failure;
 use crate::view::SliceView;
 use gpuslice_ledger::secret::Secret;
 use gpuslice_ledger::OperatorSlice;
-use gpuslice_protocol::{SliceCreate, SliceRemove, SliceSet};
 use gpuslice_quantity::{Cap, Share, Size};
 
 /// What `slice create` asks for, parsed but not yet resolved against a device.
@@ -134,34 +133,16 @@ impl LedgerWindow {
         memory: u64,
         secret: Option<&Secret>,
     ) -> Result<(), Failure> {
-        if self.via_monitor() {
-            self.ask_monitor(SliceCreate {
-                name: req.name.clone(),
-                device: uuid.to_string(),
-                memory,
-                share: req.compute,
-                cap: req.cap,
-                owner: req.owner,
-                claim: None,
-                secret: secret.map(|s| s.expose().to_string()),
-            })?;
-        } else {
-            self.ledger.create_operator_slice_with_secret(
-                &OperatorSlice {
-                    name: req.name.clone(),
-                    device: uuid.to_string(),
-                    memory,
-                    compute_share: req.compute,
-                    compute_cap: req.cap,
-                    claim: None,
-                },
-                secret,
-            )?;
-            if let Some(u) = req.owner {
-                self.ledger.set_slice_owner(&req.name, uuid, u)?;
-            }
-        }
-        Ok(())
+        let slice = OperatorSlice {
+            name: req.name.clone(),
+            device: uuid.to_string(),
+            memory,
+            compute_share: req.compute,
+            compute_cap: req.cap,
+            claim: None,
+        };
+        self.operator
+            .create(&self.ledger, &slice, req.owner, secret)
     }
 
     /// Change slice `name` live (every device it is on); returns on how many devices. In node
@@ -171,27 +152,13 @@ impl LedgerWindow {
         name: &str,
         change: &gpuslice_ledger::SliceChange,
     ) -> Result<usize, Failure> {
-        if self.via_monitor() {
-            return self.ask_monitor(SliceSet {
-                name: name.to_string(),
-                memory: change.memory,
-                share: change.compute_share,
-                cap: change.compute_cap,
-                class: change.class,
-            });
-        }
-        Ok(self.ledger.set_slice(name, change)?)
+        self.operator.set(&self.ledger, name, change)
     }
 
     /// Remove an operator slice on every device; how many records went away at once (one with
     /// processes attached goes with its last process).
     pub fn remove_slice(&self, name: &str) -> Result<usize, Failure> {
-        if self.via_monitor() {
-            return self.ask_monitor(SliceRemove {
-                name: name.to_string(),
-            });
-        }
-        Ok(self.ledger.remove_slice(name)?)
+        self.operator.remove(&self.ledger, name)
     }
 }
 

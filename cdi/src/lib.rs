@@ -1,6 +1,7 @@
 //! The Container Device Interface spec that puts a container in a slice, built in one place for
 //! `gpuslice cdi` (one spec an operator writes by hand) and `gpuslice-dra` (one spec per
-//! Kubernetes claim). Only with the crate's `cdi` feature, so the shim does not carry JSON.
+//! Kubernetes claim). A crate of its own, above the ledger, so neither the ledger nor the shim
+//! carries JSON.
 //!
 //! The spec describes one device, `<kind>=<name>`, used beside the GPU's own CDI device (which
 //! brings the device nodes and driver libraries). Its container edits mount the host's
@@ -8,6 +9,8 @@
 //! [`CONTAINER_RUNTIME_DIR`] (fixed paths, so the spec does not depend on the image's layout),
 //! and set `LD_PRELOAD`, `GPUSLICE_RUNTIME_DIR` and the caller's variables (`GPUSLICE_SLICE`,
 //! ...). JSON is valid CDI (runtimes read `.json` and `.yaml` from `/etc/cdi` and `/var/run/cdi`).
+
+#![deny(missing_docs)]
 
 /// The CDI version written: the lowest that has everything this spec uses (env and mounts need
 /// 0.3.0; 0.5.0 is understood by every CDI-enabled runtime release, newer ones too).
@@ -106,5 +109,5 @@ fn write_via_temporary(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::
 /// Whether `dir` holds a node-mode policy (root's monitor owns it; containers mount it
 /// read-only).
 pub fn is_node_dir(dir: &str) -> bool {
-    crate::Ledger::open(std::path::Path::new(dir)).is_ok_and(|l| l.is_node())
+    gpuslice_ledger::Ledger::open(std::path::Path::new(dir)).is_ok_and(|l| l.is_node())
 }
