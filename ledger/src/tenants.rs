@@ -1,21 +1,70 @@
-//! The ledger's side of the compute scheduler: the slices of one device as [`gpuslice_sched`] sees them
-//! ([`LedgerTenants`]), and what the reaper does for a dead process ([`reap_proc`]). Here, not in
-//! `sched`, so the scheduler does not depend on the ledger's layout.
+//! The ledger's side of the compute scheduler, built here in one place for the shim (its own
+//! client, personal mode; its granted words, node mode) and the monitor (the grantor): the
+//! slices of one device as [`gpuslice_sched`] sees them ([`Ledger::tenants`]), one process's
+//! records on one device ([`Ledger::compute_binding`]), and what the reaper does for a dead
+//! process ([`reap_proc`]). Here, not in `sched`, so the scheduler does not depend on the
+//! ledger's layout; and not in the shim or the monitor, so neither walks the records itself.
 
-use core::sync::atomic::{AtomicU32, Ordering::*};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 use crate::layout::{Device, Proc, Slice, STATE_ACTIVE};
-use gpuslice_sched::{on_process_dead, Tenant, Tenants, SYSTEM};
+use crate::{Ledger, ProcHandle};
+use gpuslice_sched::{
+    on_process_dead, SchedDevice, SchedProc, SchedSlice, Tenant, Tenants, SYSTEM,
+};
 
-/// The ledger's slices on one device.
+/// The ledger's slices on one device ([`Ledger::tenants`]).
 pub struct LedgerTenants<'a> {
     /// The ledger's slice array.
-    pub slices: &'a [Slice],
+    slices: &'a [Slice],
     /// The header's `slice_hwm`: records at or past it were never active, so [`Tenants::each`]
     /// stops there (a pick would otherwise visit all 8192 records, several times a handover).
-    pub hwm: &'a AtomicU32,
+    hwm: &'a AtomicU32,
     /// Ledger index of the device.
-    pub device: u32,
+    device: u32,
+}
+
+/// Where one process's compute state lives for one device ([`Ledger::compute_binding`]).
+pub struct ComputeBinding<'a> {
+    /// The device record's scheduler state.
+    pub device: &'a SchedDevice,
+    /// Ledger index of the slice the process joined there.
+    pub slice: usize,
+    /// That slice's scheduler state.
+    pub slice_sched: &'a SchedSlice,
+    /// The process record's scheduler state.
+    pub proc_sched: &'a SchedProc,
+    /// Node mode: the monitor's heartbeat (`monitor_beat_ns`).
+    pub monitor_beat: &'a AtomicU64,
+    /// Node mode: the monitor's bell (`turns_bell`).
+    pub turns_bell: &'a AtomicU32,
+}
+
+impl Ledger {
+    /// The slices of ledger device `device`, as the scheduler sees them.
+    pub fn tenants(&self, device: usize) -> LedgerTenants<'_> {
+        LedgerTenants {
+            slices: &self.slices()[..],
+            hwm: &self.header().slice_hwm,
+            device: device as u32,
+        }
+    }
+
+    /// Process `me`'s compute records on ledger device `device`: `None` when it joined no
+    /// slice there (or an index is out of range: the records are read as hostile).
+    pub fn compute_binding(&self, me: ProcHandle, device: usize) -> Option<ComputeBinding<'_>> {
+        let p = self.procs().get(me.slot)?;
+        let slice = p.devices.get(device)?.slice.load(Acquire) as usize;
+        let h = self.header();
+        Some(ComputeBinding {
+            device: &self.devices().get(device)?.sched,
+            slice,
+            slice_sched: &self.slices().get(slice)?.sched,
+            proc_sched: &p.sched,
+            monitor_beat: &h.monitor_beat_ns,
+            turns_bell: &h.turns_bell,
+        })
+    }
 }
 
 impl Tenants for LedgerTenants<'_> {

@@ -262,7 +262,7 @@ fn create(mut args: Vec<OsString>) -> Result<(), Failure> {
             class: Some(class),
             ..Default::default()
         };
-        gpuslice_ledger::Ledger::open(&cli::runtime_dir())?.set_slice(&s.name, &change)?;
+        node.set_slice(&s.name, &change)?;
     }
     cli::outln!(
         "created slice {:?} on GPU {}: memory {}, compute share {}, cap {}",

@@ -134,11 +134,7 @@ fn run(ledger: &Ledger, regions: &RegionTable) {
             ids.sort_unstable();
             ids.dedup();
             let t = Listed {
-                all: LedgerTenants {
-                    slices: &ledger.slices()[..],
-                    hwm: &ledger.header().slice_hwm,
-                    device: d as u32,
-                },
+                all: ledger.tenants(d),
                 ids,
             };
             next = next.min(dt.step(os, &dev.sched, &t, &members, now));
