@@ -1,19 +1,19 @@
-//! The ledger's side of the compute scheduler, built here in one place for the shim (its own
-//! client, personal mode; its granted words, node mode) and the monitor (the grantor): the
-//! slices of one device as [`gpuslice_sched`] sees them ([`Ledger::tenants`]), one process's
-//! records on one device ([`Ledger::compute_binding`]), and what the reaper does for a dead
-//! process ([`reap_proc`]). Here, not in `sched`, so the scheduler does not depend on the
-//! ledger's layout; and not in the shim or the monitor, so neither walks the records itself.
+//! The ledger's side of the compute scheduler, for the shim (its own client, personal mode;
+//! its granted words, node mode) and the monitor (the grantor): the slices of one device as
+//! [`gpuslice_sched`] sees them ([`LedgerTenants`], from `Ledger::tenants`), one process's
+//! records on one device ([`ComputeBinding`], from `Ledger::compute_binding`: both built in
+//! `ledger/compute.rs`, so neither the shim nor the monitor walks the records itself), and
+//! what the reaper does for a dead process ([`reap_proc`]). Here, not in `sched`, so the
+//! scheduler does not depend on the ledger's layout.
 
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 use crate::layout::{Device, Proc, Slice, STATE_ACTIVE};
-use crate::{Ledger, ProcHandle};
 use gpuslice_sched::{
     on_process_dead, SchedDevice, SchedProc, SchedSlice, Tenant, Tenants, SYSTEM,
 };
 
-/// The ledger's slices on one device ([`Ledger::tenants`]).
+/// The ledger's slices on one device (`Ledger::tenants`).
 pub struct LedgerTenants<'a> {
     /// The ledger's slice array.
     slices: &'a [Slice],
@@ -24,7 +24,7 @@ pub struct LedgerTenants<'a> {
     device: u32,
 }
 
-/// Where one process's compute state lives for one device ([`Ledger::compute_binding`]).
+/// Where one process's compute state lives for one device (`Ledger::compute_binding`).
 pub struct ComputeBinding<'a> {
     /// The device record's scheduler state.
     pub device: &'a SchedDevice,
@@ -40,30 +40,14 @@ pub struct ComputeBinding<'a> {
     pub turns_bell: &'a AtomicU32,
 }
 
-impl Ledger {
-    /// The slices of ledger device `device`, as the scheduler sees them.
-    pub fn tenants(&self, device: usize) -> LedgerTenants<'_> {
+impl<'a> LedgerTenants<'a> {
+    /// The slices of ledger device `device` among `slices` (up to the mark `hwm`).
+    pub(crate) fn new(slices: &'a [Slice], hwm: &'a AtomicU32, device: u32) -> Self {
         LedgerTenants {
-            slices: &self.slices()[..],
-            hwm: &self.header().slice_hwm,
-            device: device as u32,
+            slices,
+            hwm,
+            device,
         }
-    }
-
-    /// Process `me`'s compute records on ledger device `device`: `None` when it joined no
-    /// slice there (or an index is out of range: the records are read as hostile).
-    pub fn compute_binding(&self, me: ProcHandle, device: usize) -> Option<ComputeBinding<'_>> {
-        let p = self.procs().get(me.slot)?;
-        let slice = p.devices.get(device)?.slice.load(Acquire) as usize;
-        let h = self.header();
-        Some(ComputeBinding {
-            device: &self.devices().get(device)?.sched,
-            slice,
-            slice_sched: &self.slices().get(slice)?.sched,
-            proc_sched: &p.sched,
-            monitor_beat: &h.monitor_beat_ns,
-            turns_bell: &h.turns_bell,
-        })
     }
 }
 

@@ -9,25 +9,25 @@ use crate::refusal::Refusal;
 use crate::request::Op;
 use crate::wire::{opt_num, BadMessage, Message};
 
-/// The answer to [`crate::Ping`]: the monitor's pid.
+/// The answer to [`crate::request::Ping`]: the monitor's pid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pong {
     /// The monitor's pid.
     pub pid: u32,
 }
 
-/// The answer to [`crate::View`]: the region's read-only descriptor travels beside it.
+/// The answer to [`crate::request::View`]: the region's read-only descriptor travels beside it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Viewed;
 
-/// The answer to [`crate::Release`]: how many bytes the monitor handed back (0: none held).
+/// The answer to [`crate::request::Release`]: how many bytes the monitor handed back (0: none held).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Released {
     /// Bytes handed back.
     pub bytes: u64,
 }
 
-/// The answer to [`crate::ShareExport`]: the export's record (`None`: not registered, charged
+/// The answer to [`crate::request::ShareExport`]: the export's record (`None`: not registered, charged
 /// to the exporter until it exits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Exported {
@@ -35,7 +35,7 @@ pub struct Exported {
     pub record: Option<usize>,
 }
 
-/// The answer to [`crate::ShareImport`] (the ledger's `Import`, on the wire).
+/// The answer to [`crate::request::ShareImport`] (the ledger's `Import`, on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Imported {
     /// Someone is charged for the memory: the importer is counted on record `.0`.
@@ -68,11 +68,11 @@ pub enum Imported {
     Unknown,
 }
 
-/// The answer to [`crate::ShareLeave`].
+/// The answer to [`crate::request::ShareLeave`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Left;
 
-/// The answer to [`crate::ShareLetGo`] (the ledger's `LetGo`, on the wire): what the exporter
+/// The answer to [`crate::request::ShareLetGo`] (the ledger's `LetGo`, on the wire): what the exporter
 /// does with its charge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LetGo {
@@ -162,7 +162,7 @@ impl LetGo {
 }
 
 impl Reply {
-    /// As a message (descriptors travel beside it: [`crate::send`]).
+    /// As a message (descriptors travel beside it: `send`).
     pub fn encode(&self) -> Message {
         let ok = |v: &str| Message::new("ok", v);
         match self {

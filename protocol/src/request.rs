@@ -6,12 +6,8 @@
 //! without it means what it always meant; a change of meaning raises [`VERSION`].
 
 use crate::admit::AdmitRequest;
-use crate::wire::{BadMessage, Message};
+use crate::wire::{BadMessage, Message, VERSION};
 use gpuslice_quantity::{Cap, Share};
-
-/// The protocol version this build speaks. A request newer than the monitor's is refused with
-/// [`crate::Why::BadRequest`], never half-understood.
-pub const VERSION: u32 = 1;
 
 /// `ping`: is the monitor there? Anyone may ask.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

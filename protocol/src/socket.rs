@@ -2,10 +2,58 @@
 //! whole or not at all, with descriptors attached (`SCM_RIGHTS`); connecting through the
 //! runtime directory's descriptor; who is on the other end (`SO_PEERCRED`).
 
-use crate::wire::Message;
-use crate::{ProtocolError, MAX_FDS, MAX_MESSAGE, SOCKET_FILE};
+use crate::wire::{BadMessage, Message, MAX_FDS, MAX_MESSAGE, SOCKET_FILE};
+use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
+
+/// Why a message did not go out or come in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// A socket call failed: what was being done, and the OS error number.
+    Socket {
+        /// `create`, `connect to`, `write to`, `read from`.
+        what: &'static str,
+        /// The `errno` of the call.
+        errno: i32,
+    },
+    /// A message or its descriptors over [`MAX_MESSAGE`] / [`MAX_FDS`].
+    TooLarge,
+    /// A message the kernel had to cut ([`MAX_MESSAGE`], [`MAX_FDS`]).
+    Truncated,
+    /// A message that is not `key=value` lines of UTF-8.
+    NotKeyValue,
+    /// A socket path too long for `sockaddr_un`.
+    PathTooLong(String),
+    /// The monitor closed the connection without a reply.
+    NoAnswer,
+    /// The monitor's reply is not one to the request asked.
+    Unexpected(BadMessage),
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtocolError::Socket { what, errno } => write!(
+                f,
+                "cannot {what} the node's monitor socket: {}",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
+            ProtocolError::TooLarge => f.write_str("message too large"),
+            ProtocolError::Truncated => f.write_str("a truncated message"),
+            ProtocolError::NotKeyValue => f.write_str("a message that is not key=value lines"),
+            ProtocolError::PathTooLong(p) => write!(f, "socket path {p:?} is too long"),
+            ProtocolError::NoAnswer => {
+                f.write_str("the node's monitor closed the connection without answering")
+            }
+            ProtocolError::Unexpected(e) => {
+                write!(f, "the node's monitor answered something unexpected ({e})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ProtocolError {}
 
 fn os(what: &'static str) -> ProtocolError {
     ProtocolError::Socket {

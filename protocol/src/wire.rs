@@ -1,9 +1,23 @@
 //! The framing under every message: UTF-8 text, one `key=value` per line, keys in a fixed
 //! order per message, a key repeated for a list (`dev`). Only this crate builds or reads it:
-//! callers speak [`crate::Request`] and [`crate::Reply`].
+//! callers speak `Request` and `Reply`.
 
 use std::fmt;
 use std::str::FromStr;
+
+/// The socket's name in the runtime directory.
+pub const SOCKET_FILE: &str = "monitor.sock";
+/// Largest message either side sends or accepts.
+pub const MAX_MESSAGE: usize = 64 * 1024;
+/// Most descriptors one reply carries (one region per device, plus room).
+pub const MAX_FDS: usize = 32;
+/// Most devices one admission request may name (the monitor holds it to its own, smaller,
+/// table).
+pub const MAX_REQUEST_DEVICES: usize = 64;
+
+/// The protocol version this build speaks (a request's `v=`; absent: 1). A request newer than
+/// the monitor's is refused with `Why::BadRequest`, never half-understood.
+pub const VERSION: u32 = 1;
 
 /// A parsed message: its lines as `(key, value)` in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -127,7 +141,7 @@ pub enum BadMessage {
     OutOfRange,
     /// A device named twice.
     Twice(String),
-    /// More devices than a request may name ([`crate::MAX_REQUEST_DEVICES`]).
+    /// More devices than a request may name ([`MAX_REQUEST_DEVICES`]).
     TooManyDevices,
 }
 
@@ -140,7 +154,7 @@ impl fmt::Display for BadMessage {
                 f,
                 "protocol version {v}, and this side speaks up to {}: upgrade the node's \
                  gpuslice monitor",
-                crate::VERSION
+                VERSION
             ),
             BadMessage::Field(name) => write!(f, "field {name:?} missing or malformed"),
             BadMessage::DevLine(n) => write!(f, "a dev line needs {n} fields"),
@@ -149,7 +163,7 @@ impl fmt::Display for BadMessage {
             BadMessage::TooManyDevices => write!(
                 f,
                 "more than {} devices in one request",
-                crate::MAX_REQUEST_DEVICES
+                MAX_REQUEST_DEVICES
             ),
         }
     }
