@@ -85,9 +85,52 @@ timeout -k 10 "$limit" cargo test --workspace --no-fail-fast || failed+=("cargo 
 step "pytest tests/python"
 timeout -k 10 "$limit" "$venv/bin/python" -m pytest tests/python ${pytest_args[@]+"${pytest_args[@]}"} "$@" </dev/null ||
     failed+=("pytest")
+# The cluster tests: a one-node Kubernetes cluster built from Kubernetes' own components
+# (scripts/cluster.sh: the components are built once into GPUSLICE_CLUSTER_CACHE), gpuslice
+# installed by its Helm chart, real pods claiming slices (tests/cluster). Root only.
+cluster_not_run=""
+if [ "${GPUSLICE_CLUSTER_TESTS:-1}" = 0 ]; then
+    cluster_not_run="GPUSLICE_CLUSTER_TESTS=0"
+elif [ "$(id -u)" != 0 ]; then
+    cluster_not_run="not root"
+else
+    step "Kubernetes cluster tests (scripts/cluster.sh, tests/cluster)"
+    cl_start=$(date +%s)
+    bash scripts/cluster.sh down >/dev/null 2>&1 || true
+    if timeout -k 10 "$limit" bash scripts/cluster.sh up </dev/null &&
+        timeout -k 10 600 bash scripts/cluster.sh install </dev/null; then
+        echo "cluster up and gpuslice installed in $(( $(date +%s) - cl_start )) s" >&2
+        timeout -k 10 "$limit" "$venv/bin/python" -m pytest tests/cluster </dev/null ||
+            failed+=("cluster tests")
+    else
+        failed+=("cluster up/install")
+    fi
+    bash scripts/cluster.sh logs-on-failure "${failed[*]}" >&2 || true
+    bash scripts/cluster.sh down </dev/null || failed+=("cluster down")
+fi
+
+# The plain manifests in deploy/ are the Helm chart's rendering (scripts/render-manifests.sh);
+# checked with the helm the cluster's build made (tests/cluster/test_chart.py checks it too),
+# or any helm on PATH. Without one, said at the end.
+step "deploy/ is the chart's rendering (scripts/render-manifests.sh --check)"
+render_not_run=""
+render_rc=0
+bash scripts/render-manifests.sh --check </dev/null || render_rc=$?
+case $render_rc in
+0) ;;
+3) render_not_run="no helm: scripts/cluster.sh build makes one" ;;
+*) failed+=("rendered manifests") ;;
+esac
+
 not_run=""
+if [ -n "$render_not_run" ]; then
+    not_run=" (NOT RUN: the check that deploy/ is the chart's rendering: $render_not_run)"
+fi
+if [ -n "$cluster_not_run" ]; then
+    not_run="$not_run (NOT RUN: the Kubernetes cluster tests, tests/cluster: $cluster_not_run)"
+fi
 if [ "$frameworks" = 0 ]; then
-    not_run=" (NOT RUN: the GPU framework tests, tests/python/test_frameworks_*.py: --no-frameworks)"
+    not_run="$not_run (NOT RUN: the GPU framework tests, tests/python/test_frameworks_*.py: --no-frameworks)"
 fi
 
 if [ -s "$root_not_run" ]; then

@@ -68,7 +68,8 @@ impl std::fmt::Display for ClaimError {
             ClaimError::Forbidden { claim, message } => write!(
                 f,
                 "reading ResourceClaim {claim} is forbidden: the plugin's service account needs \
-                 `get` on resourceclaims.resource.k8s.io (deploy/rbac.yaml): {message}"
+                 `get` on resourceclaims.resource.k8s.io (the chart's ClusterRole, \
+                 deploy/helm/gpuslice/templates/rbac.yaml): {message}"
             ),
             ClaimError::Api { claim, source } => {
                 write!(

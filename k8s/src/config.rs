@@ -88,6 +88,31 @@ pub struct Config {
     /// Leave the published ResourceSlice in place at a clean exit (the kubelet then deletes
     /// it 30 s after the plugin unregistered, unless a new plugin registers first).
     pub keep_slice_on_exit: bool,
+    /// The effect of the taint on a GPU that is gone (`NoSchedule`, `NoExecute`, `None`).
+    pub gone_taint_effect: TaintEffect,
+}
+
+/// A DRA device taint's effect (`DeviceTaint.effect`, resource.k8s.io/v1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaintEffect {
+    /// No new claim is allocated the device; pods already using it keep running.
+    NoSchedule,
+    /// As `NoSchedule`, and pods using the device are evicted (deleted) by
+    /// kube-controller-manager, unless their claims tolerate the taint.
+    NoExecute,
+    /// Informational only.
+    None,
+}
+
+impl TaintEffect {
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::NoExecute => "NoExecute",
+            TaintEffect::None => "None",
+        }
+    }
 }
 
 /// Usage line.
@@ -95,7 +120,7 @@ pub const USAGE: &str = "gpuslice-dra [--node-name NAME] [--driver NAME] [--regi
 [--plugin-dir DIR] [--cdi-dir DIR] [--runtime-dir DIR] [--library PATH] [--cdi-kind VENDOR/CLASS] \
 [--nvidia-cdi-kind VENDOR/CLASS] [--nvidia-cdi-name uuid|index|none] [--claims api|dir:DIR] \
 [--publish api|file:PATH] [--resync SECONDS] [--memory-step Q] [--memory-default Q] \
-[--mode auto|node|personal] [--keep-slice-on-exit]";
+[--mode auto|node|personal] [--keep-slice-on-exit] [--gone-taint-effect NoSchedule|NoExecute|None]";
 
 /// Help text.
 pub const HELP: &str = "\
@@ -106,7 +131,7 @@ The gpuslice DRA kubelet plugin: publishes this node's GPUs as shareable devices
   --driver NAME          driver name (default gpuslice.dev)
   --registry-dir DIR     kubelet plugin registration dir (default /var/lib/kubelet/plugins_registry)
   --plugin-dir DIR       this plugin's socket dir (default /var/lib/kubelet/plugins/<driver>)
-  --cdi-dir DIR          where CDI specs go (default /var/run/cdi)
+  --cdi-dir DIR          where CDI specs (and each one's files, NAME.d/) go (default /var/run/cdi)
   --runtime-dir DIR      gpuslice ledger dir (default $GPUSLICE_RUNTIME_DIR or /dev/shm/gpuslice)
   --library PATH         libgpuslice.so on the host (default /usr/lib/gpuslice/libgpuslice.so)
   --cdi-kind K           CDI kind of claim devices (default gpuslice.dev/slice)
@@ -121,6 +146,9 @@ The gpuslice DRA kubelet plugin: publishes this node's GPUs as shareable devices
                          personal: a ledger the plugin writes itself; auto (default): an
                          existing ledger's mode, else node for root on /dev/shm/gpuslice
   --keep-slice-on-exit   leave the ResourceSlice at a clean exit (default: delete it)
+  --gone-taint-effect E  the effect of the taint <driver>/gone on a published GPU that NVML
+                         no longer lists or reports lost: NoSchedule (default: no new claims
+                         there), NoExecute (also evicts the pods using it), or None
 A GPU with less than two --memory-step steps of memory left after operator slices is left
 out of the ResourceSlice (logged); a slice the API server refuses is logged once and sent
 again when the GPUs or their reservations change.
@@ -270,6 +298,7 @@ impl Config {
         let mut memory_default = 1 << 30;
         let mut mode = LedgerMode::Auto;
         let mut keep_slice_on_exit = false;
+        let mut gone_taint_effect = TaintEffect::NoSchedule;
         let usage = |e: lexopt::Error| ConfigError::Usage(e.to_string());
         while let Some(arg) = p.next().map_err(usage)? {
             match arg {
@@ -331,6 +360,14 @@ impl Config {
                     mode = one_of("--mode", &value(&mut p)?, &modes)?;
                 }
                 Long("keep-slice-on-exit") => keep_slice_on_exit = true,
+                Long("gone-taint-effect") => {
+                    let effects = [
+                        ("NoSchedule", TaintEffect::NoSchedule),
+                        ("NoExecute", TaintEffect::NoExecute),
+                        ("None", TaintEffect::None),
+                    ];
+                    gone_taint_effect = one_of("--gone-taint-effect", &value(&mut p)?, &effects)?;
+                }
                 other => return Err(ConfigError::Usage(other.unexpected().to_string())),
             }
         }
@@ -380,6 +417,7 @@ impl Config {
             memory_default,
             mode,
             keep_slice_on_exit,
+            gone_taint_effect,
         })
     }
 
@@ -439,6 +477,11 @@ mod tests {
         assert_eq!((c.mode, c.keep_slice_on_exit), (LedgerMode::Auto, false));
         let c = parse(&["--node-name=n", "--mode", "node", "--keep-slice-on-exit"]).unwrap();
         assert_eq!((c.mode, c.keep_slice_on_exit), (LedgerMode::Node, true));
+        assert_eq!(c.gone_taint_effect, TaintEffect::NoSchedule);
+        let c = parse(&["--node-name=n", "--gone-taint-effect", "NoExecute"]).unwrap();
+        assert_eq!(c.gone_taint_effect.as_str(), "NoExecute");
+        let e = parse(&["--node-name=n", "--gone-taint-effect=noexecute"]).unwrap_err();
+        assert!(e.contains("one of NoSchedule, NoExecute, None"), "{e}");
     }
 
     #[test]

@@ -61,6 +61,15 @@ pub enum Error {
         /// This node.
         node: String,
     },
+    /// A device allocated here is a GPU this node published that is gone now (tainted).
+    Gone {
+        /// The allocation's device.
+        device: String,
+        /// Why: NVML reports it lost, or no longer lists it.
+        why: crate::resource_slice::Gone,
+        /// The taint it carries (`<driver>/gone=<why>:<effect>`).
+        taint: String,
+    },
     /// A device allocated here is not one of this node's GPUs.
     NotOnNode {
         /// The allocation's device.
@@ -258,6 +267,18 @@ impl fmt::Display for Error {
             Error::OtherPool { pool, device, node } => write!(
                 f,
                 "device {pool}/{device} was allocated from pool {pool:?}, but this is node {node:?}"
+            ),
+            Error::Gone { device, why, taint } => write!(
+                f,
+                "device {device} is gone ({}; tainted {taint} in the ResourceSlice): nothing \
+                 was created; the kubelet retries, and the claim is prepared if the GPU comes \
+                 back (a GPU reset); otherwise delete the pod so its claim is allocated anew",
+                match why {
+                    crate::resource_slice::Gone::Lost => {
+                        "NVML reports it lost: fallen off the bus, XID 79"
+                    }
+                    crate::resource_slice::Gone::Missing => "NVML no longer lists it",
+                }
             ),
             Error::NotOnNode { device, here } => write!(
                 f,

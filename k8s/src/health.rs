@@ -38,16 +38,24 @@ pub struct GpuHealth {
 }
 
 /// Every GPU in `seen` (device names of all GPUs published since start): `here` is what NVML
-/// lists now (or why it failed), `monitor` why the node's monitor does not answer (node mode).
+/// lists now (or why it failed), `lost` the GPUs NVML reports lost, `monitor` why the node's
+/// monitor does not answer (node mode).
 pub fn judge(
     seen: &BTreeSet<String>,
     here: Result<&BTreeSet<String>, &str>,
+    lost: &BTreeSet<String>,
     monitor: Option<&str>,
 ) -> Vec<GpuHealth> {
     seen.iter()
         .map(|device| {
             let (healthy, message) = match (here, monitor) {
                 (Err(e), _) => (None, format!("NVML does not answer: {e}")),
+                (Ok(here), _) if !here.contains(device) && lost.contains(device) => (
+                    Some(false),
+                    "NVML reports this GPU lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus, \
+                     XID 79); processes on it fail, and a GPU reset or a reboot brings it back"
+                        .into(),
+                ),
                 (Ok(here), _) if !here.contains(device) => (
                     Some(false),
                     "NVML no longer lists this GPU (fallen off the bus, or reset?)".into(),
@@ -178,14 +186,19 @@ mod tests {
     fn a_gpu_is_healthy_when_nvml_lists_it_and_the_monitor_answers() {
         let seen: BTreeSet<String> = ["gpu-a", "gpu-b"].map(String::from).into();
         let here: BTreeSet<String> = ["gpu-a"].map(String::from).into();
-        let h = judge(&seen, Ok(&here), None);
+        let none = BTreeSet::new();
+        let h = judge(&seen, Ok(&here), &none, None);
         assert_eq!((h[0].healthy, h[0].message.as_str()), (Some(true), ""));
         assert_eq!(h[1].healthy, Some(false), "gone from NVML");
         assert!(h[1].message.contains("no longer lists"));
-        let h = judge(&seen, Ok(&here), Some("connection refused"));
+        let lost: BTreeSet<String> = ["gpu-b"].map(String::from).into();
+        let h = judge(&seen, Ok(&here), &lost, None);
+        assert_eq!(h[1].healthy, Some(false), "reported lost");
+        assert!(h[1].message.contains("NVML_ERROR_GPU_IS_LOST"), "{h:?}");
+        let h = judge(&seen, Ok(&here), &none, Some("connection refused"));
         assert_eq!(h[0].healthy, Some(false));
         assert!(h[0].message.contains("connection refused"));
-        let h = judge(&seen, Err("NVML_ERROR_UNINITIALIZED"), None);
+        let h = judge(&seen, Err("NVML_ERROR_UNINITIALIZED"), &none, None);
         assert!(h.iter().all(|g| g.healthy.is_none()));
         assert!(h[0].message.contains("NVML_ERROR_UNINITIALIZED"));
     }

@@ -11,10 +11,12 @@
 //! - [`driver`]: prepare and unprepare, with state only in the ledger and the CDI directory;
 //! - [`resource_slice`]: the ResourceSlice; [`publish`]: where it goes, and the resync loop;
 //! - [`claims`]: where ResourceClaims are read (API server, or a directory for tests);
-//! - [`server`]: the two unix-socket gRPC servers; [`health`]: the device-health stream the
+//! - [`server`]: the two unix-socket gRPC servers ([`authority`]: the kubelet's invalid
+//!   `:authority` made valid on the way in); [`health`]: the device-health stream the
 //!   kubelet watches (`DRAResourceHealth`);
 //! - [`nvml`], [`quantity`], [`config`]; [`error`]: the plugin's errors, worded where shown.
 
+pub mod authority;
 pub mod claims;
 pub mod config;
 pub mod driver;

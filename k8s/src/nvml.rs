@@ -10,8 +10,11 @@ pub use gpuslice_nvml::Gpu;
 pub struct Inventory {
     /// The kernel driver's version (`nvmlSystemGetDriverVersion`), empty when unknown.
     pub driver_version: String,
-    /// GPUs in NVML's order.
+    /// GPUs that answer, in NVML's order.
     pub gpus: Vec<Gpu>,
+    /// NVML's indices of the GPUs it reports lost (fallen off the bus): counted, but without a
+    /// handle, so known only by index.
+    pub lost: Vec<u32>,
 }
 
 /// An initialised NVML (kept for the plugin's life: the inventory is read again on every resync).
@@ -26,9 +29,11 @@ impl Nvml {
 
     /// The driver version and every GPU, now.
     pub fn inventory(&self) -> Result<Inventory, Error> {
+        let scan = self.0.scan()?;
         Ok(Inventory {
             driver_version: self.0.driver_version().unwrap_or_default(),
-            gpus: self.0.devices()?,
+            gpus: scan.gpus,
+            lost: scan.lost,
         })
     }
 }

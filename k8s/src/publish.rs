@@ -53,7 +53,9 @@ impl Sink {
             }),
             Err(e) => {
                 eprintln!(
-                    "gpuslice-dra: reading Node {node} for the ResourceSlice's owner reference:                      {e}; publishing without one (grant `get` on nodes, deploy/rbac.yaml)"
+                    "gpuslice-dra: reading Node {node} for the ResourceSlice's owner reference: \
+                     {e}; publishing without one (grant `get` on nodes: the chart's \
+                     ClusterRole, deploy/helm/gpuslice/templates/rbac.yaml)"
                 );
                 None
             }

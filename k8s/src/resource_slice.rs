@@ -2,15 +2,16 @@
 //! `memory` (bytes) and `compute` (thousandths of the GPU; 0 = best effort) capacities, less
 //! what operator slices made outside Kubernetes already reserve in the ledger.
 
+use crate::config::TaintEffect;
 use crate::nvml::{Gpu, Inventory};
 use crate::quantity;
 use gpuslice_ledger::{Snapshot, PPM};
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use std::collections::BTreeMap;
 
 /// The capacity name of a device's memory (bytes).
@@ -183,6 +184,70 @@ pub fn devices(inv: &Inventory, snap: &Snapshot, memory_step: u64, memory_defaul
     out
 }
 
+/// Why a GPU the plugin published is gone: the value of its taint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gone {
+    /// NVML counts it but reports it lost (`NVML_ERROR_GPU_IS_LOST`: fallen off the bus, XID 79).
+    Lost,
+    /// NVML no longer lists it (unbound from the driver, removed, or renumbered away).
+    Missing,
+}
+
+impl Gone {
+    /// The taint's value (a label value).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Gone::Lost => "lost",
+            Gone::Missing => "missing",
+        }
+    }
+}
+
+/// The key of the taint on a GPU that is gone: `<driver>/gone`, in the driver's own domain
+/// (a label name: the driver name is a DNS subdomain, the API server's rule for a prefix).
+pub fn gone_key(driver: &str) -> String {
+    format!("{driver}/gone")
+}
+
+/// `device` (as last published) kept in the slice with the taint `<driver>/gone=<why>:<effect>`,
+/// added at `since`, so kube-scheduler allocates it to no new claim (a device that simply
+/// vanished from the slice would say nothing about the pods that hold it), and, with
+/// `NoExecute`, kube-controller-manager evicts the pods using it.
+pub fn tainted(
+    device: &Device,
+    driver: &str,
+    why: Gone,
+    effect: TaintEffect,
+    since: Time,
+) -> Device {
+    let mut d = device.clone();
+    let key = gone_key(driver);
+    let mut taints: Vec<DeviceTaint> = d
+        .taints
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != key)
+        .collect();
+    taints.push(DeviceTaint {
+        key,
+        value: Some(why.as_str().into()),
+        effect: effect.as_str().into(),
+        time_added: Some(since),
+    });
+    d.taints = Some(taints);
+    d
+}
+
+/// Now, to the second (what the API server keeps of a `Time`), so a taint's `timeAdded`
+/// compares equal to what was applied.
+pub fn now() -> Time {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap_or_default())
+}
+
 /// The object name of this node's slice (a DNS subdomain).
 pub fn object_name(node: &str, driver: &str) -> String {
     let mut s: String = format!("{node}-{driver}")
@@ -282,6 +347,57 @@ mod tests {
         );
         let none = compute_capacity(0);
         assert_eq!((none.value.0.as_str(), none.request_policy), ("0", None));
+    }
+
+    #[test]
+    fn a_gone_gpu_keeps_its_device_with_one_taint_of_the_driver() {
+        let d = Device {
+            name: "gpu-a".into(),
+            ..Default::default()
+        };
+        let t = now();
+        let lost = tainted(
+            &d,
+            "gpuslice.dev",
+            Gone::Lost,
+            TaintEffect::NoSchedule,
+            t.clone(),
+        );
+        let again = tainted(
+            &lost,
+            "gpuslice.dev",
+            Gone::Missing,
+            TaintEffect::NoExecute,
+            t.clone(),
+        );
+        let taints = again.taints.as_ref().unwrap();
+        assert_eq!(taints.len(), 1, "one taint of the driver, replaced");
+        assert_eq!(
+            (
+                taints[0].key.as_str(),
+                taints[0].value.as_deref(),
+                taints[0].effect.as_str()
+            ),
+            ("gpuslice.dev/gone", Some("missing"), "NoExecute")
+        );
+        assert_eq!(taints[0].time_added, Some(t.clone()));
+        assert_eq!(
+            Device {
+                taints: None,
+                ..again
+            },
+            d,
+            "the device is otherwise unchanged"
+        );
+        let json = serde_json::to_value(&lost).unwrap();
+        assert!(
+            json["taints"][0]["timeAdded"]
+                .as_str()
+                .unwrap()
+                .ends_with('Z'),
+            "{json}"
+        );
+        assert_eq!(t.0.subsec_nanosecond(), 0);
     }
 
     #[test]

@@ -190,6 +190,17 @@ pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, Error> {
     tokio::net::UnixListener::bind(path).map_err(io("listening on", path))
 }
 
+/// The connections of `listener`, each with its `:authority` made valid: the kubelet's plugin
+/// watcher sends the socket's path there, which h2 refuses (`authority.rs`).
+fn incoming(
+    listener: tokio::net::UnixListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<crate::authority::Authority<tokio::net::UnixStream>>>
+{
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::UnixListenerStream::new(listener)
+        .map(|c| c.map(crate::authority::Authority::new))
+}
+
 /// Serve the DRA service on `listener` until the process ends.
 pub async fn serve_dra(
     driver: Arc<Driver>,
@@ -210,7 +221,7 @@ pub async fn serve_dra(
         .add_service(
             health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health),
         )
-        .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+        .serve_with_incoming(incoming(listener))
         .await
         .map_err(|source| Error::Serve {
             what: "the DRA service",
@@ -227,7 +238,7 @@ pub async fn serve_registration(
         .add_service(registration::registration_server::RegistrationServer::new(
             reg,
         ))
-        .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+        .serve_with_incoming(incoming(listener))
         .await
         .map_err(|source| Error::Serve {
             what: "the registration service",

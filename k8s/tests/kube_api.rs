@@ -122,7 +122,7 @@ async fn the_plugin_talks_to_the_api_server() {
     );
     let b = &r.claims["2b2b2b2b-0000-4000-8000-00000000002b"].error;
     assert!(
-        b.contains("forbidden") && b.contains("deploy/rbac.yaml"),
+        b.contains("forbidden") && b.contains("deploy/helm/gpuslice/templates/rbac.yaml"),
         "{b}"
     );
     let gone = &r.claims["2c2c2c2c-0000-4000-8000-00000000002c"].error;

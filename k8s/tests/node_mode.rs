@@ -11,7 +11,7 @@
 
 use gpuslice_dra::proto::health_v1alpha1::HealthStatus;
 use gpuslice_dra::proto::v1;
-use gpuslice_e2e::node::Node;
+use gpuslice_e2e::node::{slice_named, wait_for_slice, Node};
 use gpuslice_e2e::{artifact, World};
 use gpuslice_ledger::Ledger;
 use std::os::unix::fs::PermissionsExt;
@@ -315,4 +315,140 @@ fn start_plugin_waiting(world: &World, dirs: &Dirs) -> Child {
         &artifact("libgpuslice.so"),
         &["--mode", "node"],
     )
+}
+
+/// Issue #33: every process of a claim's container runs under the shim in the claim's slice,
+/// those that clear their environment too. The claim's spec mounts `/etc/ld.so.preload` and
+/// the settings file (with the join secret) from a root-only directory beside the spec; a
+/// container made from it as a runtime makes one (`gpuslice_e2e::container`) runs the tenant's
+/// programs with `env -i`. What escapes (docs/kubernetes.md): a program that turns the shim
+/// off in its own environment, which the monitor's audit reports as its uid's bypass.
+#[tokio::test(flavor = "current_thread")]
+async fn every_process_of_a_claims_container_is_in_its_slice() {
+    use gpuslice_e2e::container::{fake_gpu_env, Container};
+    gpuslice_e2e::need_root!();
+    let node = Node::new(1, "16Gi", &[]);
+    let dirs = Dirs::new(&node.world);
+    let mut p = plugin(&node, &dirs);
+    let endpoint = register(&dirs).await;
+    let s = published_slice(&dirs);
+    let dev0 = s.spec.devices.as_ref().unwrap()[0].name.clone();
+    let a = TestClaim::new("team-a", "a", "3c3c3c3c-0000-4000-8000-00000000003c");
+    a.write(&dirs, &dev0, "4Gi", "250");
+    let ids = prepared_ids(&prepare(&endpoint, &[&a]).await, a.uid);
+    let slice = format!("k8s-{}", a.uid);
+
+    // Beside the spec, root's alone: the files its mounts name, the secret among them.
+    let files = spec_file(&dirs, &a).with_extension("d");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&files), 0o700);
+    let settings = std::fs::read_to_string(files.join("slice.env")).unwrap();
+    let secret = spec_secret(&dirs, &a);
+    assert!(
+        settings.contains(&format!("GPUSLICE_SLICE={slice}\n"))
+            && settings.contains(&format!("GPUSLICE_SLICE_SECRET={secret}\n")),
+        "{settings}"
+    );
+    // Another user of the host cannot open it; the claim's processes read it in the container.
+    let o = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={TENANT}"),
+            &format!("--regid={TENANT}"),
+            "--clear-groups",
+            "--",
+        ])
+        .arg("cat")
+        .arg(files.join("slice.env"))
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("Permission denied"),
+        "{o:?}"
+    );
+
+    let c = Container::new(&dirs.cdi(), &ids[0], &node.bin, &[&node.root()]);
+    let hw = fake_gpu_env(&node.world);
+    let hw: Vec<(&str, &str)> = hw.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let burn = node.bin.join("gpuslice-burn");
+
+    // The tenant's program with `env -i`: admitted into the claim's slice with the file's
+    // secret, held to its 4 GiB.
+    assert_held_to_4_gib(&mut c.command(TENANT, &hw, &burn));
+    // Root in the container (what most images run as) too, though the node's directory, its
+    // own on the host, is read-only there.
+    assert_held_to_4_gib(&mut c.command(0, &hw, &burn));
+    // A setuid program (euid root, its caller's environment) loads the shim from
+    // /etc/ld.so.preload, which ignores every variable of that environment: in the claim's
+    // slice, whatever its caller says.
+    let hostile: Vec<(&str, &str)> = hw
+        .iter()
+        .copied()
+        .chain([
+            ("GPUSLICE_DISABLE", "1"),
+            ("GPUSLICE_SLICE", "elsewhere"),
+            ("GPUSLICE_MEMORY", "15Gi"),
+            ("GPUSLICE_RUNTIME_DIR", "/tmp"),
+        ])
+        .collect();
+    let setuid = Path::new("/usr/local/bin/gpuslice-burn-setuid");
+    assert_held_to_4_gib(&mut c.command_after(
+        TENANT,
+        &hostile,
+        setuid,
+        &format!(
+            "cp {} \"$R{}\" && chmod 4755 \"$R{}\"",
+            burn.display(),
+            setuid.display(),
+            setuid.display()
+        ),
+    ));
+
+    // Recorded in the slice: the node's status lists it there while it holds 1 GiB.
+    let (mut holder, _) = gpuslice_e2e::spawn_holding(
+        c.command(TENANT, &hw, &burn)
+            .args(["--alloc", "1Gi", "--hold", "60", "--json"])
+            .stderr(Stdio::null()),
+    );
+    wait_for_slice(&node, &slice, 1);
+    let st = node.status();
+    assert_eq!(
+        slice_named(&st, &slice)["pids"],
+        serde_json::json!([holder.id()]),
+        "{st:#}"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+
+    // What escapes: a program that turns the shim off in its own environment (and has no
+    // GPUSLICE_SLICE there) runs unwrapped; the audit reports it as its uid's bypass.
+    let mut off = hw.clone();
+    off.push(("GPUSLICE_DISABLE", "1"));
+    let (mut escaped, _) = gpuslice_e2e::spawn_holding(
+        c.command(TENANT, &off, &burn)
+            .args(["--alloc", "5Gi", "--hold", "60", "--json"])
+            .stderr(Stdio::null()),
+    );
+    let pid = escaped.id().to_string();
+    wait_for(&dirs, "the audit to report the escape", || {
+        node.monitor_log().lines().any(|l| {
+            l.contains(&format!("pid {pid} of uid {TENANT}")) && l.contains("outside gpuslice")
+        })
+    });
+    escaped.kill().unwrap();
+    escaped.wait().unwrap();
+
+    // The pod ends: unprepare removes the spec and its files.
+    wait_for(&dirs, "the holder reaped", || {
+        node.status()["slices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|x| x["name"] == slice.as_str())
+            .all(|x| x["pids"].as_array().is_none_or(|p| p.is_empty()))
+    });
+    assert_eq!(unprepare(&endpoint, &a).await, "");
+    assert!(!spec_file(&dirs, &a).exists());
+    assert!(!files.exists(), "{}", files.display());
+    p.kill().unwrap();
+    p.wait().unwrap();
 }

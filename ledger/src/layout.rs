@@ -20,7 +20,7 @@ use gpuslice_sched::{SchedDevice, SchedProc, SchedSlice};
 /// The first 8 bytes of every ledger file.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 /// Bumped on every layout change (including `gpuslice-sched`'s records).
-pub const LAYOUT_VERSION: u32 = 7;
+pub const LAYOUT_VERSION: u32 = 8;
 /// Devices per node.
 pub const MAX_DEVICES: usize = 16;
 /// Slice records per node (a slice is per device: `(name, device)`). Sized so that every
@@ -165,6 +165,10 @@ pub struct Device {
     pub best_effort_denied_total: AtomicU64,
     /// Scheduler state (compute).
     pub sched: SchedDevice,
+    /// Node mode: bytes one CUDA context is charged to its slice on this device (the monitor's
+    /// `--context-memory`, by default what its own context took); 0: contexts are not charged
+    /// (personal mode). Written by the monitor only.
+    pub context_bytes: AtomicU64,
 }
 
 /// A slice on one device: a quota shared by the processes that joined it.
@@ -215,6 +219,9 @@ pub struct Slice {
     /// (balloons, docs/security.md): free to the slice's processes though the driver does not
     /// count them free, so `cuMemGetInfo` and NVML add them back. Written by the monitor only.
     pub balloon_held: AtomicU64,
+    /// Node mode: bytes of `memory_used` that are the CUDA contexts of the slice's live
+    /// processes (the rest is allocations), mirrored from the region by the monitor.
+    pub context_used: AtomicU64,
 }
 
 impl Slice {

@@ -32,6 +32,9 @@ pub struct Peer {
     pub uid: u32,
     /// Start time of `host_pid` (`/proc/<pid>/stat` field 22), read by the monitor.
     pub start_time: u64,
+    /// Inode of its PID namespace (0: unknown), so a reader in that namespace can tell whether
+    /// `nspid` still runs (`status`'s `alive`).
+    pub pid_ns: u64,
 }
 
 /// Per-user bounds on the policy's tables (docs/security.md, "Bounds").
@@ -118,12 +121,27 @@ impl Ledger {
 
     /// What a wrapped process opens: in its own directory a personal ledger (created when
     /// missing) or, if the directory holds the node policy, that policy read-only; in root's
-    /// directory the node policy, read-only (never creating anything).
+    /// directory the node policy, read-only (never creating anything). Root in a container
+    /// whose node directory is mounted read-only (every slice's CDI spec mounts it so) finds
+    /// its own directory unwritable: the node policy there is opened read-only as well.
     pub fn open_for_process(dir: &Path) -> Result<Opened, LedgerError> {
         let d = RuntimeDir::open_or_create(dir)?;
         if d.owner() == Owner::Caller {
             let l = match Ledger::open_in(d, true) {
                 Err(LedgerError::NotFound(_)) => Ledger::open_or_create(dir)?,
+                Err(LedgerError::Io { source, .. })
+                    if source.raw_os_error() == Some(libc::EROFS) =>
+                {
+                    let l = Ledger::open_in(RuntimeDir::open(dir)?, false)?;
+                    if !l.is_node() {
+                        return Err(LedgerError::Monitor(format!(
+                            "{} is a personal ledger on a read-only mount; mount it read-write, \
+                             or run the node's monitor (`gpuslice monitor --mode node`)",
+                            l.path().display()
+                        )));
+                    }
+                    return Ok(Opened::Node(l));
+                }
                 other => other?,
             };
             if !l.is_node() {
@@ -242,6 +260,7 @@ impl Ledger {
         p.host_pid.store(peer.host_pid, SeqCst);
         p.uid.store(peer.uid, SeqCst);
         p.start_time.store(peer.start_time, SeqCst);
+        p.pid_ns.store(peer.pid_ns, SeqCst);
         // SAFETY: under the lock, record not yet published.
         unsafe { p.slice_name.set(display_name) };
         for pd in &p.devices {
@@ -428,6 +447,7 @@ impl Ledger {
                 if let Some(rp) = keys_of(d, pd).and_then(|k| regions.get(k)) {
                     if let Some(w) = rp.proc_(i) {
                         bytes = bytes.saturating_add(w.charged.swap(0, SeqCst));
+                        w.contexts.store(0, SeqCst);
                         w.ops_begun.store(0, SeqCst);
                         w.ops_ended.store(0, SeqCst);
                     }
@@ -495,16 +515,34 @@ impl Ledger {
             }
             dev.best_effort_used.store(sum, SeqCst);
         }
+        // Each slice's contexts: what its members say of their own charge is context, each
+        // clamped to that charge (hostile words move only their own slice's display).
+        let mut contexts = vec![0u64; self.slices().len()];
         for (i, p) in self.procs().iter().enumerate() {
             if p.state.load(SeqCst) == STATE_FREE {
                 continue;
             }
             for (d, pd) in p.devices.iter().enumerate() {
-                let v = region_key(pd.account.load(SeqCst), d)
+                let account = pd.account.load(SeqCst);
+                let (v, ctx) = region_key(account, d)
                     .and_then(|k| regions.get(k))
-                    .and_then(|r| r.proc_(i).map(|w| w.charged.load(SeqCst)))
-                    .unwrap_or(0);
+                    .and_then(|r| {
+                        r.proc_(i).map(|w| {
+                            let c = w.charged.load(SeqCst);
+                            (c, w.contexts.load(SeqCst).min(c))
+                        })
+                    })
+                    .unwrap_or((0, 0));
                 pd.charged.store(v, SeqCst);
+                if let Some(sum) = contexts.get_mut(account as usize) {
+                    *sum = sum.saturating_add(ctx);
+                }
+            }
+        }
+        for (s, ctx) in self.slices().iter().zip(contexts) {
+            if s.state.load(SeqCst) == STATE_ACTIVE {
+                let used = s.memory_used.0.load(SeqCst);
+                s.context_used.store(ctx.min(used), SeqCst);
             }
         }
     }

@@ -64,6 +64,9 @@ pub struct RegionProc {
     pub ops_ended: AtomicU64,
     /// Bytes this process holds in the slice.
     pub charged: AtomicU64,
+    /// Of `charged`, the bytes that are its CUDA contexts (written by the process, as
+    /// `charged`; read by the monitor for `gpuslice status`, clamped to `charged`).
+    pub contexts: AtomicU64,
     /// Compute scheduler, per process.
     pub sched: SchedProc,
     /// Node-mode compute turns: what the process asks of the monitor (`gpuslice_sched::Granted`).
@@ -205,6 +208,7 @@ impl Region {
             return;
         };
         w.charged.store(0, SeqCst);
+        w.contexts.store(0, SeqCst);
         w.ops_begun.store(0, SeqCst);
         w.ops_ended.store(0, SeqCst);
         let g = &w.grant;

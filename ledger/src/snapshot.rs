@@ -37,6 +37,8 @@ pub struct DeviceInfo {
     pub best_effort_used: u64,
     /// Σ compute guarantees, ppm.
     pub compute_reserved_ppm: u32,
+    /// Node mode: what one CUDA context is charged to its slice (0: contexts not charged).
+    pub context_bytes: u64,
 }
 
 /// A slice on one device.
@@ -58,6 +60,8 @@ pub struct SliceInfo {
     pub memory_limit: Option<u64>,
     /// Bytes held by its processes.
     pub memory_used: u64,
+    /// Of `memory_used`, the bytes its live processes' CUDA contexts are charged (node mode).
+    pub context_used: u64,
     /// Guarantee.
     pub compute_share: Share,
     /// Cap.

@@ -365,6 +365,11 @@ pub fn own_pid_identity() -> (u64, u32) {
     (ns, outer)
 }
 
+/// Inode of the PID namespace of `pid` (this namespace's), 0 when unknown.
+pub fn pid_ns_of_pid(pid: u32) -> u64 {
+    pid_ns_of(&pid.to_string()).unwrap_or(0)
+}
+
 fn pid_ns_of(pid: &str) -> Option<u64> {
     std::fs::metadata(format!("/proc/{pid}/ns/pid"))
         .ok()

@@ -184,6 +184,9 @@ pub struct Server {
     /// The slices' unused reservations held on the GPUs (`None`: `--balloons off`, or no
     /// driver).
     pub balloons: Option<Arc<crate::balloon::Balloons>>,
+    /// What new reservations are checked against as the devices physically are
+    /// (`crate::physical`); `None`: NVML unavailable (the ledger's check alone).
+    pub nvml: Option<crate::nvml::Nvml>,
 }
 
 /// Bind `monitor.sock` in the (checked, root-owned) runtime directory, mode 0666.
@@ -318,6 +321,7 @@ fn peer_of(pid: u32, uid: u32) -> Result<Peer, RequestError> {
         nspid,
         uid,
         start_time,
+        pid_ns: gpuslice_ledger::view::pid_ns_of_pid(pid),
     })
 }
 
@@ -503,6 +507,54 @@ fn view(server: &Server, v: protocol::View, uid: u32) -> Result<OwnedFd, Request
     Ok(OwnedFd::from(f))
 }
 
+/// A new reservation (a quota slice this process would create) must fit the device as it
+/// physically is, not only the ledger's sums (`crate::physical`): refused with what it asked,
+/// what the device can take and whose memory is outside gpuslice. Joining an existing slice
+/// takes nothing new (its reservation was checked, and the balloons hold it).
+fn physically_fits(server: &Server, asks: &[DeviceAsk], uid: u32) -> Result<(), Refusal> {
+    let Some(nvml) = &server.nvml else {
+        return Ok(());
+    };
+    for ask in asks {
+        let Some(want) = ask.req.memory else {
+            continue;
+        };
+        let ledger = &server.ledger;
+        let Some(dev) = ledger.find_device(&ask.uuid) else {
+            continue;
+        };
+        if ledger.joins_existing(ask.req.name.as_deref(), dev, uid) {
+            continue;
+        }
+        let balloons = server.balloons.is_some();
+        let Some(room) = crate::physical::room(
+            ledger,
+            server.regions.as_ref(),
+            nvml,
+            balloons,
+            dev,
+            &ask.uuid,
+        ) else {
+            continue;
+        };
+        if want > room.available() {
+            return Err(Refusal::asked(format!(
+                "admission: slice refused: {}: requested {}, available {} on {} as the device \
+                 physically is ({} free by NVML, {} of it other slices' reservations not held \
+                 yet){}",
+                ask.req.memory_setting,
+                gpuslice_ledger::human_bytes(want),
+                gpuslice_ledger::human_bytes(room.available()),
+                ask.uuid,
+                gpuslice_ledger::human_bytes(room.free),
+                gpuslice_ledger::human_bytes(room.owed),
+                room.outside_text()
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn admit(server: &Server, req: AdmitRequest, pid: u32, uid: u32) -> Result<Answer, Refusal> {
     let peer = peer_of(pid, uid)?;
     if let Some(n) = &req.slice {
@@ -533,6 +585,7 @@ fn admit(server: &Server, req: AdmitRequest, pid: u32, uid: u32) -> Result<Answe
         .collect();
     let name = &req.slice;
     let ledger = &server.ledger;
+    physically_fits(server, &asks, peer.uid)?;
     let a = ledger
         .admit_with_secret(
             &peer,

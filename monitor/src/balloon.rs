@@ -21,13 +21,11 @@
 //!   and no monitor to ask says so once. **It restarts**: the first tick holds again what is
 //!   physically free, never memory a process holds (a process charges its slice before it
 //!   allocates, so an allocation in flight is outside `limit - used`).
-//! - **Room for a context** ([`Balloons::admitted`]): a CUDA context takes device memory
-//!   that no quota counts (the quota is what the program allocates), and it is created
-//!   through the driver, not the shim. So a slice with no process reserves, beyond its unused
-//!   quota, room for one context (`--context-allowance`, the audit's allowance), and the
-//!   admission of a process to the slice hands that room back (the release path above) for
-//!   the context it is about to create; while the slice has a process the balloon holds
-//!   `limit - used` only.
+//! - **Contexts** ([`Balloons::admitted`]): a CUDA context takes device memory, and each is
+//!   charged to its slice inside the quota (`Device::context_bytes`, `shim/src/contexts.rs`),
+//!   so the balloon holds `limit - used` with contexts in `used`. The admission of a process
+//!   hands one context's charge of its slice's balloon back at once (the release path above),
+//!   so the context it is about to create finds the memory without the slow path.
 //! - **Off**: `gpuslice monitor --balloons off`.
 
 use crate::error::{DriverError, RequestError};
@@ -85,8 +83,6 @@ pub struct Balloons {
     drv: Driver,
     /// Device UUID to its primary context (an address, kept as an integer to be `Send`).
     ctxs: HashMap<String, usize>,
-    /// What a slice with no process reserves for its first process's context.
-    room: u64,
     state: Mutex<State>,
 }
 
@@ -107,10 +103,9 @@ unsafe fn sym<T: Copy>(lib: *mut libc::c_void, name: &'static str) -> Result<T, 
 }
 
 impl Balloons {
-    /// Load the driver, initialise it and retain every device's primary context; a slice with
-    /// no process reserves `room` for its first context. `Err` says why balloons cannot be
-    /// held (no driver): the monitor then warns and goes on without.
-    pub fn open(room: u64) -> Result<Balloons, DriverError> {
+    /// Load the driver, initialise it and retain every device's primary context. `Err` says
+    /// why balloons cannot be held (no driver): the monitor then warns and goes on without.
+    pub fn open() -> Result<Balloons, DriverError> {
         // SAFETY: dlopen with a constant NUL-terminated name; the handle is checked.
         let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
         if lib.is_null() {
@@ -170,7 +165,6 @@ impl Balloons {
         Ok(Balloons {
             drv,
             ctxs,
-            room,
             state: Mutex::new(State {
                 held: HashMap::new(),
                 quiet_until: Instant::now(),
@@ -214,20 +208,14 @@ impl Balloons {
     }
 
     /// Bring every quota slice's balloon to its unused reservation, within [`SLACK`]; free the
-    /// balloons of slices that are gone. Monitor tick only. Log lines (a balloon that cannot
-    /// be filled: the device is physically full, memory taken outside gpuslice).
-    pub fn tick(&self, ledger: &Ledger, regions: &dyn Regions) -> Vec<String> {
+    /// balloons of slices that are gone. Monitor tick only. Log lines, each with the device
+    /// UUID when it says a balloon cannot be filled (the device is physically full: memory
+    /// taken outside gpuslice, which the caller names).
+    pub fn tick(&self, ledger: &Ledger, regions: &dyn Regions) -> Vec<(String, Option<String>)> {
         let mut lines = vec![];
         let mut st = self.lock();
         let quiet = Instant::now() < st.quiet_until;
         let mut live = HashSet::new();
-        // Slices with a process: their context room was handed back at its admission.
-        let occupied: HashSet<usize> = ledger
-            .procs()
-            .iter()
-            .filter(|p| p.state.load(SeqCst) == STATE_ACTIVE)
-            .flat_map(|p| p.devices.iter().map(|d| d.slice.load(SeqCst) as usize))
-            .collect();
         for (si, s) in ledger.slices().iter().enumerate() {
             let limit = s.memory_limit.load(SeqCst);
             if s.state.load(SeqCst) != STATE_ACTIVE || limit == NO_LIMIT {
@@ -247,8 +235,7 @@ impl Balloons {
                 .get(si as u32)
                 .map_or(0, |r| r.header().memory_used.load(SeqCst))
                 .min(limit);
-            let room = if occupied.contains(&si) { 0 } else { self.room };
-            let want = (limit - used).saturating_add(room);
+            let want = limit - used;
             let h = st.held.entry(si).or_default();
             if h.owner != owner {
                 self.shrink(h, 0, 0);
@@ -263,6 +250,11 @@ impl Balloons {
             let have = h.bytes();
             if (changed || have.saturating_add(SLACK) <= want || have == 0) && !quiet {
                 let mut missing = want.saturating_sub(have);
+                // Said before it is taken: the slice's processes add what the balloon holds to
+                // the driver's free memory (`cuMemGetInfo`), so a piece the driver no longer
+                // counts free must already be in the word (counted twice for a moment at
+                // most, never missing); the word is settled below.
+                ledger.record_balloon(si, want);
                 while missing > 0 {
                     let n = missing.min(CHUNK);
                     match self.alloc(n) {
@@ -275,16 +267,21 @@ impl Balloons {
                 let uuid = h.owner.0.clone();
                 if missing >= SLACK {
                     if st.short.insert(si) {
-                        lines.push(format!(
-                            "balloons: cannot hold {} of slice {name:?}'s unused reservation on \
-                             {uuid}: the device is physically full (memory taken outside \
-                             gpuslice?); retrying every tick",
-                            crate::table::size(missing)
+                        lines.push((
+                            format!(
+                                "balloons: cannot hold {} of slice {name:?}'s unused reservation \
+                                 on {uuid}: the device is physically full; retrying every tick",
+                                crate::table::size(missing)
+                            ),
+                            Some(uuid),
                         ));
                     }
                 } else if st.short.remove(&si) {
-                    lines.push(format!(
-                        "balloons: slice {name:?}'s unused reservation on {uuid} is held again"
+                    lines.push((
+                        format!(
+                            "balloons: slice {name:?}'s unused reservation on {uuid} is held again"
+                        ),
+                        None,
                     ));
                 }
             }
@@ -354,9 +351,9 @@ impl Balloons {
         Ok(self.release(ledger, si, uuid, bytes))
     }
 
-    /// A process was just admitted to slice `si` (the policy's record): hand back the room
-    /// its slice reserved for a context ([`Balloons::release`]), which the driver takes when
-    /// the process creates its context, before it allocates anything. The bytes freed.
+    /// A process was just admitted to slice `si` (the policy's record): hand back one
+    /// context's charge of its slice's balloon ([`Balloons::release`]), which the driver takes
+    /// when the process creates its context (charged to the slice first). The bytes freed.
     pub fn admitted(&self, ledger: &Ledger, si: usize) -> u64 {
         let Some(s) = ledger.slices().get(si) else {
             return 0;
@@ -364,10 +361,11 @@ impl Balloons {
         let Some(d) = ledger.devices().get(s.device.load(SeqCst) as usize) else {
             return 0;
         };
-        if self.room == 0 || s.memory_limit.load(SeqCst) == NO_LIMIT {
+        let room = d.context_bytes.load(SeqCst);
+        if room == 0 || s.memory_limit.load(SeqCst) == NO_LIMIT {
             return 0;
         }
-        self.release(ledger, si, &d.uuid.get(), self.room)
+        self.release(ledger, si, &d.uuid.get(), room)
     }
 
     /// What the balloons hold per device UUID, for the log and metrics.

@@ -8,7 +8,11 @@
 //!   [`gpuslice_cdi::CONTAINER_RUNTIME_DIR`] (fixed paths, so the spec does not depend
 //!   on the image's layout);
 //! - set `LD_PRELOAD`, `GPUSLICE_RUNTIME_DIR`, `GPUSLICE_SLICE` and whichever of
-//!   `GPUSLICE_MEMORY`, `GPUSLICE_COMPUTE`, `GPUSLICE_COMPUTE_CAP` were given.
+//!   `GPUSLICE_MEMORY`, `GPUSLICE_COMPUTE`, `GPUSLICE_COMPUTE_CAP` and the join secret were
+//!   given;
+//! - with `--output FILE`, mount the files written beside it (`FILE` less its extension, `.d`)
+//!   at `/etc/ld.so.preload` and `/etc/gpuslice/slice.env`, so that programs which clear their
+//!   environment are in the slice too ([`gpuslice_cdi::write_files`]).
 //!
 //! Values are checked with the same rules as `gpuslice run` ([`crate::run::Limits`]), and names
 //! with the CDI parser's rules, so a spec this writes is one a runtime accepts. JSON is valid CDI
@@ -130,23 +134,33 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
         .secret_file
         .map(|p| gpuslice_ledger::secret::Secret::read_file(&p))
         .transpose()?;
-    let mut spec = spec(
+    let env = env(&limits, secret.as_ref());
+    // The spec's own files (the preload list, the settings file) go beside it, first: a
+    // runtime never reads a spec whose files are missing. On stdout there is no beside.
+    let files = match &output {
+        Some(path) => Some(gpuslice_cdi::write_files(path, &env).map_err(|e| {
+            Failure::Other(format!(
+                "cdi: writing {}: {e}",
+                gpuslice_cdi::files_dir(path).display()
+            ))
+        })?),
+        None => {
+            eprintln!(
+                "gpuslice: note: a spec on stdout has no /etc/ld.so.preload or settings file (they \
+                 are written beside a spec written with --output): programs of the container that \
+                 clear their environment run outside the slice"
+            );
+            None
+        }
+    };
+    let spec = gpuslice_cdi::spec(
         &kind,
         &slice,
-        &limits,
+        &env,
         &library.to_string_lossy(),
         &runtime_dir.to_string_lossy(),
+        files.as_deref(),
     );
-    if let (Some(s), Some(env)) = (
-        &secret,
-        spec["devices"][0]["containerEdits"]["env"].as_array_mut(),
-    ) {
-        env.push(serde_json::Value::String(format!(
-            "{}={}",
-            gpuslice_ledger::secret::SECRET_VAR,
-            s.expose()
-        )));
-    }
     let text = serde_json::to_string_pretty(&spec).expect("a JSON value serializes") + "\n";
     match output {
         None => std::io::stdout()
@@ -171,21 +185,21 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
     Ok(0)
 }
 
-/// The spec as JSON (built by [`gpuslice_cdi::spec`]).
-pub fn spec(
-    kind: &str,
-    slice: &str,
-    limits: &Limits,
-    host_library: &str,
-    host_runtime_dir: &str,
-) -> serde_json::Value {
-    // `limits.env()` includes GPUSLICE_SLICE: the slice name is required here.
-    let env: Vec<(String, String)> = limits
+/// The spec's variables besides `LD_PRELOAD` and `GPUSLICE_RUNTIME_DIR`: the limits' (with
+/// `GPUSLICE_SLICE`, which is required here) and the join secret.
+fn env(limits: &Limits, secret: Option<&gpuslice_ledger::secret::Secret>) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = limits
         .env()
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    gpuslice_cdi::spec(kind, slice, &env, host_library, host_runtime_dir)
+    if let Some(s) = secret {
+        env.push((
+            gpuslice_ledger::secret::SECRET_VAR.to_string(),
+            s.expose().to_string(),
+        ));
+    }
+    env
 }
 
 /// CDI's rule for a vendor or class name: a letter first, a letter or digit last, letters,
@@ -385,6 +399,26 @@ mod tests {
             text.contains(&format!("GPUSLICE_SLICE_SECRET={}", secret.expose())),
             "{text}"
         );
+        // Beside it, in a root-only directory, the files its mounts name: the settings file
+        // (with the secret) readable by any uid of the container through its bind mount.
+        let files = d.join("spec.d");
+        assert!(
+            text.contains(&files.join("slice.env").display().to_string()),
+            "{text}"
+        );
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&files), 0o700);
+        assert_eq!(mode(&files.join("slice.env")), 0o644);
+        let settings = std::fs::read_to_string(files.join("slice.env")).unwrap();
+        assert!(
+            settings.contains("GPUSLICE_SLICE=team\n")
+                && settings.contains(&format!("GPUSLICE_SLICE_SECRET={}\n", secret.expose())),
+            "{settings}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(files.join("ld.so.preload")).unwrap(),
+            "/usr/lib/gpuslice/libgpuslice.so\n"
+        );
         // A secret file others can read is refused.
         std::fs::set_permissions(&sf, std::fs::Permissions::from_mode(0o644)).unwrap();
         let mut again = args.to_vec();
@@ -402,12 +436,13 @@ mod tests {
             slice: Some("a".into()),
             ..Limits::default()
         };
-        let s = spec(
+        let s = gpuslice_cdi::spec(
             DEFAULT_KIND,
             "a",
-            &limits,
+            &env(&limits, None),
             "/usr/local/lib/libgpuslice.so",
             "/dev/shm/gpuslice",
+            None,
         );
         let dev = &s["devices"][0];
         assert_eq!(dev["name"], "a");

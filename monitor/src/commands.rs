@@ -152,14 +152,20 @@ pub static MONITOR: Command = Command {
         flag(
             "on-violation",
             "report|kill",
-            "a slice NVML finds over its quota is reported (default), or its processes that \
-             are themselves over killed (never one within what it charged)",
+            "a slice NVML finds over its quota is reported, or its processes that are over \
+             killed, and tenants' bypasses (default: kill in node mode, report in personal mode)",
         ),
         flag(
             "context-allowance",
             "SIZE",
             "device memory the audit allows each process beyond its quota for its CUDA \
              context, which NVML counts and quotas do not (default 512Mi)",
+        ),
+        flag(
+            "context-memory",
+            "SIZE",
+            "node mode: what each CUDA context is charged to its slice, inside the quota as on a \
+             GPU (default: what the monitor's own context takes on the device)",
         ),
         flag(
             "balloons",
@@ -335,13 +341,16 @@ pub static CDI: Command = Command {
         flag(
             "output",
             "FILE",
-            "write FILE (atomically) instead of stdout",
+            "write FILE (atomically) instead of stdout, and beside it (FILE less its \
+             extension, .d/) the /etc/ld.so.preload and settings file it mounts",
         )
         .short('o'),
     ],
     details: "\
 The host's ledger directory ($GPUSLICE_RUNTIME_DIR, default /dev/shm/gpuslice) is mounted at
-/run/gpuslice. Put the spec in /etc/cdi/ and use it beside the GPU's own CDI device:
+/run/gpuslice. With --output, the container's /etc/ld.so.preload names the library and
+/etc/gpuslice/slice.env holds the spec's variables, so programs that clear their environment
+are in the slice too. Put the spec in /etc/cdi/ and use it beside the GPU's own CDI device:
   --device nvidia.com/gpu=0 --device gpuslice.dev/slice=NAME",
     subcommands: &[],
 };

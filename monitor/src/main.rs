@@ -38,6 +38,7 @@ mod metrics;
 mod nvml;
 #[cfg(test)]
 mod parsers;
+mod physical;
 mod prom;
 mod run;
 mod shared;

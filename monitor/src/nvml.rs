@@ -36,6 +36,7 @@ pub fn add_unregistered(view: &mut NodeView) {
                 memory_reserved: 0,
                 memory_used: 0,
                 compute_reserved: 0.0,
+                context_bytes: 0,
             });
         }
     }

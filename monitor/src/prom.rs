@@ -33,6 +33,8 @@ pub struct AuditRow {
     /// Per pid (same order): what NVML reports beyond what the process charged to the slice
     /// (all of it for a process the ledger does not know).
     pub excess: Vec<u64>,
+    /// Per pid (same order): what NVML reports for it.
+    pub held: Vec<u64>,
     /// The slice's ledger record (names are namespaced by owner, so two may share a name).
     pub index: usize,
     /// What the audit allows the counted processes beyond the quota: each its CUDA context
@@ -48,10 +50,13 @@ impl AuditRow {
             .is_some_and(|l| self.observed > l.saturating_add(self.allowance))
     }
 
-    /// The pids `--on-violation kill` ends for a slice over its quota: only processes that are
-    /// themselves over (hold more than they charged and their context's allowance), the largest
-    /// excess first, until what is left fits the quota and the allowance. A process within what it charged is never among them, so a
-    /// bypass that names the slice cannot get its honest members killed.
+    /// The pids `--on-violation kill` ends for a slice over its quota: first the processes that
+    /// are themselves over (hold more than they charged and their context's allowance), the
+    /// largest excess first, until what is left fits the quota and the allowance; so a bypass
+    /// that names the slice cannot get its honest members killed. Only when the slice is still
+    /// over with all of those gone are its other processes ended, the largest first: their
+    /// charges together exceed the quota, which only a scribbled counter of the slice's own
+    /// (its processes trust each other) makes possible.
     pub fn to_kill(&self) -> Vec<u32> {
         let Some(limit) = self.limit else {
             return vec![];
@@ -73,6 +78,21 @@ impl AuditRow {
             }
             out.push(pid);
             left = left.saturating_sub(e);
+        }
+        let mut by_held: Vec<(u64, u32)> = self
+            .held
+            .iter()
+            .copied()
+            .zip(self.pids.iter().copied())
+            .filter(|(_, pid)| !out.contains(pid))
+            .collect();
+        by_held.sort_unstable_by(|a, b| b.cmp(a));
+        for (h, pid) in by_held {
+            if left <= limit {
+                break;
+            }
+            out.push(pid);
+            left = left.saturating_sub(h);
         }
         out
     }
@@ -189,7 +209,7 @@ pub fn render(snap: &NodeView, facts: Option<&MonitorFacts>) -> String {
     }
 
     type SliceField = fn(&crate::view::SliceView) -> Option<f64>;
-    let slice_families: [(&'static str, &str, &str, SliceField); 11] = [
+    let slice_families: [(&'static str, &str, &str, SliceField); 12] = [
         (
             "gpuslice_slice_memory_limit_bytes",
             "gauge",
@@ -201,6 +221,12 @@ pub fn render(snap: &NodeView, facts: Option<&MonitorFacts>) -> String {
             "gauge",
             "Device memory the slice holds.",
             |s| Some(s.memory_used as f64),
+        ),
+        (
+            "gpuslice_slice_memory_contexts_bytes",
+            "gauge",
+            "Of the slice's memory, what its processes' CUDA contexts are charged (node mode).",
+            |s| Some(s.memory_contexts as f64),
         ),
         (
             "gpuslice_slice_compute_share_ratio",
@@ -331,6 +357,43 @@ pub fn render(snap: &NodeView, facts: Option<&MonitorFacts>) -> String {
 mod tests {
     use super::*;
 
+    /// Issue #34: a slice over its quota with no process itself over (its members' charges
+    /// together exceed the quota: its counter was scribbled) loses its largest processes until
+    /// it fits; a bypass that names it goes first, and alone when that is enough.
+    #[test]
+    fn a_scribbled_slice_loses_its_largest_processes_until_it_fits() {
+        const GI: u64 = 1 << 30;
+        let row = |pids: Vec<u32>, held: Vec<u64>, excess: Vec<u64>| AuditRow {
+            observed: held.iter().sum(),
+            pids,
+            held,
+            excess,
+            allowance: 0,
+            index: 0,
+            slice: "t1s".into(),
+            device_uuid: "GPU-x".into(),
+            limit: Some(GI),
+        };
+        // Three members charged 768 MiB, 512 MiB and 256 MiB on a 1 GiB quota.
+        let r = row(
+            vec![1, 2, 3],
+            vec![768 << 20, 512 << 20, 256 << 20],
+            vec![0, 0, 0],
+        );
+        assert!(r.over_quota());
+        assert_eq!(r.to_kill(), [1]);
+        // A bypass naming the slice with 1 GiB: it alone goes, the members fit without it.
+        let r = row(
+            vec![1, 2, 9],
+            vec![512 << 20, 256 << 20, GI],
+            vec![0, 0, GI],
+        );
+        assert_eq!(r.to_kill(), [9]);
+        // Within the quota: nobody.
+        let r = row(vec![1, 2], vec![512 << 20, 256 << 20], vec![0, 0]);
+        assert!(r.to_kill().is_empty());
+    }
+
     #[test]
     fn every_family_has_help_and_type_and_escapes_labels() {
         let facts = MonitorFacts {
@@ -338,6 +401,7 @@ mod tests {
             audit: vec![AuditRow {
                 pids: vec![],
                 excess: vec![],
+                held: vec![],
                 allowance: 0,
                 index: 0,
                 slice: "train".into(),

@@ -92,10 +92,14 @@ pub fn release_unheld(ledger: &Ledger) -> (Vec<RemovedSlice>, Vec<String>) {
         return (removed, problems);
     }
     let keys: Vec<ShareKey> = held.iter().map(|&(_, k)| k).collect();
-    let Some(open) = open_keys(&keys) else {
+    let Some(scan) = open_keys(&keys) else {
         return (removed, problems);
     };
-    for (rec, key) in held.into_iter().filter(|(_, k)| !open.contains(k)) {
+    let owned: Vec<(usize, ShareKey, Option<u32>)> = held
+        .into_iter()
+        .map(|(rec, k)| (rec, k, ledger.share_uid(rec)))
+        .collect();
+    for (rec, key) in releasable(&owned, &scan) {
         match ledger.share_release_unheld(rec, key) {
             Ok(r) => removed.extend(r),
             Err(e) => problems.push(format!("shared allocation record {rec}: {e}")),
@@ -104,14 +108,38 @@ pub fn release_unheld(ledger: &Ledger) -> (Vec<RemovedSlice>, Vec<String>) {
     (removed, problems)
 }
 
+/// What a scan of `/proc/*/fd` found: the keys some process holds open, and the uids of the
+/// processes whose descriptors it could not read.
+struct Scan {
+    open: Vec<ShareKey>,
+    unreadable: Vec<u32>,
+}
+
+/// The records of `held` (record, key, exporter's uid) that no process holds a descriptor of,
+/// by `scan`. An unreadable process holds back only the records of exporters of its own uid
+/// (a tenant that hides its descriptors keeps only its own exports charged, never everyone's);
+/// a record whose exporter's uid is unknown is held back by any.
+fn releasable(held: &[(usize, ShareKey, Option<u32>)], scan: &Scan) -> Vec<(usize, ShareKey)> {
+    held.iter()
+        .filter(|(_, k, _)| !scan.open.contains(k))
+        .filter(|(_, _, uid)| match uid {
+            Some(u) => !scan.unreadable.contains(u),
+            None => scan.unreadable.is_empty(),
+        })
+        .map(|&(rec, k, _)| (rec, k))
+        .collect()
+}
+
 /// Which of `keys` an open descriptor of some process (not this one: it closes the descriptors
-/// it is sent at once) has, by `stat` of each `/proc/PID/fd/N` (the open file's identity);
-/// `None` when the scan is not complete: a process's descriptors it may not read, or more
-/// than [`MAX_SCANNED`] descriptors. Stops as soon as every key was found.
-fn open_keys(keys: &[ShareKey]) -> Option<Vec<ShareKey>> {
+/// it is sent at once) has, by `stat` of each `/proc/PID/fd/N` (the open file's identity), and
+/// whose descriptors could not be read (by uid); `None` when the scan is not complete: more
+/// than [`MAX_SCANNED`] descriptors, or a process it may not read whose uid it cannot tell.
+/// Stops as soon as every key was found.
+fn open_keys(keys: &[ShareKey]) -> Option<Scan> {
     use std::os::unix::fs::MetadataExt;
     let me = std::process::id();
     let mut found: Vec<ShareKey> = vec![];
+    let mut unreadable: Vec<u32> = vec![];
     let mut budget = MAX_SCANNED;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry
@@ -128,7 +156,13 @@ fn open_keys(keys: &[ShareKey]) -> Option<Vec<ShareKey>> {
             Ok(fds) => fds,
             // Gone meanwhile (or a kernel thread's): it holds nothing.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(_) => return None,
+            Err(_) => {
+                let uid = crate::daemon::uid_of(pid)?;
+                if !unreadable.contains(&uid) {
+                    unreadable.push(uid);
+                }
+                continue;
+            }
         };
         for fd in fds.flatten() {
             budget = budget.checked_sub(1)?;
@@ -143,12 +177,18 @@ fn open_keys(keys: &[ShareKey]) -> Option<Vec<ShareKey>> {
             if keys.contains(&key) && !found.contains(&key) {
                 found.push(key);
                 if found.len() == keys.len() {
-                    return Some(found);
+                    return Some(Scan {
+                        open: found,
+                        unreadable,
+                    });
                 }
             }
         }
     }
-    Some(found)
+    Some(Scan {
+        open: found,
+        unreadable,
+    })
 }
 
 #[cfg(test)]
@@ -173,7 +213,11 @@ mod tests {
         // SAFETY: fd is a fresh descriptor nothing else owns.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
         let key = ShareKey::of_fd(owned.as_raw_fd()).unwrap();
-        assert_eq!(open_keys(&[key]), Some(vec![]), "our own descriptor");
+        assert_eq!(
+            open_keys(&[key]).map(|s| s.open),
+            Some(vec![]),
+            "our own descriptor"
+        );
         // Not close-on-exec: the child inherits it (and only holds it).
         let mut child = Command::new("sleep")
             .arg("60")
@@ -185,11 +229,38 @@ mod tests {
             ino: u64::MAX,
         };
         let t0 = std::time::Instant::now();
-        let found = open_keys(&[key, other]);
+        let found = open_keys(&[key, other]).map(|s| s.open);
         eprintln!("a full scan of /proc/*/fd: {:?}", t0.elapsed());
         assert_eq!(found, Some(vec![key]));
         child.kill().unwrap();
         child.wait().unwrap();
-        assert_eq!(open_keys(&[key]), Some(vec![]), "its holder is gone");
+        assert_eq!(
+            open_keys(&[key]).map(|s| s.open),
+            Some(vec![]),
+            "its holder is gone"
+        );
+    }
+
+    /// Issue #34: an unreadable process holds back only the records of exporters of its own
+    /// uid; every other record no process holds is let go.
+    #[test]
+    fn an_unreadable_process_holds_back_only_its_own_uids_records() {
+        let k = |ino| ShareKey { dev: 1, ino };
+        let held = [
+            (0, k(1), Some(1000)),
+            (1, k(2), Some(2000)),
+            (2, k(3), Some(2000)),
+            (3, k(4), None),
+        ];
+        let all = Scan {
+            open: vec![k(3)],
+            unreadable: vec![],
+        };
+        assert_eq!(releasable(&held, &all), [(0, k(1)), (1, k(2)), (3, k(4))]);
+        let hidden = Scan {
+            open: vec![k(3)],
+            unreadable: vec![1000],
+        };
+        assert_eq!(releasable(&held, &hidden), [(1, k(2))]);
     }
 }

@@ -116,11 +116,13 @@ fn device_index(snap: &NodeView, uuid: &str) -> String {
 
 /// What the compute columns mean, under the slice table: a newcomer reads them without the
 /// docs.
-const LEGEND: [&str; 3] = [
+const LEGEND: [&str; 4] = [
     "COMPUTE SHARE: guaranteed under contention, lent out while idle; CAP: never more.",
     "COMPUTE USED: its part of the GPU's busy time over the last second (a GPU's slices never \
      sum past 100%).",
     "MEMORY USED / QUOTA: what its processes hold, of what they may (best effort: no quota).",
+    "OF IT CONTEXTS: what their CUDA contexts are charged, inside the quota as on a GPU (node \
+     mode; the rest is allocations).",
 ];
 
 /// `COMPUTE USED (1 s)`: the column, with the scheduler's window.
@@ -186,6 +188,11 @@ pub fn render(snap: &NodeView) -> Vec<String> {
                     Some(l) => usage(s.memory_used, l),
                     None => format!("{} / best effort", size(s.memory_used)),
                 },
+                if s.memory_contexts > 0 {
+                    size(s.memory_contexts)
+                } else {
+                    "-".into()
+                },
                 if s.compute_share > 0.0 {
                     percent(s.compute_share)
                 } else {
@@ -209,6 +216,7 @@ pub fn render(snap: &NodeView) -> Vec<String> {
             ("SLICE", Left),
             ("GPU", Right),
             ("MEMORY USED / QUOTA", Right),
+            ("OF IT CONTEXTS", Right),
             ("COMPUTE SHARE", Right),
             ("CAP", Right),
             (used.as_str(), Right),
@@ -235,6 +243,37 @@ pub fn render(snap: &NodeView) -> Vec<String> {
         &procs,
         "(no processes)",
     ));
+    // Exported memory no process of its slice holds any more (node mode: kept charged for the
+    // importers or descriptors that do); listed only when there is some.
+    if !snap.orphans.is_empty() {
+        out.push(String::new());
+        let rows: Vec<Vec<String>> = snap
+            .orphans
+            .iter()
+            .map(|o| {
+                vec![
+                    o.slice.clone().unwrap_or_else(|| "best effort".into()),
+                    device_index(snap, &o.device_uuid),
+                    size(o.bytes),
+                    if o.importers > 0 {
+                        format!("{} importers", o.importers)
+                    } else {
+                        "descriptors only".into()
+                    },
+                ]
+            })
+            .collect();
+        out.extend(layout(
+            &[
+                ("EXPORTED, EXPORTER GONE: SLICE", Left),
+                ("GPU", Right),
+                ("MEMORY", Right),
+                ("HELD BY", Left),
+            ],
+            &rows,
+            "",
+        ));
+    }
     out
 }
 

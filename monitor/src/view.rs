@@ -20,6 +20,8 @@ pub struct DeviceView {
     pub memory_used: u64,
     /// Sum of the guaranteed compute shares on this device (0..1).
     pub compute_reserved: f64,
+    /// Node mode: what one CUDA context is charged to its slice's quota (0: not charged).
+    pub context_bytes: u64,
 }
 
 /// A slice on one device.
@@ -31,6 +33,9 @@ pub struct SliceView {
     /// device has left unreserved).
     pub memory_limit: Option<u64>,
     pub memory_used: u64,
+    /// Of `memory_used`, what its live processes' CUDA contexts are charged (node mode; the
+    /// rest is allocations).
+    pub memory_contexts: u64,
     /// Of `memory_used`, what VMM allocations its processes exported hold after their
     /// exporter let go or exited, because another process still maps them.
     pub memory_held_for_importers: u64,
@@ -94,6 +99,21 @@ pub struct NodeView {
     pub processes: Vec<ProcessView>,
     /// Ledger records that made no sense and were skipped (see `Ledger::snapshot`).
     pub problems: Vec<String>,
+    /// Exported memory whose exporter has let go or exited, kept charged to a slice for the
+    /// importers or descriptors that still hold it.
+    pub orphans: Vec<OrphanView>,
+}
+
+/// An exported allocation with no exporter left (`layout::Shared`), charged to its slice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OrphanView {
+    /// The slice it stays charged to (`None`: a best-effort allowance).
+    pub slice: Option<String>,
+    pub device_uuid: String,
+    /// Bytes it holds there.
+    pub bytes: u64,
+    /// Live importers holding it (0: only descriptors, found by the monitor's scan).
+    pub importers: usize,
 }
 
 impl NodeView {
@@ -108,12 +128,14 @@ impl NodeView {
                 "memory_reserved": d.memory_reserved,
                 "memory_used": d.memory_used,
                 "compute_reserved": d.compute_reserved,
+                "context_bytes": d.context_bytes,
             })).collect::<Vec<_>>(),
             "slices": self.slices.iter().map(|s| json!({
                 "name": s.name,
                 "device_uuid": s.device_uuid,
                 "memory_limit": s.memory_limit,
                 "memory_used": s.memory_used,
+                "memory_contexts": s.memory_contexts,
                 "memory_held_for_importers": s.memory_held_for_importers,
                 "compute_share": s.compute_share,
                 "compute_cap": s.compute_cap,
@@ -140,6 +162,12 @@ impl NodeView {
                 "alive": p.alive,
             })).collect::<Vec<_>>(),
             "problems": self.problems,
+            "orphans": self.orphans.iter().map(|o| json!({
+                "slice": o.slice,
+                "device_uuid": o.device_uuid,
+                "bytes": o.bytes,
+                "importers": o.importers,
+            })).collect::<Vec<_>>(),
         })
     }
 
@@ -165,6 +193,7 @@ pub(crate) mod tests {
                 memory_reserved: 6 * GI,
                 memory_used: 3 * GI,
                 compute_reserved: 0.75,
+                context_bytes: 512 << 20,
             }],
             slices: vec![
                 SliceView {
@@ -172,6 +201,7 @@ pub(crate) mod tests {
                     device_uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
                     memory_limit: Some(4 * GI),
                     memory_used: 2 * GI,
+                    memory_contexts: GI,
                     memory_held_for_importers: 0,
                     compute_share: 0.5,
                     compute_cap: 1.0,
@@ -194,6 +224,7 @@ pub(crate) mod tests {
                     device_uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
                     memory_limit: None,
                     memory_used: GI,
+                    memory_contexts: 0,
                     memory_held_for_importers: 0,
                     compute_share: 0.25,
                     compute_cap: 0.5,
@@ -242,6 +273,7 @@ pub(crate) mod tests {
                 },
             ],
             problems: vec![],
+            orphans: vec![],
         }
     }
 

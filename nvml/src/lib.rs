@@ -28,8 +28,8 @@
 
 use gpuslice_abi::{
     nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t, nvml_return_name, pfn, NvmlReturn,
-    NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_UUID_V2_BUFFER_SIZE, NVML_ERROR_INSUFFICIENT_SIZE,
-    NVML_SUCCESS, NVML_VALUE_NOT_AVAILABLE_ULL,
+    NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_UUID_V2_BUFFER_SIZE, NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS, NVML_VALUE_NOT_AVAILABLE_ULL,
 };
 use std::ffi::{c_char, c_uint, c_void, CStr};
 use std::fmt;
@@ -109,6 +109,15 @@ pub struct Gpu {
     pub memory_total: u64,
     /// Device memory in use, by anyone (processes with or without gpuslice, the driver).
     pub memory_used: u64,
+}
+
+/// What [`Nvml::scan`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scan {
+    /// The GPUs that answer, in NVML's order.
+    pub gpus: Vec<Gpu>,
+    /// NVML's indices of the GPUs it reports lost (`NVML_ERROR_GPU_IS_LOST`).
+    pub lost: Vec<u32>,
 }
 
 /// An initialised NVML, shut down and closed when dropped.
@@ -228,40 +237,60 @@ impl Nvml {
         Self::string("nvmlSystemGetDriverVersion", 96, |b, l| unsafe { f(b, l) }).ok()
     }
 
-    /// Every GPU NVML sees, in NVML's order.
+    /// Every GPU NVML sees and that answers, in NVML's order (a GPU NVML reports lost is left
+    /// out: see [`Nvml::scan`]).
     pub fn devices(&self) -> Result<Vec<Gpu>, Error> {
+        Ok(self.scan()?.gpus)
+    }
+
+    /// Every GPU NVML counts: those that answer, and the indices of those it reports lost
+    /// (`NVML_ERROR_GPU_IS_LOST`: fallen off the bus, XID 79; NVML still counts such a GPU but
+    /// gives no handle to it, so not even its UUID is known). Any other failure fails the scan.
+    pub fn scan(&self) -> Result<Scan, Error> {
         let mut n: c_uint = 0;
         // SAFETY: `n` is a valid out-pointer.
         check("nvmlDeviceGetCount_v2", unsafe { (self.count)(&mut n) })?;
-        let mut out = Vec::new();
+        let mut out = Scan::default();
         for index in 0..n {
-            let h = self.handle(index)?;
-            let uuid = Self::string(
-                "nvmlDeviceGetUUID",
-                NVML_DEVICE_UUID_V2_BUFFER_SIZE,
-                // SAFETY: `h` is a handle NVML just gave; the buffer has `l` writable bytes.
-                |b, l| unsafe { (self.uuid)(h, b, l) },
-            )?;
-            let name = Self::string(
-                "nvmlDeviceGetName",
-                NVML_DEVICE_NAME_V2_BUFFER_SIZE,
-                // SAFETY: as for the UUID just above.
-                |b, l| unsafe { (self.name)(h, b, l) },
-            )?;
-            let mut mem = nvmlMemory_t::default();
-            // SAFETY: `mem` is a valid out-pointer of the v1 struct this function takes.
-            check("nvmlDeviceGetMemoryInfo", unsafe {
-                (self.memory)(h, &mut mem)
-            })?;
-            out.push(Gpu {
-                index,
-                uuid,
-                name,
-                memory_total: mem.total,
-                memory_used: mem.used,
-            });
+            match self.gpu(index) {
+                Ok(g) => out.gpus.push(g),
+                Err(Error::Failed {
+                    code: NVML_ERROR_GPU_IS_LOST,
+                    ..
+                }) => out.lost.push(index),
+                Err(e) => return Err(e),
+            }
         }
         Ok(out)
+    }
+
+    /// The GPU at NVML's `index`.
+    fn gpu(&self, index: u32) -> Result<Gpu, Error> {
+        let h = self.handle(index)?;
+        let uuid = Self::string(
+            "nvmlDeviceGetUUID",
+            NVML_DEVICE_UUID_V2_BUFFER_SIZE,
+            // SAFETY: `h` is a handle NVML just gave; the buffer has `l` writable bytes.
+            |b, l| unsafe { (self.uuid)(h, b, l) },
+        )?;
+        let name = Self::string(
+            "nvmlDeviceGetName",
+            NVML_DEVICE_NAME_V2_BUFFER_SIZE,
+            // SAFETY: as for the UUID just above.
+            |b, l| unsafe { (self.name)(h, b, l) },
+        )?;
+        let mut mem = nvmlMemory_t::default();
+        // SAFETY: `mem` is a valid out-pointer of the v1 struct this function takes.
+        check("nvmlDeviceGetMemoryInfo", unsafe {
+            (self.memory)(h, &mut mem)
+        })?;
+        Ok(Gpu {
+            index,
+            uuid,
+            name,
+            memory_total: mem.total,
+            memory_used: mem.used,
+        })
     }
 
     /// `(pid, bytes)` of each compute process on device `index`; `None` when this NVML cannot

@@ -15,12 +15,15 @@
 //! - the rules across settings, so the shim, `gpuslice run`/`cdi` and `slice create` agree:
 //!   [`check_slice_name`], [`parse_cap_per_device`] (never 0) and
 //!   [`check_cap_not_below_share`].
+//! - the settings file ([`settings_file`]): the same variables as lines of a file, for a
+//!   container's processes that lose their environment.
 //!
 //! Nothing here ever turns a bad value into "unlimited": every function returns an error that
 //! names the variable, the value and the accepted forms.
 
 #![deny(missing_docs)]
 
+pub mod settings_file;
 mod share;
 
 pub use share::{

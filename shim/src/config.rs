@@ -6,14 +6,20 @@
 //! `CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`. gpuslice's own variables win
 //! over HAMi's; every variable that is set is validated, even one that is overridden, so a
 //! typo is never silently ignored. Sizes and fractions use the ledger crate's one parser.
+//!
+//! The settings file ([`settings_file::CONTAINER_PATH`], which a slice's CDI spec mounts) fills
+//! in each of its variables that the environment lacks: the environment wins, the file is
+//! checked whole either way, and without it nothing changes. A secure-execution process
+//! (setuid, setgid, file capabilities), which `/etc/ld.so.preload` loads the shim into too,
+//! takes no variable from its environment, which a less privileged caller chose: only the file.
 
 use crate::log::Level;
 use crate::process::DISABLED;
 use core::sync::atomic::Ordering::Relaxed;
 use gpuslice_quantity::{
-    self as quantity, Cap, ComputeSetting, PerDevice, QuantityError, Share, Size,
+    self as quantity, settings_file, Cap, ComputeSetting, PerDevice, QuantityError, Share, Size,
 };
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// `GPUSLICE_DISABLE=1`: pure pass-through. Read without allocating (it is asked inside
 /// `dlsym`), once.
@@ -23,14 +29,32 @@ pub fn disabled() -> bool {
         1 => false,
         2 => true,
         _ => {
-            // SAFETY: NUL-terminated name; getenv does not allocate.
-            let v = unsafe { libc::getenv(c"GPUSLICE_DISABLE".as_ptr()) };
-            // SAFETY: getenv returns null or a NUL-terminated string.
-            let off = !v.is_null() && unsafe { core::ffi::CStr::from_ptr(v) }.to_bytes() == b"1";
+            let off = getenv(c"GPUSLICE_DISABLE").is_some_and(|v| v.to_bytes() == b"1");
             DISABLED.store(if off { 2 } else { 1 }, Relaxed);
             off
         }
     }
+}
+
+/// Whether this process runs in secure-execution mode (`AT_SECURE`: setuid, setgid or with
+/// file capabilities), whose environment its less privileged caller chose.
+pub fn secure_execution() -> bool {
+    // SAFETY: getauxval only reads the auxiliary vector; it neither allocates nor locks.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
+/// A variable read before start-up (inside `dlsym`, for a log line): `getenv`, which neither
+/// allocates nor locks, and unset in a [`secure_execution`] process, as glibc's
+/// `secure_getenv` would answer. The string is the environment's: use it at once.
+pub fn getenv(name: &core::ffi::CStr) -> Option<&core::ffi::CStr> {
+    if secure_execution() {
+        return None;
+    }
+    // SAFETY: NUL-terminated name; getenv returns null or a NUL-terminated string owned by the
+    // environment, which the caller reads at once and does not keep.
+    let v = unsafe { libc::getenv(name.as_ptr()) };
+    // SAFETY: non-null, so a NUL-terminated string getenv returned.
+    (!v.is_null()).then(|| unsafe { core::ffi::CStr::from_ptr(v) })
 }
 
 /// Where a device's quota comes from.
@@ -93,6 +117,9 @@ pub enum ConfigError {
     BadDeviceVariable(String),
     /// A value the ledger's rules refused (the join secret, the runtime directory).
     Ledger(gpuslice_ledger::LedgerError),
+    /// The settings file cannot be read, is not in its format, or sets a value its variable
+    /// does not accept (the message names the file, the line and what is accepted).
+    SettingsFile(String),
 }
 
 impl From<QuantityError> for ConfigError {
@@ -122,6 +149,7 @@ impl std::fmt::Display for ConfigError {
                  index>, e.g. CUDA_DEVICE_MEMORY_LIMIT_0"
             ),
             ConfigError::Ledger(e) => e.fmt(f),
+            ConfigError::SettingsFile(m) => f.write_str(m),
         }
     }
 }
@@ -134,6 +162,41 @@ fn invalid(variable: &str, value: &str, accepted: &'static str) -> ConfigError {
     }
 }
 
+/// Add to `vars` each variable of the settings file at `path` that `vars` lacks. No file, no
+/// change. Every line is checked, an overridden one too, each on its own with its variable's
+/// rule ([`Config::from_vars`]), so an error names the file and the line; a file that cannot
+/// be read is an error too (its processes would run outside their slice).
+fn add_settings_file(vars: &mut Vec<(String, String)>, path: &Path) -> Result<(), ConfigError> {
+    use std::io::Read;
+    let shown = path.display();
+    let mut text = Vec::new();
+    match std::fs::File::open(path) {
+        Ok(f) => f
+            .take(settings_file::MAX_LEN as u64 + 1)
+            .read_to_end(&mut text)
+            .map(drop),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => Err(e),
+    }
+    .map_err(|e| {
+        ConfigError::SettingsFile(format!(
+            "{shown}: cannot be read ({e}); accepted: a file every process of the container can \
+             read (a slice's CDI spec mounts it read-only, mode 0644), or none"
+        ))
+    })?;
+    let lines = settings_file::parse(&shown.to_string(), &text)
+        .map_err(|e| ConfigError::SettingsFile(e.to_string()))?;
+    for (key, value, line) in lines {
+        let pair = [(key.to_string(), value.to_string())];
+        Config::from_vars(&pair)
+            .map_err(|e| ConfigError::SettingsFile(format!("{shown} line {line}: {e}")))?;
+        if !vars.iter().any(|(k, _)| k == key) {
+            vars.extend(pair);
+        }
+    }
+    Ok(())
+}
+
 /// FNV-1a, for a stable slice name from a path.
 fn fnv1a(s: &[u8]) -> u64 {
     s.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
@@ -142,18 +205,24 @@ fn fnv1a(s: &[u8]) -> u64 {
 }
 
 impl Config {
-    /// Read the process environment.
+    /// Read the process environment, and the settings file where there is one (the
+    /// environment wins; in a secure-execution process, the file alone).
     pub fn from_env() -> Result<Config, ConfigError> {
-        let vars: Vec<(String, String)> = std::env::vars_os()
-            .filter_map(|(k, v)| {
-                Some((
-                    k.into_string().ok()?,
-                    v.into_string()
-                        .unwrap_or_else(|v| v.to_string_lossy().into_owned()),
-                ))
-            })
-            .filter(|(k, _)| k.starts_with("GPUSLICE_") || k.starts_with("CUDA_DEVICE_"))
-            .collect();
+        let mut vars: Vec<(String, String)> = if secure_execution() {
+            Vec::new()
+        } else {
+            std::env::vars_os()
+                .filter_map(|(k, v)| {
+                    Some((
+                        k.into_string().ok()?,
+                        v.into_string()
+                            .unwrap_or_else(|v| v.to_string_lossy().into_owned()),
+                    ))
+                })
+                .filter(|(k, _)| k.starts_with("GPUSLICE_") || k.starts_with("CUDA_DEVICE_"))
+                .collect()
+        };
+        add_settings_file(&mut vars, Path::new(settings_file::CONTAINER_PATH))?;
         Config::from_vars(&vars)
     }
 
@@ -417,5 +486,102 @@ mod tests {
             ("CUDA_DEVICE_MEMORY_LIMIT", "1XB")
         ])
         .is_err());
+    }
+
+    /// A settings file with `text` in a fresh directory; the file's path.
+    fn settings(name: &str, text: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("gpuslice-settings-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let f = d.join("slice.env");
+        std::fs::write(&f, text).unwrap();
+        f
+    }
+
+    fn vars(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_settings_file_fills_in_what_the_environment_lacks() {
+        let secret = "Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFy";
+        let f = settings(
+            "fill",
+            &format!(
+                "# header\nGPUSLICE_RUNTIME_DIR=/run/gpuslice\nGPUSLICE_SLICE=claim\n\
+                 GPUSLICE_SLICE_SECRET={secret}\nGPUSLICE_MEMORY=4Gi\n"
+            ),
+        );
+        // Nothing in the environment: all from the file.
+        let mut v = vec![];
+        add_settings_file(&mut v, &f).unwrap();
+        let c = Config::from_vars(&v).unwrap();
+        assert_eq!(c.slice.as_deref(), Some("claim"));
+        assert_eq!(c.secret.as_ref().map(|s| s.expose()), Some(secret));
+        assert_eq!(c.runtime_dir, PathBuf::from("/run/gpuslice"));
+        assert_eq!(c.memory.unwrap().get(0).unwrap().0, Size::Bytes(4 << 30));
+        // The environment wins, variable by variable; the rest comes from the file.
+        let mut v = vars(&[("GPUSLICE_MEMORY", "1Gi"), ("GPUSLICE_LOG", "info")]);
+        add_settings_file(&mut v, &f).unwrap();
+        let c = Config::from_vars(&v).unwrap();
+        assert_eq!(c.memory.unwrap().get(0).unwrap().0, Size::Bytes(1 << 30));
+        assert_eq!(c.slice.as_deref(), Some("claim"));
+        // No file: exactly the environment.
+        let mut v = vars(&[("GPUSLICE_SLICE", "x")]);
+        add_settings_file(&mut v, &f.with_file_name("none")).unwrap();
+        assert_eq!(v, vars(&[("GPUSLICE_SLICE", "x")]));
+        let _ = std::fs::remove_dir_all(f.parent().unwrap());
+    }
+
+    #[test]
+    fn a_bad_settings_file_is_one_line_naming_the_file_the_line_and_what_is_accepted() {
+        for (name, text, want) in [
+            (
+                "format",
+                "GPUSLICE_SLICE=a\nGPUSLICE_MEMROY=1Gi\n",
+                "line 2: \"GPUSLICE_MEMROY\"",
+            ),
+            (
+                "value",
+                "GPUSLICE_SLICE=a\n\nGPUSLICE_MEMORY=12XB\n",
+                "line 3: GPUSLICE_MEMORY",
+            ),
+            (
+                "dir",
+                "GPUSLICE_RUNTIME_DIR=run/gpuslice\n",
+                "line 1: GPUSLICE_RUNTIME_DIR",
+            ),
+            (
+                "secret",
+                "GPUSLICE_SLICE_SECRET=shortsecret\n",
+                "line 1: GPUSLICE_SLICE_SECRET",
+            ),
+        ] {
+            let f = settings(name, text);
+            // Overridden by the environment or not, a bad line is an error.
+            let mut v = vars(&[("GPUSLICE_MEMORY", "1Gi"), ("GPUSLICE_SLICE", "b")]);
+            let e = add_settings_file(&mut v, &f).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("{} {want}", f.display()))
+                    && e.contains("accepted")
+                    && !e.contains('\n'),
+                "{name}: {e}"
+            );
+            assert!(!e.contains("shortsecret"), "{e}");
+            let _ = std::fs::remove_dir_all(f.parent().unwrap());
+        }
+        // A directory where the file should be: cannot be read, said so.
+        let f = settings("isdir", "");
+        std::fs::remove_file(&f).unwrap();
+        std::fs::create_dir(&f).unwrap();
+        let e = add_settings_file(&mut vec![], &f).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("{}: cannot be read", f.display())) && e.contains("accepted"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(f.parent().unwrap());
     }
 }

@@ -55,13 +55,7 @@ pub fn enabled(l: Level) -> bool {
 
 #[cold]
 fn level_from_env() -> Level {
-    // SAFETY: a NUL-terminated name; getenv returns null or a NUL-terminated string owned by
-    // the environment, read at once and not kept.
-    let v = unsafe { libc::getenv(c"GPUSLICE_LOG".as_ptr()) };
-    let v = (!v.is_null())
-        // SAFETY: v is non-null here, so a NUL-terminated string getenv returned.
-        .then(|| unsafe { core::ffi::CStr::from_ptr(v) }.to_str().ok())
-        .flatten();
+    let v = crate::config::getenv(c"GPUSLICE_LOG").and_then(|v| v.to_str().ok());
     Level::parse(v).unwrap_or(Level::Warn)
 }
 

@@ -77,6 +77,10 @@ macro_rules! for_each_symbol {
                 Cuda cuLaunchCooperativeKernel_ptsz => launch::launch_cooperative;
                 Cuda cuGraphLaunch => launch::graph_launch;
                 Cuda cuGraphLaunch_ptsz => launch::graph_launch;
+                Cuda cuDevicePrimaryCtxRetain => contexts::primary_ctx_retain;
+                Cuda cuCtxCreate_v2 => contexts::ctx_create_v2;
+                Cuda cuCtxCreate_v3 => contexts::ctx_create_v3;
+                Cuda cuCtxCreate_v4 => contexts::ctx_create_v4;
                 Cuda cuCtxDestroy_v2 => contexts::ctx_destroy;
                 Cuda cuDevicePrimaryCtxRelease_v2 => contexts::primary_ctx_release;
                 Cuda cuDevicePrimaryCtxReset_v2 => contexts::primary_ctx_reset;

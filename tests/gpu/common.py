@@ -5,6 +5,7 @@ the run) that prints exactly one JSON object as its last stdout line; `verdict.p
 Workloads never decide PASS or FAIL themselves: they measure, the verdict judges.
 """
 
+import ctypes
 import json
 import os
 import subprocess
@@ -94,3 +95,59 @@ def wait_until(t):
     d = t - time.time()
     if d > 0:
         time.sleep(d)
+
+
+# ---- NVML, read directly (ctypes), as the node's operator sees the device ----
+
+NVML_VALUE_NOT_AVAILABLE = (1 << 64) - 1
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+
+
+class _NvmlMemory(ctypes.Structure):  # nvmlMemory_t (v1)
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class _NvmlProcess(ctypes.Structure):  # nvmlProcessInfo_t (v2 and v3)
+    _fields_ = [("pid", ctypes.c_uint), ("used", ctypes.c_ulonglong),
+                ("gpu_instance", ctypes.c_uint), ("compute_instance", ctypes.c_uint)]
+
+
+_nvml = None
+
+
+def nvml_reading(index=0):
+    """Device `index`'s memory (`total`, `free`, `used`, bytes) and its compute processes
+    (`procs`: {pid: bytes, or None where NVML cannot say}) as NVML reports them to this process.
+    Run it without the shim: under `libgpuslice.so` NVML answers as the slice sees the device."""
+    global _nvml
+    if _nvml is None:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        r = lib.nvmlInit_v2()
+        if r != 0:
+            raise RuntimeError(f"nvmlInit_v2: NVML error {r}")
+        _nvml = lib
+    dev = ctypes.c_void_p()
+    r = _nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(dev))
+    if r != 0:
+        raise RuntimeError(f"nvmlDeviceGetHandleByIndex_v2({index}): NVML error {r}")
+    mem = _NvmlMemory()
+    r = _nvml.nvmlDeviceGetMemoryInfo(dev, ctypes.byref(mem))
+    if r != 0:
+        raise RuntimeError(f"nvmlDeviceGetMemoryInfo: NVML error {r}")
+    size = 64
+    while True:
+        n, procs = ctypes.c_uint(size), (_NvmlProcess * size)()
+        r = _nvml.nvmlDeviceGetComputeRunningProcesses_v3(dev, ctypes.byref(n), procs)
+        if r == NVML_ERROR_INSUFFICIENT_SIZE and size < 65536:
+            size *= 4
+            continue
+        if r != 0:
+            raise RuntimeError(f"nvmlDeviceGetComputeRunningProcesses_v3: NVML error {r}")
+        break
+    return {
+        "total": mem.total,
+        "free": mem.free,
+        "used": mem.used,
+        "procs": {str(procs[i].pid): None if procs[i].used == NVML_VALUE_NOT_AVAILABLE else procs[i].used
+                  for i in range(n.value)},
+    }

@@ -150,29 +150,39 @@ def is_oom(e):
     return e == OOM or (isinstance(e, str) and ("OUT_OF_MEMORY" in e or e.strip() == "2"))
 
 
+def quota_fill_notes(tag, o, quota, unit):
+    """What is wrong with burn's report `o` of allocating `unit`-byte pieces past a quota of
+    `quota` bytes (nothing when it got the quota, then out of memory, and was told the quota)."""
+    notes = []
+    got = int(o["allocated_bytes"])
+    errs = error_codes(o.get("alloc_errors"))
+    total = o.get("mem_total")
+    if got > quota:
+        notes.append(f"{tag}: {got} bytes allocated, over the quota {quota}")
+    if got < quota - unit:
+        notes.append(f"{tag}: only {got} bytes allocated under a quota of {quota}")
+    if not any(is_oom(e) for e in errs):
+        notes.append(f"{tag}: no CUDA_ERROR_OUT_OF_MEMORY among {errs}")
+    if any(not is_oom(e) for e in errs):
+        notes.append(f"{tag}: errors other than out-of-memory: {errs}")
+    if total != quota:
+        notes.append(f"{tag}: cuMemGetInfo total {total}, not the quota {quota}")
+    return notes
+
+
+def quota_fill_numbers(o):
+    return {"allocated_bytes": int(o["allocated_bytes"]), "alloc_errors": error_codes(o.get("alloc_errors")),
+            "mem_total": o.get("mem_total"), "mem": o.get("mem")}
+
+
 @judged
 def burn_alloc(rec, a):
     """Allocations of `unit` bytes up to the quota succeed, the next fails with OOM, cuMemGetInfo
     reports the quota as total, and a second process (after the first exited) gets the same
     amount: nothing leaked."""
     first, second = load(a.bases[0]), load(a.bases[1])
-    nums = {}
-    notes = []
-    for tag, o in (("first", first), ("second", second)):
-        got = int(o["allocated_bytes"])
-        errs = error_codes(o.get("alloc_errors"))
-        total = o.get("mem_total")
-        nums[tag] = {"allocated_bytes": got, "alloc_errors": errs, "mem_total": total, "mem": o.get("mem")}
-        if got > a.quota:
-            notes.append(f"{tag}: {got} bytes allocated, over the quota {a.quota}")
-        if got < a.quota - a.unit:
-            notes.append(f"{tag}: only {got} bytes allocated under a quota of {a.quota}")
-        if not any(is_oom(e) for e in errs):
-            notes.append(f"{tag}: no CUDA_ERROR_OUT_OF_MEMORY among {errs}")
-        if any(not is_oom(e) for e in errs):
-            notes.append(f"{tag}: errors other than out-of-memory: {errs}")
-        if total != a.quota:
-            notes.append(f"{tag}: cuMemGetInfo total {total}, not the quota {a.quota}")
+    nums = {"first": quota_fill_numbers(first), "second": quota_fill_numbers(second)}
+    notes = quota_fill_notes("first", first, a.quota, a.unit) + quota_fill_notes("second", second, a.quota, a.unit)
     if nums["second"]["allocated_bytes"] != nums["first"]["allocated_bytes"]:
         notes.append("the second process got a different amount: memory not returned")
     rec.verdict(
@@ -254,8 +264,6 @@ def burn_shares(rec, a):
     tenants = parse_pairs(a.pair)
     window = common_window([b for b, _ in tenants], a.margin)
     nums = {}
-    ok = True
-    shown = []
     for base, target in tenants:
         o = load(base)
         share, span, lo, hi = window_share(base, o, a.margin, window)
@@ -269,17 +277,42 @@ def burn_shares(rec, a):
             "kernels": o.get("kernels"),
             "event_seconds": o.get("event_seconds"),
         }
-        ok &= share >= a.at_least if a.at_least is not None else abs(share - target) <= a.tol
+    together = sum(n["share"] for n in nums.values())
+    ok = True
+    notes = []
+    shown = []
+    for n in nums.values():
+        share, target = n["share"], n["target"]
+        if a.at_least is not None:
+            ok &= share >= a.at_least
+        elif a.of_total:
+            # The scheduler's split of what the tenants got together: a starved CPU (the fake
+            # on a busy machine) lowers both alike, and their sum says nothing of the split.
+            n["part"] = share / together if together > 0 else 0.0
+            ok &= abs(n["part"] - target) <= a.tol
+        else:
+            ok &= abs(share - target) <= a.tol
         shown.append(f"{share:.3f}")
     targets = "/".join(f"{t:g}" for _, t in tenants)
-    target_txt = f">= {a.at_least:g}" if a.at_least is not None else f"{targets} ±{100 * a.tol:g}pt"
+    if a.at_least is not None:
+        target_txt = f">= {a.at_least:g}"
+    elif a.of_total:
+        target_txt = f"{targets} ±{100 * a.tol:g}pt of their sum (>= {a.min_sum:g})"
+        notes.append("parts of the sum " + "/".join(f"{n['part']:.3f}" for n in nums.values()))
+        if together < a.min_sum:
+            ok = False
+            notes.append(f"together they kept the device only {together:.3f} busy: the split means nothing")
+    else:
+        target_txt = f"{targets} ±{100 * a.tol:g}pt"
+    if not ok:
+        notes.append("achieved share off its target")
     span = min(n["window_seconds"] for n in nums.values())
     rec.add(
         a.name,
         "PASS" if ok else "FAIL",
-        "/".join(shown) + f" over {span:.1f}s",
+        "/".join(shown) + f" over {span:.1f}s" + (f" (sum {together:.3f})" if len(nums) > 1 else ""),
         target_txt,
-        "" if ok else "achieved share off its target",
+        "; ".join(notes),
         nums,
     )
 
@@ -468,6 +501,232 @@ def overhead(rec, a):
     )
 
 
+# ---- node mode (a root monitor, balloons, tenants of other uids) ----
+
+MiB = 1 << 20
+
+
+def mib(x):
+    return "?" if x is None else f"{x / MiB:.0f}MiB"
+
+
+def holding(base):
+    """burn's `{"event": "holding", ...}` line (pid, allocated_bytes) from a holder that is
+    still running or was stopped after it (its exit status does not matter)."""
+    for ln in _read(base + ".out").splitlines():
+        if '"holding"' in ln:
+            o = json.loads(ln)
+            if o.get("event") == "holding":
+                return o
+    raise Failed(f"{os.path.basename(base)}: never held its allocations; stderr: {tail(base + '.err')}")
+
+
+def fake_context(total):
+    """The fake GPU's default context size for a device of `total` bytes (docs/fakegpu.md)."""
+    return min(total // 32, 512 * MiB)
+
+
+@judged
+def node_context(rec, a):
+    """A driver-API process's context (burn holding 2 MiB, unwrapped, on a quiet device): NVML's
+    figure for it less what it allocated, and the device's used memory it added. It must fit
+    `--context-allowance`, which the audit allows each process and a slice's balloon keeps free
+    for its first process's context."""
+    quiet, held, h = load(a.quiet)["nvml"], load(a.holding)["nvml"], holding(a.holder)
+    alloc = int(h["allocated_bytes"])
+    proc = held["procs"].get(str(h["pid"]))
+    per_proc = None if proc is None else proc - alloc
+    delta = held["used"] - quiet["used"] - alloc
+    ctx = per_proc if per_proc is not None else delta
+    fake = fake_context(held["total"])
+    notes = []
+    if ctx > a.allowance:
+        notes.append(f"the context ({mib(ctx)}) does not fit --context-allowance {mib(a.allowance)}")
+    if per_proc is None:
+        notes.append(f"NVML lists no memory for pid {h['pid']}: {held['procs']}")
+    nums = {"context_bytes_nvml_process": per_proc, "context_bytes_device_delta": delta, "allocated": alloc,
+            "device_total": held["total"], "fake_default_bytes": fake, "allowance": a.allowance,
+            "quiet": quiet, "holding": held}
+    ratio = f" ({fake / ctx:.2f}x)" if ctx > 0 else ""
+    rec.add(a.name, "FAIL" if ctx > a.allowance else "PASS",
+            f"{mib(per_proc)} by NVML's process list, device +{mib(delta)}; the fake's default for "
+            f"this card: {mib(fake)}{ratio}",
+            f"<= --context-allowance {mib(a.allowance)}", "; ".join(notes), nums)
+
+
+@judged
+def torch_context(rec, a):
+    o = load_ran(a.base)
+    first, mm = o["first_tensor"], o["after_matmul"]
+    ctx = mm["context_bytes"]
+    notes = []
+    if ctx is None:
+        notes.append("NVML lists no memory for the process")
+    elif ctx > a.allowance:
+        notes.append(f"the context after a matmul ({mib(ctx)}) does not fit --context-allowance {mib(a.allowance)}")
+    rec.verdict(a.name, notes,
+                f"{mib(first['context_bytes'])} after the first tensor, {mib(ctx)} after a bf16 matmul "
+                f"(NVML less torch's reserved)",
+                f"<= --context-allowance {mib(a.allowance)}", o)
+
+
+@judged
+def node_monitor(rec, a):
+    """The monitor alone, nothing reserved: its own device memory (one context per GPU)."""
+    quiet, mon = load(a.quiet)["nvml"], load(a.monitor)["nvml"]
+    proc = mon["procs"].get(str(a.pid))
+    delta = mon["used"] - quiet["used"]
+    notes = []
+    if delta > a.allowance:
+        notes.append(f"the monitor took {mib(delta)} with nothing reserved")
+    rec.verdict(a.name, notes,
+                f"{mib(proc)} by NVML's process list (pid {a.pid}), device +{mib(delta)}",
+                f"one context, <= {mib(a.allowance)}",
+                {"monitor_nvml_bytes": proc, "device_delta": delta, "quiet": quiet, "monitor": mon})
+
+
+@judged
+def node_balloons(rec, a):
+    """Two slices' reservations (quota + the room for a first context each) leave the driver's
+    free memory: the monitor holds them (NVML counts them to its process)."""
+    before, after_all = load(a.before), load(a.after)
+    b, c = before["nvml"], after_all["nvml"]
+    held = b["free"] - c["free"]
+    mon_b, mon_c = b["procs"].get(str(a.pid)), c["procs"].get(str(a.pid))
+    mon_grew = None if mon_b is None or mon_c is None else mon_c - mon_b
+    notes = []
+    if not after_all.get("reached"):
+        notes.append(f"NVML's free memory never fell by the reservations in {after_all.get('waited_seconds')} s")
+    if not (a.expected - 128 * MiB <= held <= a.expected + 256 * MiB):
+        notes.append(f"{mib(held)} left the free memory for {mib(a.expected)} reserved")
+    if mon_grew is not None and mon_grew < a.expected - 128 * MiB:
+        notes.append(f"NVML counts only {mib(mon_grew)} more to the monitor")
+    devs = (after_all.get("status") or {}).get("devices") or [{}]
+    rec.verdict(a.name, notes,
+                f"NVML free {gib(b['free'])} -> {gib(c['free'])} (-{mib(held)}); monitor's process "
+                f"{mib(mon_b)} -> {mib(mon_c)}",
+                f"-{mib(a.expected)} (2 x (quota + room for a context)), held by the monitor",
+                {"held": held, "expected": a.expected, "monitor_before": mon_b, "monitor_after": mon_c,
+                 "waited_seconds": after_all.get("waited_seconds"),
+                 "memory_reserved": devs[0].get("memory_reserved"), "before": b, "after": c})
+
+
+@judged
+def node_bypass(rec, a):
+    """A process without the library, asking for every piece it can get while the balloons hold
+    the slices' reservations: it gets at most what was free then less its own context."""
+    held, during, h = load(a.held)["nvml"], load(a.during)["nvml"], holding(a.holder)
+    got = int(h["allocated_bytes"])
+    proc = during["procs"].get(str(h["pid"]))
+    ctx = None if proc is None else proc - got
+    unreserved = held["free"] - (ctx or 0)
+    notes = []
+    if got > unreserved + a.slack:
+        notes.append(f"it got {mib(got - unreserved)} more than was unreserved")
+    if during["free"] > 512 * MiB:
+        notes.append(f"{mib(during['free'])} still free: it did not fill the device, nothing was tested")
+    if ctx is None:
+        notes.append(f"NVML lists no memory for pid {h['pid']}")
+    rec.verdict(a.name, notes,
+                f"got {gib(got)} of {gib(unreserved)} unreserved (free {gib(held['free'])} less its "
+                f"context {mib(ctx)}); free while it holds: {mib(during['free'])}",
+                f"<= unreserved + {mib(a.slack)}",
+                {"got": got, "unreserved": unreserved, "context": ctx, "slack": a.slack, "held": held,
+                 "during": during})
+
+
+@judged
+def node_tenants(rec, a):
+    """Each tenant's first process, in its own slice, allocates its whole quota while the bypass
+    holds everything it could get (its context from the room its admission handed back, the
+    rest from its slice's balloon), then gets CUDA_ERROR_OUT_OF_MEMORY at the quota."""
+    outs = [load(b) for b in a.bases]
+    notes, nums, shown = [], {}, []
+    for base, o in zip(a.bases, outs):
+        tag = os.path.basename(base)
+        notes += quota_fill_notes(tag, o, a.quota, a.unit)
+        nums[tag] = quota_fill_numbers(o)
+        shown.append(gib(nums[tag]["allocated_bytes"]))
+    rec.verdict(a.name, notes, " and ".join(shown) + ", then OOM", f"{gib(a.quota)} each, OOM at it", nums)
+
+
+@judged
+def node_share(rec, a):
+    """Memory one process shares with another (CUDA IPC, or a VMM allocation passed as a POSIX
+    fd) is charged once: to the exporter's slice in the ledger, to the exporter's process by
+    NVML (so the audit finds no importer over what it charged); for VMM, the exporter's slice
+    stays charged past the exporter's exit while the importer maps it (what NVML shows then is
+    recorded, not judged: it is what this check exists to find out); the charge goes when the
+    last holder lets go; the audit says nothing about either process or slice. The device's
+    total is not judged: the monitor's balloons shrink by what a slice uses of its reservation."""
+    o = load(a.base)
+    if "error" in o:
+        raise Failed(f"{o['error']}; stderr: {o.get('stderr')}")
+    n = o["mib"] * MiB
+    ctxs, sh = o["contexts"], o["shared"]
+    notes = []
+    if o.get("made_status") or o.get("import_status") or not o.get("read_ok"):
+        notes.append(f"sharing failed: made {o.get('made_status')}, imported {o.get('import_status')}, "
+                     f"read back {o.get('read_ok')}")
+    ex, im = sh["exporter_slice"] or {}, sh["importer_slice"] or {}
+    if not (n <= ex.get("memory_used", -1) <= n + 2 * MiB):
+        notes.append(f"the exporter's slice is charged {ex.get('memory_used')} for {n}")
+    if not im or im.get("memory_used", -1) > 2 * MiB:
+        notes.append(f"the importer's slice: {im or 'not found'}")
+
+    def grew(who):
+        b, c = ctxs.get(f"{who}_nvml"), sh.get(f"{who}_nvml")
+        return None if b is None or c is None else c - b
+
+    ex_grew, im_grew = grew("exporter"), grew("importer")
+    if ex_grew is None or im_grew is None:
+        notes.append(f"NVML lists no memory for the exporter or the importer: {sh['nvml_procs']}")
+    else:
+        if not (n - 2 * MiB <= ex_grew <= n + 64 * MiB):
+            notes.append(f"NVML counts {mib(ex_grew)} more to the exporter for {mib(n)} shared")
+        if im_grew > 64 * MiB:
+            notes.append(f"NVML counts {mib(im_grew)} more to the importer: the audit would charge its slice")
+    measured = (f"ledger {mib(ex.get('memory_used'))} exporter / {mib(im.get('memory_used'))} importer; "
+                f"NVML +{mib(ex_grew)} exporter / +{mib(im_grew)} importer")
+    if o["kind"] == "vmm":
+        gone = o.get("exporter_gone") or {}
+        gx, gi = gone.get("exporter_slice") or {}, gone.get("importer_slice") or {}
+        if gx.get("memory_used", 0) < n or (gx.get("held_for_importers") or 0) < n:
+            notes.append(f"after the exporter exited its slice shows {gx}")
+        if gi.get("memory_used", -1) > 2 * MiB:
+            notes.append(f"after the exporter exited the importer's slice shows {gi}")
+        if not o.get("read_ok_after_exit"):
+            notes.append("the importer could not read the memory after the exporter exited")
+        imp = gone.get("importer_nvml")
+        imp_grew = None if imp is None or ctxs.get("importer_nvml") is None else imp - ctxs["importer_nvml"]
+        whose = "the importer" if imp_grew is not None and imp_grew >= n - 2 * MiB else "no process"
+        measured += (f"; exporter exited: ledger {mib(gx.get('held_for_importers'))} held for the importer, "
+                     f"NVML counts it to {whose} (importer +{mib(imp_grew)}, device used "
+                     f"{gib(ctxs['nvml_used'])} -> {gib(gone.get('nvml_used', 0))} with the balloons)")
+    after = (o.get("after") or {}).get("exporter_slice") or {}
+    if after.get("memory_used", 0) >= n:
+        notes.append(f"still charged after the last holder let go: {after}")
+    if o.get("audit_lines"):
+        notes.append(f"the audit reported: {o['audit_lines'][:3]}")
+    rec.verdict(a.name, notes, measured, "charged once: exporter's slice and process; no audit line", o)
+
+
+@judged
+def node_stopped(rec, a):
+    """The monitor stops on SIGTERM and the driver returns what it held (its context and every
+    balloon): the device's free memory is what it was before it started."""
+    quiet, after_all = load(a.quiet)["nvml"], load(a.after)
+    after = after_all["nvml"]
+    notes = []
+    if a.rc != 0:
+        notes.append(f"the monitor exited with status {a.rc} on SIGTERM")
+    if after["free"] < quiet["free"] - 64 * MiB:
+        notes.append(f"{mib(quiet['free'] - after['free'])} not returned in {after_all.get('waited_seconds')} s")
+    rec.verdict(a.name, notes,
+                f"exit {a.rc}; NVML free {gib(after['free'])} of {gib(quiet['free'])} before it started",
+                "exit 0; free memory back", {"quiet": quiet, "after": after, "rc": a.rc})
+
+
 # ---- output ----
 
 
@@ -533,6 +792,10 @@ def main():
     cmd("burn-shares", burn_shares, ("--tol", {"type": float, "required": True}),
         ("--margin", {"type": float, "default": 0.0, "help": "seconds left out at each end"}),
         ("--at-least", {"type": float, "help": "one-sided: pass when the share is at least this"}),
+        ("--of-total", {"action": "store_true",
+                        "help": "judge each tenant's part of what all got together (the fake on a busy CPU)"}),
+        ("--min-sum", {"type": float, "default": 0.25,
+                       "help": "with --of-total: the least the tenants' sum may be for their split to count"}),
         ("pair", {"nargs": "+", "help": "BASE:TARGET"}))
     cmd("symbols", symbols, ("--log-out", {"required": True}), ("base", {}))
     cmd("torch-memory", torch_memory, quota, ("base", {}))
@@ -542,6 +805,21 @@ def main():
         ("pair", {"nargs": "+", "help": "BASE:TARGET"}))
     cmd("overhead", overhead, ("--target-pct", {"type": float, "required": True}),
         ("--plain", {"nargs": "+", "required": True}), ("--shim", {"nargs": "+", "required": True}))
+    allowance = ("--allowance", {"type": int, "required": True, "help": "--context-allowance, bytes"})
+    cmd("node-context", node_context, allowance, ("--quiet", {"required": True}),
+        ("--holding", {"required": True}), ("--holder", {"required": True}))
+    cmd("torch-context", torch_context, allowance, ("base", {}))
+    cmd("node-monitor", node_monitor, allowance, ("--quiet", {"required": True}),
+        ("--monitor", {"required": True}), ("--pid", {"type": int, "required": True}))
+    cmd("node-balloons", node_balloons, ("--before", {"required": True}), ("--after", {"required": True}),
+        ("--expected", {"type": int, "required": True}), ("--pid", {"type": int, "required": True}))
+    cmd("node-bypass", node_bypass, ("--held", {"required": True}), ("--during", {"required": True}),
+        ("--holder", {"required": True}), ("--slack", {"type": int, "required": True}))
+    cmd("node-tenants", node_tenants, quota, ("--unit", {"type": int, "required": True}),
+        ("bases", {"nargs": "+"}))
+    cmd("node-share", node_share, ("base", {}))
+    cmd("node-stopped", node_stopped, ("--quiet", {"required": True}), ("--after", {"required": True}),
+        ("--rc", {"type": int, "required": True}))
     cmd("report", report, ("--meta", {"required": True}), ("--json", {"required": True}), ("--txt", {"required": True}))
     a = p.parse_args()
     rec = Recorder(a.records)

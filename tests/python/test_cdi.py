@@ -108,6 +108,9 @@ def test_generated_spec_validates_and_injects_the_slice(validator, gpuslice, pro
     ledger = mounts[env["GPUSLICE_RUNTIME_DIR"]]
     assert "rw" in ledger["options"]
     assert ledger["hostPath"] == str(gpuslice.runtime)
+    # On stdout there is no beside for the spec's own files: none mounted, and it says so.
+    assert "/etc/ld.so.preload" not in mounts and "/etc/gpuslice/slice.env" not in mounts
+    assert "clear their environment" in p.stderr
 
 
 def test_output_file_kind_and_library_flags(validator, gpuslice, tmp_path, profile_dir):
@@ -124,8 +127,23 @@ def test_output_file_kind_and_library_flags(validator, gpuslice, tmp_path, profi
     check_cdi(validator, spec)
     assert spec["kind"] == "example.com/gpu-slice"
     assert spec["devices"][0]["containerEdits"]["mounts"][0]["hostPath"] == str(lib)
-    # Only the spec is left in the directory a runtime watches (no temporary file).
-    assert sorted(x.name for x in out.parent.iterdir()) == ["gpuslice.json"]
+    # Only the spec is left in the directory a runtime watches (no temporary file), and the
+    # directory of its own files (runtimes read no subdirectory), root-only.
+    assert sorted(x.name for x in out.parent.iterdir()) == ["gpuslice.d", "gpuslice.json"]
+    files = out.parent / "gpuslice.d"
+    assert files.stat().st_mode & 0o777 == 0o700
+    assert sorted(x.name for x in files.iterdir()) == ["ld.so.preload", "slice.env"]
+    # Mounted read-only over the container's /etc/ld.so.preload (naming the library the
+    # spec mounts) and at the settings file the shim reads.
+    mounts = {m["containerPath"]: m for m in spec["devices"][0]["containerEdits"]["mounts"]}
+    preload = mounts["/etc/ld.so.preload"]
+    assert preload["hostPath"] == str(files / "ld.so.preload") and "ro" in preload["options"]
+    assert (files / "ld.so.preload").read_text() == "/usr/lib/gpuslice/libgpuslice.so\n"
+    assert "/usr/lib/gpuslice/libgpuslice.so" in mounts
+    settings = mounts["/etc/gpuslice/slice.env"]
+    assert settings["hostPath"] == str(files / "slice.env") and "ro" in settings["options"]
+    lines = [x for x in (files / "slice.env").read_text().splitlines() if not x.startswith("#")]
+    assert lines == ["GPUSLICE_RUNTIME_DIR=/run/gpuslice", "GPUSLICE_SLICE=0"]
 
 
 @pytest.mark.parametrize("args, says", [

@@ -1,11 +1,15 @@
 """scripts/gpu-validate.sh's real-GPU path, with stand-ins for the GPU machine.
 
-The --fake run (tests/e2e/tests/gpu_validate.rs) cannot reach the PyTorch/JAX/CuPy/nvidia-smi
-branches, and a real GPU is rare: this test runs the script in its real mode with a stub
-`nvidia-smi`, a stub Python that answers each workload in tests/gpu/ with a canned result, and a
-stub `gpuslice-burn`, so the orchestration and the verdicts of those branches cannot rot. It
-proves nothing about a GPU; it proves the script judges what it is given: good results pass,
-wrong ones fail with the reason, crashes are failures, absent libraries are skips.
+The --fake run (tests/e2e/tests/gpu_validate.rs: every burn-based check and the node-mode
+section, on the fake GPU) cannot reach the PyTorch/JAX/CuPy/nvidia-smi branches, and a real GPU
+is rare: this test runs the script in its real mode with a stub `nvidia-smi`, a stub Python that
+answers each workload in tests/gpu/ with a canned result, and a stub `gpuslice-burn`, so the
+orchestration and the verdicts of those branches cannot rot. It proves nothing about a GPU; it
+proves the script judges what it is given: good results pass, wrong ones fail with the reason,
+crashes are failures, absent libraries are skips, and a section that cannot run fails without
+stopping the checks after it. The node-mode verdicts a real driver may answer differently from
+the fake (a context larger than the allowance, shared memory NVML counts to its importer) are
+judged here from canned readings.
 """
 
 import json
@@ -114,7 +118,7 @@ def write(path, text, exe=False):
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def run_validate(tmp_path, answers, shim_step=0.001002, crash=()):
+def run_validate(tmp_path, answers, shim_step=0.001002, crash=(), only="personal"):
     bin_dir, target, ans = tmp_path / "bin", tmp_path / "target", tmp_path / "answers"
     for d in (bin_dir, target, ans):
         d.mkdir(exist_ok=True)
@@ -136,7 +140,7 @@ def run_validate(tmp_path, answers, shim_step=0.001002, crash=()):
     out = tmp_path / "res" / "run.txt"
     p = subprocess.run(
         ["bash", str(SCRIPT), "--target-dir", str(target), "--out", str(out), "--python", "pystub",
-         "--seconds", "2"],
+         "--seconds", "2", "--only", only],
         env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
     )
     res = json.loads((tmp_path / "res" / "run.json").read_text()) if (tmp_path / "res" / "run.json").exists() else None
@@ -207,3 +211,90 @@ def test_burn_shares_are_measured_over_the_window_all_tenants_ran(tmp_path):
     own, _, _, _ = verdict.window_share(early, {"wall_seconds": 11.0}, 1.0)
     assert own > 0.8
     assert verdict.common_window([early, str(tmp_path / "absent")], 1.0) is None
+
+
+def test_a_node_section_that_cannot_run_fails_and_the_later_checks_still_run(tmp_path):
+    """Node mode needs the `gpuslice` binary (and root): without it every node-mode check is a
+    FAIL naming why, and the PyTorch checks that come after it still run and pass."""
+    p, res = run_validate(tmp_path, GOOD, only="all")
+    assert p.returncode == 1, p.stdout + p.stderr
+    checks = by_name(res)
+    node = [c for n, c in checks.items() if n.startswith(("node:", "context:"))]
+    assert len(node) == 10, checks.keys()
+    why = "gpuslice is missing" if os.geteuid() == 0 else "needs root"
+    for c in node:
+        assert c["status"] == "FAIL" and why in c["note"], c
+    for name in ("shares 0.25/0.75: pytorch matmul", "overhead: pytorch training step"):
+        assert checks[name]["status"] == "PASS", checks[name]
+
+
+# ---- node-mode verdicts, from readings a real driver could give ----
+
+MiB = 1 << 20
+
+
+def judge(tmp_path, fn, **args):
+    """verdict.py's `fn` on `args`; the one record it wrote."""
+    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    import argparse
+    import verdict
+
+    records = tmp_path / "records.jsonl"
+    getattr(verdict, fn)(verdict.Recorder(str(records)), argparse.Namespace(name=fn, **args))
+    return json.loads(records.read_text().splitlines()[-1])
+
+
+def result(tmp_path, name, obj, holding=None):
+    """A workload's output files (`BASE.out`, `.rc`), as the script leaves them; its BASE."""
+    base = tmp_path / name
+    lines = ([json.dumps({"event": "holding", **holding})] if holding else []) + [json.dumps(obj)]
+    (tmp_path / f"{name}.out").write_text("\n".join(lines) + "\n")
+    (tmp_path / f"{name}.rc").write_text("0\n")
+    (tmp_path / f"{name}.err").write_text("")
+    return str(base)
+
+
+def nvml(used, procs, total=80 * GiB):
+    return {"nvml": {"total": total, "free": total - used, "used": used, "procs": procs}}
+
+
+@pytest.mark.parametrize("context_mib, status", [(480, "PASS"), (600, "FAIL")])
+def test_a_context_is_judged_against_the_allowance(tmp_path, context_mib, status):
+    ctx = context_mib * MiB
+    quiet = result(tmp_path, "quiet", nvml(0, {}))
+    held = result(tmp_path, "held", nvml(ctx + 2 * MiB, {"77": ctx + 2 * MiB}))
+    holder = result(tmp_path, "holder", {}, holding={"pid": 77, "allocated_bytes": 2 * MiB})
+    r = judge(tmp_path, "node_context", quiet=quiet, holding=held, holder=holder, allowance=512 * MiB)
+    assert r["status"] == status, r
+    assert r["numbers"]["context_bytes_nvml_process"] == ctx
+    # The fake's default for an 80 GiB card (1/32, at most 512 MiB), for #34 to compare with.
+    assert r["numbers"]["fake_default_bytes"] == 512 * MiB and "512MiB" in r["measured"], r
+
+
+def share_result(importer_grows, exporter_slice_after_exit=256 * MiB):
+    n = 256 * MiB
+    slice_a = lambda used, held=0, pids=(1,): {"name": "tenant-a", "memory_used": used,
+                                               "held_for_importers": held, "pids": list(pids)}
+    own = {"name": "pid-2", "memory_used": 0, "pids": [2]}
+    snap = lambda ex, im, a: {"exporter_nvml": ex, "importer_nvml": im, "nvml_used": 0, "nvml_procs": {},
+                              "exporter_slice": a, "importer_slice": own}
+    return {
+        "kind": "vmm", "mib": 256, "pids": {"exporter": 1, "importer": 2}, "made_status": 0,
+        "import_status": 0, "read_ok": True, "read_ok_after_exit": True, "audit_lines": [],
+        "contexts": snap(500 * MiB, 500 * MiB, slice_a(0)),
+        "shared": snap(500 * MiB + n, 500 * MiB + importer_grows, slice_a(n)),
+        "exporter_gone": snap(None, 500 * MiB + n, slice_a(exporter_slice_after_exit,
+                                                           exporter_slice_after_exit, ())),
+        "after": snap(None, 500 * MiB, slice_a(0, 0, ())),
+    }
+
+
+def test_shared_memory_is_judged_charged_once(tmp_path):
+    good = judge(tmp_path, "node_share", base=result(tmp_path, "good", share_result(0)))
+    assert good["status"] == "PASS", good
+    # After its exporter exited NVML counting it to the importer is recorded, not judged.
+    assert "NVML counts it to the importer" in good["measured"], good
+    twice = judge(tmp_path, "node_share", base=result(tmp_path, "twice", share_result(256 * MiB)))
+    assert twice["status"] == "FAIL" and "more to the importer" in twice["note"], twice
+    dropped = judge(tmp_path, "node_share", base=result(tmp_path, "dropped", share_result(0, 0)))
+    assert dropped["status"] == "FAIL" and "after the exporter exited" in dropped["note"], dropped

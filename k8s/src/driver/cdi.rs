@@ -1,5 +1,6 @@
 //! A prepared claim's CDI spec: the same builder as `gpuslice cdi` (`gpuslice_cdi`),
-//! one file per claim in the CDI directory, root's alone when it carries a join secret.
+//! one file per claim in the CDI directory, root's alone when it carries a join secret, with
+//! its files (`/etc/ld.so.preload`, the settings file) in a root-only directory beside it.
 
 use super::{slice_name, Driver};
 use crate::config::NvidiaCdiName;
@@ -31,15 +32,24 @@ impl Driver {
         if let Some(s) = secret {
             env.push((SECRET_VAR.to_string(), s.expose().to_string()));
         }
+        let path = self.spec_path(uid);
+        // The files first: the runtime never reads a spec whose files are missing.
+        let files = std::fs::create_dir_all(&self.cfg.cdi_dir)
+            .and_then(|()| gpuslice_cdi::write_files(&path, &env))
+            .map_err(|source| Error::Io {
+                what: "writing the claim's /etc/ld.so.preload and settings file",
+                path: gpuslice_cdi::files_dir(&path),
+                source,
+            })?;
         let spec = gpuslice_cdi::spec(
             &self.cfg.cdi_kind,
             &name,
             &env,
             &self.cfg.library.to_string_lossy(),
             &self.cfg.runtime_dir.to_string_lossy(),
+            Some(&files),
         );
         let text = serde_json::to_string_pretty(&spec).expect("a JSON value serializes") + "\n";
-        let path = self.spec_path(uid);
         if std::fs::read(&path).is_ok_and(|b| b == text.as_bytes()) {
             return Ok(());
         }

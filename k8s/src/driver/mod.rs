@@ -26,10 +26,12 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::health::GpuHealth;
 use crate::nvml::{Gpu, Inventory, Nvml};
-use crate::resource_slice;
+use crate::resource_slice::{self, Gone};
 use gpuslice_ledger::Ledger;
 use gpuslice_protocol::Ping;
-use std::collections::BTreeSet;
+use k8s_openapi::api::resource::v1::Device;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 /// A claim as the kubelet names it.
@@ -92,6 +94,17 @@ pub struct Driver {
     health: tokio::sync::watch::Sender<Vec<GpuHealth>>,
     /// The device names of every GPU seen since start (one that vanishes stays, unhealthy).
     seen: Mutex<BTreeSet<String>>,
+    /// The GPUs published since start, to keep in the slice, tainted, when they go.
+    known: Mutex<Known>,
+}
+
+/// What the plugin remembers of the GPUs it published.
+#[derive(Default)]
+struct Known {
+    /// The device last published for each GPU while it was there.
+    devices: BTreeMap<String, Device>,
+    /// Since when each gone GPU has been gone (its taint's `timeAdded`), and why.
+    gone_since: BTreeMap<String, (Time, Gone)>,
 }
 
 impl Driver {
@@ -121,8 +134,9 @@ impl Driver {
             serial: tokio::sync::Mutex::new(()),
             health: tokio::sync::watch::channel(vec![]).0,
             seen: Mutex::new(BTreeSet::new()),
+            known: Mutex::new(Known::default()),
         };
-        d.update_health(Ok(&inventory));
+        d.update_health(Ok(&inventory), &BTreeMap::new());
         d.register(&inventory)?;
         Ok(d)
     }
@@ -142,8 +156,9 @@ impl Driver {
         self.health.subscribe()
     }
 
-    /// Determine every GPU's health from NVML's answer now and (node mode) the monitor's.
-    fn update_health(&self, inv: Result<&Inventory, &Error>) {
+    /// Determine every GPU's health from NVML's answer now, the published GPUs that are
+    /// `gone`, and (node mode) the monitor's answer.
+    fn update_health(&self, inv: Result<&Inventory, &Error>, gone: &BTreeMap<String, Gone>) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let here: BTreeSet<String> = match inv {
             Ok(inv) => inv
@@ -164,7 +179,12 @@ impl Driver {
             None => Ok(&here),
             Some(e) => Err(e.as_str()),
         };
-        let now = crate::health::judge(&seen, here, monitor.as_deref());
+        let lost: BTreeSet<String> = gone
+            .iter()
+            .filter(|(_, why)| **why == Gone::Lost)
+            .map(|(d, _)| d.clone())
+            .collect();
+        let now = crate::health::judge(&seen, here, &lost, monitor.as_deref());
         self.health.send_if_modified(|h| {
             let changed = *h != now;
             if changed {
@@ -189,17 +209,96 @@ impl Driver {
     pub async fn devices(&self) -> Result<resource_slice::Devices, Error> {
         let _g = self.serial.lock().await;
         let inv = self.nvml.inventory();
-        self.update_health(inv.as_ref());
+        let gone = inv.as_ref().map(|i| self.gone(i)).unwrap_or_default();
+        self.update_health(inv.as_ref(), &gone);
         let inv = inv?;
         self.register(&inv)?;
         *self.inventory.lock().unwrap_or_else(|p| p.into_inner()) = inv.clone();
         let snap = self.ledger.snapshot();
-        Ok(resource_slice::devices(
-            &inv,
-            &snap,
-            self.cfg.memory_step,
-            self.cfg.memory_default,
-        ))
+        let mut out =
+            resource_slice::devices(&inv, &snap, self.cfg.memory_step, self.cfg.memory_default);
+        self.keep_gone(&mut out, &gone);
+        Ok(out)
+    }
+
+    /// The GPUs published since start that NVML does not answer for now, and why: reported
+    /// lost at the index they were published with, or not listed at all.
+    fn gone(&self, inv: &Inventory) -> BTreeMap<String, Gone> {
+        let here: BTreeSet<String> = inv
+            .gpus
+            .iter()
+            .map(|g| resource_slice::device_name(&g.uuid))
+            .collect();
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        known
+            .devices
+            .iter()
+            .filter(|(name, _)| !here.contains(*name))
+            .map(|(name, d)| {
+                let index = d
+                    .attributes
+                    .as_ref()
+                    .and_then(|a| a.get("index")?.int)
+                    .and_then(|i| u32::try_from(i).ok());
+                let why = match index {
+                    Some(i) if inv.lost.contains(&i) => Gone::Lost,
+                    _ => Gone::Missing,
+                };
+                (name.clone(), why)
+            })
+            .collect()
+    }
+
+    /// Why the published GPU `device` is gone, if it is (as of the last resync).
+    fn gone_now(&self, device: &str) -> Option<Gone> {
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        known.gone_since.get(device).map(|(_, why)| *why)
+    }
+
+    /// Remember the devices published now, and add each `gone` GPU as last published, tainted
+    /// `<driver>/gone` (its `timeAdded` kept while it stays gone, so the slice does not change
+    /// at every resync); a GPU that is back is published fresh, untainted.
+    fn keep_gone(&self, out: &mut resource_slice::Devices, gone: &BTreeMap<String, Gone>) {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let known = &mut *known;
+        for d in &out.published {
+            known.devices.insert(d.name.clone(), d.clone());
+        }
+        let key = resource_slice::gone_key(&self.cfg.driver);
+        known.gone_since.retain(|name, _| {
+            let back = !gone.contains_key(name);
+            if back {
+                eprintln!("gpuslice-dra: {name} is back: taint {key} removed");
+            }
+            !back
+        });
+        let effect = self.cfg.gone_taint_effect;
+        for (name, why) in gone {
+            let Some(last) = known.devices.get(name) else {
+                continue;
+            };
+            let (since, was) = known.gone_since.entry(name.clone()).or_insert_with(|| {
+                eprintln!(
+                    "gpuslice-dra: {name} is gone ({}): kept in the ResourceSlice with taint \
+                     {key}={}:{}",
+                    match why {
+                        Gone::Lost => "NVML reports it lost",
+                        Gone::Missing => "NVML no longer lists it",
+                    },
+                    why.as_str(),
+                    effect.as_str()
+                );
+                (resource_slice::now(), *why)
+            });
+            *was = *why;
+            out.published.push(resource_slice::tainted(
+                last,
+                &self.cfg.driver,
+                *why,
+                effect,
+                since.clone(),
+            ));
+        }
     }
 
     fn gpus(&self) -> Vec<Gpu> {

@@ -111,6 +111,18 @@ impl Driver {
                 .iter()
                 .find(|g| resource_slice::device_name(&g.uuid) == r.device)
             else {
+                if let Some(why) = self.gone_now(&r.device) {
+                    return Err(Error::Gone {
+                        device: r.device.clone(),
+                        why,
+                        taint: format!(
+                            "{}={}:{}",
+                            resource_slice::gone_key(&self.cfg.driver),
+                            why.as_str(),
+                            self.cfg.gone_taint_effect.as_str()
+                        ),
+                    });
+                }
                 return Err(Error::NotOnNode {
                     device: r.device.clone(),
                     here: gpus
@@ -239,7 +251,8 @@ impl Driver {
         Ok(devices)
     }
 
-    /// Unprepare claim `c`: its CDI spec and slices go once no live process is in them.
+    /// Unprepare claim `c`: its CDI spec, the spec's files and its slices go once no live
+    /// process is in them.
     pub(super) fn unprepare_one(&self, c: &ClaimRef) -> Result<(), Error> {
         let name = slice_name(&c.uid);
         // Processes that died are returned first, so a finished pod's slice is free to go
@@ -279,6 +292,12 @@ impl Driver {
                 })
             }
         }
+        // Its files after it (a runtime reading the spec finds them until it is gone).
+        gpuslice_cdi::remove_files(&path).map_err(|source| Error::Io {
+            what: "removing the claim's /etc/ld.so.preload and settings file",
+            path: gpuslice_cdi::files_dir(&path),
+            source,
+        })?;
         if mine.is_empty() {
             return Ok(());
         }

@@ -395,8 +395,13 @@ impl TestClaim {
 pub fn container_env(cdi_dir: &Path, id: &str) -> Vec<(String, String)> {
     let (kind, name) = id.split_once('=').unwrap();
     for entry in std::fs::read_dir(cdi_dir).unwrap() {
+        // Runtimes read the specs, not the directories of their files beside them.
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
         let spec: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(entry.unwrap().path()).unwrap()).unwrap();
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         if spec["kind"] != kind {
             continue;
         }
@@ -442,11 +447,7 @@ pub fn container_env(cdi_dir: &Path, id: &str) -> Vec<(String, String)> {
 /// `cmd`, a burn in the environment of a 4 GiB claim, sees a 4 GiB GPU and gets no byte past
 /// it: 3 GiB and 1 GiB succeed, the next 512 MiB is refused with CUDA_ERROR_OUT_OF_MEMORY.
 pub fn assert_held_to_4_gib(cmd: &mut Command) {
-    let v = gpuslice_e2e::run_json(cmd.args(["--alloc", "3Gi,1Gi,512Mi", "--json"]));
-    let gi = 1u64 << 30;
-    assert_eq!(v["mem_total"], 4 * gi, "{v}");
-    assert_eq!(v["allocated_bytes"], 4 * gi, "{v}");
-    assert_eq!(v["alloc_errors"], serde_json::json!([2]), "{v}");
+    gpuslice_e2e::node::assert_held_to_4_gib(cmd)
 }
 
 pub fn burn_in_claim(world: &World, dirs: &Dirs, ids: &[String]) -> Command {

@@ -19,6 +19,8 @@ const SCHEMA: &str = include_str!("../schema/resource.k8s.io-v1.json");
 
 // pkg/apis/resource/types.go
 const RESOURCE_SLICE_MAX_DEVICES: usize = 128; // ResourceSliceMaxDevices
+const RESOURCE_SLICE_MAX_DEVICES_WITH_TAINTS: usize = 64; // ...WithTaintsOrConsumesCounters
+const DEVICE_TAINTS_MAX_LENGTH: usize = 16; // DeviceTaintsMaxLength
 const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32; // ResourceSliceMaxAttributesAndCapacitiesPerDevice
 const DEVICE_MAX_ID_LENGTH: usize = 32; // DeviceMaxIDLength
 const DEVICE_MAX_DOMAIN_LENGTH: usize = 63; // DeviceMaxDomainLength
@@ -467,13 +469,22 @@ fn validate_resource_slice(obj: &Value) -> Errs {
             "only one of `sharedCounters` or `devices` is allowed",
         );
     }
-    // validateSet(spec.Devices, ResourceSliceMaxDevices, validateDevice, by name).
+    // validateSet(spec.Devices, maxDevices, validateDevice, by name): 64 instead of 128 when
+    // any device has taints (haveDeviceTaints).
     let devices = spec["devices"].as_array().cloned().unwrap_or_default();
-    if devices.len() > RESOURCE_SLICE_MAX_DEVICES {
+    let tainted = devices
+        .iter()
+        .any(|d| d["taints"].as_array().is_some_and(|t| !t.is_empty()));
+    let max = if tainted {
+        RESOURCE_SLICE_MAX_DEVICES_WITH_TAINTS
+    } else {
+        RESOURCE_SLICE_MAX_DEVICES
+    };
+    if devices.len() > max {
         errs.push((
             "spec.devices".into(),
             format!(
-                "spec.devices: Too many: {}: must have at most {RESOURCE_SLICE_MAX_DEVICES} items",
+                "spec.devices: Too many: {}: must have at most {max} items",
                 devices.len()
             ),
         ));
@@ -491,9 +502,8 @@ fn validate_resource_slice(obj: &Value) -> Errs {
     errs
 }
 
-/// `validateDevice`, for what a node-local device carries (no taints, counters or per-device
-/// node selection: those are refused by the schema check's caller if present, and gpuslice
-/// sends none).
+/// `validateDevice`, for what a node-local device carries (no counters or per-device node
+/// selection: gpuslice sends none).
 fn validate_device(errs: &mut Errs, f: &str, d: &Value) {
     let name = str_at(d, "name").unwrap_or("");
     // validateDeviceName = ValidateDNS1123Label.
@@ -536,6 +546,22 @@ fn validate_device(errs: &mut Errs, f: &str, d: &Value) {
             }
         }
     }
+    // validateSlice(device.Taints, DeviceTaintsMaxLength, validateDeviceTaint).
+    if let Some(taints) = d["taints"].as_array() {
+        let tf = format!("{f}.taints");
+        if taints.len() > DEVICE_TAINTS_MAX_LENGTH {
+            errs.push((
+                tf.clone(),
+                format!(
+                    "{tf}: Too many: {}: must have at most {DEVICE_TAINTS_MAX_LENGTH} items",
+                    taints.len()
+                ),
+            ));
+        }
+        for (i, t) in taints.iter().enumerate() {
+            validate_device_taint(errs, &format!("{tf}[{i}]"), t);
+        }
+    }
     let multi = d["allowMultipleAllocations"] == true;
     for (k, c) in capacity {
         let cf = format!("{f}.capacity[{k}]");
@@ -554,6 +580,52 @@ fn validate_device(errs: &mut Errs, f: &str, d: &Value) {
         }
         let value = str_at(c, "value").and_then(quantity_milli).unwrap_or(0);
         validate_request_policy(errs, &format!("{cf}.requestPolicy"), value, policy);
+    }
+}
+
+/// `validation.IsQualifiedName`'s name part and `IsValidLabelValue`'s value: at most 63
+/// characters, `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`.
+fn label_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    s.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.first().is_none_or(u8::is_ascii_alphanumeric)
+        && b.last().is_none_or(u8::is_ascii_alphanumeric)
+}
+
+/// `validateDeviceTaint` (1.37: effects None, NoSchedule, NoExecute): the key a label name
+/// (`metav1validation.ValidateLabelName`: `[PREFIX/]NAME`, the prefix a DNS subdomain), the
+/// value a label value, the effect required and one of the three.
+fn validate_device_taint(errs: &mut Errs, f: &str, t: &Value) {
+    let kf = format!("{f}.key");
+    let key = str_at(t, "key").unwrap_or("");
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if name.is_empty() {
+        invalid(errs, &kf, key, "name part must be non-empty");
+    } else if !label_part(name) {
+        invalid(errs, &kf, key, "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')");
+    }
+    if let Some(p) = prefix {
+        if !dns_subdomain(p) || key.matches('/').count() > 1 {
+            invalid(errs, &kf, key, "prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character");
+        }
+    }
+    let value = str_at(t, "value").unwrap_or("");
+    if !label_part(value) {
+        invalid(errs, &format!("{f}.value"), value, "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')");
+    }
+    let ef = format!("{f}.effect");
+    match str_at(t, "effect").unwrap_or("") {
+        "" => required(errs, &ef, ""),
+        "NoExecute" | "NoSchedule" | "None" => {}
+        e => errs.push((
+            ef.clone(),
+            format!("{ef}: Unsupported value: {e:?}: supported values: \"NoExecute\", \"NoSchedule\", \"None\""),
+        )),
     }
 }
 

@@ -277,6 +277,13 @@ impl Ledger {
         }))
     }
 
+    /// Whether a process of `uid` naming `name` (`None`: a private slice, always new) on
+    /// `device` would join a slice that exists (node mode's admission: a new reservation is
+    /// checked against the device as it physically is).
+    pub fn joins_existing(&self, name: Option<&str>, device: usize, uid: u32) -> bool {
+        name.is_some_and(|n| matches!(self.slice_for(n, device, uid), Ok(Some(_))))
+    }
+
     /// The operator slice called `name` on `device` (at most one: operator names are unique
     /// per device, whatever tenants named their own slices).
     pub(crate) fn operator_slice(&self, name: &str, device: usize) -> Option<usize> {
@@ -402,6 +409,7 @@ impl Ledger {
         s.audit_observed.store(0, SeqCst);
         s.violations_total.store(0, SeqCst);
         s.balloon_held.store(0, SeqCst);
+        s.context_used.store(0, SeqCst);
         // SAFETY: under the lock, record not yet published.
         unsafe { s.claim.set("") };
         s.state.store(STATE_ACTIVE, SeqCst);

@@ -350,6 +350,12 @@ impl Ledger {
             .collect()
     }
 
+    /// The uid of record `rec`'s exporter (the monitor's scan: an unreadable process of a uid
+    /// holds back only that uid's records).
+    pub fn share_uid(&self, rec: usize) -> Option<u32> {
+        self.shared().get(rec).map(|r| r.uid.load(SeqCst))
+    }
+
     /// Node mode: no process holds a descriptor of record `rec` (identity `key`) any more, as
     /// the monitor's scan found: its charge goes back (and the slice it alone kept), and it
     /// becomes an orphan. Nothing changes if it is no longer that record, or someone took it

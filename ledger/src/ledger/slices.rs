@@ -115,6 +115,19 @@ impl Ledger {
         }
     }
 
+    /// Node mode: what one CUDA context is charged to its slice on device `uuid` (0: contexts
+    /// are not charged). Whether it was set.
+    pub fn record_context_bytes(&self, uuid: &str, bytes: u64) -> bool {
+        if !self.writable() {
+            return false;
+        }
+        let Some(d) = self.find_device(uuid) else {
+            return false;
+        };
+        self.devices()[d].context_bytes.store(bytes, SeqCst);
+        true
+    }
+
     /// Node mode: let only `uid`'s processes join the slice `name` on `device` (index or UUID);
     /// an operator slice is open to every uid until this is set.
     pub fn set_slice_owner(

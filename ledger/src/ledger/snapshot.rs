@@ -54,6 +54,7 @@ impl Ledger {
                 memory_used: 0,
                 best_effort_used: d.best_effort_used.load(SeqCst),
                 compute_reserved_ppm: d.compute_reserved.load(SeqCst).min(u32::MAX as u64) as u32,
+                context_bytes: d.context_bytes.load(SeqCst),
             });
         }
         let alive: Vec<bool> = (0..MAX_PROCS)
@@ -98,6 +99,7 @@ impl Ledger {
                 private: s.private.load(SeqCst) != 0,
                 memory_limit: (limit != NO_LIMIT).then_some(limit),
                 memory_used: used,
+                context_used: s.context_used.load(SeqCst).min(used),
                 compute_share: s.share(),
                 compute_cap: s.cap(),
                 attached: s.attached.load(SeqCst),

@@ -105,6 +105,7 @@ impl Table {
 /// Process `pid` of user `uid`, in the host's PID namespace.
 pub fn peer(pid: u32, uid: u32) -> Peer {
     Peer {
+        pid_ns: 0,
         host_pid: pid,
         nspid: pid,
         uid,

@@ -143,7 +143,7 @@ fn env_slice(pid: u32) -> Option<String> {
 }
 
 /// The effective uid of `pid` (the second `Uid:` field of `/proc/<pid>/status`).
-fn uid_of(pid: u32) -> Option<u32> {
+pub(crate) fn uid_of(pid: u32) -> Option<u32> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines()
         .find_map(|l| l.strip_prefix("Uid:"))?
@@ -204,6 +204,7 @@ fn audit_rows(
                 limit: s.memory_limit,
                 pids: vec![],
                 excess: vec![],
+                held: vec![],
                 allowance: 0,
             };
             for h in procs {
@@ -230,6 +231,7 @@ fn audit_rows(
                 };
                 row.observed = row.observed.saturating_add(h.bytes);
                 row.pids.push(h.pid);
+                row.held.push(h.bytes);
                 row.excess
                     .push(h.bytes.saturating_sub(charged.saturating_add(allowance)));
                 row.allowance = row.allowance.saturating_add(allowance);
@@ -317,7 +319,7 @@ mod tests {
         snap.slices[1].pids = vec![102];
         // Honest members: they charged what they hold.
         snap.processes[0].charged = vec![(uuid.clone(), 3 << 30)];
-        snap.processes[1].charged = vec![(uuid.clone(), 2 << 30)];
+        snap.processes[1].charged = vec![(uuid.clone(), 1 << 30)];
         // train (an open operator slice, 4 GiB quota): pids 100 and 101.
         let held = |a: u64, b: u64| {
             vec![(
@@ -345,9 +347,9 @@ mod tests {
                 .collect::<Vec<_>>(),
             )]
         };
-        let (rows, bypasses) = audit_rows(&snap, &held(3 << 30, 2 << 30), 0);
+        let (rows, bypasses) = audit_rows(&snap, &held(3 << 30, 1 << 30), 0);
         assert_eq!(rows.len(), 2);
-        assert_eq!((rows[0].observed, rows[0].over_quota()), (6 << 30, true));
+        assert_eq!((rows[0].observed, rows[0].over_quota()), (5 << 30, true));
         let mut pids = rows[0].pids.clone();
         pids.sort();
         assert_eq!(pids, [10_100, 10_101, 10_555], "the NVML pids counted");
@@ -372,7 +374,7 @@ mod tests {
         assert_eq!(lines.len(), 1);
         assert!(
             lines[0].contains("\"train\"")
-                && lines[0].contains("6 GiB")
+                && lines[0].contains("5 GiB")
                 && lines[0].contains("4 GiB"),
             "{lines:?}"
         );

@@ -41,6 +41,7 @@ macro_rules! log {
 }
 
 mod audit;
+pub(crate) use audit::uid_of;
 mod lock;
 pub(crate) mod options;
 
@@ -107,12 +108,18 @@ fn run(opts: Options) -> Result<(), Failure> {
         }
         let (ledger, regions) = node.parts().expect("node mode has regions");
         let balloons = if opts.balloons {
-            start_balloons(&ledger, regions.as_ref(), opts.context_allowance)
+            start_balloons(
+                &ledger,
+                regions.as_ref(),
+                nvml.as_ref(),
+                opts.context_memory,
+            )
         } else {
             log!(
                 "balloons off (--balloons off): reserved memory is held in software only; a \
                  program without the library can take memory other slices reserved"
             );
+            charge_contexts(&ledger, nvml.as_ref(), opts.context_memory, false);
             None
         };
         // Compute turns: granted by this monitor from here on (tenants cannot write leases).
@@ -127,6 +134,7 @@ fn run(opts: Options) -> Result<(), Failure> {
                 name: opts.operator_group.clone(),
             },
             balloons: balloons.clone(),
+            nvml: Nvml::load().ok(),
         });
         std::thread::Builder::new()
             .name("admission".into())
@@ -184,7 +192,9 @@ fn run(opts: Options) -> Result<(), Failure> {
         nvml,
         node: None,
         node_mode,
-        on_violation: opts.on_violation,
+        on_violation: opts
+            .on_violation
+            .unwrap_or(OnViolation::default_for(node_mode)),
         context_allowance: opts.context_allowance,
         fresh: first,
         last_error: None,
@@ -310,8 +320,11 @@ impl Monitor {
         let ledger = node.parts().map(|(l, _)| l);
         // After the reap: what the dead held is back in their slices' unused reservations.
         if let (Some(b), Some((ledger, regions))) = (&self.balloons, node.parts()) {
-            for l in b.tick(&ledger, regions.as_ref()) {
-                log!("{l}");
+            for (l, short_on) in b.tick(&ledger, regions.as_ref()) {
+                log!(
+                    "{l}{}",
+                    crowding(&ledger, regions.as_ref(), self.nvml.as_ref(), short_on)
+                );
             }
             if let Ok(mut f) = self.facts.lock() {
                 f.balloons = b.held().into_iter().collect();
@@ -357,25 +370,98 @@ impl Monitor {
     }
 }
 
+/// For a balloon that cannot be filled on device `short_on`: whose memory outside gpuslice
+/// crowds the reservation out (pid, uid, bytes by NVML), as the rest of its log line.
+fn crowding(
+    ledger: &gpuslice_ledger::Ledger,
+    regions: &dyn gpuslice_ledger::region::Regions,
+    nvml: Option<&Nvml>,
+    short_on: Option<String>,
+) -> String {
+    let (Some(uuid), Some(nvml)) = (short_on, nvml) else {
+        return String::new();
+    };
+    let Some(dev) = ledger.find_device(&uuid) else {
+        return String::new();
+    };
+    match crate::physical::room(ledger, regions, nvml, true, dev, &uuid) {
+        Some(r) if !r.outside.is_empty() => format!(" (crowded out{})", r.outside_text()),
+        _ => " (nothing outside gpuslice by NVML: another slice's memory, or the driver's)"
+            .to_string(),
+    }
+}
+
+/// Node mode: set what each CUDA context is charged to its slice on every GPU
+/// (`Device::context_bytes`): `--context-memory`, else what this monitor's own context takes
+/// there by NVML (`measured`: its primary contexts are retained and nothing else allocated
+/// yet), rounded up to 2 MiB. Where neither is known contexts are not charged, said once.
+fn charge_contexts(
+    ledger: &gpuslice_ledger::Ledger,
+    nvml: Option<&Nvml>,
+    flag: Option<u64>,
+    measured: bool,
+) {
+    let devs = nvml.and_then(|n| n.devices().ok()).unwrap_or_default();
+    let me = std::process::id();
+    for d in &devs {
+        let own = || {
+            let procs = nvml?.processes(d.index).ok()??;
+            procs.iter().find(|p| p.0 == me).map(|p| p.1)
+        };
+        let bytes = match flag {
+            Some(b) => Some(b),
+            None if measured => own().map(|b| b.div_ceil(2 << 20) * (2 << 20)),
+            None => None,
+        };
+        let Some(bytes) = bytes else {
+            log!(
+                "WARNING: contexts are not charged to slices on {}: the monitor could not \
+                 measure one (balloons off, or NVML reports no per-process memory); give \
+                 --context-memory SIZE",
+                d.uuid
+            );
+            ledger.record_context_bytes(&d.uuid, 0);
+            continue;
+        };
+        ledger.record_context_bytes(&d.uuid, bytes);
+        log!(
+            "contexts: each CUDA context on {} is charged {} to its slice, inside the quota \
+             ({})",
+            d.uuid,
+            crate::table::size(bytes),
+            if flag.is_some() {
+                "--context-memory"
+            } else {
+                "what the monitor's own context takes; --context-memory to change it"
+            }
+        );
+    }
+}
+
 /// Node mode: load the driver and hold every slice's unused reservation (the first tick, timed
 /// for the log); `None`, with a warning, where the driver cannot be used.
 fn start_balloons(
     ledger: &gpuslice_ledger::Ledger,
     regions: &dyn gpuslice_ledger::region::Regions,
-    context_room: u64,
+    nvml: Option<&Nvml>,
+    context_memory: Option<u64>,
 ) -> Option<Arc<crate::balloon::Balloons>> {
     let t0 = Instant::now();
-    let b = match crate::balloon::Balloons::open(context_room) {
+    let b = match crate::balloon::Balloons::open() {
         Ok(b) => b,
         Err(e) => {
             log!(
                 "WARNING: balloons unavailable ({e}): reserved memory is held in software only; \
                  a program without the library can take memory other slices reserved"
             );
+            charge_contexts(ledger, nvml, context_memory, false);
             return None;
         }
     };
-    for l in b.tick(ledger, regions) {
+    // Before the first balloon: NVML then shows the monitor's own contexts alone.
+    charge_contexts(ledger, nvml, context_memory, true);
+    for (l, short_on) in b.tick(ledger, regions) {
+        let l = l + &crowding(ledger, regions, nvml, short_on);
         log!("{l}");
     }
     let mut held: Vec<(String, u64)> = b.held().into_iter().collect();

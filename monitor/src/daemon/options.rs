@@ -25,8 +25,22 @@ pub(super) fn group_gid(name: &str) -> Option<u32> {
 pub enum OnViolation {
     /// Log it, count it in metrics and `status`.
     Report,
-    /// Also SIGKILL the slice's processes that hold memory on that device.
+    /// Also SIGKILL the processes that are over (`AuditRow::to_kill`) and tenants' bypasses.
     Kill,
+}
+
+impl OnViolation {
+    /// The default: `kill` in node mode (its defaults are the safe ones: a tenant over its
+    /// slice by a bypass or a scribbled counter does not keep what it took; the cost, a process
+    /// whose context grows past its charge and `--context-allowance`, is in docs/security.md),
+    /// `report` in personal mode (one user's own programs).
+    pub fn default_for(node_mode: bool) -> OnViolation {
+        if node_mode {
+            OnViolation::Kill
+        } else {
+            OnViolation::Report
+        }
+    }
 }
 
 pub(super) struct Options {
@@ -36,12 +50,16 @@ pub(super) struct Options {
     pub(super) node: Option<bool>,
     pub(super) limits: gpuslice_ledger::node::Limits,
     pub(super) operator_group: String,
-    pub(super) on_violation: OnViolation,
+    /// `None`: the mode's default ([`OnViolation::default_for`]).
+    pub(super) on_violation: Option<OnViolation>,
     /// Node mode: hold every slice's unused reservation physically (`crate::balloon`).
     pub(super) balloons: bool,
     /// Device memory the audit allows each process beyond what it charged: its CUDA context,
     /// which the driver takes and NVML counts but no quota does (`--context-allowance`).
     pub(super) context_allowance: u64,
+    /// Node mode: what each CUDA context is charged to its slice, inside the quota
+    /// (`--context-memory`; `None`: what the monitor's own context takes, measured at start).
+    pub(super) context_memory: Option<u64>,
 }
 
 /// `--context-allowance`'s default: more than a real driver's context takes (a few hundred
@@ -57,9 +75,10 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         node: None,
         limits: Default::default(),
         operator_group: OPERATOR_GROUP.into(),
-        on_violation: OnViolation::Report,
+        on_violation: None,
         balloons: true,
         context_allowance: CONTEXT_ALLOWANCE,
+        context_memory: None,
     };
     let mut interval = None;
     loop {
@@ -95,7 +114,7 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
             }
             Long("on-violation") => {
                 let v = cli::utf8(p.value()?, "--on-violation", USAGE)?;
-                o.on_violation = match v.as_str() {
+                o.on_violation = Some(match v.as_str() {
                     "report" => OnViolation::Report,
                     "kill" => OnViolation::Kill,
                     _ => {
@@ -104,7 +123,7 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                             USAGE,
                         ))
                     }
-                };
+                });
             }
             Long("context-allowance") => {
                 let v = cli::utf8(p.value()?, "--context-allowance", USAGE)?;
@@ -121,6 +140,23 @@ pub(super) fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
                         ))
                     }
                 };
+            }
+            Long("context-memory") => {
+                let v = cli::utf8(p.value()?, "--context-memory", USAGE)?;
+                let n = match gpuslice_quantity::parse_size("--context-memory", &v) {
+                    Ok(gpuslice_quantity::Size::Bytes(n)) => n,
+                    _ => {
+                        return Err(Failure::usage(
+                            format!(
+                                "--context-memory {v:?}: expected a size in bytes, like 512Mi \
+                                 or 0 (contexts not charged; default: what the monitor's own \
+                                 context takes)"
+                            ),
+                            USAGE,
+                        ))
+                    }
+                };
+                cli::once(&mut o.context_memory, "--context-memory", n, USAGE)?;
             }
             Long("balloons") => {
                 let v = cli::utf8(p.value()?, "--balloons", USAGE)?;

@@ -34,6 +34,7 @@ impl LedgerWindow {
                 memory_reserved: d.memory_reserved,
                 memory_used: d.memory_used,
                 compute_reserved: ratio(d.compute_reserved_ppm),
+                context_bytes: d.context_bytes,
             })
             .collect();
         let slice_names: HashMap<usize, &str> = s
@@ -64,6 +65,7 @@ impl LedgerWindow {
                     device_uuid: sl.device_uuid.clone(),
                     memory_limit: sl.memory_limit,
                     memory_used: sl.memory_used,
+                    memory_contexts: sl.context_used,
                     memory_held_for_importers: s
                         .shared
                         .iter()
@@ -124,11 +126,30 @@ impl LedgerWindow {
             })
             .collect();
         processes.sort_by_key(|p| p.pid);
+        let live: Vec<usize> = s.processes.iter().map(|p| p.slot).collect();
+        let orphans = s
+            .shared
+            .iter()
+            .filter(|r| r.exporter.is_none() && r.held > 0)
+            .filter_map(|r| {
+                let uuid = s.devices.iter().find(|x| x.index == r.device)?;
+                Some(crate::view::OrphanView {
+                    slice: r
+                        .slice
+                        .and_then(|i| slice_names.get(&i))
+                        .map(|n| n.to_string()),
+                    device_uuid: uuid.uuid.clone(),
+                    bytes: r.held,
+                    importers: r.importers.iter().filter(|i| live.contains(i)).count(),
+                })
+            })
+            .collect();
         NodeView {
             devices,
             slices,
             processes,
             problems: s.problems,
+            orphans,
         }
     }
 }
@@ -145,18 +166,25 @@ fn exited(p: &ProcInfo, node_mode: bool, own_ns: u64) -> bool {
     if !p.alive {
         return true;
     }
-    let pid = if node_mode {
+    // Its pid as this reader's namespace sees it: its own pid when the reader shares its
+    // namespace (a node's processes and root's CLI usually do, in a container too), else, in
+    // node mode, the host's pid the monitor recorded when the reader is root in the host's.
+    let pid = if p.pid_ns != 0 && p.pid_ns == own_ns {
+        Some(p.pid)
+    } else if node_mode {
         (own_ns == gpuslice_ledger::view::INITIAL_PID_NS && gpuslice_ledger::dir::euid() == 0)
             .then_some(p.host_pid)
     } else {
-        (p.pid_ns != 0 && p.pid_ns == own_ns).then_some(p.pid)
+        None
     };
     let Some(pid) = pid.filter(|&pid| pid != 0) else {
         return false;
     };
     match gpuslice_ledger::start_time_of(&pid.to_string()) {
         0 => !Path::new(&format!("/proc/{pid}")).exists(),
-        start => start != p.start_time,
+        // Another process that took the pid, or this one exited and not yet waited for (a
+        // zombie has released its memory: `alive` says what it is, as the reaper will).
+        start => start != p.start_time || !gpuslice_ledger::is_running(pid, start),
     }
 }
 
@@ -274,6 +302,7 @@ mod tests {
             memory_used: used,
             best_effort_used: 0,
             compute_reserved_ppm: 750_000,
+            context_bytes: 0,
         }
     }
 
@@ -287,6 +316,7 @@ mod tests {
             private: false,
             memory_limit: Some(4 * GI),
             memory_used: used,
+            context_used: 0,
             compute_share: Share::from_ppm(250_000),
             compute_cap: Cap::NONE,
             attached: pids.len() as u32,

@@ -73,9 +73,10 @@ pub(super) fn refused<T>(
     Err(r)
 }
 
-/// Ask the monitor for `bytes` of this slice's reservation on `dev`: whether it handed any
-/// back. A monitor that does not answer is said once (its balloons went with it: nothing is
-/// held, the device is full for other reasons).
+/// Ask the monitor for `bytes` of this slice's reservation on `dev`: whether to try the driver
+/// again (it answered; when it handed nothing back, its tick may have just deflated the balloon
+/// by this very charge, so the memory is free now). A monitor that does not answer is said
+/// once (its balloons went with it: nothing is held, the device is full for other reasons).
 fn ask(dev: &DevState, bytes: u64) -> bool {
     static SAID: AtomicBool = AtomicBool::new(false);
     let Ok(st) = crate::init::state() else {
@@ -97,7 +98,7 @@ fn ask(dev: &DevState, bytes: u64) -> bool {
                     Err(refusal) => format!("refused ({refusal})"),
                 }
             );
-            answer.is_ok_and(|r| r.bytes > 0)
+            answer.is_ok()
         }
         Err(e) => {
             if !SAID.swap(true, Relaxed) {

@@ -133,6 +133,25 @@ fn allocated<T>(
     Ok(out)
 }
 
+/// A CUDA context's charge (`contexts.rs`): charge `bytes` to `dev`'s account, then make the
+/// driver call `create`, with the balloons' slow path and the undo of any allocation.
+/// `Err(None)`: the account cannot afford it (nothing changed); `Err(Some(r))`: the driver's
+/// status, the charge undone.
+///
+/// # Safety
+/// As [`charge`]: `dev` is a device of the started state.
+pub(crate) unsafe fn charge_context<T>(
+    dev: &DevState,
+    bytes: u64,
+    create: impl FnMut() -> (CUresult, T),
+) -> Result<T, Option<CUresult>> {
+    // SAFETY: dev is a device of the started state (this function's contract).
+    if !unsafe { charge(dev, bytes) } {
+        return Err(None);
+    }
+    allocated(dev, bytes, bytes, create).map_err(Some)
+}
+
 /// What an allocation closure gives [`charge_and_alloc`]: the driver's status and, only when
 /// it succeeded, the handle it wrote to `out` (0 otherwise: never read unwritten memory).
 ///

@@ -40,8 +40,9 @@ Kernels (gpuslice_spin: spins on %globaltimer for --kernel-us):
                                  (default plain)
   --report-interval S            print a JSON line every S seconds with the achieved GPU fraction
 Memory:
-  --alloc SIZE[,SIZE...]         allocate these sizes in order (4Gi, 512Mi, 1G, bytes, or 25%
-                                 of the device's total memory); keeps
+  --alloc SIZE[,SIZE...]         allocate these sizes in order (4Gi, 512Mi, 1G, bytes, 25%
+                                 of the device's total memory, or `free`: what cuMemGetInfo
+                                 says is free at start); keeps
                                  going after a failure so the report shows which one failed
   --alloc-path plain|pitch|managed|async|pool|vmm|array|array3d|mipmap|graph|capture
                                  (default plain)
@@ -130,6 +131,25 @@ impl AllocPath {
     }
 }
 
+/// One `--alloc` request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// A size, or a part of the device's total.
+    Size(Size),
+    /// What `cuMemGetInfo_v2` says is free when the memory phase starts.
+    Free,
+}
+
+impl Request {
+    /// Bytes, given `cuMemGetInfo_v2`'s `free` and `total` at start.
+    pub fn resolve(self, free: u64, total: u64) -> u64 {
+        match self {
+            Request::Size(s) => s.resolve(total),
+            Request::Free => free,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Options {
     pub resolve: Resolve,
@@ -143,7 +163,7 @@ pub struct Options {
     pub launch: Launch,
     pub report_interval: Option<Duration>,
     /// `--alloc` sizes; percentages resolve against the device's total memory.
-    pub alloc: Vec<Size>,
+    pub alloc: Vec<Request>,
     pub alloc_path: AllocPath,
     /// `--alloc-rounds`: how many times the `--alloc` list is allocated (≥ 1).
     pub alloc_rounds: u32,
@@ -276,8 +296,12 @@ pub fn parse(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Parse
             }
             "--alloc" => {
                 for part in val()?.split(',') {
-                    o.alloc
-                        .push(parse_size("--alloc", part.trim()).map_err(|e| e.to_string())?);
+                    let part = part.trim();
+                    o.alloc.push(if part == "free" {
+                        Request::Free
+                    } else {
+                        Request::Size(parse_size("--alloc", part).map_err(|e| e.to_string())?)
+                    });
                 }
             }
             "--alloc-path" => {
@@ -358,7 +382,13 @@ mod tests {
         ])
         .unwrap();
         assert!(o.launches());
-        assert_eq!(o.alloc, vec![Size::Bytes(1 << 20), Size::Bytes(2 << 20)]);
+        assert_eq!(
+            o.alloc,
+            vec![
+                Request::Size(Size::Bytes(1 << 20)),
+                Request::Size(Size::Bytes(2 << 20))
+            ]
+        );
         assert_eq!(o.resolve, Resolve::Dlsym);
         assert_eq!(o.alloc_rounds, 1);
         let o = run(&["--alloc", "1Mi", "--alloc-rounds", "3"]).unwrap();

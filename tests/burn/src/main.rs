@@ -101,7 +101,11 @@ fn with_context(
     cu!(d, cuCtxSetCurrent(ctx))?;
     let start = mem_info(d)?;
     rep.mem_start = Some(start);
-    let sizes: Vec<u64> = o.alloc.iter().map(|s| s.resolve(start.total)).collect();
+    let sizes: Vec<u64> = o
+        .alloc
+        .iter()
+        .map(|s| s.resolve(start.free, start.total))
+        .collect();
 
     let mut allocator = Allocator::new(o.alloc_path, dev, o.touch);
     let mut live: Vec<Allocation> = Vec::new();

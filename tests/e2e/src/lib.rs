@@ -9,6 +9,7 @@
 //! not dependencies of this crate), so [`artifact`] refuses one older than a source it is built
 //! from and says what to run.
 
+pub mod container;
 pub mod node;
 
 use std::path::{Path, PathBuf};

@@ -448,3 +448,264 @@ fn a_stop_continue_cycling_holder_leaves_the_engine_to_the_other() {
     println!("beside a stop/continue cycling holder: {v}");
     assert!(v["share"].as_f64().unwrap() > 0.8, "{v}");
 }
+
+/// `cmd` in a PID namespace of its own (`unshare --pid --fork --mount-proc`), as a pod's
+/// container runs it: the fake's state directory is shared (a real node's /dev/nvidia* is),
+/// the pids are not. Root only.
+fn in_pid_namespace(cmd: &Command) -> Command {
+    let mut c = Command::new("unshare");
+    c.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c
+}
+
+/// The pid, in this (the host's) namespace, of the one child of process `parent`: the program
+/// `unshare --fork` started in its new namespace.
+fn host_pid_of_child(parent: u32) -> u32 {
+    let child = std::fs::read_dir("/proc").unwrap().find_map(|e| {
+        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let ppid: u32 = stat[stat.rfind(')')? + 2..]
+            .split(' ')
+            .nth(1)?
+            .parse()
+            .ok()?;
+        (ppid == parent).then_some(pid)
+    });
+    child.unwrap_or_else(|| panic!("unshare {parent} has no child"))
+}
+
+/// A `fakegpu-client busy BYTES 1000 SECS` in a PID namespace of its own: it holds BYTES,
+/// launches 1 ms kernels for SECS, reports, and holds on until its stdin closes.
+struct Pod {
+    unshare: std::process::Child,
+    /// Its pid as the host sees it.
+    host_pid: u32,
+    /// What it printed once it held its memory.
+    holding: Value,
+}
+
+impl Pod {
+    fn busy(w: &World, bytes: u64, secs: &str) -> Pod {
+        let mut unshare =
+            in_pid_namespace(client(w).args(["busy", &bytes.to_string(), "1000", secs]))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn unshare");
+        let (line, holding) = first_line(&mut unshare);
+        assert!(holding["ptr"].is_u64(), "busy printed {line:?}");
+        let host_pid = host_pid_of_child(unshare.id());
+        Pod {
+            unshare,
+            host_pid,
+            holding,
+        }
+    }
+
+    /// Its engine report, once its kernels are done.
+    fn report(&mut self) -> Value {
+        let (line, v) = first_line(&mut self.unshare);
+        assert!(v["share"].is_f64(), "busy reported {line:?}");
+        v
+    }
+
+    /// Let it exit normally.
+    fn end(mut self) {
+        drop(self.unshare.stdin.take());
+        assert!(self.unshare.wait().unwrap().success());
+    }
+}
+
+impl Drop for Pod {
+    /// A test that failed midway leaves no pod behind, stopped or not: `unshare
+    /// --kill-child` takes its child with it.
+    fn drop(&mut self) {
+        let _ = self.unshare.kill();
+        let _ = self.unshare.wait();
+    }
+}
+
+/// NVML's processes in `v` (a `meminfo` report) as (pid, bytes), sorted.
+fn nvml_processes(v: &Value) -> Vec<(u64, u64)> {
+    let mut p: Vec<(u64, u64)> = v["nvml"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["pid"].as_u64().unwrap(), p["used"].as_u64().unwrap()))
+        .collect();
+    p.sort();
+    p
+}
+
+/// Two processes in two PID namespaces (each is pid 1 in its own), as two pods on a node:
+/// neither is taken for dead while it runs (their memory stays counted, the engine splits
+/// evenly between them), NVML from the host lists both by host pid, from a third namespace
+/// only the caller itself, and a SIGKILLed one's memory comes back. With pids as the fake's
+/// sign of life, each judged the other dead (its pid 1 was someone else's) and reclaimed its
+/// memory and engine turn while it ran.
+#[test]
+fn processes_of_two_pid_namespaces_keep_their_memory_and_share_the_engine() {
+    gpuslice_e2e::need_root!();
+    let w = World::new(1, "16Gi");
+    let ctx = fake_context_bytes(16 * GI);
+    let mut a = Pod::busy(&w, GI, "3");
+    let mut b = Pod::busy(&w, 2 * GI, "3");
+    assert_eq!(a.holding["pid"], 1, "{}", a.holding);
+    assert_eq!(b.holding["pid"], 1, "{}", b.holding);
+
+    // The host sees both by their host pids, with their memory and contexts (and its own
+    // context: `meminfo` is a process too).
+    let host = scenario(&w, &["meminfo"]);
+    assert_eq!(host["free"], 16 * GI - 3 * GI - 3 * ctx, "{host}");
+    let listed = nvml_processes(&host);
+    assert_eq!(listed.len(), 3, "{host}");
+    for (pid, used) in [(a.host_pid, GI + ctx), (b.host_pid, 2 * GI + ctx)] {
+        assert!(listed.contains(&(pid as u64, used)), "{pid}: {host}");
+    }
+    // A container sees the node's memory, but of the processes only those it can see: itself.
+    let inside = run_json(&mut in_pid_namespace(client(&w).args(["meminfo"])));
+    assert_eq!(inside["free"], host["free"], "{inside}");
+    assert_eq!(nvml_processes(&inside), vec![(1, ctx)], "{inside}");
+
+    // The engine went half and half, by their own clocks and by the fake's books, which the
+    // host reads by host pid.
+    let (ra, rb) = (a.report(), b.report());
+    for r in [&ra, &rb] {
+        let got = r["share"].as_f64().unwrap();
+        assert!(
+            (0.40..=0.60).contains(&got),
+            "a pod got {got} of the engine: {r}"
+        );
+    }
+    let mut books = w
+        .command(artifact("gpuslice-e2e-helper"))
+        .arg("engine-ns")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut input = books.stdin.take().unwrap();
+        writeln!(input, "{} {}", a.host_pid, b.host_pid).unwrap();
+    }
+    let out = books.wait_with_output().unwrap();
+    let line = String::from_utf8_lossy(&out.stdout);
+    let ns: Vec<u64> = line
+        .split_whitespace()
+        .skip(2)
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("engine-ns: {line:?}")))
+        .collect();
+    assert_eq!(ns.len(), 2, "{line:?}");
+    for (got, r) in ns.iter().zip([&ra, &rb]) {
+        let ran = r["gpu_seconds"].as_f64().unwrap() * 1e9;
+        assert!(
+            (*got as f64 - ran).abs() <= 0.02 * ran,
+            "the fake's books say {got} ns, the pod ran {ran} ns: {r}"
+        );
+    }
+
+    // Still counted after their turns: nobody reclaimed a live pod.
+    let after = scenario(&w, &["meminfo"]);
+    assert_eq!(after["free"], host["free"], "{after}");
+
+    // A SIGKILLed pod's memory comes back; the other keeps its.
+    // SAFETY: signalling the pod's process, which stays our grandchild until `unshare` ends.
+    unsafe { libc::kill(a.host_pid as i32, libc::SIGKILL) };
+    a.unshare.wait().unwrap();
+    let left = scenario(&w, &["meminfo"]);
+    assert_eq!(left["free"], 16 * GI - 2 * GI - 2 * ctx, "{left}");
+    let listed = nvml_processes(&left);
+    assert!(
+        listed.len() == 2
+            && listed.contains(&(b.host_pid as u64, 2 * GI + ctx))
+            && !listed.iter().any(|&(p, _)| p == a.host_pid as u64),
+        "{left}"
+    );
+    b.end();
+}
+
+/// A stopped engine holder in a PID namespace the waiter cannot see: its /proc state is out of
+/// the waiter's sight, so its silence (no heartbeat for 200 ms) costs it the engine, and
+/// nothing else: it is stopped, not dead, and keeps its memory.
+#[test]
+fn a_stopped_engine_holder_in_another_pid_namespace_loses_the_engine() {
+    gpuslice_e2e::need_root!();
+    let w = World::new(1, "16Gi");
+    let ctx = fake_context_bytes(16 * GI);
+    let mut stopped = Pod::busy(&w, GI, "30");
+    let mut other = Pod::busy(&w, GI, "3");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: signalling the pod's process (our grandchild).
+    unsafe { libc::kill(stopped.host_pid as i32, libc::SIGSTOP) };
+    let v = other.report();
+    let seen = scenario(&w, &["meminfo"]);
+    assert!(
+        nvml_processes(&seen).contains(&(stopped.host_pid as u64, GI + ctx)),
+        "the stopped pod lost its memory: {seen}"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(stopped.host_pid as i32, libc::SIGCONT) };
+    // SAFETY: as above.
+    unsafe { libc::kill(stopped.host_pid as i32, libc::SIGKILL) };
+    stopped.unshare.wait().unwrap();
+    other.end();
+    assert_had_the_engine_back(&v);
+}
+
+#[test]
+fn a_device_lost_off_the_bus_fails_nvml_and_cuda_until_it_is_back() {
+    use std::io::Write;
+    const GPU_IS_LOST: u64 = 15; // NVML_ERROR_GPU_IS_LOST
+    const UNKNOWN: u64 = 999; // CUDA_ERROR_UNKNOWN
+    let w = World::new(2, "4Gi");
+    let probe = |dev: &str| scenario(&w, &["probe", dev]);
+    let codes = |v: &Value| {
+        ["nvml_handle", "nvml_memory", "cuda_retain", "cuda_alloc"].map(|k| v[k].as_u64().unwrap())
+    };
+    // A process with a handle and a context on device 1 before the loss.
+    let mut before = client(&w)
+        .args(["probe", "1", "wait"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (line, v) = first_line(&mut before);
+    assert_eq!(codes(&v), [0; 4], "{line}");
+
+    assert_eq!(scenario(&w, &["lose", "1"])["lost"], true);
+    before.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    let (line, v) = first_line(&mut before);
+    assert_eq!(v["nvml_count"], 2, "a lost GPU is still counted: {line}");
+    assert_eq!(v["nvml_handle"], GPU_IS_LOST, "{line}");
+    assert_eq!(
+        v["nvml_memory"], GPU_IS_LOST,
+        "a handle taken before: {line}"
+    );
+    assert_eq!(v["cuda_alloc"], UNKNOWN, "a context made before: {line}");
+    assert!(before.wait().unwrap().success());
+
+    let now = probe("1");
+    assert_eq!(
+        codes(&now),
+        [GPU_IS_LOST, GPU_IS_LOST, UNKNOWN, UNKNOWN],
+        "{now}"
+    );
+    assert_eq!(codes(&probe("0")), [0; 4], "the other device is untouched");
+
+    assert_eq!(scenario(&w, &["restore", "1"])["lost"], false);
+    assert_eq!(codes(&probe("1")), [0; 4], "back after the reset");
+    assert_eq!(
+        scenario(&w, &["restore", "1"])["lost"],
+        false,
+        "twice is fine"
+    );
+}

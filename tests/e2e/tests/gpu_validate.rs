@@ -1,11 +1,16 @@
 //! `scripts/gpu-validate.sh --fake`: the real-GPU validation script run against the fake GPU, so
 //! it cannot rot between the rare runs on a real card. Its burn-based checks (memory quota,
-//! compute shares, graphs, symbol logging) must pass; what only a real GPU can show (PyTorch,
-//! JAX, CuPy, nvidia-smi, the training-loop overhead) must be reported as skipped, never passed.
+//! compute shares, graphs, symbol logging) and its node-mode section (a root monitor with
+//! balloons, tenants of other uids, a bypass, CUDA IPC and VMM-fd sharing, shares) must pass;
+//! what only a real GPU can show (PyTorch, JAX, CuPy, nvidia-smi, the training-loop overhead)
+//! must be reported as skipped, never passed. Without root the node-mode section is skipped by
+//! the script, and this test fails unless told to count it as not run
+//! (`GPUSLICE_ROOT_TESTS=skip`), as every root-only test does.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use gpuslice_e2e::node::{is_root, not_run_without_root};
 use gpuslice_e2e::{artifact, profile_dir};
 
 fn script() -> PathBuf {
@@ -57,7 +62,12 @@ impl Drop for Scratch {
 
 #[test]
 fn fake_run_passes_its_burn_checks_and_skips_the_real_gpu_ones() {
-    for name in ["libgpuslice.so", "gpuslice-burn", "libfakegpu.so"] {
+    for name in [
+        "libgpuslice.so",
+        "gpuslice-burn",
+        "libfakegpu.so",
+        "gpuslice",
+    ] {
         artifact(name);
     }
     let dir = Scratch(std::env::temp_dir().join(format!("gpu-validate-{}", std::process::id())));
@@ -98,12 +108,15 @@ fn fake_run_passes_its_burn_checks_and_skips_the_real_gpu_ones() {
         let real_gpu_only = ["pytorch", "jax", "cupy", "overhead"]
             .iter()
             .any(|k| n.contains(k));
+        let node_mode = n.starts_with("node:") || n.starts_with("context:");
         if real_gpu_only {
             assert_eq!(
                 status(c),
                 "SKIP",
                 "{n} must be skipped on the fake GPU: {c}"
             );
+        } else if node_mode && !is_root() {
+            assert_eq!(status(c), "SKIP", "{n} without root: {c}");
         } else {
             assert_eq!(status(c), "PASS", "{n}: {c}\n{}", show(&out));
         }
@@ -121,6 +134,16 @@ fn fake_run_passes_its_burn_checks_and_skips_the_real_gpu_ones() {
         "jax memory 4Gi",
         "shares 0.25/0.75: pytorch matmul",
         "overhead: pytorch training step",
+        "context: driver-API process (burn)",
+        "context: pytorch process",
+        "node: the monitor's own device memory",
+        "node: balloons hold 2 x 4Gi reserved",
+        "node: a bypass gets only unreserved memory",
+        "node: tenants allocate 4Gi beside the bypass",
+        "node: cuda ipc charged once",
+        "node: vmm fd export charged once",
+        "node: shares 0.25/0.75 burn",
+        "node: monitor stops, memory returned",
     ] {
         assert!(
             checks.iter().any(|c| name(c) == wanted),
@@ -134,6 +157,16 @@ fn fake_run_passes_its_burn_checks_and_skips_the_real_gpu_ones() {
         "{text}"
     );
     assert!(text.contains("\"gpu_seconds\""), "{text}");
+    // Node mode left nothing behind: its runtime directory (in /dev/shm) is gone.
+    if let Some(rt) = json["meta"]["node_runtime_dir"]
+        .as_str()
+        .filter(|d| !d.is_empty())
+    {
+        assert!(!Path::new(rt).exists(), "{rt} was left behind");
+    }
+    if !is_root() {
+        not_run_without_root();
+    }
 }
 
 #[test]
@@ -142,6 +175,7 @@ fn bad_arguments_are_refused_with_the_flag_named() {
     for (args, code, says) in [
         (&["--fake", "--bogus"][..], 2, "'--bogus'"),
         (&["--fake", "--seconds", "ten"], 2, "--seconds 'ten'"),
+        (&["--fake", "--only", "gpu"], 2, "--only 'gpu'"),
         (
             &["--fake", "--target-dir", "/nonexistent/gpuslice"],
             1,

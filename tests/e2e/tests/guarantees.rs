@@ -43,12 +43,17 @@ const MAX_READING_S: f64 = 0.005;
 static COMPUTE: Mutex<()> = Mutex::new(());
 
 /// The node of one test (one 80 GiB device: room for the CUDA contexts of up to 65 processes,
-/// 512 MiB each, docs/fakegpu.md; the monitor in node mode; `gpuslice-e2e-helper` runnable by
+/// 512 MiB each, charged inside their slices' quotas, docs/fakegpu.md; the monitor in node mode; `gpuslice-e2e-helper` runnable by
 /// every user), the compute lock held while it lives; `None` without root.
 fn compute_node() -> Option<(std::sync::MutexGuard<'static, ()>, Node)> {
+    compute_node_of("80Gi")
+}
+
+/// [`compute_node`] with one device of `memory`.
+fn compute_node_of(memory: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Node)> {
     need_root!(None);
     let serial = COMPUTE.lock().unwrap_or_else(|e| e.into_inner());
-    let n = Node::new(1, "80Gi", &[]);
+    let n = Node::new(1, memory, &[]);
     let helper = n.bin.join("gpuslice-e2e-helper");
     std::fs::copy(artifact("gpuslice-e2e-helper"), &helper).unwrap();
     chmod(&helper, 0o755);
@@ -228,19 +233,41 @@ impl Meter {
     }
 }
 
-/// `gpuslice-burn` as `uid` in slice `slice` (memory quota 64 MiB: 65 slices fit; compute share `share`,
-/// None: best effort), launching `kernel_us` kernels for `secs`.
-fn burn(n: &Node, uid: u32, slice: &str, share: Option<&str>, kernel_us: u64, secs: f64) -> Child {
+/// The memory quota of a slice of `procs` processes here: a CUDA context each (512 MiB on the
+/// fake, charged inside the quota) and 64 MiB (65 one-process slices fit).
+fn quota(procs: usize) -> String {
+    format!("{}Mi", procs * 512 + 64)
+}
+
+/// `gpuslice-burn` as `uid` in slice `slice` (memory quota `memory`, empty: none, its user's
+/// best-effort memory; compute share `share`, None: best effort), launching `kernel_us`
+/// kernels for `secs`.
+fn burn_in(
+    n: &Node,
+    uid: u32,
+    (slice, memory): (&str, &str),
+    share: Option<&str>,
+    kernel_us: u64,
+    secs: f64,
+) -> Child {
     let mut c = n.burn(uid);
     c.args(["--kernel-us", &kernel_us.to_string()])
         .args(["--seconds", &secs.to_string(), "--json"])
-        .envs(in_slice(slice, "64Mi"))
+        .env("GPUSLICE_SLICE", slice)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if let Some(share) = share {
         c.env("GPUSLICE_COMPUTE", share);
     }
+    if !memory.is_empty() {
+        c.env("GPUSLICE_MEMORY", memory);
+    }
     c.spawn().unwrap()
+}
+
+/// [`burn_in`] a one-process slice.
+fn burn(n: &Node, uid: u32, slice: &str, share: Option<&str>, kernel_us: u64, secs: f64) -> Child {
+    burn_in(n, uid, (slice, &quota(1)), share, kernel_us, secs)
 }
 
 /// t2's tenant: one process in a 0.75 slice, 1 ms kernels (burn's default depth 2, as the
@@ -450,7 +477,8 @@ fn many_processes_in_one_slice(case: &str, procs: usize, kernel_us: u64) {
     let m = Meter::start(&n);
     let mut t1: Vec<Child> = (0..procs)
         .map(|_| {
-            let c = burn(&n, TENANT_A, "t1", Some("0.25"), kernel_us, 17.0);
+            let t1 = ("t1", quota(procs));
+            let c = burn_in(&n, TENANT_A, (t1.0, &t1.1), Some("0.25"), kernel_us, 17.0);
             m.add(Who::T1, &c);
             c
         })
@@ -517,7 +545,7 @@ fn a_pumped_virtual_time_floor_does_not_lock_out_a_newcomer() {
         .args(["pulse", "1", "100", "25"])
         .env("LD_PRELOAD", n.bin.join("libgpuslice.so"))
         .env("GPUSLICE_COMPUTE", "0.25")
-        .envs(in_slice("t1", "64Mi"))
+        .envs(in_slice("t1", &quota(2)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -526,7 +554,7 @@ fn a_pumped_virtual_time_floor_does_not_lock_out_a_newcomer() {
     t1.push(pulse);
     wait_for_slice(&n, "t1", 1);
     std::thread::sleep(Duration::from_millis(9500));
-    let sat = burn(&n, TENANT_A, "t1", Some("0.25"), 1000, 15.0);
+    let sat = burn_in(&n, TENANT_A, ("t1", &quota(2)), Some("0.25"), 1000, 15.0);
     m.add(Who::T1, &sat);
     t1.push(sat);
     wait_for_slice(&n, "t1", 2);
@@ -626,4 +654,94 @@ fn a_stop_continue_cycling_tenant_costs_the_other_nothing() {
         before.1,
         show(&g)
     );
+}
+
+/// Issue #34 (b): on a 16 GiB device (512 MiB contexts) t1 starts 64 one-process best-effort
+/// slices (no compute share, no memory quota: their contexts are charged to t1's best-effort
+/// memory, held to what the monitor grants it) beside its saturating 0.25 slice, after t2's
+/// 0.75 slice of 1 GiB was made for it. The device cannot hold 64 contexts: t1's processes past
+/// what its memory allows are refused at context creation, and t2's process starts (its
+/// reservation and context are its own) and gets its part. On main t1's contexts were nobody's:
+/// they filled the device and t2's process never started.
+#[test]
+fn sixty_four_best_effort_contexts_leave_a_reserved_slice_its_start() {
+    let Some((_serial, n)) = compute_node_of("16Gi") else {
+        return;
+    };
+    let o = n.cli(
+        0,
+        &[
+            "slice",
+            "create",
+            "t2",
+            "--memory",
+            "1Gi",
+            "--compute",
+            "0.75",
+            "--owner",
+            &TENANT_B.to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let m = Meter::start(&n);
+    let q = burn(&n, TENANT_A, "t1", Some("0.25"), 1000, 30.0);
+    m.add(Who::T1, &q);
+    let mut t1 = vec![q];
+    wait_for_slice(&n, "t1", 1);
+    // Eight at a time, each settled (admitted, or gone) before the next eight.
+    let mut refused = vec![];
+    let mut batch: Vec<(String, Child)> = vec![];
+    for i in 0..64 {
+        let name = format!("be{i}");
+        batch.push((
+            name.clone(),
+            burn_in(&n, TENANT_A, (&name, ""), None, 1000, 30.0),
+        ));
+        if batch.len() < 8 {
+            continue;
+        }
+        let t0 = std::time::Instant::now();
+        for (name, mut c) in batch.drain(..) {
+            loop {
+                if c.try_wait().unwrap().is_some() {
+                    refused.push(c.wait_with_output().unwrap());
+                    break;
+                }
+                if slices_named(&n.status(), &name)
+                    .any(|x| x["pids"].as_array().is_some_and(|p| !p.is_empty()))
+                {
+                    m.add(Who::T1, &c);
+                    t1.push(c);
+                    break;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(120),
+                    "{name} never settled"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    let admitted = t1.len() - 1;
+    println!(
+        "64 best effort on 16 GiB: {admitted} admitted with their contexts, {} refused",
+        refused.len()
+    );
+    assert!(admitted > 0 && !refused.is_empty(), "{admitted} admitted");
+    // At most what the device has beside t2's 1 GiB, t1's slice and the monitor's context.
+    assert!(admitted <= 28, "{admitted} contexts of 512 MiB");
+    for o in &refused {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("cannot create a CUDA context") || burn_json(o)["error"]["code"] == 2,
+            "a refused best-effort process: {}",
+            text(o)
+        );
+    }
+    m.wait_running(&t1[..1]);
+    let b = t2(&n, &m, 11.5);
+    finished(b);
+    let s = m.finish();
+    kill_all(&mut t1);
+    assert_guarantee("64 best-effort contexts on 16 GiB", &got(&s, None), &n);
 }

@@ -80,15 +80,16 @@ fn still_running<'a>(n: &Node, children: impl IntoIterator<Item = &'a mut Child>
 /// Issue #27, "the audit can be aimed at a victim": t2 holds 512 MiB in its slice `tq` (1 GiB);
 /// t1 runs an unwrapped program that names `tq` and takes 1 GiB. The audit attributes it to t1
 /// (its uid), not to t2's slice: `tq` is never flagged, t2's process is never killed, and t1's
-/// bypass is the one reported (default `report`) or killed (`--on-violation kill`).
+/// bypass is the one reported (`--on-violation report`) or killed (node mode's default,
+/// `kill`).
 #[test]
 fn an_aimed_audit_hits_the_bypass_not_the_victim() {
     need_root!();
     for kill in [false, true] {
         let opts: &[&str] = if kill {
-            &["--on-violation", "kill"]
-        } else {
             &[]
+        } else {
+            &["--on-violation", "report"]
         };
         let n = Node::new(1, "16Gi", opts);
         let mut victim = holder_in(&n, TENANT_B, ("tq", "1Gi"), "512Mi", "60");
@@ -123,25 +124,26 @@ fn an_aimed_audit_hits_the_bypass_not_the_victim() {
     }
 }
 
-/// Issues #26/#27: NVML counts each process's CUDA context (the fake models it: 512 MiB on a
-/// 16 GiB device, docs/fakegpu.md), which no quota counts. Under `--on-violation kill`, t2's
-/// slice filled to its quota by two processes sharing it is neither reported nor killed (the
-/// audit allows each process its context, `--context-allowance`, 512 MiB by default); an
-/// unwrapped program of t2 in that slice that takes 1 GiB past it all is reported and is the
+/// Issues #26/#27/#34: NVML counts each process's CUDA context (the fake models it: 512 MiB on
+/// a 16 GiB device, docs/fakegpu.md), which node mode charges inside the quota. Under
+/// `--on-violation kill`, t2's 2 GiB slice filled to its quota by two processes sharing it (a
+/// context and 512 MiB each) is neither reported nor killed (the audit also allows each process
+/// `--context-allowance`, 512 MiB by default, for a context that grows past its charge); an
+/// unwrapped program of t2 in that slice that takes 1.5 GiB past it all is reported and is the
 /// only one killed.
 #[test]
 fn a_full_quota_and_its_contexts_are_no_violation() {
     need_root!();
     let n = Node::new(1, "16Gi", &["--on-violation", "kill"]);
     assert_eq!(gpuslice_e2e::fake_context_bytes(16 << 30), 512 << 20);
-    let mut a = holder_in(&n, TENANT_B, ("full", "1Gi"), "512Mi", "60");
-    let mut b = holder(&n, TENANT_B, &in_slice("full", "1Gi"), "512Mi", "60");
+    let mut a = holder_in(&n, TENANT_B, ("full", "2Gi"), "512Mi", "60");
+    let mut b = holder(&n, TENANT_B, &in_slice("full", "2Gi"), "512Mi", "60");
     for c in [&mut a, &mut b] {
         let (_, v) = gpuslice_e2e::first_line(c);
         assert_eq!(v["allocated_bytes"], 512u64 << 20, "{v}");
     }
     wait_for_slice(&n, "full", 2);
-    // Several audit passes (one a second) see 1 GiB + 2 contexts on a 1 GiB quota.
+    // Several audit passes (one a second) see 1 GiB + 2 contexts on a 2 GiB quota.
     std::thread::sleep(Duration::from_millis(3500));
     let s = n.status();
     assert_eq!(s["violations"], serde_json::json!([]), "{s:#}");
@@ -153,7 +155,7 @@ fn a_full_quota_and_its_contexts_are_no_violation() {
         n.monitor_log()
     );
     // t2's own program without the library, in its own slice: 1 GiB past quota + allowances.
-    let mut over = unwrapped(&n, TENANT_B, &[("GPUSLICE_SLICE", "full")], "1Gi", "60");
+    let mut over = unwrapped(&n, TENANT_B, &[("GPUSLICE_SLICE", "full")], "1536Mi", "60");
     let st = wait_within(&mut over, Duration::from_secs(30), "the unwrapped program");
     assert_eq!(
         st.signal(),
@@ -256,33 +258,34 @@ fn names_cannot_be_taken() {
     kill_all(squats.iter_mut());
 }
 
-/// Issue #27, "a zombie stays charged": t1's process in slice `z` (1 GiB) holding 768 MiB is
-/// killed while its parent never waits for it (a zombie, which has released its memory). Its
-/// memory returns to the slice at the monitor's next reap, the zombie still there, and t1 can
-/// use the whole quota again.
+/// Issue #27, "a zombie stays charged": t1's process in slice `z` (2 GiB) holding 768 MiB and
+/// its context (512 MiB, charged inside the quota) is killed while its parent never waits for
+/// it (a zombie, which has released its memory). Its memory returns to the slice at the
+/// monitor's next reap, the zombie still there, and t1 can use the whole quota again.
 #[test]
 fn a_zombies_memory_returns_to_its_slice() {
     need_root!();
     let n = Node::new(1, "16Gi", &[]);
-    let mut keep = holder_in(&n, TENANT_A, ("z", "1Gi"), "1Mi", "60");
+    let ctx = gpuslice_e2e::fake_context_bytes(16 << 30);
+    let mut keep = holder_in(&n, TENANT_A, ("z", "2Gi"), "1Mi", "60");
     // sh starts the burn in the background and becomes `sleep`, which never waits for it.
     let mut parent = burn_in_sh(&n, TENANT_A, "\"$@\" & exec sleep 60")
         .args(["--alloc", "768Mi", "--hold", "60", "--json"])
-        .envs(in_slice("z", "1Gi"))
+        .envs(in_slice("z", "2Gi"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let used = |s: &serde_json::Value| slice_named(s, "z")["memory_used"].as_u64();
     wait_status(&n, 60, "768 MiB more in z", |s| {
-        (used(s) == Some((768 + 1) << 20)).then_some(())
+        (used(s) == Some(((768 + 1) << 20) + 2 * ctx)).then_some(())
     });
     let s = n.status();
     let pid = s["processes"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|p| p["slice"] == "z" && p["memory_used"] == 768u64 << 20)
+        .find(|p| p["slice"] == "z" && p["memory_used"] == (768u64 << 20) + ctx)
         .and_then(|p| p["pid"].as_u64())
         .unwrap_or_else(|| panic!("{s:#}")) as i32;
     // SAFETY: kill(2) on a pid of this test's world (t1's burn).
@@ -299,9 +302,30 @@ fn a_zombies_memory_returns_to_its_slice() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let zombie_at = Instant::now();
+    // `status` never shows the zombie alive (it has exited; only its parent has not waited):
+    // it shows the node as the reaper will leave it.
+    let s = n.status();
+    assert!(
+        s["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["pid"] != pid || p["alive"] == false),
+        "{s:#}"
+    );
     wait_status(&n, 10, "the zombie's 768 MiB back in z", |s| {
-        (used(s) == Some(1 << 20)).then_some(())
+        (used(s) == Some((1 << 20) + ctx)).then_some(())
     });
+    // And the monitor's reaper does so (its log line), the zombie still there.
+    let reaped = format!("reaped pid {pid}:");
+    while !n.monitor_log().contains(&reaped) {
+        assert!(
+            zombie_at.elapsed() < Duration::from_secs(10),
+            "not reaped: {}",
+            n.monitor_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     println!(
         "the zombie's memory was back in {:?} (monitor interval 50 ms, status polled every 50 ms)",
         zombie_at.elapsed()
@@ -311,7 +335,8 @@ fn a_zombies_memory_returns_to_its_slice() {
         Some('Z'),
         "still a zombie: reaped by the monitor, not by its parent"
     );
-    let o = n.allocate(TENANT_A, &in_slice("z", "1Gi"), "1023Mi");
+    // What is left with a context each: 2 GiB less 1 MiB and two contexts.
+    let o = n.allocate(TENANT_A, &in_slice("z", "2Gi"), "1023Mi");
     assert_eq!(
         burn_json(&o)["allocated_bytes"],
         1023u64 << 20,
@@ -456,13 +481,19 @@ fn reserve_for_t2(n: &Node, name: &str) {
 /// (`wait_held`) needs for its own context before it asks for memory.
 fn hold_the_rest(n: &Node, hold: &str) -> Child {
     // Contexts take memory on the fake (docs/fakegpu.md): 128 MiB each on a 4 GiB device. Of
-    // the 4 GiB, the monitor's context takes one, t2res's balloon 1 GiB plus room for its
-    // first process's context (the default `--context-allowance`, 512 MiB), the hog's own
-    // context one more: 2.25 GiB are left, of which the hog leaves one context's room.
+    // the 4 GiB, the monitor's context takes one, t2res's balloon 1 GiB (its contexts are
+    // inside it), the hog's own context one more: 2.75 GiB are left, of which the hog leaves
+    // one context's room.
     let ctx = gpuslice_e2e::fake_context_bytes(4 << 30);
-    let mut hog = unwrapped(n, TENANT_A, &[], "512Mi,512Mi,512Mi,512Mi,128Mi", hold);
+    let mut hog = unwrapped(
+        n,
+        TENANT_A,
+        &[],
+        "512Mi,512Mi,512Mi,512Mi,512Mi,128Mi",
+        hold,
+    );
     let (_, v) = gpuslice_e2e::first_line(&mut hog);
-    let left = (4u64 << 30) - 2 * ctx - (1 << 30) - (512 << 20);
+    let left = (4u64 << 30) - 2 * ctx - (1 << 30);
     assert_eq!(v["allocated_bytes"], left - ctx, "{v}");
     hog
 }
@@ -472,22 +503,25 @@ fn hold_the_rest(n: &Node, hold: &str) -> Child {
 /// physically (balloons), so (b) t1's unwrapped program that asks for everything gets
 /// `CUDA_ERROR_OUT_OF_MEMORY` from the driver, and while t1 holds all it could get t2 still
 /// allocates its whole 1 GiB; (a) the same while t1's processes zero their slice's usage counter
-/// before every allocation.
+/// before every allocation. With `--on-violation report`, so that t1 keeps what it took (node
+/// mode's default, `kill`, ends it: `contexts.rs`).
 #[test]
 fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
     need_root!();
-    let n = Node::new(1, "4Gi", &[]);
+    let n = Node::new(1, "4Gi", &["--on-violation", "report"]);
     reserve_for_t2(&n, "t2res");
+    // All of its 1 GiB but its own context (charged inside the quota, 128 MiB on 4 GiB).
     let t2_allocates = |n: &Node| {
         let o = n.allocate(
             TENANT_B,
             &[("GPUSLICE_SLICE", "t2res"), ("GPUSLICE_LOG", "debug")],
-            "1Gi",
+            "free",
         );
         let r = burn_json(&o);
+        let ctx = gpuslice_e2e::fake_context_bytes(4 << 30);
         assert_eq!(
             (r["allocated_bytes"].as_u64(), r["alloc_errors"].clone()),
-            (Some(1 << 30), serde_json::json!([])),
+            (Some((1 << 30) - ctx), serde_json::json!([])),
             "t2 could not allocate what it reserved: {}\n{}",
             text(&o),
             n.monitor_log()
@@ -506,9 +540,9 @@ fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
         "{}",
         text(&o)
     );
-    // It holds what it can get in 512 MiB pieces: all but t2's reservation, the room that
-    // reserves for t2's first CUDA context (`--context-allowance`, 512 MiB by default) and its
-    // own context (docs/fakegpu.md): 4 pieces of the 2.375 GiB left ...
+    // It holds what it can get in 512 MiB pieces: all but t2's reservation (its contexts
+    // inside it), the monitor's context and its own (docs/fakegpu.md): 5 pieces of the 2.75 GiB
+    // left ...
     let mut hog = unwrapped(
         &n,
         TENANT_A,
@@ -517,14 +551,14 @@ fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
         "60",
     );
     let (_, v) = gpuslice_e2e::first_line(&mut hog);
-    let left = (3u64 << 30) - (512 << 20) - gpuslice_e2e::fake_context_bytes(4 << 30);
+    let left = (3u64 << 30) - 2 * gpuslice_e2e::fake_context_bytes(4 << 30);
     assert_eq!(
         v["allocated_bytes"],
         left / (512 << 20) * (512 << 20),
         "{v}"
     );
-    // ... and t2 still creates its context (its admission handed the room back) and gets its
-    // 1 GiB.
+    // ... and t2 still creates its context (its admission handed one context's charge of its
+    // balloon back) and gets the rest of its 1 GiB.
     t2_allocates(&n);
     kill_all([&mut hog]);
     // (a) t1's own slice (1 GiB), whose usage counter t1's sidecar zeroes without pause while
@@ -564,9 +598,9 @@ fn reserved_memory_is_held_against_a_bypass_and_a_scribbler() {
 /// slow path (its log).
 fn takes_the_slow_path(n: &Node, path: &str) -> bool {
     // The balloon is refilled after the last hand-back: one context's room is free (the
-    // probe's context fits, its 128 MiB do not). t2's admission hands back the room kept for
-    // its context (512 MiB), which takes 128 MiB of it: 512 MiB are free, so 768 MiB can only
-    // come from the balloon.
+    // probe's context fits, its 128 MiB do not). t2's admission hands back one context's
+    // charge of its balloon (128 MiB), which its context takes: 128 MiB are free, so 768 MiB
+    // can only come from the balloon.
     wait_held(n, "128Mi");
     let mut c = n.burn(TENANT_B);
     c.args(["--alloc", "768Mi", "--alloc-path", path, "--json"])
@@ -608,7 +642,7 @@ fn takes_the_slow_path(n: &Node, path: &str) -> bool {
 #[test]
 fn every_allocation_path_gets_its_balloon_back() {
     need_root!();
-    let n = Node::new(1, "4Gi", &[]);
+    let n = Node::new(1, "4Gi", &["--on-violation", "report"]);
     reserve_for_t2(&n, "t2res");
     let mut hog = hold_the_rest(&n, "120");
     let paths = [
@@ -722,10 +756,16 @@ fn balloons_fall_away_with_the_monitor_and_come_back_with_it() {
         h.try_wait().unwrap().is_none(),
         "t2's process was harmed by the restart"
     );
-    // Its quota still holds in software, and what it holds is intact.
-    let o = n.allocate(TENANT_B, &in_slice("b", "2Gi"), "1536Mi,1Gi");
+    // Its quota still holds in software, and what it holds is intact: 2 GiB less its 512 MiB
+    // and two contexts of 128 MiB.
+    let o = n.allocate(TENANT_B, &in_slice("b", "2Gi"), "1280Mi,1Mi");
     let r = burn_json(&o);
-    assert_eq!(r["allocated_bytes"], 1536u64 << 20, "{}", text(&o));
+    assert_eq!(
+        (r["allocated_bytes"].as_u64(), r["alloc_errors"].clone()),
+        (Some(1280 << 20), serde_json::json!([OOM])),
+        "{}",
+        text(&o)
+    );
     kill_all([&mut h]);
 }
 
@@ -750,7 +790,7 @@ fn balloon_costs() {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[v.len() / 2]
     };
-    let mut n = Node::new(1, "4Gi", &[]);
+    let mut n = Node::new(1, "4Gi", &["--on-violation", "report"]);
     // The monitor's own device memory with nothing reserved: what the driver shows free to an
     // unwrapped program, against the device's size.
     let o = n
@@ -768,7 +808,7 @@ fn balloon_costs() {
     );
     // The slow path: t2's slice s0 (1 GiB) held, a hog holding the rest of the device.
     reserve_for_t2(&n, "s0");
-    // (All but s0's 1 GiB, the room it holds for a context and the contexts: 256 MiB pieces.)
+    // (All but s0's 1 GiB, its contexts inside, and the contexts: 256 MiB pieces.)
     let mut hog = unwrapped(&n, TENANT_A, &[], &["256Mi"; 16].join(","), "300");
     let (_, v) = gpuslice_e2e::first_line(&mut hog);
     assert!(v["allocated_bytes"].as_u64() >= Some(2 << 30), "{v}");

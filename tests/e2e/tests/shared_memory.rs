@@ -145,8 +145,9 @@ fn socket_dir(n: &Node) -> PathBuf {
 /// 256 MiB VMM allocation and sends its descriptor to two processes of tenant B, which keep
 /// it without importing; A exits, and once the monitor reaped it A's slice stays charged for
 /// the memory the descriptors keep alive. B's import in a 128 MiB slice is refused with
-/// CUDA_ERROR_OUT_OF_MEMORY (nothing charged); in a 1 GiB slice it succeeds, reads A's bytes,
-/// and the charge moves to B's slice (its whole quota less 256 MiB free; A's slice goes). Both
+/// CUDA_ERROR_OUT_OF_MEMORY (nothing charged; 128 MiB of its 256 MiB slice are left beside
+/// its context); in a 1 GiB slice it succeeds, reads A's bytes, and the charge moves to B's
+/// slice (its whole quota less its context and 256 MiB free; A's slice goes). Both
 /// closed their descriptors when they imported: once it unmaps, the monitor's scan finds no
 /// descriptor and B's slice is uncharged. Nobody is reported or killed.
 #[test]
@@ -156,11 +157,15 @@ fn a_descriptor_handed_to_another_user_is_charged_to_it_when_imported() {
     let sock = socket_dir(&n).join("vmm.sock");
     let mut x = Client::new(&n, TENANT_A, "x", "1Gi", "vmm-export", &sock);
     let mut m = Client::new(&n, TENANT_B, "y", "1Gi", "vmm-import", &sock);
-    let mut small = Client::new(&n, TENANT_B, "small", "128Mi", "vmm-import", &sock);
+    let mut small = Client::new(&n, TENANT_B, "small", "256Mi", "vmm-import", &sock);
+    // Each process's context is charged inside its slice (128 MiB on a 4 GiB device).
+    let ctx = gpuslice_e2e::fake_context_bytes(4 * GI);
     assert_eq!(x.ask("create 256")["status"], 0);
     assert_eq!(x.hand(&mut m, "receive")["received"], true);
     assert_eq!(x.hand(&mut small, "receive")["received"], true);
-    wait_for("x charged", &n, || used(&n).get("x") == Some(&(256 * MI)));
+    wait_for("x charged", &n, || {
+        used(&n).get("x") == Some(&(256 * MI + ctx))
+    });
     let reaped = format!("reaped pid {}:", x.pid);
     x.exit();
     // The monitor's reap itself (its log line): an import before it is a plain import of a
@@ -181,12 +186,14 @@ fn a_descriptor_handed_to_another_user_is_charged_to_it_when_imported() {
     );
     assert_eq!(
         got["free"],
-        GI - 256 * MI,
+        GI - 256 * MI - ctx,
         "charged as its own allocation: {got}"
     );
     wait_for("y charged, x gone", &n, || {
         let u = used(&n);
-        u.get("y") == Some(&(256 * MI)) && u.get("small") == Some(&0) && !u.contains_key("x")
+        u.get("y") == Some(&(256 * MI + ctx))
+            && u.get("small") == Some(&ctx)
+            && !u.contains_key("x")
     });
     let gone = m.ask("unmap");
     assert_eq!(
@@ -196,8 +203,8 @@ fn a_descriptor_handed_to_another_user_is_charged_to_it_when_imported() {
     );
     // Both closed their descriptors when they imported: once the monitor's scan finds none
     // left, the record's charge goes.
-    wait_for("y uncharged", &n, || used(&n).get("y") == Some(&0));
-    assert_eq!(m.ask("info")["free"], GI);
+    wait_for("y uncharged", &n, || used(&n).get("y") == Some(&ctx));
+    assert_eq!(m.ask("info")["free"], GI - ctx);
     assert!(m.child.try_wait().unwrap().is_none() && small.child.try_wait().unwrap().is_none());
     assert!(!n.monitor_log().contains("audit:"), "{}", n.monitor_log());
     m.exit();
@@ -251,8 +258,23 @@ fn memory_only_a_descriptor_holds_stays_charged_to_its_exporter() {
     wait_for("x reaped", &n, || n.monitor_log().contains(&reaped));
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(used(&n).get("x"), Some(&(256 * MI)), "the holder keeps it");
+    // `status` lists the orphan record: charged to x, held by a descriptor only.
+    let st = n.status();
+    let orphans = st["orphans"].as_array().cloned().unwrap_or_default();
+    assert!(
+        orphans.len() == 1
+            && orphans[0]["bytes"] == 256 * MI
+            && orphans[0]["importers"] == 0
+            && orphans[0]["slice"]
+                .as_str()
+                .is_some_and(|s| s.ends_with('x')),
+        "{st:#}"
+    );
+    let table = String::from_utf8_lossy(&n.cli(0, &["status"]).stdout).into_owned();
+    assert!(table.contains("descriptors only"), "{table}");
     drop(h.stdin.take());
     assert!(h.wait().unwrap().success());
     wait_for("x uncharged", &n, || !used(&n).contains_key("x"));
+    assert_eq!(n.status()["orphans"], serde_json::json!([]));
     assert!(!n.monitor_log().contains("audit:"), "{}", n.monitor_log());
 }

@@ -39,13 +39,19 @@ fn a_tenant_scribbling_everything_it_can_open_harms_no_one_else() {
         text(&out)
     );
     assert_eq!(burn_json(&out)["allocated_bytes"], 1u64 << 30);
-    // A's new process: admitted, held to its quota.
-    let o = n.allocate(TENANT_A, &in_slice("a2", "2Gi"), "1Gi,1Gi,1Gi");
+    // A's new process: admitted, held to its quota (its context, 512 MiB, inside it).
+    let o = n.allocate(TENANT_A, &in_slice("a2", "2Gi"), "512Mi,512Mi,512Mi,512Mi");
     let r = burn_json(&o);
-    assert_eq!(r["allocated_bytes"], 2u64 << 30, "{}", text(&o));
-    // B's own quota cannot be raised: a fresh B process gets exactly what it asks.
+    assert_eq!(r["allocated_bytes"], 1536u64 << 20, "{}", text(&o));
+    // B's own quota cannot be raised: a fresh B process gets exactly what it asks (its quota
+    // less its context).
     let o = n.allocate(TENANT_B, &in_slice("b", "1Gi"), "512Mi,512Mi,512Mi");
-    assert_eq!(burn_json(&o)["allocated_bytes"], 1u64 << 30, "{}", text(&o));
+    assert_eq!(
+        burn_json(&o)["allocated_bytes"],
+        512u64 << 20,
+        "{}",
+        text(&o)
+    );
     assert!(
         n.monitor.is_some() && n.cli(0, &["status"]).status.success(),
         "{}",
@@ -262,9 +268,9 @@ fn the_audit_reports_and_kills_a_bypass() {
     need_root!();
     for kill in [false, true] {
         let mode: &[&str] = if kill {
-            &["--on-violation", "kill"]
-        } else {
             &[]
+        } else {
+            &["--on-violation", "report"]
         };
         let n = Node::new(1, "16Gi", mode);
         let o = n.cli(0, &["slice", "create", "team", "--memory", "1Gi"]);
@@ -318,8 +324,9 @@ fn the_audit_reports_and_kills_a_bypass() {
 fn enforcement_survives_the_monitor_and_a_restart_recovers_regions() {
     need_root!();
     let mut n = Node::new(1, "16Gi", &[]);
-    let env = in_slice("a", "1Gi");
-    let h = holder_in(&n, TENANT_A, ("a", "1Gi"), "512Mi", "8");
+    // 2 GiB: each process's context (512 MiB on the fake) is inside the quota.
+    let env = in_slice("a", "2Gi");
+    let h = holder_in(&n, TENANT_A, ("a", "2Gi"), "512Mi", "8");
     // A second process of the slice: waits 2 s, then allocates 512 MiB pieces (up to 8 live)
     // for 2 s, while the monitor is gone.
     let mut c = n.burn(TENANT_A);
@@ -368,7 +375,7 @@ fn enforcement_survives_the_monitor_and_a_restart_recovers_regions() {
         let used = slices_named(s, "a")
             .next()
             .map(|x| x["memory_used"].as_u64().unwrap_or(0));
-        (used == Some(512 << 20)).then_some(())
+        (used == Some(1 << 30)).then_some(()) // its 512 MiB and its context
     });
     let out = h.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
@@ -491,7 +498,7 @@ fn gpuslice_run_by_a_tenant_uses_the_nodes_monitor() {
     let n = Node::new(1, "16Gi", &[]);
     let o = n
         .command(TENANT_A, "gpuslice")
-        .args(["run", "--memory", "1Gi", "--compute", "0.5", "--"])
+        .args(["run", "--memory", "1536Mi", "--compute", "0.5", "--"])
         .arg(n.bin.join("gpuslice-burn"))
         .args(["--alloc", "512Mi,512Mi,512Mi", "--json"])
         .stdin(Stdio::null())
@@ -671,11 +678,12 @@ fn a_secret_slice_admits_only_with_its_secret() {
             assert!(!err.contains(s), "never echoed: {err}");
         }
     };
+    // Its quota less its context (512 MiB).
     let admitted = |n: &Node, uid: u32, secret: Option<&str>| {
-        let o = in_sec(n, uid, secret, "768Mi,512Mi");
+        let o = in_sec(n, uid, secret, "512Mi,1Mi");
         let v = burn_json(&o);
         assert_eq!(v["mem_total"], 1u64 << 30, "{}", text(&o));
-        assert_eq!(v["allocated_bytes"], 768u64 << 20, "{}", text(&o));
+        assert_eq!(v["allocated_bytes"], 512u64 << 20, "{}", text(&o));
         assert_eq!(v["alloc_errors"], serde_json::json!([2]), "{}", text(&o));
     };
     let wrong = "x".repeat(secret.len());

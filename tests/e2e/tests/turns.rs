@@ -410,7 +410,7 @@ fn a_tenant_sets_its_own_slices_priority_in_node_mode() {
     let o = n.cli(0, &["slice", "create", "op", "--memory", "1Gi"]);
     assert!(o.status.success(), "{}", text(&o));
     let run = |slice: &str| {
-        let [s, m] = in_slice(slice, "512Mi");
+        let [s, m] = in_slice(slice, "1Gi");
         holder(
             &n,
             TENANT_A,

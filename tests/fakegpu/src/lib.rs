@@ -13,6 +13,7 @@
 //!   names from images; [`handle`] turns the opaque handles clients pass back into objects;
 //! - [`export`] serves `cuGetExportTable`: the private tables NVIDIA's CUDA runtime needs,
 //!   with its integrity check (HMAC-MD2);
+//! - [`lost`] records devices lost at run time (fallen off the bus) for every process;
 //! - [`api`] and [`nvml`] are the exports: thin wrappers, one table ([`api::EXPORTS`]) that
 //!   [`procaddr`] resolves `cuGetProcAddress` against with its version table; [`debug`] is
 //!   the `FAKEGPU_DEBUG` log they write to.
@@ -29,6 +30,7 @@ pub mod exec;
 pub mod export;
 pub mod graph;
 pub mod handle;
+pub mod lost;
 pub mod mem;
 pub mod module;
 pub mod nvml;

@@ -107,7 +107,17 @@ fn dev(h: nvmlDevice_t) -> NResult<(&'static Node, usize)> {
     if h.is_null() || !off.is_multiple_of(std::mem::size_of::<Handle>()) || i >= ndev(n) {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
+    present(i)?;
     Ok((n, i))
+}
+
+/// `NVML_ERROR_GPU_IS_LOST` for a device that fell off the bus ([`crate::lost`]).
+fn present(i: usize) -> NResult<()> {
+    if crate::lost::is_lost(i) {
+        Err(NVML_ERROR_GPU_IS_LOST)
+    } else {
+        Ok(())
+    }
 }
 
 fn put<T>(p: *mut T, v: T) -> NResult<()> {
@@ -160,7 +170,7 @@ fn handle_of(i: usize) -> nvmlDevice_t {
 }
 
 fn memory(n: &Node, i: usize) -> (u64, u64) {
-    shared::reap(n.state);
+    shared::reap(n);
     let (free, total) = n.mem_info(i);
     (total, total - free)
 }
@@ -228,7 +238,7 @@ fn process_detail_list(h: nvmlDevice_t, l: *mut ProcessDetailList) -> NResult<()
             return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
         let procs = match (*l).mode {
-            0 => shared::processes(n.state, i),
+            0 => shared::processes(n, i),
             1 | 2 => vec![],
             _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
         };
@@ -273,10 +283,7 @@ pub struct AccountingStats {
 /// its high-water mark); any other pid is `NVML_ERROR_NOT_FOUND`.
 fn accounting_stats(h: nvmlDevice_t, pid: c_uint, s: *mut AccountingStats) -> NResult<()> {
     let (n, i) = dev(h)?;
-    let Some((_, used)) = shared::processes(n.state, i)
-        .into_iter()
-        .find(|&(p, _)| p == pid)
-    else {
+    let Some((_, used)) = shared::processes(n, i).into_iter().find(|&(p, _)| p == pid) else {
         return Err(NVML_ERROR_NOT_FOUND);
     };
     put(
@@ -314,7 +321,7 @@ fn fill_processes<T>(
     if count.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
-    let procs = shared::processes(n.state, i);
+    let procs = shared::processes(n, i);
     // SAFETY: count is non-null; infos holds *count entries by the API contract.
     unsafe {
         let cap = *count as usize;
@@ -341,21 +348,32 @@ nvml_exports! {
     fn nvmlDeviceGetHandleByIndex_v2(i: c_uint, h: *mut nvmlDevice_t) {
         let n = node()?;
         if i as usize >= ndev(n) { return Err(NVML_ERROR_INVALID_ARGUMENT); }
+        present(i as usize)?;
         put(h, handle_of(i as usize))
     }
     fn nvmlDeviceGetHandleByIndex(i: c_uint, h: *mut nvmlDevice_t) {
         let n = node()?;
         if i as usize >= ndev(n) { return Err(NVML_ERROR_INVALID_ARGUMENT); }
+        present(i as usize)?;
         put(h, handle_of(i as usize))
     }
     fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, h: *mut nvmlDevice_t) {
         let n = node()?;
         if uuid.is_null() { return Err(NVML_ERROR_INVALID_ARGUMENT); }
         let want = CStr::from_ptr(uuid).to_str().map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
-        let i = (0..ndev(n)).find(|&i| uuid_string(&device_uuid(i)) == want).ok_or(NVML_ERROR_NOT_FOUND)?;
+        // A lost device's UUID cannot be read: not found among those that answer is
+        // GPU_IS_LOST while any device is lost ("if any GPU has fallen off the bus").
+        let answering = || (0..ndev(n)).filter(|&i| present(i).is_ok());
+        let Some(i) = answering().find(|&i| uuid_string(&device_uuid(i)) == want) else {
+            return Err(if answering().count() < ndev(n) { NVML_ERROR_GPU_IS_LOST } else { NVML_ERROR_NOT_FOUND });
+        };
         put(h, handle_of(i))
     }
-    fn nvmlDeviceGetHandleByPciBusId_v2(bus: *const c_char, h: *mut nvmlDevice_t) { put(h, handle_of(device_of_bus_id(bus)?)) }
+    fn nvmlDeviceGetHandleByPciBusId_v2(bus: *const c_char, h: *mut nvmlDevice_t) {
+        let i = device_of_bus_id(bus)?;
+        present(i)?;
+        put(h, handle_of(i))
+    }
     fn nvmlDeviceGetName(h: nvmlDevice_t, buf: *mut c_char, len: c_uint) {
         let (n, i) = dev(h)?;
         put_str(buf, len, &device_name(n.state.dev[i].total.load(Relaxed)))

@@ -64,6 +64,9 @@ pub struct Ctx {
     pub storage: crate::ctx_storage::CtxStorage,
     /// Device memory it holds while active ([`context_bytes`]); 0 when not charged.
     charged: std::sync::atomic::AtomicU64,
+    /// The device's [`crate::lost`] generation when it became active: a context does not
+    /// outlive a loss of its device.
+    born: AtomicU32,
 }
 
 // SAFETY: #[repr(C)] with the magic first; values are only ever leaked.
@@ -83,6 +86,7 @@ impl Ctx {
             ptds: Mutex::new(HashMap::new()),
             storage: crate::ctx_storage::CtxStorage::new(),
             charged: std::sync::atomic::AtomicU64::new(0),
+            born: AtomicU32::new(0),
         }))
     }
 
@@ -211,10 +215,30 @@ pub fn cur_ctx() -> CuResult<&'static Ctx> {
     let c = STACK
         .with(|s| s.borrow().last().copied())
         .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
-    if c.active.load(Acquire) {
-        Ok(c)
+    if !c.active.load(Acquire) {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    usable(c)?;
+    Ok(c)
+}
+
+/// `CUDA_ERROR_UNKNOWN` for a context whose device was lost since it became active (see
+/// [`crate::lost`]), as the driver answers after a GPU fell off the bus.
+pub fn usable(c: &Ctx) -> CuResult<()> {
+    let now = crate::lost::generation(c.device().phys);
+    if crate::lost::usable(now, c.born.load(Acquire)) {
+        Ok(())
     } else {
-        Err(CUDA_ERROR_INVALID_CONTEXT)
+        Err(CUDA_ERROR_UNKNOWN)
+    }
+}
+
+/// `CUDA_ERROR_UNKNOWN` when physical device `phys` is lost: no context is made on it.
+fn present(phys: usize) -> CuResult<()> {
+    if crate::lost::is_lost(phys) {
+        Err(CUDA_ERROR_UNKNOWN)
+    } else {
+        Ok(())
     }
 }
 
@@ -299,7 +323,7 @@ fn uncharge(c: &'static Ctx) {
 
 /// `cuCtxCreate`: a new context, made current (pushed).
 pub fn ctx_create(flags: u32, dev: CUdevice) -> CuResult<&'static Ctx> {
-    device(dev)?;
+    present(device(dev)?.phys)?;
     let c = Ctx::new(dev as usize, false, false);
     c.flags.store(flags, Relaxed);
     charge(c)?;
@@ -311,6 +335,10 @@ pub fn ctx_create(flags: u32, dev: CUdevice) -> CuResult<&'static Ctx> {
 /// Mark `c` active or not, and count it among the process's active contexts (which decide
 /// how `CU_CTX_SCHED_AUTO` waits).
 fn set_active(c: &Ctx, active: bool) {
+    if active && !c.active.load(Acquire) {
+        c.born
+            .store(crate::lost::generation(c.device().phys), Release);
+    }
     if c.active.swap(active, AcqRel) != active {
         crate::exec::context_active(active);
     }
@@ -338,6 +366,7 @@ fn teardown(c: &'static Ctx) {
 /// `cuDevicePrimaryCtxRetain`.
 pub fn primary_retain(dev: CUdevice) -> CuResult<&'static Ctx> {
     let d = device(dev)?;
+    present(d.phys)?;
     let mut refs = d.primary_refs.lock().unwrap_or_else(|e| e.into_inner());
     charge(d.primary)?;
     *refs += 1;

@@ -71,7 +71,9 @@ pub(super) fn ctx_or_current(c: CUcontext) -> CuResult<&'static Ctx> {
         cur_ctx()
     } else {
         rt()?;
-        Ctx::from_handle(c).ok_or(CUDA_ERROR_INVALID_CONTEXT)
+        let c = Ctx::from_handle(c).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        crate::runtime::usable(c)?;
+        Ok(c)
     }
 }
 

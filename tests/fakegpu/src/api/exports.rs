@@ -249,7 +249,7 @@ exports! {
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
         let c = cur_ctx()?;
         let r = rt()?;
-        crate::shared::reap(r.node.state);
+        crate::shared::reap(r.node);
         let (f, t) = r.node.mem_info(c.device().phys);
         put(free, f as usize)?;
         put(total, t as usize)

@@ -6,6 +6,8 @@
 //! - `meminfo`: cuMemGetInfo_v2 and NVML's view of device 0;
 //! - `events KERNEL_US`: time one `gpuslice_spin` kernel with events;
 //! - `share KERNEL_US SECONDS`: launch back to back (16 in flight), report engine share;
+//! - `busy BYTES KERNEL_US SECONDS`: `hold`'s line, then `share`'s run and report, then wait
+//!   until stdin closes (still holding the memory);
 //! - `zero STREAMS ROUNDS`: 0 ns kernels (mixed with 50 µs ones) on several streams, each round
 //!   ending in cuCtxSynchronize, cuStreamSynchronize and cuEventSynchronize;
 //! - `procaddr`: the cuGetProcAddress cases the tests check;
@@ -20,7 +22,12 @@
 //!   executable destroyed (run under the shim);
 //! - `syncflags KERNEL_US`: in a context made with each `CU_CTX_SCHED_*` flag (and with a
 //!   blocking-sync event), how long stream, event and context synchronizes of one kernel took;
-//! - `launchcost`: host cost of launch, record and sync (a diagnostic, not a test).
+//! - `launchcost`: host cost of launch, record and sync (a diagnostic, not a test);
+//! - `lose DEV`, `restore DEV`: make node device DEV fall off the bus (XID 79) for every
+//!   process on the node, or bring it back (`fakegpu_set_lost`; see the fake's `lost.rs`);
+//! - `probe DEV [wait]`: what NVML and CUDA answer for device DEV (its handle and memory, a
+//!   primary context and an allocation in it); with `wait`, once more after a line on stdin,
+//!   with the same handle and context (a device lost in between).
 
 use gpuslice_abi::*;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
@@ -155,6 +162,29 @@ fn nvml_memory() -> serde_json::Value {
     serde_json::json!({"total": m.total, "used": m.used, "free": m.free, "processes": procs})
 }
 
+/// Launch `us` µs kernels back to back (16 in flight) for `secs` seconds: the share of the
+/// engine this process got (simulated kernel time over wall time).
+fn share(c: &Cuda, us: u64, secs: f64) -> serde_json::Value {
+    let f = c.spin();
+    let s: CUstream = std::ptr::null_mut();
+    let ring: Vec<CUevent> = (0..16).map(|_| c.event()).collect();
+    let start = Instant::now();
+    let mut launched = 0usize;
+    while start.elapsed().as_secs_f64() < secs {
+        let slot = launched % ring.len();
+        if launched >= ring.len() {
+            c.ev_sync(ring[slot]);
+        }
+        c.launch_spin(f, us * 1000, s);
+        c.record(ring[slot], s);
+        launched += 1;
+    }
+    ok!(call!(c.lib, cuCtxSynchronize; ));
+    let wall = start.elapsed().as_secs_f64();
+    let gpu = launched as f64 * us as f64 / 1e6;
+    serde_json::json!({"kernels": launched, "gpu_seconds": gpu, "wall_seconds": wall, "share": gpu / wall})
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
@@ -190,28 +220,28 @@ fn main() {
             ok!(call!(c.lib, cuEventElapsedTime; &mut ms, a, b));
             serde_json::json!({"elapsed_ms": ms})
         }
-        "share" => {
+        "share" => share(
+            &Cuda::init(),
+            arg(1).parse().expect("KERNEL_US"),
+            arg(2).parse().expect("SECONDS"),
+        ),
+        "busy" => {
             let c = Cuda::init();
-            let us: u64 = arg(1).parse().expect("KERNEL_US");
-            let secs: f64 = arg(2).parse().expect("SECONDS");
-            let f = c.spin();
-            let s: CUstream = std::ptr::null_mut();
-            let ring: Vec<CUevent> = (0..16).map(|_| c.event()).collect();
-            let start = Instant::now();
-            let mut launched = 0usize;
-            while start.elapsed().as_secs_f64() < secs {
-                let slot = launched % ring.len();
-                if launched >= ring.len() {
-                    c.ev_sync(ring[slot]);
-                }
-                c.launch_spin(f, us * 1000, s);
-                c.record(ring[slot], s);
-                launched += 1;
-            }
-            ok!(call!(c.lib, cuCtxSynchronize; ));
-            let wall = start.elapsed().as_secs_f64();
-            let gpu = launched as f64 * us as f64 / 1e6;
-            serde_json::json!({"kernels": launched, "gpu_seconds": gpu, "wall_seconds": wall, "share": gpu / wall})
+            let n: usize = arg(1).parse().expect("BYTES");
+            let r = c.alloc(n);
+            println!(
+                "{}",
+                serde_json::json!({"ptr": r.ok(), "error": r.err(), "pid": std::process::id()})
+            );
+            let report = share(
+                &c,
+                arg(2).parse().expect("KERNEL_US"),
+                arg(3).parse().expect("SECONDS"),
+            );
+            println!("{report}");
+            let mut s = String::new();
+            let _ = std::io::stdin().read_line(&mut s);
+            return;
         }
         "zero" => zero(
             arg(1).parse().expect("STREAMS"),
@@ -264,6 +294,11 @@ fn main() {
         "pool" => pool(),
         "graphmem" => graphmem(arg(1).parse().expect("BYTES"), arg(2) == "capture"),
         "vmm" => vmm(),
+        "lose" | "restore" => set_lost(arg(0) == "lose", arg(1).parse().expect("DEV")),
+        "probe" => {
+            probe(arg(1).parse().expect("DEV"), arg(2) == "wait");
+            return;
+        }
         other => {
             eprintln!("fakegpu-client: unknown scenario {other:?}");
             std::process::exit(2);
@@ -783,4 +818,64 @@ fn vmm() -> serde_json::Value {
     let odd = call!(c.lib, cuMemCreate; &mut h, gran + 1, &prop, 0);
     serde_json::json!({"granularity": gran, "created": free0 - free1, "bytes": ok_bytes, "held_while_mapped": free0 - free2,
         "after_unmap": free0 - free3, "unaligned_size": odd})
+}
+
+/// `lose DEV` / `restore DEV`.
+fn set_lost(lost: bool, dev: u32) -> serde_json::Value {
+    let lib = Lib::open("libcuda.so.1");
+    let f: extern "C" fn(u32, i32) -> i32 = lib.get("fakegpu_set_lost");
+    match f(dev, i32::from(lost)) {
+        0 => serde_json::json!({"device": dev, "lost": lost}),
+        r => {
+            eprintln!(
+                "fakegpu-client: device {dev}: {}",
+                if r == -1 {
+                    "past the fake's 16 devices"
+                } else {
+                    "cannot write FAKEGPU_STATE_DIR/lost"
+                }
+            );
+            std::process::exit(1);
+        }
+    }
+}
+
+/// `probe DEV [wait]`: one JSON line of result codes (0: success), twice with `wait`.
+fn probe(dev: u32, wait: bool) {
+    let nvml = Lib::open("libnvidia-ml.so.1");
+    ok!(call!(nvml, nvmlInit_v2; ));
+    let cuda = Lib::open("libcuda.so.1");
+    ok!(call!(cuda, cuInit; 0));
+    let mut h: nvmlDevice_t = std::ptr::null_mut();
+    let handle = call!(nvml, nvmlDeviceGetHandleByIndex_v2; dev, &mut h);
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    let retain = call!(cuda, cuDevicePrimaryCtxRetain; &mut ctx, dev as c_int);
+    if retain == 0 {
+        ok!(call!(cuda, cuCtxSetCurrent; ctx));
+    }
+    let report = |first: bool| {
+        let mut count: c_uint = 0;
+        ok!(call!(nvml, nvmlDeviceGetCount_v2; &mut count));
+        let mut fresh: nvmlDevice_t = std::ptr::null_mut();
+        let mut m = nvmlMemory_t::default();
+        let alloc = if retain == 0 {
+            call!(cuda, cuMemAlloc_v2; &mut 0u64, 1 << 20)
+        } else {
+            retain
+        };
+        serde_json::json!({
+            "nvml_count": count,
+            "nvml_handle": call!(nvml, nvmlDeviceGetHandleByIndex_v2; dev, &mut fresh),
+            "nvml_memory": if handle == 0 { call!(nvml, nvmlDeviceGetMemoryInfo; h, &mut m) } else { handle },
+            "cuda_retain": retain,
+            "cuda_alloc": alloc,
+            "first": first,
+        })
+    };
+    println!("{}", report(true));
+    if wait {
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        println!("{}", report(false));
+    }
 }

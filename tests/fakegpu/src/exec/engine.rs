@@ -42,13 +42,8 @@ fn fresh(want: u32, now: u32) -> bool {
 /// Take `dev`'s engine for slot `me`: sleep until it is free or handed to us, taking it over
 /// from a dead or stopped holder. `slice_ns` is the engine's time slice: how long a waiter
 /// waits before it judges the holder.
-pub(super) fn acquire(
-    state: &shared::State,
-    dev: &DevState,
-    phys: usize,
-    me: usize,
-    slice_ns: u64,
-) {
+pub(super) fn acquire(node: &shared::Node, dev: &DevState, phys: usize, slice_ns: u64) {
+    let (state, me) = (node.state, node.slot);
     let mine = me as u32 + 1;
     // Between 1 and 10 ms: a short configured slice must not turn waiters into /proc pollers.
     let period = slice_ns.clamp(1_000_000, 10_000_000);
@@ -68,7 +63,7 @@ pub(super) fn acquire(
         let now = now_ns();
         if now - checked >= period {
             checked = now;
-            if take_over(state, dev, o, mine, now, period) {
+            if take_over(node, dev, o, mine, now, period) {
                 break;
             }
         }
@@ -82,13 +77,15 @@ pub(super) fn acquire(
 /// engine from it when it is stopped or has shown no sign of life for [`STALL_NS`]. Whether
 /// the engine is now ours.
 ///
-/// A working holder plans (and beats) at least once a slice, so /proc is read only for one
-/// that has been silent longer: off the path of an engine that is merely contended. A stopped
-/// process's CPU side cannot hold a real GPU (the hardware time-slices contexts on its own),
-/// so it loses the engine within about a slice; a live but silent one (descheduled on a busy
-/// host) keeps it up to [`STALL_NS`], since its kernels would still be running.
+/// A working holder plans (and beats) at least once a slice, so the holder is judged (its
+/// slot lock, /proc) only when it has been silent longer: off the path of an engine that is
+/// merely contended. A stopped process's CPU side cannot hold a real GPU (the hardware
+/// time-slices contexts on its own), so it loses the engine within about a slice when the
+/// waiter can see its state (/proc of a PID namespace that holds it); a live but silent one
+/// (descheduled on a busy host), or one of a PID namespace the waiter cannot see, keeps it up
+/// to [`STALL_NS`], since its kernels would still be running.
 fn take_over(
-    state: &shared::State,
+    node: &shared::Node,
     dev: &DevState,
     o: u32,
     mine: u32,
@@ -99,9 +96,9 @@ fn take_over(
     if silent <= period {
         return false;
     }
-    let lost = match shared::slot_liveness(state, o as usize - 1) {
+    let lost = match shared::slot_liveness(node, o as usize - 1) {
         Liveness::Dead => {
-            shared::reap(state);
+            shared::reap(node);
             return false;
         }
         Liveness::Stopped => true,

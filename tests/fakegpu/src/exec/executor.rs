@@ -385,7 +385,7 @@ impl Executor {
                         if STOP.load(Acquire) {
                             return;
                         }
-                        acquire(node.state, dev, self.phys, me, self.slice_ns);
+                        acquire(node, dev, self.phys, self.slice_ns);
                         g = self.lock();
                         g.held = true;
                         // The engine is ours from where the last holder's work ended; a kernel

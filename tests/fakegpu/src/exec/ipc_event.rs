@@ -34,7 +34,8 @@ struct Slot {
     pid: AtomicU32,
     /// Its slot in the node state, so its liveness can be checked.
     proc_slot: AtomicU32,
-    start: AtomicU64,
+    /// That slot's claim ([`crate::shared::ProcSlot::claim`]).
+    claim: AtomicU64,
     serial: AtomicU64,
     /// Latest record generation issued.
     gen: AtomicU64,
@@ -78,13 +79,13 @@ fn file() -> CuResult<&'static File> {
 
 /// Whether the slot's exporter is still the live process that claimed it.
 fn owner_alive(s: &Slot) -> bool {
-    let state = rt_unchecked().node.state;
+    let n = rt_unchecked().node;
     let (pid, i) = (s.pid.load(Acquire), s.proc_slot.load(Acquire) as usize);
     pid != 0
-        && i < state.procs.len()
-        && state.procs[i].pid.load(Acquire) == pid
-        && state.procs[i].start_time.load(Acquire) == s.start.load(Acquire)
-        && slot_alive(state, i)
+        && i < n.state.procs.len()
+        && n.state.procs[i].pid.load(Acquire) == pid
+        && n.state.procs[i].claim.load(Acquire) == s.claim.load(Acquire)
+        && slot_alive(n, i)
 }
 
 fn encode(pid: u32, slot: usize, serial: u64) -> CUipcEventHandle {
@@ -120,7 +121,7 @@ pub fn get_event_handle(e: &'static Event) -> CuResult<CUipcEventHandle> {
     if let Some(i) = with(&EXPORTED, |m| m.get(&me).copied()) {
         return Ok(encode(pid, i, f.slots[i].serial.load(Acquire)));
     }
-    let start = n.state.procs[n.slot].start_time.load(Acquire);
+    let claim = n.state.procs[n.slot].claim.load(Acquire);
     for (i, s) in f.slots.iter().enumerate() {
         let cur = s.pid.load(Acquire);
         if (cur != 0 && owner_alive(s))
@@ -129,7 +130,7 @@ pub fn get_event_handle(e: &'static Event) -> CuResult<CUipcEventHandle> {
             continue;
         }
         s.proc_slot.store(n.slot as u32, Release);
-        s.start.store(start, Release);
+        s.claim.store(claim, Release);
         let serial = f.serial.fetch_add(1, AcqRel) + 1;
         let (gen, done, ts) = e.snapshot();
         s.gen.store(gen, Release);

@@ -83,6 +83,7 @@ impl Stream {
         if !s.ctx.active.load(Acquire) {
             return Err(CUDA_ERROR_INVALID_CONTEXT);
         }
+        crate::runtime::usable(s.ctx)?;
         Ok(s)
     }
 

@@ -27,13 +27,14 @@ const MAGIC: u64 = 0x6661_6b65_7368_6d31; // "fakeshm1"
 /// never meet.
 pub const VMM_KEY: u64 = 1 << 63;
 
-/// A process, as a holder or owner: its pid, start time and state-file slot.
+/// A process, as a holder or owner: its pid, state-file slot and the slot's claim
+/// ([`crate::shared::ProcSlot::claim`]).
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Debug, Default)]
 struct Proc {
     pid: u32,
     slot: u32,
-    start: u64,
+    claim: u64,
 }
 
 #[repr(C)]
@@ -84,7 +85,7 @@ fn me() -> Proc {
     Proc {
         pid: s.pid.load(Acquire),
         slot: n.slot as u32,
-        start: s.start_time.load(Acquire),
+        claim: s.claim.load(Acquire),
     }
 }
 
@@ -96,8 +97,8 @@ fn alive(state: &State, p: &Proc) -> bool {
     };
     p.pid != 0
         && s.pid.load(Acquire) == p.pid
-        && s.start_time.load(Acquire) == p.start
-        && slot_alive(state, p.slot as usize)
+        && s.claim.load(Acquire) == p.claim
+        && slot_alive(rt_unchecked().node, p.slot as usize)
 }
 
 /// Open (creating if needed) the table.

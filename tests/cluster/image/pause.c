@@ -1,0 +1,40 @@
+/* The pod sandbox's process: holds the pod's namespaces, reaps zombies, exits on SIGINT/SIGTERM.
+ * Kubernetes' own pause (build/pause/linux/pause.c in kubernetes/kubernetes) does the same; it is
+ * written here because no image can be pulled on the test machines. Built statically. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void on_stop(int sig) {
+    (void)sig;
+    _exit(0);
+}
+
+static void on_child(int sig) {
+    (void)sig;
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "-v") == 0) {
+        puts("pause (gpuslice test cluster)");
+        return 0;
+    }
+    if (getpid() != 1) {
+        fprintf(stderr, "pause: warning: not pid 1\n");
+    }
+    struct sigaction stop = {.sa_handler = on_stop};
+    struct sigaction child = {.sa_handler = on_child, .sa_flags = SA_NOCLDSTOP};
+    if (sigaction(SIGINT, &stop, NULL) < 0 || sigaction(SIGTERM, &stop, NULL) < 0 ||
+        sigaction(SIGCHLD, &child, NULL) < 0) {
+        perror("pause: sigaction");
+        return 1;
+    }
+    for (;;) {
+        pause();
+    }
+}
