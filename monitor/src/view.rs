@@ -89,6 +89,12 @@ pub struct ProcessView {
     pub uid: u32,
     /// What it has charged per device (UUID, bytes), for the audit. Not part of the JSON.
     pub charged: Vec<(String, u64)>,
+    /// The slice it is in on each device (UUID, slice index), for the audit: pids do not tell
+    /// slices apart (every pod's first process is pid 1 in its namespace). Not part of the JSON.
+    pub in_slices: Vec<(String, usize)>,
+    /// Node mode: its pid in the monitor's (the host's) PID namespace, from the kernel at
+    /// admission; 0 when unknown. Not part of the JSON.
+    pub host_pid: u32,
 }
 
 /// The node at one instant.
@@ -252,6 +258,8 @@ pub(crate) mod tests {
                     memory_used: GI,
                     alive: true,
                     start_time: 7,
+                    in_slices: vec![],
+                    host_pid: 0,
                 },
                 ProcessView {
                     pid: 101,
@@ -261,6 +269,8 @@ pub(crate) mod tests {
                     memory_used: GI,
                     alive: true,
                     start_time: 7,
+                    in_slices: vec![],
+                    host_pid: 0,
                 },
                 ProcessView {
                     pid: 102,
@@ -270,6 +280,8 @@ pub(crate) mod tests {
                     memory_used: GI,
                     alive: false,
                     start_time: 7,
+                    in_slices: vec![],
+                    host_pid: 0,
                 },
             ],
             problems: vec![],

@@ -37,6 +37,9 @@ install)
     rm -rf "$state_dir"
     mkdir -p "$state_dir"
     chmod 1777 "$state_dir"
+    # Every user's processes open the state read-write (the fake makes its other files with
+    # the state file's mode).
+    install -m 0666 /dev/null "$state_dir/state"
     # The first process to open the state fixes the device's configuration; make it now, and
     # read the GPUs' UUIDs through NVML as nvidia-ctk does.
     uuids=$(FAKEGPU_STATE_DIR=$state_dir FAKEGPU_DEVICES=$count FAKEGPU_MEMORY=$memory \
@@ -71,9 +74,14 @@ edits = {
          "options": ["rw", "nosuid", "nodev", "bind"]},
     ],
 }
-devices = [{"name": u, "containerEdits": {}} for u in uuids]
-devices += [{"name": str(i), "containerEdits": {}} for i in range(len(uuids))]
-devices.append({"name": "all", "containerEdits": {}})
+# Each device's own edit: a real spec mounts its /dev/nvidiaN, so the container sees that GPU
+# alone; here CUDA_VISIBLE_DEVICES does it for CUDA (NVML still lists every GPU). "all" names
+# them all (CDI refuses a device without edits).
+def only(u):
+    return {"env": [f"CUDA_VISIBLE_DEVICES={u}"]}
+devices = [{"name": u, "containerEdits": only(u)} for u in uuids]
+devices += [{"name": str(i), "containerEdits": only(u)} for i, u in enumerate(uuids)]
+devices.append({"name": "all", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}})
 doc = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices,
        "containerEdits": edits}
 tmp = spec + ".tmp"

@@ -86,6 +86,9 @@ def test_example_pods_are_held_to_their_memory_and_share(cluster, ns):
         cluster.wait_pod_phase(ns, p["metadata"]["name"], ("Succeeded", "Failed"), timeout=120)
     la = cluster.json_lines(ns, "gpuslice-example-quarter")
     lb = cluster.json_lines(ns, "gpuslice-example-three-quarters")
+    for name, lines in (("quarter", la), ("three-quarters", lb)):
+        assert lines, f"no JSON from gpuslice-example-{name}:\n" + cluster.logs(
+            ns, f"gpuslice-example-{name}") + cluster.describe("pod", f"gpuslice-example-{name}", ns)
     ra_, rb_ = la[-1], lb[-1]
     assert ra_["error"] is None and rb_["error"] is None, (ra_, rb_)
     # Memory: the allocation past the quota is CUDA_ERROR_OUT_OF_MEMORY inside the pod.
@@ -139,8 +142,9 @@ def test_a_claim_that_does_not_fit_waits_for_the_scheduler(cluster, ns):
 
 def test_two_containers_of_one_pod_are_one_slice_and_exec_is_held(cluster, ns):
     cluster.apply([w.claim_template("shared", ns, "4Gi", 100)])
-    # Each container holds 1.5 GiB: together 3 of the claim's 4 GiB.
-    p = w.pod("pair", ns, ["--alloc", "1536Mi", "--hold", 600], template="shared", containers=2)
+    # Each container holds 1 GiB and its context (512 MiB on the 16 GiB fake, charged inside
+    # the quota): together 3 of the claim's 4 GiB.
+    p = w.pod("pair", ns, ["--alloc", "1Gi", "--hold", 600], template="shared", containers=2)
     cluster.apply([p])
     cluster.wait_running(ns, "pair")
     claim, _ = allocation(cluster, ns, "pair")
@@ -153,15 +157,16 @@ def test_two_containers_of_one_pod_are_one_slice_and_exec_is_held(cluster, ns):
     assert s["memory_limit"] == 4 << 30
     assert sum(1 for x in cluster.gpuslice_status()["slices"] if x.get("claim") == claim) == 1
 
-    # A kubectl exec shell in one container: the slice's quota less what the two hold.
-    r = cluster.exec(ns, "pair", ["gpuslice-burn", "--alloc", "512Mi,1Gi", "--json"],
+    # A kubectl exec shell in one container: the slice's quota less what the two hold (its own
+    # context takes 512 MiB of the last GiB).
+    r = cluster.exec(ns, "pair", ["gpuslice-burn", "--alloc", "256Mi,1Gi", "--json"],
                      container="burn-0")
     rep = json.loads(r.stdout.strip().splitlines()[-1])
     assert [a["ok"] for a in rep["allocs"]] == [True, False], rep["allocs"]
     assert rep["alloc_error_names"] == ["CUDA_ERROR_OUT_OF_MEMORY"]
     # ... and one that clears its environment (env -i) is held the same way (/etc/ld.so.preload
     # and the claim's settings file, put there by the claim's CDI spec).
-    r = cluster.exec(ns, "pair", ["env", "-i", "/usr/bin/gpuslice-burn", "--alloc", "512Mi,1Gi",
+    r = cluster.exec(ns, "pair", ["env", "-i", "/usr/bin/gpuslice-burn", "--alloc", "256Mi,1Gi",
                                   "--json"], container="burn-1")
     rep = json.loads(r.stdout.strip().splitlines()[-1])
     assert [a["ok"] for a in rep["allocs"]] == [True, False], rep["allocs"]

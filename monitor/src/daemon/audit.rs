@@ -182,9 +182,16 @@ fn audit_rows(
     allowance: u64,
 ) -> (Vec<AuditRow>, Vec<Bypass>) {
     let live: Vec<&crate::view::ProcessView> = snap.processes.iter().filter(|p| p.alive).collect();
-    // Matched by pid and start time; a start time unknown on either side matches by pid.
+    // Node mode: by the host pid the monitor recorded at admission (NVML reports host pids);
+    // otherwise by the pid in the process's own namespace. Either with the start time; one
+    // unknown on either side matches by pid.
     let matches = |h: &Held, p: &crate::view::ProcessView| {
-        h.key.0 == p.pid && (h.key.1 == p.start_time || h.key.1 == 0 || p.start_time == 0)
+        let pid = if p.host_pid != 0 {
+            h.pid == p.host_pid
+        } else {
+            h.key.0 == p.pid
+        };
+        pid && (h.key.1 == p.start_time || h.key.1 == 0 || p.start_time == 0)
     };
     let known = |h: &Held| live.iter().any(|p| matches(h, p));
     let mut rows = Vec::new();
@@ -210,7 +217,9 @@ fn audit_rows(
             for h in procs {
                 let member = live
                     .iter()
-                    .find(|p| s.pids.contains(&p.pid) && matches(h, p))
+                    .find(|p| {
+                        p.in_slices.iter().any(|(u, i)| u == uuid && *i == s.index) && matches(h, p)
+                    })
                     .map(|p| {
                         p.charged
                             .iter()
@@ -306,6 +315,21 @@ fn audit_transitions(over: &mut HashSet<(usize, String)>, rows: &[AuditRow]) -> 
 mod tests {
     use super::*;
 
+    /// `snap` with each process in the slices whose `pids` name it: how these tests describe
+    /// membership (one PID namespace, so pids are unique).
+    fn members_by_pid(snap: &NodeView) -> NodeView {
+        let mut snap = snap.clone();
+        for p in &mut snap.processes {
+            p.in_slices = snap
+                .slices
+                .iter()
+                .filter(|s| s.pids.contains(&p.pid))
+                .map(|s| (s.device_uuid.clone(), s.index))
+                .collect();
+        }
+        snap
+    }
+
     #[test]
     fn a_process_is_keyed_as_it_recorded_itself() {
         let me = std::process::id();
@@ -347,7 +371,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             )]
         };
-        let (rows, bypasses) = audit_rows(&snap, &held(3 << 30, 1 << 30), 0);
+        let (rows, bypasses) = audit_rows(&members_by_pid(&snap), &held(3 << 30, 1 << 30), 0);
         assert_eq!(rows.len(), 2);
         assert_eq!((rows[0].observed, rows[0].over_quota()), (5 << 30, true));
         let mut pids = rows[0].pids.clone();
@@ -382,7 +406,7 @@ mod tests {
             audit_transitions(&mut over, &rows).is_empty(),
             "reported once"
         );
-        let (back, _) = audit_rows(&snap, &held(1 << 30, 1 << 30), 0);
+        let (back, _) = audit_rows(&members_by_pid(&snap), &held(1 << 30, 1 << 30), 0);
         let back: Vec<AuditRow> = back
             .into_iter()
             .map(|mut r| {
@@ -398,6 +422,46 @@ mod tests {
             "{lines:?}"
         );
         assert!(over.is_empty());
+    }
+
+    /// Two pods' first processes are both pid 1 in their namespaces, and may share a start
+    /// second: in node mode each is matched by the host pid the monitor recorded at admission
+    /// and counted in its own slice only (found on a real cluster, where the audit counted
+    /// both in both slices and `--on-violation kill` killed a pod within its quota).
+    #[test]
+    fn processes_of_two_pods_with_one_pid_count_in_their_own_slices() {
+        let mut snap = crate::view::tests::sample();
+        let uuid = snap.devices[0].uuid.clone();
+        for (i, host) in [(0usize, 8513u32), (2, 8600)] {
+            let p = &mut snap.processes[i];
+            p.pid = 1;
+            p.start_time = 7;
+            p.alive = true;
+            p.host_pid = host;
+            p.charged = vec![(uuid.clone(), 2 << 30)];
+            p.in_slices = vec![(uuid.clone(), snap.slices[if i == 0 { 0 } else { 1 }].index)];
+        }
+        snap.processes.remove(1);
+        snap.slices[0].pids = vec![1];
+        snap.slices[1].pids = vec![1];
+        snap.slices[0].memory_limit = Some(4 << 30);
+        snap.slices[1].memory_limit = Some(4 << 30);
+        let h = |pid: u32| Held {
+            pid,
+            key: (1, 7),
+            uid: Some(1000),
+            bytes: 2 << 30,
+            env_slice: None,
+        };
+        let held = vec![(uuid, vec![h(8513), h(8600)])];
+        let (rows, bypasses) = audit_rows(&snap, &held, 0);
+        for r in &rows {
+            assert_eq!(r.observed, 2 << 30, "{r:?}");
+            assert!(!r.over_quota(), "{r:?}");
+        }
+        assert_eq!(rows[0].pids, [8513]);
+        assert_eq!(rows[1].pids, [8600]);
+        assert!(bypasses.is_empty());
     }
 
     /// Issue #27: a bypass that names another user's slice is that user's own bypass, never
@@ -428,7 +492,7 @@ mod tests {
                 h((700, 9), 1 << 30, Some(&name), 1),
             ],
         )];
-        let (rows, bypasses) = audit_rows(&snap, &held, 0);
+        let (rows, bypasses) = audit_rows(&members_by_pid(&snap), &held, 0);
         let infer = rows.iter().find(|r| r.index == 1).unwrap();
         assert_eq!((infer.observed, infer.over_quota()), (512 << 20, false));
         assert_eq!(infer.pids, [102]);
@@ -449,7 +513,7 @@ mod tests {
                 h((701, 9), 1 << 30, Some(&name), 2),
             ],
         )];
-        let (rows, bypasses) = audit_rows(&snap, &held2, 0);
+        let (rows, bypasses) = audit_rows(&members_by_pid(&snap), &held2, 0);
         let infer = rows.iter().find(|r| r.index == 1).unwrap();
         assert!(infer.over_quota() && bypasses.is_empty());
         assert_eq!(infer.to_kill(), [701]);
@@ -485,17 +549,17 @@ mod tests {
                 .collect::<Vec<_>>(),
             )]
         };
-        let (rows, _) = audit_rows(&snap, &held(0), allowance);
+        let (rows, _) = audit_rows(&members_by_pid(&snap), &held(0), allowance);
         let train = &rows[0];
         assert_eq!(train.observed, (4 << 30) + 2 * ctx);
         assert_eq!(train.allowance, 2 * allowance);
         assert!(!train.over_quota(), "a full quota and two contexts");
         assert!(train.to_kill().is_empty());
         // Without the allowance the same slice reads as over: what the audit did before.
-        let (rows, _) = audit_rows(&snap, &held(0), 0);
+        let (rows, _) = audit_rows(&members_by_pid(&snap), &held(0), 0);
         assert!(rows[0].over_quota() && rows[0].to_kill() == [101, 100]);
         // 101 takes 1 GiB past its quota outside gpuslice: over, and only it is killed.
-        let (rows, _) = audit_rows(&snap, &held(1 << 30), allowance);
+        let (rows, _) = audit_rows(&members_by_pid(&snap), &held(1 << 30), allowance);
         assert!(rows[0].over_quota());
         assert_eq!(rows[0].excess, [0, (1 << 30) + ctx - allowance]);
         assert_eq!(rows[0].to_kill(), [101]);

@@ -123,6 +123,15 @@ impl LedgerWindow {
                         Some((uuid.uuid.clone(), d.charged))
                     })
                     .collect(),
+                in_slices: p
+                    .devices
+                    .iter()
+                    .filter_map(|d| {
+                        let uuid = s.devices.iter().find(|x| x.index == d.device)?;
+                        Some((uuid.uuid.clone(), d.slice))
+                    })
+                    .collect(),
+                host_pid: p.host_pid,
             })
             .collect();
         processes.sort_by_key(|p| p.pid);
