@@ -247,7 +247,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
 
     // Real wrapped processes, set up from the returned CDI ids as a runtime would, are held to
     // their claim's memory: A sees a 4 GiB GPU and gets no byte past it.
-    assert_held_to_4_gib(&mut burn_in_claim(&world, &dirs, &ids_a));
+    assert_held_to_4_gib(&mut burn_in_claim(&world, &dirs, &ids_a), 0);
     let v = gpuslice_e2e::run_json(
         burn_in_claim(&world, &dirs, &ids_c).args(["--alloc", "6Gi,1Mi", "--json"]),
     );

@@ -23,7 +23,8 @@ pub const GI: u64 = 1 << 30;
 
 /// Device memory one context takes on a fake device of `total` bytes with the default
 /// `FAKEGPU_CONTEXT_MEMORY` (docs/fakegpu.md, "Headroom"): 1/32 of the device, at most 512 MiB.
-/// It shows in the device's used memory and in the process's NVML usage, never in a quota.
+/// It shows in the device's used memory and in the process's NVML usage, and node mode charges
+/// it inside the quota of the process's slice (issue #34).
 pub fn fake_context_bytes(total: u64) -> u64 {
     (total / 32).min(512 * MI)
 }

@@ -455,17 +455,20 @@ pub fn burn_json(o: &Output) -> serde_json::Value {
     serde_json::from_str(line).unwrap()
 }
 
-/// `cmd`, a `gpuslice-burn` in a 4 GiB slice, run with `--alloc 3Gi,1Gi,512Mi --json`: it sees
-/// a 4 GiB GPU, gets 3 GiB and 1 GiB, and the next 512 MiB is refused with
-/// CUDA_ERROR_OUT_OF_MEMORY (2); the test fails showing its output otherwise.
-pub fn assert_held_to_4_gib(cmd: &mut Command) {
+/// `cmd`, a `gpuslice-burn` in a 4 GiB slice whose CUDA context is charged `context` bytes
+/// inside the quota (node mode: [`crate::fake_context_bytes`]; 0 in personal mode), run with
+/// `--alloc 3Gi,<the rest>,512Mi --json`: it sees a 4 GiB GPU, gets 3 GiB and the rest of the
+/// quota, and the next 512 MiB is refused with CUDA_ERROR_OUT_OF_MEMORY (2); the test fails
+/// showing its output otherwise.
+pub fn assert_held_to_4_gib(cmd: &mut Command, context: u64) {
+    let gi = 1u64 << 30;
+    let rest = gi - context;
     let o = cmd
-        .args(["--alloc", "3Gi,1Gi,512Mi", "--json"])
+        .args(["--alloc", &format!("3Gi,{rest},512Mi"), "--json"])
         .output()
         .unwrap();
     let v = burn_json(&o);
-    let gi = 1u64 << 30;
     assert_eq!(v["mem_total"], 4 * gi, "{}", text(&o));
-    assert_eq!(v["allocated_bytes"], 4 * gi, "{}", text(&o));
+    assert_eq!(v["allocated_bytes"], 4 * gi - context, "{}", text(&o));
     assert_eq!(v["alloc_errors"], serde_json::json!([2]), "{}", text(&o));
 }
