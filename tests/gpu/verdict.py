@@ -587,8 +587,8 @@ def node_monitor(rec, a):
 
 @judged
 def node_balloons(rec, a):
-    """Two slices' reservations (quota + the room for a first context each) leave the driver's
-    free memory: the monitor holds them (NVML counts them to its process)."""
+    """Two slices' reservations (each its quota, which its contexts are charged inside) leave the
+    driver's free memory: the monitor holds them (NVML counts them to its process)."""
     before, after_all = load(a.before), load(a.after)
     b, c = before["nvml"], after_all["nvml"]
     held = b["free"] - c["free"]
@@ -605,7 +605,7 @@ def node_balloons(rec, a):
     rec.verdict(a.name, notes,
                 f"NVML free {gib(b['free'])} -> {gib(c['free'])} (-{mib(held)}); monitor's process "
                 f"{mib(mon_b)} -> {mib(mon_c)}",
-                f"-{mib(a.expected)} (2 x (quota + room for a context)), held by the monitor",
+                f"-{mib(a.expected)} (2 x quota), held by the monitor",
                 {"held": held, "expected": a.expected, "monitor_before": mon_b, "monitor_after": mon_c,
                  "waited_seconds": after_all.get("waited_seconds"),
                  "memory_reserved": devs[0].get("memory_reserved"), "before": b, "after": c})
