@@ -2,7 +2,9 @@
 # The one command that runs all of gpuslice's tests, on a machine without a GPU:
 #   1. a Python venv (.venv, or $GPUSLICE_VENV) with requirements-test.txt installed;
 #   2. cargo build --workspace (debug), which the system tests run;
-#   3. cargo test --workspace --no-fail-fast: unit tests and the system tests of tests/e2e on the fake GPU;
+#   3. cargo doc --no-deps with warnings as errors; cargo test --workspace --no-fail-fast: unit
+#      tests (protocol/tests/fuzz.rs fuzzes the monitor protocol's decoders for a bounded
+#      number of cases) and the system tests of tests/e2e on the fake GPU;
 #   4. pytest tests/python: real third-party clients (numba, pynvml, and the GPU frameworks
 #      PyTorch, CuPy, JAX, TensorFlow) on the fake GPU.
 # The frameworks are installed by scripts/framework-venvs.sh into venvs in a fixed cache
@@ -72,6 +74,10 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 failed=()
+# The docs build without a warning (a broken link, a bad code block); a minute on CI.
+step "cargo doc --no-deps (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace || failed+=("cargo doc")
+
 step "cargo test --workspace --no-fail-fast"
 # timeout signals the whole process group, so test children of a hung test go too.
 timeout -k 10 "$limit" cargo test --workspace --no-fail-fast || failed+=("cargo test")

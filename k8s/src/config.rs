@@ -287,8 +287,8 @@ impl Config {
         let mut cdi_dir = PathBuf::from("/var/run/cdi");
         let mut runtime_dir = gpuslice_ledger::dir::runtime_dir_var()
             .unwrap_or_else(|| PathBuf::from(gpuslice_ledger::DEFAULT_RUNTIME_DIR));
-        let mut library = PathBuf::from(gpuslice_ledger::cdi::CONTAINER_LIBRARY);
-        let mut cdi_kind = gpuslice_ledger::cdi::DEFAULT_KIND.to_string();
+        let mut library = PathBuf::from(gpuslice_cdi::CONTAINER_LIBRARY);
+        let mut cdi_kind = gpuslice_cdi::DEFAULT_KIND.to_string();
         let mut nvidia_cdi_kind = "nvidia.com/gpu".to_string();
         let mut nvidia_cdi_name = NvidiaCdiName::Uuid;
         let mut claims = ClaimsFrom::Api;

@@ -5,7 +5,7 @@
 use crate::claims::ClaimError;
 use crate::quantity::QuantityError;
 use gpuslice_ledger::{human_bytes, LedgerError};
-use gpuslice_protocol::{ProtocolError, Refusal};
+use gpuslice_protocol::{ProtocolError, Refusal, Why};
 use std::fmt;
 use std::path::PathBuf;
 
@@ -217,8 +217,7 @@ impl Error {
     pub fn is_no_such_slice(&self) -> bool {
         match self {
             Error::Slice(LedgerError::NoSuchSlice(_)) => true,
-            // The monitor answers with the ledger's own message (`LedgerError::NoSuchSlice`).
-            Error::Monitor(MonitorError::Refused(r)) => r.message.starts_with("no slice named"),
+            Error::Monitor(MonitorError::Refused(r)) => r.why == Why::NoSuchSlice,
             _ => false,
         }
     }

@@ -138,7 +138,7 @@ impl Sink {
                 let text = serde_json::to_string_pretty(&obj)
                     .map_err(|e| PublishError::Failed(e.to_string()))?
                     + "\n";
-                gpuslice_ledger::cdi::write_atomically(p, text.as_bytes())
+                gpuslice_cdi::write_atomically(p, text.as_bytes())
                     .map_err(|e| PublishError::Failed(format!("writing {}: {e}", p.display())))
             }
         }

@@ -47,7 +47,7 @@ pub fn outside_reservations(snap: &Snapshot, uuid: &str) -> (u64, u64) {
     for s in &snap.slices {
         if s.device_uuid == uuid && s.operator_defined && s.claim.is_none() {
             mem = mem.saturating_add(s.memory_limit.unwrap_or(0));
-            ppm += s.compute_share_ppm as u64;
+            ppm += s.compute_share.ppm() as u64;
         }
     }
     (mem, ppm.div_ceil(PPM as u64 / COMPUTE_WHOLE))

@@ -135,7 +135,7 @@ async fn the_plugin_talks_to_the_api_server() {
         .find(|s| s.name == "k8s-2a2a2a2a-0000-4000-8000-00000000002a")
         .unwrap();
     assert_eq!(
-        (s.memory_limit, s.compute_share_ppm, s.claim.as_deref()),
+        (s.memory_limit, s.compute_share.ppm(), s.claim.as_deref()),
         (Some(4 << 30), 250_000, Some("team-a/a"))
     );
     assert_eq!(snap.slices.len(), 1, "nothing made for the refused claims");

@@ -39,6 +39,9 @@ fn tenant_burn(node: &Node, dirs: &Dirs, ids: &[String]) -> Command {
     c
 }
 
+/// What node mode charges a context inside its slice's quota on the tests' 16 GiB fake GPU.
+const CONTEXT: u64 = 512 << 20;
+
 fn plugin(node: &Node, dirs: &Dirs) -> Child {
     start_plugin_with(
         &node.world,
@@ -95,7 +98,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
     };
     let sa = slice_of(&policy, &a).expect("the claim's slice in the policy");
     assert_eq!(
-        (sa.memory_limit, sa.compute_share_ppm, sa.claim.as_deref()),
+        (sa.memory_limit, sa.compute_share.ppm(), sa.claim.as_deref()),
         (Some(4 * GI), 250_000, Some("team-a/a"))
     );
     assert!(sa.operator_defined);
@@ -113,7 +116,7 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
 
     // The tenant, in the claim's container environment, is admitted by the monitor into the
     // claim's slice and held to its memory.
-    assert_held_to_4_gib(&mut tenant_burn(&node, &dirs, &ids));
+    assert_held_to_4_gib(&mut tenant_burn(&node, &dirs, &ids), CONTEXT);
 
     // The claim's slice has a join secret: the spec (root's alone) carries it to the claim's
     // containers; it is not in the policy every tenant reads; a process that names the slice
@@ -132,10 +135,11 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
     assert!(!bytes.windows(64).any(|w| w == secret.as_bytes()));
     assert_refused_without_secret(&node, &dirs, &ids, &a);
 
-    // A pod of the claim runs (3 GiB held) while the plugin is killed and restarted.
+    // A pod of the claim runs (3 GiB held: 2.5 GiB and its context) while the plugin is killed
+    // and restarted.
     let (mut holder, _) = gpuslice_e2e::spawn_holding(
         tenant_burn(&node, &dirs, &ids)
-            .args(["--alloc", "3Gi", "--hold", "60", "--json"])
+            .args(["--alloc", "2560Mi", "--hold", "60", "--json"])
             .stderr(Stdio::null()),
     );
     p.kill().unwrap();
@@ -218,7 +222,8 @@ async fn claims_on_a_node_mode_runtime_dir_go_through_the_monitor() {
         "512Mi,1Gi",
         "--json",
     ]));
-    assert_eq!(v["allocated_bytes"], GI / 2, "3 GiB of 4 are held: {v}");
+    // 3 GiB of 4 are held, and this process's context takes 512 MiB more.
+    assert_eq!(v["allocated_bytes"], GI / 2, "3.5 GiB of 4 are held: {v}");
 
     // The pod ends: the claim is unprepared, its slice leaves the policy (at the monitor's
     // reaping of the process, at the latest) and its spec the CDI directory.
@@ -373,10 +378,10 @@ async fn every_process_of_a_claims_container_is_in_its_slice() {
 
     // The tenant's program with `env -i`: admitted into the claim's slice with the file's
     // secret, held to its 4 GiB.
-    assert_held_to_4_gib(&mut c.command(TENANT, &hw, &burn));
+    assert_held_to_4_gib(&mut c.command(TENANT, &hw, &burn), CONTEXT);
     // Root in the container (what most images run as) too, though the node's directory, its
     // own on the host, is read-only there.
-    assert_held_to_4_gib(&mut c.command(0, &hw, &burn));
+    assert_held_to_4_gib(&mut c.command(0, &hw, &burn), CONTEXT);
     // A setuid program (euid root, its caller's environment) loads the shim from
     // /etc/ld.so.preload, which ignores every variable of that environment: in the claim's
     // slice, whatever its caller says.
@@ -391,17 +396,20 @@ async fn every_process_of_a_claims_container_is_in_its_slice() {
         ])
         .collect();
     let setuid = Path::new("/usr/local/bin/gpuslice-burn-setuid");
-    assert_held_to_4_gib(&mut c.command_after(
-        TENANT,
-        &hostile,
-        setuid,
-        &format!(
-            "cp {} \"$R{}\" && chmod 4755 \"$R{}\"",
-            burn.display(),
-            setuid.display(),
-            setuid.display()
+    assert_held_to_4_gib(
+        &mut c.command_after(
+            TENANT,
+            &hostile,
+            setuid,
+            &format!(
+                "cp {} \"$R{}\" && chmod 4755 \"$R{}\"",
+                burn.display(),
+                setuid.display(),
+                setuid.display()
+            ),
         ),
-    ));
+        CONTEXT,
+    );
 
     // Recorded in the slice: the node's status lists it there while it holds 1 GiB.
     let (mut holder, _) = gpuslice_e2e::spawn_holding(

@@ -8,7 +8,7 @@
 
 use gpuslice_dra::proto::health_v1alpha1::HealthStatus;
 use gpuslice_e2e::World;
-use gpuslice_ledger::{human_bytes, Ledger, OperatorSlice, PPM};
+use gpuslice_ledger::{human_bytes, Cap, Ledger, OperatorSlice, Share, PPM};
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
@@ -88,8 +88,8 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
             name: "ops".into(),
             device: uuid0.clone(),
             memory: 2 * GI,
-            compute_share_ppm: PPM / 10,
-            compute_cap_ppm: PPM,
+            compute_share: Share::from_ppm(PPM / 10),
+            compute_cap: Cap::NONE,
             claim: None,
         })
         .unwrap();
@@ -182,7 +182,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
         (
             sa.device_uuid.as_str(),
             sa.memory_limit,
-            sa.compute_share_ppm
+            sa.compute_share.ppm()
         ),
         (uuid0.as_str(), Some(4 * GI), 250_000)
     );
@@ -190,7 +190,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
         (
             sb.device_uuid.as_str(),
             sb.memory_limit,
-            sb.compute_share_ppm
+            sb.compute_share.ppm()
         ),
         (uuid0.as_str(), Some(4 * GI), 250_000)
     );
@@ -198,7 +198,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
         (
             sc.device_uuid.as_str(),
             sc.memory_limit,
-            sc.compute_share_ppm
+            sc.compute_share.ppm()
         ),
         (uuid1.as_str(), Some(6 * GI), 0)
     );
@@ -229,7 +229,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
             s.name.clone(),
             s.device,
             s.memory_limit,
-            s.compute_share_ppm,
+            s.compute_share,
         )
     };
     assert_eq!(
@@ -247,7 +247,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
 
     // Real wrapped processes, set up from the returned CDI ids as a runtime would, are held to
     // their claim's memory: A sees a 4 GiB GPU and gets no byte past it.
-    assert_held_to_4_gib(&mut burn_in_claim(&world, &dirs, &ids_a));
+    assert_held_to_4_gib(&mut burn_in_claim(&world, &dirs, &ids_a), 0);
     let v = gpuslice_e2e::run_json(
         burn_in_claim(&world, &dirs, &ids_c).args(["--alloc", "6Gi,1Mi", "--json"]),
     );
@@ -324,7 +324,7 @@ async fn kubelet_protocol_end_to_end_on_the_fake_gpu() {
     let snap = ledger.snapshot();
     let sw = snap.slices.iter().find(|s| s.name == name_of(&w)).unwrap();
     assert_eq!(
-        (sw.memory_limit, sw.compute_share_ppm),
+        (sw.memory_limit, sw.compute_share.ppm()),
         (Some(14 * GI), 900_000)
     );
     let un = dra.unprepare(&[&w]).await;

@@ -12,7 +12,7 @@ use common::apiserver::{exited, wait_until, Cluster, FakeApiServer};
 use common::strict::quantity_milli;
 use common::{channel, Kubelet, TestClaim};
 use gpuslice_dra::proto::registration;
-use gpuslice_ledger::{Ledger, OperatorSlice, PPM};
+use gpuslice_ledger::{Cap, Ledger, OperatorSlice, Share, PPM};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -102,8 +102,8 @@ fn reserve(ledger: &Ledger, gpu: &str, memory: u64, ppm: u32) {
             name: "ops".into(),
             device: gpu.into(),
             memory,
-            compute_share_ppm: ppm,
-            compute_cap_ppm: PPM,
+            compute_share: Share::from_ppm(ppm),
+            compute_cap: Cap::NONE,
             claim: None,
         })
         .unwrap();
@@ -221,7 +221,7 @@ async fn every_reservation_level_publishes_a_slice_the_api_server_accepts() {
             .find(|x| x.name == format!("k8s-{}", claims[i].uid))
             .unwrap();
         assert_eq!(
-            (made.memory_limit, made.compute_share_ppm),
+            (made.memory_limit, made.compute_share.ppm()),
             (Some(4 * GI), 250_000),
             "{level}"
         );

@@ -60,7 +60,7 @@ pub const ACCOUNT_BEST_EFFORT: u32 = u32::MAX - 1;
 /// `Slice::memory_limit` of a slice without a quota (its processes are best effort).
 pub const NO_LIMIT: u64 = u64::MAX;
 /// Compute fractions are stored in parts per million (the settings grammar's unit).
-pub use gpuslice_quantity::PPM;
+pub use gpuslice_quantity::{Cap, Share, PPM};
 
 /// Record states (`Device::state`, `Slice::state`, `Proc::state`).
 pub const STATE_FREE: u32 = 0;
@@ -191,9 +191,9 @@ pub struct Slice {
     pub name: Text<NAME_LEN>,
     /// Quota in bytes, [`NO_LIMIT`] for a best-effort slice (charged to the device allowance).
     pub memory_limit: AtomicU64,
-    /// Guaranteed compute share, ppm (0: best effort).
+    /// Guaranteed compute share, ppm (0: best effort): [`Slice::share`].
     pub compute_share_ppm: AtomicU32,
-    /// Compute ceiling, ppm ([`PPM`]: no cap).
+    /// Compute ceiling, ppm ([`PPM`]: no cap): [`Slice::cap`].
     pub compute_cap_ppm: AtomicU32,
     /// Allocations refused for the quota.
     pub alloc_denied_total: AtomicU64,
@@ -222,6 +222,25 @@ pub struct Slice {
     /// Node mode: bytes of `memory_used` that are the CUDA contexts of the slice's live
     /// processes (the rest is allocations), mirrored from the region by the monitor.
     pub context_used: AtomicU64,
+}
+
+impl Slice {
+    /// Its guaranteed compute share (a value past [`PPM`], which only a scribbler writes, is
+    /// the whole device).
+    pub fn share(&self) -> Share {
+        Share::from_ppm(
+            self.compute_share_ppm
+                .load(core::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// Its compute cap.
+    pub fn cap(&self) -> Cap {
+        Cap::from_ppm(
+            self.compute_cap_ppm
+                .load(core::sync::atomic::Ordering::Relaxed),
+        )
+    }
 }
 
 /// Keeps a hot atomic alone on its cache line so neighbours do not false-share it.

@@ -3,8 +3,10 @@
 //!
 //! Both the shim (inside each wrapped program) and the monitor (`gpuslice`) map the same file;
 //! this crate is the only definition of its layout and the only code that mutates it. The
-//! settings grammar is `gpuslice-quantity`, the compute scheduler whose records live in the
-//! file `gpuslice-sched`, the node-mode socket protocol `gpuslice-protocol`.
+//! settings grammar (and the `Share` and `Cap` types) is `gpuslice-quantity`, the compute
+//! scheduler whose records live in the file `gpuslice-sched`; the node-mode socket protocol
+//! (`gpuslice-protocol`) is independent of it: the shim and the monitor translate at its
+//! edges.
 //!
 //! How the parts meet:
 //! - [`layout`]: the records (`Header`, `Device`, `Slice`, `Proc`) and their offsets, pinned by
@@ -47,8 +49,6 @@
 
 mod account;
 mod best_effort;
-#[cfg(feature = "cdi")]
-pub mod cdi;
 pub mod dir;
 mod error;
 mod file;
@@ -68,7 +68,7 @@ pub use account::Account;
 pub use dir::{runtime_dir_from_env, RuntimeDir, DEFAULT_RUNTIME_DIR};
 pub use error::{human_bytes, FitError, LedgerError};
 pub use file::{is_running, live_start_time_of, own_start_time, start_time_of, LOCK_TIMEOUT};
-pub use layout::{MAX_DEVICES, MAX_PROCS, MAX_SLICES, PPM};
+pub use layout::{Cap, Share, MAX_DEVICES, MAX_PROCS, MAX_SLICES, PPM};
 pub use ledger::{
     Import, Joined, Ledger, LetGo, LockGuard, OperatorSlice, ProcHandle, ShareKey, SliceRequest,
 };

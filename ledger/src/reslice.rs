@@ -8,7 +8,7 @@
 use core::sync::atomic::Ordering::*;
 
 use crate::error::{human_bytes, FitError, LedgerError};
-use crate::layout::{NO_LIMIT, PPM};
+use crate::layout::{Cap, Share, NO_LIMIT, PPM};
 use crate::Ledger;
 
 /// What `gpuslice slice set` changes (None: leave as it is).
@@ -16,10 +16,10 @@ use crate::Ledger;
 pub struct SliceChange {
     /// New memory quota in bytes.
     pub memory: Option<u64>,
-    /// New guaranteed compute share (ppm; 0 is best effort).
-    pub compute_share_ppm: Option<u32>,
-    /// New compute cap (ppm; [`PPM`] is none).
-    pub compute_cap_ppm: Option<u32>,
+    /// New guaranteed compute share.
+    pub compute_share: Option<Share>,
+    /// New compute cap.
+    pub compute_cap: Option<Cap>,
     /// New priority class ([`gpuslice_sched::CLASS_NORMAL`] or [`gpuslice_sched::CLASS_LATENCY`]).
     pub class: Option<u32>,
 }
@@ -88,31 +88,27 @@ impl Ledger {
                 .into());
             }
         }
-        let share = c
-            .compute_share_ppm
-            .unwrap_or_else(|| s.compute_share_ppm.load(SeqCst));
-        if let Some(new) = c.compute_share_ppm {
+        let share = c.compute_share.unwrap_or_else(|| s.share());
+        if let Some(new) = c.compute_share {
             let old = s.compute_share_ppm.load(SeqCst) as u64;
             let others = d.compute_reserved.load(SeqCst).saturating_sub(old);
             if !gpuslice_sched::admits(others, new) {
                 return Err(FitError {
                     setting: "--compute".into(),
                     device: uuid,
-                    requested: frac(new as u64),
+                    requested: frac(new.ppm() as u64),
                     available: frac((PPM as u64).saturating_sub(others)),
                 }
                 .into());
             }
         }
-        let cap = c
-            .compute_cap_ppm
-            .unwrap_or_else(|| s.compute_cap_ppm.load(SeqCst));
-        if cap != 0 && cap < share {
+        let cap = c.compute_cap.unwrap_or_else(|| s.cap());
+        if let Some(cap) = cap.limit().filter(|&c| c < share) {
             return Err(FitError {
                 setting: "--compute-cap".into(),
                 device: uuid,
-                requested: frac(cap as u64),
-                available: format!("no less than the share {}", frac(share as u64)),
+                requested: frac(cap.ppm() as u64),
+                available: format!("no less than the share {}", frac(share.ppm() as u64)),
             }
             .into());
         }
@@ -128,14 +124,14 @@ impl Ledger {
                 Some(v.saturating_sub(old).saturating_add(l))
             });
         }
-        if let Some(new) = c.compute_share_ppm {
-            let old = s.compute_share_ppm.swap(new, SeqCst) as u64;
+        if let Some(new) = c.compute_share {
+            let old = s.compute_share_ppm.swap(new.ppm(), SeqCst) as u64;
             let _ = d.compute_reserved.fetch_update(SeqCst, SeqCst, |v| {
-                Some(v.saturating_sub(old).saturating_add(new as u64))
+                Some(v.saturating_sub(old).saturating_add(new.ppm() as u64))
             });
         }
-        if let Some(cap) = c.compute_cap_ppm {
-            s.compute_cap_ppm.store(cap, SeqCst);
+        if let Some(cap) = c.compute_cap {
+            s.compute_cap_ppm.store(cap.ppm(), SeqCst);
         }
         if let Some(class) = c.class {
             s.sched.class.store(class, SeqCst);
@@ -168,8 +164,8 @@ mod tests {
             name: name.into(),
             device: "GPU-00000000-0000-0000-0000-00000000000a".into(),
             memory,
-            compute_share_ppm: (share * PPM as f64) as u32,
-            compute_cap_ppm: PPM,
+            compute_share: Share::from_ppm((share * PPM as f64) as u32),
+            compute_cap: Cap::NONE,
             claim: None,
         })
         .unwrap();
@@ -188,15 +184,15 @@ mod tests {
         let (l, dir) = a_and_b();
         let change = SliceChange {
             memory: Some(3 << 30),
-            compute_share_ppm: Some(500_000),
-            compute_cap_ppm: Some(750_000),
+            compute_share: Some(Share::from_ppm(500_000)),
+            compute_cap: Some(Cap::from_ppm(750_000)),
             class: Some(gpuslice_sched::CLASS_LATENCY),
         };
         assert_eq!(l.set_slice("a", &change).unwrap(), 1);
         let s = l.snapshot();
         let a = s.slices.iter().find(|s| s.name == "a").unwrap();
         assert_eq!(a.memory_limit, Some(3 << 30));
-        assert_eq!(a.compute_share_ppm, 500_000);
+        assert_eq!(a.compute_share.ppm(), 500_000);
         assert_eq!(s.devices[0].memory_reserved, 5 << 30);
         assert_eq!(l.devices()[0].compute_reserved.load(SeqCst), 1_000_000);
         assert_eq!(
@@ -217,16 +213,16 @@ mod tests {
         let (l, dir) = a_and_b();
         // Each refusal, in turn, with what its message names.
         let share = SliceChange {
-            compute_share_ppm: Some(600_000),
+            compute_share: Some(Share::from_ppm(600_000)),
             ..Default::default()
         };
         let memory_and_share = SliceChange {
             memory: Some(7 << 30),
-            compute_share_ppm: Some(100_000),
+            compute_share: Some(Share::from_ppm(100_000)),
             ..Default::default()
         };
         let cap_below_share = SliceChange {
-            compute_cap_ppm: Some(100_000),
+            compute_cap: Some(Cap::from_ppm(100_000)),
             ..Default::default()
         };
         for (change, says) in [

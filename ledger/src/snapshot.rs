@@ -1,5 +1,7 @@
 //! Plain owned copies of the ledger's state, for the monitor, the CLI and tests.
 
+use gpuslice_quantity::{Cap, Share};
+
 /// Everything in the ledger at one moment (read without the lock: each number is exact, the
 /// set as a whole may straddle a concurrent change).
 #[derive(Debug, Clone, Default)]
@@ -60,10 +62,10 @@ pub struct SliceInfo {
     pub memory_used: u64,
     /// Of `memory_used`, the bytes its live processes' CUDA contexts are charged (node mode).
     pub context_used: u64,
-    /// Guarantee, ppm.
-    pub compute_share_ppm: u32,
-    /// Cap, ppm.
-    pub compute_cap_ppm: u32,
+    /// Guarantee.
+    pub compute_share: Share,
+    /// Cap.
+    pub compute_cap: Cap,
     /// Attached processes.
     pub attached: u32,
     /// Their pids (as each saw itself).

@@ -7,7 +7,7 @@
 
 mod common;
 use common::{fresh_dir, Scratch};
-use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceRequest, PPM};
+use gpuslice_ledger::{Cap, Ledger, LedgerError, OperatorSlice, Share, SliceRequest};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,8 +34,8 @@ fn operator(name: &str, memory: u64) -> OperatorSlice {
         name: name.into(),
         device: UUID.into(),
         memory,
-        compute_share_ppm: 0,
-        compute_cap_ppm: PPM,
+        compute_share: Share::NONE,
+        compute_cap: Cap::NONE,
         claim: None,
     }
 }
@@ -151,11 +151,11 @@ fn admission_reservations_and_best_effort() {
     );
     // Compute guarantees add up to at most 1.
     let mut r = SliceRequest::new(Some("cpu"), None);
-    r.compute_share_ppm = 700_000;
+    r.compute_share = Share::from_ppm(700_000);
     l.join(p3, dev, &r).unwrap();
     let p4 = l.attach("").unwrap();
     let mut r = SliceRequest::new(Some("cpu2"), None);
-    r.compute_share_ppm = 400_000;
+    r.compute_share = Share::from_ppm(400_000);
     let e = l.join(p4, dev, &r).unwrap_err();
     assert!(
         e.to_string()

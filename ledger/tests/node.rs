@@ -9,7 +9,7 @@ use common::{node_policy, peer, Scratch, Table};
 use gpuslice_ledger::layout::{ALLOWANCE_ACCOUNT_BASE, STATE_ACTIVE};
 use gpuslice_ledger::node::{Admitted, DeviceAsk, Limits};
 use gpuslice_ledger::region::Region;
-use gpuslice_ledger::{Account, Ledger, LedgerError, OperatorSlice, SliceRequest};
+use gpuslice_ledger::{Account, Cap, Ledger, LedgerError, OperatorSlice, Share, SliceRequest};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
@@ -201,8 +201,8 @@ fn tenants_names_are_their_own_and_operator_names_are_reserved() {
             name: "team".into(),
             device: UUID.into(),
             memory: 2 * GI,
-            compute_share_ppm: 0,
-            compute_cap_ppm: gpuslice_ledger::PPM,
+            compute_share: Share::NONE,
+            compute_cap: Cap::NONE,
             claim: None,
         })
         .unwrap();
@@ -211,8 +211,8 @@ fn tenants_names_are_their_own_and_operator_names_are_reserved() {
             name: "team".into(),
             device: UUID.into(),
             memory: GI,
-            compute_share_ppm: 0,
-            compute_cap_ppm: gpuslice_ledger::PPM,
+            compute_share: Share::NONE,
+            compute_cap: Cap::NONE,
             claim: None,
         })
         .is_err(),

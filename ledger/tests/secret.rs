@@ -8,7 +8,7 @@ mod common;
 use common::{fresh_dir, node_policy, open_node, peer};
 use gpuslice_ledger::node::{Admitted, DeviceAsk, Limits};
 use gpuslice_ledger::secret::{Secret, SECRETS_FILE};
-use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceRequest, PPM};
+use gpuslice_ledger::{Cap, Ledger, LedgerError, OperatorSlice, Share, SliceRequest};
 use std::os::unix::fs::PermissionsExt;
 
 const GI: u64 = 1 << 30;
@@ -43,8 +43,8 @@ fn op(name: &str, device: &str) -> OperatorSlice {
         name: name.into(),
         device: device.into(),
         memory: 2 * GI,
-        compute_share_ppm: 0,
-        compute_cap_ppm: PPM,
+        compute_share: Share::NONE,
+        compute_cap: Cap::NONE,
         claim: None,
     }
 }

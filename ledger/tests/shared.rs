@@ -337,8 +337,8 @@ fn an_operator_slice_removed_while_an_importer_holds_its_export_goes_with_the_im
         name: "x".into(),
         device: UUID.into(),
         memory: 1 << 30,
-        compute_share_ppm: 0,
-        compute_cap_ppm: gpuslice_ledger::PPM,
+        compute_share: gpuslice_ledger::Share::NONE,
+        compute_cap: gpuslice_ledger::Cap::NONE,
         claim: None,
     })
     .unwrap();

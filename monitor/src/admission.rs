@@ -18,15 +18,16 @@
 //! admitted process's exported VMM allocations, `crate::shared`).
 
 use crate::error::{Error, RequestError};
-use gpuslice_ledger::layout::{PPM, STATE_ACTIVE, STATE_FREE};
+use gpuslice_ledger::layout::{STATE_ACTIVE, STATE_FREE};
 use gpuslice_ledger::node::{region_key, DeviceAsk, Limits, Peer};
 use gpuslice_ledger::pidfd::PeerProcess;
 use gpuslice_ledger::region::Region;
 use gpuslice_ledger::region::Regions;
 use gpuslice_ledger::secret::Secret;
-use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceRequest};
+use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, ProcHandle, SliceRequest};
 use gpuslice_protocol::{
-    self as protocol, AdmitReply, AdmitRequest, GrantedDevice, Message, Refusal, SOCKET_FILE,
+    self as protocol, AdmitReply, AdmitRequest, Done, GrantedDevice, Ping, Pong, Refusal, Released,
+    Reply, Request, ShareImport, SliceCreate, SliceSet, Viewed, Why, SOCKET_FILE,
 };
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -165,13 +166,21 @@ fn recover(ledger: &Ledger, key: u32) -> Option<Region> {
     None
 }
 
+/// The group whose members may use the operator requests, besides root.
+pub struct OperatorGroup {
+    /// Its name, for the refusal's message.
+    pub name: String,
+    /// Its gid (`None`: no such group on this node).
+    pub gid: Option<u32>,
+}
+
 /// What the socket thread needs.
 pub struct Server {
     pub ledger: Arc<Ledger>,
     pub regions: Arc<RegionTable>,
     pub limits: Limits,
-    /// gid of the operator group, if it exists.
-    pub operator_gid: Option<u32>,
+    /// The operator group (`--operator-group`).
+    pub operator_group: OperatorGroup,
     /// The slices' unused reservations held on the GPUs (`None`: `--balloons off`, or no
     /// driver).
     pub balloons: Option<Arc<crate::balloon::Balloons>>,
@@ -255,13 +264,11 @@ pub fn serve(listener: OwnedFd, server: Arc<Server>) {
             let mut m = per_uid.lock().unwrap_or_else(|e| e.into_inner());
             let n = m.entry(uid).or_insert(0);
             if *n >= MAX_PER_UID {
-                let _ = protocol::send(
+                let _ = protocol::answer(
                     c.as_raw_fd(),
-                    &Message::new(
-                        "err",
-                        &format!("uid {uid} has {MAX_PER_UID} requests in flight already"),
-                    ),
-                    &[],
+                    &Err(Refusal::other(format!(
+                        "uid {uid} has {MAX_PER_UID} requests in flight already"
+                    ))),
                 );
                 continue;
             }
@@ -290,22 +297,16 @@ pub fn serve(listener: OwnedFd, server: Arc<Server>) {
 }
 
 fn handle(server: &Server, sock: RawFd, peer: &PeerProcess, uid: u32) {
-    let Ok(Some((req, fds))) = protocol::recv(sock) else {
+    let Some((req, fds)) = protocol::receive(sock) else {
         return;
     };
     // Whoever connected must still be the process behind the pid when its request is read:
     // a connection whose maker exited is refused, whoever holds its pid now.
-    let answered =
-        peer.check()
-            .map_err(|e| Refusal::other(e.to_string()))
-            .and_then(|()| match req.get("op") {
-                Some("admit") => admit(server, &req, peer.pid, uid),
-                _ => answer(server, &req, &fds, peer.pid, uid)
-                    .map_err(|e| Refusal::other(e.to_string())),
-            });
-    let (reply, fds) = answered.unwrap_or_else(|refusal| (refusal.encode(), vec![]));
-    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-    let _ = protocol::send(sock, &reply, &raw);
+    let answered = peer
+        .check()
+        .map_err(|e| Refusal::other(e.to_string()))
+        .and_then(|()| answer(server, req?, &fds, peer.pid, uid));
+    let _ = protocol::answer(sock, &answered);
 }
 
 /// The peer's identity as `/proc` shows it to the monitor (after [`PeerProcess::check`]).
@@ -330,7 +331,7 @@ fn is_operator(server: &Server, pid: u32, uid: u32) -> bool {
     if uid == 0 {
         return true;
     }
-    let Some(gid) = server.operator_gid else {
+    let Some(gid) = server.operator_group.gid else {
         return false;
     };
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -345,133 +346,165 @@ fn is_operator(server: &Server, pid: u32, uid: u32) -> bool {
         })
 }
 
-fn num<T: std::str::FromStr>(m: &Message, k: &str) -> Result<T, RequestError> {
-    m.get(k)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| RequestError::BadField(k.to_string()))
-}
-
-type Answer = (Message, Vec<OwnedFd>);
+/// The reply to one request, with the descriptors it carries.
+type Answer = (Reply, Vec<OwnedFd>);
 
 fn answer(
     server: &Server,
-    req: &Message,
+    req: Request,
     fds: &[OwnedFd],
     pid: u32,
     uid: u32,
-) -> Result<Answer, RequestError> {
+) -> Result<Answer, Refusal> {
     let ledger = &server.ledger;
-    match req.get("op") {
-        Some("ping") => Ok((Message::new("ok", &std::process::id().to_string()), vec![])),
-        Some(op @ ("share-export" | "share-import" | "share-leave" | "share-let-go")) => {
-            // An admitted process's exported VMM allocations (`crate::shared`).
-            let peer = peer_of(pid, uid)?;
-            let slot = ledger
-                .admitted_slot(peer.host_pid, peer.start_time)
-                .ok_or(RequestError::NotAdmitted("share its memory"))?;
-            let ok = crate::shared::answer(ledger, op, req, fds, slot)?;
-            Ok((Message::new("ok", &ok), vec![]))
+    // An admitted process's exported VMM allocations (`crate::shared`): its own record only.
+    let admitted = || -> Result<ProcHandle, RequestError> {
+        let peer = peer_of(pid, uid)?;
+        let slot = ledger
+            .admitted_slot(peer.host_pid, peer.start_time)
+            .ok_or(RequestError::NotAdmitted("share its memory"))?;
+        Ok(ProcHandle { slot })
+    };
+    let operator = || -> Result<(), RequestError> {
+        if is_operator(server, pid, uid) {
+            return Ok(());
         }
-        Some("release") => {
-            // The slow path of an admitted process the driver refused (the device is full):
-            // memory from its own slice's balloon, never another's.
-            let Some(b) = &server.balloons else {
-                return Ok((Message::new("ok", "0"), vec![]));
-            };
-            let peer = peer_of(pid, uid)?;
-            let freed = b.release_for(
-                ledger,
-                peer.host_pid,
-                peer.start_time,
-                req.get("dev").unwrap_or(""),
-                num(req, "bytes")?,
-            )?;
-            Ok((Message::new("ok", &freed.to_string()), vec![]))
+        Err(RequestError::NotOperator {
+            uid,
+            group: server.operator_group.name.clone(),
+        })
+    };
+    let reply: Reply = match req {
+        Request::Admit(req) => return admit(server, req, pid, uid),
+        Request::Ping(Ping) => Pong {
+            pid: std::process::id(),
         }
-        Some(op @ ("slice-create" | "slice-rm" | "slice-set" | "slice-priority")) => {
-            if !is_operator(server, pid, uid) {
-                return Err(RequestError::NotOperator {
-                    uid,
-                    group: crate::daemon::options::operator_group_name().to_string(),
-                });
+        .into(),
+        Request::View(v) => return Ok((Viewed.into(), vec![view(server, v, uid)?])),
+        Request::Release(r) => release(server, &r, pid, uid)?.into(),
+        Request::ShareExport(r) => crate::shared::export(ledger, admitted()?, &r, fds)?.into(),
+        Request::ShareImport(ShareImport) => {
+            crate::shared::import(ledger, admitted()?, fds)?.into()
+        }
+        Request::ShareLeave(r) => crate::shared::leave(ledger, admitted()?, &r)?.into(),
+        Request::ShareLetGo(r) => crate::shared::let_go(ledger, admitted()?, &r)?.into(),
+        Request::SliceCreate(c) => {
+            operator()?;
+            slice_create(ledger, c)?.into()
+        }
+        Request::SliceRemove(r) => {
+            operator()?;
+            Done {
+                records: ledger.remove_slice(&r.name).map_err(RequestError::from)?,
             }
-            let name = req.get("name").unwrap_or("").to_string();
-            // Optional: the slice's join secret (gpuslice_ledger::secret), never logged.
-            let secret = req
-                .get("secret")
-                .map(|v| Secret::parse("the request's secret", v))
-                .transpose()?;
-            let done = match op {
-                "slice-create" => ledger
-                    .create_operator_slice_with_secret(
-                        &OperatorSlice {
-                            name: name.clone(),
-                            device: req.get("device").unwrap_or("").into(),
-                            memory: num(req, "memory")?,
-                            compute_share_ppm: num::<u32>(req, "share")?.min(PPM),
-                            compute_cap_ppm: num::<u32>(req, "cap")?.min(PPM),
-                            claim: req
-                                .get("claim")
-                                .map(Into::into)
-                                .filter(|c: &String| !c.is_empty()),
-                        },
-                        secret.as_ref(),
-                    )
-                    .and_then(|_| match req.get("owner") {
-                        Some(u) => ledger.set_slice_owner(
-                            &name,
-                            req.get("device").unwrap_or(""),
-                            u.parse().map_err(|_| LedgerError::BadName(u.into()))?,
-                        ),
-                        None => Ok(1),
-                    }),
-                "slice-rm" => ledger.remove_slice(&name),
-                "slice-set" => {
-                    let opt = |k: &str| req.get(k).map(|_| num::<u64>(req, k)).transpose();
-                    let ppm = |k: &str| opt(k).map(|v| v.map(|v| v.min(PPM as u64) as u32));
-                    let class = opt("class")?;
-                    if class.is_some_and(|c| {
-                        c != gpuslice_sched::CLASS_NORMAL as u64
-                            && c != gpuslice_sched::CLASS_LATENCY as u64
-                    }) {
-                        return Err(RequestError::NotAClass);
-                    }
-                    ledger.set_slice(
-                        &name,
-                        &gpuslice_ledger::SliceChange {
-                            memory: opt("memory")?,
-                            compute_share_ppm: ppm("share")?,
-                            compute_cap_ppm: ppm("cap")?,
-                            class: class.map(|c| c as u32),
-                        },
-                    )
-                }
-                _ => ledger.set_slice_priority(&name, num(req, "priority")?),
-            }?;
-            Ok((Message::new("ok", &done.to_string()), vec![]))
+            .into()
         }
-        Some("view") => {
-            let si: usize = num(req, "slice")?;
-            let s = ledger
-                .slices()
-                .get(si)
-                .filter(|s| s.state.load(SeqCst) == STATE_ACTIVE)
-                .ok_or(RequestError::NoSuchSlice)?;
-            let owner = s.owner_uid.load(SeqCst);
-            if uid != 0 && owner != uid {
-                return Err(RequestError::NotYours { slice: si, uid });
+        Request::SliceSet(c) => {
+            operator()?;
+            slice_set(ledger, c)?.into()
+        }
+        Request::SlicePriority(p) => {
+            operator()?;
+            Done {
+                records: ledger
+                    .set_slice_priority(&p.name, p.priority)
+                    .map_err(RequestError::from)?,
             }
-            let r = server
-                .regions
-                .get(si as u32)
-                .ok_or(RequestError::NoRegion)?;
-            // A read-only reopen: the receiver can map it, never write it.
-            let f = std::fs::File::open(format!("/proc/self/fd/{}", r.fd()))
-                .map_err(RequestError::Reopen)?;
-            Ok((Message::new("ok", "view"), vec![OwnedFd::from(f)]))
+            .into()
         }
-        _ => Err(RequestError::UnknownOp),
+    };
+    Ok((reply, vec![]))
+}
+
+/// The slow path of an admitted process the driver refused (the device is full): memory from
+/// its own slice's balloon, never another's.
+fn release(
+    server: &Server,
+    r: &protocol::Release,
+    pid: u32,
+    uid: u32,
+) -> Result<Released, RequestError> {
+    let Some(b) = &server.balloons else {
+        return Ok(Released { bytes: 0 });
+    };
+    let peer = peer_of(pid, uid)?;
+    let bytes = b.release_for(
+        &server.ledger,
+        peer.host_pid,
+        peer.start_time,
+        &r.device,
+        r.bytes,
+    )?;
+    Ok(Released { bytes })
+}
+
+/// The optional join secret of an operator request (`gpuslice_ledger::secret`), never logged.
+fn secret_of(v: Option<&str>) -> Result<Option<Secret>, RequestError> {
+    Ok(v.map(|v| Secret::parse("the request's secret", v))
+        .transpose()?)
+}
+
+fn slice_create(ledger: &Ledger, c: SliceCreate) -> Result<Done, RequestError> {
+    let secret = secret_of(c.secret.as_deref())?;
+    let made = ledger.create_operator_slice_with_secret(
+        &OperatorSlice {
+            name: c.name.clone(),
+            device: c.device.clone(),
+            memory: c.memory,
+            compute_share: c.share,
+            compute_cap: c.cap,
+            claim: c.claim,
+        },
+        secret.as_ref(),
+    );
+    let records = made.and_then(|_| match c.owner {
+        Some(uid) => ledger.set_slice_owner(&c.name, &c.device, uid),
+        None => Ok(1),
+    })?;
+    Ok(Done { records })
+}
+
+fn slice_set(ledger: &Ledger, c: SliceSet) -> Result<Done, RequestError> {
+    if c.class
+        .is_some_and(|c| c != gpuslice_sched::CLASS_NORMAL && c != gpuslice_sched::CLASS_LATENCY)
+    {
+        return Err(RequestError::NotAClass);
     }
+    let records = ledger.set_slice(
+        &c.name,
+        &gpuslice_ledger::SliceChange {
+            memory: c.memory,
+            compute_share: c.share,
+            compute_cap: c.cap,
+            class: c.class,
+        },
+    )?;
+    Ok(Done { records })
+}
+
+/// A read-only descriptor of slice `v.slice`'s region, for the slice's own uid or root.
+fn view(server: &Server, v: protocol::View, uid: u32) -> Result<OwnedFd, RequestError> {
+    let s = server
+        .ledger
+        .slices()
+        .get(v.slice)
+        .filter(|s| s.state.load(SeqCst) == STATE_ACTIVE)
+        .ok_or(RequestError::NoSuchSlice)?;
+    let owner = s.owner_uid.load(SeqCst);
+    if uid != 0 && owner != uid {
+        return Err(RequestError::NotYours {
+            slice: v.slice,
+            uid,
+        });
+    }
+    let r = server
+        .regions
+        .get(v.slice as u32)
+        .ok_or(RequestError::NoRegion)?;
+    // A read-only reopen: the receiver can map it, never write it.
+    let f =
+        std::fs::File::open(format!("/proc/self/fd/{}", r.fd())).map_err(RequestError::Reopen)?;
+    Ok(OwnedFd::from(f))
 }
 
 /// A new reservation (a quota slice this process would create) must fit the device as it
@@ -522,22 +555,32 @@ fn physically_fits(server: &Server, asks: &[DeviceAsk], uid: u32) -> Result<(), 
     Ok(())
 }
 
-fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, Refusal> {
-    let peer = peer_of(pid, uid).map_err(|e| Refusal::other(e.to_string()))?;
-    let req = AdmitRequest::decode(req).map_err(|e| Refusal::other(format!("bad request: {e}")))?;
+fn admit(server: &Server, req: AdmitRequest, pid: u32, uid: u32) -> Result<Answer, Refusal> {
+    let peer = peer_of(pid, uid)?;
     if let Some(n) = &req.slice {
         gpuslice_quantity::check_slice_name("GPUSLICE_SLICE", n)
             .map_err(|e| Refusal::other(e.to_string()))?;
     }
     if req.devices.len() > gpuslice_ledger::MAX_DEVICES {
-        return Err(Refusal::other("bad request: too many devices"));
+        return Err(Refusal::new(
+            Why::BadRequest,
+            "bad request: too many devices",
+        ));
     }
     let asks: Vec<DeviceAsk> = req
         .devices
         .iter()
         .map(|d| DeviceAsk {
             uuid: d.uuid.clone(),
-            req: SliceRequest::for_device(req.slice.clone(), d),
+            // The request, as the policy joins it.
+            req: SliceRequest {
+                name: req.slice.clone(),
+                memory: d.memory,
+                compute_share: d.compute_share,
+                compute_cap: d.compute_cap,
+                memory_setting: d.memory_setting.clone(),
+                compute_setting: d.compute_setting.clone(),
+            },
         })
         .collect();
     let name = &req.slice;
@@ -599,5 +642,5 @@ fn admit(server: &Server, req: &Message, pid: u32, uid: u32) -> Result<Answer, R
         });
         reply.warnings.extend(d.warnings.iter().cloned());
     }
-    Ok((reply.encode(), fds))
+    Ok((reply.into(), fds))
 }

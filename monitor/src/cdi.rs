@@ -4,15 +4,15 @@
 //! beside the GPU's own CDI device (`--device nvidia.com/gpu=0 --device
 //! gpuslice.dev/slice=NAME`). Its container edits:
 //! - mount the host's `libgpuslice.so` read-only at
-//!   [`gpuslice_ledger::cdi::CONTAINER_LIBRARY`] and the host's ledger directory read-write at
-//!   [`gpuslice_ledger::cdi::CONTAINER_RUNTIME_DIR`] (fixed paths, so the spec does not depend
+//!   [`gpuslice_cdi::CONTAINER_LIBRARY`] and the host's ledger directory read-write at
+//!   [`gpuslice_cdi::CONTAINER_RUNTIME_DIR`] (fixed paths, so the spec does not depend
 //!   on the image's layout);
 //! - set `LD_PRELOAD`, `GPUSLICE_RUNTIME_DIR`, `GPUSLICE_SLICE` and whichever of
 //!   `GPUSLICE_MEMORY`, `GPUSLICE_COMPUTE`, `GPUSLICE_COMPUTE_CAP` and the join secret were
 //!   given;
 //! - with `--output FILE`, mount the files written beside it (`FILE` less its extension, `.d`)
 //!   at `/etc/ld.so.preload` and `/etc/gpuslice/slice.env`, so that programs which clear their
-//!   environment are in the slice too ([`gpuslice_ledger::cdi::write_files`]).
+//!   environment are in the slice too ([`gpuslice_cdi::write_files`]).
 //!
 //! Values are checked with the same rules as `gpuslice run` ([`crate::run::Limits`]), and names
 //! with the CDI parser's rules, so a spec this writes is one a runtime accepts. JSON is valid CDI
@@ -27,9 +27,9 @@ use crate::run::{self, Limits};
 
 const USAGE: &cli::Command = &crate::commands::CDI;
 
-// The spec builder, its constants and the atomic write live in `gpuslice_ledger::cdi`, shared
+// The spec builder, its constants and the atomic write live in `gpuslice_cdi`, shared
 // with gpuslice-dra.
-use gpuslice_ledger::cdi::{write_atomically, DEFAULT_KIND};
+use gpuslice_cdi::{write_atomically, DEFAULT_KIND};
 
 /// Entry point of `gpuslice cdi`; returns the exit status.
 pub fn main(args: Vec<OsString>) -> i32 {
@@ -138,10 +138,10 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
     // The spec's own files (the preload list, the settings file) go beside it, first: a
     // runtime never reads a spec whose files are missing. On stdout there is no beside.
     let files = match &output {
-        Some(path) => Some(gpuslice_ledger::cdi::write_files(path, &env).map_err(|e| {
+        Some(path) => Some(gpuslice_cdi::write_files(path, &env).map_err(|e| {
             Failure::Other(format!(
                 "cdi: writing {}: {e}",
-                gpuslice_ledger::cdi::files_dir(path).display()
+                gpuslice_cdi::files_dir(path).display()
             ))
         })?),
         None => {
@@ -153,7 +153,7 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
             None
         }
     };
-    let spec = gpuslice_ledger::cdi::spec(
+    let spec = gpuslice_cdi::spec(
         &kind,
         &slice,
         &env,
@@ -169,7 +169,7 @@ fn cdi(args: Vec<OsString>) -> Result<i32, Failure> {
         Some(path) => {
             // A spec with a secret is root's alone (the container runtime reads it as root).
             let write = if secret.is_some() {
-                gpuslice_ledger::cdi::write_private_atomically
+                gpuslice_cdi::write_private_atomically
             } else {
                 write_atomically
             };
@@ -436,7 +436,7 @@ mod tests {
             slice: Some("a".into()),
             ..Limits::default()
         };
-        let s = gpuslice_ledger::cdi::spec(
+        let s = gpuslice_cdi::spec(
             DEFAULT_KIND,
             "a",
             &env(&limits, None),

@@ -4,6 +4,7 @@
 
 use gpuslice_abi::CUresult;
 use gpuslice_ledger::LedgerError;
+use gpuslice_protocol::{Refusal, Why};
 use std::fmt;
 use std::path::PathBuf;
 
@@ -154,12 +155,8 @@ impl fmt::Display for DriverError {
 pub enum RequestError {
     /// The asking process exited before it could be identified.
     Gone(u32),
-    /// A field is missing or not a number.
-    BadField(String),
     /// `class` is not a priority class.
     NotAClass,
-    /// An operation nobody serves.
-    UnknownOp,
     /// An operator request from someone who is not root nor in the operator group.
     NotOperator {
         /// The asker.
@@ -196,13 +193,9 @@ impl fmt::Display for RequestError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RequestError::Gone(pid) => write!(f, "cannot read /proc/{pid}: the process is gone"),
-            RequestError::BadField(k) => {
-                write!(f, "bad request: field {k:?} missing or not a number")
-            }
             RequestError::NotAClass => {
                 write!(f, "bad request: field \"class\" is not a priority class")
             }
-            RequestError::UnknownOp => write!(f, "bad request: unknown op"),
             RequestError::NotOperator { uid, group } => write!(
                 f,
                 "permission denied: `gpuslice slice` changes the node's policy; only root or \
@@ -233,6 +226,34 @@ impl fmt::Display for RequestError {
 }
 
 impl std::error::Error for RequestError {}
+
+impl RequestError {
+    /// Its reason, for the refusal the asker reads as data.
+    pub fn why(&self) -> Why {
+        match self {
+            RequestError::NotAClass | RequestError::NoDescriptor => Why::BadRequest,
+            RequestError::NotOperator { .. }
+            | RequestError::NotAdmitted(_)
+            | RequestError::NotYours { .. } => Why::Denied,
+            RequestError::NoSuchSlice | RequestError::Ledger(LedgerError::NoSuchSlice(_)) => {
+                Why::NoSuchSlice
+            }
+            RequestError::Ledger(e) if e.refuses_the_request() => Why::Asked,
+            RequestError::Gone(_)
+            | RequestError::Ledger(_)
+            | RequestError::UnknownDevice(_)
+            | RequestError::BadDeviceIndex
+            | RequestError::NoRegion
+            | RequestError::Reopen(_) => Why::Other,
+        }
+    }
+}
+
+impl From<RequestError> for Refusal {
+    fn from(e: RequestError) -> Refusal {
+        Refusal::new(e.why(), e.to_string())
+    }
+}
 
 impl From<LedgerError> for RequestError {
     fn from(e: LedgerError) -> RequestError {

@@ -14,7 +14,7 @@
 
 use crate::ledger_window::LedgerWindow;
 use gpuslice_ledger::layout::*;
-use gpuslice_ledger::{Ledger, OperatorSlice, SliceRequest, PPM};
+use gpuslice_ledger::{Cap, Ledger, OperatorSlice, Share, SliceRequest, PPM};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use std::os::unix::fs::FileExt;
@@ -120,8 +120,8 @@ fn build_template(dir: &Path) {
         name: "ops".into(),
         device: "0".into(),
         memory: 2 << 30,
-        compute_share_ppm: PPM / 4,
-        compute_cap_ppm: PPM,
+        compute_share: Share::from_ppm(PPM / 4),
+        compute_cap: Cap::NONE,
         claim: Some("ns/claim".into()),
     })
     .unwrap();

@@ -8,8 +8,12 @@
 //! - [`status`], [`top`], [`slice`](mod@slice), [`metrics`]: the operator's views and controls; all read
 //!   one [`view::NodeView`] of the ledger, rendered by [`table`] (people), [`view`] (JSON) or
 //!   [`prom`] (Prometheus text, served by [`http`]).
-//! - [`ledger_window`]: the only module that talks to `gpuslice-ledger` (which owns all state and every
-//!   mutation); [`compute`] reads the scheduler's figures there; [`nvml`] loads NVML at run
+//! - [`ledger_window`]: the CLI's window on a ledger: the views, `slice`, `run` and `cdi` open,
+//!   read and change a ledger only through it (they use the ledger crate's types and helpers,
+//!   `SliceChange`, `Secret`, `human_bytes`); [`compute`] reads the scheduler's figures for it.
+//!   The node daemon's servers ([`admission`], [`balloon`], [`shared`], [`turns`], the audit)
+//!   work on the node's policy directly: the monitor is its one writer, and `gpuslice-ledger`
+//!   owns every mutation; [`nvml`] loads NVML at run
 //!   time for device names, NVML indices and the memory audit.
 //! - [`turns`]: node mode's compute turns, granted by the monitor (a thread of the daemon).
 //! - [`run`] and [`cdi`]: `gpuslice run` and `gpuslice cdi` (wrapping a program, containers).

@@ -124,7 +124,7 @@ impl Limits {
             return Ok(());
         };
         // Each value was checked by `set`.
-        let (Ok(share_ppm), Ok(cap_ppm)) = (
+        let (Ok(share_parsed), Ok(cap_parsed)) = (
             parse_fraction_per_device("--compute", share),
             parse_cap_per_device("--compute-cap", cap),
         ) else {
@@ -134,12 +134,12 @@ impl Limits {
             ComputeSetting {
                 setting: "--compute",
                 value: share,
-                ppm: &share_ppm,
+                parsed: &share_parsed,
             },
             ComputeSetting {
                 setting: "--compute-cap",
                 value: cap,
-                ppm: &cap_ppm,
+                parsed: &cap_parsed,
             },
         )
         .map_err(|e| Failure::usage(e.to_string(), usage))

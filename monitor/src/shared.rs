@@ -2,10 +2,10 @@
 //! (`gpuslice_ledger`'s `shared.rs` keeps the records; docs/architecture.md, "Memory shared
 //! between processes").
 //!
-//! A tenant cannot write the policy, so its shim asks here: `share-export` (with the exported
-//! POSIX descriptor), `share-import` (with the descriptor it imports: an orphan's importer is
-//! charged here, in its slice's region, before its driver call), `share-leave` and
-//! `share-let-go` (a record index). Who asks is the monitor's record of the connected process
+//! A tenant cannot write the policy, so its shim asks here ([`gpuslice_protocol`]'s requests):
+//! `ShareExport` (with the exported POSIX descriptor), `ShareImport` (with the descriptor it
+//! imports: an orphan's importer is charged here, in its slice's region, before its driver
+//! call), `ShareLeave` and `ShareLetGo` (a record index). Who asks is the monitor's record of the connected process
 //! (`SO_PEERCRED`, its start time); the allocation's identity is what the monitor itself reads
 //! from the descriptor (`fstat`), which it closes at once (holding it would keep the memory
 //! alive). So a process can only export on its own account, import what it holds a
@@ -19,59 +19,62 @@
 
 use crate::error::RequestError;
 use gpuslice_ledger::{Import, Ledger, LetGo, ProcHandle, RemovedSlice, ShareKey};
-use gpuslice_protocol::Message;
+use gpuslice_protocol::{self as protocol, Exported, Imported, Left, ShareExport};
 use std::os::fd::{AsRawFd, OwnedFd};
 
-/// Answer one `share-*` request of the admitted process `slot`: the reply's `ok` value
-/// (`share-import`: `held REC`, `adopted REC DEV BYTES`, `refused DEV BYTES`, `charge DEV
-/// BYTES` or `-`; the shim's `memory/shared.rs` reads them).
-pub fn answer(
+/// The allocation's identity, read from the descriptor that came with the request.
+fn key(fds: &[OwnedFd]) -> Result<ShareKey, RequestError> {
+    let fd = fds.first().ok_or(RequestError::NoDescriptor)?;
+    ShareKey::of_fd(fd.as_raw_fd()).ok_or(RequestError::NoDescriptor)
+}
+
+/// `share-export` of the admitted process `me`, with the exported descriptor.
+pub fn export(
     ledger: &Ledger,
-    op: &str,
-    req: &Message,
+    me: ProcHandle,
+    r: &ShareExport,
     fds: &[OwnedFd],
-    slot: usize,
-) -> Result<String, RequestError> {
-    let me = ProcHandle { slot };
-    let key = || {
-        let fd = fds.first().ok_or(RequestError::NoDescriptor)?;
-        ShareKey::of_fd(fd.as_raw_fd()).ok_or(RequestError::NoDescriptor)
-    };
-    let num = |k: &str| {
-        req.get(k)
-            .and_then(|v| v.parse::<u64>().ok())
-            .ok_or_else(|| RequestError::BadField(k.to_string()))
-    };
-    let rec = || num("rec").map(|r| usize::try_from(r).unwrap_or(usize::MAX));
-    let shown = |r: Option<usize>| r.map_or("-".to_string(), |i| i.to_string());
-    match op {
-        "share-export" => {
-            let uuid = req.get("dev").unwrap_or("");
-            let dev = ledger
-                .find_device(uuid)
-                .ok_or_else(|| RequestError::UnknownDevice(uuid.to_string()))?;
-            let bytes = num("bytes")?;
-            Ok(shown(ledger.share_export(me, dev, key()?, bytes)?))
-        }
-        "share-import" => Ok(match ledger.share_import(me, key()?)? {
-            Import::Held(rec) => format!("held {rec}"),
-            Import::Adopted { rec, dev, bytes } => format!("adopted {rec} {dev} {bytes}"),
-            Import::Refused { dev, bytes } => format!("refused {dev} {bytes}"),
-            Import::Charge { dev, bytes } => format!("charge {dev} {bytes}"),
-            Import::Unknown => "-".into(),
-        }),
-        "share-leave" => {
-            ledger.share_leave(me, rec()?)?;
-            Ok("left".into())
-        }
-        "share-let-go" => Ok(match ledger.share_let_go(me, rec()?)? {
-            LetGo::HandedOver => "handed-over",
-            LetGo::Uncharge => "uncharge",
-            LetGo::Keep => "keep",
-        }
-        .into()),
-        _ => Err(RequestError::UnknownOp),
-    }
+) -> Result<Exported, RequestError> {
+    let dev = ledger
+        .find_device(&r.device)
+        .ok_or_else(|| RequestError::UnknownDevice(r.device.clone()))?;
+    Ok(Exported {
+        record: ledger.share_export(me, dev, key(fds)?, r.bytes)?,
+    })
+}
+
+/// `share-import` of the admitted process `me`, with the descriptor it imports.
+pub fn import(ledger: &Ledger, me: ProcHandle, fds: &[OwnedFd]) -> Result<Imported, RequestError> {
+    Ok(match ledger.share_import(me, key(fds)?)? {
+        Import::Held(rec) => Imported::Held(rec),
+        Import::Adopted { rec, dev, bytes } => Imported::Adopted { rec, dev, bytes },
+        Import::Refused { dev, bytes } => Imported::Refused { dev, bytes },
+        Import::Charge { dev, bytes } => Imported::Charge { dev, bytes },
+        Import::Unknown => Imported::Unknown,
+    })
+}
+
+/// `share-leave` of the admitted process `me`.
+pub fn leave(
+    ledger: &Ledger,
+    me: ProcHandle,
+    r: &protocol::ShareLeave,
+) -> Result<Left, RequestError> {
+    ledger.share_leave(me, r.record)?;
+    Ok(Left)
+}
+
+/// `share-let-go` of the admitted process `me`.
+pub fn let_go(
+    ledger: &Ledger,
+    me: ProcHandle,
+    r: &protocol::ShareLetGo,
+) -> Result<protocol::LetGo, RequestError> {
+    Ok(match ledger.share_let_go(me, r.record)? {
+        LetGo::HandedOver => protocol::LetGo::HandedOver,
+        LetGo::Uncharge => protocol::LetGo::Uncharge,
+        LetGo::Keep => protocol::LetGo::Keep,
+    })
 }
 
 /// At most this many open descriptors are looked at per scan; a node with more keeps every

@@ -11,8 +11,8 @@ use crate::ledger_window::slices::{SecretArg, SliceSpec};
 use crate::ledger_window::LedgerWindow;
 use crate::view::SliceView;
 use gpuslice_quantity::{
-    check_cap_not_below_share, check_slice_name, parse_cap, parse_fraction, parse_quota,
-    ComputeSetting, PerDevice,
+    check_cap_not_below_share, check_slice_name, parse_cap, parse_fraction, parse_quota, Cap,
+    ComputeSetting, PerDevice, Share,
 };
 use std::ffi::OsString;
 
@@ -58,15 +58,15 @@ pub(crate) fn parse_create(args: Vec<OsString>) -> Result<SliceSpec, Failure> {
             }
             Long("compute") => {
                 let v = p.utf8("--compute")?;
-                let ppm = parse_fraction("--compute", &v)
+                let share = parse_fraction("--compute", &v)
                     .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
-                cli::once(&mut compute, "--compute", (ppm, v), CREATE)?;
+                cli::once(&mut compute, "--compute", (share, v), CREATE)?;
             }
             Long("compute-cap") => {
                 let v = p.utf8("--compute-cap")?;
-                let ppm = parse_cap("--compute-cap", &v)
+                let c = parse_cap("--compute-cap", &v)
                     .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
-                cli::once(&mut cap, "--compute-cap", (ppm, v), CREATE)?;
+                cli::once(&mut cap, "--compute-cap", (c, v), CREATE)?;
             }
             Long("device") => {
                 let v = p.utf8("--device")?;
@@ -123,12 +123,12 @@ pub(crate) fn parse_create(args: Vec<OsString>) -> Result<SliceSpec, Failure> {
             ComputeSetting {
                 setting: "--compute",
                 value: share_value,
-                ppm: &PerDevice::All(*share),
+                parsed: &PerDevice::All(*share),
             },
             ComputeSetting {
                 setting: "--compute-cap",
                 value: cap_value,
-                ppm: &PerDevice::All(*cap),
+                parsed: &PerDevice::All(*cap),
             },
         )
         .map_err(|e| Failure::usage(e.to_string(), CREATE))?;
@@ -137,8 +137,8 @@ pub(crate) fn parse_create(args: Vec<OsString>) -> Result<SliceSpec, Failure> {
     Ok(SliceSpec {
         name,
         memory,
-        compute_ppm: compute.unwrap_or(0),
-        cap_ppm: cap,
+        compute: compute.unwrap_or(Share::NONE),
+        cap: cap.unwrap_or(Cap::NONE),
         device: device.unwrap_or_else(|| "0".into()),
         owner,
         secret,
@@ -186,11 +186,11 @@ pub(crate) fn parse_set(
             }
             Long("compute") => {
                 let v = p.utf8("--compute")?;
-                c.compute_share_ppm = Some(parse_fraction("--compute", &v).map_err(|e| bad(&e))?);
+                c.compute_share = Some(parse_fraction("--compute", &v).map_err(|e| bad(&e))?);
             }
             Long("compute-cap") => {
                 let v = p.utf8("--compute-cap")?;
-                c.compute_cap_ppm = Some(parse_cap("--compute-cap", &v).map_err(|e| bad(&e))?);
+                c.compute_cap = Some(parse_cap("--compute-cap", &v).map_err(|e| bad(&e))?);
             }
             Long("priority") => {
                 let v = p.utf8("--priority")?;
@@ -262,7 +262,7 @@ fn create(mut args: Vec<OsString>) -> Result<(), Failure> {
             class: Some(class),
             ..Default::default()
         };
-        gpuslice_ledger::Ledger::open(&cli::runtime_dir())?.set_slice(&s.name, &change)?;
+        node.set_slice(&s.name, &change)?;
     }
     cli::outln!(
         "created slice {:?} on GPU {}: memory {}, compute share {}, cap {}",
@@ -366,7 +366,7 @@ mod tests {
             parse_set(args(&["s", "--priority", "latency", "--compute", "0.5"])).unwrap();
         assert_eq!(name, "s");
         assert_eq!(c.class, Some(gpuslice_sched::CLASS_LATENCY));
-        assert_eq!(c.compute_share_ppm, Some(500_000));
+        assert_eq!(c.compute_share, Some(Share::from_ppm(500_000)));
         assert!(parse_set(args(&["s"])).is_err(), "nothing to change");
     }
 
@@ -400,8 +400,8 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(r.name, "train");
-        assert_eq!(r.compute_ppm, 250_000);
-        assert_eq!(r.cap_ppm, Some(500_000));
+        assert_eq!(r.compute, Share::from_ppm(250_000));
+        assert_eq!(r.cap, Cap::from_ppm(500_000));
         assert_eq!(r.device, "1");
         assert_eq!(r.memory.resolve(16 << 30), 2 << 30);
     }

@@ -16,7 +16,7 @@ use gpuslice_ledger::region::{Region, Regions};
 use gpuslice_ledger::tenants::LedgerTenants;
 use gpuslice_ledger::{Ledger, MAX_DEVICES, MAX_SLICES};
 use gpuslice_sched::{
-    self as sched, DeviceTurns, GrantProc, Lease, Member, Os, Rings, SchedSlice, Tenants,
+    self as sched, DeviceTurns, GrantProc, Lease, Member, Os, Rings, Tenant, Tenants,
     MONITOR_BEAT_NS,
 };
 
@@ -35,14 +35,14 @@ struct Listed<'a> {
 }
 
 impl Tenants for Listed<'_> {
-    fn each(&self, f: &mut dyn FnMut(u32, &SchedSlice, u32, u32)) {
+    fn each(&self, f: &mut dyn FnMut(Tenant<'_>)) {
         for &id in &self.ids {
-            if let Some((s, share, cap)) = self.all.get(id) {
-                f(id, s, share, cap);
+            if let Some(t) = self.all.get(id) {
+                f(t);
             }
         }
     }
-    fn get(&self, id: u32) -> Option<(&SchedSlice, u32, u32)> {
+    fn get(&self, id: u32) -> Option<Tenant<'_>> {
         self.all.get(id)
     }
 }
@@ -134,11 +134,7 @@ fn run(ledger: &Ledger, regions: &RegionTable) {
             ids.sort_unstable();
             ids.dedup();
             let t = Listed {
-                all: LedgerTenants {
-                    slices: &ledger.slices()[..],
-                    hwm: &ledger.header().slice_hwm,
-                    device: d as u32,
-                },
+                all: ledger.tenants(d),
                 ids,
             };
             next = next.min(dt.step(os, &dev.sched, &t, &members, now));

@@ -1,17 +1,15 @@
-//! The admission boundary, typed: what a process asks for at `cuInit` ([`AdmitRequest`]), what
-//! it is given ([`AdmitReply`]) and why not ([`Refusal`], with the CUDA status the shim returns
-//! as data). One codec for both ends: the shim encodes requests and decodes replies with it,
-//! the monitor decodes requests and encodes replies with it, so the two cannot drift apart.
+//! The admission boundary: what a process asks for at `cuInit` ([`AdmitRequest`]) and what it
+//! is given ([`AdmitReply`]); why not is a `Refusal`, whose reason gives the CUDA
+//! status the shim returns.
 //!
 //! On the wire (one [`Message`]): `op=admit`, `slice=<name or empty>`, optional `secret=` and
 //! `priority=<class>`, then one `dev=` per device: `uuid\tmemory|-\tshare\tcap\tmemory
 //! setting\tcompute setting`. A reply is `ok=admit`, `slot=<n>`, one `dev=` per device in the
 //! order asked (`uuid\tdevice\tslice\tlimit|-\tpool|-`, each with one region descriptor) and
-//! `warn=` lines; a refusal is `err=<one line>` and `code=<CUresult>`.
+//! `warn=` lines.
 
-use crate::Message;
-use gpuslice_abi::{CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OPERATING_SYSTEM};
-use gpuslice_quantity::PPM;
+use crate::wire::{opt_num, BadMessage, Message, MAX_REQUEST_DEVICES};
+use gpuslice_quantity::{Cap, Share, PPM};
 
 /// What a process asks for on one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,10 +18,10 @@ pub struct DeviceRequest {
     pub uuid: String,
     /// Quota in bytes (`None`: best effort); never 0.
     pub memory: Option<u64>,
-    /// Guaranteed compute share, ppm (0: none).
-    pub compute_share_ppm: u32,
-    /// Compute cap, ppm ([`PPM`]: none).
-    pub compute_cap_ppm: u32,
+    /// Guaranteed compute share.
+    pub compute_share: Share,
+    /// Compute cap.
+    pub compute_cap: Cap,
     /// Where the memory setting came from, for messages (a variable or a flag).
     pub memory_setting: String,
     /// Where the compute share came from, for messages.
@@ -70,98 +68,12 @@ pub struct AdmitReply {
     pub warnings: Vec<String>,
 }
 
-/// Why a process is not admitted, and the CUDA status its `cuInit` returns for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    /// `CUDA_ERROR_INVALID_VALUE` for what the process asked (it does not fit, a limit);
-    /// `CUDA_ERROR_OPERATING_SYSTEM` for anything else.
-    pub code: CUresult,
-    /// One line for the user.
-    pub message: String,
-}
-
-impl Refusal {
-    /// A refusal of what was asked (`CUDA_ERROR_INVALID_VALUE`).
-    pub fn asked(message: impl Into<String>) -> Refusal {
-        Refusal {
-            code: CUDA_ERROR_INVALID_VALUE,
-            message: message.into(),
-        }
-    }
-
-    /// A refusal for any other reason (`CUDA_ERROR_OPERATING_SYSTEM`).
-    pub fn other(message: impl Into<String>) -> Refusal {
-        Refusal {
-            code: CUDA_ERROR_OPERATING_SYSTEM,
-            message: message.into(),
-        }
-    }
-
-    /// As a reply.
-    pub fn encode(&self) -> Message {
-        let mut m = Message::new("err", &self.message);
-        m.push("code", &self.code.to_string());
-        m
-    }
-
-    /// The refusal a reply carries, if it is one (a reply without a code is an operating-system
-    /// refusal: an operator request's, which carry none).
-    pub fn decode(reply: &Message) -> Option<Refusal> {
-        let message = reply.get("err")?.to_string();
-        let code = reply
-            .get("code")
-            .and_then(|c| c.parse().ok())
-            .filter(|&c| c == CUDA_ERROR_INVALID_VALUE)
-            .unwrap_or(CUDA_ERROR_OPERATING_SYSTEM);
-        Some(Refusal { code, message })
-    }
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
 /// Longest setting name carried (a variable or a flag); longer ones are cut.
 const MAX_SETTING: usize = 64;
 
-fn opt_num(v: Option<u64>) -> String {
-    v.map_or("-".into(), |n| n.to_string())
-}
-
-/// What is wrong with an admission request or reply on the wire; each side words it (the
-/// monitor's refusal says `bad request: …`, the shim's `the node's monitor answered something
-/// unexpected (…)`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BadMessage {
-    /// A field is missing or not a number.
-    Field(&'static str),
-    /// A `dev` line without its tab-separated fields (how many it needs).
-    DevLine(usize),
-    /// A share or cap past [`PPM`], or a quota of 0.
-    OutOfRange,
-    /// A device named twice.
-    Twice(String),
-}
-
-impl std::fmt::Display for BadMessage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BadMessage::Field(name) => write!(f, "{name}"),
-            BadMessage::DevLine(n) => write!(f, "a dev line needs {n} fields"),
-            BadMessage::OutOfRange => write!(f, "share, cap or memory out of range"),
-            BadMessage::Twice(uuid) => write!(f, "device {uuid:?} named twice"),
-        }
-    }
-}
-
-impl std::error::Error for BadMessage {}
-
 impl AdmitRequest {
-    /// As a request message.
-    pub fn encode(&self) -> Message {
-        let mut m = Message::new("op", "admit");
+    /// Its fields, after `op=admit`.
+    pub(crate) fn encode_into(&self, m: &mut Message) {
         m.push("slice", self.slice.as_deref().unwrap_or(""));
         if let Some(s) = &self.secret {
             m.push("secret", s);
@@ -176,22 +88,24 @@ impl AdmitRequest {
                     "{}\t{}\t{}\t{}\t{}\t{}",
                     d.uuid,
                     opt_num(d.memory),
-                    d.compute_share_ppm,
-                    d.compute_cap_ppm,
+                    d.compute_share.ppm(),
+                    d.compute_cap.ppm(),
                     d.memory_setting,
                     d.compute_setting
                 ),
             );
         }
-        m
     }
 
     /// The request `m` carries (`op=admit` already matched), every field checked: a share or
     /// cap past [`PPM`], a quota of 0, a device named twice or a malformed line is refused with
     /// the reason. Names are the caller's to check against its rules.
-    pub fn decode(m: &Message) -> Result<AdmitRequest, BadMessage> {
+    pub(crate) fn decode(m: &Message) -> Result<AdmitRequest, BadMessage> {
         let mut devices: Vec<DeviceRequest> = vec![];
         for line in m.all("dev") {
+            if devices.len() == MAX_REQUEST_DEVICES {
+                return Err(BadMessage::TooManyDevices);
+            }
             let f: Vec<&str> = line.split('\t').collect();
             let [uuid, memory, share, cap, mem_setting, cpu_setting] = f[..] else {
                 return Err(BadMessage::DevLine(6));
@@ -211,8 +125,8 @@ impl AdmitRequest {
             devices.push(DeviceRequest {
                 uuid: uuid.into(),
                 memory,
-                compute_share_ppm: share,
-                compute_cap_ppm: cap,
+                compute_share: Share::from_ppm(share),
+                compute_cap: Cap::from_ppm(cap),
                 memory_setting: mem_setting.chars().take(MAX_SETTING).collect(),
                 compute_setting: cpu_setting.chars().take(MAX_SETTING).collect(),
             });
@@ -220,7 +134,7 @@ impl AdmitRequest {
         Ok(AdmitRequest {
             slice: m.get("slice").filter(|n| !n.is_empty()).map(String::from),
             secret: m.get("secret").map(String::from),
-            priority: m.get("priority").and_then(|v| v.parse().ok()),
+            priority: m.optional("priority")?,
             devices,
         })
     }
@@ -228,7 +142,7 @@ impl AdmitRequest {
 
 impl AdmitReply {
     /// As a reply message (the region descriptors travel beside it, one per device).
-    pub fn encode(&self) -> Message {
+    pub(crate) fn encode(&self) -> Message {
         let mut m = Message::new("ok", "admit");
         m.push("slot", &self.slot.to_string());
         for d in &self.devices {
@@ -250,12 +164,9 @@ impl AdmitReply {
         m
     }
 
-    /// The reply to an admission: `Ok(Err(refusal))` when the monitor refused, `Err(what)` when
-    /// the reply is malformed. Index bounds are the caller's to check against its tables.
-    pub fn decode(m: &Message) -> Result<Result<AdmitReply, Refusal>, BadMessage> {
-        if let Some(r) = Refusal::decode(m) {
-            return Ok(Err(r));
-        }
+    /// The reply to an admission (not a refusal), every field checked but index bounds, which
+    /// are the caller's to check against its tables.
+    pub(crate) fn decode(m: &Message) -> Result<AdmitReply, BadMessage> {
         let slot = m
             .get("slot")
             .and_then(|v| v.parse().ok())
@@ -281,117 +192,10 @@ impl AdmitReply {
                 allowance: opt(allowance, "allowance")?.map(|p| p as usize),
             });
         }
-        Ok(Ok(AdmitReply {
+        Ok(AdmitReply {
             slot,
             devices,
             warnings: m.all("warn").map(String::from).collect(),
-        }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request() -> AdmitRequest {
-        AdmitRequest {
-            slice: Some("team".into()),
-            secret: Some("s".repeat(32)),
-            priority: Some(1),
-            devices: vec![
-                DeviceRequest {
-                    uuid: "GPU-1".into(),
-                    memory: Some(1 << 30),
-                    compute_share_ppm: 250_000,
-                    compute_cap_ppm: PPM,
-                    memory_setting: "GPUSLICE_MEMORY".into(),
-                    compute_setting: "GPUSLICE_COMPUTE".into(),
-                },
-                DeviceRequest {
-                    uuid: "GPU-2".into(),
-                    memory: None,
-                    compute_share_ppm: 0,
-                    compute_cap_ppm: 500_000,
-                    memory_setting: "CUDA_DEVICE_MEMORY_LIMIT_1".into(),
-                    compute_setting: "GPUSLICE_COMPUTE".into(),
-                },
-            ],
-        }
-    }
-
-    #[test]
-    fn a_request_survives_the_wire() {
-        let r = request();
-        let m = Message::decode(&r.encode().encode()).unwrap();
-        assert_eq!(AdmitRequest::decode(&m).unwrap(), r);
-        let private = AdmitRequest::default();
-        assert_eq!(AdmitRequest::decode(&private.encode()).unwrap(), private);
-    }
-
-    #[test]
-    fn a_bad_request_is_refused_with_its_reason() {
-        for (line, why) in [
-            ("GPU-1\t-\t0\t1000000\tM", "6 fields"),
-            ("GPU-1\t0\t0\t1000000\tM\tC", "out of range"),
-            ("GPU-1\t-\t1000001\t1000000\tM\tC", "out of range"),
-            ("GPU-1\t-\t0\t2000000\tM\tC", "out of range"),
-            ("GPU-1\tx\t0\t1000000\tM\tC", "memory"),
-            ("GPU-1\t-\t-1\t1000000\tM\tC", "share"),
-        ] {
-            let mut m = Message::new("op", "admit");
-            m.push("dev", line);
-            let e = AdmitRequest::decode(&m).unwrap_err().to_string();
-            assert!(e.contains(why), "{line:?}: {e}");
-        }
-        let mut m = request().encode();
-        m.push("dev", "GPU-1\t-\t0\t1000000\tM\tC");
-        assert_eq!(
-            AdmitRequest::decode(&m).unwrap_err(),
-            BadMessage::Twice("GPU-1".into())
-        );
-    }
-
-    #[test]
-    fn a_reply_and_a_refusal_survive_the_wire() {
-        let reply = AdmitReply {
-            slot: 7,
-            devices: vec![
-                GrantedDevice {
-                    uuid: "GPU-1".into(),
-                    device: 0,
-                    slice: 3,
-                    memory_limit: Some(1 << 30),
-                    allowance: None,
-                },
-                GrantedDevice {
-                    uuid: "GPU-2".into(),
-                    device: 1,
-                    slice: 4,
-                    memory_limit: None,
-                    allowance: Some(2),
-                },
-            ],
-            warnings: vec!["the slice keeps its own values".into()],
-        };
-        let m = Message::decode(&reply.encode().encode()).unwrap();
-        assert_eq!(AdmitReply::decode(&m).unwrap(), Ok(reply));
-        for refusal in [
-            Refusal::asked("admission: slice refused: no room"),
-            Refusal::other("cannot read /proc/1"),
-        ] {
-            let m = Message::decode(&refusal.encode().encode()).unwrap();
-            assert_eq!(AdmitReply::decode(&m).unwrap(), Err(refusal));
-        }
-        // An operator request's refusal carries no code: never taken for the process's fault.
-        assert_eq!(
-            Refusal::decode(&Message::new("err", "no")).unwrap().code,
-            CUDA_ERROR_OPERATING_SYSTEM
-        );
-        let mut bad = Message::new("ok", "admit");
-        bad.push("slot", "1").push("dev", "GPU-1\t0\t0\t-");
-        assert_eq!(
-            AdmitReply::decode(&bad).unwrap_err(),
-            BadMessage::DevLine(5)
-        );
+        })
     }
 }

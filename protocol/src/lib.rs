@@ -1,412 +1,47 @@
-//! gpuslice's node mode on the wire: the messages on `monitor.sock` and the socket calls that
-//! carry them (the shim, the monitor, the CLI and the DRA plugin speak it).
+//! gpuslice's node mode on the wire: every message on `monitor.sock`, typed, and the socket
+//! calls that carry them. The shim, the operator CLI, the DRA plugin and the monitor all speak
+//! it through these types; none builds or reads a message by hand.
 //!
-//! The socket is `SOCK_SEQPACKET`: one `sendmsg` is one message, delivered whole or not at
-//! all, with descriptors attached (`SCM_RIGHTS`). A message is UTF-8 text, one `key=value` per
-//! line (values never hold a newline: names are checked, messages are one line), so both ends
-//! parse it without a serialisation library and a hostile message can only fail to parse.
+//! - [`Request`]: every request, one type each ([`AdmitRequest`] at `cuInit`, [`Release`] and
+//!   the `Share*` requests of an admitted process, the `Slice*` operator requests, [`View`],
+//!   [`Ping`]); [`Request::decode`] refuses an unknown op, a newer [`VERSION`] or a malformed
+//!   field ([`BadMessage`]), which the monitor answers as a [`Refusal`] of
+//!   [`Why::BadRequest`].
+//! - [`Reply`]: every answer, read as the answer to the request's [`Op`]; [`Refusal`] is the
+//!   answer "no", its reason ([`Why`]) as data.
+//! - [`Call`] pairs each request type with its reply type, so a client gets the reply it
+//!   asked for ([`ask`], [`exchange`]) or an error, never another request's reply.
 //!
-//! Requests: `op=admit` (a shim at `cuInit`: its slice name and, per visible device, the
-//! device's UUID and the memory/compute it asks for), `op=slice-create`, `op=slice-rm`,
-//! `op=slice-ls` (the operator CLI), `op=view` (a read-only descriptor of one slice's region,
-//! for NVML-only processes of the same uid). Replies: `ok` with fields (and for `admit` one
-//! region descriptor per `dev` line, in order), or `err=<one line for the user>`.
+//! The socket is `SOCK_SEQPACKET`: one `sendmsg` is one message of at most [`MAX_MESSAGE`]
+//! bytes, delivered whole or not at all, with at most [`MAX_FDS`] descriptors attached. A
+//! message is UTF-8 text, one `key=value` per line ([`Message`]; values never hold a newline),
+//! so a hostile message can only fail to parse, and `tests/fuzz.rs` checks that it does.
 //!
-//! Optional fields, added later (a monitor ignores a field it does not know; a request without
-//! one means what it always meant): `secret=` on `admit` (the process's
-//! `GPUSLICE_SLICE_SECRET`) and on `slice-create` (the new slice's join secret; `secret.rs`).
+//! Why a hand-written codec and not serde: the shim links this crate into every CUDA process
+//! and needs nothing from crates.io but `libc`; `serde_json` would add about 150 KB of code to
+//! `libgpuslice.so` for a dozen flat messages (the typed codec adds 14 KB; measured in
+//! docs/architecture.md, "Dependencies"), and change the wire format running shims speak. The
+//! types are the contract; the codec is two `match`es, fuzzed.
 
 #![deny(missing_docs)]
 
 mod admit;
+mod call;
+mod refusal;
+mod reply;
+mod request;
+mod socket;
+mod wire;
 
-pub use admit::{AdmitReply, AdmitRequest, BadMessage, DeviceRequest, GrantedDevice, Refusal};
-
-use std::fmt;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::time::Duration;
-
-/// Why a message did not go out or come in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProtocolError {
-    /// A socket call failed: what was being done, and the OS error number.
-    Socket {
-        /// `create`, `connect to`, `write to`, `read from`.
-        what: &'static str,
-        /// The `errno` of the call.
-        errno: i32,
-    },
-    /// A message or its descriptors over [`MAX_MESSAGE`] / [`MAX_FDS`].
-    TooLarge,
-    /// A message the kernel had to cut ([`MAX_MESSAGE`], [`MAX_FDS`]).
-    Truncated,
-    /// A message that is not `key=value` lines of UTF-8.
-    NotKeyValue,
-    /// A socket path too long for `sockaddr_un`.
-    PathTooLong(String),
-    /// The monitor closed the connection without a reply.
-    NoAnswer,
-}
-
-impl fmt::Display for ProtocolError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ProtocolError::Socket { what, errno } => write!(
-                f,
-                "cannot {what} the node's monitor socket: {}",
-                std::io::Error::from_raw_os_error(*errno)
-            ),
-            ProtocolError::TooLarge => f.write_str("message too large"),
-            ProtocolError::Truncated => f.write_str("a truncated message"),
-            ProtocolError::NotKeyValue => f.write_str("a message that is not key=value lines"),
-            ProtocolError::PathTooLong(p) => write!(f, "socket path {p:?} is too long"),
-            ProtocolError::NoAnswer => {
-                f.write_str("the node's monitor closed the connection without answering")
-            }
-        }
-    }
-}
-
-impl std::error::Error for ProtocolError {}
-
-/// The socket's name in the runtime directory.
-pub const SOCKET_FILE: &str = "monitor.sock";
-/// Largest message either side sends or accepts.
-pub const MAX_MESSAGE: usize = 64 * 1024;
-/// Most descriptors one reply carries (one region per device, plus room).
-pub const MAX_FDS: usize = 32;
-
-/// A parsed message: its lines as `(key, value)` in order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Message {
-    /// The fields, in order (keys may repeat, e.g. `dev`).
-    pub fields: Vec<(String, String)>,
-}
-
-impl Message {
-    /// A message with the one field `key=value`.
-    pub fn new(key: &str, value: &str) -> Message {
-        let mut m = Message::default();
-        m.push(key, value);
-        m
-    }
-
-    /// Append a field; a newline in the value is replaced by a space (one line per field).
-    pub fn push(&mut self, key: &str, value: &str) -> &mut Message {
-        self.fields
-            .push((key.into(), value.replace(['\n', '\r'], " ")));
-        self
-    }
-
-    /// The first value of `key`.
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.fields
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Every value of `key`, in order.
-    pub fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.fields
-            .iter()
-            .filter(move |(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The text form.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut s = String::new();
-        for (k, v) in &self.fields {
-            s.push_str(k);
-            s.push('=');
-            s.push_str(v);
-            s.push('\n');
-        }
-        s.into_bytes()
-    }
-
-    /// Parse the text form; `None` for anything that is not one.
-    pub fn decode(b: &[u8]) -> Option<Message> {
-        let s = std::str::from_utf8(b).ok()?;
-        let mut m = Message::default();
-        for line in s.lines() {
-            let (k, v) = line.split_once('=')?;
-            m.fields.push((k.into(), v.into()));
-        }
-        Some(m)
-    }
-}
-
-fn os(what: &'static str) -> ProtocolError {
-    ProtocolError::Socket {
-        what,
-        errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
-    }
-}
-
-/// Send one message with descriptors.
-pub fn send(sock: RawFd, m: &Message, fds: &[RawFd]) -> Result<(), ProtocolError> {
-    let data = m.encode();
-    if data.len() > MAX_MESSAGE || fds.len() > MAX_FDS {
-        return Err(ProtocolError::TooLarge);
-    }
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(size_of_val(fds) as u32) } as usize;
-    let mut cbuf = vec![0u8; space.max(1)];
-    // SAFETY: plain data.
-    let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: msg_control points at `space` bytes, enough for one header and the fds.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(size_of_val(fds) as u32) as _;
-            core::ptr::copy_nonoverlapping(
-                fds.as_ptr(),
-                libc::CMSG_DATA(c).cast::<RawFd>(),
-                fds.len(),
-            );
-        }
-    }
-    // SAFETY: msg and its buffers are valid for the call.
-    if unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) } < 0 {
-        return Err(os("write to"));
-    }
-    Ok(())
-}
-
-/// Receive one message and the descriptors that came with it (`None` at end of stream).
-/// A truncated message or truncated descriptor list is an error, never half-used.
-pub fn recv(sock: RawFd) -> Result<Option<(Message, Vec<OwnedFd>)>, ProtocolError> {
-    let mut data = vec![0u8; MAX_MESSAGE];
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: data.len(),
-    };
-    // SAFETY: pure size computation.
-    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * size_of::<RawFd>()) as u32) } as usize;
-    let mut cbuf = vec![0u8; space];
-    // SAFETY: plain data.
-    let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: buffers valid for the call; MSG_CMSG_CLOEXEC so received fds never leak to exec.
-    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(os("read from"));
-    }
-    let mut fds = vec![];
-    // SAFETY: walking the control buffer the kernel filled, with the libc macros.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                let p = libc::CMSG_DATA(c).cast::<RawFd>();
-                for i in 0..bytes / size_of::<RawFd>() {
-                    fds.push(OwnedFd::from_raw_fd(p.add(i).read_unaligned()));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    if n == 0 && fds.is_empty() {
-        return Ok(None);
-    }
-    if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
-        return Err(ProtocolError::Truncated);
-    }
-    let m = Message::decode(&data[..n as usize]).ok_or(ProtocolError::NotKeyValue)?;
-    Ok(Some((m, fds)))
-}
-
-/// Set both timeouts of a socket.
-pub fn set_timeouts(sock: RawFd, t: Duration) {
-    let tv = libc::timeval {
-        tv_sec: t.as_secs() as libc::time_t,
-        tv_usec: t.subsec_micros() as libc::suseconds_t,
-    };
-    for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
-        // SAFETY: valid socket and option value.
-        unsafe {
-            libc::setsockopt(
-                sock,
-                libc::SOL_SOCKET,
-                opt,
-                (&tv as *const libc::timeval).cast(),
-                size_of::<libc::timeval>() as u32,
-            )
-        };
-    }
-}
-
-/// Connect to the monitor socket of the runtime directory held open as `dirfd` (through
-/// `/proc/self/fd`, so the checked directory is the one used, whatever its path does since).
-pub fn connect(dirfd: RawFd, timeout: Duration) -> Result<OwnedFd, ProtocolError> {
-    // SAFETY: constants.
-    let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if s < 0 {
-        return Err(os("create"));
-    }
-    // SAFETY: just created, ours.
-    let s = unsafe { OwnedFd::from_raw_fd(s) };
-    set_timeouts(s.as_raw_fd(), timeout);
-    let path = format!("/proc/self/fd/{dirfd}/{SOCKET_FILE}");
-    let addr = unix_addr(&path)?;
-    // SAFETY: valid socket and address.
-    if unsafe {
-        libc::connect(
-            s.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            size_of::<libc::sockaddr_un>() as u32,
-        )
-    } != 0
-    {
-        return Err(os("connect to"));
-    }
-    Ok(s)
-}
-
-/// A `sockaddr_un` for `path`.
-pub fn unix_addr(path: &str) -> Result<libc::sockaddr_un, ProtocolError> {
-    // SAFETY: plain data.
-    let mut a: libc::sockaddr_un = unsafe { core::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    if path.len() >= a.sun_path.len() {
-        return Err(ProtocolError::PathTooLong(path.into()));
-    }
-    for (d, b) in a.sun_path.iter_mut().zip(path.bytes()) {
-        *d = b as libc::c_char;
-    }
-    Ok(a)
-}
-
-/// Who is on the other end of a connected unix socket (`SO_PEERCRED`): pid (in our PID
-/// namespace), uid, gid.
-pub fn peer(sock: RawFd) -> Option<(u32, u32, u32)> {
-    // SAFETY: plain data.
-    let mut c: libc::ucred = unsafe { core::mem::zeroed() };
-    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: valid socket and out-parameters.
-    let r = unsafe {
-        libc::getsockopt(
-            sock,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut c as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (r == 0).then_some((c.pid as u32, c.uid, c.gid))
-}
-
-/// One request, one reply.
-pub fn call(
-    dirfd: RawFd,
-    m: &Message,
-    timeout: Duration,
-) -> Result<(Message, Vec<OwnedFd>), ProtocolError> {
-    call_with(dirfd, m, &[], timeout)
-}
-
-/// One request carrying descriptors `fds` (`SCM_RIGHTS`), one reply.
-pub fn call_with(
-    dirfd: RawFd,
-    m: &Message,
-    fds: &[RawFd],
-    timeout: Duration,
-) -> Result<(Message, Vec<OwnedFd>), ProtocolError> {
-    let s = connect(dirfd, timeout)?;
-    send(s.as_raw_fd(), m, fds)?;
-    match recv(s.as_raw_fd())? {
-        Some(r) => Ok(r),
-        None => Err(ProtocolError::NoAnswer),
-    }
-}
-
-/// One operator request (`slice-create`, `ping`, ...): the reply's `ok` value, or the
-/// monitor's refusal; `Err` when the monitor could not be asked. The one decoding of an
-/// operator reply, for the CLI and the DRA plugin.
-pub fn ask(
-    dirfd: RawFd,
-    m: &Message,
-    timeout: Duration,
-) -> Result<Result<String, Refusal>, ProtocolError> {
-    let (r, _) = call(dirfd, m, timeout)?;
-    Ok(match Refusal::decode(&r) {
-        Some(refusal) => Err(refusal),
-        None => Ok(r.get("ok").unwrap_or("").to_string()),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn messages_round_trip_and_garbage_does_not_parse() {
-        let mut m = Message::new("op", "admit");
-        m.push("dev", "GPU-1\t1024")
-            .push("dev", "GPU-2\t-")
-            .push("x", "a\nb");
-        let d = Message::decode(&m.encode()).unwrap();
-        assert_eq!(d.get("op"), Some("admit"));
-        assert_eq!(
-            d.all("dev").collect::<Vec<_>>(),
-            ["GPU-1\t1024", "GPU-2\t-"]
-        );
-        assert_eq!(d.get("x"), Some("a b"));
-        assert!(Message::decode(b"no equals sign").is_none());
-        assert!(Message::decode(&[0xff, 0xfe]).is_none());
-    }
-
-    #[test]
-    fn descriptors_travel_with_a_message() {
-        let mut sv = [0; 2];
-        // SAFETY: `sv` is a valid out-parameter for two fds.
-        let rc =
-            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) };
-        assert_eq!(rc, 0);
-        // A pipe's write end goes; what is written through the received copy comes out of the
-        // read end kept here, so the descriptor is the same open file.
-        let mut pipe = [0; 2];
-        // SAFETY: `pipe` is a valid out-parameter for two fds.
-        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
-        send(sv[0], &Message::new("op", "x"), &[pipe[1]]).unwrap();
-        let (m, fds) = recv(sv[1]).unwrap().unwrap();
-        assert_eq!(m.get("op"), Some("x"));
-        assert_eq!(fds.len(), 1);
-        let mut sent = std::fs::File::from(fds.into_iter().next().unwrap());
-        std::io::Write::write_all(&mut sent, b"same file").unwrap();
-        drop(sent);
-        // SAFETY: our fds; the read end becomes a File that closes it.
-        let mut read = unsafe {
-            libc::close(pipe[1]);
-            std::fs::File::from_raw_fd(pipe[0])
-        };
-        let mut got = String::new();
-        std::io::Read::read_to_string(&mut read, &mut got).unwrap();
-        assert_eq!(got, "same file");
-        let (pid, uid, _) = peer(sv[1]).unwrap();
-        assert_eq!(pid, std::process::id());
-        // SAFETY: geteuid cannot fail.
-        assert_eq!(uid, unsafe { libc::geteuid() });
-        // SAFETY: our fds.
-        unsafe {
-            libc::close(sv[0]);
-            libc::close(sv[1]);
-        }
-    }
-}
+pub use admit::{AdmitReply, AdmitRequest, DeviceRequest, GrantedDevice};
+pub use call::{answer, ask, exchange, receive, Answer, Call};
+pub use refusal::{Refusal, Why};
+pub use reply::{Done, Exported, Imported, Left, LetGo, Pong, Released, Reply, Viewed};
+pub use request::{
+    Op, Ping, Release, Request, ShareExport, ShareImport, ShareLeave, ShareLetGo, SliceCreate,
+    SlicePriority, SliceRemove, SliceSet, View,
+};
+pub use socket::{connect, peer, recv, send, set_timeouts, unix_addr, ProtocolError};
+pub use wire::{
+    BadMessage, Message, MAX_FDS, MAX_MESSAGE, MAX_REQUEST_DEVICES, SOCKET_FILE, VERSION,
+};

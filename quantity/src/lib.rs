@@ -24,11 +24,18 @@
 #![deny(missing_docs)]
 
 pub mod settings_file;
+mod share;
+
+pub use share::{
+    check_cap_not_below_share, parse_cap, parse_cap_per_device, parse_fraction,
+    parse_fraction_per_device, parse_hami_sm_limit, Cap, ComputeSetting, Share, CAP_FORMS,
+    CAP_VS_SHARE,
+};
 
 use std::fmt;
 
-/// Parts per million: the one unit of a compute share or cap (and of a percentage of memory)
-/// everywhere past the edges that read or show fractions. `PPM` is 1.0, and means "no cap".
+/// Parts per million: the unit a [`Share`] and a [`Cap`] hold (and a percentage of memory).
+/// `PPM` is the whole device.
 pub const PPM: u32 = 1_000_000;
 
 /// Longest slice name (bytes). The ledger's name records hold one more byte (a NUL).
@@ -139,7 +146,7 @@ pub const HAMI_SIZE_FORMS: &str =
 /// Accepted forms of `CUDA_DEVICE_SM_LIMIT`.
 pub const HAMI_SM_FORMS: &str = "a whole percentage from 0 (no limit) to 100";
 
-fn err(
+pub(crate) fn err(
     variable: &str,
     value: &str,
     reason: impl Into<String>,
@@ -154,13 +161,13 @@ fn err(
 }
 
 /// A decimal number split into `mantissa / 10^scale`, exactly.
-struct Decimal {
-    mantissa: u128,
-    scale: u32,
+pub(crate) struct Decimal {
+    pub(crate) mantissa: u128,
+    pub(crate) scale: u32,
 }
 
 /// Parse `123`, `1.5`, `.5`: ASCII digits with at most one dot; no sign, no exponent.
-fn parse_decimal(s: &str) -> Result<Decimal, String> {
+pub(crate) fn parse_decimal(s: &str) -> Result<Decimal, String> {
     if s.is_empty() {
         return Err("no number".into());
     }
@@ -216,7 +223,7 @@ fn unit_of(suffix: &str) -> Option<u128> {
 }
 
 /// Parse a percentage body (`25`, `12.5`) into ppm, 0 < p ≤ 100 (or 0 when `allow_zero`).
-fn percent_ppm(body: &str, allow_zero: bool) -> Result<u32, String> {
+pub(crate) fn percent_ppm(body: &str, allow_zero: bool) -> Result<u32, String> {
     let d = parse_decimal(body)?;
     // ppm = body * 10_000, exactly
     let num = d.mantissa.checked_mul(10_000).ok_or("too large")?;
@@ -236,14 +243,14 @@ fn percent_ppm(body: &str, allow_zero: bool) -> Result<u32, String> {
 
 /// How a size or a fraction is written: a percentage (its number, before the `%`) or a plain
 /// number with whatever follows it.
-enum Form<'a> {
+pub(crate) enum Form<'a> {
     Percent(&'a str),
     Plain(&'a str),
 }
 
 /// `value` without surrounding white space, as a [`Form`]; empty is refused (the reading
 /// [`parse_size`] and [`parse_fraction`] share).
-fn form(value: &str) -> Result<Form<'_>, String> {
+pub(crate) fn form(value: &str) -> Result<Form<'_>, String> {
     let s = value.trim();
     if s.is_empty() {
         return Err("empty".into());
@@ -301,34 +308,6 @@ pub fn parse_quota(variable: &str, value: &str) -> Result<Size, QuantityError> {
         )),
         size => Ok(size),
     }
-}
-
-/// Parse a compute fraction (`0.25`, `25%`, `1`) into ppm, 0..=1_000_000.
-pub fn parse_fraction(variable: &str, value: &str) -> Result<u32, QuantityError> {
-    let e = |r: String| err(variable, value, r, FRACTION_FORMS);
-    let s = match form(value).map_err(e)? {
-        Form::Percent(body) => return percent_ppm(body, true).map_err(e),
-        Form::Plain(s) => s,
-    };
-    if s.starts_with('-') {
-        return Err(e("negative".into()));
-    }
-    let d = parse_decimal(s).map_err(e)?;
-    let num = d
-        .mantissa
-        .checked_mul(1_000_000)
-        .ok_or_else(|| e("more than 1".into()))?;
-    let den = 10u128.pow(d.scale);
-    if num % den != 0 {
-        return Err(e("more precise than 0.000001".into()));
-    }
-    let ppm = num / den;
-    if ppm > 1_000_000 {
-        return Err(e(
-            "more than 1 (use a fraction of the device, 0.25 or 25%)".into()
-        ));
-    }
-    Ok(ppm as u32)
 }
 
 /// Parse a value that may be per device (`0=4Gi,1=8Gi`) or one value for all devices, with
@@ -394,14 +373,6 @@ pub fn parse_size_per_device(
     parse_per_device(variable, value, SIZE_FORMS, parse_quota)
 }
 
-/// `GPUSLICE_COMPUTE`-style value, per device or for all (ppm).
-pub fn parse_fraction_per_device(
-    variable: &str,
-    value: &str,
-) -> Result<PerDevice<u32>, QuantityError> {
-    parse_per_device(variable, value, FRACTION_FORMS, parse_fraction)
-}
-
 /// `CUDA_DEVICE_MEMORY_LIMIT(_<i>)` as HAMi-core reads it: a whole number with an optional
 /// final `k`/`m`/`g` (either case) in binary units; no suffix = bytes. HAMi treats 0, garbage,
 /// negative numbers and overflow as "no limit"; here they are errors, as are hex/octal
@@ -439,37 +410,9 @@ pub fn parse_hami_size(variable: &str, value: &str) -> Result<u64, QuantityError
     Ok(bytes)
 }
 
-/// `CUDA_DEVICE_SM_LIMIT` as HAMi reads it: a whole percentage, 0 meaning no limit. Returns a
-/// cap in ppm ([`PPM`] for 0 / no limit).
-pub fn parse_hami_sm_limit(variable: &str, value: &str) -> Result<u32, QuantityError> {
-    let e = |r: &str| err(variable, value, r, HAMI_SM_FORMS);
-    let s = value.trim();
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(e(if s.starts_with('-') {
-            "negative"
-        } else {
-            "not a whole number"
-        }));
-    }
-    if s.len() > 1 && s.starts_with('0') {
-        return Err(e("leading zero (HAMi would read it as octal)"));
-    }
-    match s.parse::<u32>() {
-        Ok(0) => Ok(1_000_000),
-        Ok(p) if p <= 100 => Ok(p * 10_000),
-        _ => Err(e("more than 100")),
-    }
-}
-
 /// Accepted slice names (`GPUSLICE_SLICE`, `--slice`, `slice create NAME`).
 pub const SLICE_NAME_FORMS: &str =
     "1 to 63 letters, digits, '-', '_', '.', ':' or '/', not starting with \"pid-\"";
-/// Accepted compute caps.
-pub const CAP_FORMS: &str =
-    "a fraction above 0 and at most 1 (0.3) or a percentage (30%); per device: 0=0.5,1=25%";
-/// What a cap must be relative to the share it caps.
-pub const CAP_VS_SHARE: &str = "a cap at or above the guaranteed compute share (or no cap)";
-
 /// Prefix of processes' private slices (`pid-<pid>`), which no user-given name may take.
 pub const PRIVATE_SLICE_PREFIX: &str = "pid-";
 
@@ -515,324 +458,5 @@ pub fn valid_slice_name(name: &str) -> bool {
     check_slice_name("", name).is_ok()
 }
 
-/// One compute cap (`GPUSLICE_COMPUTE_CAP`, `--compute-cap`): a fraction like
-/// [`parse_fraction`], but never 0 (a ceiling of 0 would never let a kernel run).
-pub fn parse_cap(variable: &str, value: &str) -> Result<u32, QuantityError> {
-    let ppm = parse_fraction(variable, value).map_err(|mut e| {
-        e.accepted = CAP_FORMS;
-        e
-    })?;
-    if ppm == 0 {
-        return Err(err(
-            variable,
-            value,
-            "a cap of 0 would never let a kernel run",
-            CAP_FORMS,
-        ));
-    }
-    Ok(ppm)
-}
-
-/// [`parse_cap`], per device or for all (ppm).
-pub fn parse_cap_per_device(variable: &str, value: &str) -> Result<PerDevice<u32>, QuantityError> {
-    parse_per_device(variable, value, CAP_FORMS, parse_cap)
-}
-
-/// A compute setting as given, for [`check_cap_not_below_share`]: the variable or flag, its
-/// value as written, and the parsed parts per million.
-#[derive(Debug, Clone, Copy)]
-pub struct ComputeSetting<'a> {
-    /// `GPUSLICE_COMPUTE`, `--compute-cap`, `CUDA_DEVICE_SM_LIMIT`...
-    pub setting: &'a str,
-    /// The value as given.
-    pub value: &'a str,
-    /// Parsed, ppm.
-    pub ppm: &'a PerDevice<u32>,
-}
-
-/// The one rule relating a cap to the share it caps: on every device where both apply, the cap
-/// is at or above the guaranteed share (a guarantee above its own ceiling is contradictory).
-/// The error names both settings and their values.
-pub fn check_cap_not_below_share(
-    share: ComputeSetting<'_>,
-    cap: ComputeSetting<'_>,
-) -> Result<(), QuantityError> {
-    let listed = |p: &PerDevice<u32>| match p {
-        PerDevice::All(_) => vec![],
-        PerDevice::Each(l) => l.iter().map(|(i, _)| *i).collect(),
-    };
-    let mut devices = listed(share.ppm);
-    devices.extend(listed(cap.ppm));
-    if devices.is_empty() {
-        devices.push(0); // both apply to every device alike
-    }
-    for i in devices {
-        if let (Some(s), Some(c)) = (share.ppm.get(i), cap.ppm.get(i)) {
-            if c < s {
-                let what = match (share.ppm, cap.ppm) {
-                    (PerDevice::All(_), PerDevice::All(_)) => format!(
-                        "the cap {} is below {}={:?}",
-                        ppm_fraction(c),
-                        share.setting,
-                        share.value
-                    ),
-                    _ => format!(
-                        "on device {i} the cap {} is below the share {} that {}={:?} gives",
-                        ppm_fraction(c),
-                        ppm_fraction(s),
-                        share.setting,
-                        share.value
-                    ),
-                };
-                return Err(err(
-                    cap.setting,
-                    cap.value,
-                    format!("{what}: a slice cannot be guaranteed more than its ceiling"),
-                    CAP_VS_SHARE,
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn ppm_fraction(ppm: u32) -> String {
-    let s = format!("{:.6}", ppm as f64 / 1e6);
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slice_names() {
-        for ok in ["team-a.job_1", "ns/team:a", &"x".repeat(63), "a"] {
-            assert!(check_slice_name("GPUSLICE_SLICE", ok).is_ok(), "{ok}");
-            assert!(valid_slice_name(ok) && storable_name(ok));
-        }
-        for bad in ["", "a b", "a,b", "é", "pid-42", &"x".repeat(64)] {
-            let e = check_slice_name("--slice", bad).unwrap_err();
-            let m = e.to_string();
-            assert!(m.starts_with("--slice=") && m.contains("accepted"), "{m}");
-            assert!(!valid_slice_name(bad));
-        }
-        assert!(storable_name("pid-42"));
-    }
-
-    #[test]
-    fn caps() {
-        assert!(parse_cap_per_device("GPUSLICE_COMPUTE_CAP", "0").is_err());
-        assert!(parse_cap_per_device("GPUSLICE_COMPUTE_CAP", "0=0.5,1=0").is_err());
-        assert_eq!(
-            parse_cap_per_device("GPUSLICE_COMPUTE_CAP", "30%").unwrap(),
-            PerDevice::All(300_000)
-        );
-        let check = |s: &str, c: &str| {
-            let (sp, cp) = (
-                parse_fraction_per_device("GPUSLICE_COMPUTE", s).unwrap(),
-                parse_cap_per_device("GPUSLICE_COMPUTE_CAP", c).unwrap(),
-            );
-            check_cap_not_below_share(
-                ComputeSetting {
-                    setting: "GPUSLICE_COMPUTE",
-                    value: s,
-                    ppm: &sp,
-                },
-                ComputeSetting {
-                    setting: "GPUSLICE_COMPUTE_CAP",
-                    value: c,
-                    ppm: &cp,
-                },
-            )
-        };
-        assert!(check("0.25", "0.5").is_ok());
-        assert!(check("0.5", "0.5").is_ok());
-        assert!(check("0=0.5", "1=0.2").is_ok()); // different devices
-        assert!(check("0.5", "1=0.6").is_ok());
-        let m = refused(check("0.5", "0.2"));
-        assert!(
-            m.contains("GPUSLICE_COMPUTE_CAP=\"0.2\"") && m.contains("GPUSLICE_COMPUTE=\"0.5\""),
-            "{m}"
-        );
-        assert!(refused(check("0.5", "0=0.6,1=0.4")).contains("device 1"));
-        assert!(check("1=0.5", "0.4").is_err());
-    }
-
-    /// The message of the error `r` must be (the test fails on `Ok`).
-    fn refused<T: std::fmt::Debug>(r: Result<T, impl std::fmt::Display>) -> String {
-        match r {
-            Ok(v) => panic!("accepted: {v:?}"),
-            Err(e) => e.to_string(),
-        }
-    }
-
-    fn bytes(v: &str) -> u64 {
-        match parse_size("GPUSLICE_MEMORY", v).unwrap() {
-            Size::Bytes(b) => b,
-            p => panic!("{v} gave {p:?}"),
-        }
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(bytes("4Gi"), 4 << 30);
-        assert_eq!(bytes("4096Mi"), 4 << 30);
-        assert_eq!(bytes("4G"), 4_000_000_000);
-        assert_eq!(bytes("4GiB"), 4 << 30);
-        assert_eq!(bytes("4GB"), 4_000_000_000);
-        assert_eq!(bytes("4294967296"), 4 << 30);
-        assert_eq!(bytes("1.5Gi"), 3 << 29);
-        assert_eq!(bytes("0"), 0);
-        assert_eq!(bytes(" 1Ki "), 1024);
-        assert_eq!(bytes("15Ei"), 15 << 60);
-        assert_eq!(parse_size("V", "25%").unwrap(), Size::Percent(250_000));
-        assert_eq!(parse_size("V", "12.5%").unwrap(), Size::Percent(125_000));
-        assert_eq!(Size::Percent(250_000).resolve(16 << 30), 4 << 30);
-    }
-
-    #[test]
-    fn bad_sizes_are_errors() {
-        for v in [
-            "12XB",
-            "-1",
-            "1.5",
-            "",
-            "  ",
-            "4 Gi",
-            "4gi",
-            "4g",
-            "4m",
-            "1e9",
-            "0x10",
-            "Gi",
-            "%",
-            "0%",
-            "101%",
-            "18446744073709551616",
-            "16Ei",
-            "99999999999999999999999999999999999999999",
-            "1..5Gi",
-            "4Gi,",
-            "--1",
-        ] {
-            let r = parse_size("GPUSLICE_MEMORY", v);
-            assert!(r.is_err(), "{v:?} gave {r:?}");
-            let msg = refused(r);
-            assert!(
-                msg.contains("GPUSLICE_MEMORY") && msg.contains("accepted"),
-                "{msg}"
-            );
-        }
-        let msg = refused(parse_size("GPUSLICE_MEMORY", "12XB"));
-        assert!(
-            msg.contains("12XB") && msg.contains("unknown unit"),
-            "{msg}"
-        );
-    }
-
-    #[test]
-    fn zero_is_never_a_quota() {
-        for v in ["0", "0Gi", "0.0Mi", "0B", "0=0", "0=1Gi,1=0", "0%"] {
-            let msg = refused(parse_size_per_device("GPUSLICE_MEMORY", v));
-            assert!(
-                msg.contains("GPUSLICE_MEMORY") && msg.contains("0"),
-                "{v}: {msg}"
-            );
-        }
-        assert!(refused(parse_quota("--memory", "0")).contains("quota of 0 bytes"));
-        assert_eq!(parse_quota("--memory", "1").unwrap(), Size::Bytes(1));
-        // A size that is not a quota (an allocation's) may still be 0.
-        assert_eq!(parse_size("--alloc", "0").unwrap(), Size::Bytes(0));
-    }
-
-    #[test]
-    fn per_device() {
-        let p = parse_size_per_device("GPUSLICE_MEMORY", "0=4Gi,1=8Gi").unwrap();
-        assert_eq!(p.get(0), Some(Size::Bytes(4 << 30)));
-        assert_eq!(p.get(1), Some(Size::Bytes(8 << 30)));
-        assert_eq!(p.get(2), None);
-        assert_eq!(
-            parse_size_per_device("V", "2Gi").unwrap().get(7),
-            Some(Size::Bytes(2 << 30))
-        );
-        for v in [
-            "0=4Gi,0=8Gi",
-            "0=4Gi,8Gi",
-            "x=1Gi",
-            "0=12XB",
-            "-1=1Gi",
-            "0=",
-            "0=4Gi,,1=1Gi",
-        ] {
-            assert!(parse_size_per_device("V", v).is_err(), "{v}");
-        }
-    }
-
-    #[test]
-    fn fractions() {
-        assert_eq!(parse_fraction("C", "0.25").unwrap(), 250_000);
-        assert_eq!(parse_fraction("C", "25%").unwrap(), 250_000);
-        assert_eq!(parse_fraction("C", "1").unwrap(), 1_000_000);
-        assert_eq!(parse_fraction("C", "0").unwrap(), 0);
-        assert_eq!(parse_fraction("C", ".5").unwrap(), 500_000);
-        for v in [
-            "1.5",
-            "-0.1",
-            "",
-            "abc",
-            "150%",
-            "0.25x",
-            "1e-1",
-            "0.0000001",
-            "NaN",
-        ] {
-            assert!(parse_fraction("GPUSLICE_COMPUTE", v).is_err(), "{v}");
-        }
-        assert_eq!(
-            parse_fraction_per_device("C", "0=0.5,1=25%")
-                .unwrap()
-                .get(1),
-            Some(250_000)
-        );
-    }
-
-    #[test]
-    fn hami_forms() {
-        assert_eq!(
-            parse_hami_size("CUDA_DEVICE_MEMORY_LIMIT", "1g").unwrap(),
-            1 << 30
-        );
-        assert_eq!(parse_hami_size("X", "1G").unwrap(), 1 << 30);
-        assert_eq!(parse_hami_size("X", "512m").unwrap(), 512 << 20);
-        assert_eq!(parse_hami_size("X", "64k").unwrap(), 64 << 10);
-        assert_eq!(parse_hami_size("X", "1048576").unwrap(), 1 << 20);
-        for v in [
-            "12XB",
-            "-1",
-            "0",
-            "0g",
-            "",
-            "1.5g",
-            "0x10",
-            "010",
-            "1gb",
-            "1Gi",
-            "99999999999999999999g",
-            "17179869184g",
-        ] {
-            assert!(
-                parse_hami_size("CUDA_DEVICE_MEMORY_LIMIT", v).is_err(),
-                "{v}"
-            );
-        }
-        assert_eq!(parse_hami_sm_limit("S", "30").unwrap(), 300_000);
-        assert_eq!(parse_hami_sm_limit("S", "0").unwrap(), 1_000_000);
-        for v in ["101", "-5", "0.5", "", "50%"] {
-            assert!(
-                parse_hami_sm_limit("CUDA_DEVICE_SM_LIMIT", v).is_err(),
-                "{v}"
-            );
-        }
-    }
-}
+mod tests;

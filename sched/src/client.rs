@@ -11,7 +11,7 @@ use super::policy::*;
 use super::records::{Lease, SchedDevice, SchedProc, SchedSlice, CLASS_LATENCY, MAX_SLICE_ID};
 use super::sys::Os;
 use super::work::Work;
-use gpuslice_quantity::PPM;
+use gpuslice_quantity::{Cap, Share};
 
 /// What an admission cost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -63,7 +63,7 @@ impl<'a> Client<'a> {
         if id == 0 || id > MAX_SLICE_ID {
             return None;
         }
-        let (me, _, _) = tenants.get(id)?;
+        let me = tenants.get(id)?.sched;
         Some(Client {
             os,
             dev,
@@ -130,9 +130,9 @@ impl<'a> Client<'a> {
         let mine = self.me.vt.load(Acquire);
         let mut least = u64::MAX;
         let l = Lease::unpack(self.dev.lease.load(Acquire));
-        self.tenants.each(&mut |id, s, _, _| {
-            if id != self.id && (id == l.holder || wants(s, now)) {
-                least = least.min(s.vt.load(Acquire));
+        self.tenants.each(&mut |o| {
+            if o.id != self.id && (o.id == l.holder || wants(o.sched, now)) {
+                least = least.min(o.sched.vt.load(Acquire));
             }
         });
         if least != u64::MAX && mine > least.saturating_add(LATENCY_LEAD_NS) {
@@ -159,10 +159,10 @@ impl<'a> Client<'a> {
         true
     }
 
-    fn share_cap(&self) -> (u32, u32) {
+    fn share_cap(&self) -> (Share, Cap) {
         self.tenants
             .get(self.id)
-            .map_or((0, PPM), |(_, s, c)| (s, c))
+            .map_or((Share::NONE, Cap::NONE), |t| (t.share, t.cap))
     }
 
     fn bit(&self) -> u32 {
@@ -252,7 +252,13 @@ impl<'a> Client<'a> {
     /// would be granted the next turn again, and the next, while the others wait each one out
     /// (a process stopped 190 ms in every 200 left the device idle a quarter of the time).
     fn charge_unused_turn(&self, l: Lease, turn: u64, now: u64) {
-        let Some((h, share, cap)) = self.tenants.get(l.holder) else {
+        let Some(Tenant {
+            sched: h,
+            share,
+            cap,
+            ..
+        }) = self.tenants.get(l.holder)
+        else {
             return;
         };
         if l.solo || h.turn_key.load(Acquire) == turn {
@@ -499,8 +505,8 @@ impl<'a> Client<'a> {
                 // Someone is alone on the device: give it one more ordinary lease, then compete
                 // from its virtual time on (it was not charged while alone).
                 rejoin(self.tenants, self.id, l.holder, now);
-                if let Some((h, _, _)) = self.tenants.get(l.holder) {
-                    h.busy_until_ns.fetch_max(now + WAKE_ALLOW_NS, AcqRel);
+                if let Some(h) = self.tenants.get(l.holder) {
+                    h.sched.busy_until_ns.fetch_max(now + WAKE_ALLOW_NS, AcqRel);
                 }
                 let nl = Lease {
                     holder: l.holder,

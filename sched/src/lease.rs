@@ -4,7 +4,7 @@
 
 use core::sync::atomic::Ordering::*;
 
-use super::policy::{pick, Tenants, WAKE_ALLOW_NS};
+use super::policy::{pick, Tenant, Tenants, WAKE_ALLOW_NS};
 use super::records::{Lease, SchedDevice, SchedProc, SchedSlice};
 use super::sys::Os;
 
@@ -17,7 +17,7 @@ pub(super) fn install(
     new: Lease,
     now: u64,
 ) -> bool {
-    if let Some((s, _, _)) = t.get(new.holder) {
+    if let Some(Tenant { sched: s, .. }) = t.get(new.holder) {
         // Before the CAS, so a waiter never sees the new holder with a stale estimate. A failed
         // CAS leaves a harmless later estimate (it only delays an idle takeover).
         s.busy_until_ns.fetch_max(now + WAKE_ALLOW_NS, AcqRel);
@@ -32,7 +32,7 @@ pub(super) fn install(
     {
         return false;
     }
-    if let Some((s, _, _)) = t.get(new.holder) {
+    if let Some(Tenant { sched: s, .. }) = t.get(new.holder) {
         s.leases_total.fetch_add(1, Relaxed);
         dev.leases_total.fetch_add(1, Relaxed);
     }

@@ -85,10 +85,10 @@ pub use granted::{
 };
 pub use lease::on_process_dead;
 pub use policy::{
-    admits, charge, charge_solo, idle_grace, pick, recheck_at, rejoin, takeover_due, Tenants,
-    BEST_EFFORT_PPM, CAP_SLACK_NS, GRACE_NS, HANDOFF_LEAD_NS, IDLE_GRACE_NS, LATENCY_ACTIVE_NS,
-    LATENCY_LEAD_NS, LATENCY_QUEUE_NS, LEASE_NS, MAX_LEASE_NS, MAX_SLEEP_NS, REJOIN_DEBT_NS,
-    RETURN_NS, SOLO_QUIET_NS, WAKE_ALLOW_NS, WANT_STALE_NS,
+    admits, charge, charge_solo, idle_grace, pick, recheck_at, rejoin, takeover_due, Tenant,
+    Tenants, BEST_EFFORT_PPM, CAP_SLACK_NS, GRACE_NS, HANDOFF_LEAD_NS, IDLE_GRACE_NS,
+    LATENCY_ACTIVE_NS, LATENCY_LEAD_NS, LATENCY_QUEUE_NS, LEASE_NS, MAX_LEASE_NS, MAX_SLEEP_NS,
+    REJOIN_DEBT_NS, RETURN_NS, SOLO_QUIET_NS, WAKE_ALLOW_NS, WANT_STALE_NS,
 };
 pub use records::{
     class_name, parse_class, slice_stats, used_fraction, Lease, SchedDevice, SchedProc, SchedSlice,

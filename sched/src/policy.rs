@@ -18,7 +18,7 @@
 use core::sync::atomic::Ordering::*;
 
 use super::records::{Lease, SchedDevice, SchedSlice, CLASS_LATENCY};
-use gpuslice_quantity::PPM;
+use gpuslice_quantity::{Cap, Share, PPM};
 
 /// Length of an ordinary lease: long enough that handoffs (futex wake + first launch, 0.1-1 ms
 /// on a loaded machine, mostly hidden by [`HANDOFF_LEAD_NS`]) cost little, short enough that
@@ -58,24 +58,41 @@ pub const LATENCY_IDLE_GRACE_NS: u64 = 300_000;
 /// How far (virtual ns) a latency slice may be ahead of the least virtual time of the others
 /// and still be served first: the bound on what priority can take from their guarantees.
 pub const LATENCY_LEAD_NS: u64 = 20_000_000;
+/// One live slice of a device, as the scheduler sees it.
+#[derive(Clone, Copy)]
+pub struct Tenant<'a> {
+    /// The ledger's slice index + 1 (0 is nobody).
+    pub id: u32,
+    /// Its scheduler state.
+    pub sched: &'a SchedSlice,
+    /// Its guaranteed share.
+    pub share: Share,
+    /// Its cap.
+    pub cap: Cap,
+}
+
 /// The slices that may compete for one device, as the scheduler sees them.
 pub trait Tenants {
-    /// Calls `f(id, state, share_ppm, cap_ppm)` for every live slice on the device; `id` is the
-    /// ledger slice index + 1, `cap_ppm` is [`PPM`] (or more) for "no cap".
-    fn each(&self, f: &mut dyn FnMut(u32, &SchedSlice, u32, u32));
+    /// Calls `f` for every live slice on the device.
+    fn each(&self, f: &mut dyn FnMut(Tenant<'_>));
     /// The slice with id `id`, if it is live and on the device.
-    fn get(&self, id: u32) -> Option<(&SchedSlice, u32, u32)>;
+    fn get(&self, id: u32) -> Option<Tenant<'_>>;
 }
 
-pub(crate) fn capped(cap_ppm: u32) -> bool {
-    cap_ppm != 0 && cap_ppm < PPM
+/// The cap's ceiling in ppm when it caps anything.
+fn cap_ppm(cap: Cap) -> Option<u64> {
+    cap.limit().map(|c| c.ppm() as u64)
 }
 
-pub(crate) fn weight(share_ppm: u32) -> u64 {
-    if share_ppm == 0 {
+pub(crate) fn capped(cap: Cap) -> bool {
+    !cap.is_none()
+}
+
+pub(crate) fn weight(share: Share) -> u64 {
+    if share.is_none() {
         BEST_EFFORT_PPM
     } else {
-        share_ppm as u64
+        share.ppm() as u64
     }
 }
 
@@ -90,8 +107,8 @@ pub const SOLO_QUIET_NS: u64 = 50_000_000;
 /// Whether a slice other than `id` waited or held the device within [`SOLO_QUIET_NS`].
 fn recently_active_other(t: &dyn Tenants, id: u32, now: u64) -> bool {
     let mut active = false;
-    t.each(&mut |other, s, _, _| {
-        if other != id && now.saturating_sub(s.want_ns.load(Acquire)) < SOLO_QUIET_NS {
+    t.each(&mut |o| {
+        if o.id != id && now.saturating_sub(o.sched.want_ns.load(Acquire)) < SOLO_QUIET_NS {
             active = true;
         }
     });
@@ -110,22 +127,23 @@ pub(crate) fn wants(s: &SchedSlice, now: u64) -> bool {
     s.waiters.load(Acquire) > 0 && fresh(s, now)
 }
 
-/// Admission of compute guarantees: whether a slice guaranteeing `new_ppm` fits on a device
-/// whose slices already guarantee `reserved_ppm` in all (Σ ≤ 1.0). The ledger's attach path
-/// applies this rule when it reserves `Device::compute_reserved`.
-pub fn admits(reserved_ppm: u64, new_ppm: u32) -> bool {
-    reserved_ppm.saturating_add(new_ppm as u64) <= PPM as u64
+/// Admission of compute guarantees: whether a slice guaranteeing `new` fits on a device whose
+/// slices already guarantee `reserved_ppm` in all (Σ ≤ 1.0; a sum of shares, which may pass
+/// one share's range). The ledger's attach path applies this rule when it reserves
+/// `Device::compute_reserved`.
+pub fn admits(reserved_ppm: u64, new: Share) -> bool {
+    reserved_ppm.saturating_add(new.ppm() as u64) <= PPM as u64
 }
 
-/// Charge slice `s` (share `share_ppm`, cap `cap_ppm`) for a turn on the device from `start` to
+/// Charge slice `s` (share `share`, cap `cap`) for a turn on the device from `start` to
 /// `end` during which its launches used `busy` ns of GPU time: it pays the GPU time, at most the
 /// span (a launcher that leaves the engine idle during its turn is not charged for the idle
 /// time; concurrent streams are not charged more than the device).
 pub fn charge(
     dev: &SchedDevice,
     s: &SchedSlice,
-    share_ppm: u32,
-    cap_ppm: u32,
+    share: Share,
+    cap: Cap,
     start: u64,
     end: u64,
     busy: u64,
@@ -135,9 +153,9 @@ pub fn charge(
         return;
     }
     // `busy` sums the shim's estimates (anything a driver measured): saturate, never wrap.
-    s.vt.fetch_add(d.saturating_mul(PPM as u64) / weight(share_ppm), AcqRel);
-    if capped(cap_ppm) {
-        let inc = d.saturating_mul(PPM as u64) / cap_ppm as u64;
+    s.vt.fetch_add(d.saturating_mul(PPM as u64) / weight(share), AcqRel);
+    if let Some(cap_ppm) = cap_ppm(cap) {
+        let inc = d.saturating_mul(PPM as u64) / cap_ppm;
         let floor = start.saturating_sub(CAP_SLACK_NS);
         // Lock-free read-modify-write: retried only when another process charged meanwhile.
         let _ = s
@@ -172,11 +190,16 @@ pub fn charge_solo(dev: &SchedDevice, s: &SchedSlice, end: u64, ns: u64, launche
 /// others' guarantees).
 pub fn pick(t: &dyn Tenants, now: u64, renewing: u32, exclude: u32) -> Lease {
     // Keys (best-effort, vt): guaranteed slices sort first.
-    let mut best: Option<((bool, u64), u32, u32)> = None; // (key, id, cap)
-    let mut urgent: Option<((bool, u64), u32, u32)> = None; // the same among latency slices
+    let mut best: Option<((bool, u64), u32, Cap)> = None; // (key, id, cap)
+    let mut urgent: Option<((bool, u64), u32, Cap)> = None; // the same among latency slices
     let mut competing = 0;
     let mut latency_recent = false;
-    t.each(&mut |id, s, share, cap| {
+    t.each(&mut |Tenant {
+                     id,
+                     sched: s,
+                     share,
+                     cap,
+                 }| {
         let latency = s.class.load(Relaxed) == CLASS_LATENCY;
         if latency && now.saturating_sub(s.want_ns.load(Acquire)) < LATENCY_ACTIVE_NS {
             latency_recent = true;
@@ -188,7 +211,7 @@ pub fn pick(t: &dyn Tenants, now: u64, renewing: u32, exclude: u32) -> Lease {
         if capped(cap) && s.cap_tat_ns.load(Acquire) > now {
             return;
         }
-        let key = (share == 0, s.vt.load(Acquire));
+        let key = (share.is_none(), s.vt.load(Acquire));
         if best.is_none_or(|(b, _, _)| key < b) {
             best = Some((key, id, cap));
         }
@@ -249,14 +272,18 @@ pub const REJOIN_DEBT_NS: u64 = 200_000_000;
 /// their GPU time, raised the floor a newcomer started from so far that it waited for minutes).
 /// Nobody of its kind competing: its own clock stands.
 pub fn rejoin(t: &dyn Tenants, id: u32, holder: u32, now: u64) {
-    let Some((me, share, _)) = t.get(id) else {
+    let Some(Tenant {
+        sched: me, share, ..
+    }) = t.get(id)
+    else {
         return;
     };
-    let best_effort = share == 0;
+    let best_effort = share.is_none();
     let mut least = u64::MAX;
-    t.each(&mut |other, s, sh, _| {
-        if other != id && (sh == 0) == best_effort && (other == holder || wants(s, now)) {
-            least = least.min(s.vt.load(Acquire));
+    t.each(&mut |o| {
+        if o.id != id && o.share.is_none() == best_effort && (o.id == holder || wants(o.sched, now))
+        {
+            least = least.min(o.sched.vt.load(Acquire));
         }
     });
     if least == u64::MAX {
@@ -293,7 +320,13 @@ pub fn takeover_due(t: &dyn Tenants, l: Lease, now: u64) -> bool {
     }
     match t.get(l.holder) {
         None => true, // the slice is gone
-        Some((s, _, _)) => now > s.busy_until_ns.load(Acquire).saturating_add(idle_grace(s)),
+        Some(h) => {
+            now > h
+                .sched
+                .busy_until_ns
+                .load(Acquire)
+                .saturating_add(idle_grace(h.sched))
+        }
     }
 }
 
@@ -303,8 +336,11 @@ pub fn recheck_at(t: &dyn Tenants, me: &SchedSlice, l: Lease, now: u64) -> u64 {
         // Nobody eligible: the earliest a cap budget frees, ours at least.
         me.cap_tat_ns.load(Acquire).max(now + 100_000)
     } else {
-        let idle = t.get(l.holder).map_or(now, |(s, _, _)| {
-            s.busy_until_ns.load(Acquire).saturating_add(idle_grace(s))
+        let idle = t.get(l.holder).map_or(now, |h| {
+            h.sched
+                .busy_until_ns
+                .load(Acquire)
+                .saturating_add(idle_grace(h.sched))
         });
         (l.end_ns + GRACE_NS).min(idle)
     };

@@ -189,7 +189,7 @@ pub struct SchedDevice {
 }
 
 /// Per-slice scheduler state (in the ledger's `Slice` record). The share and cap themselves are
-/// the slice record's `compute_share_ppm` / `compute_cap_ppm`.
+/// the slice record's `compute_share` / `compute_cap`.
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct SchedSlice {

@@ -7,7 +7,7 @@
 use super::sim::{Cpu, Engine, Process, Queue, World};
 use super::*;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
-use gpuslice_quantity::PPM;
+use gpuslice_quantity::{Cap, Share, PPM};
 use std::sync::Mutex;
 
 const MS: u64 = 1_000_000;
@@ -34,15 +34,19 @@ impl Table {
 }
 
 impl Tenants for Table {
-    fn each(&self, f: &mut dyn FnMut(u32, &SchedSlice, u32, u32)) {
-        for (i, (s, share, cap)) in self.0.iter().enumerate() {
-            f(i as u32 + 1, s, share.load(Relaxed), cap.load(Relaxed));
+    fn each(&self, f: &mut dyn FnMut(super::Tenant<'_>)) {
+        for id in 1..=self.0.len() as u32 {
+            f(self.get(id).expect("in the table"));
         }
     }
-    fn get(&self, id: u32) -> Option<(&SchedSlice, u32, u32)> {
-        self.0
-            .get(id.checked_sub(1)? as usize)
-            .map(|(s, a, c)| (s, a.load(Relaxed), c.load(Relaxed)))
+    fn get(&self, id: u32) -> Option<super::Tenant<'_>> {
+        let (s, share, cap) = self.0.get(id.checked_sub(1)? as usize)?;
+        Some(super::Tenant {
+            id,
+            sched: s,
+            share: Share::from_ppm(share.load(Relaxed)),
+            cap: Cap::from_ppm(cap.load(Relaxed)),
+        })
     }
 }
 
@@ -342,7 +346,7 @@ fn run_sim(
     if mode.node {
         // The class is the policy's (the operator's) in node mode.
         for ten in tenants {
-            if let Some((s, _, _)) = t.get(ten.id) {
+            if let Some(super::Tenant { sched: s, .. }) = t.get(ten.id) {
                 s.class.store(ten.class, Relaxed);
             }
         }
@@ -358,7 +362,7 @@ fn run_sim(
             wake_latency_ns: ten.wake_latency_ns,
             body: Box::new(move |cpu: &Cpu| {
                 let mut c = if mode.node {
-                    let (s, _, _) = t.get(ten.id).unwrap();
+                    let s = t.get(ten.id).unwrap().sched;
                     let w = GrantWords {
                         dev,
                         beat: &node.beat,
@@ -608,7 +612,15 @@ fn stats_report_recent_use() {
     let dev = SchedDevice::default();
     let s = SchedSlice::default();
     let t0 = 10 * WINDOW_NS;
-    charge(&dev, &s, 250_000, PPM, t0, t0 + WINDOW_NS / 4, u64::MAX);
+    charge(
+        &dev,
+        &s,
+        Share::from_ppm(250_000),
+        Cap::NONE,
+        t0,
+        t0 + WINDOW_NS / 4,
+        u64::MAX,
+    );
     let st = slice_stats(&dev, &s, t0 + WINDOW_NS / 2);
     assert!((st.used_fraction - 0.25).abs() < 1e-6, "{st:?}");
     assert_eq!(st.gpu_ns_total, WINDOW_NS / 4);
@@ -636,8 +648,8 @@ fn compute_used_of_a_devices_slices_never_sums_over_one() {
     charge(
         &dev,
         &a,
-        250_000,
-        PPM,
+        Share::from_ppm(250_000),
+        Cap::NONE,
         t0,
         t0 + WINDOW_NS,
         WINDOW_NS * 27 / 100,
@@ -645,8 +657,8 @@ fn compute_used_of_a_devices_slices_never_sums_over_one() {
     charge(
         &dev,
         &b,
-        750_000,
-        PPM,
+        Share::from_ppm(750_000),
+        Cap::NONE,
         t0,
         t0 + WINDOW_NS,
         WINDOW_NS * 82 / 100,
@@ -664,8 +676,8 @@ fn compute_used_of_a_devices_slices_never_sums_over_one() {
     charge(
         &dev,
         &c,
-        0,
-        PPM,
+        Share::from_ppm(0),
+        Cap::NONE,
         later - WINDOW_NS / 2,
         later,
         WINDOW_NS / 10,
@@ -678,9 +690,9 @@ fn compute_used_of_a_devices_slices_never_sums_over_one() {
 
 #[test]
 fn admission_keeps_guarantees_within_the_device() {
-    assert!(admits(750_000, 250_000));
-    assert!(!admits(750_000, 250_001));
-    assert!(admits(0, PPM));
+    assert!(admits(750_000, Share::from_ppm(250_000)));
+    assert!(!admits(750_000, Share::from_ppm(250_001)));
+    assert!(admits(0, Share::WHOLE));
 }
 
 /// Queued work whose estimates are whatever a test says (a driver may measure anything).
@@ -831,21 +843,29 @@ fn charging_tolerates_zero_shares_and_any_values() {
     let dev = SchedDevice::default();
     let s = SchedSlice::default();
     // Share 0 is best effort; cap 0 is no cap.
-    charge(&dev, &s, 0, 0, 1_000, 2_000, 500);
+    charge(&dev, &s, Share::NONE, Cap::from_ppm(0), 1_000, 2_000, 500);
     assert_eq!(s.vt.load(Relaxed), 500 * PPM as u64 / BEST_EFFORT_PPM);
     assert_eq!(s.cap_tat_ns.load(Relaxed), 0);
     // An end before the start charges nothing.
-    charge(&dev, &s, 0, 1, 2_000, 1_000, 500);
+    charge(&dev, &s, Share::NONE, Cap::from_ppm(1), 2_000, 1_000, 500);
     assert_eq!(s.gpu_ns_total.load(Relaxed), 500);
     // Values no sane process writes: saturate.
     s.cap_tat_ns.store(u64::MAX, Relaxed);
     s.window.start_ns.store(u64::MAX, Relaxed);
     dev.window.start_ns.store(u64::MAX - 1, Relaxed);
-    charge(&dev, &s, 1, 1, 0, u64::MAX, u64::MAX);
+    charge(
+        &dev,
+        &s,
+        Share::from_ppm(1),
+        Cap::from_ppm(1),
+        0,
+        u64::MAX,
+        u64::MAX,
+    );
     assert_eq!(s.cap_tat_ns.load(Relaxed), u64::MAX);
     let _ = slice_stats(&dev, &s, 0);
     let _ = dev.window.fraction(u64::MAX);
-    assert!(!admits(u64::MAX, 1));
+    assert!(!admits(u64::MAX, Share::from_ppm(1)));
 }
 
 #[test]

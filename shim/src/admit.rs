@@ -9,7 +9,9 @@ use crate::log::log;
 pub use crate::process::DevState;
 use gpuslice_ledger::region::Region;
 use gpuslice_ledger::{Account, Ledger, LedgerError, ProcHandle, SliceRequest};
-use gpuslice_protocol::{self as protocol, AdmitReply, AdmitRequest, DeviceRequest, Refusal};
+use gpuslice_protocol::{
+    self as protocol, AdmitReply, AdmitRequest, DeviceRequest, ProtocolError, Refusal,
+};
 use std::time::Duration;
 
 /// A device found at start-up: ordinal, UUID, name, memory.
@@ -56,13 +58,26 @@ pub fn request(config: &Config, found: &[Found]) -> AdmitRequest {
                 DeviceRequest {
                     uuid: uuid.clone(),
                     memory,
-                    compute_share_ppm: config.share(*ord as u32),
-                    compute_cap_ppm: config.cap(*ord as u32),
+                    compute_share: config.share(*ord as u32),
+                    compute_cap: config.cap(*ord as u32),
                     memory_setting,
                     compute_setting: compute_setting.clone(),
                 }
             })
             .collect(),
+    }
+}
+
+/// What the request asks for on device `d`, as the personal ledger joins it (the monitor's
+/// `admission.rs` reads the same request for a node's policy).
+fn slice_request(slice: &Option<String>, d: &DeviceRequest) -> SliceRequest {
+    SliceRequest {
+        name: slice.clone(),
+        memory: d.memory,
+        compute_share: d.compute_share,
+        compute_cap: d.compute_cap,
+        memory_setting: d.memory_setting.clone(),
+        compute_setting: d.compute_setting.clone(),
     }
 }
 
@@ -98,7 +113,7 @@ impl Admission for Personal {
         let mut items = vec![];
         for ((_, uuid, name, total), d) in found.iter().zip(&req.devices) {
             let dev = ledger.ensure_device(uuid, name, *total).map_err(refusal)?;
-            items.push((dev, SliceRequest::for_device(req.slice.clone(), d)));
+            items.push((dev, slice_request(&req.slice, d)));
         }
         // One taking of the lock for every device (512 processes may start at once).
         let joins = ledger.join_all(me, &items).map_err(refusal)?;
@@ -136,10 +151,16 @@ impl Admission for Node {
     fn admit(&self, req: &AdmitRequest, found: Vec<Found>) -> Result<Admitted, Refusal> {
         let ledger = self.0;
         let sock = ledger.dir().path().join(protocol::SOCKET_FILE);
+        let bad = |what: &str| {
+            Refusal::other(format!(
+                "the node's monitor answered something unexpected ({what})"
+            ))
+        };
         let t0 = std::time::Instant::now();
-        let (reply, fds) = loop {
-            match protocol::call(ledger.dir().fd(), &req.encode(), Duration::from_secs(10)) {
+        let (answer, fds) = loop {
+            match protocol::exchange(ledger.dir().fd(), req.clone(), &[], Duration::from_secs(10)) {
                 Ok(r) => break r,
+                Err(ProtocolError::Unexpected(what)) => return Err(bad(&what.to_string())),
                 Err(_) if t0.elapsed() < MONITOR_WAIT => {
                     std::thread::sleep(Duration::from_millis(100))
                 }
@@ -153,17 +174,10 @@ impl Admission for Node {
                 }
             }
         };
-        let bad = |what: &str| {
-            Refusal::other(format!(
-                "the node's monitor answered something unexpected ({what})"
-            ))
-        };
-        let reply: AdmitReply = AdmitReply::decode(&reply)
-            .map_err(|what| bad(&what.to_string()))?
-            .map_err(|r| Refusal {
-                code: r.code,
-                message: format!("the node's monitor refused: {}", r.message),
-            })?;
+        let reply: AdmitReply = answer.map_err(|r| Refusal {
+            why: r.why,
+            message: format!("the node's monitor refused: {}", r.message),
+        })?;
         if reply.slot >= gpuslice_ledger::MAX_PROCS {
             return Err(bad("slot"));
         }

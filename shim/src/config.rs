@@ -16,9 +16,8 @@
 use crate::log::Level;
 use crate::process::DISABLED;
 use core::sync::atomic::Ordering::Relaxed;
-use gpuslice_ledger::PPM;
 use gpuslice_quantity::{
-    self as quantity, settings_file, ComputeSetting, PerDevice, QuantityError, Size,
+    self as quantity, settings_file, Cap, ComputeSetting, PerDevice, QuantityError, Share, Size,
 };
 use std::path::{Path, PathBuf};
 
@@ -82,10 +81,10 @@ impl Memory {
 pub struct Config {
     /// Memory quotas; `None` = best effort everywhere.
     pub memory: Option<Memory>,
-    /// Compute guarantees (ppm) and the variable.
-    pub compute: Option<(PerDevice<u32>, &'static str)>,
-    /// Compute caps (ppm) and the variable.
-    pub compute_cap: Option<(PerDevice<u32>, &'static str)>,
+    /// Compute guarantees and the variable.
+    pub compute: Option<(PerDevice<Share>, &'static str)>,
+    /// Compute caps and the variable.
+    pub compute_cap: Option<(PerDevice<Cap>, &'static str)>,
     /// Slice name (`None`: private).
     pub slice: Option<String>,
     /// Node mode: the slice's join secret (`GPUSLICE_SLICE_SECRET`), sent at admission.
@@ -320,12 +319,12 @@ impl Config {
                 ComputeSetting {
                     setting: share_var,
                     value: raw(share_var),
-                    ppm: share,
+                    parsed: share,
                 },
                 ComputeSetting {
                     setting: cap_var,
                     value: raw(cap_var),
-                    ppm: cap,
+                    parsed: cap,
                 },
             )?;
         }
@@ -367,20 +366,20 @@ impl Config {
         })
     }
 
-    /// Compute share of device `i` (ppm, 0 = none).
-    pub fn share(&self, i: u32) -> u32 {
+    /// Compute share of device `i`.
+    pub fn share(&self, i: u32) -> Share {
         self.compute
             .as_ref()
             .and_then(|(p, _)| p.get(i))
-            .unwrap_or(0)
+            .unwrap_or(Share::NONE)
     }
 
-    /// Compute cap of device `i` (ppm, [`PPM`] = none).
-    pub fn cap(&self, i: u32) -> u32 {
+    /// Compute cap of device `i`.
+    pub fn cap(&self, i: u32) -> Cap {
         self.compute_cap
             .as_ref()
             .and_then(|(p, _)| p.get(i))
-            .unwrap_or(PPM)
+            .unwrap_or(Cap::NONE)
     }
 }
 
@@ -420,7 +419,7 @@ mod tests {
             ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/x"),
         ])
         .unwrap();
-        assert_eq!(c.cap(0), 300_000);
+        assert_eq!(c.cap(0), Cap::from_ppm(300_000));
         assert!(c.slice.unwrap().starts_with("hami-"));
         let secret = "Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFy";
         let c = cfg(&[("GPUSLICE_SLICE", "s"), ("GPUSLICE_SLICE_SECRET", secret)]).unwrap();
@@ -431,7 +430,10 @@ mod tests {
             ("GPUSLICE_COMPUTE_CAP", "50%"),
         ])
         .unwrap();
-        assert_eq!((c.share(0), c.cap(0)), (250_000, 500_000));
+        assert_eq!(
+            (c.share(0), c.cap(0)),
+            (Share::from_ppm(250_000), Cap::from_ppm(500_000))
+        );
     }
 
     #[test]

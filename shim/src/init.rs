@@ -124,7 +124,7 @@ fn start(cu_init: Option<(pfn::cuInit, core::ffi::c_uint)>) -> Result<&'static S
             // SAFETY: just published, never freed.
             Ok(unsafe { &*p })
         }
-        Err(refusal) => Err(fail(refusal.code, &refusal.message)),
+        Err(failed) => Err(fail(failed.code, &failed.message)),
     }
 }
 
@@ -134,25 +134,40 @@ fn fail(code: CUresult, msg: &str) -> CUresult {
     code
 }
 
-fn cu(call: &str, r: CUresult) -> Result<(), Refusal> {
+/// Why start-up failed: the status `cuInit` returns, and the line logged.
+struct Failed {
+    code: CUresult,
+    message: String,
+}
+
+impl From<Refusal> for Failed {
+    fn from(r: Refusal) -> Failed {
+        Failed {
+            code: r.code(),
+            message: r.message,
+        }
+    }
+}
+
+fn cu(call: &str, r: CUresult) -> Result<(), Failed> {
     if r == CUDA_SUCCESS {
         Ok(())
     } else {
-        Err(Refusal {
+        Err(Failed {
             code: r,
             message: format!("{call} failed during start-up: {}", describe_cu(r)),
         })
     }
 }
 
-fn missing(name: &str) -> Refusal {
-    Refusal {
+fn missing(name: &str) -> Failed {
+    Failed {
         code: CUDA_ERROR_NOT_FOUND,
         message: format!("the driver has no {name}, which gpuslice needs"),
     }
 }
 
-fn build(config: &Config) -> Result<State, Refusal> {
+fn build(config: &Config) -> Result<State, Failed> {
     let count_f = real::cuDeviceGetCount().ok_or_else(|| missing("cuDeviceGetCount"))?;
     let get_f = real::cuDeviceGet().ok_or_else(|| missing("cuDeviceGet"))?;
     let total_f = real::cuDeviceTotalMem_v2().ok_or_else(|| missing("cuDeviceTotalMem_v2"))?;
@@ -189,7 +204,7 @@ fn build(config: &Config) -> Result<State, Refusal> {
         found.push((ord, uuid_text(&uuid), name, total as u64));
     }
     let opened = Ledger::open_for_process(&config.runtime_dir)
-        .map_err(|e| Refusal::other(format!("cannot use the node ledger: {e}")))?;
+        .map_err(|e| Failed::from(Refusal::other(format!("cannot use the node ledger: {e}"))))?;
     let request = admit::request(config, &found);
     let (ledger, node) = match opened {
         Opened::Personal(l) => (l, false),

@@ -88,10 +88,12 @@ def variables(spec):
 
 
 def slice_of(st, pid=None, name=None):
-    """The slice `name` (or holding `pid`) in a status: {name, memory_used, held, pids}."""
+    """The slice `name` (or holding `pid`) in a status: {name, memory_used, memory_contexts (of
+    memory_used, its processes' contexts), held, pids}."""
     for s in st.get("slices", []):
         if (name is not None and s["name"] == name) or (pid is not None and pid in s.get("pids", [])):
-            return {"name": s["name"], "memory_used": s["memory_used"], "memory_limit": s["memory_limit"],
+            return {"name": s["name"], "memory_used": s["memory_used"],
+                    "memory_contexts": s.get("memory_contexts"), "memory_limit": s["memory_limit"],
                     "held_for_importers": s.get("memory_held_for_importers"), "pids": s.get("pids")}
     return None
 

@@ -587,8 +587,8 @@ def node_monitor(rec, a):
 
 @judged
 def node_balloons(rec, a):
-    """Two slices' reservations (quota + the room for a first context each) leave the driver's
-    free memory: the monitor holds them (NVML counts them to its process)."""
+    """Two slices' reservations (each its quota, which its contexts are charged inside) leave the
+    driver's free memory: the monitor holds them (NVML counts them to its process)."""
     before, after_all = load(a.before), load(a.after)
     b, c = before["nvml"], after_all["nvml"]
     held = b["free"] - c["free"]
@@ -605,7 +605,7 @@ def node_balloons(rec, a):
     rec.verdict(a.name, notes,
                 f"NVML free {gib(b['free'])} -> {gib(c['free'])} (-{mib(held)}); monitor's process "
                 f"{mib(mon_b)} -> {mib(mon_c)}",
-                f"-{mib(a.expected)} (2 x (quota + room for a context)), held by the monitor",
+                f"-{mib(a.expected)} (2 x quota), held by the monitor",
                 {"held": held, "expected": a.expected, "monitor_before": mon_b, "monitor_after": mon_c,
                  "waited_seconds": after_all.get("waited_seconds"),
                  "memory_reserved": devs[0].get("memory_reserved"), "before": b, "after": c})
@@ -650,6 +650,14 @@ def node_tenants(rec, a):
     rec.verdict(a.name, notes, " and ".join(shown) + ", then OOM", f"{gib(a.quota)} each, OOM at it", nums)
 
 
+def allocated(slice_json, missing=-1):
+    """What a slice of `gpuslice status --json` is charged besides its processes' CUDA contexts
+    (node mode charges those inside the quota, issue #34): its allocations."""
+    if not slice_json or "memory_used" not in slice_json:
+        return missing
+    return slice_json["memory_used"] - (slice_json.get("memory_contexts") or 0)
+
+
 @judged
 def node_share(rec, a):
     """Memory one process shares with another (CUDA IPC, or a VMM allocation passed as a POSIX
@@ -657,7 +665,8 @@ def node_share(rec, a):
     NVML (so the audit finds no importer over what it charged); for VMM, the exporter's slice
     stays charged past the exporter's exit while the importer maps it (what NVML shows then is
     recorded, not judged: it is what this check exists to find out); the charge goes when the
-    last holder lets go; the audit says nothing about either process or slice. The device's
+    last holder lets go; the audit says nothing about either process or slice. The slices'
+    charges are judged less their processes' contexts (`allocated`). The device's
     total is not judged: the monitor's balloons shrink by what a slice uses of its reservation."""
     o = load(a.base)
     if "error" in o:
@@ -669,9 +678,9 @@ def node_share(rec, a):
         notes.append(f"sharing failed: made {o.get('made_status')}, imported {o.get('import_status')}, "
                      f"read back {o.get('read_ok')}")
     ex, im = sh["exporter_slice"] or {}, sh["importer_slice"] or {}
-    if not (n <= ex.get("memory_used", -1) <= n + 2 * MiB):
-        notes.append(f"the exporter's slice is charged {ex.get('memory_used')} for {n}")
-    if not im or im.get("memory_used", -1) > 2 * MiB:
+    if not (n <= allocated(ex) <= n + 2 * MiB):
+        notes.append(f"the exporter's slice is charged {allocated(ex)} for {n} besides its contexts")
+    if not im or allocated(im) > 2 * MiB:
         notes.append(f"the importer's slice: {im or 'not found'}")
 
     def grew(who):
@@ -686,14 +695,14 @@ def node_share(rec, a):
             notes.append(f"NVML counts {mib(ex_grew)} more to the exporter for {mib(n)} shared")
         if im_grew > 64 * MiB:
             notes.append(f"NVML counts {mib(im_grew)} more to the importer: the audit would charge its slice")
-    measured = (f"ledger {mib(ex.get('memory_used'))} exporter / {mib(im.get('memory_used'))} importer; "
+    measured = (f"ledger {mib(allocated(ex))} exporter / {mib(allocated(im))} importer besides contexts; "
                 f"NVML +{mib(ex_grew)} exporter / +{mib(im_grew)} importer")
     if o["kind"] == "vmm":
         gone = o.get("exporter_gone") or {}
         gx, gi = gone.get("exporter_slice") or {}, gone.get("importer_slice") or {}
         if gx.get("memory_used", 0) < n or (gx.get("held_for_importers") or 0) < n:
             notes.append(f"after the exporter exited its slice shows {gx}")
-        if gi.get("memory_used", -1) > 2 * MiB:
+        if allocated(gi) > 2 * MiB:
             notes.append(f"after the exporter exited the importer's slice shows {gi}")
         if not o.get("read_ok_after_exit"):
             notes.append("the importer could not read the memory after the exporter exited")
@@ -704,7 +713,7 @@ def node_share(rec, a):
                      f"NVML counts it to {whose} (importer +{mib(imp_grew)}, device used "
                      f"{gib(ctxs['nvml_used'])} -> {gib(gone.get('nvml_used', 0))} with the balloons)")
     after = (o.get("after") or {}).get("exporter_slice") or {}
-    if after.get("memory_used", 0) >= n:
+    if allocated(after, 0) >= n:
         notes.append(f"still charged after the last holder let go: {after}")
     if o.get("audit_lines"):
         notes.append(f"the audit reported: {o['audit_lines'][:3]}")

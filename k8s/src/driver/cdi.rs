@@ -1,4 +1,4 @@
-//! A prepared claim's CDI spec: the same builder as `gpuslice cdi` (`gpuslice_ledger::cdi`),
+//! A prepared claim's CDI spec: the same builder as `gpuslice cdi` (`gpuslice_cdi`),
 //! one file per claim in the CDI directory, root's alone when it carries a join secret, with
 //! its files (`/etc/ld.so.preload`, the settings file) in a root-only directory beside it.
 
@@ -35,13 +35,13 @@ impl Driver {
         let path = self.spec_path(uid);
         // The files first: the runtime never reads a spec whose files are missing.
         let files = std::fs::create_dir_all(&self.cfg.cdi_dir)
-            .and_then(|()| gpuslice_ledger::cdi::write_files(&path, &env))
+            .and_then(|()| gpuslice_cdi::write_files(&path, &env))
             .map_err(|source| Error::Io {
                 what: "writing the claim's /etc/ld.so.preload and settings file",
-                path: gpuslice_ledger::cdi::files_dir(&path),
+                path: gpuslice_cdi::files_dir(&path),
                 source,
             })?;
-        let spec = gpuslice_ledger::cdi::spec(
+        let spec = gpuslice_cdi::spec(
             &self.cfg.cdi_kind,
             &name,
             &env,
@@ -55,9 +55,9 @@ impl Driver {
         }
         // A spec with a secret is root's alone (the container runtime reads it as root).
         let write = if secret.is_some() {
-            gpuslice_ledger::cdi::write_private_atomically
+            gpuslice_cdi::write_private_atomically
         } else {
-            gpuslice_ledger::cdi::write_atomically
+            gpuslice_cdi::write_atomically
         };
         std::fs::create_dir_all(&self.cfg.cdi_dir)
             .and_then(|()| write(&path, text.as_bytes()))

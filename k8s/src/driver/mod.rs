@@ -28,7 +28,7 @@ use crate::health::GpuHealth;
 use crate::nvml::{Gpu, Inventory, Nvml};
 use crate::resource_slice::{self, Gone};
 use gpuslice_ledger::Ledger;
-use gpuslice_protocol::Message;
+use gpuslice_protocol::Ping;
 use k8s_openapi::api::resource::v1::Device;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::{BTreeMap, BTreeSet};
@@ -170,9 +170,7 @@ impl Driver {
         };
         seen.extend(here.iter().cloned());
         let monitor = if self.node_mode && inv.is_ok() {
-            self.ask_monitor(&Message::new("op", "ping"))
-                .err()
-                .map(|e| e.to_string())
+            self.ask_monitor(Ping).err().map(|e| e.to_string())
         } else {
             None
         };
@@ -318,7 +316,7 @@ impl Driver {
         // fail cuInit (no admission), so the pod waits with this message instead. Asked once
         // per call, so a hung monitor costs one timeout, not one per claim.
         let down = if self.node_mode {
-            self.ask_monitor(&Message::new("op", "ping")).err()
+            self.ask_monitor(Ping).err()
         } else {
             None
         };

@@ -6,7 +6,7 @@ use crate::error::Error;
 use crate::nvml::Gpu;
 use crate::quantity;
 use crate::resource_slice::{self, COMPUTE, COMPUTE_WHOLE, MEMORY};
-use gpuslice_ledger::{OperatorSlice, Snapshot, PPM};
+use gpuslice_ledger::{Cap, OperatorSlice, Share, Snapshot, PPM};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use std::collections::BTreeMap;
 
@@ -161,20 +161,23 @@ impl Driver {
         let name = slice_name(&c.uid);
         let mut to_create = Vec::new();
         for (uuid, (gpu, want)) in per_gpu {
-            let ppm = want.compute.min(COMPUTE_WHOLE) * (PPM as u64 / COMPUTE_WHOLE);
+            // The claim's compute (thousandths of the device) as the share the slice guarantees.
+            let share = Share::from_ppm(
+                (want.compute.min(COMPUTE_WHOLE) * (PPM as u64 / COMPUTE_WHOLE)) as u32,
+            );
             if let Some(s) = snap
                 .slices
                 .iter()
                 .find(|s| s.name == name && &s.device_uuid == uuid && !s.private)
             {
-                if s.memory_limit == Some(want.memory) && s.compute_share_ppm as u64 == ppm {
+                if s.memory_limit == Some(want.memory) && s.compute_share == share {
                     continue; // prepared before (a repeated call, or before a restart)
                 }
                 return Err(Error::SliceDiffers {
                     name,
                     uuid: uuid.clone(),
                     has_memory: s.memory_limit,
-                    has_compute: s.compute_share_ppm / 1000,
+                    has_compute: s.compute_share.ppm() / 1000,
                     memory: want.memory,
                     compute: want.compute,
                 });
@@ -200,7 +203,7 @@ impl Driver {
                 });
             }
             let avail_ppm = (PPM as u64).saturating_sub(dev.compute_reserved_ppm as u64);
-            if ppm > avail_ppm {
+            if share.ppm() as u64 > avail_ppm {
                 return Err(Error::StaleCompute {
                     device: resource_slice::device_name(uuid),
                     uuid: uuid.clone(),
@@ -212,8 +215,8 @@ impl Driver {
                 name: name.clone(),
                 device: gpu.uuid.clone(),
                 memory: want.memory,
-                compute_share_ppm: ppm as u32,
-                compute_cap_ppm: PPM,
+                compute_share: share,
+                compute_cap: Cap::NONE,
                 claim: Some(c.label()),
             });
         }
@@ -290,9 +293,9 @@ impl Driver {
             }
         }
         // Its files after it (a runtime reading the spec finds them until it is gone).
-        gpuslice_ledger::cdi::remove_files(&path).map_err(|source| Error::Io {
+        gpuslice_cdi::remove_files(&path).map_err(|source| Error::Io {
             what: "removing the claim's /etc/ld.so.preload and settings file",
-            path: gpuslice_ledger::cdi::files_dir(&path),
+            path: gpuslice_cdi::files_dir(&path),
             source,
         })?;
         if mine.is_empty() {

@@ -8,7 +8,7 @@ use crate::nvml::Inventory;
 use gpuslice_ledger::layout::STATE_ACTIVE;
 use gpuslice_ledger::secret::Secret;
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, Snapshot};
-use gpuslice_protocol::{self as protocol, Message};
+use gpuslice_protocol::{self as protocol, Call, SliceCreate, SliceRemove};
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
@@ -66,10 +66,10 @@ pub(super) fn open_ledger(dir: &Path, mode: LedgerMode) -> Result<Ledger, Error>
 }
 
 impl Driver {
-    /// One operator request to the node's monitor: its `ok` value, or why not, worded for the
-    /// cluster operator (a monitor that does not answer is retried by the kubelet).
-    pub(super) fn ask_monitor(&self, m: &Message) -> Result<String, MonitorError> {
-        protocol::ask(self.ledger.dir().fd(), m, MONITOR_TIMEOUT)
+    /// One request to the node's monitor: its reply, or why not, worded for the cluster
+    /// operator (a monitor that does not answer is retried by the kubelet).
+    pub(super) fn ask_monitor<C: Call>(&self, req: C) -> Result<C::Reply, MonitorError> {
+        protocol::ask(self.ledger.dir().fd(), req, MONITOR_TIMEOUT)
             .map_err(|source| MonitorError::Down {
                 socket: self.ledger.dir().path().join(protocol::SOCKET_FILE),
                 source,
@@ -91,25 +91,28 @@ impl Driver {
                 .map(|_| ())
                 .map_err(Error::Slice);
         }
-        let mut m = Message::new("op", "slice-create");
-        m.push("name", &spec.name)
-            .push("device", &spec.device)
-            .push("memory", &spec.memory.to_string())
-            .push("share", &spec.compute_share_ppm.to_string())
-            .push("cap", &spec.compute_cap_ppm.to_string())
-            .push("claim", spec.claim.as_deref().unwrap_or(""));
-        if let Some(s) = secret {
-            m.push("secret", s.expose());
-        }
-        self.ask_monitor(&m).map(drop).map_err(Error::Monitor)
+        self.ask_monitor(SliceCreate {
+            name: spec.name.clone(),
+            device: spec.device.clone(),
+            memory: spec.memory,
+            share: spec.compute_share,
+            cap: spec.compute_cap,
+            owner: None,
+            claim: spec.claim.clone(),
+            secret: secret.map(|s| s.expose().to_string()),
+        })
+        .map(drop)
+        .map_err(Error::Monitor)
     }
 
     /// Remove a claim's slice on every device.
     pub(super) fn remove_slice(&self, name: &str) -> Result<(), Error> {
         let r = if self.node_mode {
-            self.ask_monitor(Message::new("op", "slice-rm").push("name", name))
-                .map(drop)
-                .map_err(Error::Monitor)
+            self.ask_monitor(SliceRemove {
+                name: name.to_string(),
+            })
+            .map(drop)
+            .map_err(Error::Monitor)
         } else {
             self.ledger
                 .remove_slice(name)

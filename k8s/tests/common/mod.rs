@@ -444,10 +444,11 @@ pub fn container_env(cdi_dir: &Path, id: &str) -> Vec<(String, String)> {
 
 /// `gpuslice-burn` as a container of a pod with this prepared claim would run it: the env of
 /// the claim's CDI device, and only the allocated GPU visible (what the NVIDIA CDI device does).
-/// `cmd`, a burn in the environment of a 4 GiB claim, sees a 4 GiB GPU and gets no byte past
-/// it: 3 GiB and 1 GiB succeed, the next 512 MiB is refused with CUDA_ERROR_OUT_OF_MEMORY.
-pub fn assert_held_to_4_gib(cmd: &mut Command) {
-    gpuslice_e2e::node::assert_held_to_4_gib(cmd)
+/// `cmd`, a burn in the environment of a 4 GiB claim whose context is charged `context` bytes
+/// inside the quota (node mode; 0 in personal mode), sees a 4 GiB GPU and gets no byte past
+/// it: 3 GiB and the rest succeed, the next 512 MiB is refused with CUDA_ERROR_OUT_OF_MEMORY.
+pub fn assert_held_to_4_gib(cmd: &mut Command, context: u64) {
+    gpuslice_e2e::node::assert_held_to_4_gib(cmd, context)
 }
 
 pub fn burn_in_claim(world: &World, dirs: &Dirs, ids: &[String]) -> Command {

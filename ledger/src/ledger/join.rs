@@ -19,10 +19,10 @@ pub struct SliceRequest {
     pub name: Option<String>,
     /// Quota in bytes; `None` = best effort (charged to the device's unreserved memory).
     pub memory: Option<u64>,
-    /// Guaranteed compute share, ppm (0 = none).
-    pub compute_share_ppm: u32,
-    /// Compute cap, ppm ([`PPM`] = none).
-    pub compute_cap_ppm: u32,
+    /// Guaranteed compute share.
+    pub compute_share: Share,
+    /// Compute cap.
+    pub compute_cap: Cap,
     /// The setting the memory came from, for messages (the caller's: a variable, a flag).
     pub memory_setting: String,
     /// The setting the share came from, for messages.
@@ -32,29 +32,48 @@ pub struct SliceRequest {
 impl SliceRequest {
     /// A request for memory alone: slice `name` (`None`: a private slice) with quota `memory`
     /// (`None`: best effort), no compute share, no cap; messages name the settings `memory`
-    /// and `compute share` (callers that read settings say which with [`SliceRequest::for_device`]).
+    /// and `compute share` (callers that read settings say which in the fields).
     pub fn new(name: Option<&str>, memory: Option<u64>) -> SliceRequest {
         SliceRequest {
             name: name.map(Into::into),
             memory,
-            compute_share_ppm: 0,
-            compute_cap_ppm: PPM,
+            compute_share: Share::NONE,
+            compute_cap: Cap::NONE,
             memory_setting: "memory".into(),
             compute_setting: "compute share".into(),
         }
     }
+}
 
-    /// What a process's admission request asks for on one device, in slice `name`.
-    pub fn for_device(name: Option<String>, d: &gpuslice_protocol::DeviceRequest) -> SliceRequest {
-        SliceRequest {
-            name,
-            memory: d.memory,
-            compute_share_ppm: d.compute_share_ppm,
-            compute_cap_ppm: d.compute_cap_ppm,
-            memory_setting: d.memory_setting.clone(),
-            compute_setting: d.compute_setting.clone(),
-        }
-    }
+/// Who a new slice is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Origin {
+    /// A process's private slice (`pid-<pid>`).
+    Private,
+    /// A slice a process named.
+    Named,
+    /// An operator's (`slice create`, the DRA plugin).
+    Operator,
+}
+
+/// A slice to make ([`Ledger::create_slice_locked`]).
+pub(super) struct NewSlice<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Its ledger device.
+    pub device: usize,
+    /// Its quota (`None`: best effort).
+    pub memory: Option<u64>,
+    /// Its guaranteed share.
+    pub share: Share,
+    /// Its cap.
+    pub cap: Cap,
+    /// Who it is for.
+    pub origin: Origin,
+    /// The setting the memory came from, for a refusal's message.
+    pub memory_setting: &'a str,
+    /// The setting the share came from, for a refusal's message.
+    pub compute_setting: &'a str,
 }
 
 /// The outcome of joining a slice on a device.
@@ -141,16 +160,13 @@ impl Ledger {
             Some(si) => {
                 let s = &self.slices()[si];
                 let limit = s.memory_limit.load(SeqCst);
-                let (share, cap) = (
-                    s.compute_share_ppm.load(SeqCst),
-                    s.compute_cap_ppm.load(SeqCst),
-                );
+                let (share, cap) = (s.share(), s.cap());
                 let asked = req.memory.unwrap_or(NO_LIMIT);
-                // Only what the process asked for can conflict: no quota, no share (0) and no
-                // cap (PPM) are "whatever the slice has", so joining silently is right.
+                // Only what the process asked for can conflict: no quota, no share and no cap
+                // are "whatever the slice has", so joining silently is right.
                 let conflicts = req.memory.is_some_and(|m| m != limit)
-                    || (req.compute_share_ppm != 0 && req.compute_share_ppm != share)
-                    || (req.compute_cap_ppm != PPM && req.compute_cap_ppm != cap);
+                    || (!req.compute_share.is_none() && req.compute_share != share)
+                    || (!req.compute_cap.is_none() && req.compute_cap != cap);
                 if conflicts {
                     let show = |l: u64| {
                         if l == NO_LIMIT {
@@ -163,11 +179,11 @@ impl Ledger {
                         "slice {:?} already exists with memory {}, compute {}, cap {}; using its values, not the requested memory {}, compute {}, cap {}",
                         req.name.as_deref().unwrap_or(""),
                         show(limit),
-                        frac(share as u64),
-                        frac(cap as u64),
+                        frac(share.ppm() as u64),
+                        frac(cap.ppm() as u64),
                         show(asked),
-                        frac(req.compute_share_ppm as u64),
-                        frac(req.compute_cap_ppm as u64),
+                        frac(req.compute_share.ppm() as u64),
+                        frac(req.compute_cap.ppm() as u64),
                     ));
                 }
                 si
@@ -177,17 +193,20 @@ impl Ledger {
                 if !gpuslice_quantity::storable_name(&name) {
                     return Err(LedgerError::BadName(name));
                 }
-                let si = self.create_slice_locked(
-                    &name,
+                let si = self.create_slice_locked(&NewSlice {
+                    name: &name,
                     device,
-                    req.memory,
-                    req.compute_share_ppm,
-                    req.compute_cap_ppm,
-                    req.name.is_none(),
-                    false,
-                    &req.memory_setting,
-                    &req.compute_setting,
-                )?;
+                    memory: req.memory,
+                    share: req.compute_share,
+                    cap: req.compute_cap,
+                    origin: if req.name.is_none() {
+                        Origin::Private
+                    } else {
+                        Origin::Named
+                    },
+                    memory_setting: &req.memory_setting,
+                    compute_setting: &req.compute_setting,
+                })?;
                 self.slices()[si].owner_uid.store(uid, SeqCst);
                 si
             }
@@ -310,20 +329,18 @@ impl Ledger {
         })
     }
 
-    /// Admission + creation; caller holds the lock.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn create_slice_locked(
-        &self,
-        name: &str,
-        device: usize,
-        memory: Option<u64>,
-        share: u32,
-        cap: u32,
-        private: bool,
-        operator: bool,
-        mem_setting: &str,
-        cpu_setting: &str,
-    ) -> Result<usize, LedgerError> {
+    /// Admission + creation of `new`; caller holds the lock.
+    pub(super) fn create_slice_locked(&self, new: &NewSlice<'_>) -> Result<usize, LedgerError> {
+        let &NewSlice {
+            name,
+            device,
+            memory,
+            share,
+            cap,
+            origin,
+            memory_setting: mem_setting,
+            compute_setting: cpu_setting,
+        } = new;
         let d = self
             .devices()
             .get(device)
@@ -340,7 +357,7 @@ impl Ledger {
             return Err(FitError {
                 setting: cpu_setting.into(),
                 device: uuid,
-                requested: frac(share as u64),
+                requested: frac(share.ppm() as u64),
                 available: frac((PPM as u64).saturating_sub(cpu)),
             }
             .into());
@@ -369,7 +386,7 @@ impl Ledger {
                 .into());
             }
         }
-        d.compute_reserved.fetch_add(share as u64, SeqCst);
+        d.compute_reserved.fetch_add(share.ppm() as u64, SeqCst);
         let s = &self.slices()[si];
         // SAFETY: under the lock, record not yet published (state FREE).
         unsafe {
@@ -378,10 +395,11 @@ impl Ledger {
         s.device.store(device as u32, SeqCst);
         s.memory_limit.store(memory.unwrap_or(NO_LIMIT), SeqCst);
         s.memory_used.0.store(0, SeqCst);
-        s.compute_share_ppm.store(share, SeqCst);
-        s.compute_cap_ppm.store(cap, SeqCst);
-        s.operator_defined.store(operator as u32, SeqCst);
-        s.private.store(private as u32, SeqCst);
+        s.compute_share_ppm.store(share.ppm(), SeqCst);
+        s.compute_cap_ppm.store(cap.ppm(), SeqCst);
+        s.operator_defined
+            .store((origin == Origin::Operator) as u32, SeqCst);
+        s.private.store((origin == Origin::Private) as u32, SeqCst);
         s.attached.store(0, SeqCst);
         s.alloc_denied_total.store(0, SeqCst);
         s.alloc_total.store(0, SeqCst);

@@ -14,6 +14,7 @@
 //! `EOWNERDEAD`) and `reap_dead` can repair: the sums `memory_reserved`, `compute_reserved`
 //! and `attached` are always recomputable from the slice and process records.
 
+mod compute;
 mod join;
 mod procs;
 mod reap;

@@ -3,6 +3,7 @@
 //! a slice goes (removed by the operator, or with its last process). Apart from admission,
 //! which only decides whether a new slice fits.
 
+use super::join::{NewSlice, Origin};
 use super::Ledger;
 use crate::error::LedgerError;
 use crate::layout::*;
@@ -18,10 +19,10 @@ pub struct OperatorSlice {
     pub device: String,
     /// Quota in bytes.
     pub memory: u64,
-    /// Guarantee, ppm.
-    pub compute_share_ppm: u32,
-    /// Cap, ppm ([`PPM`]: none).
-    pub compute_cap_ppm: u32,
+    /// Guarantee.
+    pub compute_share: Share,
+    /// Cap.
+    pub compute_cap: Cap,
     /// A label to find the slice by (Kubernetes `namespace/name`), shown by `status`.
     pub claim: Option<String>,
 }
@@ -73,17 +74,16 @@ impl Ledger {
         if claim.len() >= CLAIM_LEN || claim.bytes().any(|b| b.is_ascii_control()) {
             return Err(LedgerError::BadName(claim.into()));
         }
-        let si = self.create_slice_locked(
-            &spec.name,
-            dev,
-            Some(spec.memory),
-            spec.compute_share_ppm,
-            spec.compute_cap_ppm,
-            false,
-            true,
-            "--memory",
-            "--compute",
-        )?;
+        let si = self.create_slice_locked(&NewSlice {
+            name: &spec.name,
+            device: dev,
+            memory: Some(spec.memory),
+            share: spec.compute_share,
+            cap: spec.compute_cap,
+            origin: Origin::Operator,
+            memory_setting: "--memory",
+            compute_setting: "--compute",
+        })?;
         // SAFETY: under the lock; the record was just created and no process joined it yet.
         unsafe { self.slices()[si].claim.set(claim) };
         Ok(si)

@@ -23,14 +23,10 @@ pub fn monitor_running(dir: &Path) -> Option<u32> {
     let d = RuntimeDir::open(dir).ok()?;
     if d.owner() == Owner::Root {
         // A node directory seen by a tenant: the lock is root's; ask the monitor itself.
-        let pid = gpuslice_protocol::ask(
-            d.fd(),
-            &gpuslice_protocol::Message::new("op", "ping"),
-            Duration::from_secs(2),
-        )
-        .ok()?
-        .ok()?;
-        return pid.parse().ok();
+        let pong = gpuslice_protocol::ask(d.fd(), gpuslice_protocol::Ping, Duration::from_secs(2))
+            .ok()?
+            .ok()?;
+        return Some(pong.pid);
     }
     let mut f = File::from(d.open_file(LOCK_FILE, OpenHow::READ).ok()?);
     // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.

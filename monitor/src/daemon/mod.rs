@@ -52,7 +52,7 @@ use crate::cli::{self, Failure};
 use crate::ledger_window::LedgerWindow;
 use crate::nvml::{Gpu, Nvml};
 use crate::prom::MonitorFacts;
-use options::{group_gid, parse, Options, OPERATOR_GROUP_NAME, USAGE};
+use options::{group_gid, parse, Options, USAGE};
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -81,7 +81,6 @@ type Shared = Arc<Mutex<MonitorFacts>>;
 fn run(opts: Options) -> Result<(), Failure> {
     let dir = cli::runtime_dir();
     gpuslice_ledger::dir::check_absolute(&dir).map_err(|e| Failure::usage(e.to_string(), USAGE))?;
-    let _ = OPERATOR_GROUP_NAME.set(opts.operator_group.clone());
     // Node mode for root on the node's default directory, or where a node policy already is
     // (a monitor restarted without --mode, or started by `gpuslice run`).
     let node_mode = opts.node.unwrap_or_else(|| {
@@ -130,7 +129,10 @@ fn run(opts: Options) -> Result<(), Failure> {
             ledger,
             regions,
             limits: opts.limits,
-            operator_gid: group_gid(&opts.operator_group),
+            operator_group: crate::admission::OperatorGroup {
+                gid: group_gid(&opts.operator_group),
+                name: opts.operator_group.clone(),
+            },
             balloons: balloons.clone(),
             nvml: Nvml::load().ok(),
         });

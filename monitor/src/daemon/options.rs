@@ -11,15 +11,6 @@ pub(super) const USAGE: &cli::Command = &crate::commands::MONITOR;
 /// The operator group's default name (docs/operations.md).
 pub const OPERATOR_GROUP: &str = "gpuslice";
 
-pub(super) static OPERATOR_GROUP_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-/// The operator group this monitor accepts (`--operator-group`).
-pub fn operator_group_name() -> &'static str {
-    OPERATOR_GROUP_NAME
-        .get()
-        .map_or(OPERATOR_GROUP, |s| s.as_str())
-}
-
 /// The gid of a group, if it exists.
 pub(super) fn group_gid(name: &str) -> Option<u32> {
     let c = std::ffi::CString::new(name).ok()?;

@@ -5,8 +5,10 @@
 //!
 //! One job a file: `mod.rs` opening the ledger (or the node's monitor), registering, reaping;
 //! `snapshot.rs` the ledger's snapshot as the node every view shows; `slices.rs` operator
-//! slices (`slice create|set|rm`).
+//! slices (`slice create|set|rm`); `operator.rs` where their changes go (the ledger, or the
+//! node's monitor), decided once.
 
+mod operator;
 pub mod slices;
 mod snapshot;
 
@@ -14,7 +16,6 @@ use crate::admission::RegionTable;
 use crate::cli::Failure;
 use crate::nvml::Gpu;
 use gpuslice_ledger::{Ledger, LedgerError};
-use gpuslice_protocol::{self as protocol, Message};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -26,7 +27,7 @@ impl From<LedgerError> for Failure {
 
 /// Whether `dir` holds a node policy (root's directory in node mode).
 pub fn is_node_dir(dir: &str) -> bool {
-    gpuslice_ledger::cdi::is_node_dir(dir)
+    gpuslice_cdi::is_node_dir(dir)
 }
 
 /// An open ledger.
@@ -34,6 +35,8 @@ pub struct LedgerWindow {
     ledger: Arc<Ledger>,
     /// Node mode, in the monitor: the slice regions it made and hands out.
     regions: Option<Arc<RegionTable>>,
+    /// Where `slice create|set|rm` go (decided once, here).
+    operator: &'static dyn operator::Operator,
 }
 
 impl LedgerWindow {
@@ -49,6 +52,7 @@ impl LedgerWindow {
 
     fn new(ledger: Ledger) -> LedgerWindow {
         LedgerWindow {
+            operator: operator::for_ledger(&ledger),
             ledger: Arc::new(ledger),
             regions: None,
         }
@@ -62,6 +66,7 @@ impl LedgerWindow {
         ledger.set_regions(regions.clone());
         regions.recover_all(&ledger);
         Ok(LedgerWindow {
+            operator: operator::for_ledger(&ledger),
             ledger,
             regions: Some(regions),
         })
@@ -70,23 +75,6 @@ impl LedgerWindow {
     /// The ledger and the regions, for the admission socket (node mode only).
     pub fn parts(&self) -> Option<(Arc<Ledger>, Arc<RegionTable>)> {
         Some((self.ledger.clone(), self.regions.clone()?))
-    }
-
-    /// Whether operator commands go through the monitor: a node policy this process cannot
-    /// write (anyone but root). The monitor decides whether the caller is an operator.
-    fn via_monitor(&self) -> bool {
-        self.ledger.is_node() && !self.ledger.writable()
-    }
-
-    /// One operator request to the node's monitor; its `ok` value, or its refusal as an error.
-    fn ask_monitor(&self, m: &Message) -> Result<String, Failure> {
-        protocol::ask(
-            self.ledger.dir().fd(),
-            m,
-            std::time::Duration::from_secs(10),
-        )
-        .map_err(|e| Failure::Other(format!("{e} (is the node's monitor running?)")))?
-        .map_err(|e| Failure::Other(e.message))
     }
 
     /// Whether the file this maps is still the ledger in its directory (an operator may have

@@ -6,19 +6,18 @@ use super::LedgerWindow;
 use crate::cli::Failure;
 use crate::view::SliceView;
 use gpuslice_ledger::secret::Secret;
-use gpuslice_ledger::{OperatorSlice, PPM};
-use gpuslice_protocol::Message;
-use gpuslice_quantity::Size;
+use gpuslice_ledger::OperatorSlice;
+use gpuslice_quantity::{Cap, Share, Size};
 
 /// What `slice create` asks for, parsed but not yet resolved against a device.
 #[derive(Debug, Clone)]
 pub struct SliceSpec {
     pub name: String,
     pub memory: Size,
-    /// Guarantee, ppm.
-    pub compute_ppm: u32,
-    /// Ceiling, ppm; `None` for none.
-    pub cap_ppm: Option<u32>,
+    /// Guarantee.
+    pub compute: Share,
+    /// Ceiling.
+    pub cap: Cap,
     /// `I` (NVML index where NVML is available, else ledger index) or a UUID.
     pub device: String,
     /// Node mode: the only uid whose processes may join it (`None`: any).
@@ -134,37 +133,16 @@ impl LedgerWindow {
         memory: u64,
         secret: Option<&Secret>,
     ) -> Result<(), Failure> {
-        if self.via_monitor() {
-            let mut m = Message::new("op", "slice-create");
-            m.push("name", &req.name)
-                .push("device", uuid)
-                .push("memory", &memory.to_string())
-                .push("share", &req.compute_ppm.to_string())
-                .push("cap", &req.cap_ppm.unwrap_or(PPM).to_string());
-            if let Some(u) = req.owner {
-                m.push("owner", &u.to_string());
-            }
-            if let Some(s) = secret {
-                m.push("secret", s.expose());
-            }
-            self.ask_monitor(&m)?;
-        } else {
-            self.ledger.create_operator_slice_with_secret(
-                &OperatorSlice {
-                    name: req.name.clone(),
-                    device: uuid.to_string(),
-                    memory,
-                    compute_share_ppm: req.compute_ppm,
-                    compute_cap_ppm: req.cap_ppm.unwrap_or(PPM),
-                    claim: None,
-                },
-                secret,
-            )?;
-            if let Some(u) = req.owner {
-                self.ledger.set_slice_owner(&req.name, uuid, u)?;
-            }
-        }
-        Ok(())
+        let slice = OperatorSlice {
+            name: req.name.clone(),
+            device: uuid.to_string(),
+            memory,
+            compute_share: req.compute,
+            compute_cap: req.cap,
+            claim: None,
+        };
+        self.operator
+            .create(&self.ledger, &slice, req.owner, secret)
     }
 
     /// Change slice `name` live (every device it is on); returns on how many devices. In node
@@ -174,35 +152,13 @@ impl LedgerWindow {
         name: &str,
         change: &gpuslice_ledger::SliceChange,
     ) -> Result<usize, Failure> {
-        if self.via_monitor() {
-            let mut m = Message::new("op", "slice-set");
-            m.push("name", name);
-            if let Some(v) = change.memory {
-                m.push("memory", &v.to_string());
-            }
-            if let Some(v) = change.compute_share_ppm {
-                m.push("share", &v.to_string());
-            }
-            if let Some(v) = change.compute_cap_ppm {
-                m.push("cap", &v.to_string());
-            }
-            if let Some(v) = change.class {
-                m.push("class", &v.to_string());
-            }
-            let r = self.ask_monitor(&m)?;
-            return Ok(r.parse().unwrap_or(0));
-        }
-        Ok(self.ledger.set_slice(name, change)?)
+        self.operator.set(&self.ledger, name, change)
     }
 
     /// Remove an operator slice on every device; how many records went away at once (one with
     /// processes attached goes with its last process).
     pub fn remove_slice(&self, name: &str) -> Result<usize, Failure> {
-        if self.via_monitor() {
-            let r = self.ask_monitor(&Message::new("op", "slice-rm").push("name", name).clone())?;
-            return Ok(r.parse().unwrap_or(0));
-        }
-        Ok(self.ledger.remove_slice(name)?)
+        self.operator.remove(&self.ledger, name)
     }
 }
 
@@ -222,11 +178,11 @@ mod tests {
         node.ledger
             .ensure_device(uuid, "Test GPU", 16 * GI)
             .unwrap();
-        let req = |memory: &str, compute_ppm, cap_ppm| SliceSpec {
+        let req = |memory: &str, compute: u32, cap: Option<u32>| SliceSpec {
             name: "op".into(),
             memory: gpuslice_quantity::parse_size("--memory", memory).unwrap(),
-            compute_ppm,
-            cap_ppm,
+            compute: Share::from_ppm(compute),
+            cap: cap.map_or(Cap::NONE, Cap::from_ppm),
             device: "0".into(),
             owner: None,
             secret: None,
@@ -245,8 +201,8 @@ mod tests {
         let join = SliceRequest {
             name: Some("op".into()),
             memory: Some(8 * GI),
-            compute_share_ppm: 0,
-            compute_cap_ppm: PPM,
+            compute_share: Share::NONE,
+            compute_cap: Cap::NONE,
             memory_setting: "GPUSLICE_MEMORY".into(),
             compute_setting: "GPUSLICE_COMPUTE".into(),
         };

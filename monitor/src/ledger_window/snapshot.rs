@@ -72,8 +72,8 @@ impl LedgerWindow {
                         .filter(|r| r.exporter.is_none() && r.slice == Some(sl.index))
                         .fold(0u64, |a, r| a.saturating_add(r.held))
                         .min(sl.memory_used),
-                    compute_share: ratio(sl.compute_share_ppm),
-                    compute_cap: ratio(sl.compute_cap_ppm),
+                    compute_share: sl.compute_share.fraction(),
+                    compute_cap: sl.compute_cap.fraction(),
                     compute_used: compute.used,
                     // Only the living: a dead process awaiting the reaper is in `processes`.
                     pids: {
@@ -264,7 +264,9 @@ fn as_reaped(s: &mut Snapshot, node_mode: bool, exited: &dyn Fn(&ProcInfo) -> bo
                 .memory_reserved
                 .saturating_sub(sl.memory_limit.unwrap_or(0));
             d.memory_used = d.memory_used.saturating_sub(sl.memory_used);
-            d.compute_reserved_ppm = d.compute_reserved_ppm.saturating_sub(sl.compute_share_ppm);
+            d.compute_reserved_ppm = d
+                .compute_reserved_ppm
+                .saturating_sub(sl.compute_share.ppm());
         }
     }
     s.slices = kept;
@@ -274,6 +276,7 @@ fn as_reaped(s: &mut Snapshot, node_mode: bool, exited: &dyn Fn(&ProcInfo) -> bo
 mod tests {
     use super::*;
     use gpuslice_ledger::SliceInfo;
+    use gpuslice_quantity::{Cap, Share};
 
     const GI: u64 = 1 << 30;
     const MI: u64 = 1 << 20;
@@ -323,8 +326,8 @@ mod tests {
             memory_limit: Some(4 * GI),
             memory_used: used,
             context_used: 0,
-            compute_share_ppm: 250_000,
-            compute_cap_ppm: PPM,
+            compute_share: Share::from_ppm(250_000),
+            compute_cap: Cap::NONE,
             attached: pids.len() as u32,
             pids,
             alloc_total: 0,

@@ -254,10 +254,7 @@ fn the_pair_keeps_the_device_busy_on_a_busy_host() {
             let t = Table::new(&[(0.25, 0.0), (0.75, 0.0)]);
             let r = simulate_in(mode, &t, &[ten(1, 7), ten(2, 8)], 10.5);
             let (f, g) = (r.fraction(0, a, b), r.fraction(1, a, b));
-            let charged = |id| {
-                t.get(id)
-                    .map_or(0, |(s, _, _)| s.gpu_ns_total.load(Relaxed))
-            };
+            let charged = |id| t.get(id).map_or(0, |t| t.sched.gpu_ns_total.load(Relaxed));
             let (c1, c2) = (charged(1), charged(2));
             eprintln!(
                 "busy host, pair, node {node} depth {depth}: {f:.3} / {g:.3}, busy {:.3}, one \

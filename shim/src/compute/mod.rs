@@ -415,11 +415,7 @@ fn priority_class() -> Option<u32> {
 
 /// The personal-mode client of a binding: the tenant-run scheduler.
 fn personal_client(b: Binding) -> Option<Scheduler<'static>> {
-    let tenants: &'static LedgerTenants<'static> = Box::leak(Box::new(LedgerTenants {
-        slices: b.slices,
-        hwm: b.slice_hwm,
-        device: b.device as u32,
-    }));
+    let tenants: &'static LedgerTenants<'static> = Box::leak(Box::new(b.tenants));
     Client::new(
         b.sched,
         b.device,
@@ -437,32 +433,28 @@ fn binding(dev: CUdevice) -> Option<Bound> {
     let st = crate::init::state_if_ready()?;
     let d = st.device(dev)?;
     let ledger = st.ledger;
-    let proc_ = ledger.procs().get(st.me.slot)?;
-    let slice = proc_.devices.get(d.ledger_dev)?.slice.load(Acquire) as usize;
-    let dev_rec = ledger.devices().get(d.ledger_dev)?;
-    let slice_rec = ledger.slices().get(slice)?;
+    let b = ledger.compute_binding(st.me, d.ledger_dev)?;
     if !ledger.writable() {
         // Node mode: the monitor grants the turns; this process asks in its region slot.
         let region = d.region?;
         return Some(Bound::Node(NodeBinding {
             words: sched::GrantWords {
-                dev: &dev_rec.sched,
-                beat: &ledger.header().monitor_beat_ns,
-                bell: &ledger.header().turns_bell,
-                class: &slice_rec.sched.class,
+                dev: b.device,
+                beat: b.monitor_beat,
+                bell: b.turns_bell,
+                class: &b.slice_sched.class,
                 shared: &region.header().sched,
                 me: &region.proc_(st.me.slot)?.grant,
             },
-            id: slice as u32 + 1,
+            id: b.slice as u32 + 1,
         }));
     }
     Some(Bound::Personal(Binding {
-        sched: &dev_rec.sched,
+        sched: b.device,
         device: d.ledger_dev,
-        slices: &ledger.slices()[..],
-        slice_hwm: &ledger.header().slice_hwm,
-        slice,
-        proc_sched: &proc_.sched,
+        tenants: ledger.tenants(d.ledger_dev),
+        slice: b.slice,
+        proc_sched: b.proc_sched,
     }))
 }
 
@@ -485,10 +477,8 @@ pub struct Binding {
     pub sched: &'static sched::SchedDevice,
     /// Ledger index of the device.
     pub device: usize,
-    /// The ledger's slice array.
-    pub slices: &'static [gpuslice_ledger::layout::Slice],
-    /// The ledger header's high-water mark of slice records.
-    pub slice_hwm: &'static core::sync::atomic::AtomicU32,
+    /// The device's slices, as the scheduler sees them.
+    pub tenants: LedgerTenants<'static>,
     /// Ledger index of the slice this process joined on the device.
     pub slice: usize,
     /// This process's record's scheduler state.

@@ -12,7 +12,7 @@ use crate::admit::DevState;
 use crate::log::log;
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use gpuslice_abi::*;
-use gpuslice_protocol::{self as protocol, Message};
+use gpuslice_protocol::{self as protocol, Release};
 
 /// Hand-backs asked for one allocation before its out-of-memory stands (a bypass may take
 /// what was handed back before the retry; the second ask gets more).
@@ -82,22 +82,23 @@ fn ask(dev: &DevState, bytes: u64) -> bool {
     let Ok(st) = crate::init::state() else {
         return false;
     };
-    let mut m = Message::new("op", "release");
-    m.push("dev", &dev.uuid).push("bytes", &bytes.to_string());
-    match protocol::call(st.ledger.dir().fd(), &m, TIMEOUT) {
-        Ok((r, _)) => {
-            let freed = r.get("ok").and_then(|v| v.parse::<u64>().ok());
+    let release = Release {
+        device: dev.uuid.clone(),
+        bytes,
+    };
+    match protocol::ask(st.ledger.dir().fd(), release, TIMEOUT) {
+        Ok(answer) => {
             log!(
                 Debug,
                 "device {} full: asked the monitor for {bytes} bytes of this slice's \
                  reservation: {}",
                 dev.ordinal,
-                match (freed, r.get("err")) {
-                    (Some(n), _) => format!("{n} bytes handed back"),
-                    (None, e) => format!("refused ({})", e.unwrap_or("?")),
+                match &answer {
+                    Ok(r) => format!("{} bytes handed back", r.bytes),
+                    Err(refusal) => format!("refused ({refusal})"),
                 }
             );
-            freed.is_some()
+            answer.is_ok()
         }
         Err(e) => {
             if !SAID.swap(true, Relaxed) {

@@ -12,35 +12,29 @@ use crate::init::State;
 use crate::log::log;
 use core::ffi::c_int;
 use gpuslice_ledger::{Import, LedgerError, LetGo, ShareKey};
-use gpuslice_protocol::{self as protocol, Message};
+use gpuslice_protocol::{
+    self as protocol, Call, Imported, ShareExport, ShareImport, ShareLeave, ShareLetGo,
+};
 
 /// How long one question to the monitor may take (it answers at once).
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// In node mode ask the monitor `m` (with descriptor `fd`, if any) and read its `ok` value
-/// with `node`; with a personal ledger, do `personal` on it.
-fn tell<T>(
+/// In node mode ask the monitor `req` (with descriptor `fd`, if any) and read its reply with
+/// `node`; with a personal ledger, do `personal` on it.
+fn tell<C: Call, T>(
     st: &State,
-    m: &Message,
+    req: C,
     fd: Option<c_int>,
-    node: impl FnOnce(&str) -> T,
+    node: impl FnOnce(C::Reply) -> T,
     personal: impl FnOnce() -> Result<T, LedgerError>,
 ) -> Result<T, String> {
     if !st.ledger.is_node() {
         return personal().map_err(|e| e.to_string());
     }
     let fds: Vec<c_int> = fd.into_iter().collect();
-    let (r, _) =
-        protocol::call_with(st.ledger.dir().fd(), m, &fds, TIMEOUT).map_err(|e| e.to_string())?;
-    match (r.get("ok"), r.get("err")) {
-        (Some(v), _) => Ok(node(v)),
-        (None, e) => Err(e.unwrap_or("no answer").to_string()),
-    }
-}
-
-/// A record index as the monitor answers it (`-`: none).
-fn record(v: &str) -> Option<usize> {
-    v.parse().ok()
+    let (answer, _) =
+        protocol::exchange(st.ledger.dir().fd(), req, &fds, TIMEOUT).map_err(|e| e.to_string())?;
+    answer.map(node).map_err(|refusal| refusal.message)
 }
 
 /// The personal ledger's part for descriptor `fd`: `f` with its identity (`None` when it is
@@ -55,13 +49,21 @@ fn keyed<T>(
 /// This process exported `bytes` charged on `dev` as the POSIX descriptor `fd`: the record
 /// of the export (`None`: not registered, charged here until this process exits).
 pub(super) fn export(st: &State, dev: &DevState, fd: c_int, bytes: u64) -> Option<usize> {
-    let mut m = Message::new("op", "share-export");
-    m.push("dev", &dev.uuid).push("bytes", &bytes.to_string());
-    let r = tell(st, &m, Some(fd), record, || {
-        keyed(fd, |k| {
-            st.ledger.share_export(st.me, dev.ledger_dev, k, bytes)
-        })
-    });
+    let req = ShareExport {
+        device: dev.uuid.clone(),
+        bytes,
+    };
+    let r = tell(
+        st,
+        req,
+        Some(fd),
+        |e| e.record,
+        || {
+            keyed(fd, |k| {
+                st.ledger.share_export(st.me, dev.ledger_dev, k, bytes)
+            })
+        },
+    );
     match r {
         Ok(Some(rec)) => Some(rec),
         Ok(None) => {
@@ -84,27 +86,14 @@ pub(super) fn export(st: &State, dev: &DevState, fd: c_int, bytes: u64) -> Optio
     }
 }
 
-/// The monitor's answer to `share-import` (`monitor/src/shared.rs`).
-fn imported(v: &str) -> Import {
-    let w: Vec<&str> = v.split(' ').collect();
-    let n = |i: usize| w.get(i).and_then(|x| x.parse::<u64>().ok());
-    let us = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
-    match (w.first().copied(), n(1), n(2), n(3)) {
-        (Some("held"), Some(rec), None, None) => Import::Held(us(rec)),
-        (Some("adopted"), Some(rec), Some(dev), Some(bytes)) => Import::Adopted {
-            rec: us(rec),
-            dev: us(dev),
-            bytes,
-        },
-        (Some("refused"), Some(dev), Some(bytes), None) => Import::Refused {
-            dev: us(dev),
-            bytes,
-        },
-        (Some("charge"), Some(dev), Some(bytes), None) => Import::Charge {
-            dev: us(dev),
-            bytes,
-        },
-        _ => Import::Unknown,
+/// The monitor's answer to `share-import`, as the ledger's.
+fn imported(i: Imported) -> Import {
+    match i {
+        Imported::Held(rec) => Import::Held(rec),
+        Imported::Adopted { rec, dev, bytes } => Import::Adopted { rec, dev, bytes },
+        Imported::Refused { dev, bytes } => Import::Refused { dev, bytes },
+        Imported::Charge { dev, bytes } => Import::Charge { dev, bytes },
+        Imported::Unknown => Import::Unknown,
     }
 }
 
@@ -112,8 +101,7 @@ fn imported(v: &str) -> Import {
 /// counted on a record someone is charged for, charged for an orphan (or refused, or told to
 /// charge itself), or neither.
 pub(super) fn import(st: &State, fd: c_int) -> Import {
-    let m = Message::new("op", "share-import");
-    let r = tell(st, &m, Some(fd), imported, || {
+    let r = tell(st, ShareImport, Some(fd), imported, || {
         ShareKey::of_fd(fd).map_or(Ok(Import::Unknown), |k| st.ledger.share_import(st.me, k))
     });
     r.unwrap_or_else(|e| {
@@ -128,14 +116,13 @@ pub(super) fn import(st: &State, fd: c_int) -> Import {
 
 /// The exporter let go of record `rec`'s allocation: what to do with its charge.
 pub(super) fn let_go(st: &State, rec: usize) -> LetGo {
-    let mut m = Message::new("op", "share-let-go");
-    m.push("rec", &rec.to_string());
-    let answer = |v: &str| match v {
-        "handed-over" => LetGo::HandedOver,
-        "uncharge" => LetGo::Uncharge,
-        _ => LetGo::Keep,
+    let answer = |l: protocol::LetGo| match l {
+        protocol::LetGo::HandedOver => LetGo::HandedOver,
+        protocol::LetGo::Uncharge => LetGo::Uncharge,
+        protocol::LetGo::Keep => LetGo::Keep,
     };
-    let r = tell(st, &m, None, answer, || st.ledger.share_let_go(st.me, rec));
+    let req = ShareLetGo { record: rec };
+    let r = tell(st, req, None, answer, || st.ledger.share_let_go(st.me, rec));
     r.unwrap_or_else(|e| {
         log!(
             Warn,
@@ -148,11 +135,9 @@ pub(super) fn let_go(st: &State, rec: usize) -> LetGo {
 
 /// This process let go of its last handle and mapping of record `rec`'s allocation.
 pub(super) fn leave(st: &State, rec: usize) {
-    let mut m = Message::new("op", "share-leave");
-    m.push("rec", &rec.to_string());
     let r = tell(
         st,
-        &m,
+        ShareLeave { record: rec },
         None,
         |_| (),
         || st.ledger.share_leave(st.me, rec).map(|_| ()),

@@ -5,7 +5,9 @@
 //! The artifacts (`libfakegpu.so`, `libgpuslice.so`, `gpuslice-burn`, `gpuslice`) are found
 //! beside the test executable's profile directory, so `cargo build --workspace && cargo test
 //! --workspace` (what `scripts/test.sh` runs) uses the ones just built, whatever
-//! `CARGO_TARGET_DIR` is.
+//! `CARGO_TARGET_DIR` is. `cargo test -p gpuslice-e2e` alone does not rebuild them (they are
+//! not dependencies of this crate), so [`artifact`] refuses one older than a source it is built
+//! from and says what to run.
 
 pub mod container;
 pub mod node;
@@ -21,7 +23,8 @@ pub const GI: u64 = 1 << 30;
 
 /// Device memory one context takes on a fake device of `total` bytes with the default
 /// `FAKEGPU_CONTEXT_MEMORY` (docs/fakegpu.md, "Headroom"): 1/32 of the device, at most 512 MiB.
-/// It shows in the device's used memory and in the process's NVML usage, never in a quota.
+/// It shows in the device's used memory and in the process's NVML usage, and node mode charges
+/// it inside the quota of the process's slice (issue #34).
 pub fn fake_context_bytes(total: u64) -> u64 {
     (total / 32).min(512 * MI)
 }
@@ -50,7 +53,46 @@ pub fn profile_dir() -> PathBuf {
     }
 }
 
-/// A built artifact of the workspace; panics with what to run when it is missing.
+/// The workspace crates each artifact the tests run is built from: `cargo test -p
+/// gpuslice-e2e` does not rebuild them (nothing here depends on them as crates), so
+/// [`artifact`] refuses one older than any of their sources.
+const BUILT_FROM: &[(&str, &[&str])] = &[
+    (
+        "libgpuslice.so",
+        &["shim", "ledger", "sched", "protocol", "quantity", "abi"],
+    ),
+    (
+        "gpuslice",
+        &[
+            "monitor", "ledger", "sched", "protocol", "quantity", "abi", "nvml", "cdi",
+        ],
+    ),
+    ("gpuslice-burn", &["tests/burn", "quantity", "abi"]),
+];
+
+/// The newest `.rs` file under `dir` (recursively), with its modification time.
+fn newest_source(dir: &std::path::Path) -> Option<(std::time::SystemTime, PathBuf)> {
+    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        let found = if p.is_dir() {
+            newest_source(&p)
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            e.metadata().and_then(|m| m.modified()).ok().map(|t| (t, p))
+        } else {
+            None
+        };
+        if let Some(f) = found {
+            if newest.as_ref().is_none_or(|n| f.0 > n.0) {
+                newest = Some(f);
+            }
+        }
+    }
+    newest
+}
+
+/// A built artifact of the workspace; panics with what to run when it is missing, or older
+/// than a source file it is built from (a test would otherwise run yesterday's shim).
 pub fn artifact(name: &str) -> PathBuf {
     let p = profile_dir().join(name);
     assert!(
@@ -58,6 +100,33 @@ pub fn artifact(name: &str) -> PathBuf {
         "{} is missing: run `cargo build --workspace` before the tests (scripts/test.sh does)",
         p.display()
     );
+    // Once per artifact and test process: the walk reads a few hundred directory entries.
+    static CHECKED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
+    if checked.iter().any(|c| c == name) {
+        return p;
+    }
+    checked.push(name.to_string());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root = root.canonicalize().unwrap_or(root);
+    let crates = BUILT_FROM
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(&[][..], |(_, c)| c);
+    let built = std::fs::metadata(&p).and_then(|m| m.modified()).ok();
+    for c in crates {
+        if let (Some(built), Some((changed, source))) =
+            (built, newest_source(&root.join(c).join("src")))
+        {
+            assert!(
+                changed <= built,
+                "{} is older than {}: run `cargo build --workspace` before the tests \
+                 (scripts/test.sh does)",
+                p.display(),
+                source.display()
+            );
+        }
+    }
     p
 }
 

@@ -60,26 +60,29 @@ pub fn serve_child(modes: &[ChildMode]) {
 /// What a child mode asks the node's monitor to admit it with, as the shim asks it: device 0
 /// of the node in `dir`, with the memory quota `memory` (`None`: best effort) and the compute
 /// share `share_ppm`, into slice `slice` (`None`: its user's best-effort slice). The socket's
-/// directory, to send it through (`gpuslice_protocol::call`).
+/// directory, to send it through (`gpuslice_protocol::exchange`).
 pub fn admit_request(
     dir: &Path,
     slice: Option<&str>,
     memory: Option<u64>,
     share_ppm: u32,
-) -> (gpuslice_ledger::RuntimeDir, gpuslice_protocol::Message) {
+) -> (gpuslice_ledger::RuntimeDir, gpuslice_protocol::AdmitRequest) {
     let d = gpuslice_ledger::RuntimeDir::open(dir).unwrap();
     let l = gpuslice_ledger::Ledger::open(dir).unwrap();
     let uuid = l.snapshot().devices[0].uuid.clone();
-    let memory = memory.map_or("-".to_string(), |m| m.to_string());
-    let mut m = gpuslice_protocol::Message::new("op", "admit");
-    if let Some(slice) = slice {
-        m.push("slice", slice);
-    }
-    m.push(
-        "dev",
-        &format!("{uuid}\t{memory}\t{share_ppm}\t1000000\tX\tY"),
-    );
-    (d, m)
+    let req = gpuslice_protocol::AdmitRequest {
+        slice: slice.map(String::from),
+        devices: vec![gpuslice_protocol::DeviceRequest {
+            uuid,
+            memory,
+            compute_share: gpuslice_ledger::Share::from_ppm(share_ppm),
+            compute_cap: gpuslice_ledger::Cap::NONE,
+            memory_setting: "X".into(),
+            compute_setting: "Y".into(),
+        }],
+        ..Default::default()
+    };
+    (d, req)
 }
 
 /// Admitted by the node's monitor with [`admit_request`] (the test fails if it is refused): the
@@ -90,9 +93,10 @@ pub fn admitted_region(
     memory: Option<u64>,
     share_ppm: u32,
 ) -> gpuslice_ledger::region::Region {
-    let (d, m) = admit_request(dir, slice, memory, share_ppm);
-    let (r, fds) = gpuslice_protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
-    assert!(r.get("err").is_none(), "{r:?}");
+    let (d, req) = admit_request(dir, slice, memory, share_ppm);
+    let (answer, fds) =
+        gpuslice_protocol::exchange(d.fd(), req, &[], Duration::from_secs(10)).unwrap();
+    assert!(answer.is_ok(), "{answer:?}");
     gpuslice_ledger::region::Region::from_fd(fds.into_iter().next().unwrap(), true).unwrap()
 }
 
@@ -451,17 +455,20 @@ pub fn burn_json(o: &Output) -> serde_json::Value {
     serde_json::from_str(line).unwrap()
 }
 
-/// `cmd`, a `gpuslice-burn` in a 4 GiB slice, run with `--alloc 3Gi,1Gi,512Mi --json`: it sees
-/// a 4 GiB GPU, gets 3 GiB and 1 GiB, and the next 512 MiB is refused with
-/// CUDA_ERROR_OUT_OF_MEMORY (2); the test fails showing its output otherwise.
-pub fn assert_held_to_4_gib(cmd: &mut Command) {
+/// `cmd`, a `gpuslice-burn` in a 4 GiB slice whose CUDA context is charged `context` bytes
+/// inside the quota (node mode: [`crate::fake_context_bytes`]; 0 in personal mode), run with
+/// `--alloc 3Gi,<the rest>,512Mi --json`: it sees a 4 GiB GPU, gets 3 GiB and the rest of the
+/// quota, and the next 512 MiB is refused with CUDA_ERROR_OUT_OF_MEMORY (2); the test fails
+/// showing its output otherwise.
+pub fn assert_held_to_4_gib(cmd: &mut Command, context: u64) {
+    let gi = 1u64 << 30;
+    let rest = gi - context;
     let o = cmd
-        .args(["--alloc", "3Gi,1Gi,512Mi", "--json"])
+        .args(["--alloc", &format!("3Gi,{rest},512Mi"), "--json"])
         .output()
         .unwrap();
     let v = burn_json(&o);
-    let gi = 1u64 << 30;
     assert_eq!(v["mem_total"], 4 * gi, "{}", text(&o));
-    assert_eq!(v["allocated_bytes"], 4 * gi, "{}", text(&o));
+    assert_eq!(v["allocated_bytes"], 4 * gi - context, "{}", text(&o));
     assert_eq!(v["alloc_errors"], serde_json::json!([2]), "{}", text(&o));
 }

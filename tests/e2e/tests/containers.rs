@@ -16,6 +16,9 @@ use std::process::Stdio;
 
 const GI: u64 = 1 << 30;
 
+/// What node mode charges a context inside its slice's quota on the tests' 16 GiB fake GPU.
+const CONTEXT: u64 = 512 << 20;
+
 #[test]
 fn a_gpuslice_cdi_spec_holds_every_process_of_the_container() {
     need_root!();
@@ -45,15 +48,15 @@ fn a_gpuslice_cdi_spec_holds_every_process_of_the_container() {
 
     // A process that cleared its environment (`env -i`): no LD_PRELOAD, no GPUSLICE_*; the
     // loader preloads the shim from /etc/ld.so.preload, which reads the slice from the file.
-    assert_held_to_4_gib(&mut c.command(TENANT_A, &hw, &burn));
+    assert_held_to_4_gib(&mut c.command(TENANT_A, &hw, &burn), CONTEXT);
 
     // A process with the container's environment: LD_PRELOAD and /etc/ld.so.preload name the
-    // same library, which the loader maps once; held to 4 GiB, not charged twice (3 GiB then
-    // 1 GiB would fail at 2 GiB charged per GiB).
+    // same library, which the loader maps once; held to 4 GiB, not charged twice (3 GiB would
+    // fail at 2 GiB charged per GiB).
     let mut env = c.env();
     env.extend(hw.iter().copied());
     assert!(env.iter().any(|(k, _)| *k == "LD_PRELOAD"), "{env:?}");
-    assert_held_to_4_gib(&mut c.command(TENANT_A, &env, &burn));
+    assert_held_to_4_gib(&mut c.command(TENANT_A, &env, &burn), CONTEXT);
 
     // Another copy of the library in LD_PRELOAD (an image's own): the loader binds every
     // call to the first one loaded, and the other is never called: charged once too.
@@ -63,7 +66,10 @@ fn a_gpuslice_cdi_spec_holds_every_process_of_the_container() {
         "mkdir -p \"$R/opt/own\" && cp {} \"$R/opt/own/\"",
         lib.display()
     );
-    assert_held_to_4_gib(&mut c.command_after(TENANT_A, &other, &burn, &copy));
+    assert_held_to_4_gib(
+        &mut c.command_after(TENANT_A, &other, &burn, &copy),
+        CONTEXT,
+    );
 
     // ... and it is in the slice: the node's status lists it there while it holds 1 GiB.
     let mut holder = c

@@ -917,7 +917,8 @@ fn zero_used(dir: &Path) {
 /// connection and say the reply (`reply ...`).
 fn stale_peer(dir: &Path) {
     use gpuslice_protocol as protocol;
-    let (d, m) = admit_request(dir, None, None, 0);
+    let (d, req) = admit_request(dir, None, None, 0);
+    let m = protocol::Request::from(req).encode();
     // SAFETY: constants.
     let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
     assert!(s >= 0);

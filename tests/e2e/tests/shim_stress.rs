@@ -2,7 +2,7 @@
 //! the ledger (this test plays the monitor's part: it samples and reaps).
 
 use gpuslice_e2e::{artifact, fake_context_bytes, spawn_holding, wait_within, World, GI, MI};
-use gpuslice_ledger::{Ledger, OperatorSlice, PPM};
+use gpuslice_ledger::{Cap, Ledger, OperatorSlice, Share};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -21,8 +21,8 @@ fn operator_slice(w: &World, name: &str, memory: u64) -> Ledger {
             name: name.into(),
             device: uuid,
             memory,
-            compute_share_ppm: 0,
-            compute_cap_ppm: PPM,
+            compute_share: Share::NONE,
+            compute_cap: Cap::NONE,
             claim: None,
         })
         .unwrap();

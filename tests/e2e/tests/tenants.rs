@@ -829,7 +829,7 @@ fn scribble_region(dir: &Path) {
 /// Child mode `view`, in the node's runtime directory `dir`.
 fn view(dir: &Path) {
     use gpuslice_ledger::region::Region;
-    use gpuslice_protocol::{self as protocol, Message};
+    use gpuslice_protocol::{self as protocol, Why};
     let d = gpuslice_ledger::RuntimeDir::open(dir).unwrap();
     let l = gpuslice_ledger::Ledger::open(dir).unwrap();
     let snap = l.snapshot();
@@ -840,13 +840,17 @@ fn view(dir: &Path) {
             .unwrap_or_else(|| panic!("no slice {name}: {snap:?}"))
             .index
     };
-    let ask = |si: usize| {
-        let mut m = Message::new("op", "view");
-        m.push("slice", &si.to_string());
-        protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap()
+    let ask = |slice: usize| {
+        protocol::exchange(
+            d.fd(),
+            protocol::View { slice },
+            &[],
+            Duration::from_secs(10),
+        )
+        .unwrap()
     };
     let (r, fds) = ask(slice_of("mine"));
-    assert!(r.get("err").is_none(), "{r:?}");
+    assert!(r.is_ok(), "{r:?}");
     let fd = fds.into_iter().next().expect("a descriptor");
     assert!(
         Region::from_fd(fd.try_clone().unwrap(), true).is_err(),
@@ -861,7 +865,8 @@ fn view(dir: &Path) {
     );
     let (r, fds) = ask(slice_of("theirs"));
     assert!(
-        r.get("err").is_some_and(|e| e.contains("not yours")),
+        r.as_ref()
+            .is_err_and(|e| e.why == Why::Denied && e.message.contains("not yours")),
         "{r:?}"
     );
     assert!(fds.is_empty());
@@ -882,12 +887,12 @@ fn scribble_pool(dir: &Path) {
 /// Child mode `admit-twice`, in the node's runtime directory `dir`.
 fn admit_twice(dir: &Path) {
     use gpuslice_protocol as protocol;
-    let (d, m) = admit_request(dir, None, None, 0);
-    let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
-    assert!(r.get("err").is_none(), "{r:?}");
-    let (r, _) = protocol::call(d.fd(), &m, Duration::from_secs(10)).unwrap();
+    let (d, req) = admit_request(dir, None, None, 0);
+    let r = protocol::ask(d.fd(), req.clone(), Duration::from_secs(10)).unwrap();
+    assert!(r.is_ok(), "{r:?}");
+    let r = protocol::ask(d.fd(), req, Duration::from_secs(10)).unwrap();
     assert!(
-        r.get("err").is_some_and(|e| e.contains("admitted already")),
-        "{r:?}"
+        r.is_err_and(|e| e.message.contains("admitted already")),
+        "admitted twice"
     );
 }

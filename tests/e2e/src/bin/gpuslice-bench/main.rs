@@ -46,47 +46,75 @@ fn list(v: &str) -> Vec<String> {
         .collect()
 }
 
-/// The flags each subcommand takes (`--all` alone, the others with a value).
-fn flags(cmd: &str) -> Option<&'static [&'static str]> {
-    Some(match cmd {
-        "shares" => &[
-            "--scenario",
-            "--kernel-us",
-            "--launch",
-            "--seconds",
-            "--all",
-        ],
-        "overhead" => &["--launches"],
-        "freeze" => &["--runs", "--seconds"],
-        "pair" => &["--depths", "--modes", "--runs", "--seconds"],
-        "latency" => &["--seconds"],
-        _ => return None,
-    })
+/// One subcommand and the flags it takes: each flag's name and what its value looks like
+/// (empty for a switch). The usage text and the check of a command line both come from
+/// [`COMMANDS`], so they cannot drift apart (as the monitor's `commands.rs`).
+struct Command {
+    name: &'static str,
+    flags: &'static [(&'static str, &'static str)],
 }
+
+/// Every subcommand a user runs (`launch-loop` and `burst-loop` are the harness's own).
+const COMMANDS: &[Command] = &[
+    Command {
+        name: "shares",
+        flags: &[
+            ("--scenario", "pair,article,eight,cap,idle,alone"),
+            ("--kernel-us", "20,1000,5000"),
+            ("--launch", "plain,ex,graph"),
+            ("--seconds", "S"),
+            ("--all", ""),
+        ],
+    },
+    Command {
+        name: "overhead",
+        flags: &[("--launches", "N")],
+    },
+    Command {
+        name: "freeze",
+        flags: &[("--runs", "N"), ("--seconds", "S")],
+    },
+    Command {
+        name: "latency",
+        flags: &[("--seconds", "S")],
+    },
+    Command {
+        name: "pair",
+        flags: &[
+            ("--depths", "1,2,8"),
+            ("--modes", "personal,node"),
+            ("--runs", "N"),
+            ("--seconds", "S"),
+        ],
+    },
+];
 
 /// Every argument after the subcommand is a known flag or a flag's value: a misspelt flag
 /// (or `--help`) must not start a run of several minutes with the defaults.
 fn check_flags(args: &[String]) {
-    let Some(known) = flags(&args[0]) else { return };
+    let Some(cmd) = COMMANDS.iter().find(|c| c.name == args[0]) else {
+        return;
+    };
     let mut i = 1;
     while i < args.len() {
         let a = args[i].as_str();
         if a == "--help" || a == "-h" {
             usage_to(0);
         }
-        if !known.contains(&a) {
+        let Some((_, value)) = cmd.flags.iter().find(|(f, _)| *f == a) else {
+            let known: Vec<&str> = cmd.flags.iter().map(|(f, _)| *f).collect();
             eprintln!(
                 "gpuslice-bench {}: unknown argument {a:?}; it takes {}",
                 args[0],
                 known.join(", ")
             );
             usage();
-        }
-        if a != "--all" && i + 1 >= args.len() {
+        };
+        if !value.is_empty() && i + 1 >= args.len() {
             eprintln!("gpuslice-bench {}: {a} needs a value", args[0]);
             usage();
         }
-        i += if a == "--all" { 1 } else { 2 };
+        i += if value.is_empty() { 1 } else { 2 };
     }
 }
 
@@ -95,14 +123,20 @@ fn usage() -> ! {
 }
 
 fn usage_to(code: i32) -> ! {
-    eprintln!(
-        "usage: gpuslice-bench shares [--scenario pair,article,eight,cap,idle,alone] \
-         [--kernel-us 20,1000,5000] [--launch plain,ex,graph] [--seconds S] [--all]\n       \
-         gpuslice-bench overhead [--launches N]\n       gpuslice-bench freeze [--runs N] [--seconds S]\n       \
-         gpuslice-bench latency [--seconds S]\n       \
-         gpuslice-bench pair [--depths 1,2,8] [--modes personal,node] [--runs N] [--seconds S]\n       \
-         gpuslice-bench launch-loop N"
-    );
+    let mut lines = vec![];
+    for c in COMMANDS {
+        let mut line = format!("gpuslice-bench {}", c.name);
+        for (f, v) in c.flags {
+            if v.is_empty() {
+                line.push_str(&format!(" [{f}]"));
+            } else {
+                line.push_str(&format!(" [{f} {v}]"));
+            }
+        }
+        lines.push(line);
+    }
+    lines.push("gpuslice-bench launch-loop N".into());
+    eprintln!("usage: {}", lines.join("\n       "));
     std::process::exit(code)
 }
 

@@ -1,6 +1,7 @@
 //! The Container Device Interface spec that puts a container in a slice, built in one place for
 //! `gpuslice cdi` (one spec an operator writes by hand) and `gpuslice-dra` (one spec per
-//! Kubernetes claim). Only with the crate's `cdi` feature, so the shim does not carry JSON.
+//! Kubernetes claim). A crate of its own, above the ledger, so neither the ledger nor the shim
+//! carries JSON.
 //!
 //! The spec describes one device, `<kind>=<name>`, used beside the GPU's own CDI device (which
 //! brings the device nodes and driver libraries). Its container edits mount the host's
@@ -14,6 +15,8 @@
 //! (naming the library, so the loader puts the shim into every dynamically linked program,
 //! whatever its environment) and at [`CONTAINER_SETTINGS`] (the same variables, for the
 //! programs that lost them).
+
+#![deny(missing_docs)]
 
 /// The CDI version written: the lowest that has everything this spec uses (env and mounts need
 /// 0.3.0; 0.5.0 is understood by every CDI-enabled runtime release, newer ones too).
@@ -134,11 +137,11 @@ pub fn write_files(
     }
     // Never a directory someone else made or can write (or a symlink to one).
     let md = std::fs::symlink_metadata(&dir)?;
-    if !md.is_dir() || md.uid() != crate::dir::euid() {
+    if !md.is_dir() || md.uid() != gpuslice_ledger::dir::euid() {
         return Err(std::io::Error::other(format!(
             "{} is not a directory of uid {}",
             dir.display(),
-            crate::dir::euid()
+            gpuslice_ledger::dir::euid()
         )));
     }
     if md.mode() & 0o777 != 0o700 {
@@ -227,7 +230,7 @@ fn write_via_temporary(
 /// Whether `dir` holds a node-mode policy (root's monitor owns it; containers mount it
 /// read-only).
 pub fn is_node_dir(dir: &str) -> bool {
-    crate::Ledger::open(std::path::Path::new(dir)).is_ok_and(|l| l.is_node())
+    gpuslice_ledger::Ledger::open(std::path::Path::new(dir)).is_ok_and(|l| l.is_node())
 }
 
 #[cfg(test)]
