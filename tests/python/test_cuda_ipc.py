@@ -198,11 +198,12 @@ def test_in_node_mode_a_vmm_export_stays_charged_past_its_exporter(
     xenv, ienv = env("x"), env("y")
     sock = tmp_path / "vmm-node.sock"
     used = lambda: {k.split("/")[-1]: v for k, v in slices_used(gpuslice_bin, xenv).items()}
+    # Node mode charges each process's context inside its slice's quota (CTX each).
     with Client(xenv, "vmm-export", sock) as x, Client(ienv, "vmm-import", sock) as m:
         assert x.ask("create 256")["status"] == 0
         got = handed(x, m, "import")
-        assert got["status"] == 0 and got["read_ok"] and got["free"] == GI, got
-        assert wait_until(lambda: used() == {"x": 256 * MI, "y": 0}, 20), used()
+        assert got["status"] == 0 and got["read_ok"] and got["free"] == GI - CTX, got
+        assert wait_until(lambda: used() == {"x": 256 * MI + CTX, "y": CTX}, 20), used()
         if exporter_end == "exit":
             assert x.ask("exit")["event"] == "exit" and x.proc.wait(timeout=30) == 0
         else:
@@ -210,8 +211,8 @@ def test_in_node_mode_a_vmm_export_stays_charged_past_its_exporter(
             x.proc.wait(timeout=30)
         assert wait_until(lambda: "reaped pid" in node_monitor.log(), 20), node_monitor.log()
         still = m.ask("read")
-        assert still["read_ok"] and still["free"] == GI, still
-        assert used() == {"x": 256 * MI, "y": 0}, node_monitor.log()
+        assert still["read_ok"] and still["free"] == GI - CTX, still
+        assert used() == {"x": 256 * MI, "y": CTX}, node_monitor.log()
         gone = m.ask("unmap")
         assert gone["unmap"] == 0 and gone["release"] == 0, gone
         assert wait_until(lambda: "x" not in used(), 20), (used(), node_monitor.log())
@@ -233,7 +234,11 @@ def orphan_case(gpu_env, gpuslice_bin, tmp_path, reaped, exporter_end, node=Fals
     CUDA_ERROR_OUT_OF_MEMORY and charges nothing."""
     def env(name, quota="1Gi"):
         return gpu_env(preload=True, GPUSLICE_MEMORY=quota, GPUSLICE_SLICE=name)
-    xenv, ienv, senv = env("x"), env("y"), env("small", "128Mi")
+    # Node mode charges each process's context inside its slice's quota: `small` has room for
+    # its context and 128 MiB.
+    c = CTX if node else 0
+    xenv, ienv = env("x"), env("y")
+    senv = env("small", f"{(128 * MI + c) // MI}Mi")
     sock = tmp_path / "vmm-orphan.sock"
     used = lambda: {k.split("/")[-1]: v for k, v in slices_used(gpuslice_bin, xenv).items()}
     with Client(xenv, "vmm-export", sock) as x, Client(ienv, "vmm-import", sock) as m, \
@@ -261,13 +266,13 @@ def orphan_case(gpu_env, gpuslice_bin, tmp_path, reaped, exporter_end, node=Fals
         assert refused["free"] == 128 * MI, refused
         got = m.ask("import")
         assert got["status"] == 0 and got["read_ok"], got
-        assert got["free"] == GI - 256 * MI, ("charged as its own allocation", got)
-        assert wait_until(lambda: used() == {"y": 256 * MI, "small": 0}, 20), used()
+        assert got["free"] == GI - 256 * MI - c, ("charged as its own allocation", got)
+        assert wait_until(lambda: used() == {"y": 256 * MI + c, "small": c}, 20), used()
         gone = m.ask("unmap")
         assert gone["unmap"] == 0 and gone["release"] == 0, gone
         assert node or gone["free"] == GI, gone
-        assert wait_until(lambda: used() == {"y": 0, "small": 0}, 20), used()
-        assert m.ask("info")["free"] == GI
+        assert wait_until(lambda: used() == {"y": c, "small": c}, 20), used()
+        assert m.ask("info")["free"] == GI - c
         assert m.proc.poll() is None and small.proc.poll() is None
     assert "audit:" not in reaped(), reaped()
 
@@ -319,14 +324,15 @@ def test_in_node_mode_another_tenant_can_neither_release_nor_pin_an_export(
             r = h.ask("forge share-import devnull")["reply"]
             assert r.get("ok") == "-", r
         forge_all()
-        assert used() == {"x": 256 * MI, "y": 0, "h": 0}
+        # Each process's context is charged inside its slice (node mode).
+        assert used() == {"x": 256 * MI + CTX, "y": CTX, "h": CTX}
         x.proc.kill()
         x.proc.wait(timeout=30)
         assert wait_until(lambda: "reaped pid" in node_monitor.log(), 20), node_monitor.log()
         forge_all()
-        assert used() == {"x": 256 * MI, "y": 0, "h": 0}, "released early"
+        assert used() == {"x": 256 * MI, "y": CTX, "h": CTX}, "released early"
         assert m.ask("unmap")["unmap"] == 0
-        assert wait_until(lambda: used() == {"y": 0, "h": 0}, 20), "pinned"
+        assert wait_until(lambda: used() == {"y": CTX, "h": CTX}, 20), "pinned"
         assert m.proc.poll() is None and h.proc.poll() is None
     assert "audit:" not in node_monitor.log(), node_monitor.log()
 

@@ -119,7 +119,16 @@ fn run(opts: Options) -> Result<(), Failure> {
                 "balloons off (--balloons off): reserved memory is held in software only; a \
                  program without the library can take memory other slices reserved"
             );
-            charge_contexts(&ledger, nvml.as_ref(), opts.context_memory, false);
+            // Contexts are charged all the same: unless --context-memory says what one costs,
+            // the driver is opened to measure the monitor's own (its primary contexts stay
+            // retained, as with balloons: the device memory they take is the monitor's).
+            let probe = opts
+                .context_memory
+                .is_none()
+                .then(crate::balloon::Balloons::open)
+                .and_then(Result::ok);
+            charge_contexts(&ledger, nvml.as_ref(), opts.context_memory, probe.is_some());
+            drop(probe);
             None
         };
         // Compute turns: granted by this monitor from here on (tenants cannot write leases).
