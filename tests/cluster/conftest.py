@@ -31,3 +31,12 @@ def cluster():
     c = Cluster.from_env_line(env, ROOT)
     c.check_up()
     return c
+
+
+@pytest.fixture
+def ns(cluster, request):
+    """A namespace of the test's own (named after it), removed with all in it at the end."""
+    name = "t-" + request.node.name.replace("_", "-")[:50].rstrip("-")
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.delete("namespace", name, timeout="180s")

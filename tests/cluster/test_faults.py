@@ -20,13 +20,6 @@ from test_placement import allocation, slice_of
 GI = 1 << 30
 
 
-@pytest.fixture
-def ns(cluster, request):
-    name = "t-" + request.node.name.replace("_", "-")[:50].rstrip("-")
-    cluster.kubectl("create", "namespace", name)
-    yield name
-    cluster.delete("namespace", name, timeout="180s")
-
 
 def start_holder(cluster, ns, name="holder", memory="4Gi", hold="2Gi"):
     cluster.apply([w.claim_template(f"{name}-claim", ns, memory, 100),

@@ -15,13 +15,6 @@ import workloads as w
 from kube import quantities
 
 
-@pytest.fixture
-def ns(cluster, request):
-    name = "t-" + request.node.name.replace("_", "-")[:50].rstrip("-")
-    cluster.kubectl("create", "namespace", name)
-    yield name
-    cluster.delete("namespace", name, timeout="180s")
-
 
 def slice_of(status, claim):
     """The gpuslice slice of a claim ("namespace/name") in `gpuslice status --json`."""
