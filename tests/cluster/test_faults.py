@@ -12,7 +12,6 @@ import signal
 import subprocess
 import time
 
-import pytest
 
 import workloads as w
 from test_placement import allocation, slice_of

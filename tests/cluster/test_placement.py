@@ -9,7 +9,6 @@ found from the CLOCK_MONOTONIC stamps of their lines (one clock for the whole no
 
 import json
 
-import pytest
 
 import workloads as w
 from kube import quantities
