@@ -15,6 +15,8 @@
 #   scripts/cluster.sh down     stop everything and remove the cluster's state
 #   scripts/cluster.sh env      print the exports (KUBECONFIG, PATH) for a shell
 #   scripts/cluster.sh restart kubelet    stop and start the kubelet (a test's fault)
+#   scripts/cluster.sh logs-on-failure WHAT   print pods, events and the components' last log
+#                               lines when WHAT (the failures) is not empty; for CI's log
 #
 # Where things go (docs/cluster.md says more):
 #   GPUSLICE_CLUSTER_CACHE  (default /var/cache/gpuslice-ci/cluster): Go module and build
@@ -420,6 +422,27 @@ cmd_status() {
     if alive kube-apiserver; then
         "$bin/kubectl" --kubeconfig "$state/admin.kubeconfig" get nodes -o wide || true
     fi
+}
+
+# After a failed test run (the failures named in $1; nothing when empty): what a reader of CI's
+# log needs to see why, before `down` removes the state. Pods, events, gpuslice's own logs and the
+# tail of each component's log.
+cmd_logs_on_failure() {
+    [ -n "${1:-}" ] || return 0
+    local bin kc c
+    bin=$(bin_dir)
+    kc=("$bin/kubectl" --kubeconfig "$state/admin.kubeconfig" --request-timeout=20s)
+    echo "=== cluster state after: $1"
+    if alive kube-apiserver; then
+        "${kc[@]}" get nodes,pods,resourceclaims -A -o wide 2>&1 || true
+        "${kc[@]}" get events -A --sort-by=.lastTimestamp 2>&1 | tail -n 40 || true
+        "${kc[@]}" -n gpuslice-system logs ds/gpuslice --all-containers --tail=80 2>&1 || true
+    fi
+    for c in kubelet kube-scheduler kube-apiserver containerd; do
+        [ -f "$logs/$c.log" ] || continue
+        echo "=== last lines of $logs/$c.log"
+        tail -n 30 "$logs/$c.log"
+    done
 }
 
 cmd_down() {

@@ -3,6 +3,7 @@ the plugin's ResourceSlices, kube-scheduler places the claims within each device
 what does not fit stays Pending with the scheduler's reason, and nothing is left after."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -18,7 +19,8 @@ def test_scale_bench_small(cluster, tmp_path):
         [sys.executable, str(cluster.root / "tests/cluster/scale_bench.py"), "--nodes", "3",
          "--gpus", "2", "--gpu-memory", "16Gi", "--pods", "12", "--driver", "sim.gpuslice.dev",
          "--settle", "5", "--timeout", "300", "--json", str(out)],
-        capture_output=True, text=True, timeout=600, env=dict(cluster.env))
+        # CARGO_TARGET_DIR (CI's is outside the checkout) says where the release binaries are.
+        capture_output=True, text=True, timeout=600, env={**os.environ, **cluster.env})
     assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
     assert "| shared |" in p.stdout and "| whole |" in p.stdout, p.stdout
     res = {r["mode"]: r for r in json.loads(out.read_text())["results"]}
