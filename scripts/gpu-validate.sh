@@ -34,8 +34,9 @@
 #                                   free less its own context (+130 MiB: the balloons' 64 MiB
 #                                   hysteresis per slice), and must leave the device full
 #     tenants allocate 4Gi beside   while the bypass holds, each tenant's first process gets
-#                                   4 x 1 GiB (its context from the room its admission handed
-#                                   back, the rest from its balloon), then OUT_OF_MEMORY
+#                                   what cuMemGetInfo calls free (the quota less its context,
+#                                   charged inside it) in 1 GiB pieces, from its slice's
+#                                   balloon, then OUT_OF_MEMORY; the context's size is shown
 #     cuda ipc / vmm fd charged once tenant A shares 1 GiB (256 MiB on the fake) from slice
 #                                   tenant-a with a process of its own 512 MiB slice: the ledger
 #                                   charges the exporter's slice only, NVML counts the memory to

@@ -646,8 +646,24 @@ def node_tenants(rec, a):
         tag = os.path.basename(base)
         notes += quota_fill_notes(tag, o, a.quota, a.unit)
         nums[tag] = quota_fill_numbers(o)
-        shown.append(gib(nums[tag]["allocated_bytes"]))
-    rec.verdict(a.name, notes, " and ".join(shown) + ", then OOM", f"{gib(a.quota)} each, OOM at it", nums)
+        got = nums[tag]["allocated_bytes"]
+        # Node mode charges the process's context inside the quota (issue #34): what it can
+        # allocate is what cuMemGetInfo called free at its start, to within one piece, and the
+        # context is what the quota lost to it.
+        free = o.get("mem_free")
+        if free is None:
+            notes.append(f"{tag}: burn reported no cuMemGetInfo at its start")
+            shown.append(gib(got))
+            continue
+        ctx = a.quota - free
+        nums[tag]["context"] = ctx
+        if got < free - a.unit:
+            notes.append(f"{tag}: {got} bytes allocated of {free} that cuMemGetInfo called free")
+        if not 0 < ctx <= a.quota // 4:
+            notes.append(f"{tag}: the quota less the free memory at start is {mib(ctx)}, not a context's size")
+        shown.append(f"{gib(got)} (context {mib(ctx)} inside the quota)")
+    rec.verdict(a.name, notes, " and ".join(shown) + ", then OOM",
+                f"{gib(a.quota)} each less its context, OOM at it", nums)
 
 
 def allocated(slice_json, missing=-1):
