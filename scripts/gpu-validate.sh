@@ -6,7 +6,7 @@
 # every number to a results file (text + JSON) and prints a table last. With --fake, the
 # burn-based checks and the node-mode section run on the fake GPU instead, so CI keeps the
 # script from rotting (tests/e2e/tests/gpu_validate.rs); the PyTorch/JAX/CuPy/nvidia-smi
-# checks are then SKIP, never PASS. docs/benchmarks.md, "Real GPU", says how to run it through
+# checks are then SKIP, never PASS. docs/benchmarks/real-gpu.md says how to run it through
 # the device tool (the exact command) and where its figures go.
 #
 # Two sections, each check in order, none stopping the next (a FAIL is recorded, the run goes

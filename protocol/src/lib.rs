@@ -20,7 +20,7 @@
 //! Why a hand-written codec and not serde: the shim links this crate into every CUDA process
 //! and needs nothing from crates.io but `libc`; `serde_json` would add about 150 KB of code to
 //! `libgpuslice.so` for a dozen flat messages (the typed codec adds 14 KB; measured in
-//! docs/architecture.md, "Dependencies"), and change the wire format running shims speak. The
+//! docs/architecture/dependencies.md), and change the wire format running shims speak. The
 //! types are the contract; the codec is two `match`es, fuzzed.
 
 #![deny(missing_docs)]

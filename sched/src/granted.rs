@@ -40,8 +40,8 @@ use super::work::Work;
 /// at load 5 (the holder woke late, or the monitor, or the next holder: 1-8 % of the device);
 /// past the engine's 2 ms time slice the next holder's kernels would interleave with the
 /// leftover, and 1 ms and 2 ms both cost the 0.25 tenant of the pair or an attacker's slice a
-/// point in the simulation (`tests/hostile.rs`), so 1.5 ms (docs/benchmarks.md, "Issue 20,
-/// round 3 (h7/handover)").
+/// point in the simulation (`tests/hostile.rs`), so 1.5 ms (docs/benchmarks/2026-12-02.md,
+/// "Issue 20, round 3 (h7/handover)").
 pub const NODE_HANDOFF_LEAD_NS: u64 = 1_500_000;
 /// A monitor heartbeat older than this means no monitor grants turns: launch unthrottled.
 pub const MONITOR_STALE_NS: u64 = 500_000_000;

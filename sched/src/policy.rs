@@ -29,7 +29,7 @@ pub const MAX_LEASE_NS: u64 = 200_000_000;
 /// A holder hands over when its queued work needs about this much more: a wake-up and a first
 /// launch of the next holder, so the engine does not idle between turns. 300 µs was too short
 /// on a busy 2-core host (the engine idled at most handovers, and a two-process slice next to a
-/// one-process slice got 0.52-0.55 of the device at equal shares, `docs/benchmarks.md`).
+/// one-process slice got 0.52-0.55 of the device at equal shares, `docs/benchmarks/2026-12-01.md`).
 pub const HANDOFF_LEAD_NS: u64 = 1_000_000;
 /// A lease this far past its end is taken over (its holder is dead, hung or descheduled).
 pub const GRACE_NS: u64 = 5_000_000;

@@ -178,7 +178,7 @@ struct Mode {
 /// Stretches up to `end` in which a process on a busy host cannot run, drawn from `seed`
 /// (the same on every run): after 1-12 ms of running, 0.1-2.5 ms without a CPU, as a process
 /// waits its turn on a 2-vCPU host with four or five runnable threads beside it (the real
-/// pair's host at load 4-6: `docs/benchmarks.md`, "Issue 20, round 3").
+/// pair's host at load 4-6: `docs/benchmarks/2026-12-02.md`, "Issue 20, round 3").
 fn busy_host(seed: u64, end: u64) -> Vec<(u64, u64)> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = move |lo: u64, hi: u64| {

@@ -2,7 +2,8 @@
 (balloons, issue #27; docs/security.md, "Reserved memory is held"). A PyTorch process fills its
 1 GiB quota on the fake GPU as it does in personal mode (ten 96 MiB tensors, then
 `OutOfMemoryError`, `empty_cache` gives everything back), with the balloons on (node mode's
-default) and off; the time each run takes is printed for docs/benchmarks.md ("Balloons").
+default) and off; the time each run takes is printed for docs/benchmarks/2026-12-01.md
+("Balloons").
 With `backend:cudaMallocAsync` (stream-ordered pool allocations) it fills its quota the same on
 a device whose free memory is all its slice's balloon (and is told its quota is free): the pool
 takes the slow path.

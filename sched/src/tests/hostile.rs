@@ -229,10 +229,10 @@ fn the_headline_pair_gets_its_guarantee() {
 /// every 1-12 ms ([`busy_host`]). Each hand-over waits for the holder to wake and hand back,
 /// the monitor to grant, and the next holder to wake and launch; with node mode's hand-over
 /// lead at 0.5 ms the device idled 4.5 points more than under one launcher alone (0.955 busy at
-/// depth 8, the 0.25 tenant 0.239), as on the fake at load 4-6 (docs/benchmarks.md, "Issue 20,
-/// round 3"). Read against a control in the same simulation: one launcher at the same depth
-/// alone, stalled the same way. Node mode only: personal mode's figures are printed (its split
-/// at depth 8 on a busy host is a known miss, docs/benchmarks.md).
+/// depth 8, the 0.25 tenant 0.239), as on the fake at load 4-6 (docs/benchmarks/2026-12-02.md,
+/// "Issue 20, round 3"). Read against a control in the same simulation: one launcher at the
+/// same depth alone, stalled the same way. Node mode only: personal mode's figures are printed
+/// (its split at depth 8 on a busy host is a known miss, docs/benchmarks/2026-12-02.md).
 #[test]
 fn the_pair_keeps_the_device_busy_on_a_busy_host() {
     let mut failed = Vec::new();

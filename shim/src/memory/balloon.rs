@@ -47,7 +47,7 @@ pub(super) fn refused<T>(
             let (again, out) = alloc();
             r = again;
             if r == CUDA_SUCCESS {
-                // The slow path's cost, for docs/benchmarks.md ("Balloons").
+                // The slow path's cost, for docs/benchmarks.md ("balloon slow path").
                 log!(
                     Debug,
                     "slow path for {bytes} bytes on device {}: allocated after {} µs",

@@ -273,7 +273,7 @@ fn many_processes_of_a_slice_queue_one_turn_together() {
     let t1: f64 = many.iter().map(|r| fraction_in(r, from, to)).sum();
     let t2 = fraction_in(&one, from, to);
     let part = t2 / (t1 + t2);
-    // The figures of docs/benchmarks.md (`-- --nocapture`).
+    // The figures of docs/benchmarks/2026-12-01.md (`-- --nocapture`).
     eprintln!(
         "eight processes x 16 deep at 0.25: {t1:.3}; one at 0.75: {t2:.3}; its part {part:.3}"
     );

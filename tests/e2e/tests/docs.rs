@@ -2,8 +2,8 @@
 //! emits (`gpuslice metrics`, and the monitor's `/metrics`) is in docs/operations.md, and
 //! every variable the shim's configuration reads is in docs/configuration.md. A new metric or
 //! variable without its documentation fails here. And docs/architecture.md's map matches the
-//! folders: every workspace crate is in it, and every path it names exists (a rename or move
-//! that leaves the map behind fails here).
+//! folders: every workspace crate is in it, and every path it and its detail pages
+//! (docs/architecture/) name exists (a rename or move that leaves the map behind fails here).
 
 use gpuslice_e2e::World;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -165,9 +165,38 @@ fn architecture_md_names_every_crate_and_only_paths_that_exist() {
         unnamed.is_empty(),
         "workspace crates docs/architecture.md does not name (as `dir/`): {unnamed:?}"
     );
-    // Every path from the top of the repository.
+    // Every path it and its detail pages (docs/architecture/) name.
+    let mut missing = missing_paths(&repo, "docs/architecture.md", &md);
+    let details = repo.join("docs/architecture");
+    let mut pages: Vec<_> = std::fs::read_dir(&details)
+        .unwrap_or_else(|e| panic!("{}: {e}", details.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.sort();
+    assert!(
+        !pages.is_empty(),
+        "no detail pages in {}",
+        details.display()
+    );
+    for page in pages {
+        let name = format!(
+            "docs/architecture/{}",
+            page.file_name().unwrap().to_string_lossy()
+        );
+        missing.extend(missing_paths(&repo, &name, &repo_file(&name)));
+    }
+    assert!(
+        missing.is_empty(),
+        "paths the architecture docs name that do not exist: {missing:?}"
+    );
+}
+
+/// The paths `md` (the file `name`) names from the top of the repository that do not exist.
+fn missing_paths(repo: &Path, name: &str, md: &str) -> Vec<String> {
     let tops = [
         "abi/",
+        "cdi/",
         "deploy/",
         "docs/",
         "k8s/",
@@ -181,15 +210,18 @@ fn architecture_md_names_every_crate_and_only_paths_that_exist() {
         "shim/",
         "tests/",
     ];
-    let mut missing: Vec<String> = spans
+    let mut missing: Vec<String> = code_spans(md)
         .iter()
         .filter(|s| tops.iter().any(|t| s.starts_with(t)) && !s.contains(' '))
-        .filter(|s| !exists(&repo, s))
-        .map(|s| s.to_string())
+        .filter(|s| !exists(repo, s))
+        .map(|s| format!("{s} (in {name})"))
         .collect();
     // A section heading names its files relative to its first path: `shim/src/hooks.rs`,
     // `dlsym.rs` is shim/src/dlsym.rs (or beside the first path's folder).
-    for heading in md.lines().filter(|l| l.starts_with("## ")) {
+    for heading in md
+        .lines()
+        .filter(|l| l.starts_with("# ") || l.starts_with("## "))
+    {
         let names = code_spans(heading);
         let Some(first) = names.first().filter(|f| f.contains('/')) else {
             continue;
@@ -202,12 +234,9 @@ fn architecture_md_names_every_crate_and_only_paths_that_exist() {
         };
         for n in names.iter().skip(1).filter(|n| !n.contains('/')) {
             if !exists(&dir, n) && !exists(dir.parent().unwrap(), n) {
-                missing.push(format!("{n} (in {heading:?})"));
+                missing.push(format!("{n} (in {name}, {heading:?})"));
             }
         }
     }
-    assert!(
-        missing.is_empty(),
-        "paths docs/architecture.md names that do not exist: {missing:?}"
-    );
+    missing
 }

@@ -591,7 +591,7 @@ fn sixty_four_best_effort_slices_take_nothing_guaranteed() {
         }
     }
     // Only the 0.25 slice is waited for: a best-effort slice gets the device only while no
-    // guaranteed slice competes (docs/architecture.md, "Compute"), so beside t1's saturating
+    // guaranteed slice competes (docs/architecture/compute.md), so beside t1's saturating
     // slice the 64 may never get the engine at all; on an idle host they did not in 60 s.
     m.wait_running(&t1[..1]);
     let b = t2(&n, &m, 11.5);

@@ -769,7 +769,7 @@ fn balloons_fall_away_with_the_monitor_and_come_back_with_it() {
     kill_all([&mut h]);
 }
 
-/// A benchmark, not a test: the balloons' costs for docs/benchmarks.md ("Balloons"). It is
+/// A benchmark, not a test: the balloons' costs for docs/benchmarks.md ("balloon slow path"). It is
 /// `#[ignore]`d on purpose: it asserts nothing about time (only what its figures rest on: each
 /// run allocated, the hog filled the device), so a default `cargo test` would spend its 10-20 s
 /// (15 slow paths, 5 monitor restarts) on numbers nobody reads. Run it, as root, with
@@ -783,7 +783,7 @@ fn balloons_fall_away_with_the_monitor_and_come_back_with_it() {
 /// `balloons_fall_away_with_the_monitor_and_come_back_with_it`) and
 /// `tests/python/test_node_balloons.py`.
 #[test]
-#[ignore = "a benchmark (docs/benchmarks.md, \"Balloons\"): run with --ignored --nocapture"]
+#[ignore = "a benchmark (docs/benchmarks.md, \"balloon slow path\"): run with --ignored --nocapture"]
 fn balloon_costs() {
     need_root!();
     let median = |mut v: Vec<f64>| {

@@ -1,6 +1,7 @@
-//! Device memory shared between two users' processes on a node (issue 23, docs/architecture.md
-//! "Memory shared between processes"): a root monitor in node mode (`--on-violation kill`),
-//! tenants as unprivileged users passing a VMM allocation's POSIX descriptor over a unix socket.
+//! Device memory shared between two users' processes on a node (issue 23,
+//! docs/architecture/memory.md, "Memory shared between processes"): a root monitor in node
+//! mode (`--on-violation kill`), tenants as unprivileged users passing a VMM allocation's POSIX
+//! descriptor over a unix socket.
 //! The clients are `tests/python/clients/cuda_ipc.py` (ctypes on the fake GPU, one JSON line
 //! per command) run by the system's `/usr/bin/python3` as each user. Every test needs root;
 //! without root it prints why and passes vacuously. CI runs as root.

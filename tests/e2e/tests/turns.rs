@@ -536,8 +536,9 @@ fn first_grant_latency_in_node_mode() {
     );
 }
 
-/// The request/response latency scenario of `gpuslice-bench latency` (docs/benchmarks.md,
-/// "Compute shares: issue 14"), in personal mode and in node mode side by side: a client
+/// The request/response latency scenario of `gpuslice-bench latency`
+/// (docs/benchmarks/2026-12-01.md, "Compute shares: issue 14"), in personal mode and in node
+/// mode side by side: a client
 /// (`gpuslice-bench burst-loop`: bursts of 20 kernels of 50 µs, each burst waited for, 10 ms
 /// apart; share 0.2) alone, next to a trainer (`gpuslice-burn`, 2 ms kernels 16 deep, share
 /// 0.6), and next to it with `GPUSLICE_PRIORITY=latency`; the client's p50/p99 burst latency
