@@ -117,6 +117,31 @@ impl RegionTable {
         }
         n
     }
+
+    /// After a restart, once [`Self::recover_all`] ran: the slices charged only by exported
+    /// memory their records hold (`Ledger::held_by_records`: their processes gone, a descriptor
+    /// or importer still holding it) had their region held by the dead monitor alone, so none
+    /// was recovered. Each is made again with its counter at what the records hold, so a new
+    /// process of the slice finds the charge, and the records' let-go returns it from there
+    /// (never from a fresh counter that lacks it). The (region key, bytes) restored.
+    pub fn restore_held(&self, ledger: &Ledger) -> Result<Vec<(u32, u64)>, LedgerError> {
+        let mut restored = vec![];
+        for (d, a, held) in ledger.held_by_records()? {
+            let Some(key) = region_key(a, d) else {
+                continue;
+            };
+            let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            if m.contains_key(&key) {
+                continue; // recovered from a live member: its counter already has the bytes
+            }
+            let r = Region::create(key, ledger.header().generation.load(SeqCst))?;
+            // Nobody else has the region yet: no member, so the counter is the records' alone.
+            r.header().memory_used.0.store(held, SeqCst);
+            m.insert(key, Arc::new(r));
+            restored.push((key, held));
+        }
+        Ok(restored)
+    }
 }
 
 /// Reopen the region of `key` through `/proc/<pid>/fd` of a live process the policy says is

@@ -350,6 +350,41 @@ impl Ledger {
             .collect()
     }
 
+    /// Node mode: what the records hold themselves (`held`: their exporters gone), summed per
+    /// ledger device and slice, for the slices still active on that device. A monitor restarted
+    /// after such a slice's last process went recovers no region for it (regions are found
+    /// through their members), so it makes the region again with this in its counter: the
+    /// charge stays enforced on the slice, and goes when the records let go.
+    pub fn held_by_records(&self) -> Result<Vec<(usize, u32, u64)>, LedgerError> {
+        if !self.is_node() {
+            return Ok(vec![]);
+        }
+        let _g = self.lock()?;
+        let mut out: Vec<(usize, u32, u64)> = vec![];
+        for r in self.shared() {
+            let (d, a, held) = (
+                r.device.load(SeqCst) as usize,
+                r.account.load(SeqCst),
+                r.held.load(SeqCst),
+            );
+            if r.state.load(SeqCst) != STATE_ACTIVE || held == 0 {
+                continue;
+            }
+            // Only a slice of that device: what `with_counter` would charge once it has a region.
+            let live = self.slices().get(a as usize).is_some_and(|s| {
+                s.state.load(SeqCst) == STATE_ACTIVE && s.device.load(SeqCst) as usize == d
+            });
+            if !live {
+                continue;
+            }
+            match out.iter_mut().find(|(dd, aa, _)| (*dd, *aa) == (d, a)) {
+                Some(e) => e.2 = e.2.saturating_add(held),
+                None => out.push((d, a, held)),
+            }
+        }
+        Ok(out)
+    }
+
     /// The uid of record `rec`'s exporter (the monitor's scan: an unreadable process of a uid
     /// holds back only that uid's records).
     pub fn share_uid(&self, rec: usize) -> Option<u32> {
