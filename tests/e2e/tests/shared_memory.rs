@@ -288,6 +288,8 @@ const RESTART_EXPORTER: u32 = 47043;
 const RESTART_HOLDER: u32 = 47044;
 const RESTART_EXPORTER_2: u32 = 47045;
 const RESTART_IMPORTER: u32 = 47046;
+const RESTART_EXPORTER_3: u32 = 47047;
+const RESTART_IMPORTER_3: u32 = 47048;
 
 /// A plain process (no shim, no CUDA) of `uid` connected to the exporter's socket `sock` that
 /// leaves the descriptor queued there (in flight) until told `receive`; it exits when its stdin
@@ -397,11 +399,12 @@ fn a_descriptor_in_flight_when_its_exporter_exits_stays_charged_until_its_socket
 
 /// Issue #34: a record whose exporter exited survives a monitor killed with SIGKILL and
 /// restarted, held by another user's process: a plain one holding its descriptor, or
-/// (`importer`) one that imported and maps it. The exporter's slice `x` is still charged for it
+/// (`importer`) one that imported and maps it; the exporter exits before the monitor is
+/// killed, or (`exporter_dies_while_down`) is SIGKILLed while it is down. The exporter's slice `x` is still charged for it
 /// (`status`: its usage and the orphan), and enforced as such: a new process of `x` finds the
 /// quota less its context and the record's 256 MiB free, and gets no more. When the holder
 /// exits (or the importer unmaps it), the charge goes and the new process gets the 256 MiB back.
-fn restart_case(exporter: u32, other: u32, importer: bool) {
+fn restart_case(exporter: u32, other: u32, importer: bool, exporter_dies_while_down: bool) {
     need_root!();
     let mut n = Node::new(1, "4Gi", &["--on-violation", "kill"]);
     let ctx = gpuslice_e2e::fake_context_bytes(4 * GI);
@@ -429,18 +432,27 @@ fn restart_case(exporter: u32, other: u32, importer: bool) {
         h = Some(c);
     }
     let reaped = format!("reaped pid {}:", x.pid);
-    x.exit();
-    wait_for("x reaped", &n, || n.monitor_log().contains(&reaped));
-    std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(used(&n).get("x"), Some(&(256 * MI)), "the holder keeps it");
+    let mut alive = Some(x);
+    if !exporter_dies_while_down {
+        alive.take().unwrap().exit();
+        wait_for("x reaped", &n, || n.monitor_log().contains(&reaped));
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(used(&n).get("x"), Some(&(256 * MI)), "the holder keeps it");
+    }
 
     n.stop_monitor();
+    if let Some(mut x) = alive {
+        // Its charge is in its own word of a region only it and the dead monitor held.
+        x.child.kill().unwrap();
+        x.child.wait().unwrap();
+    }
     let restarts = n.monitor_log().matches("node mode: the policy").count();
     n.start_monitor();
     // Past the restarted monitor's first ticks and descriptor scans.
     wait_for("the monitor restarted", &n, || {
         n.monitor_log().matches("node mode: the policy").count() > restarts
     });
+    wait_for("x reaped", &n, || n.monitor_log().contains(&reaped));
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(used(&n).get("x"), Some(&(256 * MI)), "{}", n.monitor_log());
     one_orphan_of_x(&n, 256 * MI, usize::from(importer));
@@ -491,10 +503,15 @@ fn restart_case(exporter: u32, other: u32, importer: bool) {
 
 #[test]
 fn a_record_only_a_descriptor_holds_survives_a_monitor_restart() {
-    restart_case(RESTART_EXPORTER, RESTART_HOLDER, false);
+    restart_case(RESTART_EXPORTER, RESTART_HOLDER, false, false);
 }
 
 #[test]
 fn a_record_an_importer_holds_survives_a_monitor_restart() {
-    restart_case(RESTART_EXPORTER_2, RESTART_IMPORTER, true);
+    restart_case(RESTART_EXPORTER_2, RESTART_IMPORTER, true, false);
+}
+
+#[test]
+fn a_record_whose_exporter_died_while_the_monitor_was_down_stays_charged() {
+    restart_case(RESTART_EXPORTER_3, RESTART_IMPORTER_3, true, true);
 }
