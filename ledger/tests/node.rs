@@ -397,3 +397,44 @@ fn an_export_only_a_descriptor_may_hold_stays_charged_until_released_or_adopted(
     assert!(l.share_release_unheld(rec, k).unwrap().is_empty());
     assert_eq!(r.header().memory_used.load(SeqCst), 0);
 }
+
+/// Issue #34: what a restarted monitor makes a lost region again with: per slice and device,
+/// the bytes the records hold themselves and each still registered exporter's export (its
+/// charge, in its own word), with the slice's quota that bounds it; nothing once they let go.
+#[test]
+fn the_records_say_what_a_restarted_monitor_charges_again() {
+    use gpuslice_ledger::{ProcHandle, RecordCharge, ShareKey};
+    let Some((l, t, _d)) = node("record-charges") else {
+        return;
+    };
+    let x = admit(&l, (40, 1000), Some("x"), Some(4 * GI)).unwrap();
+    let y = admit(&l, (41, 2000), Some("y"), Some(GI)).unwrap();
+    let r = t.make(x.devices[0].key);
+    t.make(y.devices[0].key);
+    let (dev, slice) = (x.devices[0].device, x.devices[0].slice);
+    assert!(
+        Account::in_region(&l.devices()[dev], Some(&l.slices()[slice]), &r, x.slot)
+            .unwrap()
+            .try_charge(GI)
+    );
+    let (xh, yh) = (ProcHandle { slot: x.slot }, ProcHandle { slot: y.slot });
+    let k = ShareKey { dev: 7, ino: 1 };
+    let rec = l.share_export(xh, dev, k, GI).unwrap().unwrap();
+    l.share_import(yh, k).unwrap();
+    let charge = |held, exported| RecordCharge {
+        device: dev,
+        account: slice as u32,
+        held,
+        exported,
+        limit: 4 * GI,
+    };
+    assert_eq!(l.record_charges().unwrap(), [charge(0, vec![(x.slot, GI)])]);
+    // x dies and is reaped: the record holds its gibibyte.
+    l.reap_node(&|p| p.host_pid.load(SeqCst) != 40, t.as_ref())
+        .unwrap();
+    assert_eq!(l.record_charges().unwrap(), [charge(GI, vec![])]);
+    // y leaves, no descriptor is left: nothing to charge again.
+    l.share_leave(yh, rec).unwrap();
+    l.share_release_unheld(rec, k).unwrap();
+    assert_eq!(l.record_charges().unwrap(), []);
+}

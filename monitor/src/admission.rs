@@ -117,6 +117,46 @@ impl RegionTable {
         }
         n
     }
+
+    /// After a restart, once [`Self::recover_all`] ran: the slices charged by exported memory
+    /// their records hold (`Ledger::record_charges`: an importer or a descriptor holds it) whose
+    /// region no live member gave back (their processes gone, or their exporter died while
+    /// the monitor was down) had it held by the dead monitor alone. Each is made again, its
+    /// counter at what the records hold plus, in each still registered exporter's own word,
+    /// what it exported, so a new process of the slice finds the charge, the reaper hands a
+    /// dead exporter's part to its records, and their let-go returns it from there (never from
+    /// a fresh counter that lacks it). The exporters' part is their word, bounded by nothing
+    /// but the slice's quota now: an overcharge of their own slice at worst. The (region key,
+    /// bytes) restored.
+    pub fn restore_held(&self, ledger: &Ledger) -> Result<Vec<(u32, u64)>, LedgerError> {
+        let mut restored = vec![];
+        for c in ledger.record_charges()? {
+            let Some(key) = region_key(c.account, c.device) else {
+                continue;
+            };
+            let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            if m.contains_key(&key) {
+                continue; // recovered from a live member: its counter already has the bytes
+            }
+            let r = Region::create(key, ledger.header().generation.load(SeqCst))?;
+            // Nobody else has the region yet: no member, so the words are the records' alone.
+            let mut budget = c.limit.saturating_sub(c.held);
+            let mut total = c.held;
+            for &(slot, bytes) in &c.exported {
+                let Some(p) = r.proc_(slot) else {
+                    continue;
+                };
+                let n = bytes.min(budget);
+                budget -= n;
+                p.charged.fetch_add(n, SeqCst);
+                total = total.saturating_add(n);
+            }
+            r.header().memory_used.0.store(total, SeqCst);
+            m.insert(key, Arc::new(r));
+            restored.push((key, total));
+        }
+        Ok(restored)
+    }
 }
 
 /// Reopen the region of `key` through `/proc/<pid>/fd` of a live process the policy says is

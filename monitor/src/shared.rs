@@ -81,19 +81,42 @@ pub fn let_go(
 /// record charged (the safe side: an overcharge, never memory charged to nobody).
 const MAX_SCANNED: usize = 1 << 20;
 
+/// A record no process holds a descriptor of, kept because a process of its exporter's uid
+/// holds a unix socket, where the descriptor may be in flight ([`releasable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InFlight {
+    /// The record.
+    pub record: usize,
+    /// Its descriptor's identity (a record reused for another export is another case).
+    pub key: ShareKey,
+    /// Its exporter's uid.
+    pub uid: u32,
+}
+
+/// What [`release_unheld`] did.
+#[derive(Debug, Default)]
+pub struct Unheld {
+    /// The slices that went with the records let go.
+    pub removed: Vec<RemovedSlice>,
+    /// A line per record it could not let go of (retried at the next scan).
+    pub problems: Vec<String>,
+    /// The records kept only for a descriptor that may be in flight; `None` when no complete
+    /// scan ran (nothing to say either way).
+    pub in_flight: Option<Vec<InFlight>>,
+}
+
 /// Node mode: let go of the records only descriptors held and of which no process on the node
-/// holds one any more (the driver released the memory): their charge goes, with the slice it
-/// alone kept. Looks in `/proc/*/fd` only while such records exist; the removed slices, and
-/// a line per record it could not let go of (retried at the next scan).
-pub fn release_unheld(ledger: &Ledger) -> (Vec<RemovedSlice>, Vec<String>) {
-    let (mut removed, mut problems) = (vec![], vec![]);
+/// can hold one any more ([`releasable`]: the driver released the memory): their charge goes,
+/// with the slice it alone kept. Looks in `/proc/*/fd` only while such records exist.
+pub fn release_unheld(ledger: &Ledger) -> Unheld {
+    let mut out = Unheld::default();
     let held = ledger.descriptor_held();
     if held.is_empty() {
-        return (removed, problems);
+        return out;
     }
     let keys: Vec<ShareKey> = held.iter().map(|&(_, k)| k).collect();
     let Some(scan) = open_keys(&keys) else {
-        return (removed, problems);
+        return out;
     };
     let owned: Vec<(usize, ShareKey, Option<u32>)> = held
         .into_iter()
@@ -101,45 +124,76 @@ pub fn release_unheld(ledger: &Ledger) -> (Vec<RemovedSlice>, Vec<String>) {
         .collect();
     for (rec, key) in releasable(&owned, &scan) {
         match ledger.share_release_unheld(rec, key) {
-            Ok(r) => removed.extend(r),
-            Err(e) => problems.push(format!("shared allocation record {rec}: {e}")),
+            Ok(r) => out.removed.extend(r),
+            Err(e) => out
+                .problems
+                .push(format!("shared allocation record {rec}: {e}")),
         }
     }
-    (removed, problems)
+    out.in_flight = Some(in_flight(&owned, &scan));
+    out
 }
 
-/// What a scan of `/proc/*/fd` found: the keys some process holds open, and the uids of the
-/// processes whose descriptors it could not read.
+/// The records of `held` that [`releasable`] keeps only for the unix sockets of their
+/// exporter's uid (no descriptor open, no unreadable process of that uid).
+fn in_flight(held: &[(usize, ShareKey, Option<u32>)], scan: &Scan) -> Vec<InFlight> {
+    held.iter()
+        .filter_map(|&(record, key, uid)| {
+            let uid = uid?;
+            let only_sockets = !scan.open.contains(&key)
+                && !scan.unreadable.contains(&uid)
+                && uid != 0
+                && scan.sockets.contains(&uid);
+            only_sockets.then_some(InFlight { record, key, uid })
+        })
+        .collect()
+}
+
+/// What a scan of `/proc/*/fd` found: the keys some process holds open, the uids of the
+/// processes whose descriptors it could not read, and the uids of the processes holding a unix
+/// socket (real, effective, saved and filesystem uid: any of them may be what it runs as).
 struct Scan {
     open: Vec<ShareKey>,
     unreadable: Vec<u32>,
+    sockets: Vec<u32>,
 }
 
-/// The records of `held` (record, key, exporter's uid) that no process holds a descriptor of,
-/// by `scan`. An unreadable process holds back only the records of exporters of its own uid
-/// (a tenant that hides its descriptors keeps only its own exports charged, never everyone's);
-/// a record whose exporter's uid is unknown is held back by any.
+/// The records of `held` (record, key, exporter's uid) that no process can hold a descriptor
+/// of, by `scan`:
+/// - none holds it open;
+/// - no unreadable process of the exporter's uid (it may hold one: a tenant that hides its
+///   descriptors keeps only its own exports charged, never everyone's);
+/// - no process of the exporter's uid holds a unix socket: a descriptor sent with SCM_RIGHTS
+///   and not yet received is in the receiving socket's queue, in no `/proc/*/fd`, and the
+///   kernel shows no socket's queued descriptors (docs/security.md, "in flight"). Root's
+///   exports are exempt (root is trusted, and its daemons always hold unix sockets).
+///
+/// A record whose exporter's uid is unknown is held back by any of these.
 fn releasable(held: &[(usize, ShareKey, Option<u32>)], scan: &Scan) -> Vec<(usize, ShareKey)> {
     held.iter()
         .filter(|(_, k, _)| !scan.open.contains(k))
         .filter(|(_, _, uid)| match uid {
-            Some(u) => !scan.unreadable.contains(u),
-            None => scan.unreadable.is_empty(),
+            Some(u) => !scan.unreadable.contains(u) && (*u == 0 || !scan.sockets.contains(u)),
+            None => scan.unreadable.is_empty() && scan.sockets.iter().all(|&u| u == 0),
         })
         .map(|&(rec, k, _)| (rec, k))
         .collect()
 }
 
 /// Which of `keys` an open descriptor of some process (not this one: it closes the descriptors
-/// it is sent at once) has, by `stat` of each `/proc/PID/fd/N` (the open file's identity), and
-/// whose descriptors could not be read (by uid); `None` when the scan is not complete: more
-/// than [`MAX_SCANNED`] descriptors, or a process it may not read whose uid it cannot tell.
-/// Stops as soon as every key was found.
+/// it is sent at once) has, by `stat` of each `/proc/PID/fd/N` (the open file's identity); whose
+/// descriptors could not be read (by uid); and who holds a unix socket (by uid: a process's
+/// first unix socket costs a read of its `status`, and its other sockets nothing). `None` when
+/// the scan is not complete: more than [`MAX_SCANNED`] descriptors, or a process it may not
+/// read whose uid it cannot tell. Stops as soon as every key was found.
 fn open_keys(keys: &[ShareKey]) -> Option<Scan> {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let me = std::process::id();
-    let mut found: Vec<ShareKey> = vec![];
-    let mut unreadable: Vec<u32> = vec![];
+    let mut scan = Scan {
+        open: vec![],
+        unreadable: vec![],
+        sockets: vec![],
+    };
     let mut budget = MAX_SCANNED;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry
@@ -158,37 +212,85 @@ fn open_keys(keys: &[ShareKey]) -> Option<Scan> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(_) => {
                 let uid = crate::daemon::uid_of(pid)?;
-                if !unreadable.contains(&uid) {
-                    unreadable.push(uid);
+                if !scan.unreadable.contains(&uid) {
+                    scan.unreadable.push(uid);
                 }
                 continue;
             }
         };
+        let mut has_unix_socket = false;
         for fd in fds.flatten() {
             budget = budget.checked_sub(1)?;
             // A descriptor closed meanwhile holds nothing any more.
             let Ok(st) = std::fs::metadata(fd.path()) else {
                 continue;
             };
+            if !has_unix_socket && st.file_type().is_socket() && is_unix_socket(&fd.path()) {
+                has_unix_socket = true;
+                // A process gone meanwhile holds nothing; one whose uids cannot be read may
+                // be anyone's: the scan is not complete.
+                match uids_of(pid) {
+                    Some(uids) => {
+                        for u in uids {
+                            if !scan.sockets.contains(&u) {
+                                scan.sockets.push(u);
+                            }
+                        }
+                    }
+                    None if !entry.path().exists() => {}
+                    None => return None,
+                }
+            }
             let key = ShareKey {
                 dev: st.dev(),
                 ino: st.ino(),
             };
-            if keys.contains(&key) && !found.contains(&key) {
-                found.push(key);
-                if found.len() == keys.len() {
-                    return Some(Scan {
-                        open: found,
-                        unreadable,
-                    });
+            if keys.contains(&key) && !scan.open.contains(&key) {
+                scan.open.push(key);
+                if scan.open.len() == keys.len() {
+                    return Some(scan);
                 }
             }
         }
     }
-    Some(Scan {
-        open: found,
-        unreadable,
-    })
+    Some(scan)
+}
+
+/// Whether the socket open as `path` (a `/proc/PID/fd/N`) is a unix socket, by its protocol's
+/// name (`system.sockprotoname`: "UNIX", "UNIX-STREAM", "TCP", ...). One that cannot be told is
+/// taken for one (the safe side: a record is kept longer, never let go early).
+fn is_unix_socket(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(p) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return true;
+    };
+    let mut name = [0u8; 32];
+    // SAFETY: both strings are NUL-terminated and live across the call; the kernel writes at
+    // most `name.len()` bytes into `name` and returns how many.
+    let n = unsafe {
+        libc::getxattr(
+            p.as_ptr(),
+            c"system.sockprotoname".as_ptr(),
+            name.as_mut_ptr().cast(),
+            name.len(),
+        )
+    };
+    match usize::try_from(n) {
+        Ok(n) => name.get(..n).is_none_or(|v| v.starts_with(b"UNIX")),
+        Err(_) => true,
+    }
+}
+
+/// The real, effective, saved and filesystem uids of `pid` (`Uid:` of `/proc/PID/status`).
+fn uids_of(pid: u32) -> Option<Vec<u32>> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    let uids: Vec<u32> = line
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    (!uids.is_empty()).then_some(uids)
 }
 
 #[cfg(test)]
@@ -255,12 +357,110 @@ mod tests {
         let all = Scan {
             open: vec![k(3)],
             unreadable: vec![],
+            sockets: vec![],
         };
         assert_eq!(releasable(&held, &all), [(0, k(1)), (1, k(2)), (3, k(4))]);
         let hidden = Scan {
             open: vec![k(3)],
             unreadable: vec![1000],
+            sockets: vec![],
         };
         assert_eq!(releasable(&held, &hidden), [(1, k(2))]);
+    }
+
+    /// Issue #34: a descriptor may be in flight in a unix socket: a process of the exporter's
+    /// uid holding one holds back that uid's records (and those of an unknown exporter), never
+    /// another uid's; root's exports are let go whatever root's processes hold.
+    #[test]
+    fn a_unix_socket_holds_back_only_its_own_uids_records_and_never_roots() {
+        let k = |ino| ShareKey { dev: 1, ino };
+        let held = [
+            (0, k(1), Some(1000)),
+            (1, k(2), Some(2000)),
+            (2, k(3), Some(0)),
+            (3, k(4), None),
+        ];
+        let scan = |sockets| Scan {
+            open: vec![],
+            unreadable: vec![],
+            sockets,
+        };
+        assert_eq!(releasable(&held, &scan(vec![1000])), [(1, k(2)), (2, k(3))]);
+        assert_eq!(
+            releasable(&held, &scan(vec![0])),
+            [(0, k(1)), (1, k(2)), (2, k(3)), (3, k(4))]
+        );
+        // What the monitor says it keeps for a descriptor in flight: uid 1000's record only.
+        let kept = in_flight(&held, &scan(vec![1000, 0]));
+        assert_eq!(
+            kept,
+            [InFlight {
+                record: 0,
+                key: k(1),
+                uid: 1000
+            }]
+        );
+    }
+
+    /// The scan sees who holds a unix socket (by every uid of the process), and not a process
+    /// that holds only other sockets.
+    #[test]
+    fn the_scan_finds_the_holders_of_unix_sockets() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to read every process's descriptors");
+            return;
+        }
+        let uid = 47_099;
+        let spawn = |script: &str| {
+            let mut c = Command::new("setpriv");
+            c.args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+            ])
+            // The system's interpreter: one any user may run (not a root-only shim).
+            .args(["--", "/usr/bin/python3", "-c", script])
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+            // SAFETY: close_range(2) only, async-signal-safe, in the child before exec: it
+            // must not keep the descriptors another test's thread left inheritable meanwhile
+            // (that test checks that nobody holds its own once its child is gone).
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+                    libc::syscall(
+                        libc::SYS_close_range,
+                        3u32,
+                        u32::MAX,
+                        libc::CLOSE_RANGE_CLOEXEC,
+                    );
+                    Ok(())
+                })
+            };
+            c.spawn().unwrap()
+        };
+        let never = [ShareKey { dev: 0, ino: 0 }];
+        let ready = |c: &mut std::process::Child| {
+            let mut b = [0u8; 1];
+            std::io::Read::read_exact(c.stdout.as_mut().unwrap(), &mut b).unwrap();
+        };
+        // A TCP socket carries no descriptors: it holds nothing back.
+        let mut plain = spawn(
+            "import socket, sys; s = socket.socket(); print(1, flush=True); sys.stdin.read()",
+        );
+        ready(&mut plain);
+        let scan = open_keys(&never).unwrap();
+        assert!(!scan.sockets.contains(&uid), "{:?}", scan.sockets);
+        let mut sockets = spawn(
+            "import socket, sys; a, b = socket.socketpair(); print(1, flush=True); sys.stdin.read()",
+        );
+        ready(&mut sockets);
+        let scan = open_keys(&never).unwrap();
+        assert!(scan.sockets.contains(&uid), "{:?}", scan.sockets);
+        for mut c in [plain, sockets] {
+            drop(c.stdin.take());
+            c.wait().unwrap();
+        }
     }
 }

@@ -24,7 +24,7 @@ mod snapshot;
 
 pub use join::{Joined, SliceRequest};
 pub use procs::ProcHandle;
-pub use shared::{Import, LetGo, ShareKey};
+pub use shared::{Import, LetGo, RecordCharge, ShareKey};
 pub use slices::OperatorSlice;
 
 use crate::dir::{Owner, RuntimeDir};

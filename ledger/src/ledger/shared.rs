@@ -74,6 +74,24 @@ impl ShareKey {
     }
 }
 
+/// What the exported-allocation records charge one slice on one device
+/// ([`Ledger::record_charges`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordCharge {
+    /// The ledger device.
+    pub device: usize,
+    /// The slice (its record index, the region's key).
+    pub account: u32,
+    /// Bytes the records hold themselves (their exporters gone).
+    pub held: u64,
+    /// (exporter's process slot, bytes it said it exported) of the records whose exporter is
+    /// still registered; the bytes are the exporter's word, bounded by nothing but `limit`
+    /// once the region that held its charge is gone.
+    pub exported: Vec<(usize, u64)>,
+    /// The slice's quota.
+    pub limit: u64,
+}
+
 /// What [`Ledger::share_import`] did for a descriptor about to be imported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Import {
@@ -348,6 +366,61 @@ impl Ledger {
             .filter(|(_, r)| self.descriptors_only(r))
             .map(|(i, r)| (i, Self::key_of(r)))
             .collect()
+    }
+
+    /// Node mode: what the records charge, per ledger device and slice (for the slices still
+    /// active on that device): what they hold themselves (`held`, their exporters gone) and, for
+    /// those whose exporter is still registered, the exporter and the bytes it exported (its
+    /// charge is in its own words in the slice's region). A monitor restarted after such a
+    /// slice's last live process went recovers no region for it (regions are found through
+    /// their live members), so it makes the region again with these in it: the charge stays
+    /// enforced on the slice, an exporter that died meanwhile hands its part to its records
+    /// when reaped, and the charge goes when they let go.
+    pub fn record_charges(&self) -> Result<Vec<RecordCharge>, LedgerError> {
+        if !self.is_node() {
+            return Ok(vec![]);
+        }
+        let _g = self.lock()?;
+        let mut out: Vec<RecordCharge> = vec![];
+        for r in self.shared() {
+            let (d, a) = (r.device.load(SeqCst) as usize, r.account.load(SeqCst));
+            if r.state.load(SeqCst) != STATE_ACTIVE {
+                continue;
+            }
+            // Only a slice of that device: what `with_counter` would charge once it has a region.
+            let Some(s) = self.slices().get(a as usize).filter(|s| {
+                s.state.load(SeqCst) == STATE_ACTIVE && s.device.load(SeqCst) as usize == d
+            }) else {
+                continue;
+            };
+            let at = match out.iter().position(|c| (c.device, c.account) == (d, a)) {
+                Some(i) => i,
+                None => {
+                    out.push(RecordCharge {
+                        device: d,
+                        account: a,
+                        held: 0,
+                        exported: vec![],
+                        limit: s.memory_limit.load(SeqCst),
+                    });
+                    out.len() - 1
+                }
+            };
+            let c = &mut out[at];
+            c.held = c.held.saturating_add(r.held.load(SeqCst));
+            // An exporter charged in this slice's region (a live one, or one that died and
+            // is not reaped yet).
+            let e = r.exporter.load(SeqCst) as usize;
+            let charged_here = self.procs().get(e).is_some_and(|p| {
+                matches!(p.state.load(SeqCst), STATE_ACTIVE | STATE_DYING)
+                    && p.devices.get(d).map(|pd| pd.account.load(SeqCst)) == Some(a)
+            });
+            if charged_here {
+                c.exported.push((e, r.bytes.load(SeqCst)));
+            }
+        }
+        out.retain(|c| c.held > 0 || !c.exported.is_empty());
+        Ok(out)
     }
 
     /// The uid of record `rec`'s exporter (the monitor's scan: an unreadable process of a uid

@@ -97,7 +97,8 @@ fn run(opts: Options) -> Result<(), Failure> {
         }
     };
     let first = if node_mode {
-        let node = LedgerWindow::open_or_create_node(&dir)?;
+        let (node, restored) = LedgerWindow::open_or_create_node(&dir)?;
+        restored.iter().for_each(|l| log!("{l}"));
         // The devices first: admission accepts only devices the monitor registered (a tenant
         // naming a device cannot register it, or its size).
         if nvml.is_none() {
@@ -213,6 +214,7 @@ fn run(opts: Options) -> Result<(), Failure> {
         facts,
         last_fd_scan: None,
         fd_scan: None,
+        in_flight: vec![],
     };
     let mut last_audit = Instant::now() - Duration::from_secs(10);
     while !cli::stop_requested() {
@@ -264,7 +266,10 @@ struct Monitor {
     /// Node mode: when `/proc/*/fd` was last scanned for exported allocations' descriptors.
     last_fd_scan: Option<Instant>,
     /// That scan while it runs (`scan_descriptors`): its log lines.
-    fd_scan: Option<std::thread::JoinHandle<Vec<String>>>,
+    fd_scan: Option<std::thread::JoinHandle<FdScan>>,
+    /// The records the last complete scan kept only for a descriptor that may be in flight
+    /// (each logged once, when it starts being kept so).
+    in_flight: Vec<crate::shared::InFlight>,
 }
 
 impl Monitor {
@@ -352,7 +357,12 @@ impl Monitor {
     fn scan_descriptors(&mut self, ledger: Option<Arc<gpuslice_ledger::Ledger>>) {
         if self.fd_scan.as_ref().is_some_and(|h| h.is_finished()) {
             match self.fd_scan.take().map(std::thread::JoinHandle::join) {
-                Some(Ok(lines)) => lines.iter().for_each(|l| log!("{l}")),
+                Some(Ok((lines, in_flight))) => {
+                    lines.iter().for_each(|l| log!("{l}"));
+                    if let Some(now) = in_flight {
+                        self.log_in_flight(ledger.as_deref(), now);
+                    }
+                }
                 Some(Err(_)) => log!("the scan for exported allocations' descriptors failed"),
                 None => {}
             }
@@ -365,6 +375,7 @@ impl Monitor {
             return;
         };
         if ledger.descriptor_held().is_empty() {
+            self.in_flight.clear();
             return;
         }
         self.last_fd_scan = Some(Instant::now());
@@ -376,6 +387,42 @@ impl Monitor {
             Ok(h) => self.fd_scan = Some(h),
             Err(e) => log!("cannot start the scan for exported allocations' descriptors: {e}"),
         }
+    }
+}
+
+/// What the descriptor scan's thread returns: its log lines, and the records it kept only for
+/// a descriptor that may be in flight (`None`: no complete scan).
+type FdScan = (Vec<String>, Option<Vec<crate::shared::InFlight>>);
+
+impl Monitor {
+    /// Say once, when it starts, that a record is kept only because its descriptor may be in
+    /// flight in a unix socket of its exporter's uid: the operator's answer to why an exporter's
+    /// slice stays charged with no process holding the memory (docs/security.md).
+    fn log_in_flight(
+        &mut self,
+        ledger: Option<&gpuslice_ledger::Ledger>,
+        now: Vec<crate::shared::InFlight>,
+    ) {
+        for f in now.iter().filter(|f| !self.in_flight.contains(f)) {
+            let what = ledger.and_then(|l| {
+                let r = l.shared().get(f.record)?;
+                let held = r.held.load(std::sync::atomic::Ordering::SeqCst);
+                let account = r.account.load(std::sync::atomic::Ordering::SeqCst);
+                let slice = l.slices().get(account as usize)?.name.get();
+                Some(format!(
+                    " ({} of slice {slice:?})",
+                    crate::table::size(held)
+                ))
+            });
+            log!(
+                "exported memory{}: no process holds its descriptor, but processes of its \
+                 exporter's uid {} hold unix sockets, where it may be in flight: kept charged \
+                 until none does",
+                what.unwrap_or_default(),
+                f.uid
+            );
+        }
+        self.in_flight = now;
     }
 }
 

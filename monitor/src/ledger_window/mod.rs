@@ -59,17 +59,37 @@ impl LedgerWindow {
     }
 
     /// Node mode (the root monitor): open or create the policy, recover the regions live
-    /// processes still hold (after a restart), and keep them.
-    pub fn open_or_create_node(dir: &Path) -> Result<LedgerWindow, LedgerError> {
+    /// processes still hold (after a restart) and make again those of slices only exported
+    /// memory still charges, and keep them; with the log lines of what was made again.
+    pub fn open_or_create_node(dir: &Path) -> Result<(LedgerWindow, Vec<String>), LedgerError> {
         let ledger = Arc::new(Ledger::open_or_create_node(dir)?);
         let regions = Arc::new(RegionTable::default());
         ledger.set_regions(regions.clone());
         regions.recover_all(&ledger);
-        Ok(LedgerWindow {
+        let lines = match regions.restore_held(&ledger) {
+            Ok(restored) => restored
+                .iter()
+                .map(|&(key, bytes)| {
+                    let name = ledger.slices().get(key as usize).map(|s| s.name.get());
+                    format!(
+                        "slice {:?} keeps {} of exported memory its exporters left (held by \
+                         importers or descriptors): charged to it again",
+                        name.unwrap_or_default(),
+                        crate::table::size(bytes)
+                    )
+                })
+                .collect(),
+            // The records stay; their slices' charge is lost from the counters until they go.
+            Err(e) => vec![format!(
+                "cannot restore the charge of exported memory whose exporters left: {e}"
+            )],
+        };
+        let window = LedgerWindow {
             operator: operator::for_ledger(&ledger),
             ledger,
             regions: Some(regions),
-        })
+        };
+        Ok((window, lines))
     }
 
     /// The ledger and the regions, for the admission socket (node mode only).
@@ -141,12 +161,14 @@ impl LedgerWindow {
     }
 }
 
-/// Node mode: let go of the exported allocations no descriptor holds any more
-/// ([`crate::shared::release_unheld`]); the log lines of the slices that went with them.
-pub fn release_unheld(ledger: &Ledger) -> Vec<String> {
-    let (removed, mut lines) = crate::shared::release_unheld(ledger);
-    lines.extend(removed_lines(&removed));
-    lines
+/// Node mode: let go of the exported allocations no descriptor can hold any more
+/// ([`crate::shared::release_unheld`]); the log lines of the slices that went with them, and
+/// the records kept only for a descriptor that may be in flight (`None`: no complete scan).
+pub fn release_unheld(ledger: &Ledger) -> (Vec<String>, Option<Vec<crate::shared::InFlight>>) {
+    let u = crate::shared::release_unheld(ledger);
+    let mut lines = u.problems;
+    lines.extend(removed_lines(&u.removed));
+    (lines, u.in_flight)
 }
 
 /// One log line per emptied slice, naming it once with its devices (a slice is a record per
