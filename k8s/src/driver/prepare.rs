@@ -4,9 +4,9 @@
 use super::{slice_name, ClaimRef, Driver, PreparedDevice};
 use crate::error::Error;
 use crate::nvml::Gpu;
-use crate::quantity;
 use crate::resource_slice::{self, COMPUTE, COMPUTE_WHOLE, MEMORY};
 use gpuslice_ledger::{Cap, OperatorSlice, Share, Snapshot, PPM};
+use gpuslice_quantity::parse_kubernetes;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use std::collections::BTreeMap;
 
@@ -38,7 +38,8 @@ impl Driver {
             cc.get(capacity)
                 .or_else(|| cc.get(&format!("{}/{capacity}", self.cfg.driver)))
                 .map(|q| {
-                    quantity::parse(&q.0).map_err(|source| Error::Capacity { capacity, source })
+                    parse_kubernetes(&format!("consumedCapacity {capacity}"), &q.0)
+                        .map_err(Error::Capacity)
                 })
                 .transpose()
         };
