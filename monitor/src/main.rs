@@ -12,7 +12,7 @@
 //!   read and change a ledger only through it (they use the ledger crate's types and helpers,
 //!   `SliceChange`, `Secret`, `human_bytes`); [`compute`] reads the scheduler's figures for it.
 //!   The node daemon's servers ([`admission`], [`balloon`], [`shared`], [`turns`], the audit)
-//!   work on the node's policy directly: the monitor is its one writer, and `gpuslice-ledger`
+//!   and the slice regions they share ([`regions`]) work on the node's policy directly: the monitor is its one writer, and `gpuslice-ledger`
 //!   owns every mutation; [`nvml`] loads NVML at run
 //!   time for device names, NVML indices and the memory audit.
 //! - [`turns`]: node mode's compute turns, granted by the monitor (a thread of the daemon).
@@ -40,6 +40,7 @@ mod nvml;
 mod parsers;
 mod physical;
 mod prom;
+mod regions;
 mod run;
 mod shared;
 mod slice;
