@@ -202,24 +202,9 @@ fn peer_of(pid: u32, uid: u32) -> Result<Peer, RequestError> {
 }
 
 /// Whether `pid` (uid `uid`) may use the operator commands: root, or a member of the
-/// operator group (its primary or supplementary groups, from `/proc/<pid>/status`).
+/// operator group (its primary or supplementary groups, as `/proc` says).
 fn is_operator(server: &Server, pid: u32, uid: u32) -> bool {
-    if uid == 0 {
-        return true;
-    }
-    let Some(gid) = server.operator_group.gid else {
-        return false;
-    };
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .is_some_and(|s| {
-            s.lines().any(|l| {
-                (l.starts_with("Groups:") || l.starts_with("Gid:"))
-                    && l.split_whitespace()
-                        .skip(1)
-                        .any(|g| g.parse::<u32>() == Ok(gid))
-            })
-        })
+    uid == 0 || (server.operator_group.gid).is_some_and(|gid| crate::procfs::in_group(pid, gid))
 }
 
 /// The reply to one request, with the descriptors it carries.

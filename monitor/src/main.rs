@@ -14,7 +14,8 @@
 //!   The node daemon's servers ([`admission`], [`balloon`], [`shared`], [`turns`], the audit)
 //!   and the slice regions they share ([`regions`]) work on the node's policy directly: the monitor is its one writer, and `gpuslice-ledger`
 //!   owns every mutation; [`nvml`] loads NVML at run
-//!   time for device names, NVML indices and the memory audit.
+//!   time for device names, NVML indices and the memory audit; [`procfs`] reads who a process
+//!   is (uid, groups) from `/proc`.
 //! - [`turns`]: node mode's compute turns, granted by the monitor (a thread of the daemon).
 //! - [`run`] and [`cdi`]: `gpuslice run` and `gpuslice cdi` (wrapping a program, containers).
 //! - [`cli`]: what every subcommand shares: exit statuses, usage errors, the runtime directory;
@@ -39,6 +40,7 @@ mod nvml;
 #[cfg(test)]
 mod parsers;
 mod physical;
+mod procfs;
 mod prom;
 mod regions;
 mod run;

@@ -149,7 +149,11 @@ impl Driver {
 
     /// Determine every GPU's health from NVML's answer now, the published GPUs that are
     /// `gone`, and (node mode) the monitor's answer.
-    fn update_health(&self, inv: Result<&Inventory, &Error>, gone: &BTreeMap<String, Gone>) {
+    fn update_health(
+        &self,
+        inv: Result<&Inventory, &crate::nvml::Error>,
+        gone: &BTreeMap<String, Gone>,
+    ) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let here: BTreeSet<String> = match inv {
             Ok(inv) => inv
