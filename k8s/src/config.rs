@@ -1,6 +1,7 @@
 //! The plugin's settings: command-line flags, with the environment a DaemonSet sets as
 //! defaults (`NODE_NAME`, `GPUSLICE_RUNTIME_DIR`).
 
+use gpuslice_quantity::{kubernetes_bytes, parse_kubernetes};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -268,7 +269,7 @@ fn one_of<T: Copy>(flag: &str, v: &str, choices: &[(&str, T)]) -> Result<T, Conf
 }
 
 fn size(flag: &str, v: &str) -> Result<u64, ConfigError> {
-    let b = crate::quantity::parse(v).map_err(|e| ConfigError::Usage(format!("{flag}: {e}")))?;
+    let b = parse_kubernetes(flag, v).map_err(|e| ConfigError::Usage(e.to_string()))?;
     u64::try_from(b)
         .ok()
         .filter(|&b| b > 0)
@@ -381,8 +382,8 @@ impl Config {
         if memory_default < memory_step || !memory_default.is_multiple_of(memory_step) {
             return Err(ConfigError::Usage(format!(
                 "--memory-default ({}) must be a multiple of --memory-step ({})",
-                crate::quantity::bytes(memory_default),
-                crate::quantity::bytes(memory_step)
+                kubernetes_bytes(memory_default),
+                kubernetes_bytes(memory_step)
             )));
         }
         for (flag, p) in [
@@ -495,6 +496,10 @@ mod tests {
                 "multiple of --memory-step",
             ),
             (&["--node-name", "n", "--memory-step", "0"][..], "above 0"),
+            (
+                &["--node-name", "n", "--memory-step", "4XB"][..],
+                "--memory-step=\"4XB\" is not valid: unknown suffix",
+            ),
             (
                 &["--node-name", "n", "--claims", "dir:"][..],
                 "api or dir:DIR",

@@ -3,9 +3,9 @@
 //! the plugin's log, its exit message. Every message says what to do about it.
 
 use crate::claims::ClaimError;
-use crate::quantity::QuantityError;
 use gpuslice_ledger::{human_bytes, LedgerError};
 use gpuslice_protocol::{ProtocolError, Refusal, Why};
+use gpuslice_quantity::QuantityError;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -77,13 +77,8 @@ pub enum Error {
         /// The devices this node has.
         here: Vec<String>,
     },
-    /// A `consumedCapacity` entry is not a quantity.
-    Capacity {
-        /// `memory` or `compute`.
-        capacity: &'static str,
-        /// Why.
-        source: QuantityError,
-    },
+    /// A `consumedCapacity` entry is not a quantity (the error names which entry).
+    Capacity(QuantityError),
     /// `consumedCapacity` memory does not fit in 64 bits.
     MemoryTooLarge,
     /// `consumedCapacity` compute is more than a whole GPU.
@@ -285,9 +280,7 @@ impl fmt::Display for Error {
                 "device {device} is not on this node (GPUs here: {}); a stale allocation",
                 here.join(", ")
             ),
-            Error::Capacity { capacity, source } => {
-                write!(f, "consumedCapacity {capacity}: {source}")
-            }
+            Error::Capacity(e) => write!(f, "{e}"),
             Error::MemoryTooLarge => write!(f, "consumedCapacity memory is too large"),
             Error::ComputeOverWhole { compute, whole } => write!(
                 f,

@@ -14,7 +14,7 @@
 //! - [`server`]: the two unix-socket gRPC servers ([`authority`]: the kubelet's invalid
 //!   `:authority` made valid on the way in); [`health`]: the device-health stream the
 //!   kubelet watches (`DRAResourceHealth`);
-//! - [`nvml`], [`quantity`], [`config`]; [`error`]: the plugin's errors, worded where shown.
+//! - [`nvml`], [`config`]; [`error`]: the plugin's errors, worded where shown.
 
 pub mod authority;
 pub mod claims;
@@ -24,7 +24,6 @@ pub mod error;
 pub mod health;
 pub mod nvml;
 pub mod publish;
-pub mod quantity;
 pub mod resource_slice;
 pub mod server;
 

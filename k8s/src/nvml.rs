@@ -2,8 +2,7 @@
 //! `dlopen("libnvidia-ml.so.1")`, never linked; the plugin image carries no driver, the node's
 //! driver library is mounted in, and the tests' fake GPU provides the same name).
 
-use crate::error::Error;
-pub use gpuslice_nvml::Gpu;
+pub use gpuslice_nvml::{Error, Gpu};
 
 /// What NVML says about the node: the driver version and every GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,9 +21,9 @@ pub struct Nvml(gpuslice_nvml::Nvml);
 
 impl Nvml {
     /// Load and initialise NVML; `Err` says why it is unavailable (and, shown, what to do when
-    /// the library is not there).
+    /// the library is not there; the plugin's [`crate::error::Error::Nvml`]).
     pub fn load() -> Result<Nvml, Error> {
-        Ok(Nvml(gpuslice_nvml::Nvml::load()?))
+        gpuslice_nvml::Nvml::load().map(Nvml)
     }
 
     /// The driver version and every GPU, now.

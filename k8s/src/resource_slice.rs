@@ -4,8 +4,8 @@
 
 use crate::config::TaintEffect;
 use crate::nvml::{Gpu, Inventory};
-use crate::quantity;
 use gpuslice_ledger::{Snapshot, PPM};
+use gpuslice_quantity::kubernetes_bytes;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
     DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
@@ -92,12 +92,12 @@ pub fn memory_capacity(offered: u64, step: u64, default: u64) -> Option<DeviceCa
     let default = default.min(offered / step * step).max(step);
     let default = default / step * step;
     Some(DeviceCapacity {
-        value: Quantity(quantity::bytes(offered)),
+        value: Quantity(kubernetes_bytes(offered)),
         request_policy: Some(CapacityRequestPolicy {
-            default: Some(Quantity(quantity::bytes(default))),
+            default: Some(Quantity(kubernetes_bytes(default))),
             valid_range: Some(CapacityRequestPolicyRange {
-                min: Quantity(quantity::bytes(step)),
-                step: Some(Quantity(quantity::bytes(step))),
+                min: Quantity(kubernetes_bytes(step)),
+                step: Some(Quantity(kubernetes_bytes(step))),
                 max: None,
             }),
             valid_values: None,
@@ -149,8 +149,8 @@ pub fn devices(inv: &Inventory, snap: &Snapshot, memory_step: u64, memory_defaul
                 format!(
                     "{} of its memory is left after operator slices (gpuslice slice create), \
                      less than two --memory-step ({}) steps",
-                    quantity::bytes(mem),
-                    quantity::bytes(memory_step)
+                    kubernetes_bytes(mem),
+                    kubernetes_bytes(memory_step)
                 ),
             ));
             continue;

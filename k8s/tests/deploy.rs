@@ -144,9 +144,9 @@ fn deploy_objects_are_valid_and_agree() {
         let exact = req.exactly.as_ref().unwrap();
         assert_eq!(exact.device_class_name, class_name);
         let caps = exact.capacity.as_ref().unwrap().requests.as_ref().unwrap();
-        let mem = gpuslice_dra::quantity::parse(&caps["memory"].0).unwrap();
+        let mem = gpuslice_quantity::parse_kubernetes("capacity", &caps["memory"].0).unwrap();
         assert_eq!(mem % (256 << 20), 0);
-        let compute = gpuslice_dra::quantity::parse(&caps["compute"].0).unwrap();
+        let compute = gpuslice_quantity::parse_kubernetes("capacity", &caps["compute"].0).unwrap();
         asks.push((mem, compute));
     }
     asks.sort();

@@ -382,7 +382,8 @@ impl Ledger {
             return Ok(out);
         }
         let mut keys: Vec<(usize, u32, u32)> = vec![]; // (device, account, region key)
-                                                       // Exported allocations: as in a personal ledger (`ledger/shared.rs`), on the regions.
+
+        // Exported allocations: as in a personal ledger (`ledger/shared/`), on the regions.
         let freed_shared = self.reap_shared_locked(&dying, &mut out);
         let accounts = dying
             .iter()

@@ -12,9 +12,10 @@
 //!   read and change a ledger only through it (they use the ledger crate's types and helpers,
 //!   `SliceChange`, `Secret`, `human_bytes`); [`compute`] reads the scheduler's figures for it.
 //!   The node daemon's servers ([`admission`], [`balloon`], [`shared`], [`turns`], the audit)
-//!   work on the node's policy directly: the monitor is its one writer, and `gpuslice-ledger`
+//!   and the slice regions they share ([`regions`]) work on the node's policy directly: the monitor is its one writer, and `gpuslice-ledger`
 //!   owns every mutation; [`nvml`] loads NVML at run
-//!   time for device names, NVML indices and the memory audit.
+//!   time for device names, NVML indices and the memory audit; [`procfs`] reads who a process
+//!   is (uid, groups) from `/proc`.
 //! - [`turns`]: node mode's compute turns, granted by the monitor (a thread of the daemon).
 //! - [`run`] and [`cdi`]: `gpuslice run` and `gpuslice cdi` (wrapping a program, containers).
 //! - [`cli`]: what every subcommand shares: exit statuses, usage errors, the runtime directory;
@@ -39,7 +40,9 @@ mod nvml;
 #[cfg(test)]
 mod parsers;
 mod physical;
+mod procfs;
 mod prom;
+mod regions;
 mod run;
 mod shared;
 mod slice;

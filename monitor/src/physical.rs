@@ -107,7 +107,7 @@ pub fn room(
         .unwrap_or_default()
         .into_iter()
         .filter(|&(pid, _)| pid != me && !known(pid))
-        .map(|(pid, b)| (pid, crate::daemon::uid_of(pid), b))
+        .map(|(pid, b)| (pid, crate::procfs::uid_of(pid), b))
         .collect();
     outside.sort_by_key(|o| std::cmp::Reverse(o.2));
     Some(Room {

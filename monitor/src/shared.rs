@@ -211,7 +211,7 @@ fn open_keys(keys: &[ShareKey]) -> Option<Scan> {
             // Gone meanwhile (or a kernel thread's): it holds nothing.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(_) => {
-                let uid = crate::daemon::uid_of(pid)?;
+                let uid = crate::procfs::uid_of(pid)?;
                 if !scan.unreadable.contains(&uid) {
                     scan.unreadable.push(uid);
                 }

@@ -20,8 +20,8 @@ use gpuslice_sched::{
     MONITOR_BEAT_NS,
 };
 
-use crate::admission::RegionTable;
 use crate::error::Error;
+use crate::regions::RegionTable;
 
 /// Shortest time between two passes of the turns thread (a bound on what ringing its bell costs).
 pub const MIN_PASS_NS: u64 = 50_000;

@@ -107,7 +107,7 @@ impl AdmitRequest {
                 return Err(BadMessage::TooManyDevices);
             }
             let f: Vec<&str> = line.split('\t').collect();
-            let [uuid, memory, share, cap, mem_setting, cpu_setting] = f[..] else {
+            let [uuid, memory, share, cap, memory_setting, compute_setting] = f[..] else {
                 return Err(BadMessage::DevLine(6));
             };
             let memory = match memory {
@@ -127,8 +127,8 @@ impl AdmitRequest {
                 memory,
                 compute_share: Share::from_ppm(share),
                 compute_cap: Cap::from_ppm(cap),
-                memory_setting: mem_setting.chars().take(MAX_SETTING).collect(),
-                compute_setting: cpu_setting.chars().take(MAX_SETTING).collect(),
+                memory_setting: memory_setting.chars().take(MAX_SETTING).collect(),
+                compute_setting: compute_setting.chars().take(MAX_SETTING).collect(),
             });
         }
         Ok(AdmitRequest {

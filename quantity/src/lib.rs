@@ -1,6 +1,6 @@
-//! The settings grammar: the one parser for sizes and fractions, used by the shim (variables),
-//! the `gpuslice` CLI (flags), `gpuslice-burn` and `gpuslice-dra` (Kubernetes quantities read
-//! with the same unit table, [`kubernetes_unit`]).
+//! The settings grammar: the one parser for sizes, fractions and Kubernetes quantities, used by
+//! the shim (variables), the `gpuslice` CLI (flags), `gpuslice-burn` and `gpuslice-dra`, all
+//! with one unit table ([`kubernetes_unit`]).
 //!
 //! Forms accepted:
 //! - sizes (`GPUSLICE_MEMORY`, `--memory`): plain bytes `4294967296`; Kubernetes quantities
@@ -8,6 +8,9 @@
 //!   byte suffixes `4GiB`, `4GB`, `512B`; decimals when they come to whole bytes (`1.5Gi`);
 //!   a percentage of the device `25%`; per device `0=4Gi,1=8Gi` (see [`parse_per_device`]).
 //! - fractions (`GPUSLICE_COMPUTE`, `GPUSLICE_COMPUTE_CAP`): `0.25` or `25%`, between 0 and 1.
+//! - Kubernetes quantities as the API server writes them (`consumedCapacity`, the DRA plugin's
+//!   flags): [`parse_kubernetes`] also reads the sub-units `n` `u` `m` and exponents `1e3`,
+//!   rounding up to an integer; [`kubernetes_bytes`] writes bytes back canonically (`4Gi`).
 //! - the HAMi compatibility variables ([`parse_hami_size`], [`parse_hami_sm_limit`]) with the
 //!   meaning HAMi-core gives them: `1g`, `512m`, `64k` in binary units (either case), a plain
 //!   number in bytes; and, unlike HAMi, everything it would silently misread is an error.
@@ -23,8 +26,11 @@
 
 #![deny(missing_docs)]
 
+mod kubernetes;
 pub mod settings_file;
 mod share;
+
+pub use kubernetes::{kubernetes_bytes, parse_kubernetes, KUBERNETES_FORMS};
 
 pub use share::{
     check_cap_not_below_share, parse_cap, parse_cap_per_device, parse_fraction,
@@ -55,8 +61,8 @@ pub const DECIMAL_UNITS: [(&str, u32); 6] =
     [("k", 1), ("M", 2), ("G", 3), ("T", 4), ("P", 5), ("E", 6)];
 
 /// The multiplier of a Kubernetes quantity suffix (`""`, `Ki`…`Ei`, `k`…`E`), from the one
-/// unit table; `None` for anything else (the sub-units `n` `u` `m` and exponents are the
-/// Kubernetes reader's own business, sizes never take them).
+/// unit table; `None` for anything else (the sub-units `n` `u` `m` and exponents are
+/// [`parse_kubernetes`]'s own business, sizes never take them).
 pub fn kubernetes_unit(suffix: &str) -> Option<u128> {
     if suffix.is_empty() {
         return Some(1);

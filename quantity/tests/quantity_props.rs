@@ -1,7 +1,10 @@
 //! Property tests of the size and fraction parsers: random input never panics, and never comes
 //! back as a value the input did not spell (in particular never a silent "unlimited").
 
-use gpuslice_quantity::{parse_fraction, parse_hami_size, parse_size, parse_size_per_device, Size};
+use gpuslice_quantity::{
+    kubernetes_bytes, parse_fraction, parse_hami_size, parse_kubernetes, parse_size,
+    parse_size_per_device, Size,
+};
 use proptest::prelude::*;
 
 /// Strings that are often close to valid: digits, dots, units, signs, junk.
@@ -105,6 +108,22 @@ proptest! {
             prop_assert!(p.ppm() <= 1_000_000 && !s.contains('-'), "{s:?} gave {p:?}");
         }
         let _ = parse_size_per_device("GPUSLICE_MEMORY", &s);
+        // A Kubernetes quantity: never negative, and an integer one means what `parse_size`
+        // reads (the unit table is one; sizes only add `B` and `K`).
+        match parse_kubernetes("consumedCapacity memory", &s) {
+            Ok(v) => {
+                prop_assert!(!s.contains('-') || s.contains('e') || s.contains('E'), "{s:?} gave {v}");
+                if let Some(b) = oracle(&s).filter(|_| !s.contains(['B', 'K'])) {
+                    prop_assert_eq!(v, b as u128, "{:?}", s);
+                }
+            }
+            Err(e) => prop_assert!(e.to_string().contains("accepted"), "{}", e),
+        }
+    }
+
+    #[test]
+    fn kubernetes_bytes_read_back(b in any::<u64>()) {
+        prop_assert_eq!(parse_kubernetes("V", &kubernetes_bytes(b)).unwrap(), b as u128);
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! (setuid, setgid, file capabilities), which `/etc/ld.so.preload` loads the shim into too,
 //! takes no variable from its environment, which a less privileged caller chose: only the file.
 
+use crate::env::{getenv, secure_execution};
 use crate::log::Level;
 use crate::process::DISABLED;
 use core::sync::atomic::Ordering::Relaxed;
@@ -34,27 +35,6 @@ pub fn disabled() -> bool {
             off
         }
     }
-}
-
-/// Whether this process runs in secure-execution mode (`AT_SECURE`: setuid, setgid or with
-/// file capabilities), whose environment its less privileged caller chose.
-pub fn secure_execution() -> bool {
-    // SAFETY: getauxval only reads the auxiliary vector; it neither allocates nor locks.
-    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
-}
-
-/// A variable read before start-up (inside `dlsym`, for a log line): `getenv`, which neither
-/// allocates nor locks, and unset in a [`secure_execution`] process, as glibc's
-/// `secure_getenv` would answer. The string is the environment's: use it at once.
-pub fn getenv(name: &core::ffi::CStr) -> Option<&core::ffi::CStr> {
-    if secure_execution() {
-        return None;
-    }
-    // SAFETY: NUL-terminated name; getenv returns null or a NUL-terminated string owned by the
-    // environment, which the caller reads at once and does not keep.
-    let v = unsafe { libc::getenv(name.as_ptr()) };
-    // SAFETY: non-null, so a NUL-terminated string getenv returned.
-    (!v.is_null()).then(|| unsafe { core::ffi::CStr::from_ptr(v) })
 }
 
 /// Where a device's quota comes from.

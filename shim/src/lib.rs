@@ -15,8 +15,10 @@
 //! - [`memory`] (quotas on every allocation path, with [`pointers`] remembering sizes),
 //!   [`report`] and [`nvml`] (what the program is told), [`launch`] (the compute gate of
 //!   `compute/`, owned by the compute scheduler).
-//! - [`log`]: non-allocating `gpuslice:` lines on stderr; [`process`]: the process-wide state
-//!   (what start-up publishes, and every static that lives as long as the process, listed).
+//! - [`log`]: non-allocating `gpuslice:` lines on stderr, filtered by a variable read through
+//!   [`env`](mod@env) (the environment without allocating, as `config` reads it too);
+//!   [`process`]: the process-wide state (what start-up publishes, and every static that lives
+//!   as long as the process, listed).
 //!
 //! Nothing runs in a constructor; a process that never calls CUDA pays only for the `dlsym`
 //! hook. `GPUSLICE_DISABLE=1` makes every hook a pass-through.
@@ -31,6 +33,7 @@ mod compute;
 mod config;
 mod contexts;
 mod dlsym;
+mod env;
 mod hooks;
 mod init;
 mod launch;

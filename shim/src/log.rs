@@ -55,7 +55,7 @@ pub fn enabled(l: Level) -> bool {
 
 #[cold]
 fn level_from_env() -> Level {
-    let v = crate::config::getenv(c"GPUSLICE_LOG").and_then(|v| v.to_str().ok());
+    let v = crate::env::getenv(c"GPUSLICE_LOG").and_then(|v| v.to_str().ok());
     Level::parse(v).unwrap_or(Level::Warn)
 }
 

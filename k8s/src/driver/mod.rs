@@ -9,12 +9,13 @@
 //! Two kinds of runtime directory (docs/security.md): in a **personal** one the plugin writes
 //! the ledger itself (`Ledger::create_operator_slice`); in a **node** one the policy belongs to
 //! the root `gpuslice monitor`, and the plugin only reads it: slices are created and removed
-//! by operator requests over `monitor.sock` (`op=slice-create`, `op=slice-rm`, authorized by
+//! by operator requests over `monitor.sock` (`SliceCreate`, `SliceRemove`, authorized by
 //! `SO_PEERCRED` as root), the monitor registers the GPUs and reaps dead processes, and a
 //! prepare while the monitor is down fails with a retryable per-claim error.
 //!
 //! One job a file: `mod.rs` the driver's state, the GPUs and their health, and the kubelet's
-//! calls; `slices.rs` where a claim's slices are made (the ledger, or the node's monitor);
+//! calls; `slices.rs` where a claim's slices are made (the ledger, or the node's monitor:
+//! the one trait `Mode`, decided when the ledger is opened);
 //! `prepare.rs` one claim prepared and unprepared; `cdi.rs` the claim's CDI spec.
 
 mod cdi;
@@ -28,7 +29,6 @@ use crate::health::GpuHealth;
 use crate::nvml::{Gpu, Inventory, Nvml};
 use crate::resource_slice::{self, Gone};
 use gpuslice_ledger::Ledger;
-use gpuslice_protocol::Ping;
 use k8s_openapi::api::resource::v1::Device;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::{BTreeMap, BTreeSet};
@@ -84,8 +84,8 @@ pub fn slice_name(uid: &str) -> String {
 pub struct Driver {
     cfg: Config,
     ledger: Ledger,
-    /// Node mode: the policy is the monitor's; every change goes over `monitor.sock`.
-    node_mode: bool,
+    /// Personal or node mode, decided once: where slices are made, who registers the GPUs.
+    mode: &'static dyn slices::Mode,
     nvml: Nvml,
     claims: Box<dyn ClaimSource>,
     inventory: Mutex<Inventory>,
@@ -113,21 +113,17 @@ impl Driver {
     pub fn new(cfg: Config, claims: Box<dyn ClaimSource>) -> Result<Driver, Error> {
         let nvml = Nvml::load()?;
         let ledger = slices::open_ledger(&cfg.runtime_dir, cfg.mode)?;
-        let node_mode = ledger.is_node();
+        let mode = slices::mode_of(&ledger);
         eprintln!(
             "gpuslice-dra: {} in {}",
-            if node_mode {
-                "node mode: slices are made by the node's monitor (monitor.sock)"
-            } else {
-                "personal mode: slices are written to the ledger by this plugin"
-            },
+            mode.describe(),
             cfg.runtime_dir.display()
         );
         let inventory = nvml.inventory()?;
         let d = Driver {
             cfg,
             ledger,
-            node_mode,
+            mode,
             nvml,
             claims,
             inventory: Mutex::new(inventory.clone()),
@@ -137,18 +133,13 @@ impl Driver {
             known: Mutex::new(Known::default()),
         };
         d.update_health(Ok(&inventory), &BTreeMap::new());
-        d.register(&inventory)?;
+        d.mode.register(&d.ledger, &inventory)?;
         Ok(d)
     }
 
     /// The settings.
     pub fn config(&self) -> &Config {
         &self.cfg
-    }
-
-    /// Whether the ledger is a node policy (slices go through the monitor).
-    pub fn node_mode(&self) -> bool {
-        self.node_mode
     }
 
     /// The GPUs' health, kept current by [`Driver::devices`] (every resync).
@@ -158,7 +149,11 @@ impl Driver {
 
     /// Determine every GPU's health from NVML's answer now, the published GPUs that are
     /// `gone`, and (node mode) the monitor's answer.
-    fn update_health(&self, inv: Result<&Inventory, &Error>, gone: &BTreeMap<String, Gone>) {
+    fn update_health(
+        &self,
+        inv: Result<&Inventory, &crate::nvml::Error>,
+        gone: &BTreeMap<String, Gone>,
+    ) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let here: BTreeSet<String> = match inv {
             Ok(inv) => inv
@@ -169,10 +164,9 @@ impl Driver {
             Err(_) => BTreeSet::new(),
         };
         seen.extend(here.iter().cloned());
-        let monitor = if self.node_mode && inv.is_ok() {
-            self.ask_monitor(Ping).err().map(|e| e.to_string())
-        } else {
-            None
+        let monitor = match inv {
+            Ok(_) => self.mode.ready(&self.ledger).err().map(|e| e.to_string()),
+            Err(_) => None,
         };
         let nvml = inv.err().map(|e| e.to_string());
         let here = match &nvml {
@@ -212,7 +206,7 @@ impl Driver {
         let gone = inv.as_ref().map(|i| self.gone(i)).unwrap_or_default();
         self.update_health(inv.as_ref(), &gone);
         let inv = inv?;
-        self.register(&inv)?;
+        self.mode.register(&self.ledger, &inv)?;
         *self.inventory.lock().unwrap_or_else(|p| p.into_inner()) = inv.clone();
         let snap = self.ledger.snapshot();
         let mut out =
@@ -315,11 +309,7 @@ impl Driver {
         // Nothing is prepared while the node's monitor is down: a container started now would
         // fail cuInit (no admission), so the pod waits with this message instead. Asked once
         // per call, so a hung monitor costs one timeout, not one per claim.
-        let down = if self.node_mode {
-            self.ask_monitor(Ping).err()
-        } else {
-            None
-        };
+        let down = self.mode.ready(&self.ledger).err();
         let mut out = Vec::with_capacity(claims.len());
         for c in claims {
             let r = match &down {

@@ -4,9 +4,9 @@
 use super::{slice_name, ClaimRef, Driver, PreparedDevice};
 use crate::error::Error;
 use crate::nvml::Gpu;
-use crate::quantity;
 use crate::resource_slice::{self, COMPUTE, COMPUTE_WHOLE, MEMORY};
 use gpuslice_ledger::{Cap, OperatorSlice, Share, Snapshot, PPM};
+use gpuslice_quantity::parse_kubernetes;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use std::collections::BTreeMap;
 
@@ -38,7 +38,8 @@ impl Driver {
             cc.get(capacity)
                 .or_else(|| cc.get(&format!("{}/{capacity}", self.cfg.driver)))
                 .map(|q| {
-                    quantity::parse(&q.0).map_err(|source| Error::Capacity { capacity, source })
+                    parse_kubernetes(&format!("consumedCapacity {capacity}"), &q.0)
+                        .map_err(Error::Capacity)
                 })
                 .transpose()
         };
@@ -188,7 +189,7 @@ impl Driver {
                 .find(|d| &d.uuid == uuid)
                 .ok_or_else(|| Error::NotRegistered {
                     uuid: uuid.clone(),
-                    node_mode: self.node_mode,
+                    node_mode: self.mode.is_node(),
                 })?;
             let avail = dev
                 .memory_total
@@ -231,9 +232,9 @@ impl Driver {
         let (per_gpu, devices) = self.wants(c, &results, &snap)?;
         let to_create = self.slices_to_create(c, &per_gpu, &snap)?;
         let name = slice_name(&c.uid);
-        let secret = self.claim_secret(&name, &snap)?;
+        let secret = self.mode.claim_secret(&self.ledger, &name, &snap)?;
         for spec in &to_create {
-            if let Err(e) = self.create_slice(spec, secret.as_ref()) {
+            if let Err(e) = self.mode.create(&self.ledger, spec, secret.as_ref()) {
                 let _ = self.remove_slice(&name);
                 return Err(Error::Creating {
                     name,
@@ -264,17 +265,7 @@ impl Driver {
             .iter()
             .filter(|s| s.name == name && !s.private)
             .collect();
-        let (live, mut pids) = if self.node_mode {
-            let indices: Vec<usize> = mine.iter().map(|s| s.index).collect();
-            let pids = self.live_members(&indices);
-            (pids.len() as u32, pids)
-        } else {
-            let live: u32 = mine.iter().map(|s| s.attached).sum();
-            (
-                live,
-                mine.iter().flat_map(|s| s.pids.iter().copied()).collect(),
-            )
-        };
+        let (live, mut pids) = self.mode.live(&self.ledger, &mine);
         if live > 0 {
             pids.sort_unstable();
             pids.dedup();
@@ -307,5 +298,13 @@ impl Driver {
             name,
             source: Box::new(e),
         })
+    }
+
+    /// Remove the claim's slice on every device; one already gone is no error.
+    fn remove_slice(&self, name: &str) -> Result<(), Error> {
+        match self.mode.remove(&self.ledger, name) {
+            Err(e) if e.is_no_such_slice() => Ok(()),
+            r => r,
+        }
     }
 }

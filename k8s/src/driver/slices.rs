@@ -1,14 +1,16 @@
-//! Where a claim's slices are made: in a personal ledger by the plugin itself, in a node one
-//! by the root monitor over `monitor.sock` (the plugin only reads the policy there).
+//! Where a claim's slices are made, decided once when the ledger is opened ([`mode_of`]), as
+//! the shim decides admission once (`shim/src/admit.rs`) and the CLI where an operator's
+//! change goes (`monitor/src/ledger_window/operator.rs`): in a personal ledger by the plugin
+//! itself ([`Personal`]), in a node one by the root monitor over `monitor.sock` ([`Node`]: the
+//! plugin only reads the policy there).
 
-use super::Driver;
 use crate::config::LedgerMode;
 use crate::error::{Error, MonitorError};
 use crate::nvml::Inventory;
 use gpuslice_ledger::layout::STATE_ACTIVE;
 use gpuslice_ledger::secret::Secret;
-use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, Snapshot};
-use gpuslice_protocol::{self as protocol, Call, SliceCreate, SliceRemove};
+use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceInfo, Snapshot};
+use gpuslice_protocol::{self as protocol, Call, Ping, SliceCreate, SliceRemove};
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
@@ -65,94 +67,60 @@ pub(super) fn open_ledger(dir: &Path, mode: LedgerMode) -> Result<Ledger, Error>
     }
 }
 
-impl Driver {
-    /// One request to the node's monitor: its reply, or why not, worded for the cluster
-    /// operator (a monitor that does not answer is retried by the kubelet).
-    pub(super) fn ask_monitor<C: Call>(&self, req: C) -> Result<C::Reply, MonitorError> {
-        protocol::ask(self.ledger.dir().fd(), req, MONITOR_TIMEOUT)
-            .map_err(|source| MonitorError::Down {
-                socket: self.ledger.dir().path().join(protocol::SOCKET_FILE),
-                source,
-            })?
-            .map_err(MonitorError::Refused)
-    }
-
-    /// Create one claim slice: over the socket in node mode (with its join secret), in the
-    /// ledger otherwise.
-    pub(super) fn create_slice(
+/// What differs between a personal ledger and a node's policy, for the driver.
+pub(super) trait Mode: Send + Sync {
+    /// Node mode (a GPU missing from the policy is then the monitor's to register).
+    fn is_node(&self) -> bool;
+    /// Where slices go, as the plugin says at start-up.
+    fn describe(&self) -> &'static str;
+    /// Register the GPUs of `inv` in the ledger.
+    fn register(&self, ledger: &Ledger, inv: &Inventory) -> Result<(), Error>;
+    /// Whether whoever makes the slices answers now (a personal ledger always does).
+    fn ready(&self, ledger: &Ledger) -> Result<(), MonitorError>;
+    /// The join secret of claim slice `name` (`snap`: the ledger now).
+    fn claim_secret(
         &self,
+        ledger: &Ledger,
+        name: &str,
+        snap: &Snapshot,
+    ) -> Result<Option<Secret>, Error>;
+    /// Create one claim slice, with its join secret.
+    fn create(
+        &self,
+        ledger: &Ledger,
         spec: &OperatorSlice,
         secret: Option<&Secret>,
-    ) -> Result<(), Error> {
-        if !self.node_mode {
-            return self
-                .ledger
-                .create_operator_slice(spec)
-                .map(|_| ())
-                .map_err(Error::Slice);
-        }
-        self.ask_monitor(SliceCreate {
-            name: spec.name.clone(),
-            device: spec.device.clone(),
-            memory: spec.memory,
-            share: spec.compute_share,
-            cap: spec.compute_cap,
-            owner: None,
-            claim: spec.claim.clone(),
-            secret: secret.map(|s| s.expose().to_string()),
-        })
-        .map(drop)
-        .map_err(Error::Monitor)
+    ) -> Result<(), Error>;
+    /// Remove slice `name` on every device (an error when there is none).
+    fn remove(&self, ledger: &Ledger, name: &str) -> Result<(), Error>;
+    /// The live processes of a claim's slice records `mine`: how many, and their pids.
+    fn live(&self, ledger: &Ledger, mine: &[&SliceInfo]) -> (u32, Vec<u32>);
+}
+
+/// The one decision: the monitor makes the slices of a node's policy.
+pub(super) fn mode_of(ledger: &Ledger) -> &'static dyn Mode {
+    if ledger.is_node() {
+        &Node
+    } else {
+        &Personal
+    }
+}
+
+/// A personal ledger: the plugin writes it itself.
+pub(super) struct Personal;
+
+impl Mode for Personal {
+    fn is_node(&self) -> bool {
+        false
     }
 
-    /// Remove a claim's slice on every device.
-    pub(super) fn remove_slice(&self, name: &str) -> Result<(), Error> {
-        let r = if self.node_mode {
-            self.ask_monitor(SliceRemove {
-                name: name.to_string(),
-            })
-            .map(drop)
-            .map_err(Error::Monitor)
-        } else {
-            self.ledger
-                .remove_slice(name)
-                .map(drop)
-                .map_err(Error::Slice)
-        };
-        match r {
-            Err(e) if e.is_no_such_slice() => Ok(()),
-            r => r,
-        }
+    fn describe(&self) -> &'static str {
+        "personal mode: slices are written to the ledger by this plugin"
     }
 
-    /// Node mode: the live processes of the slice records `slices`, by the monitor's own
-    /// record of each (its pid in the host's PID namespace and that pid's start time; the
-    /// DaemonSet runs the plugin with `hostPID`). Dead ones await the monitor's reaper.
-    pub(super) fn live_members(&self, slices: &[usize]) -> Vec<u32> {
-        let mut pids = vec![];
-        for p in self.ledger.procs() {
-            if p.state.load(SeqCst) != STATE_ACTIVE {
-                continue;
-            }
-            let member = p
-                .devices
-                .iter()
-                .any(|d| slices.contains(&(d.slice.load(SeqCst) as usize)));
-            let (pid, start) = (p.host_pid.load(SeqCst), p.start_time.load(SeqCst));
-            if member && gpuslice_ledger::is_running(pid, start) {
-                pids.push(pid);
-            }
-        }
-        pids
-    }
-
-    pub(super) fn register(&self, inv: &Inventory) -> Result<(), Error> {
-        if self.node_mode {
-            // The monitor registers the GPUs it sees (admission trusts only those).
-            return Ok(());
-        }
+    fn register(&self, ledger: &Ledger, inv: &Inventory) -> Result<(), Error> {
         for g in &inv.gpus {
-            self.ledger
+            ledger
                 .ensure_device(&g.uuid, &g.name, g.memory_total)
                 .map_err(|source| Error::Register {
                     uuid: g.uuid.clone(),
@@ -162,18 +130,82 @@ impl Driver {
         Ok(())
     }
 
-    /// Node mode: the join secret of claim slice `name` (docs/security.md). A claim prepared
-    /// before (a repeated call, a plugin restart) keeps the secret its slice was made with,
-    /// read from the monitor's root-only file; a new claim gets a new random one. Personal
-    /// mode: none (one user; nothing to keep out).
-    pub(super) fn claim_secret(
+    fn ready(&self, _: &Ledger) -> Result<(), MonitorError> {
+        Ok(())
+    }
+
+    /// None: one user, nothing to keep out.
+    fn claim_secret(&self, _: &Ledger, _: &str, _: &Snapshot) -> Result<Option<Secret>, Error> {
+        Ok(None)
+    }
+
+    fn create(
         &self,
+        ledger: &Ledger,
+        spec: &OperatorSlice,
+        _: Option<&Secret>,
+    ) -> Result<(), Error> {
+        ledger
+            .create_operator_slice(spec)
+            .map(drop)
+            .map_err(Error::Slice)
+    }
+
+    fn remove(&self, ledger: &Ledger, name: &str) -> Result<(), Error> {
+        ledger.remove_slice(name).map(drop).map_err(Error::Slice)
+    }
+
+    /// The ledger's own count of attached processes (the caller reaped the dead first).
+    fn live(&self, _: &Ledger, mine: &[&SliceInfo]) -> (u32, Vec<u32>) {
+        let live = mine.iter().map(|s| s.attached).sum();
+        (
+            live,
+            mine.iter().flat_map(|s| s.pids.iter().copied()).collect(),
+        )
+    }
+}
+
+/// A node's policy: the root monitor makes the slices, registers the GPUs and reaps.
+pub(super) struct Node;
+
+/// One request to the node's monitor: its reply, or why not, worded for the cluster operator
+/// (a monitor that does not answer is retried by the kubelet).
+fn ask<C: Call>(ledger: &Ledger, req: C) -> Result<C::Reply, MonitorError> {
+    protocol::ask(ledger.dir().fd(), req, MONITOR_TIMEOUT)
+        .map_err(|source| MonitorError::Down {
+            socket: ledger.dir().path().join(protocol::SOCKET_FILE),
+            source,
+        })?
+        .map_err(MonitorError::Refused)
+}
+
+impl Mode for Node {
+    fn is_node(&self) -> bool {
+        true
+    }
+
+    fn describe(&self) -> &'static str {
+        "node mode: slices are made by the node's monitor (monitor.sock)"
+    }
+
+    /// Nothing: the monitor registers the GPUs it sees (admission trusts only those).
+    fn register(&self, _: &Ledger, _: &Inventory) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn ready(&self, ledger: &Ledger) -> Result<(), MonitorError> {
+        ask(ledger, Ping).map(drop)
+    }
+
+    /// A claim prepared before (a repeated call, a plugin restart) keeps the secret its slice
+    /// was made with, read from the monitor's root-only file; a new claim gets a new random
+    /// one (docs/security.md).
+    fn claim_secret(
+        &self,
+        ledger: &Ledger,
         name: &str,
         snap: &Snapshot,
     ) -> Result<Option<Secret>, Error> {
-        if !self.node_mode {
-            return Ok(None);
-        }
         // Only the plugin (an operator) makes operator slices: a process slice of the name (a
         // squatter, on another GPU) must not make the claim's slice go without a secret.
         let exists = snap
@@ -183,7 +215,7 @@ impl Driver {
         if !exists {
             return Secret::generate().map(Some).map_err(Error::Secret);
         }
-        match self.ledger.slice_secret(name) {
+        match ledger.slice_secret(name) {
             Ok(Some(s)) => Ok(Some(s)),
             Ok(None) => {
                 eprintln!(
@@ -198,5 +230,53 @@ impl Driver {
                 source: Box::new(source),
             }),
         }
+    }
+
+    fn create(
+        &self,
+        ledger: &Ledger,
+        spec: &OperatorSlice,
+        secret: Option<&Secret>,
+    ) -> Result<(), Error> {
+        let req = SliceCreate {
+            name: spec.name.clone(),
+            device: spec.device.clone(),
+            memory: spec.memory,
+            share: spec.compute_share,
+            cap: spec.compute_cap,
+            owner: None,
+            claim: spec.claim.clone(),
+            secret: secret.map(|s| s.expose().to_string()),
+        };
+        ask(ledger, req).map(drop).map_err(Error::Monitor)
+    }
+
+    fn remove(&self, ledger: &Ledger, name: &str) -> Result<(), Error> {
+        let req = SliceRemove {
+            name: name.to_string(),
+        };
+        ask(ledger, req).map(drop).map_err(Error::Monitor)
+    }
+
+    /// By the monitor's own record of each process (its pid in the host's PID namespace and
+    /// that pid's start time; the DaemonSet runs the plugin with `hostPID`). Dead ones await
+    /// the monitor's reaper.
+    fn live(&self, ledger: &Ledger, mine: &[&SliceInfo]) -> (u32, Vec<u32>) {
+        let slices: Vec<usize> = mine.iter().map(|s| s.index).collect();
+        let mut pids = vec![];
+        for p in ledger.procs() {
+            if p.state.load(SeqCst) != STATE_ACTIVE {
+                continue;
+            }
+            let member = p
+                .devices
+                .iter()
+                .any(|d| slices.contains(&(d.slice.load(SeqCst) as usize)));
+            let (pid, start) = (p.host_pid.load(SeqCst), p.start_time.load(SeqCst));
+            if member && gpuslice_ledger::is_running(pid, start) {
+                pids.push(pid);
+            }
+        }
+        (pids.len() as u32, pids)
     }
 }

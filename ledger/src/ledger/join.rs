@@ -338,8 +338,8 @@ impl Ledger {
             share,
             cap,
             origin,
-            memory_setting: mem_setting,
-            compute_setting: cpu_setting,
+            memory_setting,
+            compute_setting,
         } = new;
         let d = self
             .devices()
@@ -355,7 +355,7 @@ impl Ledger {
         let cpu = d.compute_reserved.load(SeqCst);
         if !gpuslice_sched::admits(cpu, share) {
             return Err(FitError {
-                setting: cpu_setting.into(),
+                setting: compute_setting.into(),
                 device: uuid,
                 requested: frac(share.ppm() as u64),
                 available: frac((PPM as u64).saturating_sub(cpu)),
@@ -378,7 +378,7 @@ impl Ledger {
                 d.memory_reserved.fetch_sub(l, SeqCst);
                 self.rebalance_allowances_locked(device);
                 return Err(FitError {
-                    setting: mem_setting.into(),
+                    setting: memory_setting.into(),
                     device: uuid,
                     requested: human_bytes(l),
                     available: human_bytes(total.saturating_sub(before).saturating_sub(be)),

@@ -7,6 +7,7 @@
 //! - `slices.rs`: operator slices and the changes made to a slice after it exists (owner,
 //!   priority, audit, removal, the last process leaving);
 //! - `reap.rs`: the memory and records of dead processes come back;
+//! - `shared/`: exported VMM allocations, charged to their exporter while anyone holds them;
 //! - `snapshot.rs`: a checked copy of everything for display (the types are `crate::snapshot`).
 //!
 //! All of these run under the header's robust mutex. They are written so that a holder killed

@@ -217,7 +217,7 @@ impl Ledger {
     }
 
     /// Remove slice `si` if nothing keeps it: no process, not an operator's, and no exported
-    /// allocation charged to it that an importer still holds (`shared.rs`).
+    /// allocation charged to it that an importer still holds (`shared/`).
     pub(crate) fn remove_if_unused_locked(&self, si: usize, sl: &Slice) -> Option<RemovedSlice> {
         let free = sl.attached.load(SeqCst) == 0
             && sl.operator_defined.load(SeqCst) == 0

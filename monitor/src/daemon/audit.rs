@@ -11,6 +11,7 @@
 //! bypass of its own user, attributed to no slice, reported, and with `kill` ended.
 
 use super::{Monitor, OnViolation};
+use crate::procfs::uid_of;
 use crate::prom::AuditRow;
 use crate::view::NodeView;
 use std::collections::HashSet;
@@ -140,17 +141,6 @@ fn env_slice(pid: u32) -> Option<String> {
     env.split(|&b| b == 0)
         .find_map(|kv| kv.strip_prefix(b"GPUSLICE_SLICE="))
         .map(|v| String::from_utf8_lossy(v).into_owned())
-}
-
-/// The effective uid of `pid` (the second `Uid:` field of `/proc/<pid>/status`).
-pub(crate) fn uid_of(pid: u32) -> Option<u32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 /// How the audit recognises a process: its pid in its own (innermost) PID namespace, as it

@@ -41,7 +41,6 @@ macro_rules! log {
 }
 
 mod audit;
-pub(crate) use audit::uid_of;
 mod lock;
 pub(crate) mod options;
 

@@ -12,9 +12,9 @@ mod operator;
 pub mod slices;
 mod snapshot;
 
-use crate::admission::RegionTable;
 use crate::cli::Failure;
 use crate::nvml::Gpu;
+use crate::regions::RegionTable;
 use gpuslice_ledger::{Ledger, LedgerError};
 use std::path::Path;
 use std::sync::Arc;

@@ -43,14 +43,21 @@
 //! at most what its exporter had charged on that device, only on the exporter's own account,
 //! and only while a live process that imported the same descriptor holds it (node mode: or
 //! while the monitor finds a descriptor of it open).
+//!
+//! One job a file: here the records and what a process does with them (export, import, let
+//! go, leave); `counters.rs` where a record's bytes are counted (a personal ledger's words or
+//! node mode's regions); `descriptors.rs` node mode's records only descriptors hold, for the
+//! monitor's scan; `reap.rs` the records as the reaper and a slice's removal see them.
+
+mod counters;
+mod descriptors;
+mod reap;
 
 use super::{Ledger, LockGuard};
-use crate::account::{Account, Member};
 use crate::error::LedgerError;
 use crate::layout::*;
 use crate::ledger::ProcHandle;
-use crate::snapshot::{Reaped, RemovedSlice};
-use core::sync::atomic::AtomicU64;
+use crate::snapshot::RemovedSlice;
 use core::sync::atomic::Ordering::{Relaxed, Release, SeqCst};
 
 /// The identity of an exported allocation: `(st_dev, st_ino)` of its shareable descriptor,
@@ -286,33 +293,6 @@ impl Ledger {
         Ok(Import::Adopted { rec: i, dev, bytes })
     }
 
-    /// Process slot `slot`'s account on ledger device `d` if it can keep a record (as for an
-    /// export: not node mode's best-effort allowances, which go with their last member).
-    fn slice_account(&self, slot: usize, d: usize) -> Option<u32> {
-        let pd = self.procs().get(slot)?.devices.get(d)?;
-        let a = pd.account.load(SeqCst);
-        let keeps = a != ACCOUNT_NONE && (!self.is_node() || (a as usize) < MAX_SLICES);
-        keeps.then_some(a)
-    }
-
-    /// Run `f` on process slot `slot`'s account on device `d` ([`Self::slice_account`]; in
-    /// node mode over the slice's region), `None` when it has none.
-    fn with_slice_account<T>(
-        &self,
-        slot: usize,
-        d: usize,
-        f: impl FnOnce(&Account<'_>) -> T,
-    ) -> Option<T> {
-        let a = self.slice_account(slot, d)?;
-        if !self.is_node() {
-            return self.account(ProcHandle { slot }, d).map(|acc| f(&acc));
-        }
-        let region = self.regions()?.get(crate::node::region_key(a, d)?)?;
-        let slice = self.slices().get(a as usize)?;
-        let acc = Account::in_region(self.devices().get(d)?, Some(slice), &region, slot)?;
-        Some(f(&acc))
-    }
-
     /// Count `me` as an importer of active record `i`: `i`, or `None` when the entries are
     /// full. Its exporter too: a second handle it imports holds the memory after it let go
     /// of its own (the charge is then handed over to the record, not returned).
@@ -355,99 +335,6 @@ impl Ledger {
         Ok(self.orphan_locked(&g, r))
     }
 
-    /// Node mode: the records only descriptors may hold now (active, their exporter and
-    /// importers gone; each still charged to its last exporter's slice): what the monitor looks
-    /// for in `/proc/*/fd`.
-    pub fn descriptor_held(&self) -> Vec<(usize, ShareKey)> {
-        if !self.is_node() {
-            return vec![];
-        }
-        (self.shared().iter().enumerate())
-            .filter(|(_, r)| self.descriptors_only(r))
-            .map(|(i, r)| (i, Self::key_of(r)))
-            .collect()
-    }
-
-    /// Node mode: what the records charge, per ledger device and slice (for the slices still
-    /// active on that device): what they hold themselves (`held`, their exporters gone) and, for
-    /// those whose exporter is still registered, the exporter and the bytes it exported (its
-    /// charge is in its own words in the slice's region). A monitor restarted after such a
-    /// slice's last live process went recovers no region for it (regions are found through
-    /// their live members), so it makes the region again with these in it: the charge stays
-    /// enforced on the slice, an exporter that died meanwhile hands its part to its records
-    /// when reaped, and the charge goes when they let go.
-    pub fn record_charges(&self) -> Result<Vec<RecordCharge>, LedgerError> {
-        if !self.is_node() {
-            return Ok(vec![]);
-        }
-        let _g = self.lock()?;
-        let mut out: Vec<RecordCharge> = vec![];
-        for r in self.shared() {
-            let (d, a) = (r.device.load(SeqCst) as usize, r.account.load(SeqCst));
-            if r.state.load(SeqCst) != STATE_ACTIVE {
-                continue;
-            }
-            // Only a slice of that device: what `with_counter` would charge once it has a region.
-            let Some(s) = self.slices().get(a as usize).filter(|s| {
-                s.state.load(SeqCst) == STATE_ACTIVE && s.device.load(SeqCst) as usize == d
-            }) else {
-                continue;
-            };
-            let at = match out.iter().position(|c| (c.device, c.account) == (d, a)) {
-                Some(i) => i,
-                None => {
-                    out.push(RecordCharge {
-                        device: d,
-                        account: a,
-                        held: 0,
-                        exported: vec![],
-                        limit: s.memory_limit.load(SeqCst),
-                    });
-                    out.len() - 1
-                }
-            };
-            let c = &mut out[at];
-            c.held = c.held.saturating_add(r.held.load(SeqCst));
-            // An exporter charged in this slice's region (a live one, or one that died and
-            // is not reaped yet).
-            let e = r.exporter.load(SeqCst) as usize;
-            let charged_here = self.procs().get(e).is_some_and(|p| {
-                matches!(p.state.load(SeqCst), STATE_ACTIVE | STATE_DYING)
-                    && p.devices.get(d).map(|pd| pd.account.load(SeqCst)) == Some(a)
-            });
-            if charged_here {
-                c.exported.push((e, r.bytes.load(SeqCst)));
-            }
-        }
-        out.retain(|c| c.held > 0 || !c.exported.is_empty());
-        Ok(out)
-    }
-
-    /// The uid of record `rec`'s exporter (the monitor's scan: an unreadable process of a uid
-    /// holds back only that uid's records).
-    pub fn share_uid(&self, rec: usize) -> Option<u32> {
-        self.shared().get(rec).map(|r| r.uid.load(SeqCst))
-    }
-
-    /// Node mode: no process holds a descriptor of record `rec` (identity `key`) any more, as
-    /// the monitor's scan found: its charge goes back (and the slice it alone kept), and it
-    /// becomes an orphan. Nothing changes if it is no longer that record, or someone took it
-    /// meanwhile (an import adopted it, an importer counted on it).
-    pub fn share_release_unheld(
-        &self,
-        rec: usize,
-        key: ShareKey,
-    ) -> Result<Vec<RemovedSlice>, LedgerError> {
-        let g = self.lock()?;
-        let Some(r) = self.shared().get(rec) else {
-            return Ok(vec![]);
-        };
-        if Self::key_of(r) != key || !self.descriptors_only(r) {
-            return Ok(vec![]);
-        }
-        Ok(self.orphan_locked(&g, r))
-    }
-
     /// Record `r` held by nobody any more: its `held` bytes go back (and the slice it alone
     /// kept, returned), and it becomes an orphan.
     fn orphan_locked(&self, g: &LockGuard<'_>, r: &Shared) -> Vec<RemovedSlice> {
@@ -468,21 +355,6 @@ impl Ledger {
             dev: r.key_dev.load(SeqCst),
             ino: r.key_ino.load(SeqCst),
         }
-    }
-
-    /// Node mode: whether record `r` is active with nobody but descriptors holding it.
-    fn descriptors_only(&self, r: &Shared) -> bool {
-        self.is_node()
-            && r.state.load(SeqCst) == STATE_ACTIVE
-            && r.exporter.load(SeqCst) == NO_SLOT
-            && !self.any_importer(r)
-    }
-
-    /// Give back `held` bytes a record held in account `a` of device `d`.
-    fn return_held(&self, d: usize, a: u32, held: u64) {
-        self.with_counter(d, a, |c| {
-            let _ = c.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(held)));
-        });
     }
 
     /// Exporter `me` let go of record `rec`'s allocation (released it and unmapped its last
@@ -524,142 +396,6 @@ impl Ledger {
             return Ok(LetGo::Uncharge);
         }
         Ok(LetGo::Keep)
-    }
-
-    /// The reaper's part (under the lock, `dying` marked): dead importers leave; a dying
-    /// exporter's records held by a live importer keep their bytes (clamped to what it was
-    /// charged there), the others' bytes go with it; records nobody holds any more become
-    /// orphans. The accounts whose counters must give back an orphaned record's `held`.
-    pub(crate) fn reap_shared_locked(
-        &self,
-        dying: &[usize],
-        out: &mut Reaped,
-    ) -> Vec<(usize, u32)> {
-        let mut settle = vec![];
-        // What each dying exporter was charged per device and has not yet handed to a record.
-        let mut left: Vec<(usize, usize, u64)> = vec![];
-        for (i, r) in self.shared().iter().enumerate() {
-            if r.state.load(SeqCst) != STATE_ACTIVE {
-                continue;
-            }
-            let (d, a) = (r.device.load(SeqCst) as usize, r.account.load(SeqCst));
-            if d >= MAX_DEVICES || self.with_counter(d, a, |_| ()).is_none() {
-                out.problems.push(format!(
-                    "shared allocation record {i}: device {d} or account {a} is not usable; freed"
-                ));
-                r.state.store(STATE_FREE, SeqCst);
-                continue;
-            }
-            for x in &r.importers {
-                if dying.contains(&(x.load(SeqCst) as usize)) {
-                    x.store(NO_SLOT, SeqCst);
-                }
-            }
-            let e = r.exporter.load(SeqCst) as usize;
-            if dying.contains(&e) {
-                // Node mode: the record holds the charge for the descriptors that may be left
-                // (the monitor's scan lets it go).
-                if self.any_importer(r) || self.is_node() {
-                    let at = left.iter().position(|&(p, dd, _)| p == e && dd == d);
-                    let at = at.unwrap_or_else(|| {
-                        let c = self.with_member(e, d, |m| m.charged.load(SeqCst));
-                        left.push((e, d, c.unwrap_or(0)));
-                        left.len() - 1
-                    });
-                    let n = r.bytes.load(SeqCst).min(left[at].2);
-                    left[at].2 -= n;
-                    r.held.store(n, SeqCst);
-                    r.exporter.store(NO_SLOT, SeqCst);
-                } else {
-                    // Its bytes go with the exporter's; a descriptor it left behind charges
-                    // whoever imports it next.
-                    r.exporter.store(NO_SLOT, SeqCst);
-                    r.state.store(STATE_ORPHAN, SeqCst);
-                }
-            } else if e as u32 == NO_SLOT && !self.any_importer(r) && !self.is_node() {
-                r.state.store(STATE_ORPHAN, SeqCst);
-                if !settle.contains(&(d, a)) {
-                    settle.push((d, a));
-                }
-            }
-        }
-        settle
-    }
-
-    /// Bytes the records hold themselves in account `a` of device `d`.
-    pub(crate) fn shared_held(&self, d: usize, a: u32) -> u64 {
-        self.shared()
-            .iter()
-            .filter(|r| {
-                r.state.load(SeqCst) == STATE_ACTIVE
-                    && r.device.load(SeqCst) as usize == d
-                    && r.account.load(SeqCst) == a
-            })
-            .fold(0u64, |s, r| s.saturating_add(r.held.load(SeqCst)))
-    }
-
-    /// Whether a record charges slice `si` (which then stays, even with no process in it).
-    pub(crate) fn slice_has_shared(&self, si: usize) -> bool {
-        self.shared()
-            .iter()
-            .any(|r| r.state.load(SeqCst) == STATE_ACTIVE && r.account.load(SeqCst) as usize == si)
-    }
-
-    /// Free the records charging slice `si` (it is being freed with its counter).
-    pub(crate) fn drop_shared_of_slice_locked(&self, si: usize) {
-        for r in self.shared() {
-            if r.state.load(SeqCst) == STATE_ACTIVE && r.account.load(SeqCst) as usize == si {
-                r.state.store(STATE_FREE, SeqCst);
-            }
-        }
-    }
-
-    /// Remove slice `a` if a record alone kept it (no process, not an operator's): after its
-    /// last record went.
-    pub(crate) fn drop_kept_slice_locked(
-        &self,
-        _g: &LockGuard<'_>,
-        a: u32,
-    ) -> Option<RemovedSlice> {
-        let sl = self.slices().get(a as usize)?;
-        self.remove_if_unused_locked(a as usize, sl)
-    }
-
-    /// Run `f` on the counter of account `a` on device `d` (a slice's `memory_used`, or the
-    /// device's best-effort pool; in node mode the account's region), `None` for anything else.
-    fn with_counter<T>(&self, d: usize, a: u32, f: impl FnOnce(&AtomicU64) -> T) -> Option<T> {
-        if self.is_node() {
-            let r = self.regions()?.get(crate::node::region_key(a, d)?)?;
-            return Some(f(&r.header().memory_used.0));
-        }
-        if a == ACCOUNT_BEST_EFFORT {
-            return self.devices().get(d).map(|dv| f(&dv.best_effort_used));
-        }
-        let s = self.slices().get(a as usize)?;
-        let live = s.state.load(SeqCst) == STATE_ACTIVE && s.device.load(SeqCst) as usize == d;
-        live.then(|| f(&s.memory_used.0))
-    }
-
-    /// Run `f` on process slot `slot`'s words in its account on device `d` (in node mode, in
-    /// the account's region).
-    fn with_member<T>(&self, slot: usize, d: usize, f: impl FnOnce(Member<'_>) -> T) -> Option<T> {
-        let p = self.procs().get(slot)?;
-        let pd = p.devices.get(d)?;
-        if self.is_node() {
-            let key = crate::node::region_key(pd.account.load(SeqCst), d)?;
-            let r = self.regions()?.get(key)?;
-            let w = r.proc_(slot)?;
-            return Some(f(Member {
-                begun: &w.ops_begun,
-                ended: &w.ops_ended,
-                charged: &w.charged,
-            }));
-        }
-        Some(f(Member {
-            begun: &p.ops_begun,
-            ended: &p.ops_ended,
-            charged: &pd.charged,
-        }))
     }
 
     /// The active or orphan record of identity `key`.
