@@ -707,8 +707,16 @@ fn sixty_four_best_effort_contexts_leave_a_reserved_slice_its_start() {
                     refused.push(c.wait_with_output().unwrap());
                     break;
                 }
-                if slices_named(&n.status(), &name)
-                    .any(|x| x["pids"].as_array().is_some_and(|p| !p.is_empty()))
+                // Admitted with its context: a process shows in `status` once admitted, and
+                // its charge grows by the context only once the context was granted (one
+                // refused it exits).
+                let s = n.status();
+                let charged = s["processes"].as_array().into_iter().flatten().any(|p| {
+                    p["pid"] == c.id() && p["memory_used"].as_u64().is_some_and(|b| b > 0)
+                });
+                if charged
+                    && slices_named(&s, &name)
+                        .any(|x| x["pids"].as_array().is_some_and(|p| !p.is_empty()))
                 {
                     m.add(Who::T1, &c);
                     t1.push(c);
