@@ -374,16 +374,10 @@ fn is_operator(server: &Server, pid: u32, uid: u32) -> bool {
     let Some(gid) = server.operator_group.gid else {
         return false;
     };
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .is_some_and(|s| {
-            s.lines().any(|l| {
-                (l.starts_with("Groups:") || l.starts_with("Gid:"))
-                    && l.split_whitespace()
-                        .skip(1)
-                        .any(|g| g.parse::<u32>() == Ok(gid))
-            })
-        })
+    let pid = pid.to_string();
+    ["Groups", "Gid"]
+        .iter()
+        .any(|f| gpuslice_ledger::procfs::status_ids(&pid, f).is_some_and(|ids| ids.contains(&gid)))
 }
 
 /// The reply to one request, with the descriptors it carries.

@@ -143,7 +143,7 @@ fn in_flight(held: &[(usize, ShareKey, Option<u32>)], scan: &Scan) -> Vec<InFlig
             let only_sockets = !scan.open.contains(&key)
                 && !scan.unreadable.contains(&uid)
                 && uid != 0
-                && scan.sockets.contains(&uid);
+                && (scan.sockets.contains(&uid) || scan.anyone);
             only_sockets.then_some(InFlight { record, key, uid })
         })
         .collect()
@@ -151,11 +151,15 @@ fn in_flight(held: &[(usize, ShareKey, Option<u32>)], scan: &Scan) -> Vec<InFlig
 
 /// What a scan of `/proc/*/fd` found: the keys some process holds open, the uids of the
 /// processes whose descriptors it could not read, and the uids of the processes holding a unix
-/// socket (real, effective, saved and filesystem uid: any of them may be what it runs as).
+/// socket (real, effective, saved and filesystem uid: any of them may be what it runs as);
+/// `anyone` when a process holding a unix socket ran as uids it could not tell, `hidden` when
+/// one whose descriptors it could not read did (either may be any uid's).
 struct Scan {
     open: Vec<ShareKey>,
     unreadable: Vec<u32>,
     sockets: Vec<u32>,
+    anyone: bool,
+    hidden: bool,
 }
 
 /// The records of `held` (record, key, exporter's uid) that no process can hold a descriptor
@@ -171,10 +175,13 @@ struct Scan {
 /// A record whose exporter's uid is unknown is held back by any of these.
 fn releasable(held: &[(usize, ShareKey, Option<u32>)], scan: &Scan) -> Vec<(usize, ShareKey)> {
     held.iter()
-        .filter(|(_, k, _)| !scan.open.contains(k))
+        .filter(|(_, k, _)| !scan.open.contains(k) && !scan.hidden)
         .filter(|(_, _, uid)| match uid {
-            Some(u) => !scan.unreadable.contains(u) && (*u == 0 || !scan.sockets.contains(u)),
-            None => scan.unreadable.is_empty() && scan.sockets.iter().all(|&u| u == 0),
+            Some(0) => !scan.unreadable.contains(&0),
+            Some(u) => !scan.anyone && !scan.unreadable.contains(u) && !scan.sockets.contains(u),
+            None => {
+                !scan.anyone && scan.unreadable.is_empty() && scan.sockets.iter().all(|&u| u == 0)
+            }
         })
         .map(|&(rec, k, _)| (rec, k))
         .collect()
@@ -184,8 +191,9 @@ fn releasable(held: &[(usize, ShareKey, Option<u32>)], scan: &Scan) -> Vec<(usiz
 /// it is sent at once) has, by `stat` of each `/proc/PID/fd/N` (the open file's identity); whose
 /// descriptors could not be read (by uid); and who holds a unix socket (by uid: a process's
 /// first unix socket costs a read of its `status`, and its other sockets nothing). `None` when
-/// the scan is not complete: more than [`MAX_SCANNED`] descriptors, or a process it may not
-/// read whose uid it cannot tell. Stops as soon as every key was found.
+/// the scan is not complete: more than [`MAX_SCANNED`] descriptors. A process whose uids it
+/// cannot tell holds back what it may hold ([`Scan`]), never the whole scan. Stops as soon as
+/// every key was found.
 fn open_keys(keys: &[ShareKey]) -> Option<Scan> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let me = std::process::id();
@@ -193,6 +201,8 @@ fn open_keys(keys: &[ShareKey]) -> Option<Scan> {
         open: vec![],
         unreadable: vec![],
         sockets: vec![],
+        anyone: false,
+        hidden: false,
     };
     let mut budget = MAX_SCANNED;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -211,9 +221,10 @@ fn open_keys(keys: &[ShareKey]) -> Option<Scan> {
             // Gone meanwhile (or a kernel thread's): it holds nothing.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(_) => {
-                let uid = crate::daemon::uid_of(pid)?;
-                if !scan.unreadable.contains(&uid) {
-                    scan.unreadable.push(uid);
+                match owner_uids(pid) {
+                    Some(uids) => add(&mut scan.unreadable, &uids),
+                    None if !entry.path().exists() => {}
+                    None => scan.hidden = true,
                 }
                 continue;
             }
@@ -227,18 +238,12 @@ fn open_keys(keys: &[ShareKey]) -> Option<Scan> {
             };
             if !has_unix_socket && st.file_type().is_socket() && is_unix_socket(&fd.path()) {
                 has_unix_socket = true;
-                // A process gone meanwhile holds nothing; one whose uids cannot be read may
-                // be anyone's: the scan is not complete.
-                match uids_of(pid) {
-                    Some(uids) => {
-                        for u in uids {
-                            if !scan.sockets.contains(&u) {
-                                scan.sockets.push(u);
-                            }
-                        }
-                    }
+                // A process gone meanwhile holds nothing; one whose uids cannot be told may
+                // be anyone's (every record but root's is held back, the scan goes on).
+                match owner_uids(pid) {
+                    Some(uids) => add(&mut scan.sockets, &uids),
                     None if !entry.path().exists() => {}
-                    None => return None,
+                    None => scan.anyone = true,
                 }
             }
             let key = ShareKey {
@@ -281,16 +286,24 @@ fn is_unix_socket(path: &std::path::Path) -> bool {
     }
 }
 
-/// The real, effective, saved and filesystem uids of `pid` (`Uid:` of `/proc/PID/status`).
-fn uids_of(pid: u32) -> Option<Vec<u32>> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find_map(|l| l.strip_prefix("Uid:"))?;
-    let uids: Vec<u32> = line
-        .split_whitespace()
-        .map(str::parse)
-        .collect::<Result<_, _>>()
-        .ok()?;
-    (!uids.is_empty()).then_some(uids)
+/// The uids `pid` may run as: its real, effective, saved and filesystem uids, or, where its
+/// `status` cannot be parsed, the owner of `/proc/PID` (its effective uid; root's for a
+/// process that is not dumpable, where `status` is root's to read anyway).
+fn owner_uids(pid: u32) -> Option<Vec<u32>> {
+    use std::os::unix::fs::MetadataExt;
+    match gpuslice_ledger::procfs::uids_of(pid) {
+        Some(uids) => Some(uids.to_vec()),
+        None => Some(vec![std::fs::metadata(format!("/proc/{pid}")).ok()?.uid()]),
+    }
+}
+
+/// Adds `uids` to the set `to`.
+fn add(to: &mut Vec<u32>, uids: &[u32]) {
+    for &u in uids {
+        if !to.contains(&u) {
+            to.push(u);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -358,12 +371,16 @@ mod tests {
             open: vec![k(3)],
             unreadable: vec![],
             sockets: vec![],
+            anyone: false,
+            hidden: false,
         };
         assert_eq!(releasable(&held, &all), [(0, k(1)), (1, k(2)), (3, k(4))]);
         let hidden = Scan {
             open: vec![k(3)],
             unreadable: vec![1000],
             sockets: vec![],
+            anyone: false,
+            hidden: false,
         };
         assert_eq!(releasable(&held, &hidden), [(1, k(2))]);
     }
@@ -384,6 +401,8 @@ mod tests {
             open: vec![],
             unreadable: vec![],
             sockets,
+            anyone: false,
+            hidden: false,
         };
         assert_eq!(releasable(&held, &scan(vec![1000])), [(1, k(2)), (2, k(3))]);
         assert_eq!(
@@ -402,6 +421,24 @@ mod tests {
         );
     }
 
+    /// Issue #34: a process whose uids cannot be told holds back what it may hold, never the
+    /// whole scan: holding a unix socket, every record but root's; hiding its descriptors,
+    /// every record.
+    #[test]
+    fn a_process_of_unknown_uid_holds_back_only_what_it_may_hold() {
+        let k = |ino| ShareKey { dev: 1, ino };
+        let held = [(0, k(1), Some(1000)), (1, k(2), Some(0)), (2, k(3), None)];
+        let scan = |anyone, hidden| Scan {
+            open: vec![],
+            unreadable: vec![],
+            sockets: vec![],
+            anyone,
+            hidden,
+        };
+        assert_eq!(releasable(&held, &scan(true, false)), [(1, k(2))]);
+        assert_eq!(releasable(&held, &scan(false, true)), []);
+    }
+
     /// The scan sees who holds a unix socket (by every uid of the process), and not a process
     /// that holds only other sockets.
     #[test]
@@ -412,7 +449,7 @@ mod tests {
             return;
         }
         let uid = 47_099;
-        let spawn = |script: &str| {
+        let spawn = |uid: u32, script: &str| {
             let mut c = Command::new("setpriv");
             c.args([
                 &format!("--reuid={uid}"),
@@ -447,18 +484,32 @@ mod tests {
         };
         // A TCP socket carries no descriptors: it holds nothing back.
         let mut plain = spawn(
+            uid,
             "import socket, sys; s = socket.socket(); print(1, flush=True); sys.stdin.read()",
         );
         ready(&mut plain);
         let scan = open_keys(&never).unwrap();
         assert!(!scan.sockets.contains(&uid), "{:?}", scan.sockets);
         let mut sockets = spawn(
+            uid,
             "import socket, sys; a, b = socket.socketpair(); print(1, flush=True); sys.stdin.read()",
         );
         ready(&mut sockets);
         let scan = open_keys(&never).unwrap();
         assert!(scan.sockets.contains(&uid), "{:?}", scan.sockets);
-        for mut c in [plain, sockets] {
+        // A holder named with bytes that are not UTF-8 (PR_SET_NAME, 15) is still told by its
+        // uids, and ends no scan.
+        let renamed_uid = 47_098;
+        let mut renamed = spawn(
+            renamed_uid,
+            "import ctypes, socket, sys; ctypes.CDLL(None).prctl(15, b'gs\\xff\\xfe)', 0, 0, 0); \
+             a, b = socket.socketpair(); print(1, flush=True); sys.stdin.read()",
+        );
+        ready(&mut renamed);
+        let scan = open_keys(&never).expect("a complete scan beside a renamed process");
+        assert!(scan.sockets.contains(&renamed_uid), "{:?}", scan.sockets);
+        assert!(!scan.anyone);
+        for mut c in [plain, sockets, renamed] {
             drop(c.stdin.take());
             c.wait().unwrap();
         }

@@ -144,13 +144,7 @@ fn env_slice(pid: u32) -> Option<String> {
 
 /// The effective uid of `pid` (the second `Uid:` field of `/proc/<pid>/status`).
 pub(crate) fn uid_of(pid: u32) -> Option<u32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    gpuslice_ledger::procfs::uids_of(pid).map(|[_, euid, ..]| euid)
 }
 
 /// How the audit recognises a process: its pid in its own (innermost) PID namespace, as it
