@@ -207,6 +207,8 @@ impl Ledger {
         r.held.store(0, SeqCst);
         r.imported.store(0, SeqCst);
         r.uid.store(uid, SeqCst);
+        r.pid_ns
+            .store(self.procs()[me.slot].pid_ns.load(SeqCst), SeqCst);
         for x in &r.importers {
             x.store(NO_SLOT, SeqCst);
         }
@@ -275,6 +277,8 @@ impl Ledger {
         r.held.store(0, SeqCst);
         r.imported.store(1, SeqCst);
         r.uid.store(self.procs()[me.slot].uid.load(SeqCst), SeqCst);
+        r.pid_ns
+            .store(self.procs()[me.slot].pid_ns.load(SeqCst), SeqCst);
         for x in &r.importers {
             x.store(NO_SLOT, SeqCst);
         }
@@ -423,10 +427,12 @@ impl Ledger {
         Ok(out)
     }
 
-    /// The uid of record `rec`'s exporter (the monitor's scan: an unreadable process of a uid
-    /// holds back only that uid's records).
-    pub fn share_uid(&self, rec: usize) -> Option<u32> {
-        self.shared().get(rec).map(|r| r.uid.load(SeqCst))
+    /// The uid and PID namespace (0: unknown) of record `rec`'s exporter (the monitor's scan:
+    /// whose processes may hold its descriptor unseen).
+    pub fn share_owner(&self, rec: usize) -> Option<(u32, u64)> {
+        self.shared()
+            .get(rec)
+            .map(|r| (r.uid.load(SeqCst), r.pid_ns.load(SeqCst)))
     }
 
     /// Node mode: no process holds a descriptor of record `rec` (identity `key`) any more, as

@@ -214,7 +214,11 @@ fn run(opts: Options) -> Result<(), Failure> {
         facts,
         last_fd_scan: None,
         fd_scan: None,
+        fd_scan_every: FD_SCAN_MIN,
+        fd_scan_held: vec![],
+        fd_scan_witnesses: vec![],
         in_flight: vec![],
+        in_flight_said: vec![],
     };
     let mut last_audit = Instant::now() - Duration::from_secs(10);
     while !cli::stop_requested() {
@@ -267,9 +271,17 @@ struct Monitor {
     last_fd_scan: Option<Instant>,
     /// That scan while it runs (`scan_descriptors`): its log lines.
     fd_scan: Option<std::thread::JoinHandle<FdScan>>,
-    /// The records the last complete scan kept only for a descriptor that may be in flight
-    /// (each logged once, when it starts being kept so).
+    /// The wait between scans ([`next_fd_scan_every`]).
+    fd_scan_every: Duration,
+    /// The records the last scan was started for (a change brings the wait back to its least).
+    fd_scan_held: Vec<(usize, gpuslice_ledger::ShareKey)>,
+    /// The processes whose exit makes the next scan due at once (`Unheld::witnesses`).
+    fd_scan_witnesses: Vec<(u32, u64)>,
+    /// The records the last complete scan kept only for their owners' processes (each logged
+    /// when it starts being kept so).
     in_flight: Vec<crate::shared::InFlight>,
+    /// When each record was last logged so ([`IN_FLIGHT_LOG_EVERY`]).
+    in_flight_said: Vec<(crate::shared::InFlight, Instant)>,
 }
 
 impl Monitor {
@@ -357,27 +369,46 @@ impl Monitor {
     fn scan_descriptors(&mut self, ledger: Option<Arc<gpuslice_ledger::Ledger>>) {
         if self.fd_scan.as_ref().is_some_and(|h| h.is_finished()) {
             match self.fd_scan.take().map(std::thread::JoinHandle::join) {
-                Some(Ok((lines, in_flight))) => {
+                Some(Ok((lines, found))) => {
                     lines.iter().for_each(|l| log!("{l}"));
-                    if let Some(now) = in_flight {
+                    if let Some(now) = found.in_flight {
                         self.log_in_flight(ledger.as_deref(), now);
                     }
+                    self.fd_scan_every = next_fd_scan_every(self.fd_scan_every, found.only_owners);
+                    self.fd_scan_witnesses = found.witnesses;
                 }
                 Some(Err(_)) => log!("the scan for exported allocations' descriptors failed"),
                 None => {}
             }
         }
-        let due = self
-            .last_fd_scan
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
-        let Some(ledger) = ledger.filter(|_| self.node_mode && due && self.fd_scan.is_none())
-        else {
+        let Some(ledger) = ledger.filter(|_| self.node_mode && self.fd_scan.is_none()) else {
             return;
         };
-        if ledger.descriptor_held().is_empty() {
+        let held = ledger.descriptor_held();
+        if held != self.fd_scan_held {
+            self.fd_scan_every = FD_SCAN_MIN;
+        }
+        // Backed off, the next scan is still due at once when a process that kept a record
+        // exits (a check of a few pids, at most once a second).
+        let due = self.last_fd_scan.is_none_or(|t| {
+            let since = t.elapsed();
+            since >= self.fd_scan_every
+                || (since >= FD_SCAN_MIN
+                    && self
+                        .fd_scan_witnesses
+                        .iter()
+                        .any(|&(pid, start)| !gpuslice_ledger::is_running(pid, start)))
+        });
+        if !due {
+            return;
+        }
+        if held.is_empty() {
+            self.fd_scan_held.clear();
+            self.fd_scan_witnesses.clear();
             self.in_flight.clear();
             return;
         }
+        self.fd_scan_held = held;
         self.last_fd_scan = Some(Instant::now());
         let scan = move || crate::ledger_window::release_unheld(&ledger);
         match std::thread::Builder::new()
@@ -390,20 +421,47 @@ impl Monitor {
     }
 }
 
-/// What the descriptor scan's thread returns: its log lines, and the records it kept only for
-/// a descriptor that may be in flight (`None`: no complete scan).
-type FdScan = (Vec<String>, Option<Vec<crate::shared::InFlight>>);
+/// What the descriptor scan's thread returns: its log lines, and what it found.
+type FdScan = (Vec<String>, crate::shared::Unheld);
+
+/// The least wait between descriptor scans.
+const FD_SCAN_MIN: Duration = Duration::from_secs(1);
+/// The most: records a tenant keeps by its processes alone cost a scan of every process's
+/// descriptors this often, not every second forever; their release waits this long at most.
+const FD_SCAN_MAX: Duration = Duration::from_secs(30);
+/// A record kept for its owner's processes is said at most this often (one that flips in and
+/// out of that state would say it every scan).
+const IN_FLIGHT_LOG_EVERY: Duration = Duration::from_secs(600);
+
+/// The wait before the next descriptor scan: doubled, up to [`FD_SCAN_MAX`], after a scan that
+/// let nothing go and kept every record only for its owner's processes (only one of those
+/// exiting changes that); else [`FD_SCAN_MIN`]. A change in the records brings it back to
+/// [`FD_SCAN_MIN`] too (`scan_descriptors`).
+fn next_fd_scan_every(every: Duration, only_owners: bool) -> Duration {
+    if only_owners {
+        every.saturating_mul(2).clamp(FD_SCAN_MIN, FD_SCAN_MAX)
+    } else {
+        FD_SCAN_MIN
+    }
+}
 
 impl Monitor {
-    /// Say once, when it starts, that a record is kept only because its descriptor may be in
-    /// flight in a unix socket of its exporter's uid: the operator's answer to why an exporter's
-    /// slice stays charged with no process holding the memory (docs/security.md).
+    /// Say when it starts (at most every [`IN_FLIGHT_LOG_EVERY`]) that a record is kept only
+    /// because its exporter's uid still has processes in its PID namespace, where its
+    /// descriptor may be held unseen: the operator's answer to why an exporter's slice stays
+    /// charged with no process holding the memory (docs/security.md).
     fn log_in_flight(
         &mut self,
         ledger: Option<&gpuslice_ledger::Ledger>,
         now: Vec<crate::shared::InFlight>,
     ) {
+        self.in_flight_said
+            .retain(|(_, t)| t.elapsed() < IN_FLIGHT_LOG_EVERY);
         for f in now.iter().filter(|f| !self.in_flight.contains(f)) {
+            if self.in_flight_said.iter().any(|(s, _)| s == f) {
+                continue;
+            }
+            self.in_flight_said.push((*f, Instant::now()));
             let what = ledger.and_then(|l| {
                 let r = l.shared().get(f.record)?;
                 let held = r.held.load(std::sync::atomic::Ordering::SeqCst);
@@ -415,14 +473,23 @@ impl Monitor {
                 ))
             });
             log!(
-                "exported memory{}: no process holds its descriptor, but processes of its \
-                 exporter's uid {} hold unix sockets, where it may be in flight: kept charged \
-                 until none does",
+                "exported memory{}: no process holds its descriptor, but its exporter's uid {} \
+                 still has processes in its PID namespace ({}), which may hold it unseen (in \
+                 flight in a unix socket, in an io_uring): kept charged until none is left",
                 what.unwrap_or_default(),
-                f.uid
+                f.owner.uid,
+                ns_name(f.owner.pid_ns)
             );
         }
         self.in_flight = now;
+    }
+}
+
+/// A PID namespace as `/proc/PID/ns/pid` names it (`pid:[INODE]`), for the log.
+fn ns_name(ino: u64) -> String {
+    match ino {
+        0 => "unknown: any".into(),
+        ino => format!("pid:[{ino}]"),
     }
 }
 
@@ -544,5 +611,25 @@ fn register_devices(node: &LedgerWindow, devs: &[Gpu]) {
         if let Err(e) = node.register_device(d) {
             log!("cannot register device {} ({}): {e}", d.index, d.uuid);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue #34: records a tenant keeps only by its processes cost a scan of every process's
+    /// descriptors at most every 30 s once the waits have doubled up, not every second; any
+    /// other outcome brings the wait back to a second.
+    #[test]
+    fn the_descriptor_scan_backs_off_while_only_owners_keep_records() {
+        let mut every = FD_SCAN_MIN;
+        let mut waits = vec![];
+        for _ in 0..7 {
+            every = next_fd_scan_every(every, true);
+            waits.push(every.as_secs());
+        }
+        assert_eq!(waits, [2, 4, 8, 16, 30, 30, 30]);
+        assert_eq!(next_fd_scan_every(every, false), FD_SCAN_MIN);
     }
 }
