@@ -702,11 +702,7 @@ mod tests {
     #[test]
     fn recovery_trusts_only_the_recorded_member_and_the_monitors_memfd() {
         // A node policy is root's to make.
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: a node policy needs root");
-            return;
-        }
+        gpuslice_e2e::need_root!();
         let dir = std::env::temp_dir().join(format!("gpuslice-recover-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let l = Ledger::open_or_create_node(&dir).unwrap();

@@ -425,11 +425,7 @@ mod tests {
     #[test]
     fn a_descriptor_is_found_only_while_another_process_holds_it() {
         // Anyone else's descriptors are root's to read (the monitor's, in node mode).
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root to read every process's descriptors");
-            return;
-        }
+        gpuslice_e2e::need_root!();
         // SAFETY: memfd_create with a static name; the descriptor is checked and owned below.
         let fd = unsafe { libc::memfd_create(c"gpuslice-scan-test".as_ptr(), 0) };
         assert!(fd >= 0, "memfd_create");
@@ -547,11 +543,7 @@ mod tests {
     #[test]
     fn the_scan_finds_an_owners_processes_in_its_namespace_only() {
         use std::os::unix::fs::MetadataExt;
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root to read every process's descriptors");
-            return;
-        }
+        gpuslice_e2e::need_root!();
         // `own_ns`: in a PID namespace of its own (`unshare` stays outside, its child inside).
         let spawn = |uid: u32, own_ns: bool, script: &str| {
             let mut c = Command::new(if own_ns { "unshare" } else { "setpriv" });
