@@ -328,6 +328,8 @@ const HANDED_EXPORTER: u32 = 47049;
 const HANDED_IMPORTER: u32 = 47050;
 const POD_EXPORTER: u32 = 47051;
 const POD_HOLDER: u32 = 47052;
+const LIVE_EXPORTER: u32 = 47053;
+const LIVE_IMPORTER: u32 = 47054;
 
 /// A plain process (no shim, no CUDA) of `uid` connected to the exporter's socket `sock` that
 /// leaves the descriptor queued there (in flight) until told `receive`; it exits when its stdin
@@ -611,4 +613,62 @@ fn a_record_an_importer_holds_survives_a_monitor_restart() {
 #[test]
 fn a_record_whose_exporter_died_while_the_monitor_was_down_stays_charged() {
     restart_case(RESTART_EXPORTER_3, RESTART_IMPORTER_3, true, true);
+}
+
+/// Issue #34: a monitor SIGKILLed and restarted while the exporter lives (an importer holding
+/// its export) recovers the exporter's slice from its region once: the slice is charged its
+/// context and the 256 MiB, never twice (the record's bytes are in the exporter's own word
+/// already), and the exporter can still allocate the rest of its quota. Once it exits the
+/// importer holds the charge; once the importer unmaps and exits, it goes.
+#[test]
+fn a_restart_with_the_exporter_alive_charges_its_export_once() {
+    need_root!();
+    let mut n = Node::new(1, "4Gi", &["--on-violation", "kill"]);
+    let ctx = gpuslice_e2e::fake_context_bytes(4 * GI);
+    let sock = socket_dir(&n).join("live.sock");
+    let mut x = Client::new(&n, LIVE_EXPORTER, "x", "1Gi", "vmm-export", &sock);
+    assert_eq!(x.ask("create 256")["status"], 0);
+    let mut m = Client::new(&n, LIVE_IMPORTER, "y", "1Gi", "vmm-import", &sock);
+    let got = x.hand(&mut m, "import");
+    assert_eq!(
+        (&got["status"], &got["read_ok"]),
+        (&0.into(), &true.into()),
+        "{got}"
+    );
+    let before = used(&n);
+    assert_eq!(before.get("x"), Some(&(256 * MI + ctx)), "{before:?}");
+
+    let restarts = n.monitor_log().matches("node mode: the policy").count();
+    n.stop_monitor();
+    n.start_monitor();
+    wait_for("the monitor restarted", &n, || {
+        n.monitor_log().matches("node mode: the policy").count() > restarts
+    });
+    // Past the restarted monitor's first ticks and descriptor scans.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(used(&n), before, "{}", n.monitor_log());
+    assert_eq!(x.ask("info")["free"], GI - ctx - 256 * MI);
+    let rest = (GI - ctx - 256 * MI) / MI;
+    let got = x.ask(&format!("alloc {rest}"));
+    assert_eq!(
+        (&got["status"], &got["free"]),
+        (&0.into(), &0.into()),
+        "{got}"
+    );
+    assert_eq!(x.ask("alloc 1")["status"], CUDA_ERROR_OUT_OF_MEMORY);
+
+    x.exit();
+    wait_for("x held by its importer", &n, || {
+        used(&n).get("x") == Some(&(256 * MI))
+    });
+    let gone = m.ask("unmap");
+    assert_eq!(
+        (&gone["unmap"], &gone["release"]),
+        (&0.into(), &0.into()),
+        "{gone}"
+    );
+    m.exit();
+    wait_for("x uncharged", &n, || !used(&n).contains_key("x"));
+    assert_eq!(n.status()["orphans"], serde_json::json!([]));
+    assert!(!n.monitor_log().contains("audit:"), "{}", n.monitor_log());
 }
