@@ -478,11 +478,5 @@ pub fn is_running(pid: u32, start_time: u64) -> bool {
 
 /// State (field 3) and start time (field 22) of `/proc/<pid>/stat`.
 fn stat_of(pid: &str) -> Option<(u8, u64)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: fields count from the last ')'.
-    let rest = &s[s.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace();
-    let state = *f.next()?.as_bytes().first()?;
-    let start = f.nth(18)?.parse().ok()?;
-    Some((state, start))
+    crate::procfs::stat(pid).map(|s| (s.state, s.start_time))
 }

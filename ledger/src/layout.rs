@@ -20,7 +20,7 @@ use gpuslice_sched::{SchedDevice, SchedProc, SchedSlice};
 /// The first 8 bytes of every ledger file.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 /// Bumped on every layout change (including `gpuslice-sched`'s records).
-pub const LAYOUT_VERSION: u32 = 8;
+pub const LAYOUT_VERSION: u32 = 9;
 /// Devices per node.
 pub const MAX_DEVICES: usize = 16;
 /// Slice records per node (a slice is per device: `(name, device)`). Sized so that every
@@ -356,6 +356,10 @@ pub struct Shared {
     pub importers: [AtomicU32; SHARED_IMPORTERS],
     /// The exporter's uid (node mode: the per-user bound, [`SHARED_PER_UID`]).
     pub uid: AtomicU32,
+    /// The exporter's PID namespace (its `Proc::pid_ns`, 0 if unknown): with `uid`, whose
+    /// processes may still hold a descriptor the monitor cannot see (node mode, the monitor's
+    /// descriptor scan).
+    pub pid_ns: AtomicU64,
 }
 
 const fn align_up(x: usize, a: usize) -> usize {
@@ -473,6 +477,8 @@ mod tests {
         // Layout 5 added the shared-allocation table after the pools.
         assert_eq!(offset_of!(Shared, importers), 52);
         assert_eq!(offset_of!(Shared, uid), 116);
+        // Layout 9 added the exporter's PID namespace in what was Shared's tail padding.
+        assert_eq!(offset_of!(Shared, pid_ns), 120);
         assert_eq!(size_of::<Shared>(), 128);
         assert_eq!(SHARED_OFFSET % 4096, 0);
         // Layout 6: issue 20's words in the scheduler's records (`SchedDevice::charged_until_ns`

@@ -56,6 +56,7 @@ pub mod layout;
 mod ledger;
 pub mod node;
 pub mod pidfd;
+pub mod procfs;
 pub mod region;
 mod reslice;
 pub mod secret;

@@ -378,9 +378,7 @@ fn pid_ns_of(pid: &str) -> Option<u64> {
 
 /// The `NSpid` entries of `/proc/<pid>/status`, outermost (the `/proc` mount's namespace) first.
 fn ns_pids(pid: &str) -> Option<Vec<u32>> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    line.split_whitespace().map(|x| x.parse().ok()).collect()
+    crate::procfs::status_ids(pid, "NSpid")
 }
 
 /// The pid `pid` (of this process's `/proc`) has in its own PID namespace: the last `NSpid`

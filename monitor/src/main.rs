@@ -11,7 +11,7 @@
 //! - [`ledger_window`]: the CLI's window on a ledger: the views, `slice`, `run` and `cdi` open,
 //!   read and change a ledger only through it (they use the ledger crate's types and helpers,
 //!   `SliceChange`, `Secret`, `human_bytes`); [`compute`] reads the scheduler's figures for it.
-//!   The node daemon's servers ([`admission`], [`balloon`], [`shared`], [`turns`], the audit)
+//!   The node daemon's servers ([`admission`], [`balloon`], [`shared`], [`descriptor_scan`], [`turns`], the audit)
 //!   and the slice regions they share ([`regions`]) work on the node's policy directly: the monitor is its one writer, and `gpuslice-ledger`
 //!   owns every mutation; [`nvml`] loads NVML at run
 //!   time for device names, NVML indices and the memory audit; [`procfs`] reads who a process
@@ -30,6 +30,7 @@ mod cli;
 mod commands;
 mod compute;
 mod daemon;
+mod descriptor_scan;
 mod error;
 #[cfg(test)]
 mod fuzz;

@@ -2,32 +2,20 @@
 //! who it is, never the process's own. Low in the monitor (it imports nothing of it), so the
 //! admission socket, the audit and the descriptor scan all read a process the same way.
 
-/// The lines of `/proc/<pid>/status` (`None`: the process is gone or unreadable).
-fn status(pid: u32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/status")).ok()
-}
+use gpuslice_ledger::procfs::{status_ids, uids_of};
 
-/// The effective uid of `pid` (the second `Uid:` field).
+/// The effective uid of `pid` (the second `Uid:` field), read as bytes by the ledger's
+/// `procfs` (a process name that is not UTF-8 hides nothing).
 pub fn uid_of(pid: u32) -> Option<u32> {
-    status(pid)?
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    uids_of(pid).map(|[_, euid, ..]| euid)
 }
 
 /// Whether `pid` is in group `gid`: any of its `Gid:` fields or its supplementary `Groups:`.
 pub fn in_group(pid: u32, gid: u32) -> bool {
-    status(pid).is_some_and(|s| {
-        s.lines().any(|l| {
-            (l.starts_with("Groups:") || l.starts_with("Gid:"))
-                && l.split_whitespace()
-                    .skip(1)
-                    .any(|g| g.parse::<u32>() == Ok(gid))
-        })
-    })
+    let pid = pid.to_string();
+    ["Gid", "Groups"]
+        .iter()
+        .any(|f| status_ids(&pid, f).is_some_and(|ids| ids.contains(&gid)))
 }
 
 #[cfg(test)]

@@ -134,9 +134,14 @@ impl RegionTable {
 }
 
 /// Reopen the region of `key` through `/proc/<pid>/fd` of a live process the policy says is
-/// charged there (a region has no path; its members hold it). Only members are asked, so a
-/// process can offer a forged region only for a slice it belongs to.
+/// charged there (a region has no path; its members hold it). Only members are asked, and only
+/// while their pid is still theirs (its start time: a dead member's pid may be anyone's now),
+/// and only a memfd the monitor made (its owner: a tenant cannot make one owned by the
+/// monitor's uid), so no process can offer a region of its own making.
 fn recover(ledger: &Ledger, key: u32) -> Option<Region> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let monitor_uid = unsafe { libc::geteuid() };
     for p in ledger.procs() {
         if p.state.load(SeqCst) != STATE_ACTIVE {
             continue;
@@ -150,6 +155,10 @@ fn recover(ledger: &Ledger, key: u32) -> Option<Region> {
             continue;
         }
         let pid = p.host_pid.load(SeqCst);
+        let start = p.start_time.load(SeqCst);
+        if !gpuslice_ledger::is_running(pid, start) {
+            continue;
+        }
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
             continue;
         };
@@ -170,12 +179,93 @@ fn recover(ledger: &Ledger, key: u32) -> Option<Region> {
             else {
                 continue;
             };
+            if f.metadata().map_or(true, |m| m.uid() != monitor_uid) {
+                continue;
+            }
             if let Ok(r) = Region::from_fd(OwnedFd::from(f), true) {
-                if r.header().key == key {
+                // Still that member after its descriptors were read: the pid was not reused
+                // meanwhile.
+                if r.header().key == key && gpuslice_ledger::is_running(pid, start) {
                     return Some(r);
                 }
             }
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_ledger::node::{DeviceAsk, Limits, Peer};
+    use gpuslice_ledger::SliceRequest;
+
+    /// Issue #34: after a restart a region is reopened only from the member the ledger names,
+    /// while its pid is still its own (start time), and only a memfd the monitor made (owner).
+    #[test]
+    fn recovery_trusts_only_the_recorded_member_and_the_monitors_memfd() {
+        // A node policy is root's to make.
+        gpuslice_e2e::need_root!();
+        let dir = std::env::temp_dir().join(format!("gpuslice-recover-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let l = Ledger::open_or_create_node(&dir).unwrap();
+        let uuid = "GPU-00000000-0000-0000-0000-00000000000a";
+        l.ensure_device(uuid, "Fake", 16 << 30).unwrap();
+        let regions = Arc::new(RegionTable::default());
+        l.set_regions(regions.clone());
+        // This process, recorded as a member with a start time not its own: what a process
+        // that took a dead member's pid looks like.
+        let me = std::process::id();
+        let real = gpuslice_ledger::live_start_time_of(&me.to_string());
+        let peer = Peer {
+            pid_ns: 0,
+            host_pid: me,
+            nspid: me,
+            uid: 0,
+            start_time: real + 1,
+        };
+        let ask = [DeviceAsk {
+            uuid: uuid.into(),
+            req: SliceRequest::new(Some("a"), Some(1 << 30)),
+        }];
+        l.admit(&peer, "", &ask, &Limits::default()).unwrap();
+        let p = l
+            .procs()
+            .iter()
+            .find(|p| p.state.load(SeqCst) == STATE_ACTIVE)
+            .unwrap();
+        let key = region_key(p.devices[0].account.load(SeqCst), 0).unwrap();
+        // The region it offers (made by this process, root, as the monitor would).
+        let held = Region::create(key, 0).unwrap();
+        assert!(recover(&l, key).is_none(), "a reused pid offered a region");
+        p.start_time.store(real, SeqCst);
+        assert!(recover(&l, key).is_some(), "the member's own region");
+        // The same member offering a memfd the monitor did not make.
+        drop(held);
+        let regions_open = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:gpuslice-region"))
+                })
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .collect::<Vec<_>>()
+        };
+        let before = regions_open();
+        let forged = Region::create(key, 0).unwrap();
+        // Its descriptors only (another test's regions are left alone).
+        for fd in regions_open().into_iter().filter(|fd| !before.contains(fd)) {
+            // SAFETY: fchown on a descriptor of this process; a closed one fails harmlessly.
+            unsafe { libc::fchown(fd, 47_097, 47_097) };
+        }
+        assert!(
+            recover(&l, key).is_none(),
+            "a memfd the monitor did not make"
+        );
+        drop(forged);
+        drop(l);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -17,7 +17,8 @@
 //! One file a job: this one the start-up (node mode's admission socket and compute turns, the
 //! metrics thread) and the loop (reaping, reopening a replaced ledger); `options.rs` the
 //! command line; `lock.rs` the monitor lock, [`monitor_running`] and [`start_background`];
-//! `audit.rs` the memory audit through NVML.
+//! `audit.rs` the memory audit through NVML; `fd_scan.rs` when the descriptor scan runs
+//! (`crate::descriptor_scan`), on its own thread, and what it says.
 
 /// A monitor log line on stderr, with a UTC timestamp (journald and `monitor.log` both read it).
 /// A closed stderr loses the line but never stops the monitor (`eprintln!` would panic).
@@ -41,6 +42,7 @@ macro_rules! log {
 }
 
 mod audit;
+mod fd_scan;
 mod lock;
 pub(crate) mod options;
 
@@ -51,6 +53,7 @@ use crate::cli::{self, Failure};
 use crate::ledger_window::LedgerWindow;
 use crate::nvml::{Gpu, Nvml};
 use crate::prom::MonitorFacts;
+use fd_scan::{FdScan, FD_SCAN_MIN};
 use options::{group_gid, parse, Options, USAGE};
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -213,7 +216,11 @@ fn run(opts: Options) -> Result<(), Failure> {
         facts,
         last_fd_scan: None,
         fd_scan: None,
+        fd_scan_every: FD_SCAN_MIN,
+        fd_scan_held: vec![],
+        fd_scan_witnesses: vec![],
         in_flight: vec![],
+        in_flight_said: vec![],
     };
     let mut last_audit = Instant::now() - Duration::from_secs(10);
     while !cli::stop_requested() {
@@ -266,9 +273,17 @@ struct Monitor {
     last_fd_scan: Option<Instant>,
     /// That scan while it runs (`scan_descriptors`): its log lines.
     fd_scan: Option<std::thread::JoinHandle<FdScan>>,
-    /// The records the last complete scan kept only for a descriptor that may be in flight
-    /// (each logged once, when it starts being kept so).
-    in_flight: Vec<crate::shared::InFlight>,
+    /// The wait between scans ([`next_fd_scan_every`]).
+    fd_scan_every: Duration,
+    /// The records the last scan was started for (a change brings the wait back to its least).
+    fd_scan_held: Vec<(usize, gpuslice_ledger::ShareKey)>,
+    /// The processes whose exit makes the next scan due at once (`Unheld::witnesses`).
+    fd_scan_witnesses: Vec<(u32, u64)>,
+    /// The records the last complete scan kept only for their owners' processes (each logged
+    /// when it starts being kept so).
+    in_flight: Vec<crate::descriptor_scan::InFlight>,
+    /// When each record was last logged so ([`IN_FLIGHT_LOG_EVERY`]).
+    in_flight_said: Vec<(crate::descriptor_scan::InFlight, Instant)>,
 }
 
 impl Monitor {
@@ -345,83 +360,6 @@ impl Monitor {
             }
         }
         self.scan_descriptors(ledger);
-    }
-}
-
-impl Monitor {
-    /// Node mode: exported allocations only descriptors hold are looked for in every process's
-    /// descriptors (`shared.rs`) at most once a second, only while there are any, on a thread
-    /// of their own: a `stat` of a tenant's descriptor can block (a FUSE or NFS file), and the
-    /// reaper must not wait on it (a blocked scan keeps the records charged, the safe side).
-    fn scan_descriptors(&mut self, ledger: Option<Arc<gpuslice_ledger::Ledger>>) {
-        if self.fd_scan.as_ref().is_some_and(|h| h.is_finished()) {
-            match self.fd_scan.take().map(std::thread::JoinHandle::join) {
-                Some(Ok((lines, in_flight))) => {
-                    lines.iter().for_each(|l| log!("{l}"));
-                    if let Some(now) = in_flight {
-                        self.log_in_flight(ledger.as_deref(), now);
-                    }
-                }
-                Some(Err(_)) => log!("the scan for exported allocations' descriptors failed"),
-                None => {}
-            }
-        }
-        let due = self
-            .last_fd_scan
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
-        let Some(ledger) = ledger.filter(|_| self.node_mode && due && self.fd_scan.is_none())
-        else {
-            return;
-        };
-        if ledger.descriptor_held().is_empty() {
-            self.in_flight.clear();
-            return;
-        }
-        self.last_fd_scan = Some(Instant::now());
-        let scan = move || crate::ledger_window::release_unheld(&ledger);
-        match std::thread::Builder::new()
-            .name("fd-scan".into())
-            .spawn(scan)
-        {
-            Ok(h) => self.fd_scan = Some(h),
-            Err(e) => log!("cannot start the scan for exported allocations' descriptors: {e}"),
-        }
-    }
-}
-
-/// What the descriptor scan's thread returns: its log lines, and the records it kept only for
-/// a descriptor that may be in flight (`None`: no complete scan).
-type FdScan = (Vec<String>, Option<Vec<crate::shared::InFlight>>);
-
-impl Monitor {
-    /// Say once, when it starts, that a record is kept only because its descriptor may be in
-    /// flight in a unix socket of its exporter's uid: the operator's answer to why an exporter's
-    /// slice stays charged with no process holding the memory (docs/security.md).
-    fn log_in_flight(
-        &mut self,
-        ledger: Option<&gpuslice_ledger::Ledger>,
-        now: Vec<crate::shared::InFlight>,
-    ) {
-        for f in now.iter().filter(|f| !self.in_flight.contains(f)) {
-            let what = ledger.and_then(|l| {
-                let r = l.shared().get(f.record)?;
-                let held = r.held.load(std::sync::atomic::Ordering::SeqCst);
-                let account = r.account.load(std::sync::atomic::Ordering::SeqCst);
-                let slice = l.slices().get(account as usize)?.name.get();
-                Some(format!(
-                    " ({} of slice {slice:?})",
-                    crate::table::size(held)
-                ))
-            });
-            log!(
-                "exported memory{}: no process holds its descriptor, but processes of its \
-                 exporter's uid {} hold unix sockets, where it may be in flight: kept charged \
-                 until none does",
-                what.unwrap_or_default(),
-                f.uid
-            );
-        }
-        self.in_flight = now;
     }
 }
 

@@ -162,13 +162,13 @@ impl LedgerWindow {
 }
 
 /// Node mode: let go of the exported allocations no descriptor can hold any more
-/// ([`crate::shared::release_unheld`]); the log lines of the slices that went with them, and
-/// the records kept only for a descriptor that may be in flight (`None`: no complete scan).
-pub fn release_unheld(ledger: &Ledger) -> (Vec<String>, Option<Vec<crate::shared::InFlight>>) {
-    let u = crate::shared::release_unheld(ledger);
-    let mut lines = u.problems;
+/// ([`crate::descriptor_scan::release_unheld`]); the log lines of the slices that went with them, and
+/// what the scan found otherwise ([`crate::descriptor_scan::Unheld`]).
+pub fn release_unheld(ledger: &Ledger) -> (Vec<String>, crate::descriptor_scan::Unheld) {
+    let mut u = crate::descriptor_scan::release_unheld(ledger);
+    let mut lines = std::mem::take(&mut u.problems);
     lines.extend(removed_lines(&u.removed));
-    (lines, u.in_flight)
+    (lines, u)
 }
 
 /// One log line per emptied slice, naming it once with its devices (a slice is a record per

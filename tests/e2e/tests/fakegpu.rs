@@ -471,12 +471,7 @@ fn in_pid_namespace(cmd: &Command) -> Command {
 fn host_pid_of_child(parent: u32) -> u32 {
     let child = std::fs::read_dir("/proc").unwrap().find_map(|e| {
         let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let ppid: u32 = stat[stat.rfind(')')? + 2..]
-            .split(' ')
-            .nth(1)?
-            .parse()
-            .ok()?;
+        let ppid = gpuslice_ledger::procfs::stat(&pid.to_string())?.ppid;
         (ppid == parent).then_some(pid)
     });
     child.unwrap_or_else(|| panic!("unshare {parent} has no child"))

@@ -290,12 +290,7 @@ fn a_zombies_memory_returns_to_its_slice() {
         .unwrap_or_else(|| panic!("{s:#}")) as i32;
     // SAFETY: kill(2) on a pid of this test's world (t1's burn).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let state = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| s.rsplit(')').next().map(|r| r.trim().chars().next()))
-            .flatten()
-    };
+    let state = || gpuslice_ledger::procfs::stat(&pid.to_string()).map(|s| char::from(s.state));
     let t0 = Instant::now();
     while state() != Some('Z') {
         assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", state());

@@ -297,9 +297,10 @@ fn claim(state: &State, fd: i32, pid: u32) -> Option<usize> {
 /// /proc/PID/stat field 3 (state), or None when the process is gone or a zombie. Readable
 /// across users, so a waiter can judge any holder it can see.
 fn proc_state(pid: u32) -> Option<u8> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The name (field 2) may hold anything, ')' too: the fields start after the last one.
-    let st = *s.get(s.rfind(')')? + 2..)?.as_bytes().first()?;
+    // Bytes: the name (field 2) may hold anything, ')' and bytes >= 0x80 too (PR_SET_NAME):
+    // the fields start after the last ')'.
+    let s = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let st = *s.get(s.iter().rposition(|&b| b == b')')? + 2)?;
     (st != b'Z').then_some(st)
 }
 

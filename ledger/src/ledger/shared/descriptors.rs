@@ -24,10 +24,12 @@ impl Ledger {
             .collect()
     }
 
-    /// The uid of record `rec`'s exporter (the monitor's scan: an unreadable process of a uid
-    /// holds back only that uid's records).
-    pub fn share_uid(&self, rec: usize) -> Option<u32> {
-        self.shared().get(rec).map(|r| r.uid.load(SeqCst))
+    /// The uid and PID namespace (0: unknown) of record `rec`'s exporter (the monitor's scan:
+    /// whose processes may hold its descriptor unseen).
+    pub fn share_owner(&self, rec: usize) -> Option<(u32, u64)> {
+        self.shared()
+            .get(rec)
+            .map(|r| (r.uid.load(SeqCst), r.pid_ns.load(SeqCst)))
     }
 
     /// Node mode: no process holds a descriptor of record `rec` (identity `key`) any more, as

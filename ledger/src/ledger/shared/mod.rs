@@ -214,6 +214,8 @@ impl Ledger {
         r.held.store(0, SeqCst);
         r.imported.store(0, SeqCst);
         r.uid.store(uid, SeqCst);
+        r.pid_ns
+            .store(self.procs()[me.slot].pid_ns.load(SeqCst), SeqCst);
         for x in &r.importers {
             x.store(NO_SLOT, SeqCst);
         }
@@ -282,6 +284,8 @@ impl Ledger {
         r.held.store(0, SeqCst);
         r.imported.store(1, SeqCst);
         r.uid.store(self.procs()[me.slot].uid.load(SeqCst), SeqCst);
+        r.pid_ns
+            .store(self.procs()[me.slot].pid_ns.load(SeqCst), SeqCst);
         for x in &r.importers {
             x.store(NO_SLOT, SeqCst);
         }
