@@ -43,7 +43,9 @@
 #                                   the exporter's process only, the audit says nothing; for the
 #                                   VMM fd the exporter then exits and its slice stays charged
 #                                   while the importer maps it (whose NVML lists it then is
-#                                   recorded: the real driver's answer is what this is for)
+#                                   recorded: the real driver's answer is what this is for);
+#                                   unmapped, it stays charged while the importer (a process of
+#                                   the exporter's uid) lives, and goes when it exits
 #     shares 0.25/0.75 (node)       tenant-a and tenant-b saturating with 1 ms kernels under the
 #                                   monitor's turns: each within 2 points of its share (on the
 #                                   fake: the split of what the two got, within 10 points)

@@ -181,13 +181,21 @@ def share(a, r):
             r["exporter_gone"] = snapshot(a, (ex, im))
             r["read_ok_after_exit"] = im.ask("read").get("read_ok")
             r["unmap"] = im.ask("unmap")
+            # Unmapped, the importer may still hold a descriptor where no scan of /proc sees
+            # it (in flight, an io_uring): node mode keeps the record charged while a process
+            # of the exporter's uid lives in its PID namespace (docs/security.md), and the
+            # importer is one. What the slice shows then is recorded; its exit lets it go.
+            time.sleep(SETTLE)
+            r["after_unmap"] = snapshot(a, (None, im))
+            im.ask("exit")
+            r["importer_exit"] = im.proc.wait(timeout=30)
         else:
             r["close"] = im.ask("close").get("status")
             r["free"] = ex.ask("free").get("status")
         # The last holder let go: the charge goes (at the monitor's next look for `vmm`).
         wait_for(lambda: ((slice_of(status(a.gpuslice), name=a.exporter_slice) or {}).get("memory_used", 0)
-                          < a.mib * MiB), 20)
-        r["after"] = snapshot(a, (ex if ex.proc.poll() is None else None, im))
+                          < a.mib * MiB), 40)
+        r["after"] = snapshot(a, tuple(c if c.proc.poll() is None else None for c in (ex, im)))
     finally:
         for c in (ex, im):
             if c is not None:

@@ -680,8 +680,9 @@ def node_share(rec, a):
     fd) is charged once: to the exporter's slice in the ledger, to the exporter's process by
     NVML (so the audit finds no importer over what it charged); for VMM, the exporter's slice
     stays charged past the exporter's exit while the importer maps it (what NVML shows then is
-    recorded, not judged: it is what this check exists to find out); the charge goes when the
-    last holder lets go; the audit says nothing about either process or slice. The slices'
+    recorded, not judged: it is what this check exists to find out); unmapped by the importer, the
+    charge stays while a process of the exporter's uid lives in its PID namespace (it may hold the
+    descriptor where no scan sees it: recorded), and goes once the importer exits; the audit says nothing about either process or slice. The slices'
     charges are judged less their processes' contexts (`allocated`). The device's
     total is not judged: the monitor's balloons shrink by what a slice uses of its reservation."""
     o = load(a.base)
@@ -728,9 +729,13 @@ def node_share(rec, a):
         measured += (f"; exporter exited: ledger {mib(gx.get('held_for_importers'))} held for the importer, "
                      f"NVML counts it to {whose} (importer +{mib(imp_grew)}, device used "
                      f"{gib(ctxs['nvml_used'])} -> {gib(gone.get('nvml_used', 0))} with the balloons)")
+    if o["kind"] == "vmm":
+        kept = (o.get("after_unmap") or {}).get("exporter_slice") or {}
+        measured += (f"; importer unmapped, still running: {mib(allocated(kept, 0))} kept charged "
+                     f"(a process of the exporter's uid lives); after it exited: released")
     after = (o.get("after") or {}).get("exporter_slice") or {}
     if allocated(after, 0) >= n:
-        notes.append(f"still charged after the last holder let go: {after}")
+        notes.append(f"still charged after the last holder exited: {after}")
     if o.get("audit_lines"):
         notes.append(f"the audit reported: {o['audit_lines'][:3]}")
     rec.verdict(a.name, notes, measured, "charged once: exporter's slice and process; no audit line", o)
