@@ -71,8 +71,8 @@ pub use error::{human_bytes, FitError, LedgerError};
 pub use file::{is_running, live_start_time_of, own_start_time, start_time_of, LOCK_TIMEOUT};
 pub use layout::{Cap, Share, MAX_DEVICES, MAX_PROCS, MAX_SLICES, PPM};
 pub use ledger::{
-    Import, Joined, Ledger, LetGo, LockGuard, OperatorSlice, ProcHandle, RecordCharge, ShareKey,
-    SliceRequest,
+    Import, Joined, Ledger, LetGo, LockGuard, Membership, OperatorSlice, ProcHandle, RecordCharge,
+    ShareKey, SliceRequest,
 };
 pub use reslice::SliceChange;
 pub use snapshot::{

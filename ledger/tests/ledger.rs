@@ -378,3 +378,52 @@ fn a_lock_holder_killed_does_not_hang_anyone() {
     k.kill().unwrap();
     k.wait().unwrap();
 }
+
+/// `members` is the one walk over raw process records: each active process's devices, each
+/// once, a slice word out of the table's range read as no slice, a detached process not at all.
+#[test]
+fn members_walks_active_processes_and_bounds_what_they_wrote() {
+    const OTHER: &str = "GPU-99999999-1111-2222-3333-444444444444";
+    let (_d, l, a) = ledger("members", 1000 * MI);
+    let b = l.ensure_device(OTHER, "test", 1000 * MI).unwrap();
+    let p1 = l.attach("").unwrap();
+    let s1 = l
+        .join(p1, a, &SliceRequest::new(None, Some(100 * MI)))
+        .unwrap()
+        .slice;
+    let s2 = l
+        .join(p1, b, &SliceRequest::new(None, Some(100 * MI)))
+        .unwrap()
+        .slice;
+    let p2 = l.attach("").unwrap();
+    let s3 = l.join(p2, a, &SliceRequest::new(None, None)).unwrap().slice;
+    let gone = l.attach("").unwrap();
+    l.join(gone, b, &SliceRequest::new(None, Some(100 * MI)))
+        .unwrap();
+    l.detach(gone).unwrap();
+
+    let seen = |l: &Ledger| -> Vec<(usize, usize, Option<usize>)> {
+        l.members().map(|m| (m.slot, m.device, m.slice)).collect()
+    };
+    assert_eq!(
+        seen(&l),
+        vec![
+            (p1.slot, a, Some(s1)),
+            (p1.slot, b, Some(s2)),
+            (p2.slot, a, Some(s3))
+        ]
+    );
+    assert_eq!(l.slice_of(p1.slot, b), Some(s2));
+    assert!(l.has_active_pid(std::process::id()));
+
+    // A record scribbled past the slice table names no slice.
+    l.procs()[p2.slot].devices[a]
+        .slice
+        .store(u32::MAX - 7, Ordering::SeqCst);
+    assert_eq!(l.slice_of(p2.slot, a), None);
+    assert!(seen(&l)
+        .iter()
+        .all(|&(slot, _, s)| slot != p2.slot || s.is_none()));
+    assert_eq!(l.slice_of(usize::MAX, 0), None);
+    assert_eq!(l.slice_of(p1.slot, usize::MAX), None);
+}

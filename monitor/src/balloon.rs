@@ -341,12 +341,9 @@ impl Balloons {
             .ok_or_else(|| RequestError::UnknownDevice(uuid.to_string()))?;
         let me = ledger
             .admitted_slot(pid, start_time)
-            .map(|i| &ledger.procs()[i])
             .ok_or(RequestError::NotAdmitted("ask for its slice's memory"))?;
-        let si = me
-            .devices
-            .get(dev)
-            .map(|d| d.slice.load(SeqCst) as usize)
+        let si = ledger
+            .slice_of(me, dev)
             .ok_or(RequestError::BadDeviceIndex)?;
         Ok(self.release(ledger, si, uuid, bytes))
     }

@@ -94,12 +94,7 @@ pub fn room(
         owed = owed.saturating_add((limit - used).saturating_sub(held));
     }
     let me = std::process::id();
-    let known = |pid: u32| {
-        ledger
-            .procs()
-            .iter()
-            .any(|p| p.state.load(SeqCst) == STATE_ACTIVE && p.host_pid.load(SeqCst) == pid)
-    };
+    let known = |pid: u32| ledger.has_active_pid(pid);
     let mut outside: Vec<(u32, Option<u32>, u64)> = nvml
         .processes(gpu.index)
         .ok()

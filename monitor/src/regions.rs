@@ -3,7 +3,7 @@
 //! region has no path: the monitor keeps it here, its members hold its descriptor, and after a
 //! monitor restart it is found again through a live member's `/proc/<pid>/fd`.
 
-use gpuslice_ledger::layout::{STATE_ACTIVE, STATE_FREE};
+use gpuslice_ledger::layout::STATE_FREE;
 use gpuslice_ledger::node::region_key;
 use gpuslice_ledger::region::{Region, Regions};
 use gpuslice_ledger::{Ledger, LedgerError};
@@ -67,16 +67,9 @@ impl RegionTable {
     /// on where they were.
     pub fn recover_all(&self, ledger: &Ledger) -> usize {
         let mut keys = vec![];
-        for p in ledger.procs() {
-            if p.state.load(SeqCst) != STATE_ACTIVE {
-                continue;
-            }
-            for (d, pd) in p.devices.iter().enumerate() {
-                if let Some(k) = region_key(pd.account.load(SeqCst), d) {
-                    if !keys.contains(&k) {
-                        keys.push(k);
-                    }
-                }
+        for k in ledger.members().filter_map(|m| m.region) {
+            if !keys.contains(&k) {
+                keys.push(k);
             }
         }
         let mut n = 0;
@@ -142,18 +135,13 @@ fn recover(ledger: &Ledger, key: u32) -> Option<Region> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions.
     let monitor_uid = unsafe { libc::geteuid() };
-    for p in ledger.procs() {
-        if p.state.load(SeqCst) != STATE_ACTIVE {
+    // Memberships come grouped by process: ask each member once.
+    let mut asked = None;
+    for m in ledger.members().filter(|m| m.region == Some(key)) {
+        if asked.replace(m.slot) == Some(m.slot) {
             continue;
         }
-        let member = p
-            .devices
-            .iter()
-            .enumerate()
-            .any(|(d, pd)| region_key(pd.account.load(SeqCst), d) == Some(key));
-        if !member {
-            continue;
-        }
+        let p = m.proc_;
         let pid = p.host_pid.load(SeqCst);
         let start = p.start_time.load(SeqCst);
         if !gpuslice_ledger::is_running(pid, start) {
@@ -229,12 +217,8 @@ mod tests {
             req: SliceRequest::new(Some("a"), Some(1 << 30)),
         }];
         l.admit(&peer, "", &ask, &Limits::default()).unwrap();
-        let p = l
-            .procs()
-            .iter()
-            .find(|p| p.state.load(SeqCst) == STATE_ACTIVE)
-            .unwrap();
-        let key = region_key(p.devices[0].account.load(SeqCst), 0).unwrap();
+        let m = l.members().next().unwrap();
+        let (p, key) = (m.proc_, m.region.unwrap());
         // The region it offers (made by this process, root, as the monitor would).
         let held = Region::create(key, 0).unwrap();
         assert!(recover(&l, key).is_none(), "a reused pid offered a region");

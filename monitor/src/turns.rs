@@ -10,11 +10,10 @@ use core::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuslice_ledger::layout::{STATE_ACTIVE, STATE_FREE};
-use gpuslice_ledger::node::region_key;
+use gpuslice_ledger::layout::STATE_FREE;
 use gpuslice_ledger::region::{Region, Regions};
 use gpuslice_ledger::tenants::LedgerTenants;
-use gpuslice_ledger::{Ledger, MAX_DEVICES, MAX_SLICES};
+use gpuslice_ledger::{Ledger, MAX_DEVICES};
 use gpuslice_sched::{
     self as sched, DeviceTurns, GrantProc, Lease, Member, Os, Rings, Tenant, Tenants,
     MONITOR_BEAT_NS,
@@ -51,24 +50,13 @@ impl Tenants for Listed<'_> {
 type Cache = Vec<(usize, usize, u32, Arc<Region>)>;
 
 fn members_of(ledger: &Ledger, regions: &RegionTable) -> Cache {
-    let mut out = vec![];
-    for (slot, p) in ledger.procs().iter().enumerate() {
-        if p.state.load(Acquire) != STATE_ACTIVE {
-            continue;
-        }
-        for (d, pd) in p.devices.iter().enumerate() {
-            let si = pd.slice.load(Acquire) as usize;
-            if si >= MAX_SLICES {
-                continue;
-            }
-            let Some(r) = region_key(pd.account.load(Acquire), d).and_then(|k| regions.get(k))
-            else {
-                continue;
-            };
-            out.push((slot, d, si as u32 + 1, r));
-        }
-    }
-    out
+    ledger
+        .members()
+        .filter_map(|m| {
+            let r = regions.get(m.region?)?;
+            Some((m.slot, m.device, m.slice? as u32 + 1, r))
+        })
+        .collect()
 }
 
 /// The grant words of the cache's processes, in its order.

@@ -78,10 +78,8 @@ fn refusal(st: &State, dev: &DevState, bytes: u64) -> String {
     if dev.account.is_quota() {
         let name = st
             .ledger
-            .procs()
-            .get(st.me.slot)
-            .and_then(|p| p.devices.get(dev.ledger_dev))
-            .and_then(|pd| st.ledger.slices().get(pd.slice.load(Relaxed) as usize))
+            .slice_of(st.me.slot, dev.ledger_dev)
+            .and_then(|si| st.ledger.slices().get(si))
             .map_or_else(|| "?".to_string(), |s| s.name.get());
         format!(
             "cannot create a CUDA context on device {} ({}): slice {name:?} has {} of its {} \

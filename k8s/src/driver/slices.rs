@@ -7,7 +7,6 @@
 use crate::config::LedgerMode;
 use crate::error::{Error, MonitorError};
 use crate::nvml::Inventory;
-use gpuslice_ledger::layout::STATE_ACTIVE;
 use gpuslice_ledger::secret::Secret;
 use gpuslice_ledger::{Ledger, LedgerError, OperatorSlice, SliceInfo, Snapshot};
 use gpuslice_protocol::{self as protocol, Call, Ping, SliceCreate, SliceRemove};
@@ -264,16 +263,18 @@ impl Mode for Node {
     fn live(&self, ledger: &Ledger, mine: &[&SliceInfo]) -> (u32, Vec<u32>) {
         let slices: Vec<usize> = mine.iter().map(|s| s.index).collect();
         let mut pids = vec![];
-        for p in ledger.procs() {
-            if p.state.load(SeqCst) != STATE_ACTIVE {
+        // Memberships come grouped by process: count each process once.
+        let mut seen = None;
+        for m in ledger.members() {
+            if !m.slice.is_some_and(|s| slices.contains(&s)) || seen == Some(m.slot) {
                 continue;
             }
-            let member = p
-                .devices
-                .iter()
-                .any(|d| slices.contains(&(d.slice.load(SeqCst) as usize)));
-            let (pid, start) = (p.host_pid.load(SeqCst), p.start_time.load(SeqCst));
-            if member && gpuslice_ledger::is_running(pid, start) {
+            seen = Some(m.slot);
+            let (pid, start) = (
+                m.proc_.host_pid.load(SeqCst),
+                m.proc_.start_time.load(SeqCst),
+            );
+            if gpuslice_ledger::is_running(pid, start) {
                 pids.push(pid);
             }
         }

@@ -24,7 +24,7 @@ mod slices;
 mod snapshot;
 
 pub use join::{Joined, SliceRequest};
-pub use procs::ProcHandle;
+pub use procs::{Membership, ProcHandle};
 pub use shared::{Import, LetGo, RecordCharge, ShareKey};
 pub use slices::OperatorSlice;
 

@@ -7,7 +7,24 @@ use crate::error::LedgerError;
 use crate::file;
 use crate::layout::*;
 use crate::snapshot::Reaped;
-use core::sync::atomic::Ordering::SeqCst;
+use core::sync::atomic::Ordering::{Acquire, SeqCst};
+
+/// One device of one active process, as [`Ledger::members`] reads it. Each field is one load
+/// of a record other processes write: a snapshot, checked against the table's bounds, and
+/// nothing more (a tenant's own record may say anything its writer wants).
+#[derive(Clone, Copy)]
+pub struct Membership<'a> {
+    /// Index of the process record.
+    pub slot: usize,
+    /// The process record itself (its pid, uid, start time ...).
+    pub proc_: &'a Proc,
+    /// Device index in the ledger.
+    pub device: usize,
+    /// The slice it joined there, when the record names one inside the table.
+    pub slice: Option<usize>,
+    /// The node-mode region its hot path writes, when the account word names one.
+    pub region: Option<u32>,
+}
 
 /// This process's slot in the ledger. Dropping it does not detach; see [`Ledger::detach`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +88,52 @@ impl Ledger {
         } else {
             self.owned[slot / 64].fetch_and(!bit, SeqCst);
         }
+    }
+
+    /// Every device membership of every active process: the one walk over raw process records
+    /// that callers outside the ledger need (the monitor's turns, region recovery, the plugin's
+    /// pod view). A device where the record names neither a slice nor a region is skipped.
+    pub fn members(&self) -> impl Iterator<Item = Membership<'_>> + '_ {
+        self.procs()
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.state.load(Acquire) == STATE_ACTIVE)
+            .flat_map(|(slot, p)| {
+                p.devices
+                    .iter()
+                    .enumerate()
+                    .filter_map(move |(device, pd)| {
+                        let slice =
+                            Some(pd.slice.load(Acquire) as usize).filter(|&s| s < MAX_SLICES);
+                        let region = crate::node::region_key(pd.account.load(Acquire), device);
+                        (slice.is_some() || region.is_some()).then_some(Membership {
+                            slot,
+                            proc_: p,
+                            device,
+                            slice,
+                            region,
+                        })
+                    })
+            })
+    }
+
+    /// The slice process record `slot` joined on `device`, if any.
+    pub fn slice_of(&self, slot: usize, device: usize) -> Option<usize> {
+        let s = self
+            .procs()
+            .get(slot)?
+            .devices
+            .get(device)?
+            .slice
+            .load(Acquire) as usize;
+        (s < MAX_SLICES).then_some(s)
+    }
+
+    /// Whether an active process record holds host pid `pid` (the monitor's own record).
+    pub fn has_active_pid(&self, pid: u32) -> bool {
+        self.procs()
+            .iter()
+            .any(|p| p.state.load(Acquire) == STATE_ACTIVE && p.host_pid.load(Acquire) == pid)
     }
 
     /// Whether process record `slot` belongs to a live process (its OFD lock is held).
