@@ -58,7 +58,6 @@ pub mod node;
 pub mod pidfd;
 pub mod procfs;
 pub mod region;
-mod reslice;
 pub mod secret;
 mod snapshot;
 mod sys;
@@ -72,11 +71,10 @@ pub use file::{is_running, live_start_time_of, own_start_time, start_time_of, LO
 pub use layout::{Cap, Share, MAX_DEVICES, MAX_PROCS, MAX_SLICES, PPM};
 pub use ledger::{
     Import, Joined, Ledger, LetGo, LockGuard, Membership, OperatorSlice, ProcHandle, RecordCharge,
-    ShareKey, SliceRequest,
+    ShareKey, SliceChange, SliceRequest,
 };
-pub use reslice::SliceChange;
+pub use procfs::innermost_pid_of;
 pub use snapshot::{
     DeviceInfo, ProcDeviceInfo, ProcInfo, Reaped, ReapedProc, RemovedSlice, SharedInfo, SliceInfo,
     Snapshot,
 };
-pub use view::innermost_pid_of;

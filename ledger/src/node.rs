@@ -16,7 +16,7 @@ use crate::error::LedgerError;
 use crate::file;
 use crate::layout::*;
 use crate::ledger::{Ledger, ProcHandle, SliceRequest};
-use crate::region::Regions;
+use crate::region::{region_key, Regions};
 use crate::snapshot::{Reaped, ReapedProc};
 use core::sync::atomic::Ordering::SeqCst;
 use std::path::Path;
@@ -90,19 +90,6 @@ pub struct Admitted {
     pub slot: usize,
     /// Per device asked for, in order.
     pub devices: Vec<AdmittedDevice>,
-}
-
-/// The region key of account `account` (a `ProcDevice::account`) on device `d`.
-pub fn region_key(account: u32, _d: usize) -> Option<u32> {
-    match account {
-        a if (a as usize) < MAX_SLICES => Some(a),
-        a if (ALLOWANCE_ACCOUNT_BASE..ALLOWANCE_ACCOUNT_BASE + MAX_ALLOWANCES as u32)
-            .contains(&a) =>
-        {
-            Some(a)
-        }
-        _ => None,
-    }
 }
 
 /// How a wrapped process found the ledger.

@@ -2,7 +2,8 @@
 //! (`comm`, which any process sets with `prctl(PR_SET_NAME)`) into both without escaping its
 //! bytes of 0x80 and above, so a process could otherwise make itself unreadable as UTF-8 and
 //! look gone to whoever judges it (a reaper, a descriptor scan). Every reader of these files
-//! goes through here.
+//! goes through here, and so do the PID-namespace readings (`/proc/PID/ns/pid`, `NSpid`) that
+//! tell which process a record names from another namespace.
 
 /// What the node needs of `/proc/PID/stat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,43 @@ pub fn uids_of(pid: u32) -> Option<[u32; 4]> {
     status_ids(&pid.to_string(), "Uid")?.try_into().ok()
 }
 
+/// This process's PID-namespace identity, as [`crate::Ledger::attach`] records it: the inode of
+/// `/proc/self/ns/pid` (0 if unknown) and the first `NSpid` entry of `/proc/self/status` (the
+/// pid in the namespace of our `/proc` mount; our own pid when that cannot be read).
+pub fn own_pid_identity() -> (u64, u32) {
+    let ns = pid_ns_of("self").unwrap_or(0);
+    let outer = ns_pids("self")
+        .and_then(|v| v.first().copied())
+        .unwrap_or_else(std::process::id);
+    (ns, outer)
+}
+
+/// Inode of the PID namespace of `pid` (this namespace's), 0 when unknown.
+pub fn pid_ns_of_pid(pid: u32) -> u64 {
+    pid_ns_of(&pid.to_string()).unwrap_or(0)
+}
+
+pub(crate) fn pid_ns_of(pid: &str) -> Option<u64> {
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+}
+
+/// The `NSpid` entries of `/proc/<pid>/status`, outermost (the `/proc` mount's namespace) first.
+pub(crate) fn ns_pids(pid: &str) -> Option<Vec<u32>> {
+    status_ids(pid, "NSpid")
+}
+
+/// The pid `pid` (of this process's `/proc`) has in its own PID namespace: the last `NSpid`
+/// entry of `/proc/<pid>/status`; `None` when that cannot be read.
+pub fn innermost_pid_of(pid: u32) -> Option<u32> {
+    ns_pids(&pid.to_string())?.last().copied()
+}
+
+/// The inode of the initial PID namespace (Linux's `PROC_PID_INIT_INO`): pids there are the
+/// ones the GPU driver and NVML know.
+pub const INITIAL_PID_NS: u64 = 0xEFFF_FFFC;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,35 +134,5 @@ mod tests {
         assert_eq!(parse_status_ids(s, "Groups"), Some(vec![]));
         assert_eq!(parse_status_ids(s, "Gid"), None);
         assert_eq!(parse_status_ids(b"Uid:\t1 x\n", "Uid"), None);
-    }
-
-    /// This process, renamed to bytes that are not UTF-8 (as any tenant may rename itself),
-    /// is still read: its start time and its uids.
-    #[test]
-    fn a_process_renamed_to_non_utf8_is_still_read() {
-        // A thread of its own: renaming it renames no other test's thread.
-        std::thread::spawn(|| {
-            // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
-            let r = unsafe { libc::prctl(libc::PR_SET_NAME, c"gs\xff\xfe)x".as_ptr()) };
-            assert_eq!(r, 0);
-            // SAFETY: gettid has no preconditions.
-            let tid = unsafe { libc::gettid() };
-            let task = format!("self/task/{tid}");
-            let comm = std::fs::read(format!("/proc/{task}/comm")).unwrap();
-            assert!(std::str::from_utf8(&comm).is_err(), "the name took");
-            // The reaper's question: a renamed process must not look gone.
-            assert_ne!(
-                crate::live_start_time_of(&task),
-                0,
-                "a renamed thread looks gone"
-            );
-            let st = stat(&task).expect("stat of a renamed thread");
-            assert_eq!(st.ppid, stat("self").unwrap().ppid);
-            // SAFETY: getuid has no preconditions.
-            let uid = unsafe { libc::getuid() };
-            assert_eq!(uids_of(tid as u32).map(|u| u[0]), Some(uid));
-        })
-        .join()
-        .unwrap();
     }
 }

@@ -231,6 +231,20 @@ impl Region {
     }
 }
 
+/// The region key of account `account` (a `ProcDevice::account`) on device `d`.
+pub fn region_key(account: u32, _d: usize) -> Option<u32> {
+    use crate::layout::{ALLOWANCE_ACCOUNT_BASE, MAX_ALLOWANCES, MAX_SLICES};
+    match account {
+        a if (a as usize) < MAX_SLICES => Some(a),
+        a if (ALLOWANCE_ACCOUNT_BASE..ALLOWANCE_ACCOUNT_BASE + MAX_ALLOWANCES as u32)
+            .contains(&a) =>
+        {
+            Some(a)
+        }
+        _ => None,
+    }
+}
+
 /// The monitor's regions, by key (a slice index, or an allowance's account `ALLOWANCE_ACCOUNT_BASE + i`).
 pub trait Regions: Send + Sync {
     /// The region of `key`, if the monitor has one.

@@ -50,9 +50,11 @@
 //! # std::fs::remove_dir_all(&dir).unwrap();
 //! ```
 
+use crate::error::LedgerError;
 use crate::file::{self, Mapping};
 use crate::layout::*;
-use crate::{Ledger, LedgerError};
+use crate::ledger::Ledger;
+use crate::procfs::{ns_pids, pid_ns_of, INITIAL_PID_NS};
 use core::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -353,43 +355,6 @@ impl<'a> View<'a> {
             .fold(0u64, |a, p| a.saturating_add(p.charged))
     }
 }
-
-/// This process's PID-namespace identity, as [`Ledger::attach`] records it: the inode of
-/// `/proc/self/ns/pid` (0 if unknown) and the first `NSpid` entry of `/proc/self/status` (the
-/// pid in the namespace of our `/proc` mount; our own pid when that cannot be read).
-pub fn own_pid_identity() -> (u64, u32) {
-    let ns = pid_ns_of("self").unwrap_or(0);
-    let outer = ns_pids("self")
-        .and_then(|v| v.first().copied())
-        .unwrap_or_else(std::process::id);
-    (ns, outer)
-}
-
-/// Inode of the PID namespace of `pid` (this namespace's), 0 when unknown.
-pub fn pid_ns_of_pid(pid: u32) -> u64 {
-    pid_ns_of(&pid.to_string()).unwrap_or(0)
-}
-
-fn pid_ns_of(pid: &str) -> Option<u64> {
-    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
-        .ok()
-        .map(|m| m.ino())
-}
-
-/// The `NSpid` entries of `/proc/<pid>/status`, outermost (the `/proc` mount's namespace) first.
-fn ns_pids(pid: &str) -> Option<Vec<u32>> {
-    crate::procfs::status_ids(pid, "NSpid")
-}
-
-/// The pid `pid` (of this process's `/proc`) has in its own PID namespace: the last `NSpid`
-/// entry of `/proc/<pid>/status`; `None` when that cannot be read.
-pub fn innermost_pid_of(pid: u32) -> Option<u32> {
-    ns_pids(&pid.to_string())?.last().copied()
-}
-
-/// The inode of the initial PID namespace (Linux's `PROC_PID_INIT_INO`): pids there are the
-/// ones the GPU driver and NVML know.
-pub const INITIAL_PID_NS: u64 = 0xEFFF_FFFC;
 
 /// Translates ledger processes to pids as the calling process sees them, and remembers the
 /// answers (a process's namespace never changes, so neither does the answer: each process

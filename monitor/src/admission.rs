@@ -197,7 +197,7 @@ fn peer_of(pid: u32, uid: u32) -> Result<Peer, RequestError> {
         nspid,
         uid,
         start_time,
-        pid_ns: gpuslice_ledger::view::pid_ns_of_pid(pid),
+        pid_ns: gpuslice_ledger::procfs::pid_ns_of_pid(pid),
     })
 }
 

@@ -75,7 +75,7 @@ pub fn release_unheld(ledger: &Ledger) -> Unheld {
     if held.is_empty() {
         return out;
     }
-    let host_ns = gpuslice_ledger::view::pid_ns_of_pid(std::process::id());
+    let host_ns = gpuslice_ledger::procfs::pid_ns_of_pid(std::process::id());
     let owned: Vec<(usize, ShareKey, Option<Owner>)> = held
         .into_iter()
         .map(|(rec, k)| {
@@ -523,7 +523,7 @@ mod tests {
         let (other_proc, other) = spawn(c, true, wait);
         assert_eq!(
             host,
-            gpuslice_ledger::view::pid_ns_of_pid(std::process::id())
+            gpuslice_ledger::procfs::pid_ns_of_pid(std::process::id())
         );
         assert!(pod != host && other != host && pod != other);
         let never = [ShareKey { dev: 0, ino: 0 }];

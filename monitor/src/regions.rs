@@ -1,10 +1,10 @@
 //! Node mode: the slice regions the monitor makes and hands out at admission, by key (one per
-//! slice and per best-effort allowance on a device, `gpuslice_ledger::node::region_key`). A
+//! slice and per best-effort allowance on a device, `gpuslice_ledger::region::region_key`). A
 //! region has no path: the monitor keeps it here, its members hold its descriptor, and after a
 //! monitor restart it is found again through a live member's `/proc/<pid>/fd`.
 
 use gpuslice_ledger::layout::STATE_FREE;
-use gpuslice_ledger::node::region_key;
+use gpuslice_ledger::region::region_key;
 use gpuslice_ledger::region::{Region, Regions};
 use gpuslice_ledger::{Ledger, LedgerError};
 use std::collections::HashMap;

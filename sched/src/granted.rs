@@ -167,7 +167,7 @@ impl<'a> Granted<'a> {
 
     fn latency_active(&self, now: u64) -> bool {
         let at = self.dev.latency_ns.load(Acquire);
-        at != 0 && now.saturating_sub(at) < super::LATENCY_ACTIVE_NS
+        at != 0 && now.saturating_sub(at) < super::policy::LATENCY_ACTIVE_NS
     }
 
     /// Block until this process may launch one more piece of work; never spins (futex waits
@@ -192,7 +192,7 @@ impl<'a> Granted<'a> {
                 let held_short =
                     self.class.load(Relaxed) != CLASS_LATENCY && self.latency_active(now);
                 if held_short {
-                    work.track_each(now + super::LATENCY_ACTIVE_NS);
+                    work.track_each(now + super::policy::LATENCY_ACTIVE_NS);
                 }
                 if held_short && (queued > LATENCY_QUEUE_NS || work.pending() > 1) {
                     // A latency slice waits: keep our queue short so it gets the device soon
@@ -390,7 +390,7 @@ impl<'a> Scheduler<'a> {
         match self {
             Scheduler::Tenant(c) => {
                 let (dev, slice) = c.parts();
-                super::charge_solo(dev, slice, end, ns, launches)
+                super::policy::charge_solo(dev, slice, end, ns, launches)
             }
             Scheduler::Granted(g) => g.charge_solo(ns, launches),
         }

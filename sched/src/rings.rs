@@ -9,7 +9,7 @@
 
 use core::sync::atomic::Ordering::Acquire;
 
-use super::GrantProc;
+use super::granted::GrantProc;
 
 /// What each process said at a pass's start: whether it waits for a turn, and the turn it
 /// handed back (its words are hostile: a process that changes them without pause costs a pass

@@ -29,6 +29,7 @@
 
 mod admit;
 mod capture;
+mod capturing;
 mod compute;
 mod config;
 mod contexts;

@@ -5,7 +5,7 @@
 //! Here: the state start-up publishes once ([`State`], behind [`STATE`], with [`FAILED`],
 //! [`INIT`] and [`FORKED`], written by `init.rs`), the log threshold ([`THRESHOLD`],
 //! `log.rs`), whether the shim is a pass-through ([`DISABLED`], `config.rs`) and the captures
-//! open ([`CAPTURES`], `capture/`).
+//! open ([`CAPTURES`], `capture.rs`, `capturing.rs`).
 //!
 //! The tables a room keeps as its own data structure stay beside the code that keeps them
 //! consistent, each a fixed-size or lock-guarded static: the real functions' addresses

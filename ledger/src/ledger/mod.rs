@@ -19,12 +19,15 @@ mod compute;
 mod join;
 mod procs;
 mod reap;
+mod reslice;
+mod secrets;
 mod shared;
 mod slices;
 mod snapshot;
 
 pub use join::{Joined, SliceRequest};
 pub use procs::{Membership, ProcHandle};
+pub use reslice::SliceChange;
 pub use shared::{Import, LetGo, RecordCharge, ShareKey};
 pub use slices::OperatorSlice;
 

@@ -43,7 +43,7 @@ impl Ledger {
             ));
         }
         let _ = self.reap_dead();
-        let (pid_ns, outer_pid) = crate::view::own_pid_identity(); // /proc reads: not under the lock
+        let (pid_ns, outer_pid) = crate::procfs::own_pid_identity(); // /proc reads: not under the lock
         let _g = self.lock()?;
         for (i, p) in self.procs().iter().enumerate() {
             if p.state.load(SeqCst) != STATE_FREE || !file::take_liveness(self.m.fd, i) {
@@ -105,7 +105,7 @@ impl Ledger {
                     .filter_map(move |(device, pd)| {
                         let slice =
                             Some(pd.slice.load(Acquire) as usize).filter(|&s| s < MAX_SLICES);
-                        let region = crate::node::region_key(pd.account.load(Acquire), device);
+                        let region = crate::region::region_key(pd.account.load(Acquire), device);
                         (slice.is_some() || region.is_some()).then_some(Membership {
                             slot,
                             proc_: p,

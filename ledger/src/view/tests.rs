@@ -1,5 +1,6 @@
 use super::*;
-use crate::{OperatorSlice, SliceRequest};
+use crate::ledger::{OperatorSlice, SliceRequest};
+use crate::procfs::own_pid_identity;
 
 /// The directory of one test, not there yet (a leftover of an earlier run is removed).
 fn dir(tag: &str) -> std::path::PathBuf {

@@ -17,7 +17,7 @@ impl LedgerWindow {
     pub fn snapshot(&self) -> NodeView {
         let mut s = self.ledger.snapshot();
         let node_mode = self.ledger.is_node();
-        let own_ns = gpuslice_ledger::view::own_pid_identity().0;
+        let own_ns = gpuslice_ledger::procfs::own_pid_identity().0;
         as_reaped(&mut s, node_mode, &|p| exited(p, node_mode, own_ns));
         let nvml = crate::nvml::indices();
         let index = |uuid: &str, ledger_index: usize| {
@@ -181,7 +181,7 @@ fn exited(p: &ProcInfo, node_mode: bool, own_ns: u64) -> bool {
     let pid = if p.pid_ns != 0 && p.pid_ns == own_ns {
         Some(p.pid)
     } else if node_mode {
-        (own_ns == gpuslice_ledger::view::INITIAL_PID_NS && gpuslice_ledger::dir::euid() == 0)
+        (own_ns == gpuslice_ledger::procfs::INITIAL_PID_NS && gpuslice_ledger::dir::euid() == 0)
             .then_some(p.host_pid)
     } else {
         None

@@ -40,7 +40,7 @@ mod events;
 use events::{Events, Track};
 use gpuslice_ledger::tenants::LedgerTenants;
 
-use crate::capture::CAPTURES;
+use crate::capturing::CAPTURES;
 use crate::real;
 
 /// Device ordinals this process can gate (the ledger's device count).

@@ -443,7 +443,7 @@ unsafe fn stream_alloc(
     alloc: impl Fn() -> CUresult,
 ) -> CUresult {
     // SAFETY: the program's stream (this function's contract).
-    if let Some(g) = unsafe { crate::capture::state::capture_graph(stream) } {
+    if let Some(g) = unsafe { crate::capturing::capture_graph(stream) } {
         // SAFETY: dev is the started state's (this function's contract).
         return unsafe { graph::graph_alloc(dev, g, bytes as u64, alloc) };
     }

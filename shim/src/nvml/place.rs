@@ -8,7 +8,8 @@ use super::cache::{lock_cache, Cache, Member};
 use crate::init::{state_if_ready, State};
 use crate::report::Figures;
 use gpuslice_abi::*;
-use gpuslice_ledger::view::{PidMap, View, INITIAL_PID_NS};
+use gpuslice_ledger::procfs::INITIAL_PID_NS;
+use gpuslice_ledger::view::{PidMap, View};
 
 /// What the caller is, on one device.
 pub(super) enum Place {

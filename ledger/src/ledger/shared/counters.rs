@@ -33,7 +33,7 @@ impl Ledger {
         if !self.is_node() {
             return self.account(ProcHandle { slot }, d).map(|acc| f(&acc));
         }
-        let region = self.regions()?.get(crate::node::region_key(a, d)?)?;
+        let region = self.regions()?.get(crate::region::region_key(a, d)?)?;
         let slice = self.slices().get(a as usize)?;
         let acc = Account::in_region(self.devices().get(d)?, Some(slice), &region, slot)?;
         Some(f(&acc))
@@ -55,7 +55,7 @@ impl Ledger {
         f: impl FnOnce(&AtomicU64) -> T,
     ) -> Option<T> {
         if self.is_node() {
-            let r = self.regions()?.get(crate::node::region_key(a, d)?)?;
+            let r = self.regions()?.get(crate::region::region_key(a, d)?)?;
             return Some(f(&r.header().memory_used.0));
         }
         if a == ACCOUNT_BEST_EFFORT {
@@ -77,7 +77,7 @@ impl Ledger {
         let p = self.procs().get(slot)?;
         let pd = p.devices.get(d)?;
         if self.is_node() {
-            let key = crate::node::region_key(pd.account.load(SeqCst), d)?;
+            let key = crate::region::region_key(pd.account.load(SeqCst), d)?;
             let r = self.regions()?.get(key)?;
             let w = r.proc_(slot)?;
             return Some(f(Member {

@@ -7,9 +7,9 @@
 
 use core::sync::atomic::Ordering::*;
 
+use super::Ledger;
 use crate::error::{human_bytes, FitError, LedgerError};
 use crate::layout::{Cap, Share, NO_LIMIT, PPM};
-use crate::Ledger;
 
 /// What `gpuslice slice set` changes (None: leave as it is).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -142,7 +142,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{OperatorSlice, SliceRequest};
+    use crate::ledger::{OperatorSlice, SliceRequest};
 
     fn ledger() -> (Ledger, std::path::PathBuf, usize) {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

@@ -1,15 +1,13 @@
 //! Stream capture's hooks: `cuStreamBeginCapture(_v2)(_ptsz)` counted, `cuStreamEndCapture(_ptsz)`
 //! uncounted, and what the capture made handed to the graph memory (`memory/graph.rs`). The
-//! count and the "is this stream capturing" question are [`state`], below every room that asks.
+//! count and the "is this stream capturing" question are `capturing.rs`, below every room that
+//! asks.
 
-pub(crate) mod state;
-
+use crate::capturing::{capture_graph_query, ended, CAPTURES};
 use crate::memory;
 use core::sync::atomic::Ordering::*;
 use gpuslice_abi::pfn;
 use gpuslice_abi::*;
-pub use state::CAPTURES;
-use state::{capture_graph_query, ended};
 
 /// `cuStreamBeginCapture_v2(_ptsz)`: count the capture.
 pub unsafe fn begin_capture(

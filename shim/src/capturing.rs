@@ -1,4 +1,4 @@
-//! The captures open in this process, as the capture hooks (`capture/mod.rs`) count them, and
+//! The captures open in this process, as the capture hooks (`capture.rs`) count them, and
 //! the question "is this stream capturing, into which graph", asked of the driver only while
 //! one is open. Below the hooks and every room that asks: the launch gate (`compute/`) passes
 //! captured launches through ungated; stream-ordered allocation (`memory/pools.rs`) charges
@@ -46,6 +46,6 @@ pub(crate) unsafe fn capture_graph_query(stream: CUstream) -> Option<CUgraph> {
 }
 
 /// A capture counted by the begin hooks ended (`cuStreamEndCapture`, however it ended).
-pub(super) fn ended() {
+pub(crate) fn ended() {
     let _ = CAPTURES.fetch_update(AcqRel, Acquire, |n| n.checked_sub(1));
 }
