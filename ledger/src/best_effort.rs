@@ -136,13 +136,4 @@ impl Ledger {
             p.used.store(covered.min(o.max(g)), SeqCst);
         }
     }
-
-    /// The monitor's tick: rebalance every device's best-effort allowances.
-    pub fn rebalance_allowances(&self) -> Result<(), LedgerError> {
-        let _g = self.lock()?;
-        for d in 0..MAX_DEVICES {
-            self.rebalance_allowances_locked(d);
-        }
-        Ok(())
-    }
 }

@@ -3,7 +3,7 @@
 //! In node mode the `ledger` file is the *policy*: root-owned, mode 0644, written only by the
 //! monitor, mapped read-only by everyone else. Processes never take its mutex (they cannot:
 //! their mapping is read-only). They ask the monitor over `monitor.sock`, which runs
-//! [`Ledger::admit`] for them with the identity the kernel gives (`SO_PEERCRED`) and answers
+//! [`Policy::admit`] for them with the identity the kernel gives (`SO_PEERCRED`) and answers
 //! with the slice regions (`region.rs`) where their hot paths write.
 //!
 //! Liveness is the monitor's own record: the pid it saw and that pid's start time, checked
@@ -20,6 +20,7 @@ use crate::region::{region_key, Regions};
 use crate::snapshot::{Reaped, ReapedProc};
 use core::sync::atomic::Ordering::SeqCst;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Who asks, as the kernel and `/proc` tell the monitor.
 #[derive(Debug, Clone, Copy)]
@@ -170,7 +171,7 @@ impl Ledger {
 
     /// Open or create the node policy in `dir` (the root monitor, `--mode node`). Refuses a
     /// directory root does not own and a personal ledger found there.
-    pub fn open_or_create_node(dir: &Path) -> Result<Ledger, LedgerError> {
+    pub fn open_or_create_node(dir: &Path) -> Result<Policy, LedgerError> {
         if crate::dir::euid() != 0 {
             return Err(LedgerError::Monitor(
                 "node mode needs root: the policy must be a file tenants cannot write".into(),
@@ -186,7 +187,44 @@ impl Ledger {
                 l.path().display()
             )));
         }
-        Ok(l)
+        Ok(Policy(Arc::new(l)))
+    }
+}
+
+/// The node policy as its root monitor holds it, from [`Ledger::open_or_create_node`]: the
+/// only handle on which processes are admitted and the policy's upkeep (reaping, allowances,
+/// usage) runs, so that no code can do either on a personal ledger or on a read-only
+/// mapping of the policy. Everything else is the [`Ledger`] it derefs to.
+#[derive(Clone)]
+pub struct Policy(Arc<Ledger>);
+
+impl core::ops::Deref for Policy {
+    type Target = Ledger;
+    fn deref(&self) -> &Ledger {
+        &self.0
+    }
+}
+
+impl Policy {
+    /// The policy's paths over any ledger, whatever its header says: for fuzzing them over
+    /// hostile files. Test builds only (feature `testing`).
+    #[cfg(feature = "testing")]
+    pub fn assume(ledger: Ledger) -> Policy {
+        Policy(Arc::new(ledger))
+    }
+
+    /// The ledger itself, shared: for the threads that only read it.
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.0
+    }
+
+    /// The monitor's tick: rebalance every device's best-effort allowances.
+    pub fn rebalance_allowances(&self) -> Result<(), LedgerError> {
+        let _g = self.lock()?;
+        for d in 0..MAX_DEVICES {
+            self.rebalance_allowances_locked(d);
+        }
+        Ok(())
     }
 
     /// Admit a process: claim a policy record for `peer`, join (or create) its slice on every
@@ -201,7 +239,7 @@ impl Ledger {
         self.admit_with_secret(peer, display_name, asks, limits, None)
     }
 
-    /// [`Ledger::admit`] for a process that gave a join secret (`GPUSLICE_SLICE_SECRET`): a
+    /// [`Policy::admit`] for a process that gave a join secret (`GPUSLICE_SLICE_SECRET`): a
     /// slice made with a secret admits a non-root process only with that secret (`secret.rs`).
     pub fn admit_with_secret(
         &self,

@@ -7,16 +7,16 @@
 mod common;
 use common::{node_policy, peer, Scratch, Table};
 use gpuslice_ledger::layout::{ALLOWANCE_ACCOUNT_BASE, STATE_ACTIVE};
-use gpuslice_ledger::node::{Admitted, DeviceAsk, Limits};
+use gpuslice_ledger::node::{Admitted, DeviceAsk, Limits, Policy};
 use gpuslice_ledger::region::Region;
-use gpuslice_ledger::{Account, Cap, Ledger, LedgerError, OperatorSlice, Share, SliceRequest};
+use gpuslice_ledger::{Account, Cap, LedgerError, OperatorSlice, Share, SliceRequest};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
 const GI: u64 = 1 << 30;
 const UUID: &str = "GPU-00000000-0000-0000-0000-00000000000a";
 
-fn node(tag: &str) -> Option<(Ledger, Arc<Table>, Scratch)> {
+fn node(tag: &str) -> Option<(Policy, Arc<Table>, Scratch)> {
     node_policy("node", tag, &[UUID])
 }
 
@@ -30,7 +30,7 @@ fn ask(name: Option<&str>, memory: Option<u64>) -> Vec<DeviceAsk> {
 /// Process `pid` of user `uid` admitted under the default per-user bounds, asking for slice
 /// `name` (none: the user's best-effort allowance) with `memory`.
 fn admit(
-    l: &Ledger,
+    l: &Policy,
     (pid, uid): (u32, u32),
     name: Option<&str>,
     memory: Option<u64>,

@@ -6,7 +6,7 @@
 
 mod common;
 use common::{fresh_dir, node_policy, open_node, peer};
-use gpuslice_ledger::node::{Admitted, DeviceAsk, Limits};
+use gpuslice_ledger::node::{Admitted, DeviceAsk, Limits, Policy};
 use gpuslice_ledger::secret::{Secret, SECRETS_FILE};
 use gpuslice_ledger::{Cap, Ledger, LedgerError, OperatorSlice, Share, SliceRequest};
 use std::os::unix::fs::PermissionsExt;
@@ -17,7 +17,7 @@ const UUID2: &str = "GPU-00000000-0000-0000-0000-00000000005b";
 
 /// Process `pid` of `uid` asking for slice `name` on `uuid`, with `secret`.
 fn join(
-    l: &Ledger,
+    l: &Policy,
     pid: u32,
     uid: u32,
     name: &str,
@@ -33,8 +33,8 @@ fn join(
     )
 }
 
-/// The same through the request of before join secrets (no secret field): [`Ledger::admit`].
-fn admit(l: &Ledger, pid: u32, uid: u32, name: &str, uuid: &str) -> Result<Admitted, LedgerError> {
+/// The same through the request of before join secrets (no secret field): [`Policy::admit`].
+fn admit(l: &Policy, pid: u32, uid: u32, name: &str, uuid: &str) -> Result<Admitted, LedgerError> {
     l.admit(&peer(pid, uid), name, &ask(name, uuid), &Limits::default())
 }
 

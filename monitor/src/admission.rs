@@ -20,7 +20,7 @@
 use crate::error::{Error, RequestError};
 use crate::regions::RegionTable;
 use gpuslice_ledger::layout::STATE_ACTIVE;
-use gpuslice_ledger::node::{DeviceAsk, Limits, Peer};
+use gpuslice_ledger::node::{DeviceAsk, Limits, Peer, Policy};
 use gpuslice_ledger::pidfd::PeerProcess;
 use gpuslice_ledger::region::Regions;
 use gpuslice_ledger::secret::Secret;
@@ -52,7 +52,8 @@ pub struct OperatorGroup {
 
 /// What the socket thread needs.
 pub struct Server {
-    pub ledger: Arc<Ledger>,
+    /// The policy, which only this monitor holds.
+    pub policy: Policy,
     pub regions: Arc<RegionTable>,
     pub limits: Limits,
     /// The operator group (`--operator-group`).
@@ -217,7 +218,7 @@ fn answer(
     pid: u32,
     uid: u32,
 ) -> Result<Answer, Refusal> {
-    let ledger = &server.ledger;
+    let ledger = &server.policy;
     // An admitted process's exported VMM allocations (`crate::shared`): its own record only.
     let admitted = || -> Result<ProcHandle, RequestError> {
         let peer = peer_of(pid, uid)?;
@@ -290,7 +291,7 @@ fn release(
     };
     let peer = peer_of(pid, uid)?;
     let bytes = b.release_for(
-        &server.ledger,
+        &server.policy,
         peer.host_pid,
         peer.start_time,
         &r.device,
@@ -346,7 +347,7 @@ fn slice_set(ledger: &Ledger, c: SliceSet) -> Result<Done, RequestError> {
 /// A read-only descriptor of slice `v.slice`'s region, for the slice's own uid or root.
 fn view(server: &Server, v: protocol::View, uid: u32) -> Result<OwnedFd, RequestError> {
     let s = server
-        .ledger
+        .policy
         .slices()
         .get(v.slice)
         .filter(|s| s.state.load(SeqCst) == STATE_ACTIVE)
@@ -380,7 +381,7 @@ fn physically_fits(server: &Server, asks: &[DeviceAsk], uid: u32) -> Result<(), 
         let Some(want) = ask.req.memory else {
             continue;
         };
-        let ledger = &server.ledger;
+        let ledger = &server.policy;
         let Some(dev) = ledger.find_device(&ask.uuid) else {
             continue;
         };
@@ -445,7 +446,7 @@ fn admit(server: &Server, req: AdmitRequest, pid: u32, uid: u32) -> Result<Answe
         })
         .collect();
     let name = &req.slice;
-    let ledger = &server.ledger;
+    let ledger = &server.policy;
     physically_fits(server, &asks, peer.uid)?;
     let a = ledger
         .admit_with_secret(

@@ -31,6 +31,7 @@
 use crate::error::{DriverError, RequestError};
 use gpuslice_abi::{pfn, CUcontext, CUdevice, CUdeviceptr, CUuuid, CUDA_SUCCESS};
 use gpuslice_ledger::layout::{NO_LIMIT, STATE_ACTIVE};
+use gpuslice_ledger::node::Policy;
 use gpuslice_ledger::region::Regions;
 use gpuslice_ledger::Ledger;
 use std::collections::{HashMap, HashSet};
@@ -330,7 +331,7 @@ impl Balloons {
     /// bytes freed.
     pub fn release_for(
         &self,
-        ledger: &Ledger,
+        ledger: &Policy,
         pid: u32,
         start_time: u64,
         uuid: &str,

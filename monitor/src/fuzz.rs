@@ -232,6 +232,7 @@ fn exercise_node(dir: &Path, noise: &[u64]) {
     let allowance_key = |i: u32| gpuslice_ledger::layout::ALLOWANCE_ACCOUNT_BASE + i;
     use std::sync::atomic::Ordering::SeqCst;
     let Ok(l) = Ledger::open(dir) else { return };
+    let l = gpuslice_ledger::node::Policy::assume(l);
     let regions = std::sync::Arc::new(crate::regions::RegionTable::default());
     l.set_regions(regions.clone());
     for (i, k) in [0u32, 1, 2, 5, allowance_key(0), allowance_key(1)]

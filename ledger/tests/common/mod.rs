@@ -3,7 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses a part
 
-use gpuslice_ledger::node::Peer;
+use gpuslice_ledger::node::{Peer, Policy};
 use gpuslice_ledger::region::Region;
 use gpuslice_ledger::region::Regions;
 use gpuslice_ledger::Ledger;
@@ -57,7 +57,7 @@ pub fn is_root() -> bool {
 
 /// The node policy in `d` (made if absent; needs root) with the devices `uuids` (16 GiB each)
 /// and an empty table of regions, as the monitor holds them.
-pub fn open_node(d: &Path, uuids: &[&str]) -> (Ledger, Arc<Table>) {
+pub fn open_node(d: &Path, uuids: &[&str]) -> (Policy, Arc<Table>) {
     let l = Ledger::open_or_create_node(d).unwrap();
     for uuid in uuids {
         l.ensure_device(uuid, "Fake", 16 << 30).unwrap();
@@ -73,7 +73,7 @@ pub fn node_policy(
     suite: &str,
     tag: &str,
     uuids: &[&str],
-) -> Option<(Ledger, Arc<Table>, Scratch)> {
+) -> Option<(Policy, Arc<Table>, Scratch)> {
     if !is_root() {
         println!("skipped: a node policy needs root");
         return None;

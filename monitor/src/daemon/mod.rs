@@ -109,7 +109,8 @@ fn run(opts: Options) -> Result<(), Failure> {
         if let Some(devs) = nvml.as_ref().and_then(|n| n.devices().ok()) {
             register_devices(&node, &devs);
         }
-        let (ledger, regions) = node.parts().expect("node mode has regions");
+        let (policy, regions) = node.parts().expect("node mode has regions");
+        let ledger = policy.ledger().clone();
         let balloons = if opts.balloons {
             start_balloons(
                 &ledger,
@@ -138,7 +139,7 @@ fn run(opts: Options) -> Result<(), Failure> {
         crate::turns::spawn(ledger.clone(), regions.clone())?;
         let listener = crate::admission::bind(&ledger)?;
         let server = Arc::new(crate::admission::Server {
-            ledger,
+            policy,
             regions,
             limits: opts.limits,
             operator_group: crate::admission::OperatorGroup {
@@ -345,7 +346,7 @@ impl Monitor {
                 return;
             }
         }
-        let ledger = node.parts().map(|(l, _)| l);
+        let ledger = node.parts().map(|(p, _)| p.ledger().clone());
         // After the reap: what the dead held is back in their slices' unused reservations.
         if let (Some(b), Some((ledger, regions))) = (&self.balloons, node.parts()) {
             for (l, short_on) in b.tick(&ledger, regions.as_ref()) {

@@ -15,6 +15,7 @@ mod snapshot;
 use crate::cli::Failure;
 use crate::nvml::Gpu;
 use crate::regions::RegionTable;
+use gpuslice_ledger::node::Policy;
 use gpuslice_ledger::{Ledger, LedgerError};
 use std::path::Path;
 use std::sync::Arc;
@@ -33,8 +34,9 @@ pub fn is_node_dir(dir: &str) -> bool {
 /// An open ledger.
 pub struct LedgerWindow {
     ledger: Arc<Ledger>,
-    /// Node mode, in the monitor: the slice regions it made and hands out.
-    regions: Option<Arc<RegionTable>>,
+    /// Node mode, in the monitor: the policy (the same ledger, as only its monitor may hold
+    /// it) and the slice regions it made and hands out.
+    node: Option<(Policy, Arc<RegionTable>)>,
     /// Where `slice create|set|rm` go (decided once, here).
     operator: &'static dyn operator::Operator,
 }
@@ -54,7 +56,7 @@ impl LedgerWindow {
         LedgerWindow {
             operator: operator::for_ledger(&ledger),
             ledger: Arc::new(ledger),
-            regions: None,
+            node: None,
         }
     }
 
@@ -62,7 +64,8 @@ impl LedgerWindow {
     /// processes still hold (after a restart) and make again those of slices only exported
     /// memory still charges, and keep them; with the log lines of what was made again.
     pub fn open_or_create_node(dir: &Path) -> Result<(LedgerWindow, Vec<String>), LedgerError> {
-        let ledger = Arc::new(Ledger::open_or_create_node(dir)?);
+        let policy = Ledger::open_or_create_node(dir)?;
+        let ledger = policy.ledger().clone();
         let regions = Arc::new(RegionTable::default());
         ledger.set_regions(regions.clone());
         regions.recover_all(&ledger);
@@ -87,14 +90,14 @@ impl LedgerWindow {
         let window = LedgerWindow {
             operator: operator::for_ledger(&ledger),
             ledger,
-            regions: Some(regions),
+            node: Some((policy, regions)),
         };
         Ok((window, lines))
     }
 
-    /// The ledger and the regions, for the admission socket (node mode only).
-    pub fn parts(&self) -> Option<(Arc<Ledger>, Arc<RegionTable>)> {
-        Some((self.ledger.clone(), self.regions.clone()?))
+    /// The policy and the regions, for the admission socket (node mode only).
+    pub fn parts(&self) -> Option<(Policy, Arc<RegionTable>)> {
+        self.node.clone()
     }
 
     /// Whether the file this maps is still the ledger in its directory (an operator may have
@@ -126,18 +129,18 @@ impl LedgerWindow {
 
     /// Reap processes that are gone: how many, and log lines saying what came back.
     pub fn reap(&self) -> Result<(u64, Vec<String>), LedgerError> {
-        let r = match &self.regions {
-            Some(regions) => {
+        let r = match &self.node {
+            Some((policy, regions)) => {
                 // The monitor's own record: the pid it saw and that pid's start time; a zombie
                 // (exited, not yet waited for) is gone: it holds no memory any more.
                 let alive = |p: &gpuslice_ledger::layout::Proc| {
                     use std::sync::atomic::Ordering::SeqCst;
                     gpuslice_ledger::is_running(p.host_pid.load(SeqCst), p.start_time.load(SeqCst))
                 };
-                let r = self.ledger.reap_node(&alive, regions.as_ref())?;
-                regions.retain_live(&self.ledger);
-                self.ledger.rebalance_allowances()?;
-                self.ledger.mirror_usage(regions.as_ref());
+                let r = policy.reap_node(&alive, regions.as_ref())?;
+                regions.retain_live(policy);
+                policy.rebalance_allowances()?;
+                policy.mirror_usage(regions.as_ref());
                 r
             }
             None => self.ledger.reap_dead()?,
