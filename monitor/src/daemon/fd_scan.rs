@@ -75,13 +75,13 @@ pub(super) const FD_SCAN_MIN: Duration = Duration::from_secs(1);
 const FD_SCAN_MAX: Duration = Duration::from_secs(30);
 /// A record kept for its owner's processes is said at most this often (one that flips in and
 /// out of that state would say it every scan).
-const IN_FLIGHT_LOG_EVERY: Duration = Duration::from_secs(600);
+pub(super) const IN_FLIGHT_LOG_EVERY: Duration = Duration::from_secs(600);
 
 /// The wait before the next descriptor scan: doubled, up to [`FD_SCAN_MAX`], after a scan that
 /// let nothing go and kept every record only for its owner's processes (only one of those
 /// exiting changes that); else [`FD_SCAN_MIN`]. A change in the records brings it back to
 /// [`FD_SCAN_MIN`] too (`scan_descriptors`).
-fn next_fd_scan_every(every: Duration, only_owners: bool) -> Duration {
+pub(super) fn next_fd_scan_every(every: Duration, only_owners: bool) -> Duration {
     if only_owners {
         every.saturating_mul(2).clamp(FD_SCAN_MIN, FD_SCAN_MAX)
     } else {

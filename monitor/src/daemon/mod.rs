@@ -274,7 +274,7 @@ struct Monitor {
     last_fd_scan: Option<Instant>,
     /// That scan while it runs (`scan_descriptors`): its log lines.
     fd_scan: Option<std::thread::JoinHandle<FdScan>>,
-    /// The wait between scans ([`next_fd_scan_every`]).
+    /// The wait between scans ([`fd_scan::next_fd_scan_every`]).
     fd_scan_every: Duration,
     /// The records the last scan was started for (a change brings the wait back to its least).
     fd_scan_held: Vec<(usize, gpuslice_ledger::ShareKey)>,
@@ -283,7 +283,7 @@ struct Monitor {
     /// The records the last complete scan kept only for their owners' processes (each logged
     /// when it starts being kept so).
     in_flight: Vec<crate::descriptor_scan::InFlight>,
-    /// When each record was last logged so ([`IN_FLIGHT_LOG_EVERY`]).
+    /// When each record was last logged so ([`fd_scan::IN_FLIGHT_LOG_EVERY`]).
     in_flight_said: Vec<(crate::descriptor_scan::InFlight, Instant)>,
 }
 

@@ -84,6 +84,11 @@ impl Books {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
+        // The observer must not queue for a CPU behind the tenants' dozens of processes, or
+        // its readings come too seldom (and too slowly) to judge a second. It costs a few
+        // microseconds per 100 ms; root may raise it, a refusal leaves it as it was.
+        // SAFETY: setpriority on our own child's pid; no memory is passed.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, child.id() as libc::id_t, -10) };
         Books {
             stdin: child.stdin.take().unwrap(),
             stdout: BufReader::new(child.stdout.take().unwrap()),
@@ -159,6 +164,9 @@ impl Meter {
         let stop = Arc::new(AtomicBool::new(false));
         let (p, l, s) = (pids.clone(), last.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
+            // As the reader's (`Books::open`).
+            // SAFETY: setpriority on this thread's own id; no memory is passed.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, -10) };
             let mut samples = vec![];
             // Each t2 process's run-queue time at its latest reading.
             let mut waited: std::collections::HashMap<u32, u64> = Default::default();
@@ -271,7 +279,9 @@ fn burn(n: &Node, uid: u32, slice: &str, share: Option<&str>, kernel_us: u64, se
 }
 
 /// t2's tenant: one process in a 0.75 slice, 1 ms kernels (burn's default depth 2, as the
-/// issue ran it), for `secs`; registered with the meter.
+/// issue ran it), for `secs`; registered with the meter. The guarantee's window is 11 s from
+/// t2's first reading with engine time: `secs` leaves room for its start-up and that reading
+/// on a busy host (12.5: 11.5 once left the readings ending 0.1 s short).
 fn t2(n: &Node, m: &Meter, secs: f64) -> Child {
     let c = burn(n, TENANT_B, "t2", Some("0.75"), 1000, secs);
     m.add(Who::T2, &c);
@@ -485,7 +495,7 @@ fn many_processes_in_one_slice(case: &str, procs: usize, kernel_us: u64) {
         .collect();
     wait_for_slice(&n, "t1", procs);
     m.wait_running(&t1);
-    let b = t2(&n, &m, 11.5);
+    let b = t2(&n, &m, 12.5);
     // What the monitor charged each slice over a second, halfway: beside the fake's books it
     // tells a slice charged for more than it got from one that did not get the engine.
     std::thread::sleep(Duration::from_secs(6));
@@ -559,7 +569,7 @@ fn a_pumped_virtual_time_floor_does_not_lock_out_a_newcomer() {
     t1.push(sat);
     wait_for_slice(&n, "t1", 2);
     std::thread::sleep(Duration::from_millis(300));
-    let b = t2(&n, &m, 11.5);
+    let b = t2(&n, &m, 12.5);
     finished(b);
     let s = m.finish();
     kill_all(&mut t1);
@@ -594,7 +604,7 @@ fn sixty_four_best_effort_slices_take_nothing_guaranteed() {
     // guaranteed slice competes (docs/architecture/compute.md), so beside t1's saturating
     // slice the 64 may never get the engine at all; on an idle host they did not in 60 s.
     m.wait_running(&t1[..1]);
-    let b = t2(&n, &m, 11.5);
+    let b = t2(&n, &m, 12.5);
     finished(b);
     let s = m.finish();
     kill_all(&mut t1);
@@ -747,7 +757,7 @@ fn sixty_four_best_effort_contexts_leave_a_reserved_slice_its_start() {
         );
     }
     m.wait_running(&t1[..1]);
-    let b = t2(&n, &m, 11.5);
+    let b = t2(&n, &m, 12.5);
     finished(b);
     let s = m.finish();
     kill_all(&mut t1);
