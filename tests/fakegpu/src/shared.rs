@@ -601,11 +601,18 @@ pub extern "C" fn fakegpu_engine_ns(pid: u32, dev: u32) -> u64 {
     if pid == 0 {
         return n.state.procs[n.slot].busy_ns[d].load(Relaxed);
     }
+    let recorded = |i: usize| n.state.procs[i].pid.load(Acquire);
+    let is_it = |i: usize| {
+        let p = recorded(i);
+        p != 0 && p != RECLAIMING && visible_pid(n, i) == Some(pid)
+    };
+    // The slot that recorded this very pid first (one lock query), then every slot (a process
+    // in another PID namespace records its own pid): a reader asking for dozens of processes
+    // would otherwise make a lock query per slot per process, and its reading would take
+    // milliseconds on a busy host.
     (0..MAX_PROCS)
-        .find(|&i| {
-            let p = n.state.procs[i].pid.load(Acquire);
-            p != 0 && p != RECLAIMING && visible_pid(n, i) == Some(pid)
-        })
+        .find(|&i| recorded(i) == pid && is_it(i))
+        .or_else(|| (0..MAX_PROCS).find(|&i| is_it(i)))
         .map_or(u64::MAX, |i| n.state.procs[i].busy_ns[d].load(Relaxed))
 }
 
