@@ -12,7 +12,8 @@
 # a second run on the machine, a fresh clone's included, downloads nothing.
 # Steps 3 and 4 both run even if one fails; the exit status is non-zero if anything failed.
 # Each step has a time limit (GPUSLICE_TEST_TIMEOUT seconds, default 1200), so a hung test fails
-# the run instead of stalling CI. Extra arguments go to pytest (e.g. `scripts/test.sh -k numba`).
+# the run instead of stalling CI; building the cluster's components, once per machine, has its
+# own (GPUSLICE_CLUSTER_BUILD_TIMEOUT, default 3600). Extra arguments go to pytest (e.g. `scripts/test.sh -k numba`).
 #
 # `scripts/test.sh --no-frameworks` (first argument) leaves out the GPU frameworks: nothing is
 # downloaded into the framework cache (about 18 GB the first time) and tests/python/
@@ -33,6 +34,11 @@ venv=${GPUSLICE_VENV:-$root/.venv}
 limit=${GPUSLICE_TEST_TIMEOUT:-1200}
 # The cluster's components, built once per machine (scripts/cluster.sh build).
 build_limit=${GPUSLICE_CLUSTER_BUILD_TIMEOUT:-3600}
+for v in GPUSLICE_TEST_TIMEOUT=$limit GPUSLICE_CLUSTER_BUILD_TIMEOUT=$build_limit; do
+    case ${v#*=} in
+    '' | *[!0-9]* | 0) echo "test.sh: ${v%%=*}=${v#*=}: give a whole number of seconds above 0" >&2; exit 2 ;;
+    esac
+done
 
 step() { printf '\n=== %s\n' "$*" >&2; }
 
